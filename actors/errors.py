@@ -1,0 +1,76 @@
+"""Errors of the actor runtime.
+
+``Retry``, ``Drop`` and ``Poison`` are control flow for handlers of JetStream work: the base
+actor maps them to a nak with delay, a term (acknowledged, discarded on purpose), and a
+dead letter. Any other exception from a handler counts as a failure: the message is nak'ed with
+backoff and, at its last delivery, dead-lettered.
+"""
+
+from __future__ import annotations
+
+
+class KfError(Exception):
+    """Root of every error Kernel Foundry raises on purpose."""
+
+
+class ConfigError(KfError):
+    """A configuration value is invalid; the message names it."""
+
+
+class NatsServerError(KfError):
+    """The embedded NATS server could not be found or started."""
+
+
+class BusError(KfError):
+    """A bus operation failed (connection lost, request timed out, no responders)."""
+
+
+class RequestTimeout(BusError):
+    """A request got no reply in time."""
+
+    def __init__(self, subject: str, timeout: float) -> None:
+        super().__init__(f"no reply on {subject} within {timeout:.1f} s")
+        self.subject = subject
+        self.timeout = timeout
+
+
+class NoResponders(BusError):
+    """Nobody serves the subject of a request."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"no actor serves {subject}")
+        self.subject = subject
+
+
+class RemoteError(BusError):
+    """A micro endpoint answered with an error instead of a reply."""
+
+    def __init__(self, subject: str, code: str, description: str) -> None:
+        super().__init__(f"{subject} answered error {code}: {description}")
+        self.subject = subject
+        self.code = code
+        self.description = description
+
+
+class ProtocolOrderError(KfError):
+    """A step of a protocol happened out of order; the message says which."""
+
+
+class HandlerSignal(KfError):
+    """Base of the control-flow exceptions a handler raises to steer its message."""
+
+
+class Retry(HandlerSignal):
+    """Redeliver the message later (nak with ``delay_s``)."""
+
+    def __init__(self, reason: str, delay_s: float = 1.0) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s
+
+
+class Drop(HandlerSignal):
+    """Discard the message on purpose (term); it is counted, not dead-lettered."""
+
+
+class Poison(HandlerSignal):
+    """The message can never be handled: dead-letter it with this reason and term it."""

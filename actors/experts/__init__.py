@@ -1,0 +1,1 @@
+"""Experts: anything that answers a ``GenerateRequest`` with candidate sources or a decline."""

@@ -1,0 +1,171 @@
+"""The contract between actors: every wire message, the enums, and the subject builders."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from schemas.base import SCHEMA_VERSION, Message, Model, Token, new_id, now
+from schemas.candidate import (
+    Candidate,
+    Decline,
+    ExpertConfig,
+    GenerateReply,
+    GenerateRequest,
+    ParamValue,
+    Proposal,
+    TokenUsage,
+)
+from schemas.control import ActorInfo, ActorStats, Control, DeadLetter
+from schemas.diagnosis import Diagnosis
+from schemas.enums import (
+    ActorKind,
+    ActorState,
+    CheatRule,
+    CheckOutcome,
+    ControlAction,
+    DeclineReason,
+    DeviceChoice,
+    DeviceKind,
+    DiagnosisCategory,
+    EvalStatus,
+    ExpertKind,
+    KernelLanguage,
+    MigrationReason,
+    Severity,
+    StopReason,
+    TimerKind,
+)
+from schemas.evaluation import (
+    Baselines,
+    Check,
+    Correctness,
+    DeviceInfo,
+    EvalResult,
+    Finding,
+    Profile,
+    SpeedOfLight,
+    StageTimes,
+    TimingStats,
+)
+from schemas.evolution import Elite, EliteAnnouncement, EvalOutcome, Feedback, IslandStatus, Migration, RunEnd
+from schemas.experience import Experience, ExperienceHit, ExperienceHits, ExperienceOutcome, ExperienceQuery
+from schemas.task import Budget, ExpertRef, MigrationPolicy, RunSpec, Task, TaskSignature, TensorSpec
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        RunSpec,
+        Task,
+        GenerateRequest,
+        GenerateReply,
+        Candidate,
+        ExpertConfig,
+        EvalResult,
+        Diagnosis,
+        Feedback,
+        EliteAnnouncement,
+        Migration,
+        IslandStatus,
+        RunEnd,
+        Experience,
+        ExperienceQuery,
+        ExperienceHits,
+        ExperienceOutcome,
+        Control,
+        ActorInfo,
+        DeadLetter,
+    )
+}
+"""Every wire message by its ``type`` name."""
+
+
+class UnknownMessageType(ValueError):
+    """A payload whose ``type`` names no message of this contract."""
+
+
+def decode_any(data: bytes | str) -> Message:
+    """Decode a payload of any message type, by its ``type`` field.
+
+    Raises ``pydantic.ValidationError`` for an invalid message, ``UnknownMessageType`` for an
+    unknown ``type`` and ``ValueError`` for bytes that are not a JSON object.
+    """
+    obj: Any = json.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("payload is not a JSON object")
+    name = obj.get("type")
+    cls = MESSAGE_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise UnknownMessageType(f"unknown message type {name!r}")
+    return cls.model_validate(obj)
+
+
+__all__ = [
+    "MESSAGE_TYPES",
+    "SCHEMA_VERSION",
+    "ActorInfo",
+    "ActorKind",
+    "ActorState",
+    "ActorStats",
+    "Baselines",
+    "Budget",
+    "Candidate",
+    "CheatRule",
+    "Check",
+    "CheckOutcome",
+    "Control",
+    "ControlAction",
+    "Correctness",
+    "DeadLetter",
+    "Decline",
+    "DeclineReason",
+    "DeviceChoice",
+    "DeviceInfo",
+    "DeviceKind",
+    "Diagnosis",
+    "DiagnosisCategory",
+    "Elite",
+    "EliteAnnouncement",
+    "EvalOutcome",
+    "EvalResult",
+    "EvalStatus",
+    "Experience",
+    "ExperienceHit",
+    "ExperienceHits",
+    "ExperienceOutcome",
+    "ExperienceQuery",
+    "ExpertConfig",
+    "ExpertKind",
+    "ExpertRef",
+    "Feedback",
+    "Finding",
+    "GenerateReply",
+    "GenerateRequest",
+    "IslandStatus",
+    "KernelLanguage",
+    "Message",
+    "Migration",
+    "MigrationPolicy",
+    "MigrationReason",
+    "Model",
+    "ParamValue",
+    "Profile",
+    "Proposal",
+    "RunEnd",
+    "RunSpec",
+    "Severity",
+    "SpeedOfLight",
+    "StageTimes",
+    "StopReason",
+    "Task",
+    "TaskSignature",
+    "TensorSpec",
+    "TimerKind",
+    "TimingStats",
+    "Token",
+    "TokenUsage",
+    "UnknownMessageType",
+    "decode_any",
+    "new_id",
+    "now",
+]

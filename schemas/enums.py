@@ -1,0 +1,245 @@
+"""Outcomes and kinds as enums: the fixed vocabularies of the contract.
+
+"Not measured" is ``None`` in a message, never a sentinel member or a magic number.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class EvalStatus(StrEnum):
+    """The verdict of one evaluation of a candidate."""
+
+    CORRECT = "correct"
+    INCORRECT = "incorrect"
+    REJECTED = "rejected"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+
+
+class DeviceKind(StrEnum):
+    """Where a candidate ran."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class DeviceChoice(StrEnum):
+    """What a user may ask for: a device, or whatever is present."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class TimerKind(StrEnum):
+    """The clock behind a timing."""
+
+    CUDA_EVENT = "cuda_event"
+    PERF_COUNTER = "perf_counter"
+
+
+class KernelLanguage(StrEnum):
+    """The language a candidate's kernels are written in."""
+
+    TRITON = "triton"
+    CUDA = "cuda"
+
+
+class CheckOutcome(StrEnum):
+    """The outcome of one named check of the evaluator."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class Severity(StrEnum):
+    """What a finding of the anti-cheat layers does to the verdict."""
+
+    REJECT = "reject"
+    """The candidate is refused (status ``rejected``)."""
+    REVIEW = "review"
+    """The result stands but is flagged for a human: it cannot become an elite."""
+    INFO = "info"
+    """Recorded for the diagnosis; no effect on the verdict."""
+
+
+class CheatRule(StrEnum):
+    """Anti-cheat rules of the evaluator. Static-gate rules carry a line number in findings."""
+
+    THREADS = "KF001-threads"
+    PROCESSES = "KF002-processes"
+    CTYPES = "KF003-ctypes"
+    INTROSPECTION = "KF004-introspection"
+    DYNAMIC_CODE = "KF005-dynamic-code"
+    MONKEYPATCH = "KF006-monkeypatch"
+    TIMER_TAMPERING = "KF007-timer-tampering"
+    TORCH_COMPILE = "KF008-torch-compile"
+    TENSOR_SUBCLASS = "KF009-tensor-subclass"
+    TORCH_FALLBACK = "KF010-torch-fallback"
+    PRECISION_FLAGS = "KF011-precision-flags"
+    TORCH_COMPUTE = "KF012-torch-compute"
+    REDEFINED_INPUTS = "KF013-redefined-inputs"
+    FILE_ACCESS = "KF014-file-access"
+    NETWORK = "KF015-network"
+    ENVIRONMENT = "KF016-environment"
+    RNG_TAMPERING = "KF017-rng-tampering"
+    PROCESS_CONTROL = "KF018-process-control"
+    NO_KERNEL_LAUNCHED = "KF101-no-kernel-launched"
+    INPUT_MUTATED = "KF102-input-mutated"
+    OUTPUT_ALIASES_INPUT = "KF103-output-aliases-input"
+    DEFERRED_WORK = "KF104-deferred-work"
+    IMPLAUSIBLE_SPEED = "KF105-implausible-speed"
+    OUTPUT_TYPE = "KF106-output-type"
+    RESOURCE_LIMIT = "KF107-resource-limit"
+    MISSING_MODEL = "KF108-missing-model"
+
+
+class DiagnosisCategory(StrEnum):
+    """The fixed diagnosis taxonomy. The part before the first dot is the family."""
+
+    COMPILE_SYNTAX = "compile.syntax"
+    COMPILE_IMPORT = "compile.import"
+    COMPILE_TYPE = "compile.type"
+    COMPILE_RESOURCES = "compile.resources"
+    COMPILE_UNSUPPORTED = "compile.unsupported"
+    COMPILE_TIMEOUT = "compile.timeout"
+    COMPILE_OTHER = "compile.other"
+
+    RUNTIME_OOM = "runtime.oom"
+    RUNTIME_ILLEGAL_ACCESS = "runtime.illegal_access"
+    RUNTIME_LAUNCH = "runtime.launch"
+    RUNTIME_SHAPE = "runtime.shape"
+    RUNTIME_DTYPE = "runtime.dtype"
+    RUNTIME_CRASH = "runtime.crash"
+    RUNTIME_TIMEOUT = "runtime.timeout"
+    RUNTIME_EXCEPTION = "runtime.exception"
+
+    INCORRECT_SHAPE = "incorrect.shape"
+    INCORRECT_NAN_INF = "incorrect.nan_inf"
+    INCORRECT_BOUNDARY = "incorrect.boundary"
+    INCORRECT_INDEXING = "incorrect.indexing"
+    INCORRECT_PRECISION = "incorrect.precision"
+    INCORRECT_RACE = "incorrect.race"
+    INCORRECT_OTHER = "incorrect.other"
+
+    REJECTED_THREADS = "rejected.threads"
+    REJECTED_PROCESSES = "rejected.processes"
+    REJECTED_CTYPES = "rejected.ctypes"
+    REJECTED_INTROSPECTION = "rejected.introspection"
+    REJECTED_DYNAMIC_CODE = "rejected.dynamic_code"
+    REJECTED_MONKEYPATCH = "rejected.monkeypatch"
+    REJECTED_TIMER_TAMPERING = "rejected.timer_tampering"
+    REJECTED_TORCH_COMPILE = "rejected.torch_compile"
+    REJECTED_TENSOR_SUBCLASS = "rejected.tensor_subclass"
+    REJECTED_TORCH_FALLBACK = "rejected.torch_fallback"
+    REJECTED_PRECISION_FLAGS = "rejected.precision_flags"
+    REJECTED_TORCH_COMPUTE = "rejected.torch_compute"
+    REJECTED_REDEFINED_INPUTS = "rejected.redefined_inputs"
+    REJECTED_FILE_ACCESS = "rejected.file_access"
+    REJECTED_NETWORK = "rejected.network"
+    REJECTED_ENVIRONMENT = "rejected.environment"
+    REJECTED_RNG_TAMPERING = "rejected.rng_tampering"
+    REJECTED_PROCESS_CONTROL = "rejected.process_control"
+    REJECTED_NO_KERNEL_LAUNCHED = "rejected.no_kernel_launched"
+    REJECTED_INPUT_MUTATED = "rejected.input_mutated"
+    REJECTED_OUTPUT_ALIASES_INPUT = "rejected.output_aliases_input"
+    REJECTED_DEFERRED_WORK = "rejected.deferred_work"
+    REJECTED_IMPLAUSIBLE_SPEED = "rejected.implausible_speed"
+    REJECTED_OUTPUT_TYPE = "rejected.output_type"
+    REJECTED_RESOURCE_LIMIT = "rejected.resource_limit"
+    REJECTED_MISSING_MODEL = "rejected.missing_model"
+
+    SLOW_LAUNCH_BOUND = "slow.launch_bound"
+    SLOW_MEMORY_BOUND = "slow.memory_bound"
+    SLOW_COMPUTE_BOUND = "slow.compute_bound"
+    SLOW_FAR_FROM_SOL = "slow.far_from_sol"
+    AT_SOL = "at_sol"
+
+    @property
+    def family(self) -> str:
+        """The family: compile, runtime, incorrect, rejected, slow or at_sol."""
+        return self.value.split(".", 1)[0]
+
+    @classmethod
+    def for_rule(cls, rule: CheatRule) -> DiagnosisCategory:
+        """The ``rejected.*`` category of an anti-cheat rule."""
+        name = rule.value.split("-", 1)[1].replace("-", "_")
+        return cls(f"rejected.{name}")
+
+
+class DeclineReason(StrEnum):
+    """Why an expert produced no candidate."""
+
+    UNSUPPORTED = "unsupported"
+    """The expert cannot handle this reference (e.g. an op the templates do not cover)."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    REFUSED = "refused"
+    """The model refused to answer."""
+    NO_CODE = "no_code"
+    """A reply came but no usable code could be extracted from it."""
+    ENDPOINT_ERROR = "endpoint_error"
+    TIMEOUT = "timeout"
+    INVALID_REQUEST = "invalid_request"
+
+
+class ExpertKind(StrEnum):
+    """The implementation behind an expert name."""
+
+    TEMPLATE = "template"
+    LLM = "llm"
+
+
+class ActorKind(StrEnum):
+    """The kinds of actor in a run."""
+
+    ISLAND = "island"
+    EXPERT = "expert"
+    EVALUATOR = "evaluator"
+    DIAGNOSER = "diagnoser"
+    MIGRATOR = "migrator"
+    CURATOR = "curator"
+    CONTROLLER = "controller"
+
+
+class ActorState(StrEnum):
+    """Lifecycle of an actor."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class ControlAction(StrEnum):
+    """What a control message asks of an actor."""
+
+    DRAIN = "drain"
+    """Finish in-hand work, take no more, leave the run."""
+    PAUSE = "pause"
+    RESUME = "resume"
+    INFO = "info"
+    """Reply with the actor's info and statistics, change nothing."""
+
+
+class MigrationReason(StrEnum):
+    """Why a migration happened."""
+
+    RING = "ring"
+    RANDOM = "random"
+    STAGNATION = "stagnation"
+
+
+class StopReason(StrEnum):
+    """Why a run or an island stopped."""
+
+    WALL_TIME = "wall_time"
+    CANDIDATES = "candidates"
+    TOKENS = "tokens"
+    SPEED_OF_LIGHT = "speed_of_light"
+    INTERRUPTED = "interrupted"
+    NO_PROGRESS = "no_progress"

@@ -1,0 +1,234 @@
+"""The evaluator's verdict on one candidate, with the evidence it rests on."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.base import Message, Model, now
+from schemas.enums import CheatRule, CheckOutcome, DeviceKind, EvalStatus, Severity, TimerKind
+
+
+class Finding(Model):
+    """One anti-cheat finding: a rule, where it fired, and what it does to the verdict."""
+
+    rule: CheatRule
+    """The rule that fired."""
+    severity: Severity
+    """Whether it rejects the candidate, flags it for review, or only informs."""
+    message: str
+    """What was found, in plain language."""
+    line: int | None = None
+    """1-based line in the candidate source (static-gate findings)."""
+    col: int | None = None
+    """0-based column in the candidate source (static-gate findings)."""
+
+
+class Check(Model):
+    """One named check the evaluator ran (or skipped) and its outcome."""
+
+    name: str
+    """Stable name of the check, e.g. ``static_gate``, ``inputs_unchanged``, ``kernels_launched``."""
+    outcome: CheckOutcome
+    """Passed, failed or skipped."""
+    detail: str | None = None
+    """Why it failed or was skipped, or a short measurement."""
+
+
+class TimingStats(Model):
+    """Statistics of repeated timings of one callable (milliseconds per call)."""
+
+    median_ms: float
+    """Median time per call."""
+    mean_ms: float
+    """Mean time per call."""
+    std_ms: float
+    """Standard deviation per call."""
+    min_ms: float
+    """Fastest call."""
+    max_ms: float
+    """Slowest call."""
+    p10_ms: float
+    """10th percentile."""
+    p90_ms: float
+    """90th percentile."""
+    reps: int = Field(ge=1)
+    """Timed calls behind these numbers (after warm-up)."""
+    rel_stderr: float
+    """Relative standard error of the mean (std / sqrt(reps) / mean)."""
+    timer: TimerKind
+    """The clock that produced the numbers."""
+    wall_ms: float | None = None
+    """Device-wide wall-clock time per call (host clock around a synchronized batch), if taken."""
+
+
+class Baselines(Model):
+    """The reference timed live, in the same process state, interleaved with the candidate."""
+
+    eager: TimingStats | None = None
+    """The reference ``Model`` in eager PyTorch."""
+    compiled: TimingStats | None = None
+    """``torch.compile`` of the reference; ``None`` if it could not be built here."""
+    compiled_error: str | None = None
+    """Why ``compiled`` is missing, if it is."""
+
+
+class Correctness(Model):
+    """How the candidate's outputs compared with the reference's."""
+
+    trials: int = Field(ge=0)
+    """Trials run, each with fresh inputs from a seed the candidate cannot predict."""
+    passed_trials: int = Field(ge=0)
+    """Trials whose outputs matched."""
+    atol: float
+    """Absolute tolerance used."""
+    rtol: float
+    """Relative tolerance used."""
+    max_abs_err: float | None = None
+    """Largest absolute difference to the reference over all trials."""
+    max_rel_err: float | None = None
+    """Largest relative difference to the reference over all trials."""
+    err_vs_fp64: float | None = None
+    """Candidate's relative L2 error against a float64 reference."""
+    ref_err_vs_fp64: float | None = None
+    """The eager reference's own relative L2 error against float64 (for a fair precision bar)."""
+    mismatch_fraction: float | None = None
+    """Fraction of output elements outside tolerance in the first failing trial."""
+    first_bad_index: tuple[int, ...] | None = None
+    """Index of the first mismatching element in the first failing trial."""
+    detail: str | None = None
+    """Plain-language summary of the failure, if any."""
+
+
+class SpeedOfLight(Model):
+    """The physical lower bound on the reference's run time on this device."""
+
+    flops: int
+    """Floating-point operations of one forward."""
+    bytes_moved: int
+    """Fewest bytes one forward must move through device memory."""
+    peak_tflops: float
+    """Arithmetic ceiling used (TFLOP/s)."""
+    peak_gbps: float
+    """Memory-bandwidth ceiling used (GB/s)."""
+    bound_ms: float
+    """max(flops / peak, bytes / bandwidth) in milliseconds."""
+    limiter: Literal["memory", "compute"]
+    """Which of the two terms is larger."""
+    fraction: float | None = None
+    """bound_ms / candidate median (1.0 is at the bound); ``None`` without a timing."""
+
+
+class Profile(Model):
+    """What the candidate launched during one forward."""
+
+    kernel_launches: int | None = None
+    """Device kernel launches per forward (or custom-op calls on the CPU)."""
+    own_kernel_launches: int | None = None
+    """Launches of kernels defined by the candidate itself."""
+    kernel_names: tuple[str, ...] = ()
+    """Names of the kernels launched (first few)."""
+    peak_memory_bytes: int | None = None
+    """Peak device memory during the candidate's forward."""
+
+
+class DeviceInfo(Model):
+    """The device and software that produced a result."""
+
+    kind: DeviceKind
+    """CPU or CUDA."""
+    name: str
+    """Device name (e.g. ``NVIDIA H100 80GB HBM3`` or the CPU model)."""
+    capability: str | None = None
+    """CUDA compute capability, e.g. ``9.0``."""
+    torch: str
+    """torch version."""
+    triton: str | None = None
+    """triton version, if importable."""
+    cuda: str | None = None
+    """CUDA runtime version torch was built with."""
+    python: str
+    """Python version."""
+    host: str
+    """Host name of the evaluating machine."""
+    triton_interpreter: bool = False
+    """Whether Triton ran under its CPU interpreter."""
+
+
+class StageTimes(Model):
+    """Wall-clock seconds spent per stage of the evaluation."""
+
+    gate_s: float | None = None
+    """Static gate."""
+    compile_s: float | None = None
+    """Compilation (zero on a cache hit)."""
+    run_s: float | None = None
+    """Correctness and timing in the run process."""
+    total_s: float | None = None
+    """From receipt to verdict."""
+    compile_cache_hit: bool = False
+    """Whether the compile stage was served from the content-hash cache."""
+
+
+class EvalResult(Message):
+    """The verdict on one candidate: a status, the evidence for it, and the numbers."""
+
+    type: Literal["eval_result"] = "eval_result"
+    """Wire name of this message type."""
+    run_id: str
+    """Run the candidate belongs to (empty for a standalone ``kfoundry eval``)."""
+    candidate_id: str
+    """The candidate evaluated."""
+    island: str = ""
+    """Island that produced the candidate."""
+    task_id: str
+    """Task the candidate was evaluated against."""
+    status: EvalStatus
+    """The verdict."""
+    summary: str
+    """One line a person can read: the verdict and its main reason."""
+    checks: tuple[Check, ...] = ()
+    """Every check that ran or was skipped, in order."""
+    findings: tuple[Finding, ...] = ()
+    """Anti-cheat findings, with rule ids and lines."""
+    compile_log: str | None = None
+    """Compiler output (truncated)."""
+    runtime_log: str | None = None
+    """Output and traceback of the run process (truncated)."""
+    correctness: Correctness | None = None
+    """Comparison against the reference, if it got that far."""
+    timing: TimingStats | None = None
+    """The candidate's timings, if correct."""
+    baselines: Baselines | None = None
+    """The reference's timings, taken interleaved with the candidate's."""
+    speedup_vs_eager: float | None = None
+    """eager median / candidate median."""
+    speedup_vs_compiled: float | None = None
+    """torch.compile median / candidate median."""
+    sol: SpeedOfLight | None = None
+    """Speed-of-light bound and the fraction of it reached."""
+    profile: Profile | None = None
+    """Kernel launches and memory of the candidate's forward."""
+    review: tuple[str, ...] = ()
+    """Reasons a person should look before this result is trusted; non-empty means no elite."""
+    device: DeviceInfo | None = None
+    """Device and software versions; ``None`` only if the evaluator never reached a device."""
+    stages: StageTimes = StageTimes()
+    """Time spent per stage."""
+    evaluator: str = ""
+    """Id of the evaluator that produced the result."""
+    attempt: int = Field(default=1, ge=1)
+    """Delivery attempt of the candidate that produced this result."""
+    created_at: float = Field(default_factory=now)
+    """When the verdict was reached."""
+
+    @property
+    def clean(self) -> bool:
+        """Correct, with nothing flagged for review: the only results that may become elites."""
+        return self.status is EvalStatus.CORRECT and not self.review
+
+    @property
+    def fitness(self) -> float | None:
+        """Speedup over eager for clean results; ``None`` otherwise."""
+        return self.speedup_vs_eager if self.clean else None

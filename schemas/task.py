@@ -1,0 +1,133 @@
+"""The run and the task: what the user asked for."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from schemas.base import Message, Model, Token, new_id, now
+from schemas.enums import DeviceChoice, KernelLanguage, MigrationReason
+
+
+class TensorSpec(Model):
+    """Shape and dtype of one tensor of the reference (an input or the output)."""
+
+    shape: tuple[int, ...]
+    """Sizes per dimension."""
+    dtype: str
+    """torch dtype name without the ``torch.`` prefix, e.g. ``float32``."""
+
+
+class TaskSignature(Model):
+    """What a task computes, in a form the experience library can compare across runs."""
+
+    ops: tuple[str, ...] = ()
+    """Operators of the reference's forward in execution order (e.g. ``linear``, ``relu``)."""
+    inputs: tuple[TensorSpec, ...] = ()
+    """The tensors ``get_inputs()`` returns."""
+    outputs: tuple[TensorSpec, ...] = ()
+    """The tensors the reference's forward returns."""
+    flops: int | None = None
+    """Floating-point operations of one forward, where they could be counted."""
+    bytes_moved: int | None = None
+    """Fewest bytes one forward must move (inputs, parameters and outputs once)."""
+
+    def text(self) -> str:
+        """A short human-readable description, also used as embedding text."""
+        ins = ", ".join(f"{t.dtype}{list(t.shape)}" for t in self.inputs)
+        return f"ops: {' -> '.join(self.ops) or '?'}; inputs: {ins or '?'}"
+
+
+class Task(Message):
+    """A KernelBench-format reference (``class Model``, ``get_inputs``, ``get_init_inputs``)."""
+
+    type: Literal["task"] = "task"
+    """Wire name of this message type."""
+    task_id: str
+    """Content hash of the reference source (first 16 hex digits of its SHA-256)."""
+    name: str
+    """Human name, usually the file's stem."""
+    source: str = Field(min_length=1)
+    """The reference's Python source."""
+    signature: TaskSignature | None = None
+    """Ops, shapes and dtypes of the reference, where they could be read."""
+
+    @classmethod
+    def from_source(cls, name: str, source: str, signature: TaskSignature | None = None) -> Task:
+        """Build a task whose id is the hash of its source."""
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        return cls(task_id=digest, name=name, source=source, signature=signature)
+
+
+class Budget(Model):
+    """Limits of a run. The run stops at the first one reached; ``None`` is no limit."""
+
+    wall_s: float | None = Field(default=600.0, gt=0)
+    """Wall-clock seconds from the start of the run."""
+    candidates: int | None = Field(default=200, gt=0)
+    """Candidates evaluated across all islands."""
+    tokens: int | None = Field(default=None, gt=0)
+    """LLM tokens (prompt and completion) across all experts."""
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Budget:
+        if self.wall_s is None and self.candidates is None and self.tokens is None:
+            raise ValueError("a budget needs at least one limit (wall_s, candidates or tokens)")
+        return self
+
+
+class MigrationPolicy(Model):
+    """How elites move between islands."""
+
+    topology: MigrationReason = MigrationReason.RING
+    """``ring`` sends to the next island, ``random`` to a seeded random other island."""
+    interval_s: float = Field(default=10.0, gt=0)
+    """Seconds between scheduled migrations."""
+    count: int = Field(default=1, ge=1)
+    """Elites sent per migration."""
+    on_stagnation: bool = True
+    """Also migrate into an island as soon as it reports stagnation."""
+
+
+class ExpertRef(Model):
+    """An expert a run may call, by the name it serves under."""
+
+    name: Token
+    """The expert's service name (``kf.expert.<name>.generate``)."""
+    weight: float = Field(default=1.0, gt=0)
+    """Prior weight of this expert before credit is learned."""
+
+
+class RunSpec(Message):
+    """Everything that defines a run. Stored in the ``kf_runs`` KV bucket under the run id."""
+
+    type: Literal["run_spec"] = "run_spec"
+    """Wire name of this message type."""
+    run_id: Token = Field(default_factory=lambda: new_id()[:12])
+    """Unique id of the run; namespaces its subjects and its stream."""
+    task: Task
+    """The reference to make faster."""
+    islands: int = Field(default=2, ge=1, le=64)
+    """Number of islands."""
+    inflight_per_island: int = Field(default=2, ge=1, le=256)
+    """Candidates each island keeps in flight (K)."""
+    budget: Budget = Budget()
+    """Limits of the run."""
+    device: DeviceChoice = DeviceChoice.AUTO
+    """Device candidates run on."""
+    language: KernelLanguage = KernelLanguage.TRITON
+    """Kernel language asked of the experts."""
+    experts: tuple[ExpertRef, ...] = (ExpertRef(name="template"),)
+    """Experts the islands may call."""
+    migration: MigrationPolicy = MigrationPolicy()
+    """Migration between islands."""
+    target_sol_fraction: float = Field(default=0.9, gt=0, le=1)
+    """Stop once the best candidate reaches this fraction of the speed-of-light bound."""
+    eval_timeout_s: float = Field(default=180.0, gt=0)
+    """Bound on one candidate's whole evaluation."""
+    seed: int = 0
+    """Seed of every random choice of the run's policies."""
+    created_at: float = Field(default_factory=now)
+    """When the run was created (seconds since the epoch)."""
