@@ -1,0 +1,210 @@
+"""The ``Actor`` base: lifecycle, discovery, control, logs and statistics.
+
+An actor connects its own :class:`~actors.bus.Bus`, registers a ``nats.micro`` service (so
+``$SRV.PING/INFO/STATS`` find it, with its statistics in the stats' ``data``), serves its control
+endpoint ``kf.ctl.<actor-id>`` (``Control`` → ``ActorInfo``), then calls :meth:`Actor.setup`
+where a subclass subscribes, consumes and serves. It runs until :meth:`Actor.request_stop` (a
+``drain`` control message, SIGTERM through the launcher, or the subclass itself), then calls
+:meth:`Actor.on_drain` and closes the bus in the order that loses nothing.
+
+A subclass overrides ``setup`` and, where it has them, ``on_drain``, ``on_pause``/``on_resume``
+and ``extra_stats``; every hook has a documented no-op default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from typing import Any, ClassVar
+
+import structlog
+
+from actors.bus import Bus
+from actors.logs import get_logger
+from actors.stats import StatsRecorder
+from schemas import ActorInfo, ActorKind, ActorState, Control, ControlAction, subjects
+
+
+def new_actor_id(kind: ActorKind | str) -> str:
+    """A readable unique actor id, e.g. ``evaluator-3f2a9c1d``."""
+    return f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+class Actor:
+    """Base of every actor kind (see the module docstring)."""
+
+    kind: ClassVar[ActorKind]
+    version: ClassVar[str] = "0.1.0"
+    description: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        run_id: str | None,
+        actor_id: str | None = None,
+        island: str | None = None,
+        service_name: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        self.nats_url = nats_url
+        self.run_id = run_id
+        self.actor_id = actor_id or new_actor_id(self.kind)
+        subjects.control(self.actor_id)  # validates the id
+        self.island = island
+        self.service_name = service_name or f"kf-{self.kind}"
+        if version is not None:
+            self.version = version  # type: ignore[misc]
+        self.stats = StatsRecorder()
+        self.state = ActorState.STARTING
+        self.started_at = time.time()
+        self.host = socket.gethostname()
+        self._bus: Bus | None = None
+        self._stop = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._ready = asyncio.Event()
+        self.stop_reason = ""
+        self.log = get_logger(f"kf.{self.kind}").bind(actor=self.actor_id, run=self.run_id, island=island)
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Subscribe, consume and serve. Called once connected and registered. No-op default."""
+
+    async def on_drain(self) -> None:
+        """Called after a stop is requested, before the bus drains. No-op default."""
+
+    async def on_pause(self) -> None:
+        """Stop taking new work (in-hand work continues). Default: pause the bus's consumers."""
+        self.bus.pause()
+
+    async def on_resume(self) -> None:
+        """Take work again. Default: resume the bus's consumers."""
+        self.bus.resume()
+
+    def extra_stats(self) -> dict[str, float | int | str | None]:
+        """Actor-specific counters for the statistics snapshot. Default: none."""
+        return {}
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def bus(self) -> Bus:
+        """The actor's bus (connected in :meth:`run`)."""
+        if self._bus is None:
+            raise RuntimeError(f"{self.actor_id}: bus used before run() connected it")
+        return self._bus
+
+    @property
+    def dlq_run(self) -> str:
+        return self.run_id or subjects.NO_RUN
+
+    async def run(self) -> None:
+        """Connect, register, set up, serve until asked to stop, then drain and close."""
+        self._bus = await Bus.connect(
+            self.nats_url, name=self.actor_id, actor_id=self.actor_id, dlq_run=self.dlq_run, stats=self.stats
+        )
+        try:
+            with structlog.contextvars.bound_contextvars(actor=self.actor_id, run=self.run_id):
+                service = await self.bus.add_service(
+                    name=self.service_name,
+                    version=self.version,
+                    description=self.description or f"Kernel Foundry {self.kind}",
+                    metadata=self._metadata(),
+                    stats_handler=self._stats_data,
+                )
+                await self.bus.serve(
+                    service,
+                    name="control",
+                    subject=subjects.control(self.actor_id),
+                    request_type=Control,
+                    handler=self._on_control,
+                    queue_group=self.actor_id,
+                    concurrency=4,
+                )
+                await self.setup()
+                self.state = ActorState.RUNNING
+                self._ready.set()
+                self.log.info("actor running", kind=str(self.kind), version=self.version)
+                await self._stop.wait()
+                self.state = ActorState.DRAINING
+                self.log.info("actor draining", reason=self.stop_reason)
+                await self.on_drain()
+        finally:
+            await self.bus.close()
+            self.state = ActorState.STOPPED
+            self._ready.set()
+            self._stopped.set()
+            self.log.info("actor stopped", reason=self.stop_reason, **self.stats.snapshot().model_dump())
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the actor to drain and stop (idempotent; safe from signal handlers)."""
+        if not self._stop.is_set():
+            self.stop_reason = reason
+            self._stop.set()
+
+    async def wait_ready(self) -> None:
+        """Wait until :meth:`setup` has finished (or the actor stopped)."""
+        await self._ready.wait()
+
+    async def wait_stopped(self) -> None:
+        """Wait until the actor has fully stopped."""
+        await self._stopped.wait()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # -- discovery and control -----------------------------------------------------------
+
+    def _metadata(self) -> dict[str, str]:
+        meta = {
+            "actor_id": self.actor_id,
+            "kind": str(self.kind),
+            "host": self.host,
+            "pid": str(os.getpid()),
+            "run_id": self.run_id or "",
+        }
+        if self.island:
+            meta["island"] = self.island
+        return meta
+
+    def snapshot(self) -> Any:
+        """The statistics snapshot with the actor's own counters."""
+        self.stats.extra = dict(self.extra_stats())
+        return self.stats.snapshot()
+
+    def info(self) -> ActorInfo:
+        """Who this actor is and how it is doing."""
+        return ActorInfo(
+            actor_id=self.actor_id,
+            kind=self.kind,
+            name=self.service_name,
+            version=self.version,
+            host=self.host,
+            pid=os.getpid(),
+            run_id=self.run_id,
+            island=self.island,
+            state=self.state,
+            started_at=self.started_at,
+            stats=self.snapshot(),
+        )
+
+    def _stats_data(self, _endpoint_stats: Any) -> dict[str, Any]:
+        return dict(self.snapshot().model_dump(mode="json"))
+
+    async def _on_control(self, control: Control) -> ActorInfo:
+        self.log.info("control", action=str(control.action), reason=control.reason)
+        if control.action is ControlAction.DRAIN:
+            self.request_stop(control.reason or "drain requested")
+            self.state = ActorState.DRAINING
+        elif control.action is ControlAction.PAUSE and self.state is ActorState.RUNNING:
+            await self.on_pause()
+            self.state = ActorState.PAUSED
+        elif control.action is ControlAction.RESUME and self.state is ActorState.PAUSED:
+            await self.on_resume()
+            self.state = ActorState.RUNNING
+        return self.info()

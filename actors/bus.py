@@ -1,0 +1,627 @@
+"""The bus: one thin, typed layer over nats-py.
+
+Everything an actor sends or receives goes through here:
+
+- ``publish`` (core) and ``publish_durable`` (JetStream, with a ``Nats-Msg-Id`` dedup id);
+- ``request`` (typed request/reply; micro error replies become ``RemoteError``);
+- ``subscribe`` (core, bounded concurrent handlers);
+- ``consume`` (a JetStream durable pull consumer: explicit ack, ``in_progress`` heartbeats while a
+  handler runs, nak with backoff, dead letter at the last delivery, ``Retry``/``Drop``/``Poison``);
+- ``serve`` (a typed ``nats.micro`` endpoint with bounded concurrent handlers).
+
+Every payload is validated against its pydantic type. A malformed one never reaches a handler:
+it is counted, logged and published to the dead-letter subject ``kf.dlq.<run>`` with the
+validation error, and the actor keeps serving.
+
+Shutdown (``close``) loses nothing: stop fetching, let in-hand work ack or nak, unsubscribe pull
+subscriptions, drain core and endpoint subscriptions while their handlers finish, drain the
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+import pydantic
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from actors.errors import BusError, Drop, NoResponders, Poison, RemoteError, RequestTimeout, Retry
+from actors.logs import get_logger
+from actors.stats import StatsRecorder
+from schemas import DeadLetter, Message, subjects
+
+M = TypeVar("M", bound=Message)
+R = TypeVar("R", bound=Message)
+
+TYPE_HEADER = "Kf-Type"
+MSG_ID_HEADER = "Nats-Msg-Id"
+_PAYLOAD_LIMIT = 64 * 1024
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a message arrived: its subject and, for JetStream, its delivery bookkeeping."""
+
+    subject: str
+    headers: dict[str, str]
+    num_delivered: int = 1
+    stream_seq: int | None = None
+    max_deliver: int | None = None
+
+    @property
+    def last_attempt(self) -> bool:
+        """Whether a failure now is final (the message will be dead-lettered)."""
+        return self.max_deliver is not None and self.num_delivered >= self.max_deliver
+
+
+Handler = Callable[[M, Delivery], Awaitable[None]]
+ReplyHandler = Callable[[M], Awaitable[R]]
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer of a stream."""
+
+    stream: str
+    durable: str
+    filter_subject: str
+    ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    backoff_s: tuple[float, ...] = (0.5, 2.0, 5.0, 15.0)
+    """Delay of the nak after the n-th failed attempt (the last value repeats)."""
+    batch: int = 64
+    heartbeat_s: float | None = None
+    """How often ``in_progress`` is sent while a handler runs (default ack_wait / 3)."""
+    deliver_all: bool = True
+    max_ack_pending: int = 10_000
+
+    def nak_delay(self, attempt: int) -> float:
+        return self.backoff_s[min(attempt - 1, len(self.backoff_s) - 1)] if self.backoff_s else 0.0
+
+
+def _payload_text(data: bytes) -> str:
+    return data[:_PAYLOAD_LIMIT].decode("utf-8", errors="backslashreplace")
+
+
+def _short(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+async def _wait_any(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+class _Workers:
+    """A bounded set of handler tasks: ``spawn`` waits for a free slot, ``join`` waits for all."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"concurrency must be >= 1, got {limit}")
+        self.limit = limit
+        self._slots = asyncio.Semaphore(limit)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def busy(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def free(self) -> int:
+        return self.limit - len(self._tasks)
+
+    async def spawn(self, coro: Awaitable[None]) -> None:
+        await self._slots.acquire()
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("handler task crashed", error=_short(task.exception()))  # type: ignore[arg-type]
+
+    async def wait_free(self) -> None:
+        await self._slots.acquire()
+        self._slots.release()
+
+    async def join(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+@dataclass
+class _CoreSub:
+    sub: Subscription
+    workers: _Workers
+
+
+@dataclass
+class PullConsumer:
+    """A running durable pull consumer; ``stop`` is the lossless shutdown."""
+
+    spec: ConsumerSpec
+    workers: _Workers
+    task: asyncio.Task[None] | None = None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    psub: Any = None
+
+    async def stop(self) -> None:
+        """Stop fetching, let in-hand messages ack or nak, then unsubscribe."""
+        self.stopping.set()
+        if self.task is not None:
+            await self.task
+        await self.workers.join()
+        if self.psub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self.psub.unsubscribe()
+
+
+@dataclass
+class _Endpoint:
+    service: Service
+    workers: _Workers
+
+
+class Bus:
+    """A typed connection to NATS for one actor (see the module docstring)."""
+
+    def __init__(
+        self, nc: NATS, *, actor_id: str, dlq_run: str = subjects.NO_RUN, stats: StatsRecorder | None = None
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.actor_id = actor_id
+        self.dlq_subject = subjects.dead_letters(dlq_run)
+        self.stats = stats or StatsRecorder()
+        self._core: list[_CoreSub] = []
+        self._consumers: list[PullConsumer] = []
+        self._endpoints: list[_Endpoint] = []
+        self._services: list[Service] = []
+        self._closed = False
+        self._running = asyncio.Event()
+        self._running.set()
+
+    def pause(self) -> None:
+        """Stop fetching from pull consumers (in-hand messages finish)."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        """Fetch again."""
+        self._running.set()
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str,
+        actor_id: str,
+        dlq_run: str = subjects.NO_RUN,
+        stats: StatsRecorder | None = None,
+        connect_timeout: float = 5.0,
+    ) -> Bus:
+        """Connect to ``url`` (a comma-separated list joins a cluster)."""
+        try:
+            nc = await nats.connect(
+                servers=[u.strip() for u in url.split(",")],
+                name=name,
+                connect_timeout=connect_timeout,
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+                pending_size=64 * 1024 * 1024,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise BusError(f"cannot connect to NATS at {url}: {_short(exc)}") from exc
+        return cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats)
+
+    # -- sending ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _headers(msg: Message, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = {TYPE_HEADER: str(getattr(msg, "type", type(msg).__name__))}
+        if extra:
+            headers.update(extra)
+        return headers
+
+    async def publish(self, subject: str, msg: Message) -> None:
+        """Publish on core NATS (at most once)."""
+        await self.nc.publish(subject, msg.to_bytes(), headers=self._headers(msg))
+
+    async def publish_durable(self, subject: str, msg: Message, *, msg_id: str, attempts: int = 5) -> int:
+        """Publish into JetStream and wait for the stream's ack; the server drops duplicates of
+        ``msg_id`` within its dedup window. Returns the stream sequence."""
+        payload = msg.to_bytes()
+        headers = self._headers(msg, {MSG_ID_HEADER: msg_id})
+        delay = 0.1
+        for attempt in range(1, attempts + 1):
+            try:
+                ack = await self.js.publish(subject, payload, headers=headers, timeout=5.0)
+                return int(ack.seq)
+            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
+                if attempt == attempts:
+                    raise BusError(f"publish to {subject} not acknowledged: {_short(exc)}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    async def request(self, subject: str, msg: Message, reply_type: type[R], *, timeout: float) -> R:
+        """Send a request and validate the reply as ``reply_type``."""
+        try:
+            reply = await self.nc.request(
+                subject, msg.to_bytes(), timeout=timeout, headers=self._headers(msg)
+            )
+        except nats.errors.NoRespondersError as exc:
+            raise NoResponders(subject) from exc
+        except nats.errors.TimeoutError as exc:
+            raise RequestTimeout(subject, timeout) from exc
+        headers = reply.headers or {}
+        if "Nats-Service-Error-Code" in headers:
+            raise RemoteError(
+                subject, headers["Nats-Service-Error-Code"], headers.get("Nats-Service-Error", "")
+            )
+        return reply_type.model_validate_json(reply.data)
+
+    async def dead_letter(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        reason: str,
+        error: str,
+        deliveries: int | None = None,
+        stream_seq: int | None = None,
+    ) -> None:
+        """Keep a message this actor gave up on, with the reason, in the dead-letter stream."""
+        letter = DeadLetter(
+            subject=subject,
+            reason=reason,  # type: ignore[arg-type]
+            error=error[:_PAYLOAD_LIMIT],
+            payload=_payload_text(data),
+            actor_id=self.actor_id,
+            deliveries=deliveries,
+            stream_seq=stream_seq,
+        )
+        self.stats.dead_lettered += 1
+        log.warning("dead letter", subject=subject, reason=reason, error=error.splitlines()[0][:300])
+        try:
+            await self.js.publish(
+                self.dlq_subject, letter.to_bytes(), headers=self._headers(letter), timeout=5.0
+            )
+        except (TimeoutError, nats.errors.Error) as exc:
+            # The DLQ stream may be missing (a bare server): the letter still goes out on core NATS.
+            log.error("dead-letter stream unavailable, sent on core NATS only", error=_short(exc))
+            await self.nc.publish(self.dlq_subject, letter.to_bytes(), headers=self._headers(letter))
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        subject: str,
+        msg_type: type[M],
+        handler: Handler[M],
+        *,
+        queue: str = "",
+        concurrency: int = 64,
+    ) -> None:
+        """Handle core messages on ``subject`` with up to ``concurrency`` handlers at once."""
+        workers = _Workers(concurrency)
+
+        async def on_msg(raw: Msg) -> None:
+            message = await self._decode(raw, msg_type)
+            if message is None:
+                return
+            delivery = Delivery(subject=raw.subject, headers=dict(raw.headers or {}))
+            await workers.spawn(self._run_core(handler, message, delivery))
+
+        sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg, pending_msgs_limit=1_000_000)
+        self._core.append(_CoreSub(sub, workers))
+        await self.nc.flush()
+
+    async def _run_core(self, handler: Handler[M], message: M, delivery: Delivery) -> None:
+        started = self.stats.start()
+        try:
+            await handler(message, delivery)
+        except Exception as exc:  # the boundary: logged with traceback, counted
+            self.stats.done(started, ok=False, error=exc)
+            log.exception("handler failed", subject=delivery.subject)
+        else:
+            self.stats.done(started, ok=True)
+
+    async def _decode(self, raw: Msg, msg_type: type[M]) -> M | None:
+        try:
+            return msg_type.model_validate_json(raw.data)
+        except pydantic.ValidationError as exc:
+            self.stats.invalid(str(exc))
+            await self.dead_letter(raw.subject, raw.data, reason="invalid", error=str(exc))
+            return None
+
+    async def consume(
+        self, spec: ConsumerSpec, msg_type: type[M], handler: Handler[M], *, concurrency: int = 8
+    ) -> PullConsumer:
+        """Start a durable pull consumer loop (see the module docstring for its guarantees)."""
+        config = ConsumerConfig(
+            durable_name=spec.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=spec.ack_wait_s,
+            max_deliver=spec.max_deliver,
+            filter_subject=spec.filter_subject,
+            deliver_policy=DeliverPolicy.ALL if spec.deliver_all else DeliverPolicy.NEW,
+            max_ack_pending=spec.max_ack_pending,
+        )
+        psub = await self.js.pull_subscribe(
+            spec.filter_subject, durable=spec.durable, stream=spec.stream, config=config
+        )
+        consumer = PullConsumer(spec=spec, workers=_Workers(concurrency), psub=psub)
+        consumer.task = asyncio.create_task(self._pull_loop(consumer, msg_type, handler))
+        self._consumers.append(consumer)
+        return consumer
+
+    async def _pull_loop(self, consumer: PullConsumer, msg_type: type[M], handler: Handler[M]) -> None:
+        spec = consumer.spec
+        while not consumer.stopping.is_set():
+            if not self._running.is_set():
+                await _wait_any(consumer.stopping, self._running)
+                continue
+            await consumer.workers.wait_free()
+            if consumer.stopping.is_set():
+                break
+            want = max(1, min(spec.batch, consumer.workers.free))
+            try:
+                msgs = await consumer.psub.fetch(want, timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except nats.errors.Error as exc:
+                if self.nc.is_closed:
+                    break
+                log.warning("fetch failed", consumer=spec.durable, error=_short(exc))
+                await asyncio.sleep(0.5)
+                continue
+            for raw in msgs:
+                await consumer.workers.spawn(self._handle_js(raw, spec, msg_type, handler))
+
+    async def _handle_js(self, raw: Msg, spec: ConsumerSpec, msg_type: type[M], handler: Handler[M]) -> None:
+        meta = raw.metadata
+        delivered = int(meta.num_delivered)
+        seq = int(meta.sequence.stream)
+        if delivered > 1:
+            self.stats.redelivered += 1
+        message = await self._decode(raw, msg_type)
+        if message is None:
+            await raw.term()
+            return
+        delivery = Delivery(
+            subject=raw.subject,
+            headers=dict(raw.headers or {}),
+            num_delivered=delivered,
+            stream_seq=seq,
+            max_deliver=spec.max_deliver,
+        )
+        started = self.stats.start()
+        beat = asyncio.create_task(self._heartbeat(raw, spec.heartbeat_s or spec.ack_wait_s / 3))
+        try:
+            await handler(message, delivery)
+        except Retry as exc:
+            self.stats.done(started, ok=False, error=exc)
+            await self._fail(raw, delivery, spec, exc, delay=exc.delay_s)
+        except Drop as exc:
+            self.stats.done(started, ok=True)
+            log.info("message dropped on purpose", subject=raw.subject, reason=str(exc))
+            await raw.term()
+        except Poison as exc:
+            self.stats.done(started, ok=False, error=exc)
+            await self.dead_letter(
+                raw.subject, raw.data, reason="poison", error=str(exc), deliveries=delivered, stream_seq=seq
+            )
+            await raw.term()
+        except Exception as exc:  # the boundary: logged with traceback, counted, nak'ed
+            self.stats.done(started, ok=False, error=exc)
+            log.exception("handler failed", subject=raw.subject, delivery=delivered)
+            await self._fail(raw, delivery, spec, exc, delay=spec.nak_delay(delivered))
+        else:
+            self.stats.done(started, ok=True)
+            await raw.ack()
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    async def _fail(
+        self, raw: Msg, delivery: Delivery, spec: ConsumerSpec, exc: BaseException, *, delay: float
+    ) -> None:
+        if delivery.last_attempt:
+            await self.dead_letter(
+                raw.subject,
+                raw.data,
+                reason="max_deliveries",
+                error=_short(exc),
+                deliveries=delivery.num_delivered,
+                stream_seq=delivery.stream_seq,
+            )
+            await raw.term()
+        else:
+            await raw.nak(delay=delay)
+
+    @staticmethod
+    async def _heartbeat(raw: Msg, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            with contextlib.suppress(nats.errors.Error):
+                await raw.in_progress()
+
+    # -- services --------------------------------------------------------------------------
+
+    async def add_service(
+        self,
+        *,
+        name: str,
+        version: str,
+        description: str,
+        metadata: dict[str, str],
+        stats_handler: Any = None,
+    ) -> Service:
+        """Register a ``nats.micro`` service (discoverable through ``$SRV.PING/INFO/STATS``)."""
+        service = await add_service(
+            self.nc,
+            name=name,
+            version=version,
+            description=description,
+            metadata=metadata,
+            stats_handler=stats_handler,
+        )
+        self._services.append(service)
+        return service
+
+    async def serve(
+        self,
+        service: Service,
+        *,
+        name: str,
+        subject: str,
+        request_type: type[M],
+        handler: ReplyHandler[M, R],
+        queue_group: str | None = None,
+        concurrency: int = 16,
+    ) -> None:
+        """Add a typed endpoint. Handlers run concurrently (bounded); an invalid request gets an
+        error reply (code 400) and a dead letter; a failing handler an error reply (code 500)."""
+        workers = _Workers(concurrency)
+
+        async def respond(request: Request, message: M) -> None:
+            started = self.stats.start()
+            try:
+                reply = await handler(message)
+            except Exception as exc:  # the boundary: the caller gets a typed error
+                self.stats.done(started, ok=False, error=exc)
+                log.exception("endpoint handler failed", subject=subject)
+                await request.respond_error("500", _short(exc)[:500])
+            else:
+                self.stats.done(started, ok=True)
+                await request.respond(reply.to_bytes(), headers=self._headers(reply))
+
+        async def on_request(request: Request) -> None:
+            try:
+                message = request_type.model_validate_json(request.data)
+            except pydantic.ValidationError as exc:
+                self.stats.invalid(str(exc))
+                await self.dead_letter(request.subject, request.data, reason="invalid", error=str(exc))
+                await request.respond_error("400", f"invalid {request_type.__name__}: {exc}"[:2000])
+                return
+            await workers.spawn(respond(request, message))
+
+        await service.add_endpoint(
+            name=name, subject=subject, handler=on_request, queue_group=queue_group or f"q-{name}"
+        )
+        self._endpoints.append(_Endpoint(service, workers))
+        await self.nc.flush()
+
+    # -- streams ---------------------------------------------------------------------------
+
+    async def ensure_stream(self, config: StreamConfig) -> None:
+        """Create a stream, or leave an existing one of that name as it is."""
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError as exc:
+            if "already in use" not in str(exc):
+                raise
+            await self.js.update_stream(config)
+
+    async def ensure_run_stream(self, run_id: str, *, max_age_s: float = 7 * 24 * 3600) -> None:
+        """The run's event log: every ``kf.<run>.>`` subject, kept for ``max_age_s``."""
+        await self.ensure_stream(
+            StreamConfig(
+                name=subjects.run_stream(run_id),
+                subjects=[subjects.run_all(run_id)],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                max_age=max_age_s,
+                duplicate_window=15 * 60,
+            )
+        )
+
+    async def ensure_shared_streams(self) -> None:
+        """Experience (source of truth), dead letters and max-delivery advisories."""
+        await self.ensure_stream(
+            StreamConfig(
+                name=subjects.EXPERIENCE_STREAM,
+                subjects=[subjects.EXPERIENCE_RECORD, subjects.EXPERIENCE_OUTCOME],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                duplicate_window=15 * 60,
+            )
+        )
+        await self.ensure_stream(
+            StreamConfig(
+                name=subjects.DLQ_STREAM,
+                subjects=[subjects.dead_letters(">")],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                max_age=30 * 24 * 3600,
+            )
+        )
+        await self.ensure_stream(
+            StreamConfig(
+                name=subjects.ADVISORY_STREAM,
+                subjects=[subjects.MAX_DELIVERIES_ADVISORY],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                max_age=30 * 24 * 3600,
+            )
+        )
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """The lossless shutdown order (see the module docstring). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in self._consumers:
+            await consumer.stop()
+        for core in self._core:
+            with contextlib.suppress(nats.errors.Error):
+                await core.sub.drain()  # type: ignore[no-untyped-call]
+        for endpoint in self._endpoints:
+            for ep in getattr(endpoint.service, "_endpoints", []):
+                sub = getattr(ep, "_subscription", None)
+                if sub is not None:
+                    with contextlib.suppress(nats.errors.Error):
+                        await sub.drain()
+        # Drained subscriptions have handed their pending messages to our workers: wait for them.
+        for core in self._core:
+            await core.workers.join()
+        for endpoint in self._endpoints:
+            await endpoint.workers.join()
+        if not self.nc.is_closed:
+            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                await self.nc.drain()
+
+
+def json_fields(data: bytes) -> dict[str, Any]:
+    """Best-effort decode of a payload for display (``{}`` when it is not a JSON object)."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return obj if isinstance(obj, dict) else {}

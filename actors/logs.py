@@ -1,0 +1,56 @@
+"""Structured JSON logs (structlog) with run/actor/island/candidate ids bound per message."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+_configured = False
+
+
+def configure_logging(
+    *, level: str = "info", json: bool = True, stream: TextIO | None = None, file: str | None = None
+) -> None:
+    """Configure structlog once per process: JSON lines (or console) on ``stream`` and ``file``.
+
+    Context bound with ``structlog.contextvars.bound_contextvars`` appears on every line, so a
+    handler binds run, actor, island and candidate ids for the message it handles.
+    """
+    global _configured
+    handlers: list[logging.Handler] = [logging.StreamHandler(stream or sys.stderr)]
+    if file:
+        handlers.append(logging.FileHandler(file))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=False,
+    )
+    # Quiet libraries that log at info on every connection.
+    logging.getLogger("nats").setLevel(logging.WARNING)
+    _configured = True
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger named for its module."""
+    return structlog.get_logger(name)
