@@ -21,6 +21,7 @@ import uuid
 from typing import Any, ClassVar
 
 import structlog
+from nats.micro.service import Service
 
 from actors.bus import Bus
 from actors.logs import get_logger
@@ -63,6 +64,7 @@ class Actor:
         self.started_at = time.time()
         self.host = socket.gethostname()
         self._bus: Bus | None = None
+        self._service: Service | None = None
         self._stop = asyncio.Event()
         self._stopped = asyncio.Event()
         self._ready = asyncio.Event()
@@ -76,6 +78,9 @@ class Actor:
 
     async def on_drain(self) -> None:
         """Called after a stop is requested, before the bus drains. No-op default."""
+
+    async def teardown(self) -> None:
+        """Called after the bus has closed: release what the actor owns. No-op default."""
 
     async def on_pause(self) -> None:
         """Stop taking new work (in-hand work continues). Default: pause the bus's consumers."""
@@ -99,6 +104,20 @@ class Actor:
         return self._bus
 
     @property
+    def service(self) -> Service:
+        """The actor's ``nats.micro`` service (registered in :meth:`run`)."""
+        if self._service is None:
+            raise RuntimeError(f"{self.actor_id}: service used before run() registered it")
+        return self._service
+
+    @property
+    def rid(self) -> str:
+        """The run id of an actor that serves one run."""
+        if self.run_id is None:
+            raise RuntimeError(f"{self.actor_id} serves no run")
+        return self.run_id
+
+    @property
     def dlq_run(self) -> str:
         return self.run_id or subjects.NO_RUN
 
@@ -109,7 +128,7 @@ class Actor:
         )
         try:
             with structlog.contextvars.bound_contextvars(actor=self.actor_id, run=self.run_id):
-                service = await self.bus.add_service(
+                service = self._service = await self.bus.add_service(
                     name=self.service_name,
                     version=self.version,
                     description=self.description or f"Kernel Foundry {self.kind}",
@@ -124,6 +143,7 @@ class Actor:
                     handler=self._on_control,
                     queue_group=self.actor_id,
                     concurrency=4,
+                    record_stats=False,
                 )
                 await self.setup()
                 self.state = ActorState.RUNNING
@@ -134,7 +154,10 @@ class Actor:
                 self.log.info("actor draining", reason=self.stop_reason)
                 await self.on_drain()
         finally:
-            await self.bus.close()
+            try:
+                await self.bus.close()
+            finally:
+                await self.teardown()
             self.state = ActorState.STOPPED
             self._ready.set()
             self._stopped.set()

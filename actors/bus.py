@@ -269,18 +269,14 @@ class Bus:
     async def request(self, subject: str, msg: Message, reply_type: type[R], *, timeout: float) -> R:
         """Send a request and validate the reply as ``reply_type``."""
         try:
-            reply = await self.nc.request(
-                subject, msg.to_bytes(), timeout=timeout, headers=self._headers(msg)
-            )
+            reply = await self.nc.request(subject, msg.to_bytes(), timeout=timeout, headers=self._headers(msg))
         except nats.errors.NoRespondersError as exc:
             raise NoResponders(subject) from exc
         except nats.errors.TimeoutError as exc:
             raise RequestTimeout(subject, timeout) from exc
         headers = reply.headers or {}
         if "Nats-Service-Error-Code" in headers:
-            raise RemoteError(
-                subject, headers["Nats-Service-Error-Code"], headers.get("Nats-Service-Error", "")
-            )
+            raise RemoteError(subject, headers["Nats-Service-Error-Code"], headers.get("Nats-Service-Error", ""))
         return reply_type.model_validate_json(reply.data)
 
     async def dead_letter(
@@ -306,9 +302,7 @@ class Bus:
         self.stats.dead_lettered += 1
         log.warning("dead letter", subject=subject, reason=reason, error=error.splitlines()[0][:300])
         try:
-            await self.js.publish(
-                self.dlq_subject, letter.to_bytes(), headers=self._headers(letter), timeout=5.0
-            )
+            await self.js.publish(self.dlq_subject, letter.to_bytes(), headers=self._headers(letter), timeout=5.0)
         except (TimeoutError, nats.errors.Error) as exc:
             # The DLQ stream may be missing (a bare server): the letter still goes out on core NATS.
             log.error("dead-letter stream unavailable, sent on core NATS only", error=_short(exc))
@@ -503,21 +497,24 @@ class Bus:
         handler: ReplyHandler[M, R],
         queue_group: str | None = None,
         concurrency: int = 16,
+        record_stats: bool = True,
     ) -> None:
         """Add a typed endpoint. Handlers run concurrently (bounded); an invalid request gets an
         error reply (code 400) and a dead letter; a failing handler an error reply (code 500)."""
         workers = _Workers(concurrency)
 
+        stats = self.stats if record_stats else StatsRecorder()
+
         async def respond(request: Request, message: M) -> None:
-            started = self.stats.start()
+            started = stats.start()
             try:
                 reply = await handler(message)
             except Exception as exc:  # the boundary: the caller gets a typed error
-                self.stats.done(started, ok=False, error=exc)
+                stats.done(started, ok=False, error=exc)
                 log.exception("endpoint handler failed", subject=subject)
                 await request.respond_error("500", _short(exc)[:500])
             else:
-                self.stats.done(started, ok=True)
+                stats.done(started, ok=True)
                 await request.respond(reply.to_bytes(), headers=self._headers(reply))
 
         async def on_request(request: Request) -> None:

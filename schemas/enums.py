@@ -152,6 +152,8 @@ class DiagnosisCategory(StrEnum):
     REJECTED_OUTPUT_TYPE = "rejected.output_type"
     REJECTED_RESOURCE_LIMIT = "rejected.resource_limit"
     REJECTED_MISSING_MODEL = "rejected.missing_model"
+    REJECTED_OTHER = "rejected.other"
+    """Rejected, but no finding names the rule (evidence comes from the failed checks)."""
 
     SLOW_LAUNCH_BOUND = "slow.launch_bound"
     SLOW_MEMORY_BOUND = "slow.memory_bound"

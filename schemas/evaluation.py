@@ -97,6 +97,11 @@ class Correctness(Model):
     """Fraction of output elements outside tolerance in the first failing trial."""
     first_bad_index: tuple[int, ...] | None = None
     """Index of the first mismatching element in the first failing trial."""
+    output_shape: tuple[int, ...] | None = None
+    """Shape of the reference output that ``first_bad_index`` points into (locates edge errors)."""
+    nondeterministic: bool | None = None
+    """Whether two runs of the candidate on the same inputs gave different outputs; ``None`` if
+    not checked."""
     detail: str | None = None
     """Plain-language summary of the failure, if any."""
 

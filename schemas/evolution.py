@@ -51,6 +51,10 @@ class Elite(Model):
     """Island whose archive holds it."""
     found_at: float = Field(default_factory=now)
     """When it entered the archive."""
+    result: EvalResult | None = None
+    """Its measured evaluation, so an island that receives it as a migrant keeps the evidence."""
+    diagnosis: Diagnosis | None = None
+    """Its diagnosis (what limits its speed), carried along with it."""
 
 
 class EliteAnnouncement(Message):

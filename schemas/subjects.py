@@ -5,7 +5,7 @@ Actors never write subject literals; they call these functions. Runs are namespa
 
 | subject                          | message              | transport                                |
 |----------------------------------|----------------------|------------------------------------------|
-| ``kf.<run>.cand.<island>``       | Candidate            | run stream; evaluators' durable consumer |
+| ``kf.<run>.cand.<island>.<cand>``| Candidate            | run stream; evaluators' durable consumer |
 | ``kf.<run>.result.<island>``     | EvalResult           | run stream; diagnosers' durable consumer |
 | ``kf.<run>.feedback.<island>``   | Feedback             | run stream; one durable per island       |
 | ``kf.<run>.elite.<island>``      | EliteAnnouncement    | run stream; migrator's durable consumer  |
@@ -33,9 +33,10 @@ def _tok(value: str) -> str:
     return value if value in (ANY, ">") else _check_token(value)
 
 
-def candidates(run: str, island: str = ANY) -> str:
-    """Candidates published by an island for evaluation."""
-    return f"{PREFIX}.{_tok(run)}.cand.{_tok(island)}"
+def candidates(run: str, island: str = ANY, candidate: str = ANY) -> str:
+    """Candidates published by an island for evaluation, one subject per candidate so that any
+    actor can fetch a candidate by id (a direct get of the last message on its subject)."""
+    return f"{PREFIX}.{_tok(run)}.cand.{_tok(island)}.{_tok(candidate)}"
 
 
 def results(run: str, island: str = ANY) -> str:

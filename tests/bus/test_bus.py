@@ -56,9 +56,7 @@ async def test_typed_messages_round_trip_on_core_subjects(nats_url: str, run_id:
     await bus.close()
 
 
-async def test_malformed_message_is_dead_lettered_and_the_actor_keeps_serving(
-    nats_url: str, run_id: str
-) -> None:
+async def test_malformed_message_is_dead_lettered_and_the_actor_keeps_serving(nats_url: str, run_id: str) -> None:
     bus = await _bus(nats_url, run_id)
     got: list[Diagnosis] = []
     good = asyncio.Event()
@@ -94,9 +92,7 @@ async def test_typed_request_reply_and_typed_errors(nats_url: str, run_id: str) 
 
     subject = f"kf.test.{run_id}.echo"
     await server.serve(service, name="echo", subject=subject, request_type=Control, handler=echo)
-    reply = await client.request(
-        subject, Control(action=ControlAction.INFO, reason="abc"), Diagnosis, timeout=5
-    )
+    reply = await client.request(subject, Control(action=ControlAction.INFO, reason="abc"), Diagnosis, timeout=5)
     assert reply.candidate_id == "c3"
     with pytest.raises(RemoteError, match="exploded") as info:
         await client.request(subject, Control(action=ControlAction.INFO, reason="boom"), Diagnosis, timeout=5)
@@ -105,9 +101,7 @@ async def test_typed_request_reply_and_typed_errors(nats_url: str, run_id: str) 
     assert bad.headers is not None
     assert bad.headers["Nats-Service-Error-Code"] == "400"
     with pytest.raises(NoResponders):
-        await client.request(
-            f"kf.test.{run_id}.nobody", Control(action=ControlAction.INFO), Diagnosis, timeout=2
-        )
+        await client.request(f"kf.test.{run_id}.nobody", Control(action=ControlAction.INFO), Diagnosis, timeout=2)
     await client.close()
     await server.close()
 

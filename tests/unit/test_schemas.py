@@ -82,8 +82,8 @@ def test_exported_json_schemas_are_current() -> None:
 
 
 def test_subject_builders_refuse_tokens_that_would_break_subjects() -> None:
-    assert subjects.candidates("run1", "i0") == "kf.run1.cand.i0"
-    assert subjects.candidates("run1") == "kf.run1.cand.*"
+    assert subjects.candidates("run1", "i0", "c1") == "kf.run1.cand.i0.c1"
+    assert subjects.candidates("run1") == "kf.run1.cand.*.*"
     with pytest.raises(ValueError, match="not a valid id"):
         subjects.candidates("run.1", "i0")
     with pytest.raises(ValueError, match="not a valid id"):

@@ -1,0 +1,353 @@
+"""``kfoundry``: the command line.
+
+    kfoundry run TASK.py            run the whole loop on a KernelBench-format task
+    kfoundry eval REF.py CAND.py    one honest evaluation (gpu_runner)
+    kfoundry actor KIND --run RUN   one actor process joining a run
+    kfoundry tap [SUBJECT...]       live, decoded view of the message streams
+    kfoundry status                 live actors (kind, id, version, host, stats) and consumer lag
+    kfoundry drain ACTOR_ID         remove one actor gracefully (with a new one: a hot swap)
+    kfoundry expert set NAME ...    store or change an expert's configuration (taken up live)
+    kfoundry server status|stop     the embedded NATS server
+
+With no ``--nats`` and no ``NATS_URL``, commands use the embedded server (see
+``actors.nats_server``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TextIO
+
+from actors.errors import KfError
+
+Out = TextIO
+
+
+def _out(text: str, stream: Out | None = None) -> None:
+    (stream or sys.stdout).write(text + "\n")
+    (stream or sys.stdout).flush()
+
+
+@contextlib.contextmanager
+def nats_url(arg: str | None) -> Iterator[str]:
+    """The server to use: ``--nats``, else ``NATS_URL``, else the embedded server."""
+    url = arg or os.environ.get("NATS_URL")
+    if url:
+        yield url
+        return
+    from actors.nats_server import EmbeddedServer
+
+    server = EmbeddedServer()
+    url = server.acquire()
+    try:
+        yield url
+    finally:
+        server.release()
+
+
+def _add_nats(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats", help="NATS server URL(s), comma-separated (default: $NATS_URL, else embedded)")
+
+
+def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """Run ``main`` with SIGINT/SIGTERM turned into a graceful stop event."""
+
+    async def wrapper() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            return await main(stop)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(wrapper())
+
+
+async def _connect(url: str, name: str):  # type: ignore[no-untyped-def]
+    from actors.bus import Bus
+
+    return await Bus.connect(url, name=name, actor_id=name)
+
+
+# -- tap -----------------------------------------------------------------------------------
+
+
+def cmd_tap(args: argparse.Namespace) -> int:
+    from actors.observe import tap
+
+    subjects = list(args.subjects) or ([f"kf.{args.run}.>"] if args.run else ["kf.>"])
+    if args.replies:
+        subjects.append("_INBOX.>")
+    types = set(args.type) if args.type else None
+
+    async def main(stop: asyncio.Event) -> int:
+        with nats_url(args.nats) as url:
+            bus = await _connect(url, "kfoundry-tap")
+            _out(f"# tapping {', '.join(subjects)} on {url} (Ctrl-C to stop)", sys.stderr)
+            try:
+                await tap(bus.nc, subjects, _out, types=types, stop=stop, limit=args.count)
+            finally:
+                await bus.close()
+        return 0
+
+    return run_async(main)
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from actors.observe import consumer_lag, discover
+
+    async def main(stop: asyncio.Event) -> int:
+        with nats_url(args.nats) as url:
+            bus = await _connect(url, "kfoundry-status")
+            try:
+                rows = await discover(bus.nc, wait_s=args.wait, run_id=args.run)
+                lags = await consumer_lag(bus.nc, run_id=args.run)
+            finally:
+                await bus.close()
+        if args.json:
+            _out(
+                json.dumps(
+                    {
+                        "actors": [
+                            {"name": r.name, "version": r.version, "metadata": r.metadata, "stats": r.stats}
+                            for r in rows
+                        ],
+                        "consumers": [lag.__dict__ for lag in lags],
+                    },
+                    indent=2,
+                )
+            )
+            return 0
+        _out(f"{len(rows)} actor(s) on {url}")
+        header = (
+            f"{'KIND':<10} {'ACTOR':<22} {'VERSION':<8} {'HOST':<14} {'PID':>7} {'RUN':<12} {'ISLAND':<7} "
+            f"{'RECV':>7} {'DONE':>7} {'ERR':>5} {'DLQ':>4} {'BUSY':>4}"
+        )
+        _out(header)
+        for r in rows:
+            s = r.stats
+            meta = r.metadata
+            _out(
+                f"{r.kind:<10} {r.actor_id:<22} {r.version:<8} {meta.get('host', '?')[:14]:<14} "
+                f"{meta.get('pid', '?'):>7} {meta.get('run_id', '') or '-':<12} {meta.get('island', '-'):<7} "
+                f"{s.get('received', 0):>7} {s.get('processed', 0):>7} {s.get('errors', 0):>5} "
+                f"{s.get('dead_lettered', 0):>4} {s.get('in_flight', 0):>4}"
+            )
+        if lags:
+            _out("")
+            _out(f"{'STREAM':<24} {'CONSUMER':<20} {'PENDING':>8} {'UNACKED':>8} {'REDELIV':>8} {'WAITING':>8}")
+            for lag in lags:
+                _out(
+                    f"{lag.stream:<24} {lag.consumer:<20} {lag.pending:>8} {lag.ack_pending:>8} "
+                    f"{lag.redelivered:>8} {lag.waiting:>8}"
+                )
+        return 0
+
+    return run_async(main)
+
+
+# -- drain ---------------------------------------------------------------------------------
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    from actors.observe import discover
+    from schemas import ActorInfo, Control, ControlAction, subjects
+
+    async def main(stop: asyncio.Event) -> int:
+        with nats_url(args.nats) as url:
+            bus = await _connect(url, "kfoundry-drain")
+            try:
+                info = await bus.request(
+                    subjects.control(args.actor_id),
+                    Control(action=ControlAction.DRAIN, reason=args.reason),
+                    ActorInfo,
+                    timeout=args.timeout,
+                )
+                _out(f"draining {info.actor_id} ({info.kind} {info.version} on {info.host} pid {info.pid})")
+                if args.wait:
+                    async with asyncio.timeout(args.timeout):
+                        while any(r.actor_id == args.actor_id for r in await discover(bus.nc, wait_s=0.3)):
+                            await asyncio.sleep(0.2)
+                    _out(f"{args.actor_id} has left")
+            finally:
+                await bus.close()
+        return 0
+
+    return run_async(main)
+
+
+# -- expert config -------------------------------------------------------------------------
+
+
+def cmd_expert(args: argparse.Namespace) -> int:
+    from actors.kv import get_expert_config, put_expert_config
+    from schemas import ExpertConfig
+
+    async def main(stop: asyncio.Event) -> int:
+        with nats_url(args.nats) as url:
+            bus = await _connect(url, "kfoundry-expert")
+            try:
+                if args.expert_cmd == "show":
+                    cfg = await get_expert_config(bus, args.name)
+                    _out(cfg.model_dump_json(indent=2) if cfg else f"no configuration stored for {args.name!r}")
+                    return 0 if cfg else 1
+                old = await get_expert_config(bus, args.name)
+                base = old.model_dump(exclude={"revision", "created_at"}) if old else {"name": args.name}
+                changes = {
+                    k: v
+                    for k, v in {
+                        "kind": args.kind,
+                        "role": args.role,
+                        "base_url": args.base_url,
+                        "model": args.model,
+                        "api_key_env": args.api_key_env,
+                        "temperature": args.temperature,
+                        "max_tokens": args.max_tokens,
+                        "timeout_s": args.timeout,
+                        "concurrency": args.concurrency,
+                        "token_budget": args.token_budget,
+                        "language": args.language,
+                    }.items()
+                    if v is not None
+                }
+                cfg = ExpertConfig.model_validate(base | changes | {"revision": (old.revision + 1) if old else 0})
+                await put_expert_config(bus, cfg)
+                _out(f"stored {cfg.name} revision {cfg.revision}: {cfg.model_dump_json(exclude={'created_at'})}")
+            finally:
+                await bus.close()
+        return 0
+
+    return run_async(main)
+
+
+# -- server --------------------------------------------------------------------------------
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from actors.nats_server import EmbeddedServer, stop_server
+
+    server = EmbeddedServer()
+    info = server._load()
+    if args.server_cmd == "status":
+        _out(f"embedded NATS at {info.url} (pid {info.pid}, store {info.store_dir})" if info else "not running")
+        return 0
+    if args.server_cmd == "start":
+        url = server.acquire()
+        _out(f"embedded NATS at {url}")
+        return 0
+    if info is None:
+        _out("not running")
+        return 0
+    stop_server(info.pid)
+    with contextlib.suppress(FileNotFoundError):
+        server.state.unlink()
+    _out(f"stopped embedded NATS (pid {info.pid})")
+    return 0
+
+
+# -- eval ----------------------------------------------------------------------------------
+
+
+def cmd_eval(argv: list[str]) -> int:
+    from gpu_runner.cli import main as eval_main
+
+    return int(eval_main(argv))
+
+
+# -- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kfoundry", description="Kernel Foundry: faster GPU kernels by evolution")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from actors.launch import add_actor_parser, add_run_parser
+
+    add_run_parser(sub)
+    add_actor_parser(sub)
+
+    p = sub.add_parser("eval", help="evaluate one candidate against a reference (see `kfoundry eval -h`)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    p = sub.add_parser("tap", help="show the live messages, decoded")
+    p.add_argument("subjects", nargs="*", help="NATS subjects (wildcards allowed); default kf.> or kf.<run>.>")
+    p.add_argument("--run", help="only this run's subjects")
+    p.add_argument("--type", action="append", help="only messages of this type (repeatable), e.g. eval_result")
+    p.add_argument("--replies", action="store_true", help="also show request replies (_INBOX.>)")
+    p.add_argument("--count", type=int, help="stop after this many messages")
+    _add_nats(p)
+    p.set_defaults(func=cmd_tap)
+
+    p = sub.add_parser("status", help="list live actors and consumer lag")
+    p.add_argument("--run", help="only this run")
+    p.add_argument("--wait", type=float, default=0.5, help="seconds to collect replies (default 0.5)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_nats(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("drain", help="remove one actor gracefully")
+    p.add_argument("actor_id")
+    p.add_argument("--reason", default="drained from the command line")
+    p.add_argument("--wait", action="store_true", help="wait until the actor has left")
+    p.add_argument("--timeout", type=float, default=60.0)
+    _add_nats(p)
+    p.set_defaults(func=cmd_drain)
+
+    p = sub.add_parser("expert", help="show or change an expert's configuration (KV; taken up live)")
+    esub = p.add_subparsers(dest="expert_cmd", required=True)
+    show = esub.add_parser("show")
+    show.add_argument("name")
+    _add_nats(show)
+    show.set_defaults(func=cmd_expert)
+    setp = esub.add_parser("set")
+    setp.add_argument("name")
+    setp.add_argument("--kind", choices=["template", "llm"])
+    setp.add_argument("--role")
+    setp.add_argument("--base-url")
+    setp.add_argument("--model")
+    setp.add_argument("--api-key-env", help="name of the environment variable holding the key")
+    setp.add_argument("--temperature", type=float)
+    setp.add_argument("--max-tokens", type=int)
+    setp.add_argument("--timeout", type=float)
+    setp.add_argument("--concurrency", type=int)
+    setp.add_argument("--token-budget", type=int)
+    setp.add_argument("--language", choices=["triton", "cuda"])
+    _add_nats(setp)
+    setp.set_defaults(func=cmd_expert)
+
+    p = sub.add_parser("server", help="the embedded NATS server")
+    p.add_argument("server_cmd", choices=["status", "start", "stop"])
+    p.set_defaults(func=cmd_server)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "eval":
+        return cmd_eval(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KfError as exc:
+        _out(f"kfoundry: {exc}", sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Evaluator actor: judges candidates with a ``Runner`` and publishes the verdicts.
+
+Reads:  ``kf.<run>.cand.*.*`` (``Candidate``) through the run's shared durable pull consumer
+        ``evaluators`` (every candidate goes to one evaluator; ``in_progress`` heartbeats while
+        it is judged; a crash means redelivery to another evaluator, never loss).
+Writes: ``kf.<run>.result.<island>`` (``EvalResult``) into the run stream with dedup id
+        ``result-<candidate>``; the candidate is acked only after the result is stored, so a
+        result is never lost and never stored twice.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from actors.base import Actor
+from actors.bus import ConsumerSpec, Delivery
+from actors.kv import get_run
+from actors.runners import Runner
+from schemas import ActorKind, Candidate, RunSpec, Task, subjects
+
+
+class EvaluatorActor(Actor):
+    """Pulls candidates of one run and evaluates them (see the module docstring)."""
+
+    kind = ActorKind.EVALUATOR
+    description = "Evaluates candidate kernels (gpu_runner) and publishes EvalResults"
+
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        run_id: str,
+        runner: Runner,
+        concurrency: int = 2,
+        ack_wait_s: float = 30.0,
+        max_deliver: int = 3,
+        actor_id: str | None = None,
+    ) -> None:
+        super().__init__(nats_url=nats_url, run_id=run_id, actor_id=actor_id)
+        self.runner = runner
+        self.concurrency = concurrency
+        self.ack_wait_s = ack_wait_s
+        self.max_deliver = max_deliver
+        self.task: Task | None = None
+        self.spec: RunSpec | None = None
+        self.evaluated = 0
+
+    async def setup(self) -> None:
+        self.spec = await get_run(self.bus, self.rid)
+        self.task = self.spec.task
+        await self.runner.start()
+        await self.runner.prepare(self.task)
+        consumer = ConsumerSpec(
+            stream=subjects.run_stream(self.rid),
+            durable=subjects.EVALUATORS,
+            filter_subject=subjects.candidates(self.rid),
+            ack_wait_s=self.ack_wait_s,
+            max_deliver=self.max_deliver,
+            batch=self.concurrency,
+        )
+        await self.bus.consume(consumer, Candidate, self.handle, concurrency=self.concurrency)
+
+    async def handle(self, candidate: Candidate, delivery: Delivery) -> None:
+        """Evaluate one candidate and store its result before the candidate is acked."""
+        assert self.task is not None
+        with structlog.contextvars.bound_contextvars(island=candidate.island, candidate=candidate.candidate_id):
+            result = await self.runner.evaluate(
+                self.task, candidate, attempt=delivery.num_delivered, evaluator=self.actor_id
+            )
+            await self.bus.publish_durable(
+                subjects.results(self.rid, candidate.island),
+                result,
+                msg_id=f"result-{candidate.candidate_id}",
+            )
+            self.evaluated += 1
+            self.log.info(
+                "evaluated",
+                island=candidate.island,
+                candidate=candidate.candidate_id,
+                status=str(result.status),
+                speedup=result.speedup_vs_eager,
+                attempt=delivery.num_delivered,
+            )
+
+    def extra_stats(self) -> dict[str, float | int | str | None]:
+        return {"evaluated": self.evaluated}
+
+    async def teardown(self) -> None:
+        await self.runner.aclose()

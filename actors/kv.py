@@ -1,0 +1,73 @@
+"""Key-value buckets of the fabric: run specs, expert configs, island states, evolved prompts."""
+
+from __future__ import annotations
+
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from actors.bus import Bus
+from actors.errors import ConfigError
+from schemas import ExpertConfig, RunSpec, subjects
+
+
+async def bucket(bus: Bus, name: str, *, history: int = 8) -> KeyValue:
+    """Open a bucket, creating it on first use."""
+    try:
+        return await bus.js.key_value(name)
+    except nats.js.errors.BucketNotFoundError:
+        try:
+            return await bus.js.create_key_value(bucket=name, history=history)
+        except nats.js.errors.BadRequestError:
+            return await bus.js.key_value(name)  # created by someone else in the meantime
+
+
+async def put_run(bus: Bus, spec: RunSpec) -> None:
+    """Register a run (its spec) under its id."""
+    kv = await bucket(bus, subjects.RUNS_BUCKET)
+    await kv.put(spec.run_id, spec.to_bytes())
+
+
+async def get_run(bus: Bus, run_id: str) -> RunSpec:
+    """The spec of a registered run; ``ConfigError`` naming the run if there is none."""
+    kv = await bucket(bus, subjects.RUNS_BUCKET)
+    try:
+        entry = await kv.get(run_id)
+    except nats.js.errors.KeyNotFoundError as exc:
+        raise ConfigError(
+            f"no run {run_id!r} is registered on this NATS server (bucket {subjects.RUNS_BUCKET})"
+        ) from exc
+    if entry.value is None:
+        raise ConfigError(f"run {run_id!r} was deleted")
+    return RunSpec.model_validate_json(entry.value)
+
+
+async def put_expert_config(bus: Bus, config: ExpertConfig) -> int:
+    """Store (or change) an expert's configuration; running experts pick it up live."""
+    kv = await bucket(bus, subjects.EXPERTS_BUCKET)
+    return int(await kv.put(config.name, config.to_bytes()))
+
+
+async def get_expert_config(bus: Bus, name: str) -> ExpertConfig | None:
+    """An expert's stored configuration, if any."""
+    kv = await bucket(bus, subjects.EXPERTS_BUCKET)
+    try:
+        entry = await kv.get(name)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return ExpertConfig.model_validate_json(entry.value) if entry.value else None
+
+
+async def save_text(bus: Bus, bucket_name: str, key: str, text: str) -> None:
+    """Save a state blob (an island's brain, evolved prompts)."""
+    kv = await bucket(bus, bucket_name)
+    await kv.put(key, text.encode())
+
+
+async def load_text(bus: Bus, bucket_name: str, key: str) -> str | None:
+    """A saved state blob, if any."""
+    kv = await bucket(bus, bucket_name)
+    try:
+        entry = await kv.get(key)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return entry.value.decode() if entry.value else None

@@ -1,0 +1,187 @@
+"""Starting actors: one per process (``kfoundry actor``) or a whole run in one process.
+
+``run_actors`` runs several actors on one event loop inside a ``TaskGroup`` and drains them all
+when its stop event fires (SIGTERM/SIGINT in the CLI). ``build_actor`` makes one actor of a kind
+from command-line options, so ``kfoundry actor KIND`` and ``kfoundry run`` share one recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from actors.base import Actor
+from actors.errors import ConfigError
+from schemas import ActorKind, DeviceChoice, ExpertConfig, ExpertKind
+
+
+async def run_actors(actors: Sequence[Actor], stop: asyncio.Event) -> None:
+    """Run ``actors`` until ``stop`` is set (or all of them stopped), then drain every one."""
+
+    async def stopper() -> None:
+        waiters = [asyncio.ensure_future(a.wait_stopped()) for a in actors]
+        stop_wait = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait(
+                [stop_wait, asyncio.ensure_future(asyncio.gather(*waiters))], return_when="FIRST_COMPLETED"
+            )
+        finally:
+            stop_wait.cancel()
+            for w in waiters:
+                w.cancel()
+        for actor in actors:
+            actor.request_stop("stop requested")
+
+    async with asyncio.TaskGroup() as tg:
+        for actor in actors:
+            tg.create_task(actor.run(), name=actor.actor_id)
+        tg.create_task(stopper(), name="stopper")
+
+
+def add_actor_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``kfoundry actor`` and ``kfoundry run``."""
+    p.add_argument("--device", choices=[d.value for d in DeviceChoice], default="auto", help="evaluation device")
+    p.add_argument(
+        "--runner", choices=["gpu", "noop"], default="gpu", help="evaluator runner: gpu_runner, or noop (benchmarks)"
+    )
+    p.add_argument("--noop-delay", type=float, default=0.0, help="seconds a noop evaluation takes")
+    p.add_argument("--eval-concurrency", type=int, default=None, help="candidates one evaluator judges at once")
+    p.add_argument(
+        "--ack-wait", type=float, default=30.0, help="seconds before an unacknowledged candidate is redelivered"
+    )
+    p.add_argument("--spares", type=int, default=2, help="pre-warmed run processes per evaluator")
+    p.add_argument("--library-dir", type=Path, default=None, help="curator snapshot folder")
+    p.add_argument("--embedder", choices=["minilm", "hash"], default="minilm", help="curator embedder")
+
+
+def add_actor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from actors.cli import _add_nats
+
+    p = sub.add_parser("actor", help="start one actor process that joins a run")
+    p.add_argument("kind", choices=[k.value for k in ActorKind if k is not ActorKind.CONTROLLER])
+    p.add_argument("--run", help="run to join (all kinds except expert and curator)")
+    p.add_argument("--island", help="island id (island actors)")
+    p.add_argument("--name", default="template", help="expert name (expert actors)")
+    p.add_argument("--id", dest="actor_id", help="actor id (default: kind plus random suffix)")
+    p.add_argument("--version", default=None, help="semantic version the actor announces (for hot swaps)")
+    p.add_argument("--concurrency", type=int, default=None, help="messages handled at once")
+    p.add_argument("--log-level", default="info")
+    add_actor_options(p)
+    _add_nats(p)
+    p.set_defaults(func=cmd_actor)
+
+
+def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from actors.run import add_run_arguments, cmd_run
+
+    p = sub.add_parser("run", help="run the whole loop on a KernelBench-format task")
+    add_run_arguments(p)
+    add_actor_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def default_expert_config(name: str) -> ExpertConfig:
+    """The configuration of an expert with none stored: the offline template expert."""
+    if name != "template" and not name.startswith("template"):
+        raise ConfigError(
+            f"no configuration stored for expert {name!r}; store one with `kfoundry expert set {name} --kind llm "
+            "--base-url URL --model MODEL --api-key-env VAR`"
+        )
+    return ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role="template")
+
+
+def build_actor(
+    kind: ActorKind,
+    args: argparse.Namespace,
+    *,
+    url: str,
+    run_id: str | None,
+    island: str | None = None,
+    expert_config: ExpertConfig | None = None,
+    actor_id: str | None = None,
+) -> Actor:
+    """One actor of ``kind`` configured from command-line options."""
+    version = getattr(args, "version", None)
+    concurrency = getattr(args, "concurrency", None)
+    if kind is not ActorKind.EXPERT and kind is not ActorKind.CURATOR and not run_id:
+        raise ConfigError(f"a {kind} actor needs --run RUN")
+    if kind is ActorKind.EVALUATOR:
+        from actors.evaluator import EvaluatorActor
+        from actors.runners import GpuRunner, NoopRunner, Runner
+
+        runner: Runner
+        if args.runner == "noop":
+            runner = NoopRunner(args.noop_delay)
+        else:
+            runner = GpuRunner(device=DeviceChoice(args.device), spares=args.spares)
+        return EvaluatorActor(
+            nats_url=url,
+            run_id=run_id or "",
+            runner=runner,
+            concurrency=args.eval_concurrency or concurrency or 2,
+            ack_wait_s=args.ack_wait,
+            actor_id=actor_id,
+        )
+    if kind is ActorKind.DIAGNOSER:
+        from actors.diagnoser import DiagnoserActor, RuleDiagnose
+
+        return DiagnoserActor(
+            nats_url=url,
+            run_id=run_id or "",
+            diagnose=RuleDiagnose(),
+            concurrency=concurrency or 16,
+            actor_id=actor_id,
+            version=version,
+        )
+    if kind is ActorKind.EXPERT:
+        from actors.expert import ExpertActor
+
+        config = expert_config or default_expert_config(args.name)
+        return ExpertActor(nats_url=url, config=config, concurrency=concurrency, actor_id=actor_id, version=version)
+    if kind is ActorKind.ISLAND:
+        from actors.island import IslandActor
+
+        if not island:
+            raise ConfigError("an island actor needs --island ID")
+        return IslandActor(nats_url=url, run_id=run_id or "", island=island, actor_id=actor_id)
+    if kind is ActorKind.MIGRATOR:
+        from actors.migrator import MigratorActor
+
+        return MigratorActor(nats_url=url, run_id=run_id or "", actor_id=actor_id)
+    if kind is ActorKind.CURATOR:
+        from actors.curator import CuratorActor
+
+        return CuratorActor(
+            nats_url=url, directory=args.library_dir, embedder=args.embedder, actor_id=actor_id, version=version
+        )
+    raise ConfigError(f"actor kind {kind} cannot be started on its own")
+
+
+def cmd_actor(args: argparse.Namespace) -> int:
+    from actors.cli import nats_url, run_async
+    from actors.kv import get_expert_config
+    from actors.logs import configure_logging
+
+    configure_logging(level=args.log_level)
+    kind = ActorKind(args.kind)
+
+    async def main(stop: asyncio.Event) -> int:
+        with nats_url(args.nats) as url:
+            config = None
+            if kind is ActorKind.EXPERT:
+                from actors.bus import Bus
+
+                probe = await Bus.connect(url, name="kfoundry-actor-config", actor_id="kfoundry-actor-config")
+                try:
+                    config = await get_expert_config(probe, args.name)
+                finally:
+                    await probe.close()
+            actor = build_actor(
+                kind, args, url=url, run_id=args.run, island=args.island, expert_config=config, actor_id=args.actor_id
+            )
+            await run_actors([actor], stop)
+        return 0
+
+    return run_async(main)

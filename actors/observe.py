@@ -1,0 +1,262 @@
+"""Watching a live system: the decoded message tap, actor discovery and consumer lag.
+
+``tap`` subscribes to subjects (core NATS sees JetStream traffic too) and renders each message as
+one line: time, subject, type and its key fields. ``discover`` gathers every actor's ``$SRV.STATS``
+(and ``INFO``) reply; ``consumer_lag`` reads the run streams' consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from schemas import (
+    ActorInfo,
+    Candidate,
+    Control,
+    Diagnosis,
+    EliteAnnouncement,
+    EvalResult,
+    Experience,
+    ExperienceHits,
+    ExperienceQuery,
+    Feedback,
+    GenerateReply,
+    GenerateRequest,
+    IslandStatus,
+    Message,
+    Migration,
+    RunEnd,
+    decode_any,
+)
+
+
+def _f(value: float | None, fmt: str = ".2f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def key_fields(msg: Message) -> str:
+    """The few fields of a message a person watching the run wants to see."""
+    match msg:
+        case Candidate():
+            return (
+                f"island={msg.island} cand={msg.candidate_id[:8]} parent={(msg.parent_id or '-')[:8]} "
+                f"gen={msg.generation} expert={msg.expert} strategy={msg.proposal.strategy or '-'}"
+            )
+        case EvalResult():
+            return (
+                f"island={msg.island} cand={msg.candidate_id[:8]} status={msg.status} "
+                f"speedup={_f(msg.speedup_vs_eager)}x vs_compile={_f(msg.speedup_vs_compiled)}x "
+                f"sol={_f(msg.sol.fraction if msg.sol else None)} {msg.summary[:60]!r}"
+            )
+        case Feedback():
+            return (
+                f"island={msg.island} cand={msg.candidate.candidate_id[:8]} status={msg.result.status} "
+                f"diagnosis={msg.diagnosis.category} suggest={msg.diagnosis.suggested_expert or '-'}"
+            )
+        case Diagnosis():
+            return f"cand={msg.candidate_id[:8]} category={msg.category} {msg.summary[:60]!r}"
+        case GenerateRequest():
+            return (
+                f"island={msg.island} req={msg.request_id[:8]} n={msg.n} "
+                f"parent={(msg.parent.candidate_id if msg.parent else '-')[:8]} "
+                f"diagnosis={msg.diagnosis.category if msg.diagnosis else '-'} experiences={len(msg.experiences)}"
+            )
+        case GenerateReply():
+            what = f"decline={msg.decline.reason}" if msg.decline else f"proposals={len(msg.proposals)}"
+            return f"req={msg.request_id[:8]} expert={msg.expert} {what} tokens={msg.tokens.total}"
+        case EliteAnnouncement():
+            e = msg.elite
+            return (
+                f"island={e.island} cand={e.candidate.candidate_id[:8]} fitness={e.fitness:.2f}x "
+                f"cell={list(e.cell)} best={msg.island_best}"
+            )
+        case Migration():
+            return f"{msg.source_island}->{msg.dest_island} reason={msg.reason} elites={len(msg.elites)}"
+        case IslandStatus():
+            return (
+                f"island={msg.island} evaluated={msg.evaluated} in_flight={msg.in_flight} "
+                f"archive={msg.archive_size} best={_f(msg.best_fitness)}x stagnating={msg.stagnating}"
+                + (f" stopped={msg.stopped}" if msg.stopped else "")
+            )
+        case RunEnd():
+            return f"reason={msg.reason} best={_f(msg.best_fitness)}x evaluated={msg.evaluated}"
+        case Experience():
+            return f"expert={msg.expert} diagnosis={msg.diagnosis or '-'} status={msg.status} delta={_f(msg.delta)}"
+        case ExperienceQuery():
+            return f"k={msg.k} diagnosis={msg.diagnosis or '-'}"
+        case ExperienceHits():
+            return f"hits={len(msg.hits)} library={msg.library_size} embedder={msg.embedder}"
+        case Control():
+            return f"action={msg.action} {msg.reason!r}"
+        case ActorInfo():
+            return f"actor={msg.actor_id} kind={msg.kind} state={msg.state}"
+        case _:
+            return ""
+
+
+def render(msg: Msg, *, now: float | None = None) -> str | None:
+    """One line for a message, or ``None`` if it is not a Kernel Foundry message."""
+    try:
+        decoded = decode_any(msg.data)
+    except ValueError:
+        return None
+    stamp = time.strftime("%H:%M:%S", time.localtime(now or time.time()))
+    kind = getattr(decoded, "type", type(decoded).__name__)
+    return f"{stamp} {msg.subject:<40} {kind:<18} {key_fields(decoded)}"
+
+
+async def tap(
+    nc: NATS,
+    subjects: list[str],
+    emit: Callable[[str], None],
+    *,
+    types: set[str] | None = None,
+    stop: asyncio.Event | None = None,
+    limit: int | None = None,
+) -> int:
+    """Render every message on ``subjects`` through ``emit`` until ``stop`` or ``limit``."""
+    done = stop or asyncio.Event()
+    count = 0
+
+    async def on_msg(msg: Msg) -> None:
+        nonlocal count
+        if types:
+            try:
+                kind = json.loads(msg.data).get("type")
+            except (ValueError, AttributeError):
+                return
+            if kind not in types:
+                return
+        line = render(msg)
+        if line is None:
+            return
+        emit(line)
+        count += 1
+        if limit is not None and count >= limit:
+            done.set()
+
+    subs = [await nc.subscribe(subject, cb=on_msg) for subject in subjects]
+    await nc.flush()
+    try:
+        await done.wait()
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+    return count
+
+
+@dataclass
+class ActorRow:
+    """One discovered actor."""
+
+    name: str
+    service_id: str
+    version: str
+    metadata: dict[str, str]
+    stats: dict[str, Any] = field(default_factory=dict)
+    endpoints: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.metadata.get("kind", "?")
+
+    @property
+    def actor_id(self) -> str:
+        return self.metadata.get("actor_id", self.service_id)
+
+
+async def _gather(nc: NATS, subject: str, wait_s: float) -> list[dict[str, Any]]:
+    inbox = nc.new_inbox()
+    replies: list[dict[str, Any]] = []
+
+    async def on_reply(msg: Msg) -> None:
+        try:
+            replies.append(json.loads(msg.data))
+        except ValueError:
+            return
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    await nc.publish(subject, b"", reply=inbox)
+    await nc.flush()
+    await asyncio.sleep(wait_s)
+    await sub.unsubscribe()
+    return replies
+
+
+async def discover(nc: NATS, *, wait_s: float = 0.5, run_id: str | None = None) -> list[ActorRow]:
+    """Every live Kernel Foundry actor answering ``$SRV.STATS``, optionally of one run."""
+    infos, stats = await asyncio.gather(_gather(nc, "$SRV.INFO", wait_s), _gather(nc, "$SRV.STATS", wait_s))
+    by_id: dict[str, ActorRow] = {}
+    for info in infos:
+        meta = info.get("metadata") or {}
+        if "actor_id" not in meta:
+            continue
+        by_id[info["id"]] = ActorRow(
+            name=info.get("name", "?"),
+            service_id=info["id"],
+            version=info.get("version", "?"),
+            metadata=meta,
+            endpoints=[e.get("subject", "") for e in info.get("endpoints") or []],
+        )
+    for stat in stats:
+        row = by_id.get(stat.get("id", ""))
+        if row is None:
+            continue
+        for endpoint in stat.get("endpoints") or []:
+            if endpoint.get("data"):
+                row.stats = endpoint["data"]
+                break
+    rows = list(by_id.values())
+    if run_id is not None:
+        rows = [r for r in rows if r.metadata.get("run_id") in (run_id, "")]
+    return sorted(rows, key=lambda r: (r.kind, r.metadata.get("island", ""), r.actor_id))
+
+
+@dataclass
+class Lag:
+    """Backlog of one durable consumer."""
+
+    stream: str
+    consumer: str
+    pending: int
+    ack_pending: int
+    redelivered: int
+    waiting: int
+
+
+async def consumer_lag(nc: NATS, *, run_id: str | None = None) -> list[Lag]:
+    """Backlog of every consumer of the run streams (``KF_RUN_*``)."""
+    js = nc.jetstream()
+    out: list[Lag] = []
+    try:
+        streams = await js.streams_info()
+    except (nats.errors.Error, nats.js.errors.Error):
+        return out
+    for stream in streams:
+        name = stream.config.name or ""
+        if not name.startswith("KF_RUN_") or (run_id and name != f"KF_RUN_{run_id}"):
+            continue
+        for consumer in await js.consumers_info(name):
+            if not consumer.config.durable_name:
+                continue
+            out.append(
+                Lag(
+                    stream=name,
+                    consumer=consumer.name,
+                    pending=int(consumer.num_pending or 0),
+                    ack_pending=int(consumer.num_ack_pending or 0),
+                    redelivered=int(consumer.num_redelivered or 0),
+                    waiting=int(consumer.num_waiting or 0),
+                )
+            )
+    return out

@@ -1,0 +1,108 @@
+"""Helpers for fabric tests: actor processes, run registration, collecting stream messages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from actors.bus import Bus
+from actors.kv import put_run
+from schemas import Candidate, KernelLanguage, Message, Proposal, RunSpec, Task, subjects
+
+REFERENCE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(8, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+async def register_run(bus: Bus, run_id: str, **spec: object) -> RunSpec:
+    """Create the run's streams and store its spec, as ``kfoundry run`` does."""
+    await bus.ensure_shared_streams()
+    await bus.ensure_run_stream(run_id)
+    run = RunSpec(run_id=run_id, task=Task.from_source("relu", REFERENCE), **spec)  # type: ignore[arg-type]
+    await put_run(bus, run)
+    return run
+
+
+def candidate(run: RunSpec, i: int, island: str = "i0") -> Candidate:
+    return Candidate(
+        candidate_id=f"cand{i:05d}",
+        run_id=run.run_id,
+        island=island,
+        task_id=run.task.task_id,
+        expert="test",
+        proposal=Proposal(source=f"# candidate {i}\nclass ModelNew: ...\n", language=KernelLanguage.TRITON),
+    )
+
+
+async def publish_candidates(bus: Bus, run: RunSpec, ids: range, island: str = "i0") -> None:
+    for i in ids:
+        cand = candidate(run, i, island)
+        await bus.publish_durable(
+            subjects.candidates(run.run_id, island, cand.candidate_id), cand, msg_id=cand.candidate_id
+        )
+
+
+async def collect(bus: Bus, stream: str, subject: str, msg_type: type[Message], want: int, timeout: float) -> list:  # type: ignore[type-arg]
+    """Read ``want`` messages of ``subject`` from ``stream`` (from its start), then linger briefly
+    to catch any duplicates."""
+    sub = await bus.js.subscribe(subject, stream=stream, ordered_consumer=True)
+    out: list[Message] = []
+    try:
+        async with asyncio.timeout(timeout):
+            while len(out) < want:
+                msg = await sub.next_msg(timeout=timeout)
+                out.append(msg_type.model_validate_json(msg.data))
+        while True:  # duplicates would arrive right behind
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except TimeoutError:
+                break
+            out.append(msg_type.model_validate_json(msg.data))
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+def spawn_actor(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """``kfoundry actor ...`` as a separate OS process (its own session), logging to ``log``."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    fh = open(log, "ab")  # noqa: SIM115 - the child owns it
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "actors.cli", "actor", *args],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        fh.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
+    """SIGTERM (a graceful drain), then SIGKILL if it lingers; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+    return int(proc.returncode)
