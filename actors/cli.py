@@ -179,7 +179,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
                 _out(f"draining {info.actor_id} ({info.kind} {info.version} on {info.host} pid {info.pid})")
                 if args.wait:
                     async with asyncio.timeout(args.timeout):
-                        while any(r.actor_id == args.actor_id for r in await discover(bus.nc, wait_s=0.3)):
+                        # Polls remote discovery: there is no local event to wait on.
+                        while any(r.actor_id == args.actor_id for r in await discover(bus.nc, wait_s=0.3)):  # noqa: ASYNC110
                             await asyncio.sleep(0.2)
                     _out(f"{args.actor_id} has left")
             finally:

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from actors.bus import Bus
+from actors.errors import BusError
 from schemas import ActorInfo, Control, ControlAction, EvalResult, subjects
 from tests.bus.helpers import collect, publish_candidates, register_run, spawn_actor, stop_process
 
@@ -16,7 +17,7 @@ from tests.bus.helpers import collect, publish_candidates, register_run, spawn_a
 async def _info(bus: Bus, actor_id: str) -> ActorInfo | None:
     try:
         return await bus.request(subjects.control(actor_id), Control(action=ControlAction.INFO), ActorInfo, timeout=0.5)
-    except Exception:  # not up yet
+    except BusError:  # not up yet
         return None
 
 
