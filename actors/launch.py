@@ -11,6 +11,7 @@ import argparse
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from actors.base import Actor
 from actors.errors import ConfigError
@@ -21,16 +22,13 @@ async def run_actors(actors: Sequence[Actor], stop: asyncio.Event) -> None:
     """Run ``actors`` until ``stop`` is set (or all of them stopped), then drain every one."""
 
     async def stopper() -> None:
-        waiters = [asyncio.ensure_future(a.wait_stopped()) for a in actors]
-        stop_wait = asyncio.ensure_future(stop.wait())
+        all_stopped: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(a.wait_stopped() for a in actors)))
+        stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait(
-                [stop_wait, asyncio.ensure_future(asyncio.gather(*waiters))], return_when="FIRST_COMPLETED"
-            )
+            await asyncio.wait({all_stopped, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            all_stopped.cancel()
             stop_wait.cancel()
-            for w in waiters:
-                w.cancel()
         for actor in actors:
             actor.request_stop("stop requested")
 
@@ -68,6 +66,7 @@ def add_actor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--version", default=None, help="semantic version the actor announces (for hot swaps)")
     p.add_argument("--concurrency", type=int, default=None, help="messages handled at once")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     add_actor_options(p)
     _add_nats(p)
     p.set_defaults(func=cmd_actor)
@@ -181,6 +180,10 @@ def cmd_actor(args: argparse.Namespace) -> int:
             actor = build_actor(
                 kind, args, url=url, run_id=args.run, island=args.island, expert_config=config, actor_id=args.actor_id
             )
+            if args.metrics_port:
+                from actors.metrics import serve_metrics
+
+                serve_metrics([actor], args.metrics_port)
             await run_actors([actor], stop)
         return 0
 

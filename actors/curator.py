@@ -1,0 +1,172 @@
+"""Curator actor: keeps the experience library and answers retrieval queries.
+
+Reads:  the ``KF_EXPERIENCE`` stream — ``kf.exp.record`` (``Experience``) and ``kf.exp.outcome``
+        (``ExperienceOutcome``) — from the sequence after its last snapshot, then live. The stream
+        is the source of truth; snapshots are a cache, so a curator killed and restarted rebuilds
+        or reloads its library without loss.
+Serves: ``kf.exp.query`` (``ExperienceQuery`` → ``ExperienceHits``) in the queue group
+        ``kf-curator``; several curators share the load, each with the whole library.
+Writes: snapshots under its directory (``$KFOUNDRY_HOME/experience`` by default).
+
+Embedding and FAISS searches run in worker threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from actors.base import Actor
+from actors.nats_server import kfoundry_home
+from schemas import ActorKind, Experience, ExperienceHits, ExperienceOutcome, ExperienceQuery, decode_any, subjects
+
+
+class CuratorActor(Actor):
+    """The experience library on the bus (see the module docstring)."""
+
+    kind = ActorKind.CURATOR
+    description = "Experience library: records transitions, answers retrieval queries"
+
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        directory: Path | None = None,
+        embedder: str = "minilm",
+        snapshot_every_s: float = 30.0,
+        actor_id: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        super().__init__(nats_url=nats_url, run_id=None, actor_id=actor_id, version=version)
+        self.directory = directory or kfoundry_home() / "experience"
+        self.prefer = embedder
+        self.snapshot_every_s = snapshot_every_s
+        self.library: Any = None
+        self.last_seq = 0
+        self.saved_seq = 0
+        self.replayed = 0
+        self.queries = 0
+        self.caught_up = asyncio.Event()
+        self._pending: list[tuple[int, Experience | ExperienceOutcome]] = []
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sub: Any = None
+
+    async def setup(self) -> None:
+        from experience.embedders import default_embedder
+        from experience.library import ExperienceLibrary
+
+        await self.bus.ensure_shared_streams()
+        embedder = await asyncio.to_thread(default_embedder, self.prefer, eager=True)
+        loaded = await asyncio.to_thread(ExperienceLibrary.load, self.directory, embedder)
+        if loaded is None:
+            self.library = ExperienceLibrary(embedder)
+            self.log.info("experience library: new", embedder=embedder.name, dir=str(self.directory))
+        else:
+            self.library, self.last_seq = loaded
+            self.saved_seq = self.last_seq
+            self.log.info("experience library: snapshot loaded", size=len(self.library), last_seq=self.last_seq)
+        info = await self.bus.js.stream_info(subjects.EXPERIENCE_STREAM)
+        end_seq = int(info.state.last_seq)
+        if end_seq <= self.last_seq:
+            self.caught_up.set()
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last_seq + 1)
+        self._target = end_seq
+        self._sub = await self.bus.js.subscribe(
+            f"{subjects.PREFIX}.exp.>",
+            stream=subjects.EXPERIENCE_STREAM,
+            ordered_consumer=True,
+            config=config,
+            cb=self._on_record,
+        )
+        self._tasks.append(asyncio.create_task(self._ingest_loop()))
+        await self.bus.serve(
+            self.service,
+            name="query",
+            subject=subjects.EXPERIENCE_QUERY,
+            request_type=ExperienceQuery,
+            handler=self.query,
+            queue_group="kf-curator",
+            concurrency=4,
+        )
+
+    async def _on_record(self, msg: Msg) -> None:
+        seq = int(msg.metadata.sequence.stream)
+        try:
+            record = decode_any(msg.data)
+        except ValueError as exc:
+            await self.bus.dead_letter(msg.subject, msg.data, reason="invalid", error=str(exc), stream_seq=seq)
+            self.last_seq = max(self.last_seq, seq)
+            return
+        if isinstance(record, Experience | ExperienceOutcome):
+            self._pending.append((seq, record))
+
+    async def _ingest_loop(self) -> None:
+        last_save = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            if self._pending:
+                batch, self._pending = self._pending, []
+                async with self._lock:
+                    await asyncio.to_thread(self._apply, batch)
+            if self.last_seq >= self._target:
+                self.caught_up.set()
+            if self.last_seq > self.saved_seq and time.monotonic() - last_save > self.snapshot_every_s:
+                await self.save()
+                last_save = time.monotonic()
+
+    def _apply(self, batch: list[tuple[int, Experience | ExperienceOutcome]]) -> None:
+        records = [r for _, r in batch if isinstance(r, Experience)]
+        if records:
+            self.library.add_many(records)
+        for _seq, item in batch:
+            if isinstance(item, ExperienceOutcome):
+                self.library.apply_outcome(item)
+        self.replayed += len(batch)
+        self.last_seq = max(self.last_seq, max(seq for seq, _ in batch))
+
+    async def save(self) -> None:
+        """Write a snapshot with the last stream sequence it contains."""
+        async with self._lock:
+            seq = self.last_seq
+            await asyncio.to_thread(self.library.save, self.directory, last_seq=seq)
+        self.saved_seq = seq
+        self.log.info("experience snapshot saved", size=len(self.library), last_seq=seq)
+
+    async def query(self, q: ExperienceQuery) -> ExperienceHits:
+        """Retrieve experiences for a query (after the initial replay, or 5 s at most)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await self.caught_up.wait()
+        self.queries += 1
+        hits: ExperienceHits = await asyncio.to_thread(self.library.search, q)
+        return hits
+
+    async def on_drain(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._pending:
+            batch, self._pending = self._pending, []
+            await asyncio.to_thread(self._apply, batch)
+        if self.library is not None and self.last_seq > self.saved_seq:
+            await self.save()
+
+    def extra_stats(self) -> dict[str, float | int | str | None]:
+        return {
+            "library_size": len(self.library) if self.library is not None else 0,
+            "last_seq": self.last_seq,
+            "queries": self.queries,
+            "replayed": self.replayed,
+        }
