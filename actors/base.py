@@ -26,7 +26,7 @@ from nats.micro.service import Service
 from actors.bus import Bus
 from actors.logs import get_logger
 from actors.stats import StatsRecorder
-from schemas import ActorInfo, ActorKind, ActorState, Control, ControlAction, subjects
+from schemas import ActorInfo, ActorKind, ActorState, Control, ControlAction, RunEnd, subjects
 
 
 def new_actor_id(kind: ActorKind | str) -> str:
@@ -145,6 +145,8 @@ class Actor:
                     concurrency=4,
                     record_stats=False,
                 )
+                if self.run_id is not None:
+                    await self.bus.subscribe(subjects.run_end(self.run_id), RunEnd, self._on_run_end, concurrency=1)
                 await self.setup()
                 self.state = ActorState.RUNNING
                 self._ready.set()
@@ -215,6 +217,9 @@ class Actor:
             started_at=self.started_at,
             stats=self.snapshot(),
         )
+
+    async def _on_run_end(self, end: RunEnd, _delivery: Any) -> None:
+        self.request_stop(f"run ended ({end.reason})")
 
     def _stats_data(self, _endpoint_stats: Any) -> dict[str, Any]:
         return dict(self.snapshot().model_dump(mode="json"))

@@ -1,0 +1,362 @@
+"""The run controller: sets a run up, watches it, ends it, and writes its results.
+
+Reads:  ``kf.<run>.>`` (core, to count results and show progress) and, at the end, the whole run
+        stream (ordered consumer) for the report.
+Writes: the ``RunSpec`` (``kf_runs`` KV), expert configs it needs (``kf_experts`` KV), seed
+        candidates, ``Control`` drain to the run's islands, ``RunEnd`` on ``kf.<run>.end``.
+
+Ending a run loses nothing: islands are drained first (they stop asking for candidates and wait
+for the feedback of those in flight), then ``RunEnd`` tells every other actor of the run to leave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from nats.aio.msg import Msg
+
+from actors.base import Actor
+from actors.bus import Bus
+from actors.errors import BusError
+from actors.kv import get_expert_config, put_expert_config, put_run
+from actors.launch import build_actor, default_expert_config, run_actors
+from actors.logs import get_logger
+from schemas import (
+    ActorInfo,
+    ActorKind,
+    Candidate,
+    Control,
+    ControlAction,
+    EvalResult,
+    ExpertConfig,
+    IslandStatus,
+    Message,
+    Proposal,
+    RunEnd,
+    RunSpec,
+    StopReason,
+    decode_any,
+    subjects,
+)
+
+log = get_logger(__name__)
+
+
+@dataclass
+class RunOutcome:
+    """What a run achieved."""
+
+    run_id: str
+    reason: StopReason
+    evaluated: int
+    statuses: dict[str, int]
+    best_fitness: float | None
+    best_candidate_id: str | None
+    run_dir: Path
+
+    def summary(self, elapsed_s: float) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
+        best = (
+            f"best {self.best_fitness:.3f}x over eager ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
+            if self.best_fitness is not None
+            else "no correct candidate found"
+        )
+        return (
+            f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
+            f"({counts}); {best}; report in {self.run_dir / 'report.json'}"
+        )
+
+
+class Progress:
+    """Counts what the run produces (from the messages it sees) and renders a progress line."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.started = time.monotonic()
+        self.evaluated = 0
+        self.statuses: Counter[str] = Counter()
+        self.best: EvalResult | None = None
+        self.islands: dict[str, IslandStatus] = {}
+        self.seen: set[str] = set()
+
+    def on_result(self, result: EvalResult) -> None:
+        if result.candidate_id in self.seen:
+            return
+        self.seen.add(result.candidate_id)
+        self.evaluated += 1
+        self.statuses[result.status.value] += 1
+        fitness = result.fitness
+        if fitness is not None and (self.best is None or fitness > (self.best.fitness or 0.0)):
+            self.best = result
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def line(self) -> str:
+        budget = self.spec.budget
+        total = f"/{budget.candidates}" if budget.candidates else ""
+        best = f"{self.best.fitness:.2f}x ({self.best.island})" if self.best and self.best.fitness else "-"
+        in_flight = sum(s.in_flight for s in self.islands.values())
+        counts = " ".join(f"{k}={v}" for k, v in sorted(self.statuses.items()))
+        return f"[{self.elapsed:6.0f}s] evaluated {self.evaluated}{total}  best {best}  in flight {in_flight}  {counts}"
+
+    def stop_reason(self) -> StopReason | None:
+        budget = self.spec.budget
+        if budget.candidates is not None and self.evaluated >= budget.candidates:
+            return StopReason.CANDIDATES
+        if budget.wall_s is not None and self.elapsed >= budget.wall_s:
+            return StopReason.WALL_TIME
+        tokens = sum(s.tokens_used for s in self.islands.values())
+        if budget.tokens is not None and tokens >= budget.tokens:
+            return StopReason.TOKENS
+        if self.best is not None and self.best.sol is not None and self.best.sol.fraction is not None:
+            if self.best.sol.fraction >= self.spec.target_sol_fraction:
+                return StopReason.SPEED_OF_LIGHT
+        if len(self.islands) >= self.spec.islands and all(s.stopped for s in self.islands.values()):
+            return next(iter(self.islands.values())).stopped
+        return None
+
+
+class RunController:
+    """Runs one run end to end (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        spec: RunSpec,
+        url: str,
+        run_dir: Path,
+        args: argparse.Namespace,
+        seeds: list[str] | None = None,
+        progress: TextIO | None = None,
+    ) -> None:
+        self.spec = spec
+        self.url = url
+        self.run_dir = run_dir
+        self.args = args
+        self.seeds = seeds or []
+        self.out = progress
+        self.progress = Progress(spec)
+        self.actors: list[Actor] = []
+
+    async def _setup(self, bus: Bus) -> None:
+        from actors.signature import with_signature
+
+        task = await asyncio.to_thread(with_signature, self.spec.task)
+        self.spec = self.spec.model_copy(update={"task": task})
+        self.progress.spec = self.spec
+        await bus.ensure_shared_streams()
+        await bus.ensure_run_stream(self.spec.run_id)
+        await put_run(bus, self.spec)
+
+    async def _expert_configs(self, bus: Bus) -> list[ExpertConfig]:
+        configs = []
+        for ref in self.spec.experts:
+            config = await get_expert_config(bus, ref.name)
+            if config is None:
+                config = default_expert_config(ref.name)
+                await put_expert_config(bus, config)
+            configs.append(config)
+        return configs
+
+    def _local_actors(self, configs: list[ExpertConfig]) -> list[Actor]:
+        run_id = self.spec.run_id
+        a = self.args
+        actors: list[Actor] = [build_actor(ActorKind.CURATOR, a, url=self.url, run_id=None)]
+        actors += [build_actor(ActorKind.EXPERT, a, url=self.url, run_id=None, expert_config=c) for c in configs]
+        actors += [build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id) for _ in range(a.evaluators)]
+        actors.append(build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id))
+        if self.spec.islands > 1:
+            actors.append(build_actor(ActorKind.MIGRATOR, a, url=self.url, run_id=run_id))
+        actors += [
+            build_actor(ActorKind.ISLAND, a, url=self.url, run_id=run_id, island=f"i{i}")
+            for i in range(self.spec.islands)
+        ]
+        return actors
+
+    async def _publish_seeds(self, bus: Bus) -> None:
+        for i, source in enumerate(self.seeds):
+            island = f"i{i % self.spec.islands}"
+            cand = Candidate(
+                run_id=self.spec.run_id,
+                island=island,
+                task_id=self.spec.task.task_id,
+                expert="user",
+                proposal=Proposal(source=source, language=self.spec.language, strategy="seed", description="seed"),
+            )
+            await bus.publish_durable(
+                subjects.candidates(self.spec.run_id, island, cand.candidate_id), cand, msg_id=cand.candidate_id
+            )
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            decoded = decode_any(msg.data)
+        except ValueError:
+            return
+        if isinstance(decoded, EvalResult):
+            self.progress.on_result(decoded)
+        elif isinstance(decoded, IslandStatus):
+            self.progress.islands[decoded.island] = decoded
+
+    def _show(self, final: bool = False) -> None:
+        if self.out is None:
+            return
+        if self.out.isatty():
+            self.out.write("\r" + self.progress.line() + ("\n" if final else ""))
+        else:
+            self.out.write(self.progress.line() + "\n")
+        self.out.flush()
+
+    async def _wait_for_end(self, stop: asyncio.Event, actors_done: asyncio.Future[Any] | None) -> StopReason:
+        last_line = 0.0
+        interval = 1.0 if self.out is not None and self.out.isatty() else 10.0
+        while True:
+            if stop.is_set():
+                return StopReason.INTERRUPTED
+            reason = self.progress.stop_reason()
+            if reason is not None:
+                return reason
+            if actors_done is not None and actors_done.done():
+                return StopReason.INTERRUPTED
+            if time.monotonic() - last_line >= interval:
+                self._show()
+                last_line = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await stop.wait()
+
+    async def _drain_islands(self, bus: Bus) -> None:
+        from actors.observe import discover
+
+        islands = [a for a in self.actors if a.kind is ActorKind.ISLAND]
+        for actor in islands:
+            actor.request_stop("run budget reached")
+        remote = [
+            r
+            for r in await discover(bus.nc, wait_s=0.3, run_id=self.spec.run_id)
+            if r.kind == "island" and r.actor_id not in {a.actor_id for a in islands}
+        ]
+        for row in remote:
+            with contextlib.suppress(BusError):
+                await bus.request(
+                    subjects.control(row.actor_id),
+                    Control(action=ControlAction.DRAIN, reason="run budget reached"),
+                    ActorInfo,
+                    timeout=2.0,
+                )
+        grace = self.spec.eval_timeout_s + 30.0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                for actor in islands:
+                    await actor.wait_stopped()
+
+    async def run(self, stop: asyncio.Event) -> RunOutcome:
+        """Set up, run until a stop condition, end the run and write its results."""
+        bus = await Bus.connect(self.url, name="kfoundry-run", actor_id=f"controller-{self.spec.run_id}")
+        actors_task: asyncio.Task[None] | None = None
+        actors_stop = asyncio.Event()
+        try:
+            await self._setup(bus)
+            sub = await bus.nc.subscribe(subjects.run_all(self.spec.run_id), cb=self._on_msg)
+            if self.out is not None:
+                self.out.write(f"run {self.spec.run_id}: task {self.spec.task.name} on {self.spec.device}, ")
+                self.out.write(f"{self.spec.islands} islands, NATS {self.url}, results in {self.run_dir}\n")
+                self.out.write(f"watch it: kfoundry tap --run {self.spec.run_id} --nats {self.url}\n")
+            if not self.args.no_local_actors:
+                configs = await self._expert_configs(bus)
+                self.actors = self._local_actors(configs)
+                actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
+                await asyncio.gather(*(a.wait_ready() for a in self.actors))
+            await self._publish_seeds(bus)
+            reason = await self._wait_for_end(stop, actors_task)
+            log.info("run ending", reason=str(reason), evaluated=self.progress.evaluated)
+            await self._drain_islands(bus)
+            best = self.progress.best
+            await bus.publish_durable(
+                subjects.run_end(self.spec.run_id),
+                RunEnd(
+                    run_id=self.spec.run_id,
+                    reason=reason,
+                    best_candidate_id=best.candidate_id if best else None,
+                    best_fitness=best.fitness if best else None,
+                    evaluated=self.progress.evaluated,
+                ),
+                msg_id=f"end-{self.spec.run_id}",
+            )
+            actors_stop.set()
+            if actors_task is not None:
+                await actors_task
+            await sub.unsubscribe()
+            self._show(final=True)
+            await self._write_results(bus)
+            return RunOutcome(
+                run_id=self.spec.run_id,
+                reason=reason,
+                evaluated=self.progress.evaluated,
+                statuses=dict(self.progress.statuses),
+                best_fitness=best.fitness if best else None,
+                best_candidate_id=best.candidate_id if best else None,
+                run_dir=self.run_dir,
+            )
+        finally:
+            actors_stop.set()
+            if actors_task is not None and not actors_task.done():
+                await actors_task
+            await bus.close()
+
+    async def _replay(self, bus: Bus) -> list[Message]:
+        """Every message of the run stream, in order."""
+        stream = subjects.run_stream(self.spec.run_id)
+        info = await bus.js.stream_info(stream)
+        last = int(info.state.last_seq)
+        out: list[Message] = []
+        if last == 0:
+            return out
+        sub = await bus.js.subscribe(subjects.run_all(self.spec.run_id), stream=stream, ordered_consumer=True)
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=10.0)
+                with contextlib.suppress(ValueError):
+                    out.append(decode_any(msg.data))
+                if int(msg.metadata.sequence.stream) >= last:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return out
+
+    async def _write_results(self, bus: Bus) -> None:
+        from actors.kv import load_text
+
+        messages = await self._replay(bus)
+        best = self.progress.best
+        if best is not None:
+            subject = subjects.candidates(self.spec.run_id, best.island, best.candidate_id)
+            raw = await bus.js.get_last_msg(subjects.run_stream(self.spec.run_id), subject)
+            cand = Candidate.model_validate_json(raw.data or b"")
+            device = best.device.name if best.device else "?"
+            median = f"{best.timing.median_ms:.4f} ms" if best.timing else "?"
+            vs_compiled = f", {best.speedup_vs_compiled:.3f}x over torch.compile" if best.speedup_vs_compiled else ""
+            header = (
+                f"# Kernel Foundry run {self.spec.run_id}: best candidate {cand.candidate_id}\n"
+                f"# {best.speedup_vs_eager:.3f}x over eager PyTorch{vs_compiled} on {device} (median {median})\n"
+                f"# expert {cand.expert}, strategy {cand.proposal.strategy or '-'}, generation {cand.generation}\n"
+            )
+            (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
+        states = {}
+        for i in range(self.spec.islands):
+            text = await load_text(bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.spec.run_id, f"i{i}"))
+            if text is not None:
+                states[f"i{i}"] = text
+        from actors.report import build_report, write_report
+
+        report = await asyncio.to_thread(build_report, self.spec, messages, states)
+        await asyncio.to_thread(write_report, report, self.run_dir)
+        log.info("results written", run_dir=str(self.run_dir), messages=len(messages))

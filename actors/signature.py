@@ -1,0 +1,81 @@
+"""The signature of a task: its ops, shapes and dtypes, FLOPs and fewest bytes moved.
+
+Computed once per run, by the controller, from the reference (the user's own code) on the CPU,
+so experiences from different runs can be compared and retrieved.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from schemas import Task, TaskSignature, TensorSpec
+
+
+def _tensors(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _spec(t: Any) -> TensorSpec:
+    return TensorSpec(shape=tuple(int(s) for s in t.shape), dtype=str(t.dtype).removeprefix("torch."))
+
+
+def _op_name(node: Any) -> str:
+    import torch
+
+    if node.op == "call_module":
+        return type(node.graph.owning_module.get_submodule(node.target)).__name__.lower()
+    if node.op == "call_method":
+        return str(node.target)
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return str(target).split(".")[-2] if "." in str(target) else str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def signature_of(source: str, name: str = "task") -> TaskSignature:
+    """Run the reference once on the CPU and describe it. Raises what the reference raises."""
+    import torch
+    import torch.fx
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module = types.ModuleType(f"kf_reference_{name}")
+    exec(compile(source, f"<reference {name}>", "exec"), module.__dict__)  # the user's own reference
+    torch.manual_seed(0)
+    model = module.Model(*module.get_init_inputs())
+    inputs = module.get_inputs()
+    ops: list[str] = []
+    try:
+        graph = torch.fx.symbolic_trace(model)
+        ops = [_op_name(n) for n in graph.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    except Exception:  # noqa: BLE001 - untraceable references still get shapes and FLOPs
+        ops = []
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        out = model(*inputs)
+    in_tensors = _tensors(inputs)
+    out_tensors = _tensors(out)
+    params = list(model.parameters()) + list(model.buffers())
+    nbytes = sum(t.numel() * t.element_size() for t in (*in_tensors, *out_tensors, *params))
+    return TaskSignature(
+        ops=tuple(ops),
+        inputs=tuple(_spec(t) for t in in_tensors),
+        outputs=tuple(_spec(t) for t in out_tensors),
+        flops=int(counter.get_total_flops()) or None,
+        bytes_moved=int(nbytes),
+    )
+
+
+def with_signature(task: Task) -> Task:
+    """The task with its signature filled in (left empty if the reference cannot run here)."""
+    try:
+        signature = signature_of(task.source, task.name)
+    except Exception:  # noqa: BLE001 - a reference that needs a GPU still gets evaluated there
+        return task
+    return task.model_copy(update={"signature": signature})
