@@ -1,0 +1,358 @@
+"""Island actor: one line of search, steady state, reacting to each feedback as it arrives.
+
+Reads:  ``kf.<run>.feedback.<island>`` (``Feedback``) and ``kf.<run>.migrant.<island>``
+        (``Migration``) through this island's own durable consumers (nothing is lost across an
+        island restart); ``kf.exp.query`` (``ExperienceQuery`` → ``ExperienceHits``) and
+        ``kf.expert.<name>.generate`` (``GenerateRequest`` → ``GenerateReply``) by request.
+Writes: ``kf.<run>.cand.<island>.<candidate>`` (``Candidate``), ``kf.<run>.elite.<island>``
+        (``EliteAnnouncement``), ``kf.<run>.status.<island>`` (``IslandStatus``) into the run
+        stream; ``kf.exp.record`` (``Experience``) and ``kf.exp.outcome`` (``ExperienceOutcome``)
+        into the experience stream; its brain to the ``kf_archives`` KV bucket, so the archive,
+        the credit table and the history survive a restart.
+
+The policy (archive, parent selection, expert credit, stagnation, budgets) is
+``actors.evolution.island.IslandBrain``; this actor moves messages and keeps K in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+from actors.base import Actor
+from actors.bus import ConsumerSpec, Delivery
+from actors.errors import BusError
+from actors.evolution.credit import ExpertProfile
+from actors.evolution.island import IslandBrain
+from actors.evolution.plans import RequestPlan
+from actors.kv import get_expert_config, get_run, load_text, save_text
+from schemas import (
+    ActorKind,
+    EliteAnnouncement,
+    Experience,
+    ExperienceHit,
+    ExperienceHits,
+    ExperienceOutcome,
+    ExperienceQuery,
+    ExpertKind,
+    Feedback,
+    GenerateReply,
+    Migration,
+    RunSpec,
+    StopReason,
+    TaskSignature,
+    subjects,
+)
+
+_EXCERPT = 4000
+
+
+class IslandActor(Actor):
+    """One island of a run (see the module docstring)."""
+
+    kind = ActorKind.ISLAND
+    description = "An island of the search: MAP-Elites archive, K candidates in flight"
+
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        run_id: str,
+        island: str,
+        actor_id: str | None = None,
+        retrieve_k: int = 4,
+        save_every_s: float = 1.0,
+        give_up_after: int = 8,
+    ) -> None:
+        super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id)
+        self.name = island
+        self.retrieve_k = retrieve_k
+        self.save_every_s = save_every_s
+        self.give_up_after = give_up_after
+        self._spec: RunSpec | None = None
+        self._brain: IslandBrain | None = None
+        self._llm: set[str] = set()
+        self._timeouts: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._requests: set[asyncio.Task[None]] = set()
+        self._pump: asyncio.Task[None] | None = None
+        self._last_save = 0.0
+        self._stopped_announced = False
+        self._empty_streak = 0
+        self._gave_up = False
+        self.published = 0
+
+    @property
+    def spec(self) -> RunSpec:
+        if self._spec is None:
+            raise RuntimeError("island used before setup")
+        return self._spec
+
+    @property
+    def brain(self) -> IslandBrain:
+        if self._brain is None:
+            raise RuntimeError("island used before setup")
+        return self._brain
+
+    async def setup(self) -> None:
+        self._spec = await get_run(self.bus, self.rid)
+        profiles = []
+        for ref in self.spec.experts:
+            config = await get_expert_config(self.bus, ref.name)
+            role = config.role if config else "template"
+            if config is not None and config.kind is ExpertKind.LLM:
+                self._llm.add(ref.name)
+            self._timeouts[ref.name] = (config.timeout_s * (config.max_retries + 1) + 10) if config else 120.0
+            profiles.append(ExpertProfile(name=ref.name, role=role, weight=ref.weight))
+        saved = await load_text(self.bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.rid, self.name))
+        if saved is not None:
+            self._brain = IslandBrain.from_json(saved, self.spec)
+            self.log.info("island restored", evaluated=self.brain.evaluated, archive=len(self.brain.archive))
+        else:
+            self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed)
+        stream = subjects.run_stream(self.rid)
+        await self.bus.consume(
+            ConsumerSpec(
+                stream=stream,
+                durable=subjects.island_feedback_consumer(self.name),
+                filter_subject=subjects.feedback(self.rid, self.name),
+                ack_wait_s=60.0,
+                max_deliver=5,
+            ),
+            Feedback,
+            self.on_feedback,
+            concurrency=1,
+        )
+        await self.bus.consume(
+            ConsumerSpec(
+                stream=stream,
+                durable=subjects.island_migrant_consumer(self.name),
+                filter_subject=subjects.migrants(self.rid, self.name),
+                ack_wait_s=60.0,
+                max_deliver=5,
+            ),
+            Migration,
+            self.on_migration,
+            concurrency=1,
+        )
+        self._pump = asyncio.create_task(self._keep_in_flight())
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def _keep_in_flight(self) -> None:
+        while True:
+            if self._empty_streak:
+                # Experts declined or were unreachable: back off before asking again.
+                await asyncio.sleep(min(0.25 * 2**self._empty_streak, 10.0))
+                if self._empty_streak >= self.give_up_after and self.brain.evaluated == 0 and not self._requests:
+                    self._gave_up = True
+            async with self._lock:
+                stopped = self.brain.budget_exhausted(time.time())
+                if stopped is None and self._gave_up:
+                    stopped = StopReason.NO_PROGRESS
+                plans: list[RequestPlan] = []
+                while stopped is None and self.brain.wants_request():
+                    plans.append(self.brain.next_request())
+            if stopped is not None and not self._stopped_announced:
+                self._stopped_announced = True
+                self.log.info("island stops generating", reason=str(stopped))
+                await self._publish_status(stopped)
+            for plan in plans:
+                task = asyncio.create_task(self._request(plan))
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    def _signature(self) -> TaskSignature:
+        return self.spec.task.signature or TaskSignature()
+
+    async def _retrieve(self, plan: RequestPlan) -> tuple[ExperienceHit, ...]:
+        query = ExperienceQuery(
+            signature=self._signature(),
+            diagnosis=plan.diagnosis.category if plan.diagnosis else None,
+            text=plan.diagnosis.summary if plan.diagnosis else "first kernel for this task",
+            k=self.retrieve_k,
+        )
+        try:
+            hits = await self.bus.request(subjects.EXPERIENCE_QUERY, query, ExperienceHits, timeout=5.0)
+        except BusError as exc:
+            self.log.warning("no experiences retrieved", error=str(exc))
+            return ()
+        return hits.hits
+
+    async def _request(self, plan: RequestPlan) -> None:
+        published = 0
+        reply: GenerateReply | None = None
+        try:
+            with structlog.contextvars.bound_contextvars(island=self.name, plan=plan.plan_id, expert=plan.expert):
+                hits = await self._retrieve(plan)
+                budget = self.spec.budget.tokens
+                remaining = max(0, budget // self.spec.islands - self.brain.tokens_used) if budget else None
+                request = plan.request(self.spec, experiences=hits, token_budget=remaining)
+                try:
+                    reply = await self.bus.request(
+                        subjects.expert_generate(plan.expert),
+                        request,
+                        GenerateReply,
+                        timeout=self._timeouts.get(plan.expert, 120.0),
+                    )
+                except BusError as exc:
+                    self.log.warning("expert unavailable", error=str(exc))
+                if reply is not None:
+                    if reply.decline is not None:
+                        self.log.info("expert declined", reason=str(reply.decline.reason), detail=reply.decline.detail)
+                    ids = tuple(h.experience.experience_id for h in hits)
+                    for proposal in reply.proposals[: plan.n]:
+                        cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
+                        await self.bus.publish_durable(
+                            subjects.candidates(self.rid, self.name, cand.candidate_id), cand, msg_id=cand.candidate_id
+                        )
+                        published += 1
+                    self.published += published
+        finally:
+            # Whatever happened (a decline, an error, a cancel during drain), the brain learns how
+            # many candidates this plan really put in flight.
+            async with self._lock:
+                if reply is not None:
+                    self.brain.record_tokens(reply.tokens.total)
+                self.brain.on_reply(plan, published)
+            self._empty_streak = 0 if published else self._empty_streak + 1
+            self._wake.set()
+
+    # -- feedback and migrants ----------------------------------------------------------------
+
+    async def on_feedback(self, fb: Feedback, delivery: Delivery) -> None:
+        with structlog.contextvars.bound_contextvars(island=self.name, candidate=fb.candidate.candidate_id):
+            async with self._lock:
+                parent = self._parent_fitness(fb)
+                outcome = self.brain.on_feedback(fb)
+            if outcome.duplicate:
+                return
+            cid = fb.candidate.candidate_id
+            if outcome.elite is not None:
+                await self.bus.publish_durable(
+                    subjects.elites(self.rid, self.name),
+                    EliteAnnouncement(run_id=self.rid, elite=outcome.elite, island_best=outcome.improved_best),
+                    msg_id=f"elite-{cid}",
+                )
+            await self._record_experience(fb, parent)
+            await self._publish_status()
+            await self._save()
+            self.log.info(
+                "feedback",
+                status=str(fb.result.status),
+                fitness=fb.result.fitness,
+                diagnosis=str(fb.diagnosis.category),
+                archive=str(outcome.add_status),
+                best=outcome.improved_best,
+            )
+            self._wake.set()
+
+    def _parent_fitness(self, fb: Feedback) -> float | None:
+        parent = fb.candidate.parent_id
+        if parent is None:
+            return None
+        outcome = self.brain.outcome_of(parent)
+        return outcome.fitness if outcome else None
+
+    async def _record_experience(self, fb: Feedback, parent_fitness: float | None) -> None:
+        cand, result = fb.candidate, fb.result
+        child = result.fitness
+        record = Experience(
+            experience_id=f"exp-{cand.candidate_id}",
+            run_id=self.rid,
+            task_id=cand.task_id,
+            signature=self._signature(),
+            candidate_id=cand.candidate_id,
+            parent_id=cand.parent_id,
+            diagnosis=cand.diagnosis.category if cand.diagnosis else None,
+            expert=cand.expert,
+            strategy=cand.proposal.strategy,
+            status=result.status,
+            parent_fitness=parent_fitness,
+            child_fitness=child,
+            description=(cand.proposal.description or cand.proposal.strategy or "candidate")[:500]
+            + f" -> {result.status.value}: {fb.diagnosis.summary}"[:300],
+            params=dict(cand.proposal.params),
+            source_excerpt=cand.proposal.source[:_EXCERPT],
+        )
+        await self.bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
+        if cand.experience_ids:
+            improved = child is not None and (parent_fitness is None or child > parent_fitness)
+            delta = None if child is None and parent_fitness is None else (child or 0.0) - (parent_fitness or 0.0)
+            outcome = ExperienceOutcome(
+                outcome_id=f"out-{cand.candidate_id}",
+                experience_ids=cand.experience_ids,
+                candidate_id=cand.candidate_id,
+                improved=improved,
+                delta=delta,
+            )
+            await self.bus.publish_durable(subjects.EXPERIENCE_OUTCOME, outcome, msg_id=outcome.outcome_id)
+
+    async def on_migration(self, migration: Migration, delivery: Delivery) -> None:
+        async with self._lock:
+            accepted = self.brain.on_migrants(migration)
+        self.log.info(
+            "migrants received", source=migration.source_island, offered=len(migration.elites), accepted=accepted
+        )
+        await self._publish_status()
+        await self._save(force=True)
+        self._wake.set()
+
+    # -- state --------------------------------------------------------------------------------
+
+    async def _publish_status(self, stopped: StopReason | None = None) -> None:
+        status = self.brain.status()
+        stopped = stopped or (StopReason.NO_PROGRESS if self._gave_up else None)
+        if stopped is not None and status.stopped is None:
+            status = status.model_copy(update={"stopped": stopped})
+        await self.bus.publish_durable(
+            subjects.island_status(self.rid, self.name),
+            status,
+            msg_id=f"status-{self.name}-{status.evaluated}-{status.archive_size}-{status.stopped or ''}-{status.at}",
+        )
+
+    async def _save(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_save < self.save_every_s:
+            return
+        async with self._lock:
+            text = self.brain.to_json()
+        await save_text(self.bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.rid, self.name), text)
+        self._last_save = time.monotonic()
+
+    async def on_drain(self) -> None:
+        """Stop asking for candidates; wait (bounded) for the feedback of those in flight."""
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+        for task in list(self._requests):
+            task.cancel()
+        await asyncio.gather(*self._requests, return_exceptions=True)
+        deadline = time.monotonic() + self.spec.eval_timeout_s + 10.0
+        while self.brain.in_flight > 0 and time.monotonic() < deadline and self.stop_reason != "interrupted":
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await self._wake.wait()
+        await self._publish_status()
+        await self._save(force=True)
+
+    def extra_stats(self) -> dict[str, float | int | str | None]:
+        if self._brain is None:
+            return {}
+        best = self.brain.archive.best()
+        return {
+            "evaluated": self.brain.evaluated,
+            "in_flight": self.brain.in_flight,
+            "archive": len(self.brain.archive),
+            "best_fitness": best.fitness if best else None,
+            "published": self.published,
+        }
