@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -166,6 +167,22 @@ class PullConsumer:
     task: asyncio.Task[None] | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     psub: Any = None
+    in_hand: dict[int, tuple[Msg, float]] = field(default_factory=dict)
+    """Messages being handled and when their last heartbeat (or receipt) was."""
+    beat_task: asyncio.Task[None] | None = None
+
+    async def heartbeats(self) -> None:
+        """One loop per consumer: ``in_progress`` for every message held longer than the interval,
+        so long jobs are not redelivered while they run (cheaper than a task per message)."""
+        every = self.spec.heartbeat_s or self.spec.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(every / 2)
+            now = time.monotonic()
+            for key, (msg, last) in list(self.in_hand.items()):
+                if now - last >= every and key in self.in_hand:
+                    self.in_hand[key] = (msg, now)
+                    with contextlib.suppress(nats.errors.Error):
+                        await msg.in_progress()
 
     async def stop(self) -> None:
         """Stop fetching, let in-hand messages ack or nak, then unsubscribe."""
@@ -173,6 +190,10 @@ class PullConsumer:
         if self.task is not None:
             await self.task
         await self.workers.join()
+        if self.beat_task is not None:
+            self.beat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.beat_task
         if self.psub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self.psub.unsubscribe()
@@ -369,6 +390,7 @@ class Bus:
         )
         consumer = PullConsumer(spec=spec, workers=_Workers(concurrency), psub=psub)
         consumer.task = asyncio.create_task(self._pull_loop(consumer, msg_type, handler))
+        consumer.beat_task = asyncio.create_task(consumer.heartbeats())
         self._consumers.append(consumer)
         return consumer
 
@@ -393,9 +415,10 @@ class Bus:
                 await asyncio.sleep(0.5)
                 continue
             for raw in msgs:
-                await consumer.workers.spawn(self._handle_js(raw, spec, msg_type, handler))
+                await consumer.workers.spawn(self._handle_js(raw, consumer, msg_type, handler))
 
-    async def _handle_js(self, raw: Msg, spec: ConsumerSpec, msg_type: type[M], handler: Handler[M]) -> None:
+    async def _handle_js(self, raw: Msg, consumer: PullConsumer, msg_type: type[M], handler: Handler[M]) -> None:
+        spec = consumer.spec
         meta = raw.metadata
         delivered = int(meta.num_delivered)
         seq = int(meta.sequence.stream)
@@ -413,7 +436,7 @@ class Bus:
             max_deliver=spec.max_deliver,
         )
         started = self.stats.start()
-        beat = asyncio.create_task(self._heartbeat(raw, spec.heartbeat_s or spec.ack_wait_s / 3))
+        consumer.in_hand[id(raw)] = (raw, time.monotonic())
         try:
             await handler(message, delivery)
         except Retry as exc:
@@ -437,9 +460,7 @@ class Bus:
             self.stats.done(started, ok=True)
             await raw.ack()
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            consumer.in_hand.pop(id(raw), None)
 
     async def _fail(
         self, raw: Msg, delivery: Delivery, spec: ConsumerSpec, exc: BaseException, *, delay: float
@@ -456,13 +477,6 @@ class Bus:
             await raw.term()
         else:
             await raw.nak(delay=delay)
-
-    @staticmethod
-    async def _heartbeat(raw: Msg, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            with contextlib.suppress(nats.errors.Error):
-                await raw.in_progress()
 
     # -- services --------------------------------------------------------------------------
 
