@@ -98,8 +98,7 @@ class DiagnoserActor(Actor):
         with structlog.contextvars.bound_contextvars(island=result.island, candidate=result.candidate_id):
             candidate = await self.candidate(result)
             diagnosis = await self.diagnose(result, candidate)
-            if not diagnosis.diagnoser:
-                diagnosis = diagnosis.model_copy(update={"diagnoser": f"{self.actor_id}/{self.diagnose.version}"})
+            diagnosis = diagnosis.model_copy(update={"diagnoser": f"{self.actor_id}/{self.diagnose.version}"})
             feedback = Feedback(
                 run_id=self.rid, island=result.island, candidate=candidate, result=result, diagnosis=diagnosis
             )

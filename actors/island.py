@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import zlib
 
 import structlog
 
@@ -28,6 +29,7 @@ from actors.errors import BusError
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.island import IslandBrain
 from actors.evolution.plans import RequestPlan
+from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.kv import get_expert_config, get_run, load_text, save_text
 from schemas import (
     ActorKind,
@@ -78,6 +80,7 @@ class IslandActor(Actor):
         self._timeouts: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._prompts: dict[str, MetaPromptEvolver] = {}
         self._requests: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
         self._last_save = 0.0
@@ -114,6 +117,12 @@ class IslandActor(Actor):
             self.log.info("island restored", evaluated=self.brain.evaluated, archive=len(self.brain.archive))
         else:
             self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed)
+        for role in {p.role for p in profiles if p.name in self._llm}:
+            text = await load_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role))
+            seed = self.spec.seed * 7919 + zlib.crc32(f"{self.name}/{role}".encode())
+            self._prompts[role] = (
+                MetaPromptEvolver.from_json(text) if text else MetaPromptEvolver(role, seed=seed % 2**32)
+            )
         stream = subjects.run_stream(self.rid)
         await self.bus.consume(
             ConsumerSpec(
@@ -195,7 +204,12 @@ class IslandActor(Actor):
                 hits = await self._retrieve(plan)
                 budget = self.spec.budget.tokens
                 remaining = max(0, budget // self.spec.islands - self.brain.tokens_used) if budget else None
-                request = plan.request(self.spec, experiences=hits, token_budget=remaining)
+                meta = ""
+                evolver = self._prompts.get(plan.role) if plan.expert in self._llm else None
+                if evolver is not None:
+                    async with self._lock:
+                        meta = evolver.choose().text
+                request = plan.request(self.spec, experiences=hits, meta_prompt=meta, token_budget=remaining)
                 try:
                     reply = await self.bus.request(
                         subjects.expert_generate(plan.expert),
@@ -284,6 +298,7 @@ class IslandActor(Actor):
             source_excerpt=cand.proposal.source[:_EXCERPT],
         )
         await self.bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
+        await self._credit_prompt(record)
         if cand.experience_ids:
             improved = child is not None and (parent_fitness is None or child > parent_fitness)
             delta = None if child is None and parent_fitness is None else (child or 0.0) - (parent_fitness or 0.0)
@@ -295,6 +310,20 @@ class IslandActor(Actor):
                 delta=delta,
             )
             await self.bus.publish_durable(subjects.EXPERIENCE_OUTCOME, outcome, msg_id=outcome.outcome_id)
+
+    def _prompt_key(self, role: str) -> str:
+        return f"{self.rid}.{self.name}.{role}"
+
+    async def _credit_prompt(self, record: Experience) -> None:
+        """Credit the meta-prompt section an LLM candidate was made with (co-evolution)."""
+        role, section = parse_strategy(record.strategy)
+        evolver = self._prompts.get(role)
+        if evolver is None or section is None or record.expert not in self._llm:
+            return
+        async with self._lock:
+            evolver.record_experience(record)
+            text = evolver.to_json()
+        await save_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role), text.decode())
 
     async def on_migration(self, migration: Migration, delivery: Delivery) -> None:
         async with self._lock:
