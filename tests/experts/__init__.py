@@ -1,0 +1,1 @@
+"""Tests of the experts: the template expert and the LLM experts."""
