@@ -117,9 +117,9 @@ class Progress:
         tokens = sum(s.tokens_used for s in self.islands.values())
         if budget.tokens is not None and tokens >= budget.tokens:
             return StopReason.TOKENS
-        if self.best is not None and self.best.sol is not None and self.best.sol.fraction is not None:
-            if self.best.sol.fraction >= self.spec.target_sol_fraction:
-                return StopReason.SPEED_OF_LIGHT
+        fraction = self.best.sol.fraction if self.best is not None and self.best.sol is not None else None
+        if fraction is not None and fraction >= self.spec.target_sol_fraction:
+            return StopReason.SPEED_OF_LIGHT
         if len(self.islands) >= self.spec.islands and all(s.stopped for s in self.islands.values()):
             return next(iter(self.islands.values())).stopped
         return None

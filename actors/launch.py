@@ -51,7 +51,7 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--spares", type=int, default=2, help="pre-warmed run processes per evaluator")
     p.add_argument("--library-dir", type=Path, default=None, help="curator snapshot folder")
-    p.add_argument("--embedder", choices=["minilm", "hash"], default="minilm", help="curator embedder")
+    p.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="curator embedder")
 
 
 def add_actor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

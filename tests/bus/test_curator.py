@@ -1,0 +1,96 @@
+"""The curator on a real server: records in, queries answered, and a SIGKILL loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from actors.bus import Bus
+from actors.errors import BusError
+from schemas import (
+    DiagnosisCategory,
+    EvalStatus,
+    Experience,
+    ExperienceHits,
+    ExperienceQuery,
+    TaskSignature,
+    TensorSpec,
+    subjects,
+)
+from tests.bus.helpers import spawn_actor, stop_process
+
+SIG = TaskSignature(ops=("linear", "gelu"), inputs=(TensorSpec(shape=(128, 4096), dtype="float32"),))
+
+
+def _exp(run_id: str, i: int) -> Experience:
+    return Experience(
+        experience_id=f"{run_id}-e{i}",
+        run_id=run_id,
+        task_id="t1",
+        signature=SIG,
+        candidate_id=f"c{i}",
+        diagnosis=DiagnosisCategory.SLOW_MEMORY_BOUND if i % 2 else DiagnosisCategory.COMPILE_RESOURCES,
+        expert="template",
+        strategy=f"tile-{i}",
+        status=EvalStatus.CORRECT,
+        parent_fitness=1.0,
+        child_fitness=1.0 + i / 100,
+        description=f"block size {16 * (i % 8 + 1)} with {i % 4 + 1} warps",
+    )
+
+
+async def _query(bus: Bus, run_id: str, want_size: int, timeout: float = 60.0) -> ExperienceHits:
+    query = ExperienceQuery(signature=SIG, diagnosis=DiagnosisCategory.SLOW_MEMORY_BOUND, text="memory bound", k=5)
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                hits = await bus.request(subjects.EXPERIENCE_QUERY, query, ExperienceHits, timeout=5.0)
+            except BusError:
+                hits = None
+            if hits is not None and hits.library_size >= want_size:
+                return hits
+            await asyncio.sleep(0.2)
+
+
+async def test_curator_killed_and_restarted_keeps_its_library(nats_url: str, run_id: str, tmp_path: Path) -> None:
+    bus = await Bus.connect(nats_url, name="test", actor_id="test-curator")
+    await bus.ensure_shared_streams()
+    before = (await bus.js.stream_info(subjects.EXPERIENCE_STREAM)).state.messages
+    args = ["--nats", nats_url, "--embedder", "hashing", "--library-dir", str(tmp_path / "lib")]
+    first = spawn_actor("curator", "--id", "curator-a", *args, log=tmp_path / "a.log")
+    second = None
+    try:
+        for i in range(40):
+            record = _exp(run_id, i)
+            await bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
+        hits = await _query(bus, run_id, before + 40)
+        assert len(hits.hits) == 5
+        assert hits.embedder.startswith("hash")
+        os.killpg(first.pid, signal.SIGKILL)  # no snapshot on the way out
+        first.wait(timeout=10)
+        for i in range(40, 50):
+            record = _exp(run_id, i)
+            await bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
+        second = spawn_actor("curator", "--id", "curator-b", *args, log=tmp_path / "b.log")
+        hits = await _query(bus, run_id, before + 50)
+        assert hits.library_size == before + 50
+        ids = {h.experience.experience_id for h in hits.hits}
+        assert all(i.startswith(run_id) for i in ids)
+        # The best hits answer the same diagnosis as the query.
+        assert hits.hits[0].experience.diagnosis is DiagnosisCategory.SLOW_MEMORY_BOUND
+    finally:
+        if second is not None:
+            assert stop_process(second) == 0
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        await bus.close()
+    # The clean stop of the second curator wrote a snapshot with everything it had replayed.
+    from experience import ExperienceLibrary, HashingEmbedder
+
+    loaded = ExperienceLibrary.load(tmp_path / "lib", HashingEmbedder())
+    assert loaded is not None
+    library, last_seq = loaded
+    assert len(library) == before + 50
+    assert last_seq >= before + 50
