@@ -170,6 +170,8 @@ class StageTimes(Model):
     """Compilation (zero on a cache hit)."""
     run_s: float | None = None
     """Correctness and timing in the run process."""
+    measure_s: float | None = None
+    """The measurement itself inside ``run_s``: the candidate's trial forwards plus the timing phase."""
     total_s: float | None = None
     """From receipt to verdict."""
     compile_cache_hit: bool = False

@@ -1,0 +1,378 @@
+"""The island brain: the whole policy of one island, without I/O.
+
+The island actor feeds it every ``Feedback`` and ``Migration`` addressed to the island and asks
+it what to request next; the brain answers from its state alone, so a run is reproducible from
+its seed and the order of messages, and a restarted island continues from ``to_json``.
+
+- **Archive**: a MAP-Elites grid (``archive.py``); only clean results become elites.
+- **Parent**: a fresh start, an elite (tournament or exploratory draw, ``selection.py``; more
+  exploration while stagnating), or a recent failure to repair.
+- **Expert**: chosen per the parent's diagnosis by a Thompson-sampling bandit (``credit.py``).
+- **Reward** of a child to its (diagnosis, expert) pair, in [0, 1]: from a clean parent, 1 if
+  the child is clean and fitter by more than ``improve_eps``, 0.1 if clean but not fitter, else
+  0; from a failed parent, 1 if the child is clean, 0.5 if it got further (compile → run →
+  correct answer), else 0; from no parent, 1 if clean, else 0.1 per stage reached. A decline
+  earns 0.
+- **Stagnation** (``stagnation.py``) and **budgets**: the island stops at its share of the run's
+  candidate and token budget, at the wall-time limit, or when its best reaches the target
+  fraction of speed-of-light.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from actors.evolution.archive import AddStatus, Archive, ArchiveState
+from actors.evolution.credit import CreditBandit, CreditRow, CreditState, ExpertProfile, routing_key
+from actors.evolution.errors import StateError, WrongIsland
+from actors.evolution.plans import (
+    FeedbackOutcome,
+    FitnessPoint,
+    IslandConfig,
+    ParentSource,
+    RequestPlan,
+    Reward,
+    instructions_for,
+)
+from actors.evolution.selection import ParentSelector, Pick
+from actors.evolution.stagnation import StagnationDetector
+from schemas import (
+    Candidate,
+    Diagnosis,
+    EvalOutcome,
+    EvalResult,
+    EvalStatus,
+    Feedback,
+    IslandStatus,
+    Migration,
+    RunSpec,
+    StopReason,
+    now,
+)
+
+__all__ = [
+    "REFINE",
+    "BrainState",
+    "ExpertProfile",
+    "FeedbackOutcome",
+    "FitnessPoint",
+    "IslandBrain",
+    "IslandConfig",
+    "ParentSource",
+    "RequestPlan",
+    "Reward",
+]
+
+REFINE = "refine"
+"""Routing key of a request whose parent has no diagnosis (a foreign elite)."""
+_STAGE = {EvalStatus.COMPILE_ERROR: 0, EvalStatus.RUNTIME_ERROR: 1, EvalStatus.TIMEOUT: 1}
+_STAGE |= {EvalStatus.REJECTED: 1, EvalStatus.INCORRECT: 2, EvalStatus.CORRECT: 2}
+
+
+class BrainState(BaseModel):
+    """The serialised brain."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = 1
+    island: str
+    seed: int
+    config: IslandConfig
+    archive: ArchiveState
+    credit: CreditState
+    stagnation: StagnationDetector
+    rng: dict[str, Any]
+    repair: list[Feedback]
+    outcomes: dict[str, EvalOutcome]
+    visits: dict[str, int]
+    seen: list[str]
+    history: list[FitnessPoint]
+    evaluated: int
+    in_flight: int
+    tokens_used: int
+    plans: int
+    declines: int
+    stopped: StopReason | None
+
+
+def _key(diagnosis: Diagnosis | None, has_parent: bool) -> str:
+    return REFINE if diagnosis is None and has_parent else routing_key(diagnosis)
+
+
+class IslandBrain:
+    """The policy of one island; see the module docstring."""
+
+    def __init__(
+        self,
+        island: str,
+        spec: RunSpec,
+        experts: Sequence[ExpertProfile],
+        seed: int,
+        config: IslandConfig | None = None,
+    ) -> None:
+        self.island, self.spec, self.seed = island, spec, seed
+        self.config = cfg = config or IslandConfig()
+        root = np.random.SeedSequence(seed, spawn_key=(zlib.crc32(island.encode()),))
+        rng_seed, credit_seed = root.spawn(2)
+        self.rng = np.random.default_rng(rng_seed)
+        self.credit = CreditBandit(
+            experts, credit_seed, prior_strength=cfg.prior_strength, family_share=cfg.family_share
+        )
+        ops = spec.task.signature.ops if spec.task.signature else ()
+        self.archive = Archive(cfg.descriptors, island=island, task_ops=len(ops) or None)
+        self.selector = ParentSelector(cfg.exploit, cfg.tournament, cfg.curiosity)
+        self.stagnation = StagnationDetector(
+            window=cfg.stagnation_window, seconds=cfg.stagnation_seconds, eps=cfg.stagnation_eps
+        )
+        self._repair: list[Feedback] = []
+        self._outcomes: dict[str, EvalOutcome] = {}
+        self._visits: dict[str, int] = {}
+        self._seen: set[str] = set()
+        self._history: list[FitnessPoint] = []
+        self.evaluated = self.in_flight = self.tokens_used = self.plans = self.declines = 0
+        self._stopped: StopReason | None = None
+
+    # requests -------------------------------------------------------------------------------
+
+    def next_request(self) -> RequestPlan:
+        """Choose parent, expert, instructions and seed for the next request."""
+        cfg = self.config
+        stagnating = self.stagnation.is_stagnating(None)
+        elites = self.archive.elites()
+        u = float(self.rng.random())
+        parent: Candidate | None = None
+        result: EvalResult | None = None
+        diagnosis: Diagnosis | None = None
+        if not elites:
+            source = ParentSource.REPAIR if self._repair and u < cfg.repair_when_empty else ParentSource.FRESH
+        else:
+            repair = cfg.repair if self._repair else 0.0
+            fresh = min(1.0, cfg.fresh * (2 if stagnating else 1))
+            if u < repair:
+                source = ParentSource.REPAIR
+            elif u < repair + fresh:
+                source = ParentSource.FRESH
+            else:
+                exploit = cfg.stagnant_exploit if stagnating else cfg.exploit
+                elite, pick = self.selector.select(elites, self.rng, visits=self._visits, exploit=exploit)
+                source = ParentSource.EXPLOIT if pick is Pick.EXPLOIT else ParentSource.EXPLORE
+                parent, result, diagnosis = elite.candidate, elite.result, elite.diagnosis
+        if source is ParentSource.REPAIR:
+            weights = np.arange(1, len(self._repair) + 1, dtype=float)
+            fb = self._repair.pop(int(self.rng.choice(len(self._repair), p=weights / weights.sum())))
+            parent, result, diagnosis = fb.candidate, fb.result, fb.diagnosis
+        key = _key(diagnosis, parent is not None)
+        expert = self.credit.choose(key, suggested_role=diagnosis.suggested_expert if diagnosis else None)
+        role = self.credit.experts[expert].role
+        if parent is not None:
+            self._visits[parent.candidate_id] = self._visits.get(parent.candidate_id, 0) + 1
+        self.plans += 1
+        self.in_flight += cfg.n_per_request
+        return RequestPlan(
+            plan_id=f"{self.island}-{self.plans}",
+            island=self.island,
+            expert=expert,
+            role=role,
+            key=key,
+            source=source,
+            parent=parent,
+            parent_result=result,
+            diagnosis=diagnosis,
+            instructions=instructions_for(role, source, diagnosis),
+            seed=int(self.rng.integers(0, 2**31 - 1)),
+            n=cfg.n_per_request,
+        )
+
+    def wants_request(self) -> bool:
+        """Whether fewer than K candidates are in flight and the island has not stopped."""
+        return self._stopped is None and self.in_flight < self.spec.inflight_per_island
+
+    def on_reply(self, plan: RequestPlan, proposals: int) -> None:
+        """The expert answered ``plan`` with ``proposals`` candidates (0 is a decline: reward 0)."""
+        self.in_flight = max(0, self.in_flight - plan.n + proposals)
+        if proposals == 0:
+            self.declines += 1
+            self.credit.update(plan.key, plan.expert, 0.0)
+
+    def record_tokens(self, n: int) -> None:
+        """Add LLM tokens spent by this island's requests."""
+        self.tokens_used += max(0, n)
+
+    # feedback and migrants ------------------------------------------------------------------
+
+    def on_feedback(self, fb: Feedback) -> FeedbackOutcome:
+        """Update archive, credit, stagnation and history with one evaluated candidate."""
+        if fb.island != self.island:
+            raise WrongIsland(self.island, fb.island, "feedback")
+        cand, res = fb.candidate, fb.result
+        cid = cand.candidate_id
+        if cid in self._seen:
+            return FeedbackOutcome(
+                cid, AddStatus.NOT_IMPROVED, None, False, None, self.stagnation.is_stagnating(), True
+            )
+        self._seen.add(cid)
+        self.evaluated += 1
+        self.in_flight = max(0, self.in_flight - 1)
+        before = self.archive.best()
+        status = self.archive.add(cand, res, fb.diagnosis)
+        best = self.archive.best()
+        improved = best is not None and (before is None or best.fitness > before.fitness)
+        reward = Reward(
+            key=_key(cand.diagnosis, cand.parent_id is not None), expert=cand.expert, value=self._reward(fb)
+        )
+        self.credit.update(reward.key, reward.expert, reward.value)
+        self._outcomes[cid] = EvalOutcome.of(res)
+        if not res.clean:
+            self._repair = [*self._repair, fb][-self.config.repair_pool :]
+        stagnating = self.stagnation.observe(best.fitness if best else None, res.created_at)
+        self._history.append(
+            FitnessPoint(
+                at=res.created_at,
+                candidate_id=cid,
+                status=res.status.value,
+                fitness=res.fitness,
+                best=best.fitness if best else None,
+                expert=cand.expert,
+                key=reward.key,
+            )
+        )
+        elite = self.archive.elite_of(cid) if status in (AddStatus.NEW_CELL, AddStatus.IMPROVED) else None
+        return FeedbackOutcome(cid, status, elite, improved, reward, stagnating)
+
+    def _reward(self, fb: Feedback) -> float:
+        child = fb.result
+        stage = 3 if child.clean else _STAGE[child.status]
+        parent_id = fb.candidate.parent_id
+        parent = self._outcomes.get(parent_id) if parent_id else None
+        if parent_id is None:
+            return 1.0 if child.clean else 0.1 * stage
+        if parent is None:
+            return 0.5 if child.clean else 0.0
+        if parent.fitness is not None:
+            if child.fitness is not None and child.fitness > parent.fitness * (1.0 + self.config.improve_eps):
+                return 1.0
+            return 0.1 if child.clean else 0.0
+        if child.clean:
+            return 1.0
+        return 0.5 if stage > _STAGE[EvalStatus(parent.status)] else 0.0
+
+    def on_migrants(self, m: Migration) -> int:
+        """Offer migrants to the archive with their measured results; returns how many entered."""
+        if m.dest_island != self.island:
+            raise WrongIsland(self.island, m.dest_island, "a migration")
+        accepted = 0
+        for elite in m.elites:
+            status = self.archive.add_elite(elite)
+            cid = elite.candidate.candidate_id
+            self._outcomes.setdefault(cid, EvalOutcome(status=EvalStatus.CORRECT.value, fitness=elite.fitness))
+            if status in (AddStatus.NEW_CELL, AddStatus.IMPROVED):
+                accepted += 1
+                best = self.archive.best()
+                self._history.append(
+                    FitnessPoint(
+                        at=m.created_at,
+                        candidate_id=cid,
+                        status=EvalStatus.CORRECT.value,
+                        fitness=elite.fitness,
+                        best=best.fitness if best else None,
+                        expert=elite.candidate.expert,
+                        migrant=True,
+                    )
+                )
+        if accepted:
+            self.stagnation.reset(m.created_at)
+        return accepted
+
+    # budget, status, report -----------------------------------------------------------------
+
+    def budget_exhausted(self, now: float) -> StopReason | None:
+        """Why the island must stop now, if it must (sticky once set)."""
+        if self._stopped is not None:
+            return self._stopped
+        budget, share = self.spec.budget, self.spec.islands
+        best = self.archive.best()
+        if best is not None and best.sol_fraction is not None and best.sol_fraction >= self.spec.target_sol_fraction:
+            self._stopped = StopReason.SPEED_OF_LIGHT
+        elif budget.candidates is not None and self.evaluated >= math.ceil(budget.candidates / share):
+            self._stopped = StopReason.CANDIDATES
+        elif budget.tokens is not None and self.tokens_used >= math.ceil(budget.tokens / share):
+            self._stopped = StopReason.TOKENS
+        elif budget.wall_s is not None and now - self.spec.created_at >= budget.wall_s:
+            self._stopped = StopReason.WALL_TIME
+        return self._stopped
+
+    def status(self, at: float | None = None) -> IslandStatus:
+        """The island's progress as an ``IslandStatus``."""
+        best = self.archive.best()
+        return IslandStatus(
+            run_id=self.spec.run_id,
+            island=self.island,
+            evaluated=self.evaluated,
+            in_flight=self.in_flight,
+            archive_size=len(self.archive),
+            best_fitness=best.fitness if best else None,
+            best_candidate_id=best.candidate.candidate_id if best else None,
+            stagnating=self.stagnation.is_stagnating(at),
+            tokens_used=self.tokens_used,
+            stopped=self._stopped,
+            at=now() if at is None else at,
+        )
+
+    def outcome_of(self, candidate_id: str) -> EvalOutcome | None:
+        """The verdict and fitness of a candidate this island has seen (evaluated or migrant)."""
+        return self._outcomes.get(candidate_id)
+
+    def credit_table(self) -> list[CreditRow]:
+        """Credit per (diagnosis, expert) learned so far."""
+        return self.credit.rows()
+
+    @property
+    def fitness_history(self) -> tuple[FitnessPoint, ...]:
+        """Per feedback (and accepted migrant): time, fitness and best so far."""
+        return tuple(self._history)
+
+    def to_json(self) -> str:
+        """The whole state as JSON (for the KV bucket); :meth:`from_json` continues identically."""
+        return BrainState(
+            island=self.island,
+            seed=self.seed,
+            config=self.config,
+            archive=self.archive.state(),
+            credit=self.credit.state(),
+            stagnation=self.stagnation.model_copy(),
+            rng=dict(self.rng.bit_generator.state),
+            repair=list(self._repair),
+            outcomes=dict(self._outcomes),
+            visits=dict(self._visits),
+            seen=sorted(self._seen),
+            history=list(self._history),
+            evaluated=self.evaluated,
+            in_flight=self.in_flight,
+            tokens_used=self.tokens_used,
+            plans=self.plans,
+            declines=self.declines,
+            stopped=self._stopped,
+        ).model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str, spec: RunSpec) -> IslandBrain:
+        """Restore a brain saved by :meth:`to_json` for the run ``spec``."""
+        state = BrainState.model_validate_json(text)
+        if state.archive.island != state.island:
+            raise StateError(f"archive of island {state.archive.island!r} in the state of {state.island!r}")
+        brain = cls(state.island, spec, state.credit.experts, state.seed, state.config)
+        brain.rng.bit_generator.state = state.rng
+        brain.credit = CreditBandit.from_state(state.credit)
+        brain.archive = Archive.from_state(state.archive)
+        brain.stagnation = state.stagnation.model_copy()
+        brain._repair, brain._outcomes, brain._visits = list(state.repair), dict(state.outcomes), dict(state.visits)
+        brain._seen, brain._history = set(state.seen), list(state.history)
+        brain.evaluated, brain.in_flight, brain.tokens_used = state.evaluated, state.in_flight, state.tokens_used
+        brain.plans, brain.declines, brain._stopped = state.plans, state.declines, state.stopped
+        return brain

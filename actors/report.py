@@ -1,0 +1,421 @@
+"""The run report: what a run did and why, as JSON and PNG plots in the run directory.
+
+``build_report`` reads the run's decoded wire messages (``Candidate``, ``EvalResult``,
+``Diagnosis``, ``Feedback``, ``Migration``, ``IslandStatus``, ``RunEnd``, ``ExperienceOutcome``;
+others are ignored) and each island's final ``IslandBrain`` and gathers: the best kernel with
+its lineage (ids, experts, strategies, the diagnosis each step answered, fitness along the way),
+fitness over time per island, each island's archive as a heatmap grid, the credit per diagnosis
+and expert, how diagnoses routed requests to experts and what that earned, the migrations, the
+experiences shown to experts with their outcomes, and counts per status and category.
+``write_report`` writes ``report.json``, ``fitness.png``, ``archive.png`` and ``credit.png``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from actors.evolution.errors import StateError
+from actors.evolution.island import IslandBrain
+from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
+from schemas import (
+    Candidate,
+    Diagnosis,
+    DiagnosisCategory,
+    EvalResult,
+    ExperienceOutcome,
+    Feedback,
+    IslandStatus,
+    KernelLanguage,
+    Message,
+    Migration,
+    MigrationReason,
+    RunEnd,
+    RunSpec,
+    StopReason,
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LineageStep(_Frozen):
+    """One ancestor of the best kernel (oldest first), or the kernel itself (last)."""
+
+    candidate_id: str
+    island: str | None = None
+    expert: str | None = None
+    strategy: str | None = None
+    generation: int | None = None
+    answered: DiagnosisCategory | None = None
+    """The parent's diagnosis this step answered."""
+    status: str | None = None
+    fitness: float | None = None
+    description: str | None = None
+
+
+class BestKernel(_Frozen):
+    """The fittest clean candidate of the run."""
+
+    candidate_id: str
+    island: str
+    expert: str
+    fitness: float
+    speedup_vs_compiled: float | None = None
+    median_ms: float | None = None
+    sol_fraction: float | None = None
+    language: KernelLanguage
+    source: str
+    lineage: tuple[LineageStep, ...]
+
+
+class FitnessSample(_Frozen):
+    """The island after one feedback (or accepted migrant)."""
+
+    t: float
+    """Seconds since the run started."""
+    candidate_id: str
+    status: str
+    fitness: float | None = None
+    best: float | None = None
+    migrant: bool = False
+
+
+class ArchiveMap(_Frozen):
+    """An island's archive projected on the two descriptors it spreads over most (best fitness
+    per cell, over the other descriptors)."""
+
+    x: str
+    y: str
+    x_labels: tuple[str, ...]
+    y_labels: tuple[str, ...]
+    grid: tuple[tuple[float | None, ...], ...]
+    elites: int
+    coverage: float
+
+
+class IslandReport(_Frozen):
+    """One island's course."""
+
+    island: str
+    evaluated: int
+    best_fitness: float | None = None
+    stopped: StopReason | None = None
+    fitness: tuple[FitnessSample, ...] = ()
+    archive: ArchiveMap | None = None
+
+
+class CreditEntry(_Frozen):
+    """Credit one island learned for a (diagnosis, expert) pair."""
+
+    island: str
+    key: str
+    expert: str
+    role: str
+    pulls: int
+    mean_reward: float | None = None
+    posterior_mean: float
+
+
+class RoutingEntry(_Frozen):
+    """Requests answered under one diagnosis by one expert, and what they earned."""
+
+    answered: str
+    """The parent's diagnosis category (``start`` for fresh candidates)."""
+    expert: str
+    candidates: int
+    clean: int
+    improved: int
+    """Children fitter than their parent (or clean, for a failed or absent parent)."""
+
+
+class MigrationEvent(_Frozen):
+    migration_id: str
+    source: str
+    dest: str
+    reason: MigrationReason
+    candidate_ids: tuple[str, ...]
+    t: float
+
+
+class ExperienceUse(_Frozen):
+    """One experience shown to experts, with the outcomes of the candidates it informed."""
+
+    experience_id: str
+    candidates: tuple[str, ...]
+    improved: int
+    not_improved: int
+    mean_delta: float | None = None
+
+
+class RunReport(_Frozen):
+    """Everything ``write_report`` writes (``report.json``)."""
+
+    run_id: str
+    task_id: str | None = None
+    task_name: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    end_reason: StopReason | None = None
+    evaluated: int
+    status_counts: dict[str, int]
+    category_counts: dict[str, int]
+    best: BestKernel | None = None
+    islands: tuple[IslandReport, ...] = ()
+    credit: tuple[CreditEntry, ...] = ()
+    routing: tuple[RoutingEntry, ...] = ()
+    migrations: tuple[MigrationEvent, ...] = ()
+    experiences: tuple[ExperienceUse, ...] = ()
+    plots: dict[str, str] = {}
+
+
+def _improved(child: EvalResult | None, parent: EvalResult | None) -> bool:
+    if child is None or child.fitness is None:
+        return False
+    return parent is None or parent.fitness is None or child.fitness > parent.fitness
+
+
+def build_report(
+    spec: RunSpec | None,
+    messages: Iterable[Message],
+    brains: Mapping[str, IslandBrain | str] | Iterable[IslandBrain] = (),
+) -> RunReport:
+    """Gather the run report from the run's messages and the islands' final brains.
+
+    ``brains`` maps island → ``IslandBrain`` or its ``to_json`` text (as kept in the archive KV
+    bucket; restoring text needs ``spec``), or is a plain iterable of brains.
+    """
+    by_island: dict[str, IslandBrain] = {}
+    for name, brain in brains.items() if isinstance(brains, Mapping) else ((b.island, b) for b in brains):
+        if isinstance(brain, str):
+            if spec is None:
+                raise StateError(f"the saved brain of island {name!r} needs the run spec to be restored")
+            brain = IslandBrain.from_json(brain, spec)
+        by_island[name] = brain
+    cands: dict[str, Candidate] = {}
+    results: dict[str, EvalResult] = {}
+    diags: dict[str, Diagnosis] = {}
+    statuses: dict[str, IslandStatus] = {}
+    migrations: list[Migration] = []
+    outcomes: list[ExperienceOutcome] = []
+    end: RunEnd | None = None
+    for msg in messages:
+        if isinstance(msg, Feedback):
+            cands[msg.candidate.candidate_id], diags[msg.candidate.candidate_id] = msg.candidate, msg.diagnosis
+            results[msg.result.candidate_id] = msg.result
+        elif isinstance(msg, Candidate):
+            cands[msg.candidate_id] = msg
+        elif isinstance(msg, EvalResult):
+            results[msg.candidate_id] = msg
+        elif isinstance(msg, Diagnosis):
+            diags[msg.candidate_id] = msg
+        elif isinstance(msg, IslandStatus):
+            statuses[msg.island] = msg
+        elif isinstance(msg, Migration):
+            migrations.append(msg)
+        elif isinstance(msg, ExperienceOutcome):
+            outcomes.append(msg)
+        elif isinstance(msg, RunEnd):
+            end = msg
+    times = [r.created_at for r in results.values()] + [c.created_at for c in cands.values()]
+    t0 = spec.created_at if spec is not None else min(times, default=0.0)
+    run_id = spec.run_id if spec else end.run_id if end else next(iter(results.values())).run_id if results else ""
+    islands = sorted(set(by_island) | {c.island for c in cands.values()} | set(statuses))
+    return RunReport(
+        run_id=run_id,
+        task_id=spec.task.task_id if spec else None,
+        task_name=spec.task.name if spec else None,
+        started_at=t0,
+        ended_at=end.at if end else max(times, default=None),
+        end_reason=end.reason if end else None,
+        evaluated=len(results),
+        status_counts=dict(sorted(Counter(r.status.value for r in results.values()).items())),
+        category_counts=dict(sorted(Counter(d.category.value for d in diags.values()).items())),
+        best=_best(cands, results),
+        islands=tuple(_island(i, by_island.get(i), statuses.get(i), results, t0) for i in islands),
+        credit=tuple(
+            CreditEntry(island=i, **row.model_dump(exclude={"prior_mean"}))
+            for i in sorted(by_island)
+            for row in by_island[i].credit_table()
+        ),
+        routing=_routing(cands, results),
+        migrations=tuple(
+            MigrationEvent(
+                migration_id=m.migration_id,
+                source=m.source_island,
+                dest=m.dest_island,
+                reason=m.reason,
+                candidate_ids=tuple(e.candidate.candidate_id for e in m.elites),
+                t=m.created_at - t0,
+            )
+            for m in sorted(migrations, key=lambda m: m.created_at)
+        ),
+        experiences=_experiences(cands, results, outcomes),
+    )
+
+
+def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> BestKernel | None:
+    clean = [r for r in results.values() if r.fitness is not None and r.candidate_id in cands]
+    if not clean:
+        return None
+    top = max(clean, key=lambda r: (r.fitness or 0.0, -r.created_at))
+    cand = cands[top.candidate_id]
+    steps = []
+    for cid in (*cand.lineage, cand.candidate_id):
+        c, r = cands.get(cid), results.get(cid)
+        steps.append(
+            LineageStep(
+                candidate_id=cid,
+                island=c.island if c else None,
+                expert=c.expert if c else None,
+                strategy=c.proposal.strategy if c else None,
+                generation=c.generation if c else None,
+                answered=c.diagnosis.category if c and c.diagnosis else None,
+                status=r.status.value if r else None,
+                fitness=r.fitness if r else None,
+                description=c.proposal.description if c else None,
+            )
+        )
+    assert top.fitness is not None
+    return BestKernel(
+        candidate_id=cand.candidate_id,
+        island=cand.island,
+        expert=cand.expert,
+        fitness=top.fitness,
+        speedup_vs_compiled=top.speedup_vs_compiled,
+        median_ms=top.timing.median_ms if top.timing else None,
+        sol_fraction=top.sol.fraction if top.sol else None,
+        language=cand.proposal.language,
+        source=cand.proposal.source,
+        lineage=tuple(steps),
+    )
+
+
+def _island(
+    island: str, brain: IslandBrain | None, status: IslandStatus | None, results: Mapping[str, EvalResult], t0: float
+) -> IslandReport:
+    archive: ArchiveMap | None = None
+    if brain is not None:
+        samples = tuple(
+            FitnessSample(t=p.at - t0, **p.model_dump(exclude={"at", "expert", "key"})) for p in brain.fitness_history
+        )
+        axes = brain.archive.descriptors.descriptors
+        x, y = brain.archive.spread_axes()
+        ax_x, ax_y = axes[x], axes[y] if y != x else None
+        archive = ArchiveMap(
+            x=ax_x.kind.value,
+            y=ax_y.kind.value if ax_y else "",
+            x_labels=ax_x.labels(),
+            y_labels=ax_y.labels() if ax_y else ("",),
+            grid=tuple(tuple(row) for row in brain.archive.grid(x, y)),
+            elites=len(brain.archive),
+            coverage=brain.archive.coverage(),
+        )
+    else:  # no brain: rebuild the course from the island's results
+        best: float | None = None
+        points = []
+        for r in sorted((r for r in results.values() if r.island == island), key=lambda r: r.created_at):
+            best = r.fitness if r.fitness is not None and (best is None or r.fitness > best) else best
+            points.append(
+                FitnessSample(
+                    t=r.created_at - t0,
+                    candidate_id=r.candidate_id,
+                    status=r.status.value,
+                    fitness=r.fitness,
+                    best=best,
+                )
+            )
+        samples = tuple(points)
+    bests = [s.best for s in samples if s.best is not None]
+    return IslandReport(
+        island=island,
+        evaluated=sum(1 for s in samples if not s.migrant),
+        best_fitness=max(bests) if bests else (status.best_fitness if status else None),
+        stopped=status.stopped if status else None,
+        fitness=samples,
+        archive=archive,
+    )
+
+
+def _routing(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> tuple[RoutingEntry, ...]:
+    table: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for cid, c in cands.items():
+        if cid not in results:
+            continue
+        answered = c.diagnosis.category.value if c.diagnosis else "start"
+        row = table[(answered, c.expert)]
+        child, parent = results[cid], results.get(c.parent_id) if c.parent_id else None
+        row[0] += 1
+        row[1] += child.clean
+        row[2] += _improved(child, parent)
+    return tuple(
+        RoutingEntry(answered=a, expert=e, candidates=n, clean=k, improved=i)
+        for (a, e), (n, k, i) in sorted(table.items())
+    )
+
+
+def _experiences(
+    cands: Mapping[str, Candidate], results: Mapping[str, EvalResult], outcomes: Iterable[ExperienceOutcome]
+) -> tuple[ExperienceUse, ...]:
+    told = {o.candidate_id: o for o in outcomes}
+    used: dict[str, list[tuple[str, bool, float | None]]] = defaultdict(list)
+    for cid, c in cands.items():
+        if not c.experience_ids:
+            continue
+        if cid in told:
+            improved, delta = told[cid].improved, told[cid].delta
+        else:
+            parent = results.get(c.parent_id) if c.parent_id else None
+            child = results.get(cid)
+            improved = _improved(child, parent)
+            delta = (child.fitness or 0.0) - (parent.fitness or 0.0) if child and parent else None
+        for eid in c.experience_ids:
+            used[eid].append((cid, improved, delta))
+    out = []
+    for eid in sorted(used):
+        rows = used[eid]
+        deltas = [d for _, _, d in rows if d is not None]
+        out.append(
+            ExperienceUse(
+                experience_id=eid,
+                candidates=tuple(cid for cid, _, _ in rows),
+                improved=sum(1 for _, ok, _ in rows if ok),
+                not_improved=sum(1 for _, ok, _ in rows if not ok),
+                mean_delta=sum(deltas) / len(deltas) if deltas else None,
+            )
+        )
+    return tuple(out)
+
+
+def write_report(report: RunReport, run_dir: Path) -> tuple[Path, ...]:
+    """Write ``report.json`` and the PNG plots into ``run_dir``; returns the paths written."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    best = {i.island: [(s.t, s.best) for s in i.fitness] for i in report.islands}
+    each = {i.island: [(s.t, s.fitness) for s in i.fitness if not s.migrant] for i in report.islands}
+    paths = [plot_fitness(best, each, run_dir / "fitness.png")]
+    maps = {i.island: i.archive for i in report.islands if i.archive is not None}
+    if maps:
+        first = next(iter(maps.values()))
+        grids = {k: v.grid for k, v in maps.items()}
+        paths.append(plot_heatmaps(grids, first.x_labels, first.y_labels, (first.x, first.y), run_dir / "archive.png"))
+    if report.credit:
+        keys = sorted({c.key for c in report.credit})
+        experts = sorted({c.expert for c in report.credit})
+        pulls = [[0] * len(experts) for _ in keys]
+        reward = [[0.0] * len(experts) for _ in keys]
+        for c in report.credit:
+            r, e = keys.index(c.key), experts.index(c.expert)
+            pulls[r][e] += c.pulls
+            reward[r][e] += (c.mean_reward or 0.0) * c.pulls
+        mean = [
+            [reward[r][e] / pulls[r][e] if pulls[r][e] else None for e in range(len(experts))] for r in range(len(keys))
+        ]
+        paths.append(plot_credit(keys, experts, mean, pulls, run_dir / "credit.png"))
+    final = report.model_copy(update={"plots": {p.stem: p.name for p in paths}})
+    out = run_dir / "report.json"
+    out.write_text(final.model_dump_json(indent=2))
+    return (out, *paths)

@@ -1,0 +1,165 @@
+"""The run report: built from a two-island run's messages and brains, written as JSON and PNGs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from actors.evolution.credit import ExpertProfile
+from actors.evolution.island import IslandBrain
+from actors.evolution.migration import MigrationPlanner
+from actors.report import RunReport, build_report, write_report
+from schemas import (
+    EliteAnnouncement,
+    ExperienceOutcome,
+    Feedback,
+    Message,
+    Migration,
+    MigrationPolicy,
+    MigrationReason,
+    RunEnd,
+    StopReason,
+)
+from tests.evolution import factories as f
+from tests.evolution.landscape import Landscape
+
+EXPERTS = (
+    ExpertProfile(name="template", role="template"),
+    ExpertProfile(name="mem", role="memory"),
+    ExpertProfile(name="fix", role="repair"),
+)
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(steps: int = 24) -> tuple[list[Message], dict[str, IslandBrain]]:
+    """Two islands on the landscape, ring migration every 5 s of landscape time."""
+    spec = f.spec(islands=2)
+    brains = {i: IslandBrain(i, spec, EXPERTS, seed=3) for i in ("i0", "i1")}
+    envs = {"i0": Landscape(1), "i1": Landscape(2)}
+    planner = MigrationPlanner("run1", tuple(brains), MigrationPolicy(interval_s=5.0, count=1), seed=0)
+    messages: list[Message] = []
+    for step in range(steps):
+        for island, brain in brains.items():
+            plan = brain.next_request()
+            fb = envs[island].evaluate(brain, plan)
+            if step % 4 == 0:  # pretend the curator showed an experience to this expert
+                cand = fb.candidate.model_copy(update={"experience_ids": ("exp-a",)})
+                fb = fb.model_copy(update={"candidate": cand})
+            messages.append(fb)
+            out = brain.on_feedback(fb)
+            if out.elite is not None:
+                ann = EliteAnnouncement(run_id="run1", elite=out.elite, island_best=out.improved_best)
+                planner.on_elite(ann)
+                messages.append(ann)
+            messages.append(brain.status(at=envs[island].at))
+        for m in planner.due(float(2000 + step)):
+            messages.append(m)
+            brains[m.dest_island].on_migrants(m)
+    first = next(m for m in messages if isinstance(m, Feedback) and m.candidate.experience_ids)
+    messages.append(
+        ExperienceOutcome(
+            experience_ids=("exp-a",), candidate_id=first.candidate.candidate_id, improved=True, delta=0.5
+        )
+    )
+    messages.append(RunEnd(run_id="run1", reason=StopReason.CANDIDATES, evaluated=2 * steps, at=3000.0))
+    return messages, brains
+
+
+@pytest.fixture(scope="module")
+def run() -> tuple[list[Message], dict[str, IslandBrain]]:
+    return _run()
+
+
+def test_report_names_the_best_kernel_and_its_lineage(run: tuple[list[Message], dict[str, IslandBrain]]) -> None:
+    messages, brains = run
+    report = build_report(f.spec(islands=2), messages, brains)
+    feedback = [m for m in messages if isinstance(m, Feedback)]
+    fittest = max((fb for fb in feedback if fb.result.fitness is not None), key=lambda fb: fb.result.fitness or 0.0)
+    assert report.best is not None
+    assert report.best.fitness == fittest.result.fitness
+    steps = report.best.lineage
+    assert [s.candidate_id for s in steps] == [*fittest.candidate.lineage, fittest.candidate.candidate_id]
+    assert all(s.expert for s in steps)
+    assert steps[-1].answered == (fittest.candidate.diagnosis.category if fittest.candidate.diagnosis else None)
+    assert report.best.source == fittest.candidate.proposal.source
+
+
+def test_report_counts_statuses_categories_routing_and_migrations(
+    run: tuple[list[Message], dict[str, IslandBrain]],
+) -> None:
+    messages, brains = run
+    report = build_report(f.spec(islands=2), messages, brains)
+    feedback = [m for m in messages if isinstance(m, Feedback)]
+    assert report.evaluated == len(feedback)
+    assert report.status_counts == dict(Counter(fb.result.status.value for fb in feedback))
+    assert sum(report.category_counts.values()) == len(feedback)
+    assert sum(r.candidates for r in report.routing) == len(feedback)
+    assert {r.answered for r in report.routing} >= {"start"}
+    migrations = [m for m in messages if isinstance(m, Migration)]
+    assert migrations, "the run is long enough for ring migrations"
+    assert len(report.migrations) == len(migrations)
+    assert {e.reason for e in report.migrations} == {MigrationReason.RING}
+    assert report.end_reason is StopReason.CANDIDATES
+    assert {c.island for c in report.credit} == {"i0", "i1"}
+    assert sum(c.pulls for c in report.credit if c.island == "i0") >= brains["i0"].evaluated
+
+
+def test_report_follows_each_island_and_its_archive(run: tuple[list[Message], dict[str, IslandBrain]]) -> None:
+    messages, brains = run
+    report = build_report(f.spec(islands=2), messages, brains)
+    by_island = {i.island: i for i in report.islands}
+    for island, brain in brains.items():
+        part = by_island[island]
+        assert len(part.fitness) == len(brain.fitness_history)
+        assert part.best_fitness == (brain.archive.best().fitness if brain.archive.best() else None)  # type: ignore[union-attr]
+        assert part.archive is not None
+        assert part.archive.elites == len(brain.archive)
+        assert len(part.archive.grid[0]) == len(part.archive.x_labels)
+    assert any(s.migrant for i in report.islands for s in i.fitness), "an accepted migrant shows in the history"
+
+
+def test_report_lists_experiences_with_their_outcomes(run: tuple[list[Message], dict[str, IslandBrain]]) -> None:
+    messages, brains = run
+    report = build_report(None, messages, brains)
+    (use,) = report.experiences
+    used_by = [m.candidate.candidate_id for m in messages if isinstance(m, Feedback) and m.candidate.experience_ids]
+    assert use.experience_id == "exp-a"
+    assert list(use.candidates) == used_by
+    assert use.improved + use.not_improved == len(used_by)
+    assert use.improved >= 1  # the outcome message says the first one improved
+
+
+def test_write_report_puts_json_and_three_png_plots_in_the_run_directory(
+    run: tuple[list[Message], dict[str, IslandBrain]], tmp_path: Path
+) -> None:
+    messages, brains = run
+    report = build_report(f.spec(islands=2), messages, brains)
+    paths = write_report(report, tmp_path / "run1")
+    names = {p.name for p in paths}
+    assert names == {"report.json", "fitness.png", "archive.png", "credit.png"}
+    for p in paths:
+        if p.suffix == ".png":
+            data = p.read_bytes()
+            assert data.startswith(PNG)
+            assert len(data) > 5000
+    back = RunReport.model_validate_json((tmp_path / "run1" / "report.json").read_text())
+    assert back.plots == {"fitness": "fitness.png", "archive": "archive.png", "credit": "credit.png"}
+    assert back.model_copy(update={"plots": {}}) == report
+    assert json.loads((tmp_path / "run1" / "report.json").read_text())["best"]["fitness"] == report.best.fitness  # type: ignore[union-attr]
+
+
+def test_report_from_messages_alone_still_has_fitness_and_counts(
+    run: tuple[list[Message], dict[str, IslandBrain]], tmp_path: Path
+) -> None:
+    messages, _ = run
+    report = build_report(None, messages)
+    assert report.evaluated > 0
+    assert report.credit == ()
+    assert all(i.archive is None for i in report.islands)
+    series = {i.island: [s.best for s in i.fitness if s.best is not None] for i in report.islands}
+    assert all(v == sorted(v) and v for v in series.values())
+    paths = write_report(report, tmp_path)
+    assert {p.name for p in paths} == {"report.json", "fitness.png"}
