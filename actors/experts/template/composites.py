@@ -1,0 +1,330 @@
+"""Canonical ops to primitive nodes: what each covered op means, written as the plan's nodes.
+
+The decompositions follow PyTorch's own arithmetic where it matters for rounding: ``mean`` is a
+sum divided by the count, ``softmax`` subtracts the row maximum, ``layer_norm`` uses the two-pass
+variance and ``1 / sqrt(var + eps)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
+
+if TYPE_CHECKING:
+    from actors.experts.template.lower import Lowerer
+
+_UNARY = frozenset(
+    {
+        "relu",
+        "relu6",
+        "sigmoid",
+        "tanh",
+        "silu",
+        "mish",
+        "hardswish",
+        "hardsigmoid",
+        "selu",
+        "softsign",
+        "logsigmoid",
+        "tanhshrink",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "abs",
+        "erf",
+        "reciprocal",
+        "neg",
+    }
+)
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, NodeRef)
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UnsupportedGraph(f"{what} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def reduce_dims(shape: tuple[int, ...], dim: object) -> tuple[int, int]:
+    """Normalise a ``dim`` argument into a contiguous range ``[d0, d1)`` of ``shape``."""
+    rank = len(shape)
+    if rank == 0:
+        raise UnsupportedGraph("a reduction of a zero-dimensional tensor")
+    if dim is None or dim == () or dim == []:
+        dims = list(range(rank))
+    elif isinstance(dim, int) and not isinstance(dim, bool):
+        dims = [dim]
+    elif isinstance(dim, tuple | list) and all(isinstance(d, int) for d in dim):
+        dims = list(dim)
+    else:
+        raise UnsupportedGraph(f"reduction dim {dim!r} is not covered")
+    norm = sorted({d % rank for d in dims if -rank <= d < rank})
+    if len(norm) != len(dims):
+        raise UnsupportedGraph(f"reduction dims {dim!r} repeat or fall outside rank {rank}")
+    if norm != list(range(norm[0], norm[-1] + 1)):
+        raise UnsupportedGraph(f"reduction over non-adjacent dims {dim!r} is not covered")
+    return norm[0], norm[-1] + 1
+
+
+def _reduced_view(lw: Lowerer, ref: NodeRef, src_shape: tuple[int, ...], dims: tuple[int, int]) -> NodeRef:
+    """A keepdim result viewed without the reduced dims."""
+    return lw.view(ref, (*src_shape[: dims[0]], *src_shape[dims[1] :]))
+
+
+def _mean_var(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef]:
+    """(x - mean, var) over ``dims`` with keepdim, two-pass."""
+    count = float(math.prod(lw.shape(x)[dims[0] : dims[1]]))
+    mean = lw.ew("div", lw.red("sum", x, dims, True), count)
+    centred = lw.ew("sub", x, mean)
+    var = lw.ew("div", lw.red("sum", lw.ew("mul", centred, centred), dims, True), count)
+    return centred, var
+
+
+def _param_or_arg(lw: Lowerer, bound: dict[str, Any], name: str) -> NodeRef | None:
+    """A weight/bias given as an argument, or read from the module at ``__path__``."""
+    if "__path__" in bound:
+        module = lw.traced.root.get_submodule(bound["__path__"])
+        if getattr(module, name, None) is None:
+            return None
+        return lw.param(f"{bound['__path__']}.{name}")
+    value = bound.get(name)
+    if value is None:
+        return None
+    return lw.tensor(value, name)
+
+
+def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
+    """Build the nodes of one canonical op; return what the FX node stands for."""
+    x = b.get("input")
+    if canon in _UNARY:
+        return lw.ew(canon, lw.tensor(x, canon))
+    if canon in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
+        return _binary(lw, canon, b)
+    if canon in ("sum", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "logsumexp"):
+        return _reduction(lw, canon, b)
+    if canon in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm"):
+        return _norm(lw, canon, b)
+    if canon in ("linear", "matmul"):
+        return _matmul(lw, canon, b)
+    return _other(lw, canon, b, traced)
+
+
+def _activation(lw: Lowerer, canon: str, x: NodeRef, b: dict[str, Any]) -> NodeRef:
+    if canon == "gelu":
+        approximate = b["approximate"]
+        if approximate not in ("none", "tanh"):
+            raise UnsupportedGraph(f"gelu(approximate={approximate!r}) is not covered")
+        return lw.ew("gelu" if approximate == "none" else "gelu_tanh", x)
+    if canon == "square":
+        return lw.ew("mul", x, x)
+    if canon == "leaky_relu":
+        return lw.ew("leaky_relu", x, attrs=(_number(b["negative_slope"], "negative_slope"),))
+    if canon == "softplus":
+        return lw.ew("softplus", x, attrs=(_number(b["beta"], "beta"), _number(b["threshold"], "threshold")))
+    if canon == "hardtanh":
+        return lw.ew("hardtanh", x, attrs=(_number(b["min_val"], "min_val"), _number(b["max_val"], "max_val")))
+    if canon == "elu":
+        return lw.ew("elu", x, attrs=(_number(b["alpha"], "alpha"),))
+    if canon == "clamp":
+        lo, hi = b.get("min"), b.get("max")
+        if lo is None and hi is None:
+            raise UnsupportedGraph("clamp without bounds")
+        if lo is None:
+            return lw.ew("clamp_max", x, attrs=(_number(hi, "clamp max"),))
+        if hi is None:
+            return lw.ew("clamp_min", x, attrs=(_number(lo, "clamp min"),))
+        return lw.ew("hardtanh", x, attrs=(_number(lo, "clamp min"), _number(hi, "clamp max")))
+    raise UnsupportedGraph(f"{canon} is not covered", op=canon)
+
+
+def _binary(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
+    x, other = b["input"], b["other"] if canon != "pow" else b["exponent"]
+    if canon == "pow":
+        return _pow(lw, x, other)
+    if canon == "div" and b.get("rounding_mode") is not None:
+        raise UnsupportedGraph("division with a rounding mode is not covered")
+    alpha = b.get("alpha", 1)
+    if alpha != 1:
+        other = lw.ew("mul", other, _number(alpha, "alpha")) if _is_id(other) else _number(other, "b") * alpha
+    return lw.ew(canon, x, other)
+
+
+def _pow(lw: Lowerer, x: object, exponent: object) -> NodeRef:
+    if not isinstance(x, NodeRef) or _is_id(exponent):
+        raise UnsupportedGraph("pow with a tensor exponent is not covered")
+    e = _number(exponent, "exponent")
+    if e == 0.5:
+        return lw.ew("sqrt", x)
+    if e == -0.5:
+        return lw.ew("rsqrt", x)
+    if e != int(e) or not -8 <= e <= 8 or e == 0:
+        raise UnsupportedGraph(f"pow with exponent {e} is not covered")
+    n = abs(int(e))
+    result = x
+    for _ in range(n - 1):
+        result = lw.ew("mul", result, x)
+    if n == 1 and e > 0:
+        return lw.ew("mul", x, 1.0)
+    return lw.ew("reciprocal", result) if e < 0 else result
+
+
+def _reduction(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
+    if canon in ("max", "min"):
+        if b.get("other") is not None or _is_id(b.get("dim")):
+            other = b["other"] if b.get("other") is not None else b["dim"]
+            return lw.ew("maximum" if canon == "max" else "minimum", b["input"], other)
+        x = lw.tensor(b["input"], canon)
+        if b["dim"] is None:
+            return lw.red("amax" if canon == "max" else "amin", x, reduce_dims(lw.shape(x), None), False)
+        dims = reduce_dims(lw.shape(x), b["dim"])
+        keep = bool(b["keepdim"])
+        values = lw.red("amax" if canon == "max" else "amin", x, dims, keep)
+        indices = lw.red("argmax" if canon == "max" else "argmin", x, dims, keep)
+        return TupleRef((values, indices))
+    x = lw.tensor(b["input"], canon)
+    if b.get("dtype") is not None:
+        raise UnsupportedGraph(f"{canon} with a dtype argument is not covered")
+    shape = lw.shape(x)
+    dims = reduce_dims(shape, b["dim"])
+    keep = bool(b["keepdim"])
+    if canon in ("argmax", "argmin") and b["dim"] is None and keep:
+        raise UnsupportedGraph("argmax over all dims with keepdim is not covered")
+    if canon in ("sum", "amax", "amin", "argmax", "argmin"):
+        return lw.red(canon, x, dims, keep)
+    if canon == "mean":
+        count = float(math.prod(shape[dims[0] : dims[1]]))
+        return lw.ew("div", lw.red("sum", x, dims, keep), count)
+    # logsumexp
+    m = lw.red("amax", x, dims, True)
+    s = lw.red("sum", lw.ew("exp", lw.ew("sub", x, m)), dims, True)
+    out = lw.ew("add", lw.ew("log", s), m)
+    return out if keep else _reduced_view(lw, out, shape, dims)
+
+
+def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
+    x = lw.tensor(b["input"], canon)
+    shape = lw.shape(x)
+    rank = len(shape)
+    if canon in ("softmax", "log_softmax"):
+        if b.get("dim") is None or b.get("dtype") is not None:
+            raise UnsupportedGraph(f"{canon} without an explicit dim (or with a dtype) is not covered")
+        dims = reduce_dims(shape, b["dim"])
+        m = lw.red("amax", x, dims, True)
+        shifted = lw.ew("sub", x, m)
+        e = lw.ew("exp", shifted)
+        s = lw.red("sum", e, dims, True)
+        return lw.ew("div", e, s) if canon == "softmax" else lw.ew("sub", shifted, lw.ew("log", s))
+    if canon == "group_norm":
+        groups = int(_number(b["num_groups"], "num_groups"))
+        if rank < 2 or shape[1] % groups != 0:
+            raise UnsupportedGraph(f"group_norm of shape {shape} with {groups} groups")
+        spatial = math.prod(shape[2:])
+        grouped = lw.view(x, (shape[0], groups, shape[1] // groups * spatial))
+        centred, var = _mean_var(lw, grouped, (2, 3))
+        y = lw.view(lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, _number(b["eps"], "eps")))), shape)
+        per_channel = (shape[1], *([1] * (rank - 2)))
+        for name, op in (("weight", "mul"), ("bias", "add")):
+            p = _param_or_arg(lw, b, name)
+            if p is not None:
+                y = lw.ew(op, y, lw.view(p, per_channel))
+        return y
+    ns = b["normalized_shape"]
+    ns = (ns,) if isinstance(ns, int) else tuple(ns)
+    if not ns or tuple(shape[rank - len(ns) :]) != ns:
+        raise UnsupportedGraph(f"{canon} over {ns} of shape {shape}")
+    dims = (rank - len(ns), rank)
+    if canon == "layer_norm":
+        centred, var = _mean_var(lw, x, dims)
+        y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, _number(b["eps"], "eps"))))
+    else:
+        eps = b["eps"] if b["eps"] is not None else torch.finfo(torch.float32).eps
+        count = float(math.prod(ns))
+        ms = lw.ew("div", lw.red("sum", lw.ew("mul", x, x), dims, True), count)
+        y = lw.ew("mul", x, lw.ew("rsqrt", lw.ew("add", ms, _number(eps, "eps"))))
+    weight = _param_or_arg(lw, b, "weight")
+    if weight is not None:
+        y = lw.ew("mul", y, weight)
+    bias = _param_or_arg(lw, b, "bias") if canon == "layer_norm" else None
+    if bias is not None:
+        y = lw.ew("add", y, bias)
+    return y
+
+
+def _matmul(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
+    x = lw.tensor(b["input"], canon)
+    if canon == "linear":
+        weight = _param_or_arg(lw, b, "weight")
+        if weight is None:
+            raise UnsupportedGraph("linear without a weight")
+        out = _mm(lw, x, lw.perm(weight))
+        bias = _param_or_arg(lw, b, "bias")
+        return lw.ew("add", out, bias) if bias is not None else out
+    return _mm(lw, x, lw.tensor(b["other"], "matmul operand"))
+
+
+def _mm(lw: Lowerer, a: NodeRef, w: NodeRef) -> NodeRef:
+    sa, sb = lw.shape(a), lw.shape(w)
+    if len(sa) < 2 or len(sb) < 2:
+        raise UnsupportedGraph("matmul with a one-dimensional operand is not covered")
+    if sa[-1] != sb[-2]:
+        raise UnsupportedGraph(f"matmul of {sa} and {sb} does not match")
+    ba, bb = sa[:-2], sb[:-2]
+    if ba and bb and ba != bb:
+        raise UnsupportedGraph(f"matmul broadcasting batch dims {ba} and {bb} is not covered")
+    return lw.add(NodeKind.MM, (*(ba or bb), sa[-2], sb[-1]), args=(a.id, w.id))
+
+
+def _other(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
+    x = b.get("input")
+    if canon == "view":
+        if not isinstance(traced, torch.Tensor) or not isinstance(x, NodeRef):
+            raise UnsupportedGraph("a view of something that is not a tensor")
+        return lw.view(x, tuple(traced.shape))
+    if canon == "alias":
+        if not isinstance(traced, torch.Tensor) or not isinstance(x, NodeRef) or traced.dtype != torch.float32:
+            raise UnsupportedGraph("a conversion to a dtype other than float32 is not covered")
+        return x
+    if canon == "dropout":
+        if _number(b["p"], "p") != 0.0 and b["training"]:
+            raise UnsupportedGraph("dropout with p > 0 in training mode is random; not covered")
+        return lw.tensor(x, "dropout input")
+    if canon in ("perm", "permute"):
+        t = lw.tensor(x, "transpose input")
+        rank = len(lw.shape(t))
+        if canon == "perm":
+            swap = {int(b["dim0"]) % max(rank, 1), int(b["dim1"]) % max(rank, 1)}
+        else:
+            dims = [int(d) % rank for d in b["dims"]]
+            moved = [i for i, d in enumerate(dims) if d != i]
+            swap = set(moved)
+            if len(moved) != 2 or dims[moved[0]] != moved[1]:
+                swap = set()
+        if rank < 2 or swap != {rank - 2, rank - 1}:
+            raise UnsupportedGraph("only swapping the last two dimensions is covered")
+        return lw.perm(t)
+    if canon == "getitem":
+        if isinstance(x, TupleRef) and isinstance(b["index"], int):
+            return x.items[b["index"]]
+        raise UnsupportedGraph("indexing or slicing a tensor is not covered", op="getitem")
+    if canon == "getattr":
+        name = b["name"]
+        if isinstance(x, TupleRef) and name in ("values", "indices"):
+            return x.items[0 if name == "values" else 1]
+        if _is_id(x) and name in ("T", "mT"):
+            t = lw.tensor(x, name)
+            if name == "T" and len(lw.shape(t)) != 2:
+                raise UnsupportedGraph(".T of a tensor that is not two-dimensional")
+            return lw.perm(t)
+        raise UnsupportedGraph(f"attribute .{name} is not covered")
+    if _is_id(x):
+        return _activation(lw, canon, lw.tensor(x, canon), b)
+    raise UnsupportedGraph(f"{canon} is not covered", op=canon)

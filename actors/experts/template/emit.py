@@ -1,0 +1,360 @@
+"""Writing kernels: the shared value/load machinery, and the elementwise and matmul templates.
+
+A :class:`Writer` emits one ``@triton.jit`` function. Values are computed into variables once
+per scope (a loop body is a scope); operands that live outside the kernel are loaded through an
+:class:`IndexSpace` that knows how the kernel's tile maps onto linear element indices, so a
+broadcast operand (bias, per-channel scale, residual) is read at ``(lin // inner) % count``,
+with cheaper forms where the tile's own coordinates already say it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.exprs import ew_expr, lit
+from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
+from actors.experts.template.ir import Node, NodeKind, broadcast_block
+from actors.experts.template.params import TemplateParams
+
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class IndexSpace:
+    """How a tile of the kernel maps to linear indices of a value of ``shape``."""
+
+    lin: str
+    mask: str
+    shape: tuple[int, ...] | None = None
+    fast: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def index(self, target: tuple[int, ...], block: tuple[int, int]) -> str:
+        """Index of a broadcast operand covering ``block`` of ``target``."""
+        rank = len(target)
+        if block == (0, rank):
+            return self.lin
+        if self.shape is not None and tuple(target) == tuple(self.shape) and block in self.fast:
+            return self.fast[block]
+        inner = math.prod(target[block[1] :])
+        count = math.prod(target[block[0] : block[1]])
+        expr = self.lin if inner == 1 else f"(({self.lin}) // {inner})"
+        return expr if block[0] == 0 else f"(({expr}) % {count})"
+
+
+@dataclass
+class Scope:
+    """Variables visible at one point of the kernel (a loop body is a child scope)."""
+
+    indent: str
+    parent: Scope | None = None
+    memo: dict[object, str] = field(default_factory=dict)
+
+    def get(self, key: object) -> str | None:
+        """The variable bound to ``key`` here or in an enclosing scope."""
+        scope: Scope | None = self
+        while scope is not None:
+            if key in scope.memo:
+                return scope.memo[key]
+            scope = scope.parent
+        return None
+
+
+class Writer:
+    """Emits one kernel; subclasses lay out the tile and the loops."""
+
+    def __init__(self, sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> None:
+        self.sched = sched
+        self.plan = sched.plan
+        self.kernel = kernel
+        self.params = params
+        self.used = used
+        self.lines: list[str] = []
+        self.pointers: list[int] = []
+        self.counter = 0
+        self.wide = any(self.plan.nodes[n].numel > INT32_LIMIT // 2 for n in kernel.nodes) or any(
+            self.plan.nodes[a].numel > INT32_LIMIT // 2 for n in kernel.nodes for a in self.plan.nodes[n].tensor_args()
+        )
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def emit(self, scope: Scope, line: str) -> None:
+        """Append one line at the scope's indentation."""
+        self.lines.append(scope.indent + line)
+
+    def fresh(self, prefix: str) -> str:
+        """A new variable name."""
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def pointer(self, base: int) -> str:
+        """The kernel argument holding the tensor ``base``."""
+        if base not in self.pointers:
+            self.pointers.append(base)
+        return f"p{base}"
+
+    def inside(self, nid: int) -> bool:
+        """Whether the node is computed by this kernel."""
+        return self.sched.kernel_of.get(nid) == self.kernel.index
+
+    def row_level(self, nid: int) -> bool:
+        """Row kernels: whether the node is a per-row value."""
+        return self.kernel.kind is KernelKind.ROW and nid not in self.kernel.elem
+
+    # -- layout hooks (overridden by the templates) ----------------------------------------
+    def space(self, row: bool) -> IndexSpace:
+        """The index space of the current tile (element or row level)."""
+        raise NotImplementedError
+
+    def broadcast_row(self, var: str) -> str:
+        """A per-row variable broadcast over the element tile."""
+        raise NotImplementedError
+
+    # -- values --------------------------------------------------------------------------
+    def load(self, scope: Scope, arg: int, target: tuple[int, ...], row: bool) -> str:
+        """Load an operand computed outside this kernel, broadcast to ``target``."""
+        base, transposed = base_of(self.plan, arg, self.sched.is_exported)
+        if transposed:
+            raise UnsupportedGraph("a transposed tensor used elementwise is not covered")
+        block = broadcast_block(self.plan.nodes[arg].shape, target)
+        if block is None:
+            raise UnsupportedGraph(f"operand of shape {self.plan.nodes[arg].shape} does not broadcast to {target}")
+        ptr = self.pointer(base)
+        if block[0] == block[1]:
+            key: tuple[object, ...] = ("scalar", base)
+            code = f"tl.load({ptr})"
+        else:
+            sp = self.space(row)
+            index = sp.index(target, block)
+            key = ("load", base, index)
+            code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0)"
+        found = scope.get(key)
+        if found is not None:
+            return found
+        var = self.fresh("l")
+        self.emit(scope, f"{var} = {code}")
+        scope.memo[key] = var
+        return var
+
+    def value(self, scope: Scope, nid: int) -> str:
+        """The variable holding node ``nid`` at the tile's level, computing it if needed."""
+        found = scope.get(("v", nid))
+        if found is not None:
+            return found
+        node = self.plan.nodes[nid]
+        if node.kind is NodeKind.VIEW:
+            var = self.value(scope, node.tensor_args()[0])
+        elif node.kind is NodeKind.EW:
+            var = self._ew(scope, node)
+        else:
+            raise AssertionError(f"node {nid} ({node.kind}) has no value in this scope")
+        scope.memo[("v", nid)] = var
+        return var
+
+    def operand(self, scope: Scope, nid: int, target: tuple[int, ...], row: bool) -> str:
+        """Node ``nid`` as read by a consumer of shape ``target``: its variable, or a load."""
+        if self.inside(nid):
+            return self.value(scope, nid)
+        return self.load(scope, nid, target, row)
+
+    def _ew(self, scope: Scope, node: Node) -> str:
+        row = self.row_level(node.id)
+        args: list[str] = []
+        for arg in node.args:
+            if isinstance(arg, float):
+                args.append(lit(arg))
+            elif self.inside(arg):
+                var = self.value(scope, arg)
+                args.append(self.broadcast_row(var) if (not row and self.row_level(arg)) else var)
+            else:
+                args.append(self.load(scope, arg, node.shape, row))
+        var = f"v{node.id}"
+        self.emit(scope, f"{var} = {ew_expr(node.op, args, node.attrs, self.used)}")
+        return var
+
+    def store(self, scope: Scope, nid: int, row: bool) -> None:
+        """Store an exported node at the tile's linear index."""
+        sp = self.space(row)
+        var = self.value(scope, nid)
+        if self.plan.nodes[nid].dtype == "int64":
+            var = f"{var}.to(tl.int64)"
+        self.emit(scope, f"tl.store({self.pointer(nid)} + {sp.lin}, {var}, mask={sp.mask})")
+
+    def signature(self, constexprs: list[str]) -> str:
+        """The ``def`` line (pointers first, then the compile-time block sizes)."""
+        ptrs = [f"p{b}" for b in self.pointers]
+        consts = [f"{c}: tl.constexpr" for c in constexprs]
+        return f"def {self.kernel.name}({', '.join(ptrs + consts)}):"
+
+    def pid(self, axis: int = 0) -> str:
+        """``tl.program_id`` (widened to int64 for tensors beyond 2**30 elements)."""
+        return f"tl.program_id({axis}).to(tl.int64)" if self.wide else f"tl.program_id({axis})"
+
+
+@dataclass
+class Launch:
+    """A kernel's source and how ``forward`` launches it."""
+
+    source: str
+    name: str
+    pointers: list[int]
+    grid: tuple[int, ...]
+    constexprs: dict[str, int]
+    num_warps: int
+    num_stages: int
+
+
+class PointwiseWriter(Writer):
+    """Elementwise template: one flat block of ``32 * warps * ept`` elements per program."""
+
+    def space(self, row: bool) -> IndexSpace:
+        return IndexSpace(lin="offs", mask="mask")
+
+    def broadcast_row(self, var: str) -> str:
+        return var
+
+    def write(self) -> Launch:
+        top = Scope(indent="    ")
+        body_start = len(self.lines)
+        self.emit(top, f"offs = {self.pid()} * BLOCK + tl.arange(0, BLOCK)")
+        self.emit(top, f"mask = offs < {self.kernel.numel}")
+        for nid in self.kernel.exports:
+            self.store(top, nid, row=False)
+        body = self.lines[body_start:]
+        src = ["@triton.jit", self.signature(["BLOCK"]), *body]
+        block = self.params.pw_block
+        return Launch(
+            source="\n".join(src),
+            name=self.kernel.name,
+            pointers=self.pointers,
+            grid=(math.ceil(self.kernel.numel / block),),
+            constexprs={"BLOCK": block},
+            num_warps=self.params.pw_warps,
+            num_stages=1,
+        )
+
+
+class MatmulWriter(Writer):
+    """Tiled matrix product with a grouped launch order and a fused elementwise epilogue."""
+
+    def __init__(self, sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> None:
+        super().__init__(sched, kernel, params, used)
+        node = self.plan.nodes[kernel.mm]
+        a, b = node.tensor_args()
+        self.a = _operand(sched, a)
+        self.b = _operand(sched, b)
+        self.m, self.k = self.a.rows, self.a.cols
+        self.n = self.b.cols
+        batch = math.prod(node.shape[:-2])
+        self.flatten = batch > 1 and self.a.batch > 1 and self.b.batch == 1 and not self.a.transposed
+        if self.flatten:
+            self.m *= batch
+            batch = 1
+        self.batch = batch
+        self.out_shape = node.shape
+
+    def space(self, row: bool) -> IndexSpace:
+        rank = len(self.out_shape)
+        rows = "rg" if self.batch > 1 else "rm"
+        return IndexSpace(
+            lin="lin",
+            mask="cmask",
+            shape=self.out_shape,
+            fast={(rank - 1, rank): "rn[None, :]", (0, rank - 1): f"{rows}[:, None]"},
+        )
+
+    def broadcast_row(self, var: str) -> str:
+        return var
+
+    def write(self) -> Launch:
+        p = self.params
+        s = Scope(indent="    ")
+        pa, pb = self.pointer(self.a.base), self.pointer(self.b.base)
+        m, n, k = self.m, self.n, self.k
+        sab = self.a.batch_stride if self.a.batch > 1 else 0
+        sbb = self.b.batch_stride if self.b.batch > 1 else 0
+        start = len(self.lines)
+        e = self.emit
+        e(s, f"pid = {self.pid(0)}")
+        e(s, f"bid = {self.pid(1)}")
+        e(s, f"npm = {math.ceil(m / p.mm_block_m)}")
+        e(s, f"npn = {math.ceil(n / p.mm_block_n)}")
+        e(s, "group = GROUP_M * npn")
+        e(s, "first = (pid // group) * GROUP_M")
+        e(s, "gsize = tl.minimum(npm - first, GROUP_M)")
+        e(s, "pid_m = first + (pid % group) % gsize")
+        e(s, "pid_n = (pid % group) // gsize")
+        e(s, "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+        e(s, "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
+        e(s, "rk = tl.arange(0, BLOCK_K)")
+        e(s, f"a_ptrs = {pa} + bid * {sab} + rm[:, None] * {self.a.row_stride} + rk[None, :] * {self.a.col_stride}")
+        e(s, f"b_ptrs = {pb} + bid * {sbb} + rk[:, None] * {self.b.row_stride} + rn[None, :] * {self.b.col_stride}")
+        e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        e(s, f"for k0 in range(0, {k}, BLOCK_K):")
+        e(s, f"    a = tl.load(a_ptrs, mask=(rm[:, None] < {m}) & (rk[None, :] < {k} - k0), other=0.0)")
+        e(s, f"    b = tl.load(b_ptrs, mask=(rk[:, None] < {k} - k0) & (rn[None, :] < {n}), other=0.0)")
+        e(s, f'    acc = tl.dot(a, b, acc, input_precision="{p.mm_precision}")')
+        e(s, f"    a_ptrs += BLOCK_K * {self.a.col_stride}")
+        e(s, f"    b_ptrs += BLOCK_K * {self.b.row_stride}")
+        e(s, f"cmask = (rm[:, None] < {m}) & (rn[None, :] < {n})")
+        if self.batch > 1:
+            e(s, f"rg = bid * {m} + rm")
+            e(s, f"lin = rg[:, None] * {n} + rn[None, :]")
+        else:
+            e(s, f"lin = rm[:, None] * {n} + rn[None, :]")
+        s.memo[("v", self.kernel.mm)] = "acc"
+        for nid in self.kernel.exports:
+            self.store(s, nid, row=False)
+        body = self.lines[start:]
+        src = ["@triton.jit", self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"]), *body]
+        return Launch(
+            source="\n".join(src),
+            name=self.kernel.name,
+            pointers=self.pointers,
+            grid=(math.ceil(m / p.mm_block_m) * math.ceil(n / p.mm_block_n), self.batch),
+            constexprs={
+                "BLOCK_M": p.mm_block_m,
+                "BLOCK_N": p.mm_block_n,
+                "BLOCK_K": p.mm_block_k,
+                "GROUP_M": p.mm_group_m,
+            },
+            num_warps=p.mm_warps,
+            num_stages=p.mm_stages,
+        )
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A matrix operand addressed by strides over a contiguous base tensor."""
+
+    base: int
+    transposed: bool
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+    batch: int
+    batch_stride: int
+
+
+def _operand(sched: Schedule, nid: int) -> Operand:
+    plan = sched.plan
+    base, transposed = base_of(plan, nid, sched.is_exported)
+    node = plan.nodes[nid]
+    stored = plan.nodes[node.tensor_args()[0]].shape if transposed else node.shape
+    r, c = stored[-2], stored[-1]
+    batch = math.prod(stored[:-2])
+    if transposed:
+        return Operand(base, True, c, r, 1, c, batch, r * c)
+    return Operand(base, False, r, c, c, 1, batch, r * c)
+
+
+def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> Launch:
+    """Emit one kernel of the schedule with the template of its kind."""
+    if kernel.kind is KernelKind.PW:
+        return PointwiseWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.MM:
+        return MatmulWriter(sched, kernel, params, used).write()
+    from actors.experts.template.emit_row import RowWriter
+
+    return RowWriter(sched, kernel, params, used).write()

@@ -1,0 +1,232 @@
+"""The row template: reductions and normalisations over a ``(outer, R, inner)`` view.
+
+Two layouts. When the reduced dims are innermost (``inner == 1``) a program takes ``BLOCK_M``
+whole rows and the tile is ``[BLOCK_M, BLOCK_R]``; otherwise a program takes one ``outer`` index
+and ``BLOCK_I`` consecutive inner positions, and the tile is ``[BLOCK_R, BLOCK_I]`` (coalesced
+along ``inner``). One-pass kernels hold the whole row in registers and read it once; multi-pass
+kernels loop over ``R`` once per dependent reduction (a softmax: max, then sum, then the output),
+recomputing the elementwise prologue from memory each pass. Reductions accumulate in fp32 tiles.
+"""
+
+from __future__ import annotations
+
+import math
+
+from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
+from actors.experts.template.fuse import Kernel, Schedule
+from actors.experts.template.ir import NodeKind
+from actors.experts.template.params import ONE_PASS_MAX_TILE, TemplateParams
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class RowWriter(Writer):
+    """Emits one row kernel."""
+
+    def __init__(self, sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> None:
+        super().__init__(sched, kernel, params, used)
+        self.r = kernel.reduced
+        self.last = kernel.inner == 1
+        rtile = next_pow2(self.r)
+        self.bm = params.row_block_m if self.last else 1
+        self.bi = 1 if self.last else params.row_block_i
+        width = self.bm if self.last else self.bi
+        self.one_pass = params.row_one_pass and rtile * width <= ONE_PASS_MAX_TILE
+        self.block_r = rtile if self.one_pass else min(params.row_block_r, rtile)
+        self.axis = 1 if self.last else 0
+        self.tile = "[BLOCK_M, BLOCK_R]" if self.last else "[BLOCK_R, BLOCK_I]"
+        self.ridx = "cols[None, :]" if self.last else "rr[:, None]"
+        self.nib = math.ceil(kernel.inner / self.bi)
+        self.reds = [n for n in kernel.nodes if self.plan.nodes[n].kind is NodeKind.RED]
+
+    def space(self, row: bool) -> IndexSpace:
+        d0, d1 = self.kernel.dims
+        rank = len(self.kernel.domain)
+        if row:
+            return IndexSpace(lin="rows" if self.last else "rlin", mask="rmask" if self.last else "imask")
+        if self.last:
+            fast = {(d0, d1): "cols[None, :]"}
+            if d0 > 0:
+                fast[(0, d0)] = "rows[:, None]"
+        else:
+            fast = {(d0, d1): "rr[:, None]", (d1, rank): "ci[None, :]"}
+        return IndexSpace(lin="lin", mask="m", shape=self.kernel.domain, fast=fast)
+
+    def broadcast_row(self, var: str) -> str:
+        return f"{var}[:, None]" if self.last else f"{var}[None, :]"
+
+    # -- structure -----------------------------------------------------------------------
+    def _prologue(self, s: Scope) -> None:
+        k = self.kernel
+        if self.last:
+            self.emit(s, f"rows = {self.pid()} * BLOCK_M + tl.arange(0, BLOCK_M)")
+            self.emit(s, f"rmask = rows < {k.outer}")
+        else:
+            self.emit(s, f"pid = {self.pid()}")
+            self.emit(s, f"o = pid // {self.nib}")
+            self.emit(s, f"ci = (pid % {self.nib}) * BLOCK_I + tl.arange(0, BLOCK_I)")
+            self.emit(s, f"imask = ci < {k.inner}")
+            self.emit(s, f"rlin = o * {k.inner} + ci")
+
+    def _tile(self, s: Scope, start: str) -> None:
+        r, inner = self.r, self.kernel.inner
+        if self.last:
+            self.emit(s, f"cols = {start}tl.arange(0, BLOCK_R)")
+            self.emit(s, f"m = rmask[:, None] & (cols < {r})[None, :]")
+            self.emit(s, f"lin = rows[:, None] * {r} + cols[None, :]")
+        else:
+            self.emit(s, f"rr = {start}tl.arange(0, BLOCK_R)")
+            self.emit(s, f"m = (rr < {r})[:, None] & imask[None, :]")
+            self.emit(s, f"lin = (o * {r} + rr[:, None]) * {inner} + ci[None, :]")
+
+    def _phases(self) -> dict[int, int]:
+        phase: dict[int, int] = {}
+
+        def depth(nid: int) -> int:
+            if not self.inside(nid):
+                return 0
+            node = self.plan.nodes[nid]
+            if node.kind is NodeKind.RED:
+                return phase[nid]
+            return max((depth(a) for a in node.tensor_args()), default=0)
+
+        for red in self.reds:
+            phase[red] = 1 + depth(self.plan.nodes[red].tensor_args()[0])
+        return phase
+
+    def _row_deps(self, top: Scope, nid: int, seen: set[int]) -> None:
+        """Compute, in the top scope, every row-level value the element value ``nid`` reads."""
+        if nid in seen or not self.inside(nid):
+            return
+        seen.add(nid)
+        if self.row_level(nid):
+            self.value(top, nid)
+            return
+        for arg in self.plan.nodes[nid].tensor_args():
+            self._row_deps(top, arg, seen)
+
+    # -- reductions ----------------------------------------------------------------------
+    def _source(self, s: Scope, red: int) -> str:
+        src = self.plan.nodes[red].tensor_args()[0]
+        return self.operand(s, src, self.plan.nodes[src].shape, row=False)
+
+    def _reduce_once(self, s: Scope, red: int) -> None:
+        node = self.plan.nodes[red]
+        src = self._source(s, red)
+        ax, var = self.axis, f"v{red}"
+        if node.op == "sum":
+            self.emit(s, f"{var} = tl.sum(tl.where(m, {src}, 0.0), axis={ax})")
+        elif node.op in ("amax", "amin"):
+            fn, pad = ("max", "float('-inf')") if node.op == "amax" else ("min", "float('inf')")
+            self.emit(s, f"{var} = tl.{fn}(tl.where(m, {src}, {pad}), axis={ax})")
+        else:
+            fn, pad = ("max", "float('-inf')") if node.op == "argmax" else ("min", "float('inf')")
+            t, best = self.fresh("t"), self.fresh("best")
+            self.emit(s, f"{t} = tl.where(m, {src}, {pad})")
+            self.emit(s, f"{best} = tl.{fn}({t}, axis={ax})")
+            cond = f"{t} == {self.broadcast_row(best)}"
+            self.emit(s, f"{var} = tl.min(tl.where({cond}, {self.ridx}, 2147483647), axis={ax})")
+        s.memo[("v", red)] = var
+
+    def _acc_init(self, s: Scope, red: int) -> None:
+        op = self.plan.nodes[red].op
+        if op == "sum":
+            self.emit(s, f"a{red} = tl.zeros({self.tile}, dtype=tl.float32)")
+            return
+        pad = "float('-inf')" if op in ("amax", "argmax") else "float('inf')"
+        self.emit(s, f"a{red} = tl.full({self.tile}, {pad}, tl.float32)")
+        if op.startswith("arg"):
+            self.emit(s, f"i{red} = tl.zeros({self.tile}, dtype=tl.int32)")
+
+    def _acc_step(self, s: Scope, red: int) -> None:
+        node = self.plan.nodes[red]
+        src = self._source(s, red)
+        acc = f"a{red}"
+        if node.op == "sum":
+            self.emit(s, f"{acc} += tl.where(m, {src}, 0.0)")
+        elif node.op in ("amax", "amin"):
+            fn, pad = ("maximum", "float('-inf')") if node.op == "amax" else ("minimum", "float('inf')")
+            self.emit(s, f"{acc} = tl.{fn}({acc}, tl.where(m, {src}, {pad}))")
+        else:
+            cmp, pad = (">", "float('-inf')") if node.op == "argmax" else ("<", "float('inf')")
+            t, u = self.fresh("t"), self.fresh("u")
+            self.emit(s, f"{t} = tl.where(m, {src}, {pad})")
+            self.emit(s, f"{u} = {t} {cmp} {acc}")
+            self.emit(s, f"i{red} = tl.where({u}, ({self.ridx}).to(tl.int32), i{red})")
+            self.emit(s, f"{acc} = tl.where({u}, {t}, {acc})")
+
+    def _acc_final(self, s: Scope, red: int) -> None:
+        op, ax, var = self.plan.nodes[red].op, self.axis, f"v{red}"
+        if op == "sum":
+            self.emit(s, f"{var} = tl.sum(a{red}, axis={ax})")
+        elif op in ("amax", "amin"):
+            self.emit(s, f"{var} = tl.{op[1:]}(a{red}, axis={ax})")
+        else:
+            best = self.fresh("best")
+            self.emit(s, f"{best} = tl.{'max' if op == 'argmax' else 'min'}(a{red}, axis={ax})")
+            cond = f"a{red} == {self.broadcast_row(best)}"
+            self.emit(s, f"{var} = tl.min(tl.where({cond}, i{red}, 2147483647), axis={ax})")
+        s.memo[("v", red)] = var
+
+    # -- the kernel ----------------------------------------------------------------------
+    def write(self) -> Launch:
+        top = Scope(indent="    ")
+        start = len(self.lines)
+        self._prologue(top)
+        exports = self.kernel.exports
+        elem_exports = [e for e in exports if not self.row_level(e)]
+        if self.one_pass:
+            self._tile(top, "")
+            for red in self.reds:
+                self._reduce_once(top, red)
+            for nid in exports:
+                self.store(top, nid, row=self.row_level(nid))
+        else:
+            phase = self._phases()
+            for p in range(1, max(phase.values(), default=0) + 1):
+                batch = [r for r in self.reds if phase[r] == p]
+                seen: set[int] = set()
+                for red in batch:
+                    self._row_deps(top, self.plan.nodes[red].tensor_args()[0], seen)
+                    self._acc_init(top, red)
+                loop = self._loop(top)
+                for red in batch:
+                    self._acc_step(loop, red)
+                for red in batch:
+                    self._acc_final(top, red)
+            if elem_exports:
+                seen = set()
+                for nid in elem_exports:
+                    self._row_deps(top, nid, seen)
+                loop = self._loop(top)
+                for nid in elem_exports:
+                    self.store(loop, nid, row=False)
+            for nid in exports:
+                if self.row_level(nid):
+                    self.store(top, nid, row=True)
+        body = self.lines[start:]
+        consts = ["BLOCK_M", "BLOCK_R"] if self.last else ["BLOCK_R", "BLOCK_I"]
+        values = (
+            {"BLOCK_M": self.bm, "BLOCK_R": self.block_r}
+            if self.last
+            else {"BLOCK_R": self.block_r, "BLOCK_I": self.bi}
+        )
+        grid = math.ceil(self.kernel.outer / self.bm) if self.last else self.kernel.outer * self.nib
+        return Launch(
+            source="\n".join(["@triton.jit", self.signature(consts), *body]),
+            name=self.kernel.name,
+            pointers=self.pointers,
+            grid=(grid,),
+            constexprs=values,
+            num_warps=self.params.row_warps,
+            num_stages=self.params.row_stages,
+        )
+
+    def _loop(self, top: Scope) -> Scope:
+        self.emit(top, f"for r0 in range(0, {self.r}, BLOCK_R):")
+        loop = Scope(indent=top.indent + "    ", parent=top)
+        self._tile(loop, "r0 + ")
+        return loop

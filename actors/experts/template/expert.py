@@ -1,0 +1,243 @@
+"""``TemplateExpert``: the offline expert that answers ``GenerateRequest`` with template kernels.
+
+Reads ``GenerateRequest`` (task, optional parent with its params or header, diagnosis,
+experiences, ``n``, ``seed``) and answers ``GenerateReply`` with ``Proposal``s whose ``params``
+are the template parameters and whose ``strategy`` names the template and the move; or a
+``Decline`` (``unsupported``) for a reference the templates do not cover or a language other
+than Triton. Tracing runs the user's reference, so it happens in a worker thread and its plan is
+cached per ``task_id``. By default the analysis runs in a child process (``isolate.py``:
+``torch.fx`` patches ``nn.Module.__call__`` process-wide while tracing, which would catch other
+threads' module calls); ``analysis="thread"`` traces in a worker thread of this process, for a
+process that runs nothing else on torch. Rendering is pure and runs in a worker thread. No
+network, no GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import structlog
+
+from actors.experts.template.errors import InvalidParams
+from actors.experts.template.ir import Plan, Unsupported
+from actors.experts.template.isolate import analyse_in_child
+from actors.experts.template.params import TemplateParams, params_from_source
+from actors.experts.template.render import analyse, render
+from actors.experts.template.tuning import default_params, mutate
+from schemas import (
+    Candidate,
+    Decline,
+    DeclineReason,
+    EvalStatus,
+    ExperienceHit,
+    GenerateReply,
+    GenerateRequest,
+    KernelLanguage,
+    Proposal,
+)
+
+_log = structlog.get_logger(__name__)
+_PLAN_CACHE = 32
+
+
+class AnalysisMode(StrEnum):
+    """Where the reference is traced."""
+
+    PROCESS = "process"
+    """A fresh child process per task (the default; isolates fx's global patching and user code)."""
+    THREAD = "thread"
+    """A worker thread of this process (only where nothing else runs torch modules meanwhile)."""
+
+
+@dataclass(frozen=True)
+class TemplateExpertStats:
+    """Counters of one expert instance."""
+
+    requests: int
+    proposals: int
+    declines: int
+    plans_traced: int
+    errors: int
+
+
+def _params_of(candidate: Candidate) -> TemplateParams | None:
+    """The template parameters of a candidate made by a template expert, if it is one."""
+    if candidate.proposal.params:
+        try:
+            return TemplateParams.from_dict(dict(candidate.proposal.params))
+        except (InvalidParams, TypeError):
+            pass
+    found = params_from_source(candidate.proposal.source)
+    return found[1] if found is not None else None
+
+
+def _from_experience(hits: tuple[ExperienceHit, ...], plan: Plan) -> TemplateParams | None:
+    """The parameters of the best clean template result among retrieved experiences."""
+    best: tuple[float, float, TemplateParams] | None = None
+    for hit in hits:
+        exp = hit.experience
+        if exp.status is not EvalStatus.CORRECT or exp.child_fitness is None or not exp.params:
+            continue
+        try:
+            params = TemplateParams.from_dict(dict(exp.params))
+        except (InvalidParams, TypeError):
+            continue
+        if (params.fuse_epilogue, params.fuse_prologue) not in plan.fusions:
+            params = params.with_changes(fuse_epilogue=True, fuse_prologue=True)
+        key = (exp.child_fitness, hit.score, params)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    return best[2] if best is not None else None
+
+
+def _changes(before: TemplateParams, after: TemplateParams) -> str:
+    old, new = before.as_dict(), after.as_dict()
+    diffs = [f"{k} {old[k]}→{new[k]}" for k in new if old[k] != new[k]]
+    return ", ".join(diffs) if diffs else "no change"
+
+
+class TemplateExpert:
+    """Satisfies ``actors.experts.base.Expert`` with rendered Triton templates."""
+
+    def __init__(
+        self,
+        name: str = "template",
+        *,
+        max_variants: int = 8,
+        analysis: AnalysisMode = AnalysisMode.PROCESS,
+        analysis_timeout_s: float = 180.0,
+    ) -> None:
+        if not name or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+            raise ValueError(f"expert name {name!r} must be 1-64 letters, digits, '-' or '_'")
+        if not 1 <= max_variants <= 64:
+            raise ValueError(f"max_variants={max_variants} must be within 1..64")
+        if analysis_timeout_s <= 0:
+            raise ValueError(f"analysis_timeout_s={analysis_timeout_s} must be positive")
+        self.name = name
+        self.max_variants = max_variants
+        self.analysis = AnalysisMode(analysis)
+        self.analysis_timeout_s = analysis_timeout_s
+        self._plans: OrderedDict[str, Plan | Unsupported] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._requests = self._proposals = self._declines = self._traced = self._errors = 0
+
+    def stats(self) -> TemplateExpertStats:
+        """A snapshot of the counters."""
+        return TemplateExpertStats(self._requests, self._proposals, self._declines, self._traced, self._errors)
+
+    async def aclose(self) -> None:
+        """Drop cached plans (nothing else is held)."""
+        self._plans.clear()
+        self._locks.clear()
+
+    async def plan_for(self, task_id: str, source: str) -> Plan | Unsupported:
+        """The plan of a task, traced once per ``task_id`` (child process or worker thread)."""
+        cached = self._plans.get(task_id)
+        if cached is not None:
+            self._plans.move_to_end(task_id)
+            return cached
+        lock = self._locks.setdefault(task_id, asyncio.Lock())
+        async with lock:
+            cached = self._plans.get(task_id)
+            if cached is None:
+                if self.analysis is AnalysisMode.PROCESS:
+                    cached = await analyse_in_child(source, self.analysis_timeout_s)
+                else:
+                    cached = await asyncio.to_thread(analyse, source)
+                self._traced += 1
+                self._plans[task_id] = cached
+                while len(self._plans) > _PLAN_CACHE:
+                    old, _ = self._plans.popitem(last=False)
+                    self._locks.pop(old, None)
+        return cached
+
+    async def generate(self, request: GenerateRequest) -> GenerateReply:
+        """Up to ``request.n`` (at most ``max_variants``) template candidates, or a decline."""
+        started = time.perf_counter()
+        self._requests += 1
+        log = _log.bind(expert=self.name, request_id=request.request_id, task_id=request.task.task_id)
+        if request.language is not KernelLanguage.TRITON:
+            return self._decline(request, started, f"the template expert writes Triton, not {request.language}")
+        try:
+            plan = await self.plan_for(request.task.task_id, request.task.source)
+            if isinstance(plan, Unsupported):
+                log.info("template.decline", detail=plan.detail)
+                return self._decline(request, started, plan.detail)
+            proposals = await asyncio.to_thread(self._propose, plan, request)
+        except Exception as exc:
+            # The one boundary: a failure here is a bug of the expert; it is logged with its
+            # traceback, counted, and answered as a typed decline so the run goes on.
+            self._errors += 1
+            log.exception("template.error")
+            return self._decline(request, started, f"template expert failed: {type(exc).__name__}: {exc}")
+        if not proposals:
+            return self._decline(request, started, "no configuration near the parent is left to try")
+        self._proposals += len(proposals)
+        return GenerateReply(
+            request_id=request.request_id,
+            expert=self.name,
+            proposals=proposals,
+            elapsed_s=time.perf_counter() - started,
+        )
+
+    def _decline(self, request: GenerateRequest, started: float, detail: str) -> GenerateReply:
+        self._declines += 1
+        return GenerateReply(
+            request_id=request.request_id,
+            expert=self.name,
+            decline=Decline(reason=DeclineReason.UNSUPPORTED, detail=detail),
+            elapsed_s=time.perf_counter() - started,
+        )
+
+    def _propose(self, plan: Plan, request: GenerateRequest) -> tuple[Proposal, ...]:
+        rng = np.random.default_rng(request.seed)
+        n = min(request.n, self.max_variants)
+        parent = _params_of(request.parent) if request.parent is not None else None
+        if parent is not None and (parent.fuse_epilogue, parent.fuse_prologue) not in plan.fusions:
+            parent = parent.with_changes(fuse_epilogue=True, fuse_prologue=True)
+        chosen: list[tuple[TemplateParams, str, str]] = []
+        if parent is not None:
+            diagnosis = request.diagnosis.category if request.diagnosis is not None else None
+            seen = {parent}
+            move = f"mutate.{diagnosis.value if diagnosis is not None else 'random'}"
+            for _ in range(8 * n):
+                if len(chosen) == n:
+                    break
+                child = mutate(plan, parent, rng, diagnosis=diagnosis)
+                if child not in seen:
+                    seen.add(child)
+                    chosen.append((child, move, _changes(parent, child)))
+        else:
+            default = default_params(plan)
+            chosen.append((default, "default", "default configuration for the traced shapes"))
+            learned = _from_experience(request.experiences, plan)
+            starts = [default]
+            if learned is not None and learned != default:
+                chosen.append((learned, "experience", "configuration of the best retrieved experience"))
+                starts.append(learned)
+            seen = {p for p, _, _ in chosen}
+            for i in range(8 * n):
+                if len(chosen) >= n:
+                    break
+                base = starts[i % len(starts)]
+                child = mutate(plan, base, rng, diagnosis=None)
+                if child not in seen:
+                    seen.add(child)
+                    label = "mutate.default" if base is default else "mutate.experience"
+                    chosen.append((child, label, _changes(base, child)))
+            chosen = chosen[:n]
+        return tuple(
+            Proposal(
+                source=render(plan, params),
+                language=KernelLanguage.TRITON,
+                strategy=f"template:{plan.template}/{move}",
+                description=description,
+                params=params.as_dict(),
+            )
+            for params, move, description in chosen
+        )

@@ -1,0 +1,291 @@
+"""Scheduling a plan into kernels: which nodes each Triton kernel computes.
+
+Three kernel kinds: ``pw`` (elementwise over a flat index), ``row`` (reductions over a
+``(outer, R, inner)`` view, with elementwise work at element level before/after and at row
+level after), and ``mm`` (a tiled matrix product with an elementwise epilogue). Nodes are taken
+in order; a node joins the newest kernel its operands come from when that kernel can compute it
+(same element count, a row value broadcast the way ``keepdim`` does), otherwise the operands are
+materialised (``exports``) and a new kernel starts. Any value read by a later kernel is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import Node, NodeKind, Plan, broadcast_block
+from actors.experts.template.params import TemplateParams
+
+
+class KernelKind(StrEnum):
+    """The three templates."""
+
+    PW = "pw"
+    ROW = "row"
+    MM = "mm"
+
+
+@dataclass
+class Kernel:
+    """One kernel of a schedule."""
+
+    kind: KernelKind
+    index: int
+    numel: int
+    """Elements of the kernel's domain (pw, row) or of the product's output (mm)."""
+    nodes: list[int] = field(default_factory=list)
+    exports: list[int] = field(default_factory=list)
+    domain: tuple[int, ...] = ()
+    """Row kernels: shape of the value reduced."""
+    dims: tuple[int, int] = (0, 0)
+    """Row kernels: reduced dims of ``domain``."""
+    elem: set[int] = field(default_factory=set)
+    """Row kernels: nodes at element level (the rest are at row level)."""
+    mm: int = -1
+    """Mm kernels: the product node."""
+
+    @property
+    def outer(self) -> int:
+        """Row kernels: product of the dims before the reduced ones."""
+        return math.prod(self.domain[: self.dims[0]])
+
+    @property
+    def reduced(self) -> int:
+        """Row kernels: product of the reduced dims (R)."""
+        return math.prod(self.domain[self.dims[0] : self.dims[1]])
+
+    @property
+    def inner(self) -> int:
+        """Row kernels: product of the dims after the reduced ones."""
+        return math.prod(self.domain[self.dims[1] :])
+
+    @property
+    def name(self) -> str:
+        """The Triton function name of the kernel."""
+        return f"_kf_{self.kind.value}{self.index}"
+
+
+@dataclass
+class Schedule:
+    """Kernels in launch order and where every computed node lives."""
+
+    plan: Plan
+    kernels: list[Kernel]
+    kernel_of: dict[int, int]
+
+    def is_exported(self, node_id: int) -> bool:
+        """Whether a node is stored to a buffer by its kernel."""
+        k = self.kernel_of.get(node_id)
+        return k is not None and node_id in self.kernels[k].exports
+
+
+def keepdim_compatible(row_shape: tuple[int, ...], domain: tuple[int, ...], dims: tuple[int, int]) -> bool:
+    """Whether a row value of ``row_shape`` broadcasts against ``domain`` as a keepdim result."""
+    rank = len(domain)
+    if len(row_shape) > rank:
+        return False
+    padded = (1,) * (rank - len(row_shape)) + row_shape
+    for d in range(rank):
+        want = 1 if dims[0] <= d < dims[1] else domain[d]
+        if padded[d] != want:
+            return False
+    return True
+
+
+class _Builder:
+    def __init__(self, plan: Plan, params: TemplateParams) -> None:
+        self.plan = plan
+        self.params = params
+        self.kernels: list[Kernel] = []
+        self.kernel_of: dict[int, int] = {}
+
+    def node(self, nid: int) -> Node:
+        return self.plan.nodes[nid]
+
+    def new(self, kind: KernelKind, numel: int) -> Kernel:
+        kernel = Kernel(kind=kind, index=len(self.kernels), numel=numel)
+        self.kernels.append(kernel)
+        return kernel
+
+    def join(self, kernel: Kernel, nid: int, elem: bool = True) -> None:
+        kernel.nodes.append(nid)
+        self.kernel_of[nid] = kernel.index
+        if elem:
+            kernel.elem.add(nid)
+
+    def export(self, nid: int) -> None:
+        k = self.kernel_of.get(nid)
+        if k is not None and nid not in self.kernels[k].exports:
+            self.kernels[k].exports.append(nid)
+
+    def build(self) -> Schedule:
+        live = self.plan.live()
+        for node in self.plan.nodes:
+            if node.id not in live or node.kind in (NodeKind.INPUT, NodeKind.PARAM):
+                continue
+            if node.kind is NodeKind.VIEW:
+                self._view(node)
+            elif node.kind is NodeKind.PERM:
+                self.export(node.args[0])  # type: ignore[arg-type]
+            elif node.kind is NodeKind.MM:
+                for arg in node.tensor_args():
+                    self.export(arg)
+                kernel = self.new(KernelKind.MM, node.numel)
+                kernel.mm = node.id
+                self.join(kernel, node.id)
+            elif node.kind is NodeKind.RED:
+                self._red(node)
+            else:
+                self._ew(node)
+        self.export(self.plan.output)
+        return Schedule(plan=self.plan, kernels=self.kernels, kernel_of=self.kernel_of)
+
+    def _view(self, node: Node) -> None:
+        src = node.tensor_args()[0]
+        k = self.kernel_of.get(src)
+        if k is None:
+            return  # a view of a materialised tensor: addressed through its base
+        kernel = self.kernels[k]
+        self.join(kernel, node.id, elem=src in kernel.elem or kernel.kind is not KernelKind.ROW)
+
+    def _red(self, node: Node) -> None:
+        src = node.tensor_args()[0]
+        shape = self.node(src).shape
+        k = self.kernel_of.get(src)
+        if k is not None:
+            kernel = self.kernels[k]
+            if (
+                kernel.kind is KernelKind.ROW
+                and kernel.domain == shape
+                and kernel.dims == node.dims
+                and src in kernel.elem
+            ):
+                self.join(kernel, node.id, elem=False)
+                return
+            if kernel.kind is KernelKind.PW and self.params.fuse_prologue and self.node(src).numel == kernel.numel:
+                kernel.kind = KernelKind.ROW
+                kernel.domain, kernel.dims = shape, node.dims
+                kernel.elem = set(kernel.nodes)
+                self.join(kernel, node.id, elem=False)
+                return
+            self.export(src)
+        elif self.kernels and self._after(self.kernels[-1], [src]):
+            last = self.kernels[-1]
+            if last.kind is KernelKind.ROW and last.domain == shape and last.dims == node.dims:
+                self.join(last, node.id, elem=False)
+                return
+        kernel = self.new(KernelKind.ROW, math.prod(shape))
+        kernel.domain, kernel.dims = shape, node.dims
+        self.join(kernel, node.id, elem=False)
+
+    def _ew(self, node: Node) -> None:
+        inside = [a for a in node.tensor_args() if a in self.kernel_of]
+        if inside:
+            k = max(self.kernel_of[a] for a in inside)
+            kernel = self.kernels[k]
+            mine = [a for a in inside if self.kernel_of[a] == k]
+            level = self._fits(kernel, node, mine)
+            if level is not None:
+                for a in inside:
+                    if self.kernel_of[a] != k:
+                        self.export(a)
+                self.join(kernel, node.id, elem=level)
+                return
+            for a in inside:
+                self.export(a)
+        elif self.kernels and self._after(self.kernels[-1], list(node.tensor_args())):
+            # Only outside operands: compute it in the newest kernel if that kernel can.
+            last = self.kernels[-1]
+            level = self._fits(last, node, [])
+            if level is not None:
+                self.join(last, node.id, elem=level)
+                return
+        kernel = self.new(KernelKind.PW, node.numel)
+        self.join(kernel, node.id)
+
+    def _producer(self, nid: int) -> int:
+        """Index of the kernel that stores the tensor behind ``nid`` (-1 for inputs, params)."""
+        node = self.node(nid)
+        while nid not in self.kernel_of and node.kind in (NodeKind.VIEW, NodeKind.PERM):
+            nid = node.tensor_args()[0]
+            node = self.node(nid)
+        return self.kernel_of.get(nid, -1)
+
+    def _after(self, kernel: Kernel, args: list[int]) -> bool:
+        """Whether every operand is stored before ``kernel`` runs."""
+        return all(self._producer(a) < kernel.index for a in args)
+
+    def _fits(self, kernel: Kernel, node: Node, mine: list[int]) -> bool | None:
+        """The level (True: element) at which ``node`` joins ``kernel``, or None if it cannot."""
+        if kernel.kind is KernelKind.PW:
+            return True if node.numel == kernel.numel else None
+        if kernel.kind is KernelKind.MM:
+            return True if self.params.fuse_epilogue and node.numel == kernel.numel else None
+        elem_args = [a for a in mine if a in kernel.elem]
+        if mine and not elem_args and node.numel == kernel.outer * kernel.inner:
+            return False
+        if not mine and node.numel != kernel.numel:
+            return False if node.numel == kernel.outer * kernel.inner else None
+        if node.numel != kernel.numel:
+            return None
+        for a in mine:
+            if a not in kernel.elem and (
+                node.shape != kernel.domain or not keepdim_compatible(self.node(a).shape, kernel.domain, kernel.dims)
+            ):
+                return None
+        return True
+
+
+def schedule(plan: Plan, params: TemplateParams) -> Schedule:
+    """Split ``plan`` into kernels under the fusion switches of ``params``."""
+    result = _Builder(plan, params).build()
+    _check_addressable(result)
+    return result
+
+
+def base_of(plan: Plan, nid: int, stored: Callable[[int], bool]) -> tuple[int, bool]:
+    """The materialised tensor behind ``nid`` and whether a transpose sits on top.
+
+    ``stored`` says which computed nodes a kernel writes to a buffer. Raises
+    :class:`UnsupportedGraph` for a reshape of a transposed tensor (not a view).
+    """
+    transposed = False
+    node = plan.nodes[nid]
+    if node.kind is NodeKind.PERM:
+        transposed = True
+        node = plan.nodes[node.tensor_args()[0]]
+    while node.kind is NodeKind.VIEW and not stored(node.id):
+        node = plan.nodes[node.tensor_args()[0]]
+        if node.kind is NodeKind.PERM:
+            raise UnsupportedGraph("a reshape of a transposed tensor is not covered")
+    if node.kind in (NodeKind.EW, NodeKind.RED, NodeKind.MM) and not stored(node.id):
+        raise AssertionError(f"node {node.id} is read by another kernel but never stored")
+    return node.id, transposed
+
+
+def _check_addressable(sched: Schedule) -> None:
+    """Every external operand must be readable by linear index (or by strides in a product)."""
+    plan = sched.plan
+    for kernel in sched.kernels:
+        for nid in kernel.nodes:
+            node = plan.nodes[nid]
+            if node.kind is NodeKind.MM:
+                for arg in node.tensor_args():
+                    base_of(plan, arg, sched.is_exported)
+                continue
+            if node.kind not in (NodeKind.EW, NodeKind.RED):
+                continue
+            for arg in node.tensor_args():
+                if sched.kernel_of.get(arg) == kernel.index:
+                    continue
+                _, transposed = base_of(plan, arg, sched.is_exported)
+                if transposed:
+                    raise UnsupportedGraph("a transposed tensor used elementwise is not covered")
+                target = plan.nodes[arg].shape if node.kind is NodeKind.RED else node.shape
+                if broadcast_block(plan.nodes[arg].shape, target) is None:
+                    raise UnsupportedGraph(
+                        f"an operand of shape {plan.nodes[arg].shape} broadcast to {target} is not covered"
+                    )

@@ -1,0 +1,240 @@
+"""The template expert's intermediate form: a small graph of primitive operations.
+
+The reference's FX graph is lowered (``lower.py``) into these nodes; every spelling of an op
+(``torch.relu``, ``F.relu``, ``nn.ReLU()``, ``x.relu()``) becomes one canonical node, and the
+composite ops (softmax, layer_norm, group_norm, logsumexp, linear) become their primitive parts.
+Shapes are those traced from the reference's own ``get_inputs()``; the rendered ``ModelNew`` is
+specialised to them (and checks them at run time).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class NodeKind(StrEnum):
+    """What a node of the plan is."""
+
+    INPUT = "input"
+    """A positional argument of ``forward``."""
+    PARAM = "param"
+    """A parameter or buffer of the module (``path`` names it)."""
+    EW = "ew"
+    """An elementwise operation (``op``, ``args``, ``attrs``)."""
+    RED = "red"
+    """A reduction over the contiguous dimension range ``dims`` (``op`` in ``RED_OPS``)."""
+    MM = "mm"
+    """A (batched) matrix product of ``args[0]`` and ``args[1]``."""
+    VIEW = "view"
+    """A reshape of a contiguous value (same elements, new logical shape)."""
+    PERM = "perm"
+    """A swap of the last two dimensions (only as a matrix-product operand)."""
+
+
+EW_OPS: dict[str, tuple[int, int]] = {
+    # op: (tensor-or-constant arguments, float attributes)
+    "add": (2, 0),
+    "sub": (2, 0),
+    "mul": (2, 0),
+    "div": (2, 0),
+    "maximum": (2, 0),
+    "minimum": (2, 0),
+    "neg": (1, 0),
+    "relu": (1, 0),
+    "relu6": (1, 0),
+    "leaky_relu": (1, 1),
+    "gelu": (1, 0),
+    "gelu_tanh": (1, 0),
+    "sigmoid": (1, 0),
+    "tanh": (1, 0),
+    "silu": (1, 0),
+    "mish": (1, 0),
+    "softplus": (1, 2),
+    "hardtanh": (1, 2),
+    "clamp_min": (1, 1),
+    "clamp_max": (1, 1),
+    "hardswish": (1, 0),
+    "hardsigmoid": (1, 0),
+    "elu": (1, 1),
+    "selu": (1, 0),
+    "softsign": (1, 0),
+    "logsigmoid": (1, 0),
+    "tanhshrink": (1, 0),
+    "exp": (1, 0),
+    "log": (1, 0),
+    "sqrt": (1, 0),
+    "rsqrt": (1, 0),
+    "abs": (1, 0),
+    "erf": (1, 0),
+    "reciprocal": (1, 0),
+}
+"""Elementwise ops the templates emit, with their arity."""
+
+RED_OPS: tuple[str, ...] = ("sum", "amax", "amin", "argmax", "argmin")
+"""Reductions the row template emits (mean is a sum and a division)."""
+
+Arg = int | float
+"""An argument of a node: the id of another node, or a float constant."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One primitive operation with its traced output shape."""
+
+    id: int
+    kind: NodeKind
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    op: str = ""
+    args: tuple[Arg, ...] = ()
+    attrs: tuple[float, ...] = ()
+    dims: tuple[int, int] = (0, 0)
+    """For ``RED``: the reduced dimensions ``[d0, d1)`` of ``args[0]``'s shape."""
+    keepdim: bool = False
+    index: int = 0
+    """For ``INPUT``: the position in ``forward``'s arguments."""
+    path: str = ""
+    """For ``PARAM``: the dotted attribute path (``gemm.weight``)."""
+
+    @property
+    def numel(self) -> int:
+        """Number of elements of the node's value."""
+        return math.prod(self.shape)
+
+    def tensor_args(self) -> tuple[int, ...]:
+        """The ids of the nodes this node reads."""
+        return tuple(a for a in self.args if isinstance(a, int) and not isinstance(a, bool))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``analyse`` found: the lowered graph and what ``render`` needs around it."""
+
+    nodes: tuple[Node, ...]
+    output: int
+    """Id of the node ``forward`` returns."""
+    arg_names: tuple[str, ...]
+    """Names of ``forward``'s positional arguments."""
+    init_source: str
+    """The reference's ``__init__`` as a method of ``ModelNew`` (same parameters, same order)."""
+    prelude_source: str
+    """Module-level imports and constants the ``__init__`` needs."""
+    ops: tuple[str, ...]
+    """Canonical ops of the reference's forward, in execution order."""
+    template: str = ""
+    """Kernel kinds of the fully fused schedule, e.g. ``mm+row`` (names the template)."""
+    fusions: tuple[tuple[bool, bool], ...] = ((True, True),)
+    """The (fuse_epilogue, fuse_prologue) settings that render, each a distinct schedule."""
+
+    def node(self, node_id: int) -> Node:
+        """The node with this id."""
+        return self.nodes[node_id]
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        """The ``INPUT`` nodes in argument order."""
+        return tuple(sorted((n for n in self.nodes if n.kind is NodeKind.INPUT), key=lambda n: n.index))
+
+    def live(self) -> frozenset[int]:
+        """Ids of the nodes the output depends on."""
+        seen: set[int] = set()
+        stack = [self.output]
+        while stack:
+            nid = stack.pop()
+            if nid in seen:
+                continue
+            seen.add(nid)
+            stack.extend(self.nodes[nid].tensor_args())
+        return frozenset(seen)
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A tensor while lowering: the id of the node that computes it (never a Python int)."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class TupleRef:
+    """A traced tuple of tensors while lowering (``torch.max(x, dim)`` gives values, indices)."""
+
+    items: tuple[NodeRef, ...]
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """``analyse``'s answer for a reference the templates do not cover."""
+
+    detail: str
+    """What is not covered, in plain language."""
+    op: str | None = None
+    """The op that stopped it, where one did."""
+
+
+def broadcast_block(operand: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, int] | None:
+    """The dimension range ``[a, b)`` of ``target`` that a broadcast ``operand`` covers.
+
+    An operand broadcast to ``target`` (numpy rules) can be read by linear index exactly when
+    its non-unit dimensions form one contiguous block of ``target``'s dimensions; then element
+    ``lin`` of the target reads ``(lin // prod(target[b:])) % prod(target[a:b])`` of the operand.
+    Returns ``None`` when the operand is not such a block (or does not broadcast at all).
+    """
+    rank = len(target)
+    if len(operand) > rank:
+        extra = operand[: len(operand) - rank]
+        if any(s != 1 for s in extra):
+            return None
+        operand = operand[len(operand) - rank :]
+    padded = (1,) * (rank - len(operand)) + tuple(operand)
+    for size, full in zip(padded, target, strict=True):
+        if size not in (1, full):
+            return None
+    covered = [d for d in range(rank) if padded[d] != 1]
+    if not covered:
+        return (rank, rank)
+    a, b = covered[0], covered[-1] + 1
+    for d in range(a, b):
+        if padded[d] != target[d]:
+            return None
+    return (a, b)
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """A plan as plain JSON-able data (the analysis child process sends it this way)."""
+    data = asdict(plan)
+    data["nodes"] = [{**asdict(n), "kind": n.kind.value} for n in plan.nodes]
+    return data
+
+
+def plan_from_dict(data: dict[str, Any]) -> Plan:
+    """The inverse of :func:`plan_to_dict` (integers stay node ids, floats stay constants)."""
+    nodes = tuple(
+        Node(
+            id=int(n["id"]),
+            kind=NodeKind(n["kind"]),
+            shape=tuple(int(s) for s in n["shape"]),
+            dtype=str(n["dtype"]),
+            op=str(n["op"]),
+            args=tuple(a if isinstance(a, int) else float(a) for a in n["args"]),
+            attrs=tuple(float(a) for a in n["attrs"]),
+            dims=(int(n["dims"][0]), int(n["dims"][1])),
+            keepdim=bool(n["keepdim"]),
+            index=int(n["index"]),
+            path=str(n["path"]),
+        )
+        for n in data["nodes"]
+    )
+    return Plan(
+        nodes=nodes,
+        output=int(data["output"]),
+        arg_names=tuple(str(a) for a in data["arg_names"]),
+        init_source=str(data["init_source"]),
+        prelude_source=str(data["prelude_source"]),
+        ops=tuple(str(o) for o in data["ops"]),
+        template=str(data["template"]),
+        fusions=tuple((bool(f[0]), bool(f[1])) for f in data["fusions"]),
+    )

@@ -1,0 +1,75 @@
+"""Analysing a reference in a child process.
+
+``torch.fx`` tracing patches ``torch.nn.Module.__call__`` and ``__getattr__`` process-wide while
+it runs, so a trace in a worker thread would intercept every other thread's module calls (an
+embedder, another actor) and could be corrupted by them; and analysis executes the user's
+reference. So :func:`analyse_in_child` runs :func:`~actors.experts.template.render.analyse` in a
+fresh ``python -m actors.experts.template.isolate`` with a scrubbed environment (no keys), sends
+the source on stdin and reads the plan back as JSON; the event loop only awaits the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from actors.experts.template.ir import Plan, Unsupported, plan_from_dict, plan_to_dict
+
+_ROOT = Path(__file__).resolve().parents[3]
+_KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+
+
+async def analyse_in_child(source: str, timeout: float = 180.0) -> Plan | Unsupported:
+    """``analyse(source)`` in a child process; a child that fails or times out is a decline."""
+    env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
+    env["PYTHONPATH"] = str(_ROOT)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "actors.experts.template.isolate",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=str(_ROOT),
+        start_new_session=True,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate(source.encode())
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return Unsupported(detail=f"analysing the reference took longer than {timeout:.0f} s")
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return Unsupported(detail=f"the analysis process failed ({proc.returncode}): {tail[0][:300]}")
+    data = json.loads(out)
+    if "unsupported" in data:
+        return Unsupported(detail=str(data["unsupported"]), op=data.get("op"))
+    return plan_from_dict(data["plan"])
+
+
+def main() -> int:
+    """Child entry: reference source on stdin, ``{"plan": ...}`` or ``{"unsupported": ...}`` out."""
+    from actors.experts.template.render import analyse
+
+    source = sys.stdin.read()
+    with contextlib.redirect_stdout(sys.stderr):  # the reference may print; stdout carries the answer
+        result = analyse(source)
+    if isinstance(result, Unsupported):
+        payload: dict[str, object] = {"unsupported": result.detail, "op": result.op}
+    else:
+        payload = {"plan": plan_to_dict(result)}
+    sys.stdout.write(json.dumps(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,255 @@
+"""Lowering a traced reference into the plan's primitive nodes.
+
+Every spelling of a covered op (function, method, module, operator) maps to one canonical op
+(``spellings.py``); composites become primitive parts here: ``mean`` a sum and a division,
+``softmax``/``log_softmax``/``logsumexp`` a max, an exp-sum and elementwise parts, ``layer_norm``
+/ ``rms_norm`` / ``group_norm`` two reductions and an affine epilogue, ``linear`` a matrix product
+with a transposed weight and a bias. Anything else raises :class:`UnsupportedGraph`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+from actors.experts.template.composites import apply
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
+from actors.experts.template.spellings import REQUIRED, Spec, resolve
+from actors.experts.template.trace import Traced
+
+
+def _is_id(ref: object) -> bool:
+    return isinstance(ref, NodeRef)
+
+
+def _broadcast(shapes: list[tuple[int, ...]], op: str) -> tuple[int, ...]:
+    """The broadcast of ``shapes`` (numpy rules), or decline."""
+    rank = max(len(s) for s in shapes)
+    out = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate((1,) * (rank - len(shape)) + shape):
+            if size != 1 and out[i] not in (1, size):
+                raise UnsupportedGraph(f"operands of {op} with shapes {shapes} do not broadcast", op=op)
+            out[i] = size if size != 1 else out[i]
+    return tuple(out)
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, tuple | list):
+        return any(_has_tensor(v) for v in value)
+    return False
+
+
+class Lowerer:
+    """Walks the FX graph once, building nodes."""
+
+    def __init__(self, traced: Traced) -> None:
+        self.traced = traced
+        self.nodes: list[Node] = []
+        self.env: dict[fx.Node, Any] = {}
+        self.ops: list[str] = []
+        self.aliasing: set[fx.Node] = set()
+        params: dict[str, torch.Tensor] = dict(traced.root.named_parameters())
+        params.update(dict(traced.root.named_buffers()))
+        self.param_paths = params
+
+    # -- building blocks -------------------------------------------------------------------
+    def add(self, kind: NodeKind, shape: tuple[int, ...], **kw: Any) -> NodeRef:
+        """Append a node and return a reference to it."""
+        node = Node(id=len(self.nodes), kind=kind, shape=tuple(int(s) for s in shape), **kw)
+        self.nodes.append(node)
+        return NodeRef(node.id)
+
+    def node(self, ref: NodeRef) -> Node:
+        """The node behind a reference."""
+        return self.nodes[ref.id]
+
+    def shape(self, ref: NodeRef) -> tuple[int, ...]:
+        """Shape of a node."""
+        return self.nodes[ref.id].shape
+
+    def param(self, path: str) -> NodeRef:
+        """A node for the parameter or buffer at ``path``."""
+        tensor = self.param_paths.get(path)
+        if tensor is None:
+            raise UnsupportedGraph(f"forward reads {path!r}, which is not a parameter or buffer")
+        if tensor.dtype != torch.float32:
+            raise UnsupportedGraph(f"parameter {path} is {tensor.dtype}; only float32 is covered")
+        for node in self.nodes:
+            if node.kind is NodeKind.PARAM and node.path == path:
+                return NodeRef(node.id)
+        return self.add(NodeKind.PARAM, tuple(tensor.shape), path=path)
+
+    def tensor(self, ref: object, what: str) -> NodeRef:
+        """``ref`` as a float32 tensor, or decline."""
+        if not isinstance(ref, NodeRef):
+            raise UnsupportedGraph(f"{what} must be a tensor here, got {type(ref).__name__}")
+        if self.node(ref).dtype != "float32":
+            raise UnsupportedGraph(f"{what} is {self.node(ref).dtype}; elementwise math covers float32 only")
+        return ref
+
+    def ew(self, op: str, *args: object, attrs: tuple[float, ...] = ()) -> NodeRef:
+        """An elementwise node; its shape is the broadcast of its tensor arguments."""
+        n_args, n_attrs = EW_OPS[op]
+        if len(args) != n_args or len(attrs) != n_attrs:
+            raise AssertionError(f"{op} takes {n_args} args and {n_attrs} attrs")
+        clean: list[int | float] = []
+        shapes: list[tuple[int, ...]] = []
+        for arg in args:
+            if isinstance(arg, NodeRef):
+                tid = self.tensor(arg, f"an operand of {op}")
+                clean.append(tid.id)
+                shapes.append(self.shape(tid))
+            elif isinstance(arg, int | float) and not isinstance(arg, bool):
+                clean.append(float(arg))
+            else:
+                raise UnsupportedGraph(f"an operand of {op} is a {type(arg).__name__}", op=op)
+        if not shapes:
+            raise UnsupportedGraph(f"{op} of constants only", op=op)
+        shape = _broadcast(shapes, op)
+        return self.add(NodeKind.EW, shape, op=op, args=tuple(clean), attrs=tuple(float(a) for a in attrs))
+
+    def view(self, src: NodeRef, shape: tuple[int, ...]) -> NodeRef:
+        """A reshape of ``src`` (same elements, row-major order)."""
+        if math.prod(shape) != self.node(src).numel:
+            raise UnsupportedGraph(f"a view from {self.shape(src)} to {shape} changes the element count")
+        if tuple(shape) == self.shape(src):
+            return src
+        return self.add(NodeKind.VIEW, shape, args=(src.id,), dtype=self.node(src).dtype)
+
+    def perm(self, src: NodeRef) -> NodeRef:
+        """Swap of the last two dimensions of ``src``."""
+        shape = self.shape(src)
+        if len(shape) < 2:
+            raise UnsupportedGraph("a transpose of a tensor with fewer than two dimensions")
+        return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,))
+
+    def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool) -> NodeRef:
+        """A reduction of ``src`` over ``dims``."""
+        shape = self.shape(src)
+        d0, d1 = dims
+        out = (*shape[:d0], *([1] * (d1 - d0)), *shape[d1:]) if keepdim else (*shape[:d0], *shape[d1:])
+        dtype = "int64" if op.startswith("arg") else "float32"
+        return self.add(NodeKind.RED, out, op=op, args=(src.id,), dims=dims, keepdim=keepdim, dtype=dtype)
+
+    # -- the walk --------------------------------------------------------------------------
+    def lower(self) -> int:
+        """Lower the whole graph; return the output node id."""
+        output: int | None = None
+        for fxn in self.traced.graph_module.graph.nodes:
+            if fxn.op == "output":
+                output = self._output(fxn)
+                continue
+            self.env[fxn] = self._node(fxn)
+        if output is None:
+            raise UnsupportedGraph("forward returns nothing")
+        return output
+
+    def _output(self, fxn: fx.Node) -> int:
+        ref = self._arg(fxn.args[0])
+        if not isinstance(ref, NodeRef):
+            raise UnsupportedGraph("forward must return exactly one tensor")
+        root = self.node(ref)
+        while root.kind is NodeKind.VIEW:
+            root = self.nodes[root.tensor_args()[0]]
+        if root.kind in (NodeKind.INPUT, NodeKind.PARAM, NodeKind.PERM):
+            raise UnsupportedGraph("forward returns an input or parameter without computing on it")
+        return ref.id
+
+    def _arg(self, value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            return self.env[value]
+        if isinstance(value, tuple | list):
+            return type(value)(self._arg(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._arg(v) for k, v in value.items()}
+        return value
+
+    def _node(self, fxn: fx.Node) -> object:
+        traced = self.traced.values.get(fxn)
+        if fxn.op == "placeholder":
+            if not isinstance(traced, torch.Tensor):
+                raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
+            if traced.dtype != torch.float32:
+                raise UnsupportedGraph(f"input {fxn.target} is {traced.dtype}; only float32 is covered")
+            index = sum(1 for n in self.env if n.op == "placeholder")
+            return self.add(NodeKind.INPUT, tuple(traced.shape), index=index)
+        if fxn.op == "get_attr":
+            return self.param(str(fxn.target))
+        if traced is not None and not _has_tensor(traced):
+            if isinstance(traced, bool | int | float) or (
+                isinstance(traced, tuple | torch.Size) and all(isinstance(v, int) for v in traced)
+            ):
+                return traced
+            raise UnsupportedGraph(f"a non-tensor value of type {type(traced).__name__} in forward")
+        module = self.traced.root.get_submodule(str(fxn.target)) if fxn.op == "call_module" else None
+        spec = resolve(fxn, module)
+        if spec is None:
+            what = _describe(fxn) + (f" ({type(module).__name__})" if module is not None else "")
+            raise UnsupportedGraph(f"{what} is not covered by the templates", op=what)
+        args = [self._arg(a) for a in fxn.args]
+        kwargs = {k: self._arg(v) for k, v in fxn.kwargs.items()}
+        bound = _bind(spec, args, kwargs, module)
+        if module is not None:
+            bound["__path__"] = str(fxn.target)
+        if bound.get("inplace") is True or spec.inplace:
+            self._check_inplace(fxn)
+        ref = apply(self, spec.canon, bound, traced)
+        if spec.canon in ("view", "alias", "perm"):
+            self.aliasing.add(fxn)
+        self.ops.append(spec.canon)
+        return ref
+
+    def _check_inplace(self, fxn: fx.Node) -> None:
+        src = fxn.args[0] if fxn.args else None
+        if not isinstance(src, fx.Node) or src.op in ("placeholder", "get_attr") or src in self.aliasing:
+            raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
+        if len(src.users) != 1:
+            raise UnsupportedGraph("an in-place op on a value that is read again is not covered")
+
+
+def _describe(fxn: fx.Node) -> str:
+    if fxn.op == "call_module":
+        return f"module {fxn.target}"
+    if fxn.op == "call_method":
+        return f"method .{fxn.target}()"
+    target = fxn.target
+    if target is operator.getitem:
+        return "indexing"
+    name = getattr(target, "__name__", str(target))
+    return f"function {getattr(target, '__module__', '') or ''}.{name}".replace("..", ".")
+
+
+def _bind(spec: Spec, args: list[Any], kwargs: dict[str, Any], module: torch.nn.Module | None) -> dict[str, Any]:
+    """Bind call arguments to the canonical op's parameter names (module attributes first)."""
+    if spec.passthrough:
+        return {"input": args[0] if args else kwargs.get("input")}
+    bound: dict[str, Any] = {}
+    if module is not None:
+        for name, attr in spec.module_attrs:
+            bound[name] = getattr(module, attr)
+    names = [p for p, _ in spec.params]
+    if len(args) > len(names) and not spec.varargs:
+        raise UnsupportedGraph(f"{spec.canon} called with {len(args)} positional arguments")
+    if spec.varargs:
+        bound[names[0]] = args[0]
+        bound[names[1]] = tuple(args[1:]) if len(args) > 2 or not isinstance(args[1], tuple | list) else args[1]
+    else:
+        bound.update(zip(names, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise UnsupportedGraph(f"{spec.canon} called with an unexpected keyword {key!r}")
+        bound[key] = value
+    for name, default in spec.params:
+        if name not in bound:
+            if default is REQUIRED:
+                raise UnsupportedGraph(f"{spec.canon} called without {name!r}")
+            bound[name] = default
+    return bound

@@ -1,0 +1,148 @@
+"""Template parameters: the space evolution searches, and the header that carries them.
+
+Parameters are per kernel kind (every elementwise kernel of a plan shares ``pw_*``, every row
+kernel ``row_*``, every matrix-product kernel ``mm_*``), plus two fusion switches. Every value in
+the space renders a correct kernel; the space only changes speed (and, for ``mm_precision``,
+which fp32-accurate dot algorithm runs: ``ieee`` or the three-pass ``tf32x3``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from actors.experts.template.errors import InvalidParams
+
+HEADER_PREFIX = "# kf-template: "
+_HEADER = re.compile(r"^# kf-template: (\{.*\})\s*$", re.MULTILINE)
+
+SPACE: dict[str, tuple[object, ...]] = {
+    "pw_warps": (1, 2, 4, 8, 16),
+    "pw_ept": (1, 2, 4, 8, 16),
+    "row_warps": (1, 2, 4, 8, 16),
+    "row_block_m": (1, 2, 4, 8, 16, 32),
+    "row_block_r": (64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    "row_block_i": (8, 16, 32, 64, 128, 256),
+    "row_one_pass": (True, False),
+    "row_stages": (1, 2, 3, 4),
+    "mm_block_m": (16, 32, 64, 128, 256),
+    "mm_block_n": (16, 32, 64, 128, 256),
+    "mm_block_k": (16, 32, 64, 128),
+    "mm_group_m": (1, 2, 4, 8, 16),
+    "mm_warps": (1, 2, 4, 8, 16),
+    "mm_stages": (1, 2, 3, 4, 5),
+    "mm_precision": ("ieee", "tf32x3"),
+    "fuse_epilogue": (True, False),
+    "fuse_prologue": (True, False),
+}
+"""Every parameter and its allowed values, in order (mutation steps between neighbours)."""
+
+ONE_PASS_MAX_TILE = 32768
+"""Largest row tile (elements) kept in registers by a one-pass row kernel."""
+_SMEM_BUDGET = 196_608
+_ACC_PER_THREAD = 256
+
+
+@dataclass(frozen=True)
+class TemplateParams:
+    """One point of the parameter space; validated at construction."""
+
+    pw_warps: int = 4
+    """Warps per elementwise program."""
+    pw_ept: int = 4
+    """Elements per thread in an elementwise program (the vector width); BLOCK = 32 * warps * ept."""
+    row_warps: int = 4
+    """Warps per row program."""
+    row_block_m: int = 1
+    """Rows per program when the reduced dims are innermost."""
+    row_block_r: int = 1024
+    """Chunk of the reduced extent per loop step (multi-pass row kernels)."""
+    row_block_i: int = 32
+    """Inner (non-reduced, trailing) elements per program when the reduced dims are not innermost."""
+    row_one_pass: bool = True
+    """Keep the whole row in registers (one read) when it fits in ``ONE_PASS_MAX_TILE``."""
+    row_stages: int = 1
+    """Software-pipelining stages of the row loops."""
+    mm_block_m: int = 64
+    """Tile rows of a matrix-product program."""
+    mm_block_n: int = 64
+    """Tile columns of a matrix-product program."""
+    mm_block_k: int = 32
+    """Reduction chunk of a matrix-product program."""
+    mm_group_m: int = 8
+    """Row tiles per group in the swizzled launch order (L2 reuse)."""
+    mm_warps: int = 4
+    """Warps per matrix-product program."""
+    mm_stages: int = 3
+    """Software-pipelining stages of the K loop."""
+    mm_precision: str = "ieee"
+    """``tl.dot`` input precision for fp32: ``ieee`` or ``tf32x3`` (three TF32 passes)."""
+    fuse_epilogue: bool = True
+    """Fuse elementwise ops after a matrix product into its kernel (else a separate kernel)."""
+    fuse_prologue: bool = True
+    """Fuse elementwise ops before a reduction into the row kernel (else a separate kernel)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            allowed = SPACE[f.name]
+            if type(value) is not type(allowed[0]) or value not in allowed:
+                raise InvalidParams(f.name, value, f"one of {list(allowed)}")
+        smem = (self.mm_block_m + self.mm_block_n) * self.mm_block_k * 4 * max(1, self.mm_stages - 1)
+        if smem > _SMEM_BUDGET:
+            raise InvalidParams("mm_block_k", self.mm_block_k, f"tiles need {smem} B of shared memory")
+        acc = self.mm_block_m * self.mm_block_n // (32 * self.mm_warps)
+        if acc > _ACC_PER_THREAD or acc < 1:
+            raise InvalidParams("mm_warps", self.mm_warps, f"{acc} accumulators per thread is outside 1..256")
+        if self.pw_block > 16384:
+            raise InvalidParams("pw_ept", self.pw_ept, "32 * pw_warps * pw_ept must be at most 16384")
+
+    @property
+    def pw_block(self) -> int:
+        """Elements per elementwise program."""
+        return 32 * self.pw_warps * self.pw_ept
+
+    def as_dict(self) -> dict[str, int | float | str | bool]:
+        """The parameters as a flat dict (``Proposal.params``)."""
+        return dict(asdict(self))
+
+    def with_changes(self, **changes: Any) -> TemplateParams:
+        """A copy with some parameters changed (validated)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TemplateParams:
+        """Parameters from a dict; missing keys take defaults, unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InvalidParams(unknown[0], values[unknown[0]], f"unknown parameter (known: {sorted(known)})")
+        return cls(**values)
+
+
+def header(template: str, params: TemplateParams) -> str:
+    """The first line of every rendered source."""
+    payload = json.dumps({"template": template, "params": params.as_dict()}, sort_keys=True, separators=(",", ":"))
+    return HEADER_PREFIX + payload
+
+
+def params_from_source(source: str) -> tuple[str, TemplateParams] | None:
+    """Read the header of a rendered source back: (template name, parameters), or ``None``."""
+    match = _HEADER.search(source)
+    if match is None:
+        return None
+    try:
+        data = json.loads(match.group(1))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("template"), str):
+        return None
+    raw = data.get("params")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return data["template"], TemplateParams.from_dict(raw)
+    except (InvalidParams, TypeError):
+        return None

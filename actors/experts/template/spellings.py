@@ -1,0 +1,225 @@
+"""The spellings of each covered op: functions, methods, modules and operators.
+
+``resolve`` maps one FX node to a :class:`Spec`: the canonical op and the names (and defaults)
+of its parameters, so ``torch.relu(x)``, ``F.relu(x)``, ``x.relu()`` and ``nn.ReLU()(x)`` all
+become ``relu`` with an ``input``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+
+class _Required:
+    """Marks a parameter without a default."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A canonical op and how a call of one spelling binds to it."""
+
+    canon: str
+    params: tuple[tuple[str, object], ...]
+    module_attrs: tuple[tuple[str, str], ...] = ()
+    """For modules: bound name -> module attribute read at trace time."""
+    inplace: bool = False
+    varargs: bool = False
+    """``input`` then the remaining positional arguments as one tuple (``permute``)."""
+    passthrough: bool = False
+    """Only ``input`` matters (views: the traced output shape says the rest)."""
+
+
+_IN = (("input", REQUIRED),)
+_INPLACE = (("input", REQUIRED), ("inplace", False))
+
+FUNCTIONS: dict[object, Spec] = {}
+METHODS: dict[str, Spec] = {}
+MODULES: dict[type[nn.Module], Spec] = {}
+
+
+def _fn(targets: tuple[object, ...], spec: Spec) -> None:
+    for target in targets:
+        FUNCTIONS[target] = spec
+
+
+def _method(names: tuple[str, ...], spec: Spec) -> None:
+    for name in names:
+        METHODS[name] = spec
+        if not spec.passthrough and spec.canon not in ("perm", "permute", "getattr"):
+            METHODS[name + "_"] = Spec(spec.canon, spec.params, inplace=True)
+
+
+# Elementwise unary ops with no parameters.
+for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "erf", "reciprocal", "square"):
+    _spec = Spec(_name, _IN)
+    _method((_name,), _spec)
+    if hasattr(torch, _name):
+        _fn((getattr(torch, _name),), _spec)
+_fn((torch.negative, operator.neg), Spec("neg", _IN))
+_fn((torch.special.expit,), Spec("sigmoid", _IN))
+_fn((torch.special.erf,), Spec("erf", _IN))
+_method(("negative",), Spec("neg", _IN))
+for _name in ("relu", "relu6", "selu", "silu", "mish", "hardswish", "hardsigmoid"):
+    _fn((getattr(F, _name),), Spec(_name, _INPLACE))
+_fn((torch.selu,), Spec("selu", _IN))
+for _name in ("sigmoid", "tanh", "softsign", "logsigmoid", "tanhshrink"):
+    _fn((getattr(F, _name),), Spec(_name, _IN))
+_fn((F.elu,), Spec("elu", (*_IN, ("alpha", 1.0), ("inplace", False))))
+_fn((F.leaky_relu,), Spec("leaky_relu", (*_IN, ("negative_slope", 0.01), ("inplace", False))))
+_fn((F.hardtanh,), Spec("hardtanh", (*_IN, ("min_val", -1.0), ("max_val", 1.0), ("inplace", False))))
+_fn((F.softplus,), Spec("softplus", (*_IN, ("beta", 1.0), ("threshold", 20.0))))
+_fn((F.gelu,), Spec("gelu", (*_IN, ("approximate", "none"))))
+_CLAMP = Spec("clamp", (*_IN, ("min", None), ("max", None)))
+_fn((torch.clamp, torch.clip), _CLAMP)
+_method(("clamp", "clip"), _CLAMP)
+_fn((torch.clamp_min,), Spec("clamp", (*_IN, ("min", REQUIRED))))
+_fn((torch.clamp_max,), Spec("clamp", (*_IN, ("max", REQUIRED))))
+_method(("clamp_min",), Spec("clamp", (*_IN, ("min", REQUIRED))))
+_method(("clamp_max",), Spec("clamp", (*_IN, ("max", REQUIRED))))
+
+# Binary ops.
+_ALPHA = (*_IN, ("other", REQUIRED), ("alpha", 1))
+_BIN = (*_IN, ("other", REQUIRED))
+_fn((torch.add, operator.add), Spec("add", _ALPHA))
+_fn((torch.sub, torch.subtract, operator.sub), Spec("sub", _ALPHA))
+_fn((torch.mul, torch.multiply, operator.mul), Spec("mul", _BIN))
+_fn((torch.div, torch.divide, torch.true_divide, operator.truediv), Spec("div", (*_BIN, ("rounding_mode", None))))
+_fn((operator.iadd,), Spec("add", _ALPHA, inplace=True))
+_fn((operator.isub,), Spec("sub", _ALPHA, inplace=True))
+_fn((operator.imul,), Spec("mul", _BIN, inplace=True))
+_fn((operator.itruediv,), Spec("div", (*_BIN, ("rounding_mode", None)), inplace=True))
+_fn((torch.maximum,), Spec("maximum", _BIN))
+_fn((torch.minimum,), Spec("minimum", _BIN))
+_fn((torch.pow, operator.pow), Spec("pow", (*_IN, ("exponent", REQUIRED))))
+_method(("add",), Spec("add", _ALPHA))
+_method(("sub", "subtract"), Spec("sub", _ALPHA))
+_method(("mul", "multiply"), Spec("mul", _BIN))
+_method(("div", "divide", "true_divide"), Spec("div", (*_BIN, ("rounding_mode", None))))
+_method(("maximum",), Spec("maximum", _BIN))
+_method(("minimum",), Spec("minimum", _BIN))
+_method(("pow",), Spec("pow", (*_IN, ("exponent", REQUIRED))))
+
+# Reductions and normalisations.
+_RED = (*_IN, ("dim", None), ("keepdim", False), ("dtype", None))
+for _name in ("sum", "mean"):
+    _fn((getattr(torch, _name),), Spec(_name, _RED))
+    _method((_name,), Spec(_name, _RED))
+for _name in ("amax", "amin"):
+    _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("dim", ()), ("keepdim", False))))
+    _method((_name,), Spec(_name, (*_IN, ("dim", ()), ("keepdim", False))))
+for _name in ("argmax", "argmin"):
+    _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("dim", None), ("keepdim", False))))
+    _method((_name,), Spec(_name, (*_IN, ("dim", None), ("keepdim", False))))
+for _name in ("max", "min"):
+    _spec = Spec(_name, (*_IN, ("dim", None), ("keepdim", False), ("other", None)))
+    _fn((getattr(torch, _name),), _spec)
+    _method((_name,), _spec)
+_fn((torch.logsumexp,), Spec("logsumexp", (*_IN, ("dim", REQUIRED), ("keepdim", False))))
+_method(("logsumexp",), Spec("logsumexp", (*_IN, ("dim", REQUIRED), ("keepdim", False))))
+for _name in ("softmax", "log_softmax"):
+    _fn((getattr(F, _name),), Spec(_name, (*_IN, ("dim", None), ("_stacklevel", 3), ("dtype", None))))
+    _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("dim", REQUIRED), ("dtype", None))))
+    _method((_name,), Spec(_name, (*_IN, ("dim", REQUIRED), ("dtype", None))))
+_fn(
+    (F.layer_norm,),
+    Spec("layer_norm", (*_IN, ("normalized_shape", REQUIRED), ("weight", None), ("bias", None), ("eps", 1e-5))),
+)
+_fn(
+    (F.group_norm,),
+    Spec("group_norm", (*_IN, ("num_groups", REQUIRED), ("weight", None), ("bias", None), ("eps", 1e-5))),
+)
+if hasattr(F, "rms_norm"):
+    _fn(
+        (F.rms_norm,),
+        Spec("rms_norm", (*_IN, ("normalized_shape", REQUIRED), ("weight", None), ("eps", None))),
+    )
+
+# Matrix products.
+_fn((F.linear,), Spec("linear", (*_IN, ("weight", REQUIRED), ("bias", None))))
+_fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
+_method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
+
+# Shapes, aliases, transposes, tuple access.
+_VIEW = Spec("view", _IN, passthrough=True)
+_ALIAS = Spec("alias", _IN, passthrough=True)
+_fn((torch.reshape, torch.flatten, torch.squeeze, torch.unsqueeze), _VIEW)
+_method(("view", "reshape", "flatten", "squeeze", "unsqueeze"), _VIEW)
+_fn((torch.clone, torch.detach), _ALIAS)
+_method(("contiguous", "clone", "detach", "float", "to"), _ALIAS)
+_fn((F.dropout,), Spec("dropout", (*_IN, ("p", 0.5), ("training", True), ("inplace", False))))
+_fn((torch.t,), Spec("perm", (*_IN, ("dim0", -2), ("dim1", -1))))
+_method(("t",), Spec("perm", (*_IN, ("dim0", -2), ("dim1", -1))))
+_fn((torch.transpose,), Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRED))))
+_method(("transpose",), Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRED))))
+_fn((torch.permute,), Spec("permute", (*_IN, ("dims", REQUIRED)), varargs=True))
+_method(("permute",), Spec("permute", (*_IN, ("dims", REQUIRED)), varargs=True))
+_fn((operator.getitem,), Spec("getitem", (*_IN, ("index", REQUIRED))))
+_fn((builtins.getattr,), Spec("getattr", (*_IN, ("name", REQUIRED))))
+
+# Modules.
+_PLAIN: tuple[tuple[type[nn.Module], str], ...] = (
+    (nn.ReLU, "relu"),
+    (nn.ReLU6, "relu6"),
+    (nn.SELU, "selu"),
+    (nn.SiLU, "silu"),
+    (nn.Mish, "mish"),
+    (nn.Hardswish, "hardswish"),
+    (nn.Hardsigmoid, "hardsigmoid"),
+)
+for _cls, _canon in _PLAIN:
+    MODULES[_cls] = Spec(_canon, _IN, module_attrs=(("inplace", "inplace"),))
+_NO_ATTRS: tuple[tuple[type[nn.Module], str], ...] = (
+    (nn.Sigmoid, "sigmoid"),
+    (nn.Tanh, "tanh"),
+    (nn.Softsign, "softsign"),
+    (nn.LogSigmoid, "logsigmoid"),
+    (nn.Tanhshrink, "tanhshrink"),
+)
+for _cls, _canon in _NO_ATTRS:
+    MODULES[_cls] = Spec(_canon, _IN)
+MODULES[nn.ELU] = Spec("elu", _IN, module_attrs=(("alpha", "alpha"), ("inplace", "inplace")))
+MODULES[nn.LeakyReLU] = Spec(
+    "leaky_relu", _IN, module_attrs=(("negative_slope", "negative_slope"), ("inplace", "inplace"))
+)
+MODULES[nn.Hardtanh] = Spec(
+    "hardtanh", _IN, module_attrs=(("min_val", "min_val"), ("max_val", "max_val"), ("inplace", "inplace"))
+)
+MODULES[nn.Softplus] = Spec("softplus", _IN, module_attrs=(("beta", "beta"), ("threshold", "threshold")))
+MODULES[nn.GELU] = Spec("gelu", _IN, module_attrs=(("approximate", "approximate"),))
+MODULES[nn.Softmax] = Spec("softmax", _IN, module_attrs=(("dim", "dim"),))
+MODULES[nn.LogSoftmax] = Spec("log_softmax", _IN, module_attrs=(("dim", "dim"),))
+MODULES[nn.Linear] = Spec("linear", _IN)
+MODULES[nn.LayerNorm] = Spec("layer_norm", _IN, module_attrs=(("normalized_shape", "normalized_shape"), ("eps", "eps")))
+MODULES[nn.GroupNorm] = Spec("group_norm", _IN, module_attrs=(("num_groups", "num_groups"), ("eps", "eps")))
+if hasattr(nn, "RMSNorm"):
+    MODULES[nn.RMSNorm] = Spec("rms_norm", _IN, module_attrs=(("normalized_shape", "normalized_shape"), ("eps", "eps")))
+MODULES[nn.Dropout] = Spec("dropout", _IN, module_attrs=(("p", "p"), ("training", "training")))
+MODULES[nn.Identity] = _ALIAS
+MODULES[nn.Flatten] = _VIEW
+
+
+def resolve(fxn: fx.Node, module: nn.Module | None) -> Spec | None:
+    """The spec of an FX call node, or ``None`` when the op is not covered."""
+    if fxn.op == "call_module":
+        assert module is not None
+        return MODULES.get(type(module))
+    if fxn.op == "call_method":
+        return METHODS.get(str(fxn.target))
+    if fxn.op == "call_function":
+        try:
+            return FUNCTIONS.get(fxn.target)
+        except TypeError:  # an unhashable target
+            return None
+    return None

@@ -1,0 +1,182 @@
+"""Loading and tracing a KernelBench-format reference.
+
+The reference is the user's own code: it is executed here (``Model``, ``get_inputs`` and
+``get_init_inputs`` are called under ``torch.device("meta")`` so no real memory is allocated and
+no random state is consumed) and its ``forward`` is traced with ``torch.fx``. Callers run this in
+a worker thread, never on the event loop. ``__init__`` is taken from the source as text so the
+rendered ``ModelNew`` builds exactly the same parameters in the same order.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from actors.experts.template.errors import TraceFailed, UnsupportedGraph
+
+_ALLOWED_MODULES = ("torch", "math")
+_PROVIDED = frozenset({"torch", "nn", "F", "math", "triton", "tl"})
+
+
+@dataclass
+class Traced:
+    """A traced reference: its graph, the traced value of every node, and the module."""
+
+    graph_module: fx.GraphModule
+    values: dict[fx.Node, Any]
+    root: torch.nn.Module
+    arg_names: tuple[str, ...]
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph on meta tensors and keeps every node's value (shapes and dtypes)."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        self.values[n] = result
+        return result
+
+
+def load_namespace(source: str) -> dict[str, Any]:
+    """Execute the reference source in a fresh namespace and return it."""
+    namespace: dict[str, Any] = {"__name__": "kf_reference", "__builtins__": builtins}
+    try:
+        code = compile(source, "<reference>", "exec")
+        exec(code, namespace)
+    except Exception as exc:  # any failure of user code is reported, typed
+        raise TraceFailed("load", f"{type(exc).__name__}: {exc}") from exc
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if name not in namespace:
+            raise TraceFailed("load", f"the reference defines no {name}")
+    return namespace
+
+
+def trace_reference(source: str) -> Traced:
+    """Build the reference on the meta device, trace ``forward`` and record every value."""
+    namespace = load_namespace(source)
+    try:
+        with torch.device("meta"):
+            init_inputs = list(namespace["get_init_inputs"]())
+            model = namespace["Model"](*init_inputs)
+            inputs = list(namespace["get_inputs"]())
+    except Exception as exc:  # user code
+        raise TraceFailed("construct", f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, torch.nn.Module):
+        raise TraceFailed("construct", "Model(...) is not an nn.Module")
+    for i, value in enumerate(inputs):
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedGraph(f"input {i} of get_inputs() is a {type(value).__name__}, not a tensor")
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as exc:  # data-dependent control flow
+        raise UnsupportedGraph(f"torch.fx could not trace forward: {type(exc).__name__}: {exc}") from exc
+    recorder = _Recorder(gm)
+    try:
+        recorder.run(*inputs)
+    except Exception as exc:  # user code on meta tensors
+        raise UnsupportedGraph(f"forward failed on meta tensors: {type(exc).__name__}: {exc}") from exc
+    names = tuple(str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+    if len(names) != len(inputs):
+        raise UnsupportedGraph(f"forward takes {len(names)} arguments but get_inputs() gives {len(inputs)}")
+    if any(n.startswith("*") for n in names):
+        raise UnsupportedGraph("forward with *args is not covered")
+    return Traced(graph_module=gm, values=recorder.values, root=model, arg_names=names)
+
+
+class _SuperRewriter(ast.NodeTransformer):
+    """``super(Model, self).__init__()`` -> ``super().__init__()``."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "super" and node.args:
+            return ast.Call(func=node.func, args=[], keywords=[])
+        return node
+
+
+def _free_names(func: ast.FunctionDef) -> set[str]:
+    bound = {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)}
+    if func.args.vararg:
+        bound.add(func.args.vararg.arg)
+    if func.args.kwarg:
+        bound.add(func.args.kwarg.arg)
+    loads: set[str] = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
+            else:
+                loads.add(node.id)
+        elif isinstance(node, ast.comprehension | ast.Lambda | ast.FunctionDef) and node is not func:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.arg):
+                    bound.add(inner.arg)
+    return {n for n in loads - bound if not hasattr(builtins, n)}
+
+
+def init_source(source: str) -> tuple[str, str]:
+    """The reference's ``Model.__init__`` as method text, and the module-level lines it needs.
+
+    Module-level imports of ``torch``/``math`` are copied so their aliases resolve; other free
+    names of ``__init__`` must be module constants (copied) or the reference is not covered.
+    """
+    tree = ast.parse(source)
+    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+    if model is None:
+        raise TraceFailed("load", "no class Model in the reference")
+    init = next((n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if init is None:
+        raise UnsupportedGraph("Model has no __init__ of its own")
+    if init.decorator_list:
+        raise UnsupportedGraph("a decorated Model.__init__ is not covered")
+    if model.bases and not all(ast.unparse(b) in ("nn.Module", "torch.nn.Module", "Module") for b in model.bases):
+        raise UnsupportedGraph("Model must derive from nn.Module directly to be carried over")
+    members: set[str] = set()
+    for item in model.body:
+        if isinstance(item, ast.FunctionDef) and item.name not in ("__init__", "forward"):
+            members.add(item.name)
+        elif isinstance(item, ast.Assign):
+            members.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    for node in ast.walk(init):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and isinstance(node.ctx, ast.Load)
+            and node.attr in members
+        ):
+            raise UnsupportedGraph(f"Model.__init__ uses its own member {node.attr!r}, which is not carried over")
+    rewritten = _SuperRewriter().visit(ast.parse(ast.unparse(init)))
+    init_text = ast.unparse(rewritten)
+    init = rewritten.body[0]
+    assert isinstance(init, ast.FunctionDef)
+    prelude: list[str] = []
+    provided = set(_PROVIDED)
+    constants: dict[str, ast.Assign] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            module = stmt.module if isinstance(stmt, ast.ImportFrom) else None
+            mods = [module] if module else [a.name for a in stmt.names]
+            if all(m is not None and m.split(".")[0] in _ALLOWED_MODULES for m in mods):
+                prelude.append(ast.unparse(stmt))
+                provided.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            constants[stmt.targets[0].id] = stmt
+    for name in sorted(_free_names(init) - provided):
+        assign = constants.get(name)
+        if assign is None:
+            raise UnsupportedGraph(f"Model.__init__ uses {name!r}, which the template cannot carry over")
+        try:
+            ast.literal_eval(assign.value)
+        except (ValueError, TypeError, SyntaxError) as exc:
+            raise UnsupportedGraph(f"Model.__init__ uses {name!r}, which is not a plain constant") from exc
+        prelude.append(ast.unparse(assign))
+    return init_text, "\n".join(prelude)

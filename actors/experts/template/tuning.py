@@ -1,0 +1,166 @@
+"""Default parameters for a plan, and mutation steered by the parent's diagnosis.
+
+``default_params`` picks sizes from the traced shapes (whole rows in registers when they fit,
+larger matmul tiles for larger products). ``mutate`` steps one to three of the parameters that
+matter for the plan to a neighbouring value; the diagnosis decides which parameters and which
+direction (launch-bound: fuse and enlarge; memory-bound: vector width, block sizes, one pass;
+compute-bound: matmul tiles, stages and dot precision; out of resources: smaller and fewer).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actors.experts.template.emit_row import next_pow2
+from actors.experts.template.errors import InvalidParams
+from actors.experts.template.fuse import KernelKind, schedule
+from actors.experts.template.ir import Plan
+from actors.experts.template.params import ONE_PASS_MAX_TILE, SPACE, TemplateParams
+from schemas.enums import DiagnosisCategory
+
+_MEMORY = (
+    "pw_ept",
+    "pw_warps",
+    "row_block_r",
+    "row_block_i",
+    "row_block_m",
+    "row_one_pass",
+    "row_warps",
+    "row_stages",
+)
+_COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
+_TILES = ("pw_ept", "row_block_m", "row_block_r", "row_block_i", "mm_block_m", "mm_block_n", "mm_block_k")
+_SHRINK = (*_TILES, "mm_stages", "row_stages", "row_one_pass")
+
+
+def default_params(plan: Plan) -> TemplateParams:
+    """A good first configuration for the plan's shapes."""
+    values: dict[str, object] = {}
+    sched = schedule(plan, TemplateParams())
+    seen: set[KernelKind] = set()
+    for kernel in sched.kernels:
+        if kernel.kind in seen:
+            continue
+        seen.add(kernel.kind)
+        if kernel.kind is KernelKind.PW:
+            values.update(pw_warps=8 if kernel.numel >= 1 << 20 else 4, pw_ept=4)
+        elif kernel.kind is KernelKind.ROW:
+            rtile = next_pow2(kernel.reduced)
+            if kernel.inner == 1:
+                block_m = max(1, min(32, 2048 // rtile))
+                warps = 4 if rtile <= 2048 else 8 if rtile <= 8192 else 16
+                values.update(row_block_m=block_m, row_warps=warps, row_block_r=2048)
+            else:
+                widest = max(8, min(64, next_pow2(kernel.inner)))
+                if rtile <= 1024:  # one pass, tile of at most 8192 elements
+                    block_i = max(8, min(widest, 8192 // rtile))
+                    tile = rtile * block_i
+                else:  # loops over R in [64, block_i] chunks
+                    block_i, tile = widest, 64 * widest
+                values.update(row_block_i=block_i, row_warps=4 if tile <= 2048 else 8, row_block_r=64)
+        else:
+            node = plan.nodes[kernel.mm]
+            m, n = node.shape[-2], node.shape[-1]
+            big = m * max(1, kernel.numel // (m * n)) >= 256 and n >= 256
+            if big:
+                values.update(mm_block_m=128, mm_block_n=128, mm_block_k=32, mm_warps=8, mm_stages=3)
+            else:
+                values.update(mm_block_m=64, mm_block_n=64, mm_block_k=32, mm_warps=4, mm_stages=3)
+    return TemplateParams.from_dict(values)
+
+
+def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
+    """The parameters that change the rendered kernels of ``plan`` under ``params``."""
+    names: list[str] = []
+    for kernel in schedule(plan, params).kernels:
+        if kernel.kind is KernelKind.PW:
+            names += ["pw_warps", "pw_ept"]
+        elif kernel.kind is KernelKind.MM:
+            names += list(_COMPUTE)
+        else:
+            names += ["row_warps", "row_block_m" if kernel.inner == 1 else "row_block_i"]
+            width = params.row_block_m if kernel.inner == 1 else params.row_block_i
+            fits = next_pow2(kernel.reduced) * width <= ONE_PASS_MAX_TILE
+            if fits:
+                names.append("row_one_pass")
+            if not (fits and params.row_one_pass):
+                names += ["row_block_r", "row_stages"]
+    for i, flag in enumerate(("fuse_epilogue", "fuse_prologue")):
+        if len({f[i] for f in plan.fusions}) > 1:
+            names.append(flag)
+    return tuple(dict.fromkeys(names))
+
+
+def _step(name: str, value: object, rng: np.random.Generator, direction: int) -> object:
+    """A neighbouring value of one parameter (``direction`` 0: either way)."""
+    space = SPACE[name]
+    if isinstance(value, bool | str):
+        others = [v for v in space if v != value]
+        return others[int(rng.integers(len(others)))]
+    i = space.index(value)
+    if direction == 0:
+        direction = 1 if rng.random() < 0.5 else -1
+    stride = 2 if rng.random() < 0.2 else 1
+    j = min(len(space) - 1, max(0, i + direction * stride))
+    return space[j]
+
+
+def _choices(
+    relevant: tuple[str, ...], params: TemplateParams, diagnosis: DiagnosisCategory | None
+) -> tuple[tuple[str, ...], int, dict[str, object]]:
+    """(candidate parameter names, direction, forced values) for a diagnosis."""
+    forced: dict[str, object] = {}
+    if diagnosis is DiagnosisCategory.SLOW_LAUNCH_BOUND:
+        for flag in ("fuse_epilogue", "fuse_prologue"):
+            if flag in relevant and not getattr(params, flag):
+                forced[flag] = True
+        return tuple(n for n in relevant if n in _TILES) or relevant, 1, forced
+    if diagnosis is DiagnosisCategory.SLOW_MEMORY_BOUND:
+        return tuple(n for n in relevant if n in _MEMORY) or relevant, 0, forced
+    if diagnosis is DiagnosisCategory.SLOW_COMPUTE_BOUND:
+        return tuple(n for n in relevant if n in _COMPUTE) or relevant, 0, forced
+    if diagnosis in (
+        DiagnosisCategory.COMPILE_RESOURCES,
+        DiagnosisCategory.COMPILE_TIMEOUT,
+        DiagnosisCategory.RUNTIME_OOM,
+    ):
+        if "row_one_pass" in relevant and params.row_one_pass:
+            forced["row_one_pass"] = False
+        return tuple(n for n in relevant if n in _SHRINK) or relevant, -1, forced
+    if diagnosis is DiagnosisCategory.INCORRECT_PRECISION and params.mm_precision != "ieee":
+        forced["mm_precision"] = "ieee"
+    return relevant, 0, forced
+
+
+def mutate(
+    plan: Plan,
+    params: TemplateParams,
+    rng: np.random.Generator,
+    *,
+    diagnosis: DiagnosisCategory | None,
+) -> TemplateParams:
+    """A valid neighbour of ``params`` for ``plan``, steered by ``diagnosis``.
+
+    Returns ``params`` itself only when no other valid configuration is reachable.
+    """
+    relevant = relevant_params(plan, params)
+    if not relevant:
+        return params
+    names, direction, forced = _choices(relevant, params, diagnosis)
+    for attempt in range(64):
+        changes: dict[str, object] = dict(forced) if attempt < 32 else {}
+        count = 1 + int(rng.random() < 0.4) + int(rng.random() < 0.15)
+        pool = names if attempt < 48 else relevant
+        for _ in range(count):
+            name = pool[int(rng.integers(len(pool)))]
+            current = changes.get(name, getattr(params, name))
+            changes[name] = _step(name, current, rng, direction if attempt < 32 else 0)
+        try:
+            candidate = params.with_changes(**changes)
+        except InvalidParams:
+            continue
+        if (candidate.fuse_epilogue, candidate.fuse_prologue) not in plan.fusions:
+            continue
+        if candidate != params:
+            return candidate
+    return params

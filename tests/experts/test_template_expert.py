@@ -1,0 +1,177 @@
+"""``TemplateExpert`` answering ``GenerateRequest``s: proposals, parents, diagnoses, declines."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from actors.experts.base import Expert
+from actors.experts.template import Plan, TemplateParams, analyse, default_params, params_from_source
+from actors.experts.template.expert import AnalysisMode, TemplateExpert
+from actors.experts.template.interp_check import check_in_subprocess
+from schemas import (
+    Candidate,
+    DeclineReason,
+    Diagnosis,
+    DiagnosisCategory,
+    EvalStatus,
+    Experience,
+    ExperienceHit,
+    GenerateRequest,
+    KernelLanguage,
+    Proposal,
+    Task,
+    TaskSignature,
+)
+from tests.experts.template_cases import CASES, UNSUPPORTED
+
+_SOURCE = next(c for c in CASES if c.name == "gemm_mean_softmax").sources()[0]
+_TASK = Task.from_source("gemm_mean_softmax", _SOURCE)
+
+
+def _expert(max_variants: int = 8) -> TemplateExpert:
+    """An expert tracing in a thread (this test process runs nothing else on torch meanwhile)."""
+    return TemplateExpert(max_variants=max_variants, analysis=AnalysisMode.THREAD)
+
+
+def _request(**kw: object) -> GenerateRequest:
+    fields: dict[str, object] = {"run_id": "r1", "island": "i0", "task": _TASK, "n": 4, "seed": 7}
+    fields.update(kw)
+    return GenerateRequest.model_validate(fields)
+
+
+def _plan() -> Plan:
+    plan = analyse(_SOURCE)
+    assert isinstance(plan, Plan)
+    return plan
+
+
+def _parent(params: TemplateParams, *, with_params: bool) -> Candidate:
+    from actors.experts.template import render
+
+    source = render(_plan(), params)
+    proposal = Proposal(source=source, language=KernelLanguage.TRITON, params=params.as_dict() if with_params else {})
+    return Candidate(run_id="r1", island="i0", task_id=_TASK.task_id, expert="template", proposal=proposal)
+
+
+def test_template_expert_satisfies_the_expert_protocol() -> None:
+    assert isinstance(TemplateExpert(), Expert)
+    with pytest.raises(ValueError, match="max_variants"):
+        TemplateExpert(max_variants=0)
+    with pytest.raises(ValueError, match="expert name"):
+        TemplateExpert("bad name")
+
+
+async def test_fresh_request_gives_default_first_then_distinct_mutants() -> None:
+    expert = _expert()
+    reply = await expert.generate(_request())
+    assert reply.decline is None
+    assert len(reply.proposals) == 4
+    params = [TemplateParams.from_dict(dict(p.params)) for p in reply.proposals]
+    assert params[0] == default_params(_plan())
+    assert len(set(params)) == 4
+    for proposal, p in zip(reply.proposals, params, strict=True):
+        assert proposal.language is KernelLanguage.TRITON
+        assert proposal.strategy.startswith("template:mm+row/")
+        assert params_from_source(proposal.source) == ("mm+row", p)
+    assert reply.proposals[0].strategy.endswith("/default")
+    await expert.aclose()
+
+
+async def test_same_request_gives_the_same_proposals_and_another_seed_differs() -> None:
+    first = await _expert().generate(_request())
+    again = await _expert().generate(_request())
+    other = await _expert().generate(_request(seed=8))
+    assert [p.source for p in first.proposals] == [p.source for p in again.proposals]
+    assert [p.params for p in first.proposals[1:]] != [p.params for p in other.proposals[1:]]
+
+
+@pytest.mark.parametrize("with_params", [True, False])
+async def test_parent_is_mutated_whether_params_or_only_the_header_carry_it(with_params: bool) -> None:
+    parent_params = default_params(_plan()).with_changes(mm_block_m=32, row_warps=8)
+    reply = await _expert().generate(_request(parent=_parent(parent_params, with_params=with_params)))
+    assert len(reply.proposals) == 4
+    for proposal in reply.proposals:
+        child = TemplateParams.from_dict(dict(proposal.params))
+        assert child != parent_params
+        diff = {k for k, v in child.as_dict().items() if v != parent_params.as_dict()[k]}
+        assert 1 <= len(diff) <= 3
+        assert "mutate.random" in proposal.strategy
+        assert "→" in proposal.description
+
+
+async def test_diagnosis_steers_the_mutation_of_a_parent() -> None:
+    parent_params = default_params(_plan()).with_changes(mm_block_m=128, mm_block_n=128, mm_warps=8)
+    diagnosis = Diagnosis(
+        candidate_id="c0", category=DiagnosisCategory.COMPILE_RESOURCES, summary="out of shared memory"
+    )
+    reply = await _expert().generate(_request(parent=_parent(parent_params, with_params=True), diagnosis=diagnosis))
+    for proposal in reply.proposals:
+        child = TemplateParams.from_dict(dict(proposal.params))
+        assert child.mm_block_m <= 128
+        assert child.mm_block_n <= 128
+        assert "compile.resources" in proposal.strategy
+
+
+async def test_experience_params_seed_the_second_proposal() -> None:
+    learned = default_params(_plan()).with_changes(mm_block_n=32, row_warps=2)
+    signature = TaskSignature(ops=("linear", "mean", "softmax"))
+    hits = tuple(
+        ExperienceHit(
+            experience=Experience(
+                run_id="old",
+                task_id="t",
+                signature=signature,
+                candidate_id=f"c{i}",
+                expert="template",
+                status=EvalStatus.CORRECT,
+                child_fitness=fitness,
+                description="x",
+                params=p.as_dict(),
+            ),
+            score=0.9,
+            utility=1.0,
+        )
+        for i, (p, fitness) in enumerate(((TemplateParams(), 0.5), (learned, 2.5)))
+    )
+    reply = await _expert().generate(_request(experiences=hits))
+    assert TemplateParams.from_dict(dict(reply.proposals[1].params)) == learned
+    assert reply.proposals[1].strategy.endswith("/experience")
+
+
+async def test_unsupported_reference_and_cuda_requests_are_declined() -> None:
+    expert = _expert()
+    task = Task.from_source("conv", UNSUPPORTED["conv"])
+    reply = await expert.generate(_request(task=task))
+    assert reply.decline is not None
+    assert reply.decline.reason is DeclineReason.UNSUPPORTED
+    assert "Conv2d" in reply.decline.detail
+    cuda = await expert.generate(_request(language=KernelLanguage.CUDA))
+    assert cuda.decline is not None
+    assert cuda.decline.reason is DeclineReason.UNSUPPORTED
+    assert expert.stats().declines == 2
+
+
+async def test_plan_is_traced_once_per_task_even_under_concurrent_requests() -> None:
+    expert = _expert(max_variants=3)
+    replies = await asyncio.gather(*(expert.generate(_request(seed=s, n=10)) for s in range(4)))
+    assert all(len(r.proposals) == 3 for r in replies)
+    assert expert.stats().plans_traced == 1
+    assert expert.stats().requests == 4
+
+
+async def test_default_expert_traces_in_a_child_process_and_its_proposals_are_correct(tmp_path: Path) -> None:
+    expert = TemplateExpert()
+    assert expert.analysis is AnalysisMode.PROCESS
+    reply = await expert.generate(_request(n=5, seed=3))
+    assert expert.stats().plans_traced == 1
+    declined = await expert.generate(_request(task=Task.from_source("conv", UNSUPPORTED["conv"])))
+    assert declined.decline is not None
+    assert "Conv2d" in declined.decline.detail
+    jobs = [
+        {"reference": _SOURCE, "candidate": p.source, "seeds": [5], "atol": 1e-4, "rtol": 1e-4} for p in reply.proposals
+    ]
+    verdicts = await asyncio.to_thread(check_in_subprocess, jobs, tmp_path, 120.0)
+    assert [v.detail for v in verdicts] == ["ok"] * 5
