@@ -241,9 +241,7 @@ def main() -> int:
             hop = asyncio.run(bench_hop(info.url, n_hop))
             loop = None
             if not args.skip_loop:
-                loop = asyncio.run(
-                    bench_loop(info.url, candidates=500 if args.quick else 3000, islands=4, inflight=64)
-                )
+                loop = asyncio.run(bench_loop(info.url, candidates=500 if args.quick else 3000, islands=4, inflight=64))
         finally:
             stop_server(info.pid)
     rows = [

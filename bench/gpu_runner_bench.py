@@ -1,0 +1,268 @@
+"""Benchmark of gpu_runner: A/A, spread, warm vs cold overhead, compile and evaluator throughput.
+
+    python bench/gpu_runner_bench.py                     # on the GPU machine (about 5 minutes)
+    python bench/gpu_runner_bench.py --device cpu --quick
+
+Prints progress lines, then the table last. Definitions:
+
+* A/A: a reference whose forward is one Triton kernel, against a candidate launching an identical
+  kernel; the ratio is eager median / candidate median (1.00 is perfect).
+* spread: coefficient of variation of the candidate's median across repeated evaluations.
+* overhead on the critical path: ``total_s - compile_s - measure_s`` of one evaluation (gate,
+  staging, import, construction, transfers, comparison, process teardown), with a pre-warmed
+  prepared worker and with a cold one (``spares=0``: process start and reference on the path).
+* compile throughput: distinct Triton candidates compiled at once by ``compile_workers``
+  sandboxed CPU-only processes (ahead-of-time for the GPU's target).
+* evaluator throughput: a stream of distinct Triton candidates evaluated concurrently, against
+  the bound ``min(compile_workers / mean compile_s, 1 / mean measure_s)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.gate import check_candidate
+from gpu_runner.service import EvaluationService
+from schemas import DeviceChoice, EvalResult, EvalStatus, KernelLanguage
+
+KERNEL = """
+@triton.jit
+def add_relu_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask){variant}
+    tl.store(out_ptr + offs, tl.maximum(x + y, 0.0), mask=mask)
+"""
+HEAD = "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl\n"
+REFERENCE = (
+    HEAD
+    + KERNEL.format(variant="")
+    + """
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        add_relu_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+        return out
+
+
+N = {n}
+
+
+def get_inputs():
+    return [torch.randn(N), torch.randn(N)]
+
+
+def get_init_inputs():
+    return []
+"""
+)
+
+
+def candidate(block: int = 1024, warps: int = 4, variant: int = -1) -> str:
+    """A Triton candidate; ``variant >= 0`` makes its kernel source (and so its compile) distinct."""
+    extra = "" if variant < 0 else f"\n    y = y + 0.0 * {variant}"
+    return (
+        HEAD
+        + KERNEL.format(variant=extra)
+        + f"""
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        add_relu_kernel[(triton.cdiv(n, {block}),)](x, y, out, n, BLOCK={block}, num_warps={warps})
+        return out
+"""
+    )
+
+
+def job(reference: str, source: str, name: str) -> EvalJob:
+    return EvalJob(
+        reference_source=reference,
+        candidate_source=source,
+        language=KernelLanguage.TRITON,
+        timeout_s=300.0,
+        candidate_id=name,
+    )
+
+
+def overhead(r: EvalResult) -> float | None:
+    s = r.stages
+    if s.total_s is None or s.measure_s is None:
+        return None
+    return s.total_s - (s.compile_s or 0.0) - s.measure_s
+
+
+def process_cost(code: str) -> float:
+    """Median seconds of a fresh interpreter running ``code`` (three runs)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+async def run(device: DeviceChoice, quick: bool) -> list[tuple[str, str]]:
+    cuda = device is DeviceChoice.CUDA
+    rows: list[tuple[str, str]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="kf-bench-"))
+    rows.append(("python: import torch", f"{process_cost('import torch'):.2f} s"))
+    if cuda:
+        cost = process_cost("import torch; torch.cuda.init(); torch.zeros(1, device='cuda'); torch.cuda.synchronize()")
+        rows.append(("cold process: import torch + CUDA ready", f"{cost:.2f} s"))
+    reference = REFERENCE.format(n=(1 << 24) if cuda else (1 << 12))
+    cpus = os.cpu_count() or 1
+    cfg = RunnerConfig(
+        device=device,
+        spares=8 if cuda else 2,
+        compile_workers=cpus,
+        cache_dir=tmp / "cache",
+        work_dir=tmp / "work",
+        timing_budget_s=2.0 if cuda else 0.5,
+        timing_min_reps=30 if cuda else 5,
+    )
+    async with EvaluationService(cfg) as svc:
+        await svc.prepare(reference)
+        await svc.wait_spares(timeout_s=600)
+        log("spares ready")
+        aa = [await svc.evaluate(job(reference, candidate(), f"aa{i}")) for i in range(2 if quick else 6)]
+        for r in aa:
+            if r.status is not EvalStatus.CORRECT:
+                raise SystemExit(f"A/A candidate was not correct: {r.summary}")
+        ratios = [r.speedup_vs_eager for r in aa[1:] if r.speedup_vs_eager is not None]
+        medians = [r.timing.median_ms for r in aa[1:] if r.timing is not None]
+        rows.append(
+            (
+                "A/A ratio (eager / identical kernel), median [min, max]",
+                f"{statistics.median(ratios):.4f} [{min(ratios):.4f}, {max(ratios):.4f}] over {len(ratios)}",
+            )
+        )
+        cv = statistics.pstdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
+        rel = statistics.median(r.timing.rel_stderr for r in aa[1:] if r.timing is not None)
+        rows.append(
+            (
+                "spread of repeated evaluations (CV of medians)",
+                f"{cv:.2%} (median within-run rel. stderr {rel:.2%}, {medians[0]:.4f} ms)",
+            )
+        )
+        warm = [o for o in (overhead(r) for r in aa[1:]) if o is not None]
+        rows.append(("critical-path overhead, warm prepared worker", f"{statistics.median(warm):.3f} s (median)"))
+        log(f"A/A done: {ratios}")
+        if cuda and not quick:
+            gate = check_candidate(candidate(variant=0), reference)
+            assert svc.compiler is not None
+            t0 = time.perf_counter()
+            single = await svc.compiler.compile(candidate(variant=10_000), reference, gate, 600)
+            one = time.perf_counter() - t0
+            m = 2 * cpus
+            t0 = time.perf_counter()
+            outs = await asyncio.gather(
+                *(svc.compiler.compile(candidate(variant=20_000 + i), reference, gate, 600) for i in range(m))
+            )
+            wall = time.perf_counter() - t0
+            rows.append(("compile, one candidate (sandboxed, AOT sm target)", f"{one:.2f} s ({single.aot[:40]})"))
+            rows.append(
+                (
+                    f"compile throughput, {m} distinct at once, {cpus} workers",
+                    f"{m / wall:.2f} cand/s (mean {statistics.mean(o.seconds for o in outs):.2f} s each, "
+                    f"{sum(o.ok for o in outs)}/{m} ok)",
+                )
+            )
+            log("compile throughput done")
+        await svc.wait_spares(timeout_s=600)
+        n_stream = 3 if quick else 24
+        stream = [
+            job(reference, candidate(block=(256, 512, 1024, 2048)[i % 4], warps=(2, 4, 8)[i % 3], variant=i), f"s{i}")
+            for i in range(n_stream)
+        ]
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(svc.evaluate(j) for j in stream))
+        wall = time.perf_counter() - t0
+        ok = sum(r.status is EvalStatus.CORRECT for r in results)
+        compiles = [r.stages.compile_s for r in results if r.stages.compile_s and not r.stages.compile_cache_hit]
+        measures = [r.stages.measure_s for r in results if r.stages.measure_s]
+        mean_compile = statistics.mean(compiles) if compiles else 0.0
+        mean_measure = statistics.mean(measures) if measures else float("nan")
+        bound = min(cfg.compile_workers / mean_compile if mean_compile else float("inf"), 1.0 / mean_measure)
+        rows.append(
+            (
+                f"evaluator throughput, stream of {n_stream} distinct Triton candidates",
+                f"{n_stream / wall:.3f} cand/s ({ok}/{n_stream} correct, {wall:.1f} s)",
+            )
+        )
+        rows.append(
+            (
+                "  bound: min(workers / compile_s, 1 / measure_s)",
+                f"{bound:.3f} cand/s (compile {mean_compile:.2f} s, measure {mean_measure:.2f} s)",
+            )
+        )
+        rows.append(("  throughput / bound", f"{n_stream / wall / bound:.2f}"))
+        log("stream done")
+    cold_cfg = RunnerConfig(
+        device=device,
+        spares=0,
+        compile_workers=2,
+        cache_dir=tmp / "cache",
+        work_dir=tmp / "work-cold",
+        timing_budget_s=cfg.timing_budget_s,
+        timing_min_reps=cfg.timing_min_reps,
+    )
+    async with EvaluationService(cold_cfg) as svc:
+        colds = []
+        for i in range(1 if quick else 2):
+            r = await svc.evaluate(job(reference, candidate(), f"cold{i}"))
+            colds.append(overhead(r))
+        cold = [c for c in colds if c is not None]
+        rows.append(
+            (
+                "critical-path overhead, cold worker (spawn + prepare)",
+                f"{statistics.median(cold):.3f} s (median of {len(cold)})",
+            )
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = asyncio.run(run(DeviceChoice(args.device), args.quick))
+    width = max(len(k) for k, _ in rows)
+    print(
+        f"\ngpu_runner benchmark ({args.device}{', quick' if args.quick else ''}, "
+        f"{time.perf_counter() - started:.0f} s)"
+    )
+    for key, value in rows:
+        print(f"  {key.ljust(width)}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

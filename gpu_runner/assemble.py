@@ -1,0 +1,313 @@
+"""Assemble an :class:`schemas.EvalResult` from what the gate, the compile stage and the run collected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_runner.compare import correctness, speed_of_light, timing_stats
+from gpu_runner.compiler import CompileOutcome
+from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.gate import GateReport
+from gpu_runner.pool import ReferenceData
+from gpu_runner.verdict import (
+    RunRecord,
+    checks_from_infos,
+    error_status,
+    guard_finding,
+    profile_findings,
+    runtime_findings,
+    truncate,
+)
+from schemas import (
+    Baselines,
+    CheatRule,
+    Check,
+    CheckOutcome,
+    DeviceInfo,
+    EvalResult,
+    EvalStatus,
+    Finding,
+    Profile,
+    Severity,
+    StageTimes,
+    TimerKind,
+)
+
+R = CheatRule
+
+
+@dataclass
+class Collected:
+    """Everything known about one evaluation when the verdict is made."""
+
+    job: EvalJob
+    cfg: RunnerConfig
+    gate: GateReport
+    checks: list[Check] = field(default_factory=list)
+    compile: CompileOutcome | None = None
+    reference: ReferenceData | None = None
+    record: RunRecord | None = None
+    device: dict[str, Any] | None = None
+    peaks: dict[str, Any] = field(default_factory=dict)
+    stages: StageTimes = field(default_factory=StageTimes)
+    timed_out: str | None = None
+
+
+def _base(c: Collected, status: EvalStatus, summary: str, **kw: Any) -> EvalResult:
+    job = c.job
+    device = DeviceInfo.model_validate(c.device) if c.device else None
+    return EvalResult(
+        run_id=job.run_id,
+        candidate_id=job.candidate_id,
+        island=job.island,
+        task_id=job.task_id,
+        status=status,
+        summary=summary,
+        device=device,
+        stages=c.stages,
+        evaluator=job.evaluator,
+        attempt=job.attempt,
+        **kw,
+    )
+
+
+def rejected_by_gate(c: Collected, summary: str) -> EvalResult:
+    """The verdict when the static gate refuses the candidate before anything of it ran."""
+    return _base(c, EvalStatus.REJECTED, summary, checks=tuple(c.checks), findings=tuple(c.gate.findings))
+
+
+def build(c: Collected) -> EvalResult:
+    """The verdict, with every check, finding, log and number that could be filled."""
+    limit = c.cfg.log_limit_chars
+    findings: list[Finding] = list(c.gate.findings)
+    checks = list(c.checks)
+    compile_log = truncate(c.compile.log, limit) if c.compile and c.compile.log else None
+    rec = c.record
+    runtime_log = truncate(rec.log, limit) if rec and rec.log else None
+    common: dict[str, Any] = {"compile_log": compile_log, "runtime_log": runtime_log}
+    if c.timed_out is not None:
+        corr = _correctness(c) if rec and rec.trial_checks else None
+        return _base(
+            c,
+            EvalStatus.TIMEOUT,
+            f"timeout: {c.timed_out}",
+            checks=tuple(checks),
+            findings=tuple(findings),
+            correctness=corr,
+            **common,
+        )
+    if c.compile is not None and not c.compile.ok:
+        err = c.compile.error
+        first = (err.get("message") or "").strip().splitlines()[:1]
+        summary = (
+            f"compile_error: {err.get('etype', 'error')} in {err.get('stage', 'compile')}: {' '.join(first)[:300]}"
+        )
+        if err.get("traceback"):
+            common["compile_log"] = truncate(f"{c.compile.log}\n{err['traceback']}", limit)
+        return _base(c, EvalStatus.COMPILE_ERROR, summary, checks=tuple(checks), findings=tuple(findings), **common)
+    assert rec is not None
+    assert c.reference is not None
+    own_names = set(c.gate.triton_kernels) | set(c.gate.cuda_kernels)
+    infos = rec.trial_infos
+    checks += checks_from_infos(infos, rec.trial_checks, c.cfg.trials)
+    findings += runtime_findings(infos, own_names)
+    findings += profile_findings(rec.profile, own_names)
+    profile = _profile(rec, infos)
+    corr = _correctness(c) if rec.trial_checks else None
+    if rec.error is not None:
+        status, summary, finding = error_status(rec.error)
+        findings += [finding] if finding else []
+        if rec.error.get("traceback"):
+            common["runtime_log"] = truncate(f"{rec.log}\n{rec.error['traceback']}", limit)
+        if status is EvalStatus.RUNTIME_ERROR and any(
+            f.severity is Severity.REJECT for f in findings[len(c.gate.findings) :]
+        ):
+            status = EvalStatus.REJECTED
+        return _base(
+            c,
+            status,
+            summary,
+            checks=tuple(checks),
+            findings=tuple(findings),
+            correctness=corr,
+            profile=profile,
+            **common,
+        )
+    if rec.died is not None:
+        return _base(
+            c,
+            EvalStatus.RUNTIME_ERROR,
+            f"runtime_error: the run process {rec.died}",
+            checks=tuple(checks),
+            findings=tuple(findings),
+            correctness=corr,
+            profile=profile,
+            **common,
+        )
+    rejects = [f for f in findings[len(c.gate.findings) :] if f.severity is Severity.REJECT]
+    if rejects:
+        return _base(
+            c,
+            EvalStatus.REJECTED,
+            f"rejected: {rejects[0].rule.value}: {rejects[0].message}",
+            checks=tuple(checks),
+            findings=tuple(findings),
+            correctness=corr,
+            profile=profile,
+            **common,
+        )
+    if corr is None or corr.passed_trials < c.cfg.trials:
+        detail = corr.detail if corr else "no trial completed"
+        return _base(
+            c,
+            EvalStatus.INCORRECT,
+            f"incorrect: {detail}",
+            checks=tuple(checks),
+            findings=tuple(findings),
+            correctness=corr,
+            profile=profile,
+            **common,
+        )
+    return _timed(c, checks, findings, corr, profile, common)
+
+
+def _timed(
+    c: Collected, checks: list[Check], findings: list[Finding], corr: Any, profile: Profile, common: dict[str, Any]
+) -> EvalResult:
+    rec, ref = c.record, c.reference
+    assert rec is not None
+    assert ref is not None
+    timing = rec.timing or {}
+    timer = TimerKind(timing.get("timer", "perf_counter"))
+    calls = timing.get("callables", {})
+    stats = {name: timing_stats(v.get("samples", []), timer, v.get("wall") or None) for name, v in calls.items()}
+    cand, eager, compiled = stats.get("candidate"), stats.get("eager"), stats.get("compiled")
+    review: list[str] = []
+    recheck = timing.get("recheck", {})
+    checks.append(
+        Check(
+            name="timed_outputs_rechecked",
+            outcome=CheckOutcome.FAILED if recheck.get("failed") else CheckOutcome.PASSED,
+            detail=f"{recheck.get('failed', 0)} wrong of {recheck.get('checked', 0)} timed calls",
+        )
+    )
+    per_call = min((i.get("own_launches", 0) for i in rec.trial_infos), default=0)
+    calls_made = int(timing.get("candidate_calls", 0))
+    launches_ok = timing.get("own_launches", 0) >= per_call * calls_made
+    checks.append(
+        Check(
+            name="timed_launches",
+            outcome=CheckOutcome.PASSED if launches_ok else CheckOutcome.FAILED,
+            detail=f"{timing.get('own_launches', 0)} own launches in {calls_made} timed calls",
+        )
+    )
+    if not launches_ok:
+        findings.append(
+            Finding(
+                rule=R.NO_KERNEL_LAUNCHED,
+                severity=Severity.REJECT,
+                message="fewer own kernel launches while timed than in the correctness trials",
+            )
+        )
+    medians = {k: v.median_ms for k, v in stats.items() if v is not None}
+    guard, guard_check = guard_finding(timing, medians, float(per_call), c.cfg.guard_slack_ms, c.cfg.guard_ratio)
+    checks.append(guard_check)
+    findings += [guard] if guard else []
+    checks.append(
+        Check(
+            name="l2_flush",
+            outcome=CheckOutcome.PASSED if timing.get("flush_bytes") else CheckOutcome.SKIPPED,
+            detail=f"{timing.get('flush_bytes', 0)} bytes before every timed call"
+            if timing.get("flush_bytes")
+            else "no device L2 to flush (CPU)",
+        )
+    )
+    checks.append(
+        Check(
+            name="persisting_l2_reset", outcome=CheckOutcome.PASSED if timing.get("l2_reset") else CheckOutcome.SKIPPED
+        )
+    )
+    compiled_error = None if compiled else (ref.info.get("compiled_error") or "disabled (torch.compile baseline off)")
+    checks.append(
+        Check(
+            name="compiled_baseline",
+            outcome=CheckOutcome.PASSED if compiled else CheckOutcome.SKIPPED,
+            detail=None if compiled else compiled_error,
+        )
+    )
+    sol = speed_of_light(ref.info, c.peaks, c.cfg.peak_tflops, c.cfg.peak_gbps, cand.median_ms if cand else None)
+    speedup = eager.median_ms / cand.median_ms if cand and eager and cand.median_ms > 0 else None
+    speedup_c = compiled.median_ms / cand.median_ms if cand and compiled and cand.median_ms > 0 else None
+    if sol is not None and sol.fraction is not None and sol.fraction > 1.1:
+        msg = f"faster than the speed-of-light bound ({sol.fraction:.2f}x of it, {sol.limiter}-bound)"
+        findings.append(Finding(rule=R.IMPLAUSIBLE_SPEED, severity=Severity.REVIEW, message=msg))
+        review.append(msg)
+    elif speedup is not None and speedup > c.cfg.review_speedup and sol is None:
+        msg = f"{speedup:.1f}x over eager with no speed-of-light bound to explain it"
+        findings.append(Finding(rule=R.IMPLAUSIBLE_SPEED, severity=Severity.REVIEW, message=msg))
+        review.append(msg)
+    checks.append(
+        Check(
+            name="speed_of_light",
+            outcome=CheckOutcome.PASSED if sol else CheckOutcome.SKIPPED,
+            detail=f"{sol.fraction:.3f} of the bound" if sol and sol.fraction else "no bound",
+        )
+    )
+    review += [f.message for f in findings if f.severity is Severity.REVIEW and f.message not in review]
+    baselines = Baselines(eager=eager, compiled=compiled, compiled_error=compiled_error)
+    rejects = [f for f in findings[len(c.gate.findings) :] if f.severity is Severity.REJECT]
+    status, summary = EvalStatus.CORRECT, ""
+    if recheck.get("failed"):
+        status, summary = EvalStatus.INCORRECT, f"incorrect: outputs wrong in {recheck['failed']} timed calls"
+    if rejects:
+        status, summary = EvalStatus.REJECTED, f"rejected: {rejects[0].rule.value}: {rejects[0].message}"
+    if status is EvalStatus.CORRECT:
+        where = c.device.get("name", "?") if c.device else "?"
+        summary = (
+            (f"correct: {speedup:.3g}x vs eager" if speedup else "correct")
+            + (f", {speedup_c:.3g}x vs torch.compile" if speedup_c else "")
+            + (f", {sol.fraction:.1%} of speed-of-light" if sol and sol.fraction else "")
+            + f" on {where}"
+        )
+        if review:
+            summary += " (flagged for review)"
+    return _base(
+        c,
+        status,
+        summary,
+        checks=tuple(checks),
+        findings=tuple(findings),
+        correctness=corr,
+        timing=cand,
+        baselines=baselines,
+        speedup_vs_eager=speedup,
+        speedup_vs_compiled=speedup_c,
+        sol=sol,
+        profile=profile,
+        review=tuple(review),
+        **common,
+    )
+
+
+def _correctness(c: Collected) -> Any:
+    assert c.record is not None
+    assert c.reference is not None
+    dtype = c.reference.info.get("out_dtype", "float32")
+    tol = c.cfg.tolerances.get(dtype, (0.0, 0.0))
+    return correctness(c.record.trial_checks, c.cfg.trials, tol)
+
+
+def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:
+    own = infos[0].get("own_launches") if infos else None
+    names = (
+        tuple(rec.profile.get("kernels", [])[:16])
+        if rec.profile
+        else tuple(infos[0].get("own_names", []))
+        if infos
+        else ()
+    )
+    launches = rec.profile.get("launches") if rec.profile else own
+    return Profile(
+        kernel_launches=launches, own_kernel_launches=own, kernel_names=names, peak_memory_bytes=rec.memory_peak
+    )

@@ -1,0 +1,138 @@
+"""``kfoundry eval`` / ``python -m gpu_runner``: one honest evaluation from the command line.
+
+``REFERENCE.py CANDIDATE.py [--device cpu|cuda|auto] [--timeout SECONDS] [--json]``. With
+``--json`` stdout carries exactly one JSON object (the :class:`schemas.EvalResult`); logs go to
+stderr. Exit status 0 whenever an evaluation completed, whatever its verdict; 2 for bad
+arguments or unreadable files; 1 when the evaluator itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.errors import RunnerError
+from gpu_runner.probe import validate_reference
+from gpu_runner.service import EvaluationService
+from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kfoundry eval", description="Evaluate a candidate kernel (ModelNew) against a KernelBench reference."
+    )
+    parser.add_argument("reference", type=Path, help="reference file: Model, get_inputs, get_init_inputs")
+    parser.add_argument("candidate", type=Path, help="candidate file: ModelNew with Triton or CUDA/C++ kernels")
+    parser.add_argument("--device", choices=[d.value for d in DeviceChoice], default="auto")
+    parser.add_argument("--timeout", type=float, default=180.0, help="bound on the whole evaluation (seconds)")
+    parser.add_argument("--json", action="store_true", help="print the EvalResult as one JSON object")
+    parser.add_argument("--verbose", action="store_true", help="log progress to stderr")
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO if verbose else logging.WARNING),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _language(source: str) -> KernelLanguage:
+    return KernelLanguage.CUDA if "load_inline" in source else KernelLanguage.TRITON
+
+
+async def _evaluate(reference: str, candidate: str, device: str, timeout: float) -> EvalResult:
+    started = time.perf_counter()
+    validate_reference(reference)
+    config = RunnerConfig(device=DeviceChoice(device), spares=1, compile_workers=2, timing_budget_s=3.0)
+    service = EvaluationService(config)
+    try:
+        await service.start()
+        await service.prepare(reference)
+        remaining = max(0.5, timeout - (time.perf_counter() - started))
+        job = EvalJob(
+            reference_source=reference,
+            candidate_source=candidate,
+            language=_language(candidate),
+            timeout_s=remaining,
+            task_id=service.task_id(reference),
+            candidate_id="cli",
+        )
+        return await service.evaluate(job)
+    finally:
+        await service.aclose()
+
+
+def summary_text(result: EvalResult) -> str:
+    """A readable account of a result."""
+    lines = [f"{result.status.value.upper()}: {result.summary}"]
+    if result.device is not None:
+        d = result.device
+        lines.append(
+            f"device: {d.kind.value} {d.name} (torch {d.torch}, triton {d.triton}"
+            f"{', interpreter' if d.triton_interpreter else ''})"
+        )
+    if result.correctness is not None:
+        c = result.correctness
+        lines.append(
+            f"correctness: {c.passed_trials}/{c.trials} trials, atol={c.atol:g} rtol={c.rtol:g}, "
+            f"max abs err {c.max_abs_err}, err vs fp64 {c.err_vs_fp64} (eager {c.ref_err_vs_fp64})"
+        )
+    if result.timing is not None:
+        t = result.timing
+        lines.append(
+            f"candidate: median {t.median_ms:.4f} ms (p10 {t.p10_ms:.4f}, p90 {t.p90_ms:.4f}, "
+            f"{t.reps} reps, rel stderr {t.rel_stderr:.2%}, {t.timer.value})"
+        )
+    if result.baselines is not None:
+        for name, stats in (("eager", result.baselines.eager), ("torch.compile", result.baselines.compiled)):
+            if stats is not None:
+                lines.append(f"{name}: median {stats.median_ms:.4f} ms ({stats.reps} reps)")
+    if result.speedup_vs_eager is not None:
+        lines.append(
+            f"speedup vs eager {result.speedup_vs_eager:.3f}x"
+            + (f", vs torch.compile {result.speedup_vs_compiled:.3f}x" if result.speedup_vs_compiled else "")
+        )
+    if result.sol is not None and result.sol.fraction is not None:
+        lines.append(
+            f"speed of light: {result.sol.bound_ms:.4f} ms ({result.sol.limiter}), {result.sol.fraction:.1%} reached"
+        )
+    for f in result.findings:
+        where = f" line {f.line}" if f.line else ""
+        lines.append(f"finding {f.rule.value} [{f.severity.value}]{where}: {f.message}")
+    for chk in result.checks:
+        if chk.outcome is not CheckOutcome.PASSED:
+            lines.append(f"check {chk.name}: {chk.outcome.value}" + (f" ({chk.detail})" if chk.detail else ""))
+    lines.extend(f"review: {r}" for r in result.review)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one evaluation; see the module docstring for the exit status."""
+    args = _parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    if not args.timeout > 0:
+        sys.stderr.write("kfoundry eval: error: --timeout must be a positive number of seconds\n")
+        return 2
+    sources = []
+    for path in (args.reference, args.candidate):
+        try:
+            sources.append(path.read_text())
+        except OSError as exc:
+            sys.stderr.write(f"kfoundry eval: error: cannot read {path}: {exc.strerror or exc}\n")
+            return 2
+    try:
+        result = asyncio.run(_evaluate(sources[0], sources[1], args.device, args.timeout))
+    except RunnerError as exc:
+        sys.stderr.write(f"kfoundry eval: error: {exc}\n")
+        return 1
+    sys.stdout.write(result.model_dump_json() + "\n" if args.json else summary_text(result))
+    return 0

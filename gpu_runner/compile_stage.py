@@ -1,0 +1,126 @@
+"""The worker's compile mode: a CPU-only, sandboxed, single-use process per candidate.
+
+* ``load_inline`` extensions are built here (into the stage's private directory) and recorded,
+  so the run process only loads the ``.so``.
+* Triton kernels are compiled ahead of time without a GPU: Triton's active driver is replaced by
+  one that names a fixed target (e.g. ``GPUTarget("cuda", 90, 32)``), launches are turned into
+  compile-only ``warmup`` calls, and the candidate's forward runs once on CPU tensors shaped by
+  the reference. The cubins land in the stage's ``TRITON_CACHE_DIR``, which the run process
+  receives, so it loads instead of compiling. Where that cannot work (the forward needs a real
+  device), the stage says so and the run process compiles just in time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu_runner.hooks import LaunchLog, install_ext_loader, install_triton_hooks
+from gpu_runner.worker_candidate import enter_sandbox, import_candidate
+from gpu_runner.worker_common import Channel, describe_exception
+from gpu_runner.worker_reference import REFERENCE_FILENAME, load_module, make_inputs
+
+
+class _CompileOnlyDriver:
+    """Stands in for Triton's GPU driver in a process that has no GPU: it only names the target."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        del device
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def is_active(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"compile-only driver: {name} needs a GPU")
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources"})
+
+
+def _build_launchers(kernels: list[Any]) -> str:
+    """Build each kernel's host launcher into the cache too (Triton versions that make one per signature)."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:
+        return ""
+    built = 0
+    for kernel in kernels:
+        try:
+            CudaLauncher(kernel.src, kernel.metadata)
+            built += 1
+        except Exception:  # noqa: BLE001 - launchers that need a GPU here are built at the first launch
+            return "; launchers: built at the first launch"
+    return f"; launchers: {built} prebuilt" if built else ""
+
+
+def compile_job(msg: dict[str, Any], channel: Channel) -> None:
+    """Build the candidate's extensions and (with a target) its Triton kernels; report what happened."""
+    started = time.perf_counter()
+    log = LaunchLog()
+    built: list[dict[str, str]] = []
+    kernels: list[Any] = []
+    target = msg.get("target")
+    if target:
+        from triton.backends.compiler import GPUTarget
+        from triton.runtime import driver
+
+        driver.set_active(_CompileOnlyDriver(GPUTarget(target["backend"], int(target["arch"]), int(target["warp"]))))
+        install_triton_hooks(log, compile_only=True, compiled=kernels)
+    install_ext_loader(log, "compile", {}, Path(msg["build_root"]), built)
+    enter_sandbox(msg["sandbox"], torch.device("cpu"))
+    aot = "not attempted: no Triton kernels or no GPU target"
+    try:
+        ns = import_candidate(msg["candidate_path"])
+    except BaseException as exc:  # noqa: BLE001 - a failing import is the compile verdict
+        channel.send(
+            "compiled",
+            ok=False,
+            stage="import",
+            built=built,
+            aot="import failed",
+            compile_error=True,
+            elapsed_s=time.perf_counter() - started,
+            **describe_exception(exc),
+        )
+        return
+    if target and msg.get("triton_kernels"):
+        try:
+            ref = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")
+            inputs = make_inputs(ref, 0, torch.device("cpu"))
+            init_args = list(ref["get_init_inputs"]())
+            torch.manual_seed(0)
+            cand = ns["ModelNew"](*init_args)
+            with torch.no_grad():
+                cand(*inputs)
+            aot = "complete: every kernel the forward launches was compiled ahead of time"
+            aot += _build_launchers(kernels)
+        except BaseException as exc:  # noqa: BLE001 - a Triton compile error is a verdict; others mean JIT later
+            if _is_compile_error(exc):
+                channel.send(
+                    "compiled",
+                    ok=False,
+                    stage="triton",
+                    built=built,
+                    aot="compile error",
+                    compile_error=True,
+                    elapsed_s=time.perf_counter() - started,
+                    **describe_exception(exc),
+                )
+                return
+            aot = f"partial: the forward needs a device ({type(exc).__name__}); the run process compiles the rest"
+    channel.send("compiled", ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started)

@@ -1,0 +1,313 @@
+"""The compile stage (parent side): a content-hash cache in front of sandboxed compile workers.
+
+The key covers the candidate, the reference (Triton specialises on its shapes), the target and
+the software versions, so an identical source never compiles twice, failures included (a
+timeout is not cached). Artifacts move from the worker's private directory into the cache only
+through the parent, which the run process then copies from: nothing a candidate's process
+wrote is shared with another candidate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpu_runner.config import RunnerConfig
+from gpu_runner.errors import WorkerStartError
+from gpu_runner.gate import GateReport
+from gpu_runner.protocol import FrameError
+from gpu_runner.sandbox import Isolation, Worker, await_ready, chown_tree, spawn_worker
+
+logger = structlog.get_logger(__name__)
+_names = count()
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    """What the compile stage produced for one candidate."""
+
+    ok: bool
+    needed: bool
+    cache_hit: bool = False
+    seconds: float = 0.0
+    log: str = ""
+    aot: str = ""
+    error: dict[str, str] = field(default_factory=dict)
+    timed_out: bool = False
+    entry: Path | None = None
+    ext_manifest: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def triton_dir(self) -> Path | None:
+        """Triton cache tree to give the run process, if the stage made one."""
+        if self.entry is None:
+            return None
+        path = self.entry / "triton"
+        return path if path.exists() else None
+
+
+class Compiler:
+    """Compiles candidates in single-use CPU-only workers, behind a content-hash cache."""
+
+    def __init__(self, cfg: RunnerConfig, iso: Isolation, device: str, base: Path, versions: str) -> None:
+        self.cfg = cfg
+        self.iso = iso
+        self.device = device
+        self.base = base
+        self.cache = cfg.resolved_cache_dir() / "compile"
+        self.versions = versions
+        self.sem = asyncio.Semaphore(cfg.compile_workers)
+        self.inflight: dict[str, asyncio.Future[CompileOutcome]] = {}
+        self.idle: list[Worker] = []
+        self.starting = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.reaping: set[asyncio.Task[None]] = set()
+        self.target: dict[str, Any] | None = None
+        self.closed = False
+
+    def warm_count(self) -> int:
+        return self.cfg.compile_workers if self.device == "cuda" else 0
+
+    def env(self, private_name: str) -> dict[str, str]:
+        private = self.base / private_name
+        env = {
+            "TRITON_CACHE_DIR": str(private / "triton"),
+            "TORCH_EXTENSIONS_DIR": str(private / "ext"),
+            "MAX_JOBS": str(max(1, (os.cpu_count() or 1) // self.cfg.compile_workers)),
+        }
+        if self.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            if self.target is not None:
+                arch = int(self.target["arch"])
+                env["TORCH_CUDA_ARCH_LIST"] = f"{arch // 10}.{arch % 10}"
+        else:
+            env["TRITON_INTERPRET"] = "1"
+        return env
+
+    async def _new_worker(self) -> Worker:
+        name = f"compile-{next(_names)}"
+        worker = await spawn_worker("compile", self.device, self.iso, self.cfg.python, self.base, name, self.env(name))
+        try:
+            await await_ready(worker, self.cfg.worker_start_timeout_s)
+        except BaseException:
+            await worker.kill(sweep=False)
+            raise
+        return worker
+
+    def refill(self) -> None:
+        """Keep compile workers warm (CUDA only: on the CPU they are rarely needed)."""
+        while not self.closed and self.target is not None and len(self.idle) + self.starting < self.warm_count():
+            self.starting += 1
+            task = asyncio.create_task(self._start())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _start(self) -> None:
+        try:
+            worker = await self._new_worker()
+            if self.closed:
+                await worker.kill(sweep=False)
+            else:
+                self.idle.append(worker)
+        except WorkerStartError as exc:
+            logger.warning("compile_worker_failed", error=str(exc)[:500])
+        finally:
+            self.starting -= 1
+
+    def key(self, candidate: str, reference: str) -> str:
+        parts = [candidate, reference, json.dumps(self.target, sort_keys=True), self.versions, self.device]
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+    def needed(self, gate: GateReport) -> bool:
+        return self.device == "cuda" or gate.uses_load_inline
+
+    async def compile(self, candidate: str, reference: str, gate: GateReport, timeout_s: float) -> CompileOutcome:
+        """Compile (or fetch from the cache) one candidate."""
+        if not self.needed(gate):
+            return CompileOutcome(ok=True, needed=False, aot="not needed: Triton runs under the interpreter here")
+        key = self.key(candidate, reference)
+        entry = self.cache / key
+        cached = self._load(entry)
+        if cached is not None:
+            return cached
+        if key in self.inflight:
+            return await asyncio.shield(self.inflight[key])
+        future: asyncio.Future[CompileOutcome] = asyncio.get_running_loop().create_future()
+        self.inflight[key] = future
+        try:
+            outcome = await self._compile(candidate, reference, gate, timeout_s, entry)
+            future.set_result(outcome)
+            return outcome
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it
+            raise
+        finally:
+            del self.inflight[key]
+
+    def _load(self, entry: Path) -> CompileOutcome | None:
+        meta_path = entry / "meta.json"
+        if not meta_path.exists():
+            return None
+        meta = json.loads(meta_path.read_text())
+        manifest = {k: str(entry / v) for k, v in meta["ext"].items()}
+        return CompileOutcome(
+            ok=meta["ok"],
+            needed=True,
+            cache_hit=True,
+            seconds=0.0,
+            log=meta["log"],
+            aot=str(meta["aot"]),
+            error=meta["error"],
+            entry=entry,
+            ext_manifest=manifest,
+        )
+
+    async def _compile(
+        self, candidate: str, reference: str, gate: GateReport, timeout_s: float, entry: Path
+    ) -> CompileOutcome:
+        async with self.sem:
+            started = time.perf_counter()
+            worker = self.idle.pop() if self.idle else await self._new_worker()
+            self.refill()
+            try:
+                header = await self._run(worker, candidate, reference, gate, timeout_s)
+            except TimeoutError:
+                return CompileOutcome(
+                    ok=False,
+                    needed=True,
+                    seconds=time.perf_counter() - started,
+                    timed_out=True,
+                    log=worker.log_text(),
+                    error={
+                        "etype": "TimeoutError",
+                        "stage": "compile",
+                        "message": f"compilation exceeded {timeout_s:.0f} s",
+                    },
+                )
+            except (asyncio.IncompleteReadError, FrameError) as exc:
+                await asyncio.sleep(0.05)  # let a crashed process's exit status arrive
+                rc = worker.proc.returncode
+                return CompileOutcome(
+                    ok=False,
+                    needed=True,
+                    seconds=time.perf_counter() - started,
+                    log=worker.log_text(),
+                    error={
+                        "etype": type(exc).__name__,
+                        "stage": "compile",
+                        "message": f"the compile process died (exit status {rc})",
+                    },
+                )
+            finally:
+                tree = await asyncio.to_thread(worker.terminate)
+                self._reap(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
+            seconds = time.perf_counter() - started
+            return await asyncio.to_thread(self._store, worker, header, entry, seconds)
+
+    async def _run(
+        self, worker: Worker, candidate: str, reference: str, gate: GateReport, timeout_s: float
+    ) -> dict[str, Any]:
+        path = worker.dir / "candidate.py"
+        path.write_text(candidate)
+        (worker.dir / "ext").mkdir(exist_ok=True)
+        chown_tree(worker.dir, self.iso.uid, self.iso.gid)
+        await worker.send(
+            {
+                "op": "compile",
+                "candidate_path": str(path),
+                "reference_source": reference,
+                "build_root": str(worker.dir / "ext"),
+                "target": self.target if self.device == "cuda" else None,
+                "triton_kernels": list(gate.triton_kernels),
+                "sandbox": self.sandbox(worker),
+            }
+        )
+        async with asyncio.timeout(timeout_s):
+            while True:
+                header, _ = await worker.recv(1 << 20)
+                if header.get("kind") == "compiled":
+                    return header
+
+    def sandbox(self, worker: Worker) -> dict[str, Any]:
+        return {
+            "cwd": str(worker.dir),
+            "data_bytes": self.cfg.host_memory_limit_bytes,
+            "fsize_bytes": self.cfg.max_file_bytes,
+            "nproc": self.cfg.max_processes,
+            "uid": self.iso.uid,
+            "gid": self.iso.gid,
+        }
+
+    def _store(self, worker: Worker, header: dict[str, Any], entry: Path, seconds: float) -> CompileOutcome:
+        tmp = entry.parent / f".tmp-{secrets.token_hex(6)}"
+        tmp.mkdir(parents=True)
+        triton_src = worker.dir / "triton"
+        if triton_src.exists():
+            shutil.copytree(triton_src, tmp / "triton", symlinks=False, ignore_dangling_symlinks=True)
+        ext: dict[str, str] = {}
+        for item in header.get("built", []):
+            so = Path(str(item["so"]))
+            if so.is_file() and so.resolve().is_relative_to(worker.dir.resolve()):
+                rel = Path("ext") / str(item["key"]) / so.name
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(so, tmp / rel)
+                ext[str(item["key"])] = str(rel)
+        ok = bool(header.get("ok"))
+        error = {k: str(header.get(k, "")) for k in ("etype", "message", "traceback", "stage")} if not ok else {}
+        log = worker.log_text()
+        meta = {
+            "ok": ok,
+            "log": log[-200_000:],
+            "aot": str(header.get("aot", "")),
+            "error": error,
+            "ext": ext,
+            "seconds": seconds,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        try:
+            tmp.rename(entry)
+        except OSError:  # another evaluator stored the same key first: use theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+        manifest = {k: str(entry / v) for k, v in ext.items()}
+        return CompileOutcome(
+            ok=ok,
+            needed=True,
+            seconds=seconds,
+            log=log,
+            aot=str(meta["aot"]),
+            error=error,
+            entry=entry,
+            ext_manifest=manifest,
+        )
+
+    def _reap(self, reap: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(reap)
+        self.reaping.add(task)
+        task.add_done_callback(self.reaping.discard)
+
+    async def close(self) -> None:
+        self.closed = True
+        if self.reaping:
+            await asyncio.gather(*self.reaping, return_exceptions=True)
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for worker in self.idle:
+            await worker.kill(sweep=False)
+        self.idle.clear()

@@ -1,0 +1,216 @@
+"""Configuration of the evaluation service and the job it evaluates.
+
+:class:`RunnerConfig` is validated at construction and fails loudly with a :class:`ConfigError`
+naming the bad field. :class:`EvalJob` is one candidate to evaluate against one reference.
+Both are re-exported by :mod:`gpu_runner.service`, the module others import them from.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+
+from gpu_runner.errors import ConfigError
+from schemas import DeviceChoice, KernelLanguage
+
+GIB = 1 << 30
+
+DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        # (atol, rtol) per output dtype; float32 follows KernelBench's current 1e-4 (torchbench).
+        "float64": (1e-7, 1e-7),
+        "float32": (1e-4, 1e-4),
+        "float16": (1e-2, 1e-2),
+        "bfloat16": (2e-2, 2e-2),
+    }
+)
+"""Element-wise tolerances per output dtype; integer and bool outputs must match exactly."""
+
+DEFAULT_PRECISION_FLOORS: Mapping[str, float] = MappingProxyType(
+    {
+        # Relative L2 error against float64 that any honest kernel of this dtype may have.
+        # TF32 (10-bit mantissa) and bf16 land near 1e-4..1e-2 on float32 problems: above 1e-5.
+        "float64": 1e-12,
+        "float32": 1e-5,
+        "float16": 5e-3,
+        "bfloat16": 3e-2,
+    }
+)
+"""Precision floor per output dtype (relative L2 error against float64 always allowed)."""
+
+
+def default_cache_dir() -> Path:
+    """``$KFOUNDRY_HOME/cache``, or ``~/.kfoundry/cache``."""
+    home = os.environ.get("KFOUNDRY_HOME")
+    base = Path(home) if home else Path.home() / ".kfoundry"
+    return base / "cache"
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How the evaluator runs candidates. Every field is checked when the config is built."""
+
+    device: DeviceChoice = DeviceChoice.AUTO
+    """``cpu``, ``cuda``, or ``auto`` (CUDA when a GPU is present)."""
+    spares: int = 2
+    """Pre-warmed single-use run processes kept ready."""
+    max_concurrent_runs: int = 1
+    """Run processes executing candidates at once (per GPU); timing wants 1."""
+    compile_workers: int = os.cpu_count() or 1
+    """Compile processes at once."""
+    cache_dir: Path | None = None
+    """Content-hash compile cache; ``None`` is :func:`default_cache_dir`."""
+    work_dir: Path | None = None
+    """Where private per-process directories are made; ``None`` is a fresh temporary directory."""
+    trials: int = 5
+    """Correctness trials, each with fresh inputs from a seed drawn with ``secrets``."""
+    tolerances: Mapping[str, tuple[float, float]] = field(default_factory=lambda: DEFAULT_TOLERANCES)
+    """(atol, rtol) per floating output dtype."""
+    precision_factor: float = 10.0
+    """The candidate's error against float64 may be this many times the eager reference's."""
+    precision_floors: Mapping[str, float] = field(default_factory=lambda: DEFAULT_PRECISION_FLOORS)
+    """Relative L2 error against float64 always allowed, per dtype."""
+    timing_target_rel_err: float = 0.005
+    """Stop timing once the relative standard error of every timed callable is below this."""
+    timing_min_reps: int = 30
+    """Fewest timed calls per callable."""
+    timing_max_reps: int = 2000
+    """Most timed calls per callable."""
+    timing_budget_s: float = 6.0
+    """Wall-clock budget of the timing phase (all callables together)."""
+    warmup_min_calls: int = 3
+    """Warm-up calls per callable before timing."""
+    warmup_min_s: float = 0.025
+    """Warm-up time per callable before timing."""
+    guard_reps: int = 15
+    """Synchronized wall-clock calls per callable for the deferred-work guard (CUDA)."""
+    guard_slack_ms: float = 0.02
+    """Absolute slack of the deferred-work guard (launch and sync overhead) in ms."""
+    guard_ratio: float = 0.25
+    """Hidden work above this fraction of the candidate's event time (plus slack) is rejected."""
+    compiled_baseline: bool | None = None
+    """Time ``torch.compile`` of the reference; ``None``: on CUDA yes, on the CPU no."""
+    review_speedup: float = 10.0
+    """Speedups above this need an explanation (speed-of-light headroom) or go to review."""
+    peak_tflops: float | None = None
+    """Arithmetic ceiling for speed-of-light; ``None``: from a device table or measured."""
+    peak_gbps: float | None = None
+    """Memory-bandwidth ceiling for speed-of-light; ``None``: from a device table or measured."""
+    host_memory_limit_bytes: int = 16 * GIB
+    """RLIMIT_DATA of a candidate's process."""
+    device_memory_fraction: float = 0.9
+    """Share of device memory a candidate's process may allocate."""
+    max_file_bytes: int = 2 * GIB
+    """RLIMIT_FSIZE of a candidate's process."""
+    max_processes: int = 4096
+    """RLIMIT_NPROC of the sandbox user (it counts threads of every process of that user)."""
+    sandbox_user: str | None = "nobody"
+    """User a candidate runs as when the evaluator is root; ``None`` keeps the evaluator's user."""
+    network_isolation: bool = True
+    """Run workers under ``unshare -n`` where the OS allows it."""
+    pid_isolation: bool = True
+    """Run workers in their own PID namespace where the OS allows it."""
+    enforce_gate: bool = True
+    """Refuse candidates the static gate rejects; ``False`` records findings and runs anyway."""
+    compile_timeout_s: float = 600.0
+    """Bound on one compile stage."""
+    worker_start_timeout_s: float = 180.0
+    """Bound on a worker's start (imports and device initialisation)."""
+    log_limit_chars: int = 8000
+    """Compile and runtime logs are cut to this many characters (head and tail kept)."""
+    python: str = sys.executable
+    """Interpreter of the workers."""
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[str, bool, str]] = [
+            ("spares", self.spares >= 0, "must be >= 0"),
+            ("max_concurrent_runs", self.max_concurrent_runs >= 1, "must be >= 1"),
+            ("compile_workers", self.compile_workers >= 1, "must be >= 1"),
+            ("trials", self.trials >= 5, "must be >= 5 (fresh-seed trials the candidate cannot predict)"),
+            ("precision_factor", self.precision_factor >= 1.0, "must be >= 1"),
+            ("timing_target_rel_err", 0 < self.timing_target_rel_err < 1, "must be in (0, 1)"),
+            ("timing_min_reps", self.timing_min_reps >= 3, "must be >= 3"),
+            ("timing_max_reps", self.timing_max_reps >= self.timing_min_reps, "must be >= timing_min_reps"),
+            ("timing_budget_s", self.timing_budget_s > 0, "must be > 0"),
+            ("warmup_min_calls", self.warmup_min_calls >= 1, "must be >= 1"),
+            ("warmup_min_s", self.warmup_min_s >= 0, "must be >= 0"),
+            ("guard_reps", self.guard_reps >= 3, "must be >= 3"),
+            ("guard_slack_ms", self.guard_slack_ms >= 0, "must be >= 0"),
+            ("guard_ratio", self.guard_ratio > 0, "must be > 0"),
+            ("review_speedup", self.review_speedup > 1, "must be > 1"),
+            ("peak_tflops", self.peak_tflops is None or self.peak_tflops > 0, "must be > 0 or None"),
+            ("peak_gbps", self.peak_gbps is None or self.peak_gbps > 0, "must be > 0 or None"),
+            ("host_memory_limit_bytes", self.host_memory_limit_bytes >= 1 * GIB, "must be >= 1 GiB"),
+            ("device_memory_fraction", 0 < self.device_memory_fraction <= 1, "must be in (0, 1]"),
+            ("max_file_bytes", self.max_file_bytes >= 1 << 20, "must be >= 1 MiB"),
+            ("max_processes", self.max_processes >= 64, "must be >= 64"),
+            ("compile_timeout_s", self.compile_timeout_s > 0, "must be > 0"),
+            ("worker_start_timeout_s", self.worker_start_timeout_s > 0, "must be > 0"),
+            ("log_limit_chars", self.log_limit_chars >= 200, "must be >= 200"),
+            ("sandbox_user", self.sandbox_user is None or bool(self.sandbox_user.strip()), "empty"),
+        ]
+        for name, ok, reason in checks:
+            if not ok:
+                raise ConfigError(f"RunnerConfig.{name}", getattr(self, name), reason)
+        try:
+            DeviceChoice(self.device)
+        except ValueError:
+            raise ConfigError("RunnerConfig.device", self.device, "must be one of cpu, cuda, auto") from None
+        for dtype, pair in self.tolerances.items():
+            if len(pair) != 2 or min(pair) < 0:
+                raise ConfigError("RunnerConfig.tolerances", {dtype: pair}, "each entry is (atol >= 0, rtol >= 0)")
+        for dtype, floor in self.precision_floors.items():
+            if floor < 0:
+                raise ConfigError("RunnerConfig.precision_floors", {dtype: floor}, "floors must be >= 0")
+        if not Path(self.python).exists():
+            raise ConfigError("RunnerConfig.python", self.python, "no such interpreter")
+
+    def resolved_cache_dir(self) -> Path:
+        """The compile cache directory in use."""
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir()
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain values of every field (for logs and the worker)."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, Path):
+                value = str(value)
+            out[f.name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One candidate to evaluate against one reference."""
+
+    reference_source: str
+    """The KernelBench reference (``Model``, ``get_inputs``, ``get_init_inputs``)."""
+    candidate_source: str
+    """The candidate (``ModelNew`` with Triton or CUDA/C++ kernels)."""
+    language: KernelLanguage
+    """The language the candidate claims for its kernels."""
+    timeout_s: float
+    """Bound on the whole evaluation of this candidate."""
+    run_id: str = ""
+    candidate_id: str = ""
+    island: str = ""
+    task_id: str = ""
+    attempt: int = 1
+    evaluator: str = ""
+    extra: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Free-form labels carried into logs."""
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ConfigError("EvalJob.timeout_s", self.timeout_s, "must be > 0")
+        if self.attempt < 1:
+            raise ConfigError("EvalJob.attempt", self.attempt, "must be >= 1")
+        if not self.reference_source.strip():
+            raise ConfigError("EvalJob.reference_source", "", "is empty")

@@ -1,0 +1,58 @@
+"""Errors of the evaluator itself (never of a candidate: candidate faults become verdicts).
+
+``RunnerError`` is the root. ``evaluate`` raises only these, and only when the evaluator cannot
+do its job (a bad reference, a worker that cannot start, a closed service); whatever a candidate
+does ends as an :class:`schemas.EvalResult` with a status.
+"""
+
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    """Root of every error ``gpu_runner`` raises on purpose."""
+
+
+class ConfigError(RunnerError):
+    """A configuration value is invalid; the message names the field and the value."""
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        super().__init__(f"{field}={value!r}: {reason}")
+        self.field = field
+        self.value = value
+        self.reason = reason
+
+
+class InvalidReference(RunnerError):
+    """The reference file is not a usable KernelBench task (it is the user's fault, not the candidate's)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"invalid reference: {reason}" + (f"\n{detail}" if detail else ""))
+        self.reason = reason
+        self.detail = detail
+
+
+class WorkerStartError(RunnerError):
+    """A sandboxed worker process could not be started or did not become ready."""
+
+    def __init__(self, mode: str, reason: str, log: str = "") -> None:
+        super().__init__(f"{mode} worker failed to start: {reason}" + (f"\n{log}" if log else ""))
+        self.mode = mode
+        self.reason = reason
+        self.log = log
+
+
+class DeviceUnavailable(RunnerError):
+    """The requested device is not present (e.g. ``--device cuda`` on a machine with no GPU)."""
+
+    def __init__(self, device: str, reason: str) -> None:
+        super().__init__(f"device {device!r} is not available: {reason}")
+        self.device = device
+        self.reason = reason
+
+
+class ProtocolError(RunnerError):
+    """A worker sent something out of order or malformed; the message says what."""
+
+
+class ServiceClosed(RunnerError):
+    """The evaluation service was used before ``start()`` or after ``aclose()``."""

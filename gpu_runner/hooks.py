@@ -1,0 +1,238 @@
+"""Launch evidence, installed from the trusted side before the candidate is imported.
+
+* Triton: ``JITFunction.run`` (and the interpreter's ``InterpretedFunction.run``) are wrapped at
+  class level, so every launch of a kernel whose Python function lives in the candidate's module
+  is counted, whatever path (autotuner, heuristics, helper) led to it. In compile mode the same
+  wrapper turns launches into compile-only ``warmup`` calls.
+* C++/CUDA: ``torch.utils.cpp_extension.load_inline`` is replaced: compile mode builds into the
+  compile stage's directory and records the ``.so``; run mode loads that ``.so`` (or falls back to
+  building privately) and hands back a module whose functions count their calls.
+* A ``TorchDispatchMode`` records every aten op the forward dispatches outside the candidate's
+  own launches: a compute op there means the PyTorch op, not a kernel, did the work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpu_runner.aten_policy import ALLOWED_ATEN_OPS
+
+CANDIDATE_MODULE = "kf_candidate"
+BUILTIN_OP_NAMESPACES = frozenset(
+    {
+        "aten",
+        "prims",
+        "quantized",
+        "_quantized",
+        "mkldnn",
+        "torchvision",
+        "_c10d_functional",
+        "c10d",
+        "profiler",
+        "inductor",
+        "quantized_decomposed",
+        "rngprims",
+        "debugprims",
+        "higher_order",
+    }
+)
+"""Op namespaces that belong to torch itself (anything else was registered by the candidate)."""
+
+
+@dataclass
+class LaunchLog:
+    """Counts of the candidate's own launches and of foreign aten ops, per forward."""
+
+    own_launches: int = 0
+    own_names: list[str] = field(default_factory=list)
+    ext_calls: int = 0
+    foreign_ops: dict[str, int] = field(default_factory=dict)
+    suspended: int = 0
+    recording: bool = False
+    jit_fallback: list[str] = field(default_factory=list)
+    ext_loaded: list[str] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.own_launches = 0
+        self.own_names = []
+        self.ext_calls = 0
+        self.foreign_ops = {}
+
+    def launched(self, name: str) -> None:
+        if self.recording:
+            self.own_launches += 1
+            if name not in self.own_names:
+                self.own_names.append(name)
+
+
+def ext_key(name: str, kwargs: dict[str, Any]) -> str:
+    """Content key of one ``load_inline`` call: the same in the compile and the run process."""
+    parts: dict[str, Any] = {"name": name}
+    for key in (
+        "cpp_sources",
+        "cuda_sources",
+        "functions",
+        "extra_cflags",
+        "extra_cuda_cflags",
+        "extra_ldflags",
+        "with_cuda",
+        "with_pytorch_error_handling",
+    ):
+        value = kwargs.get(key)
+        parts[key] = [value] if isinstance(value, str) else value
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _kernel_module(kernel: Any) -> str | None:
+    fn = getattr(kernel, "fn", None)
+    return getattr(fn, "__module__", None)
+
+
+def _kernel_name(kernel: Any) -> str:
+    fn = getattr(kernel, "fn", None)
+    return str(getattr(fn, "__name__", getattr(kernel, "__name__", "?")))
+
+
+def install_triton_hooks(log: LaunchLog, compile_only: bool, compiled: list[Any] | None = None) -> None:
+    """Wrap Triton's launch entry points (count launches; or make them compile-only)."""
+    import triton.runtime.jit as jit
+
+    classes: list[type] = [jit.JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:
+        pass
+    for cls in classes:
+        original = cls.run  # type: ignore[attr-defined]
+
+        def run(
+            self: Any, *args: Any, grid: Any, warmup: bool, _orig: Callable[..., Any] = original, **kwargs: Any
+        ) -> Any:
+            own = _kernel_module(self) == CANDIDATE_MODULE
+            if compile_only:
+                kernel = _orig(self, *args, grid=grid, warmup=True, **kwargs)
+                if compiled is not None and kernel is not None:
+                    compiled.append(kernel)
+                return kernel
+            if own and not warmup:
+                log.launched(_kernel_name(self))
+            log.suspended += 1
+            try:
+                return _orig(self, *args, grid=grid, warmup=warmup, **kwargs)
+            finally:
+                log.suspended -= 1
+
+        cls.run = run  # type: ignore[attr-defined]
+    if compile_only:
+        from triton.runtime.autotuner import Autotuner
+
+        def tune(self: Any, *args: Any, **kwargs: Any) -> Any:
+            kwargs.pop("warmup", None)
+            return self.warmup(*args, **kwargs)
+
+        Autotuner.run = tune
+
+
+class _CountingModule:
+    """Stands for a built extension module; each public function counts its calls."""
+
+    def __init__(self, module: Any, log: LaunchLog) -> None:
+        self._module = module
+        for attr in dir(module):
+            value = getattr(module, attr)
+            if not attr.startswith("_") and callable(value):
+                setattr(self, attr, self._wrap(attr, value, log))
+
+    @staticmethod
+    def _wrap(name: str, fn: Callable[..., Any], log: LaunchLog) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if log.recording:
+                log.ext_calls += 1
+                log.launched(name)
+            return fn(*args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._module, attr)
+
+
+def _import_so(name: str, path: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load extension {name} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def install_ext_loader(
+    log: LaunchLog, mode: str, manifest: dict[str, str], build_root: Path, built: list[dict[str, str]]
+) -> None:
+    """Replace ``load_inline``: build and record (``compile``), or load the prebuilt ``.so`` (``run``)."""
+    import torch.utils.cpp_extension as cpp
+
+    real_load_inline = cpp.load_inline
+
+    def load_inline(name: str, cpp_sources: Any, cuda_sources: Any = None, functions: Any = None, **kwargs: Any) -> Any:
+        call = {"cpp_sources": cpp_sources, "cuda_sources": cuda_sources, "functions": functions, **kwargs}
+        key = ext_key(name, call)
+        kwargs.pop("build_directory", None)
+        kwargs.setdefault("verbose", mode == "compile")
+        if mode == "run" and key in manifest:
+            module = _import_so(name, manifest[key])
+            log.ext_loaded.append(name)
+        else:
+            build_dir = build_root / key
+            build_dir.mkdir(parents=True, exist_ok=True)
+            module = real_load_inline(  # type: ignore[no-untyped-call]
+                name,
+                cpp_sources,
+                cuda_sources=cuda_sources,
+                functions=functions,
+                build_directory=str(build_dir),
+                **kwargs,
+            )
+            so_path = getattr(module, "__file__", None) or str(build_dir / f"{name}.so")
+            built.append({"key": key, "name": name, "so": so_path})
+            if mode == "run":
+                log.jit_fallback.append(f"extension {name}")
+        return _CountingModule(module, log) if mode == "run" else module
+
+    cpp.load_inline = load_inline  # type: ignore[assignment]
+
+
+class DispatchRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records aten ops dispatched outside the candidate's own launches while ``log.recording``."""
+
+    def __init__(self, log: LaunchLog) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.log = log
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.log.recording and not self.log.suspended:
+            name = func.__name__.split(".", 1)[0]
+            namespace = getattr(func, "namespace", "aten")
+            if namespace not in BUILTIN_OP_NAMESPACES:
+                self.log.launched(f"{namespace}::{name}")  # a custom op the candidate registered
+                return func(*args, **kwargs)
+            allowed = name in ALLOWED_ATEN_OPS
+            if name == "_to_copy" and args and isinstance(args[0], torch.Tensor):
+                dtype = kwargs.get("dtype")
+                allowed = dtype is None or dtype == args[0].dtype
+            if not allowed:
+                self.log.foreign_ops[name] = self.log.foreign_ops.get(name, 0) + 1
+        return func(*args, **kwargs)

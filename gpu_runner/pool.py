@@ -1,0 +1,251 @@
+"""Pools of pre-warmed, single-use workers (parent side).
+
+:class:`RunPool` keeps ``spares`` run workers started (torch imported, device initialised) and,
+once a task is known, prepared for it: the reference's outputs for fresh secret seeds are
+computed in the spare and already held by the parent before a candidate arrives. A spare is
+handed out once and never returned. :class:`CompilePool` keeps compile workers warm the same
+way (on CUDA; on the CPU they start on demand).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+import structlog
+
+from gpu_runner.config import RunnerConfig
+from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
+from gpu_runner.protocol import FrameError, tensor_from_wire
+from gpu_runner.sandbox import Isolation, Worker, await_ready, spawn_worker
+
+logger = structlog.get_logger(__name__)
+_names = count()
+
+
+def task_key(reference_source: str) -> str:
+    """Content hash of a reference."""
+    return hashlib.sha256(reference_source.encode()).hexdigest()[:16]
+
+
+@dataclass
+class ReferenceData:
+    """What a prepared spare computed before any candidate existed (held by the parent)."""
+
+    outputs: list[list[npt.NDArray[Any]]] = field(default_factory=list)
+    outputs64: list[list[npt.NDArray[Any]] | None] = field(default_factory=list)
+    dtypes: list[list[str]] = field(default_factory=list)
+    fp64_error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    prepare_s: float | None = None
+
+
+@dataclass
+class Spare:
+    """A started run worker, possibly prepared for one task."""
+
+    worker: Worker
+    task: str | None = None
+    reference: ReferenceData | None = None
+
+
+class RunPool:
+    """Single-use run workers, started ahead and prepared for the current task."""
+
+    def __init__(self, cfg: RunnerConfig, iso: Isolation, device: str, base: Path, env: dict[str, str]) -> None:
+        self.cfg = cfg
+        self.iso = iso
+        self.device = device
+        self.base = base
+        self.env = env
+        self.idle: list[Spare] = []
+        self.starting = 0
+        self.reference_source: str | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.start_sem = asyncio.Semaphore(max(2, min(cfg.spares, (os.cpu_count() or 2) // 2)))
+        self.idle_changed = asyncio.Event()
+        self.last_ready: dict[str, Any] = {}
+        self.triton_seed: Path | None = None
+        self.closed = False
+
+    async def new_worker(self) -> Worker:
+        """Start one run worker and wait until it is ready."""
+        async with self.start_sem:
+            name = f"run-{next(_names)}"
+            extra = dict(self.env)
+            triton_dir = self.base / name / "triton"
+            extra["TRITON_CACHE_DIR"] = str(triton_dir)
+            seed = {"triton": self.triton_seed} if self.triton_seed is not None else None
+            worker = await spawn_worker("run", self.device, self.iso, self.cfg.python, self.base, name, extra, seed)
+            try:
+                await await_ready(worker, self.cfg.worker_start_timeout_s)
+            except BaseException:
+                await worker.kill(sweep=False)
+                raise
+            self.last_ready = worker.ready
+            return worker
+
+    async def prepare(self, spare: Spare, reference_source: str, timeout_s: float) -> None:
+        """Have a spare compute the reference outputs for fresh secret seeds; keep them here."""
+        seeds = [secrets.randbits(62) for _ in range(self.cfg.trials)]
+        msg = {
+            "op": "prepare",
+            "reference_source": reference_source,
+            "init_seed": secrets.randbits(62),
+            "trial_seeds": seeds,
+            "compiled_baseline": self.compiled_baseline(),
+        }
+        data = ReferenceData()
+        await spare.worker.send(msg)
+        try:
+            await self._collect_reference(spare, data, timeout_s)
+        except asyncio.IncompleteReadError:
+            log = spare.worker.log_text()[-3000:]
+            raise WorkerStartError("run", "the worker died while computing the reference", log) from None
+        spare.task = task_key(reference_source)
+        spare.reference = data
+
+    async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                header, blobs = await spare.worker.recv(1 << 40)
+                kind = header.get("kind")
+                if kind == "reference":
+                    arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
+                    n = int(header["n_outputs"])
+                    data.outputs.append(arrays[:n])
+                    data.dtypes.append([str(m["dtype"]) for m in header["tensors"][:n]])
+                    data.outputs64.append(arrays[n:] if header.get("fp64_error") is None else None)
+                    data.fp64_error = data.fp64_error or header.get("fp64_error")
+                elif kind == "prepared":
+                    data.info = header
+                elif kind == "prepare_time":
+                    data.prepare_s = float(header["seconds"])
+                    break
+                elif kind == "reference_error":
+                    raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
+                else:
+                    raise ProtocolError(f"unexpected {kind!r} while preparing")
+
+    def compiled_baseline(self) -> bool:
+        if self.cfg.compiled_baseline is not None:
+            return self.cfg.compiled_baseline
+        return self.device == "cuda"
+
+    async def acquire(self, reference_source: str, timeout_s: float) -> tuple[Spare, bool]:
+        """A spare prepared for this reference (and whether it was warm); starts replacements."""
+        key = task_key(reference_source)
+        if self.reference_source is None or task_key(self.reference_source) != key:
+            self.reference_source = reference_source
+        spare = self._take(key)
+        warm = spare is not None
+        self.refill()
+        while spare is None and self.starting > 0:
+            self.idle_changed.clear()
+            await self.idle_changed.wait()
+            spare = self._take(key)
+        self.refill()
+        if spare is None:
+            worker = await self.new_worker()
+            spare = Spare(worker)
+            try:
+                await self.prepare(spare, reference_source, timeout_s)
+            except BaseException:
+                await worker.kill(sweep=False)
+                raise
+        return spare, warm
+
+    def _take(self, key: str) -> Spare | None:
+        spare = next((s for s in self.idle if s.task == key and s.reference is not None), None)
+        if spare is not None:
+            self.idle.remove(spare)
+        return spare
+
+    def refill(self) -> None:
+        """Start spares until ``spares`` are idle or on their way."""
+        if self.closed:
+            return
+        while len(self.idle) + self.starting < self.cfg.spares:
+            self.starting += 1
+            task = asyncio.create_task(self._start_spare())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _start_spare(self) -> None:
+        worker: Worker | None = None
+        kept = False
+        try:
+            worker = await self.new_worker()
+            if self.triton_seed is None:
+                self.seed_triton(worker)
+            spare = Spare(worker)
+            if self.reference_source is not None:
+                await self.prepare(spare, self.reference_source, self.cfg.worker_start_timeout_s)
+            if not self.closed:
+                self.idle.append(spare)
+                kept = True
+        except (WorkerStartError, InvalidReference, ProtocolError, FrameError, TimeoutError) as exc:
+            logger.warning("spare_failed", error=str(exc)[:500])
+        except asyncio.IncompleteReadError:
+            logger.warning("spare_failed", error="the spare died while preparing")
+        finally:
+            self.starting -= 1
+            self.idle_changed.set()
+            if worker is not None and not kept:
+                await worker.kill(sweep=False)
+
+    def seed_triton(self, worker: Worker) -> None:
+        """Keep the first spare's Triton driver build (made before any candidate) for later spares."""
+        source = worker.dir / "triton"
+        seed = self.base / "triton-seed"
+        if source.exists() and not seed.exists():
+            shutil.copytree(source, seed)
+            self.triton_seed = seed
+
+    async def retarget(self, reference_source: str) -> None:
+        """Make idle spares ready for a (new) task."""
+        self.reference_source = reference_source
+        key = task_key(reference_source)
+        for spare in list(self.idle):
+            if spare.task != key:
+                self.idle.remove(spare)
+                await spare.worker.kill(sweep=False)
+        self.refill()
+
+    async def wait_idle(self, n: int, timeout_s: float) -> None:
+        """Wait until ``n`` spares are idle (used by ``prepare`` and benchmarks)."""
+        async with asyncio.timeout(timeout_s):
+            while len(self.idle) < n:
+                self.idle_changed.clear()
+                if not self.starting:
+                    self.refill()
+                    if not self.starting:
+                        raise WorkerStartError(
+                            "run", f"only {len(self.idle)} spares can be kept (spares={self.cfg.spares})"
+                        )
+                await self.idle_changed.wait()
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for spare in self.idle:
+            await spare.worker.kill(sweep=False)
+        self.idle.clear()
+
+
+def decode_outputs(header: dict[str, Any], blobs: list[bytes]) -> list[npt.NDArray[Any]]:
+    """Tensors of a frame as numpy arrays."""
+    return [tensor_from_wire(m, b) for m, b in zip(header.get("tensors", []), blobs, strict=True)]

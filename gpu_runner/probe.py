@@ -1,0 +1,56 @@
+"""What the machine and the task are: the GPU (without a CUDA context here), the worker's software
+versions, and whether a reference is a KernelBench task at all."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+from typing import Any
+
+from gpu_runner.errors import InvalidReference
+
+
+def detect_cuda() -> dict[str, Any] | None:
+    """The first GPU's compute capability and name, via ``nvidia-smi`` (no CUDA context here)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=compute_cap,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    if not line:
+        return None
+    cap, _, name = line.partition(",")
+    major, _, minor = cap.strip().partition(".")
+    return {"backend": "cuda", "arch": int(major) * 10 + int(minor or 0), "warp": 32, "name": name.strip()}
+
+
+def validate_reference(source: str) -> None:
+    """Refuse a reference that is not a KernelBench task (raises :class:`InvalidReference`)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise InvalidReference(f"syntax error on line {exc.lineno}: {exc.msg}") from None
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in names]
+    if missing:
+        raise InvalidReference(f"the reference does not define {', '.join(missing)}")
+
+
+def versions(python: str) -> str:
+    """Versions of torch and Triton as the workers' interpreter sees them (for the compile cache key)."""
+    code = "import importlib.metadata as m; print(m.version('torch'), m.version('triton'))"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

@@ -1,0 +1,394 @@
+"""Starting, talking to and killing sandboxed worker processes (parent side).
+
+A worker starts in its own session (so its whole process group can be killed), under
+``unshare`` where the OS allows (no network; its own PID namespace, so everything it spawns dies
+with it), with a whitelisted environment (no keys or tokens), its own cwd, HOME and TMPDIR,
+and two pipes: jobs in, frames out. Its stdout and stderr go to a log file the parent reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import structlog
+
+from gpu_runner.errors import WorkerStartError
+from gpu_runner.protocol import MAX_HEADER_BYTES, FrameError, decode_header, encode_frame
+
+logger = structlog.get_logger(__name__)
+
+PASS_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "CC",
+    "CXX",
+    "TRITON_PTXAS_PATH",
+)
+"""The only variables of the evaluator's environment a worker inherits."""
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_LEN = struct.Struct(">Q")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the OS allows here, probed once per service."""
+
+    prefix: tuple[str, ...]
+    network: str
+    pids: str
+    uid: int | None
+    gid: int | None
+    user: str
+
+
+def _try(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=120, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _readable_by_others(paths: list[str]) -> str | None:
+    """The first path the sandbox user could not read, if any."""
+    for entry in paths:
+        path = Path(entry)
+        if not path.exists():
+            continue
+        for part in [path, *path.parents]:
+            mode = part.stat().st_mode
+            if not mode & 0o001 or (part == path and path.is_dir() and not mode & 0o004):
+                return str(part)
+    return None
+
+
+def _works_as(uid: int, gid: int, python: str, cuda: bool) -> bool:
+    """Whether the interpreter imports torch and Triton (and starts CUDA) as that user."""
+    code = "import torch, triton, triton.language" + (
+        "; torch.cuda.init(); torch.zeros(1, device='cuda')" if cuda else ""
+    )
+
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+
+    try:
+        done = subprocess.run(
+            [python, "-c", code],
+            capture_output=True,
+            timeout=120,
+            check=False,
+            preexec_fn=drop,
+            cwd="/",
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": "/tmp",
+                "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+            },
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def probe_isolation(
+    network: bool, pids: bool, user: str | None, python: str = sys.executable, cuda: bool = False
+) -> Isolation:
+    """Find the strongest isolation this machine grants (blocking; call it in a thread)."""
+    unshare = shutil.which("unshare")
+    prefix: tuple[str, ...] = ()
+    net_note = pid_note = "skipped: disabled by config"
+    # On CUDA the probe starts the device inside the namespaces: a prefix that breaks CUDA is not used.
+    check = [python, "-c", "import torch; torch.zeros(1, device='cuda')"] if cuda else ["true"]
+    if unshare and (network or pids):
+        full = [unshare, "-n", "-p", "-f", "--mount-proc", "--kill-child"]
+        if network and pids and _try([*full, *check]):
+            prefix, net_note, pid_note = tuple(full), "unshare -n", "unshare -p --mount-proc"
+        elif network and _try([unshare, "-n", *check]):
+            prefix, net_note = (unshare, "-n"), "unshare -n"
+            pid_note = "skipped: unshare -p not permitted here" if pids else pid_note
+        else:
+            net_note = "skipped: unshare not permitted here" if network else net_note
+            pid_note = "skipped: unshare not permitted here" if pids else pid_note
+    elif network or pids:
+        net_note = pid_note = "skipped: no unshare binary"
+    uid = gid = None
+    user_note = "skipped: disabled by config"
+    if user is not None:
+        if os.geteuid() != 0:
+            user_note = f"skipped: the evaluator is not root (uid {os.geteuid()})"
+        else:
+            try:
+                entry = pwd.getpwnam(user)
+                blocked = _readable_by_others([p for p in sys.path if p] + [str(PROJECT_ROOT)])
+                if blocked:
+                    user_note = f"skipped: {user} cannot read {blocked}"
+                elif not _works_as(entry.pw_uid, entry.pw_gid, python, cuda):
+                    user_note = f"skipped: torch/triton do not start as {user} here"
+                else:
+                    uid, gid, user_note = entry.pw_uid, entry.pw_gid, f"{user} (uid {entry.pw_uid})"
+            except KeyError:
+                user_note = f"skipped: no user {user!r}"
+    return Isolation(prefix=prefix, network=net_note, pids=pid_note, uid=uid, gid=gid, user=user_note)
+
+
+def worker_env(extra: dict[str, str], home: Path) -> dict[str, str]:
+    """A whitelisted environment: nothing from the evaluator but paths and device selection."""
+    env = {k: v for k, v in os.environ.items() if k in PASS_ENV and not SECRET_NAME.search(k)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    py_path = [str(PROJECT_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update(
+        {
+            "HOME": str(home),
+            "TMPDIR": str(home / "tmp"),
+            "PYTHONPATH": os.pathsep.join(py_path),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            "TRITON_DEFAULT_FP_FUSION": "1",
+            "KF_WORKER_TOKEN": secrets.token_hex(8),
+        }
+    )
+    env.update(extra)
+    return {k: v for k, v in env.items() if not SECRET_NAME.search(k) or k == "KF_WORKER_TOKEN"}
+
+
+def make_private_dir(base: Path, name: str, uid: int | None, gid: int | None) -> Path:
+    """A fresh directory (with ``tmp/``) owned by the sandbox user."""
+    path = base / name
+    (path / "tmp").mkdir(parents=True)
+    if uid is not None and gid is not None:
+        for p in (path, path / "tmp"):
+            os.chown(p, uid, gid)
+    return path
+
+
+def chown_tree(path: Path, uid: int | None, gid: int | None) -> None:
+    """Give a tree to the sandbox user (no-op without one)."""
+    if uid is None or gid is None:
+        return
+    for root, dirs, files in os.walk(path):
+        os.chown(root, uid, gid)
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+@dataclass
+class Worker:
+    """One sandboxed worker process and its pipes."""
+
+    mode: str
+    proc: asyncio.subprocess.Process
+    reader: asyncio.StreamReader
+    writer: asyncio.WriteTransport
+    read_transport: asyncio.BaseTransport
+    dir: Path
+    log_path: Path
+    token: str
+    ready: dict[str, Any] = field(default_factory=dict)
+    dead: bool = False
+
+    async def send(self, header: dict[str, Any]) -> None:
+        self.writer.write(encode_frame(header))
+
+    async def recv(self, max_blob: int) -> tuple[dict[str, Any], list[bytes]]:
+        """The next frame; ``asyncio.IncompleteReadError`` when the worker is gone."""
+        (size,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
+        if size > MAX_HEADER_BYTES:
+            raise FrameError(f"header of {size} bytes")
+        header = decode_header(await self.reader.readexactly(size))
+        blobs = []
+        for _ in range(int(header.get("blobs", 0))):
+            (blen,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
+            if blen > max_blob:
+                raise FrameError(f"blob of {blen} bytes exceeds the cap of {max_blob}")
+            blobs.append(await self.reader.readexactly(blen))
+        return header, blobs
+
+    def log_text(self, keep: int = 1 << 16) -> str:
+        """Head and tail of the worker's log (a candidate may have printed gigabytes)."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(0)
+                if size <= 2 * keep:
+                    return fh.read().decode(errors="replace")
+                head = fh.read(keep)
+                fh.seek(size - keep)
+                tail = fh.read(keep)
+        except OSError:
+            return ""
+        cut = f"\n... [{size - 2 * keep} bytes of log cut] ...\n"
+        return head.decode(errors="replace") + cut + tail.decode(errors="replace")
+
+    def terminate(self) -> list[psutil.Process]:
+        """SIGKILL the worker's group and every descendant now (blocking, quick); returns them to reap.
+
+        After this returns nothing of the candidate runs any more; the kernel may still be
+        tearing the processes down, which :meth:`reap` waits for.
+        """
+        if self.dead:
+            return []
+        self.dead = True
+        tree = _descendants(self.proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        self.writer.close()
+        self.read_transport.close()
+        return tree
+
+    async def reap(self, tree: list[psutil.Process], sweep: bool) -> None:
+        """Wait until the killed processes are gone (and sweep escapees when there is no PID namespace)."""
+        await self.proc.wait()
+        await asyncio.sleep(0)  # let the transports' close callbacks run before the loop may end
+        if tree:
+            await asyncio.to_thread(psutil.wait_procs, tree, 10)
+        if sweep:
+            await asyncio.to_thread(sweep_token, self.token)
+
+    async def kill(self, sweep: bool) -> None:
+        """Kill the worker's process group and wait until it is gone."""
+        tree = await asyncio.to_thread(self.terminate)
+        await self.reap(tree, sweep)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    """Every process below ``pid`` (to kill and then wait for, so none is still exiting afterwards)."""
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def sweep_token(token: str) -> int:
+    """Kill every process whose environment carries ``token`` (escapees of a process group)."""
+    killed = 0
+    needle = f"KF_WORKER_TOKEN={token}"
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if f"KF_WORKER_TOKEN={env.get('KF_WORKER_TOKEN')}" == needle:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+                killed += 1
+    return killed
+
+
+async def spawn_worker(
+    mode: str,
+    device: str,
+    iso: Isolation,
+    python: str,
+    base: Path,
+    name: str,
+    extra_env: dict[str, str],
+    seed: dict[str, Path] | None = None,
+) -> Worker:
+    """Start a worker; it is not ready until its ``ready`` frame arrives (see :func:`await_ready`).
+
+    ``seed`` maps sub-directories of the worker's private directory to trees copied in first
+    (e.g. a Triton cache holding the driver build of an earlier, candidate-free worker).
+    """
+    home = make_private_dir(base, name, iso.uid, iso.gid)
+    for sub, tree in (seed or {}).items():
+        if tree.exists():
+            await asyncio.to_thread(shutil.copytree, tree, home / sub, dirs_exist_ok=True)
+    env = worker_env(extra_env, home)
+    log_path = home.parent / f"{name}.log"
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    cmd = [
+        *iso.prefix,
+        python,
+        "-m",
+        "gpu_runner.worker",
+        "--mode",
+        mode,
+        "--device",
+        device,
+        "--in-fd",
+        str(in_r),
+        "--out-fd",
+        str(out_w),
+    ]
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            cwd=home,
+            env=env,
+            start_new_session=True,
+            pass_fds=(in_r, out_w),
+        )
+    except BaseException as exc:
+        for fd in (in_r, in_w, out_r, out_w):
+            os.close(fd)
+        if isinstance(exc, OSError):
+            raise WorkerStartError(mode, str(exc)) from exc
+        raise
+    finally:
+        os.close(log_fd)
+    os.close(in_r)
+    os.close(out_w)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    read_file, write_file = os.fdopen(out_r, "rb", 0), os.fdopen(in_w, "wb", 0)
+    try:
+        read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), read_file)
+        transport, _ = await loop.connect_write_pipe(asyncio.Protocol, write_file)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        read_file.close()
+        write_file.close()
+        raise
+    return Worker(mode, proc, reader, transport, read_transport, home, log_path, env["KF_WORKER_TOKEN"])
+
+
+async def await_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:
+    """Wait for the worker's ``ready`` frame; kill it and raise :class:`WorkerStartError` otherwise."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            header, _ = await worker.recv(1 << 20)
+    except (TimeoutError, asyncio.IncompleteReadError, FrameError) as exc:
+        await worker.kill(sweep=False)
+        log = worker.log_text()[-3000:]
+        raise WorkerStartError(worker.mode, f"no ready signal ({type(exc).__name__})", log) from None
+    if header.get("kind") != "ready":
+        await worker.kill(sweep=False)
+        raise WorkerStartError(worker.mode, f"expected ready, got {header.get('kind')!r}", worker.log_text()[-3000:])
+    worker.ready = header
+    return header

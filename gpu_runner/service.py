@@ -1,0 +1,386 @@
+"""The evaluation service: gate, compile, run in a pre-warmed sandbox, and a trusted verdict.
+
+``EvaluationService.evaluate`` may be called concurrently: compiles of some candidates overlap
+the run of another; ``max_concurrent_runs`` bounds the runs per GPU. Time spent queueing for a
+compile slot or the GPU does not count against a job's ``timeout_s``; everything else does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpu_runner.assemble import Collected, build, rejected_by_gate
+from gpu_runner.compare import compare_trial
+from gpu_runner.compiler import CompileOutcome, Compiler
+from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.errors import DeviceUnavailable, ServiceClosed
+from gpu_runner.gate import check_candidate
+from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
+from gpu_runner.probe import detect_cuda, validate_reference, versions
+from gpu_runner.protocol import FrameError
+from gpu_runner.sandbox import Isolation, Worker, chown_tree, probe_isolation
+from gpu_runner.verdict import RunRecord, exit_description
+from schemas import Check, CheckOutcome, DeviceChoice, EvalResult, Severity, StageTimes
+
+__all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
+logger = structlog.get_logger(__name__)
+
+
+class EvaluationService:
+    """Honest, sandboxed evaluation of candidates against KernelBench references."""
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self.cfg = config
+        self.device = ""
+        self.iso: Isolation | None = None
+        self.runs: RunPool | None = None
+        self.compiler: Compiler | None = None
+        self.base: Path | None = None
+        self._own_base = False
+        self.run_sem = asyncio.Semaphore(config.max_concurrent_runs)
+        self.closed = False
+        self.stats: dict[str, int] = {}
+        self._reaping: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Probe the device and the sandbox, and start the spares."""
+        target = await asyncio.to_thread(detect_cuda)
+        if self.cfg.device is DeviceChoice.CUDA and target is None:
+            raise DeviceUnavailable("cuda", "nvidia-smi finds no GPU")
+        self.device = "cuda" if target is not None and self.cfg.device is not DeviceChoice.CPU else "cpu"
+        self.iso = await asyncio.to_thread(
+            probe_isolation,
+            self.cfg.network_isolation,
+            self.cfg.pid_isolation,
+            self.cfg.sandbox_user,
+            self.cfg.python,
+            self.device == "cuda",
+        )
+        if self.cfg.work_dir is not None:
+            self.base = Path(self.cfg.work_dir)
+            self.base.mkdir(parents=True, exist_ok=True)
+        else:
+            self.base = Path(tempfile.mkdtemp(prefix="kf-runner-"))
+            self._own_base = True
+        os.chmod(self.base, 0o711)
+        cache = self.cfg.resolved_cache_dir()
+        (cache / "compile").mkdir(parents=True, exist_ok=True)
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+        if self.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env)
+        software = await asyncio.to_thread(versions, self.cfg.python)
+        self.compiler = Compiler(self.cfg, self.iso, self.device, self.base, software)
+        self.compiler.target = (
+            {k: target[k] for k in ("backend", "arch", "warp")} if self.device == "cuda" and target else None
+        )
+        self.compiler.refill()
+        self.runs.refill()
+        logger.info(
+            "evaluator_started",
+            device=self.device,
+            network=self.iso.network,
+            pids=self.iso.pids,
+            user=self.iso.user,
+            spares=self.cfg.spares,
+        )
+
+    async def prepare(self, reference_source: str) -> None:
+        """Make the spares task-specific: reference outputs computed before candidates arrive."""
+        runs = self._require()
+        validate_reference(reference_source)
+        await runs.retarget(reference_source)
+
+    async def wait_spares(self, n: int | None = None, timeout_s: float = 300.0) -> None:
+        """Wait until ``n`` (default: ``spares``) spares are idle and prepared."""
+        await self._require().wait_idle(self.cfg.spares if n is None else n, timeout_s)
+
+    def _require(self) -> RunPool:
+        if self.closed or self.runs is None:
+            raise ServiceClosed("the evaluation service is not started or already closed")
+        return self.runs
+
+    def _isolation_checks(self) -> list[Check]:
+        assert self.iso is not None
+        out = []
+        for name, note in (
+            ("network_isolation", self.iso.network),
+            ("pid_namespace", self.iso.pids),
+            ("sandbox_user", self.iso.user),
+        ):
+            skipped = note.startswith("skipped")
+            out.append(Check(name=name, outcome=CheckOutcome.SKIPPED if skipped else CheckOutcome.PASSED, detail=note))
+        return out
+
+    async def evaluate(self, job: EvalJob) -> EvalResult:
+        """The verdict on one candidate; raises only when the evaluator itself cannot work."""
+        runs = self._require()
+        assert self.compiler is not None
+        started = time.perf_counter()
+        validate_reference(job.reference_source)
+        gate = await asyncio.to_thread(check_candidate, job.candidate_source, job.reference_source)
+        gate_s = time.perf_counter() - started
+        rejected = gate.rejected
+        gate_check = Check(
+            name="static_gate",
+            outcome=CheckOutcome.FAILED if rejected or gate.syntax_error else CheckOutcome.PASSED,
+            detail=gate.syntax_error
+            or f"{len(gate.findings)} finding(s)" + ("" if self.cfg.enforce_gate else " (not enforced)"),
+        )
+        c = Collected(job=job, cfg=self.cfg, gate=gate, checks=[gate_check, *self._isolation_checks()])
+        c.stages = StageTimes(gate_s=gate_s)
+        if gate.syntax_error:
+            c.compile = CompileOutcome(
+                ok=False, needed=False, error={"etype": "SyntaxError", "stage": "parse", "message": gate.syntax_error}
+            )
+            return self._finish(c, started)
+        if rejected and self.cfg.enforce_gate:
+            first = next(f for f in gate.findings if f.severity is Severity.REJECT)
+            where = f" (line {first.line})" if first.line else ""
+            return self._finish(
+                c, started, rejected_by_gate(c, f"rejected: {first.rule.value}: {first.message}{where}")
+            )
+        budget = job.timeout_s - (time.perf_counter() - started)
+        t_compile = time.perf_counter()
+        try:
+            async with asyncio.timeout(max(0.01, budget)):
+                c.compile = await self.compiler.compile(
+                    job.candidate_source, job.reference_source, gate, min(self.cfg.compile_timeout_s, budget)
+                )
+        except TimeoutError:
+            c.timed_out = f"the compile stage exceeded the {job.timeout_s:g} s timeout"
+            return self._finish(c, started)
+        c.stages = StageTimes(
+            gate_s=gate_s, compile_s=time.perf_counter() - t_compile, compile_cache_hit=c.compile.cache_hit
+        )
+        c.checks.append(
+            Check(
+                name="compile",
+                outcome=CheckOutcome.PASSED if c.compile.ok else CheckOutcome.FAILED,
+                detail=("cache hit; " if c.compile.cache_hit else "") + (c.compile.aot or ""),
+            )
+        )
+        if not c.compile.ok:
+            if c.compile.timed_out:
+                c.compile.error.setdefault("stage", "compile")
+            return self._finish(c, started)
+        budget = job.timeout_s - (time.perf_counter() - started)
+        t_run = time.perf_counter()
+        try:
+            async with asyncio.timeout(max(0.01, budget)):
+                spare, warm = await runs.acquire(job.reference_source, max(0.01, budget))
+        except TimeoutError:
+            c.timed_out = "no run worker was ready within the timeout (evaluator start-up, not the candidate)"
+            return self._finish(c, started)
+        budget -= time.perf_counter() - t_run
+        detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
+        outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
+        c.checks.append(Check(name="warm_worker", outcome=outcome, detail=detail))
+        waited = await self._run(spare, c, max(0.01, budget))
+        c.stages = c.stages.model_copy(update={"run_s": time.perf_counter() - t_run - waited})
+        return self._finish(c, started)
+
+    def _finish(self, c: Collected, started: float, result: EvalResult | None = None) -> EvalResult:
+        c.stages = c.stages.model_copy(update={"total_s": time.perf_counter() - started})
+        result = build(c) if result is None else result.model_copy(update={"stages": c.stages})
+        self.stats[result.status.value] = self.stats.get(result.status.value, 0) + 1
+        logger.info("evaluated", candidate=c.job.candidate_id, status=result.status.value, summary=result.summary[:200])
+        return result
+
+    async def _run(self, spare: Spare, c: Collected, budget: float) -> float:
+        """Run the job in the spare; returns the seconds spent queueing for the GPU."""
+        assert self.iso is not None
+        assert c.compile is not None
+        assert spare.reference is not None
+        worker, job = spare.worker, c.job
+        c.device, c.peaks, c.reference = worker.ready.get("device"), worker.ready.get("peaks") or {}, spare.reference
+        record = c.record = RunRecord()
+        manifest = await asyncio.to_thread(self._stage_files, spare, c)
+        dtype = spare.reference.info.get("out_dtype", "float32")
+        atol, rtol = self.cfg.tolerances.get(dtype, (0.0, 0.0))
+        timing_cfg = {
+            k: getattr(self.cfg, k)
+            for k in (
+                "timing_budget_s",
+                "timing_min_reps",
+                "timing_max_reps",
+                "timing_target_rel_err",
+                "warmup_min_calls",
+                "warmup_min_s",
+                "guard_reps",
+            )
+        }
+        sandbox = {
+            "cwd": str(worker.dir),
+            "data_bytes": self.cfg.host_memory_limit_bytes,
+            "fsize_bytes": self.cfg.max_file_bytes,
+            "nproc": self.cfg.max_processes,
+            "uid": self.iso.uid,
+            "gid": self.iso.gid,
+            "mem_fraction": self.cfg.device_memory_fraction,
+        }
+        await worker.send(
+            {
+                "op": "job",
+                "candidate_path": str(worker.dir / "candidate.py"),
+                "ext_manifest": manifest,
+                "sandbox": sandbox,
+                "atol": atol,
+                "rtol": rtol,
+                "timing": timing_cfg,
+            }
+        )
+        biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)
+        max_blob = 8 * 4 * biggest + (1 << 20)
+        stage, waited = "start", 0.0
+        try:
+            t0 = time.perf_counter()
+            async with asyncio.timeout(budget):
+                armed = await self._collect(worker, c, spare, max_blob, until="armed")
+            budget -= time.perf_counter() - t0
+            if armed:
+                stage = "armed"
+                t_wait = time.perf_counter()
+                async with self.run_sem:
+                    waited = time.perf_counter() - t_wait
+                    t_go = time.perf_counter()
+                    await worker.send({"op": "go"})
+                    async with asyncio.timeout(max(0.01, budget)):
+                        more = await self._collect(worker, c, spare, max_blob, until="measured")
+                budget -= time.perf_counter() - t_go
+                stage = "measured"
+                if more:
+                    async with asyncio.timeout(max(0.01, budget)):
+                        await self._collect(worker, c, spare, max_blob, until=None)
+        except TimeoutError:
+            record.timed_out = True
+            c.timed_out = f"the evaluation exceeded {job.timeout_s:g} s (after {stage})"
+        except FrameError as exc:
+            record.error = {"stage": stage, "etype": "FrameError", "message": f"the run process sent {exc}"}
+        finally:
+            tree = await asyncio.to_thread(worker.terminate)
+            self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
+            record.log = worker.log_text()
+        measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
+        if record.timing is not None:
+            measured += float(record.timing.get("elapsed_s", 0.0))
+        c.stages = c.stages.model_copy(update={"measure_s": measured if record.trial_infos else None})
+        return waited
+
+    async def _collect(self, worker: Worker, c: Collected, spare: Spare, max_blob: int, until: str | None) -> bool:
+        """Absorb frames until ``until`` arrives (True) or the worker is done, failed or gone (False)."""
+        assert c.record is not None
+        while True:
+            try:
+                header, blobs = await worker.recv(max_blob)
+            except asyncio.IncompleteReadError:
+                await worker.proc.wait()
+                c.record.died = exit_description(worker.proc.returncode)
+                return False
+            if until is not None and header.get("kind") == until:
+                return True
+            if not await self._absorb(header, blobs, c, spare):
+                return False
+
+    async def _absorb(self, header: dict[str, Any], blobs: list[bytes], c: Collected, spare: Spare) -> bool:
+        record, ref = c.record, spare.reference
+        assert record is not None
+        assert ref is not None
+        kind = header.get("kind")
+        if kind == "sandbox":
+            record.sandbox = dict(header.get("checks", {}))
+            c.checks.append(
+                Check(
+                    name="sandbox_limits",
+                    outcome=CheckOutcome.PASSED,
+                    detail=", ".join(f"{k}={v}" for k, v in record.sandbox.items()),
+                )
+            )
+        elif kind == "trial":
+            t = int(header["trial"])
+            cand = decode_outputs(header, blobs)
+            dtypes = [str(m.get("dtype")) for m in header.get("tensors", [])]
+            outs64 = ref.outputs64[t] if t < len(ref.outputs64) else None
+            check = await asyncio.to_thread(
+                compare_trial,
+                cand,
+                dtypes,
+                ref.outputs[t],
+                ref.dtypes[t],
+                outs64,
+                dict(self.cfg.tolerances),
+                dict(self.cfg.precision_floors),
+                self.cfg.precision_factor,
+            )
+            record.trial_infos.append({"trial": t, **header.get("info", {})})
+            record.trial_checks.append(check)
+        elif kind == "memory":
+            record.memory_peak = int(header.get("peak_bytes", 0))
+        elif kind == "profile":
+            record.profile = header
+        elif kind == "timing":
+            record.timing = header
+        elif kind == "error":
+            record.error = header
+            return False
+        elif kind == "done":
+            record.done = header
+            return False
+        return True
+
+    def _stage_files(self, spare: Spare, c: Collected) -> dict[str, str]:
+        assert c.compile is not None
+        assert self.iso is not None
+        worker = spare.worker
+        (worker.dir / "candidate.py").write_text(c.job.candidate_source)
+        triton_dir = c.compile.triton_dir
+        if triton_dir is not None:
+            shutil.copytree(triton_dir, worker.dir / "triton", dirs_exist_ok=True)
+        manifest: dict[str, str] = {}
+        for key, so in c.compile.ext_manifest.items():
+            dst = worker.dir / "prebuilt" / key / Path(so).name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, dst)
+            manifest[key] = str(dst)
+        chown_tree(worker.dir, self.iso.uid, self.iso.gid)
+        return manifest
+
+    def _background(self, reap: Coroutine[Any, Any, None]) -> None:
+        """Reap killed workers off the critical path; ``aclose`` waits for every one."""
+        task = asyncio.create_task(reap)
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+    async def aclose(self) -> None:
+        """Stop every worker; nothing this service spawned survives."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._reaping:
+            await asyncio.gather(*self._reaping, return_exceptions=True)
+        if self.runs is not None:
+            await self.runs.close()
+        if self.compiler is not None:
+            await self.compiler.close()
+        if self._own_base and self.base is not None:
+            await asyncio.to_thread(shutil.rmtree, self.base, True)
+
+    async def __aenter__(self) -> EvaluationService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def task_id(self, reference_source: str) -> str:
+        """The id a task gets from its reference source."""
+        return task_key(reference_source)

@@ -1,0 +1,225 @@
+"""The verdict: turn everything the stages collected into one :class:`schemas.EvalResult`.
+
+Order of precedence: timeout, compile error, runtime error or crash, anti-cheat rejection,
+incorrect outputs, then correct (with review flags for implausible speed). Every check that ran
+or was skipped is listed; every finding carries its rule id.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_runner.compare import TrialCheck
+from schemas import CheatRule, Check, CheckOutcome, EvalStatus, Finding, Severity
+
+R = CheatRule
+FOREIGN_OK = re.compile(r"memset|memcpy|fill|copy", re.IGNORECASE)
+
+
+@dataclass
+class RunRecord:
+    """What the parent collected from one run worker."""
+
+    sandbox: dict[str, str] = field(default_factory=dict)
+    trial_infos: list[dict[str, Any]] = field(default_factory=list)
+    trial_checks: list[TrialCheck] = field(default_factory=list)
+    memory_peak: int | None = None
+    profile: dict[str, Any] | None = None
+    timing: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    done: dict[str, Any] | None = None
+    died: str | None = None
+    timed_out: bool = False
+    log: str = ""
+
+
+def truncate(text: str, limit: int) -> str:
+    """Head and tail of a long log."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2 - 40
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
+
+
+def exit_description(returncode: int | None) -> str:
+    """Plain words for a process's exit status."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def runtime_findings(infos: list[dict[str, Any]], own_names: set[str]) -> list[Finding]:
+    """Reject-level findings from the worker's per-trial observations."""
+    out: list[Finding] = []
+    for info in infos:
+        t = info.get("trial", "?")
+        if info.get("bad_types"):
+            out.append(
+                Finding(
+                    rule=R.OUTPUT_TYPE,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: forward returned {info['bad_types']}, not torch.Tensor",
+                )
+            )
+        if not info.get("devices_ok", True):
+            out.append(
+                Finding(
+                    rule=R.OUTPUT_TYPE,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: an output is on another device than the reference's",
+                )
+            )
+        if info.get("own_launches", 0) == 0:
+            out.append(
+                Finding(
+                    rule=R.NO_KERNEL_LAUNCHED,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: none of the candidate's own kernels ran during forward",
+                )
+            )
+        if info.get("foreign_ops"):
+            ops = ", ".join(f"aten.{k} x{v}" for k, v in sorted(info["foreign_ops"].items()))
+            out.append(
+                Finding(
+                    rule=R.TORCH_COMPUTE,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: torch compute ops ran in forward: {ops}",
+                )
+            )
+        if info.get("mutated"):
+            out.append(
+                Finding(
+                    rule=R.INPUT_MUTATED,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: the inputs changed during forward",
+                )
+            )
+        if info.get("aliased"):
+            out.append(
+                Finding(
+                    rule=R.OUTPUT_ALIASES_INPUT,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: an output shares memory with an input or another output",
+                )
+            )
+        if info.get("deferred"):
+            out.append(
+                Finding(
+                    rule=R.DEFERRED_WORK,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: outputs changed after forward returned (work deferred)",
+                )
+            )
+        if info.get("threads", 0) > 0:
+            out.append(
+                Finding(
+                    rule=R.THREADS,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: {info['threads']} thread(s) left running after forward",
+                )
+            )
+        if info.get("children", 0) > 0:
+            out.append(
+                Finding(
+                    rule=R.PROCESSES,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: {info['children']} child process(es) running after forward",
+                )
+            )
+    del own_names
+    return out
+
+
+def profile_findings(profile: dict[str, Any] | None, own_names: set[str]) -> list[Finding]:
+    """Review flags for device kernels the candidate did not define (vendor libraries, torch)."""
+    if not profile or not profile.get("kernels") or not own_names:
+        return []
+    foreign = sorted({k for k in profile["kernels"] if not any(n in k for n in own_names) and not FOREIGN_OK.search(k)})
+    if not foreign:
+        return []
+    return [
+        Finding(
+            rule=R.TORCH_COMPUTE,
+            severity=Severity.REVIEW,
+            message=f"kernels not defined by the candidate ran in forward: {foreign[:5]}",
+        )
+    ]
+
+
+def guard_finding(
+    timing: dict[str, Any], medians: dict[str, float], launches: float, slack_ms: float, ratio: float
+) -> tuple[Finding | None, Check]:
+    """The device-wide wall-clock guard: hidden work beyond what the reference shows is deferred work."""
+    calls = timing.get("callables", {})
+    cand_wall, eager_wall = calls.get("candidate", {}).get("wall"), calls.get("eager", {}).get("wall")
+    if not cand_wall or not eager_wall or "candidate" not in medians or "eager" not in medians:
+        return None, Check(name="deferred_work_guard", outcome=CheckOutcome.SKIPPED, detail="no wall-clock guard here")
+    cand_w = sorted(cand_wall)[len(cand_wall) // 2]
+    eager_w = sorted(eager_wall)[len(eager_wall) // 2]
+    hidden = (cand_w - medians["candidate"]) - max(0.0, eager_w - medians["eager"])
+    allowed = slack_ms + 0.03 * launches + ratio * medians["candidate"]
+    detail = (
+        f"synchronized wall {cand_w:.4f} ms vs events {medians['candidate']:.4f} ms; hidden {hidden:.4f} ms "
+        f"(allowed {allowed:.4f})"
+    )
+    if hidden > allowed:
+        finding = Finding(
+            rule=R.DEFERRED_WORK, severity=Severity.REJECT, message=f"work outside the timed stream: {detail}"
+        )
+        return finding, Check(name="deferred_work_guard", outcome=CheckOutcome.FAILED, detail=detail)
+    return None, Check(name="deferred_work_guard", outcome=CheckOutcome.PASSED, detail=detail)
+
+
+def error_status(error: dict[str, Any]) -> tuple[EvalStatus, str, Finding | None]:
+    """Status, summary and finding for an exception the worker reported."""
+    stage, etype, message = error.get("stage", "?"), error.get("etype", "?"), str(error.get("message", ""))
+    first = message.strip().splitlines()[0][:300] if message.strip() else ""
+    if stage == "missing_model":
+        finding = Finding(rule=R.MISSING_MODEL, severity=Severity.REJECT, message="the candidate defines no ModelNew")
+        return EvalStatus.REJECTED, "rejected: the candidate defines no ModelNew", finding
+    if etype in ("CompilationError", "CompileTimeAssertionFailure", "OutOfResources") or stage == "import":
+        return EvalStatus.COMPILE_ERROR, f"compile_error: {etype} while {stage}: {first}", None
+    low = message.lower()
+    if etype in ("MemoryError", "OutOfMemoryError") or "out of memory" in low or "can't allocate memory" in low:
+        finding = Finding(
+            rule=R.RESOURCE_LIMIT,
+            severity=Severity.INFO,
+            message=f"{etype} in {stage}: the candidate hit its memory limit",
+        )
+        return EvalStatus.RUNTIME_ERROR, f"runtime_error: out of memory in {stage}: {first}", finding
+    return EvalStatus.RUNTIME_ERROR, f"runtime_error: {etype} in {stage}: {first}", None
+
+
+def checks_from_infos(infos: list[dict[str, Any]], trials: list[TrialCheck], expected: int) -> list[Check]:
+    """Named checks summarising the trials."""
+
+    def check(name: str, failed: bool, detail: str | None = None) -> Check:
+        if not infos:
+            return Check(name=name, outcome=CheckOutcome.SKIPPED, detail="no trial completed")
+        return Check(name=name, outcome=CheckOutcome.FAILED if failed else CheckOutcome.PASSED, detail=detail)
+
+    launches = [i.get("own_launches", 0) for i in infos]
+    return [
+        check("output_type", any(i.get("bad_types") or not i.get("devices_ok", True) for i in infos)),
+        check("kernels_launched", any(n == 0 for n in launches), f"own launches per forward: {launches}"),
+        check("no_torch_compute", any(i.get("foreign_ops") for i in infos)),
+        check("inputs_unchanged", any(i.get("mutated") for i in infos)),
+        check("outputs_not_aliased", any(i.get("aliased") for i in infos)),
+        check("no_deferred_outputs", any(i.get("deferred") for i in infos)),
+        check("no_threads_left", any(i.get("threads", 0) > 0 for i in infos)),
+        check("no_child_processes", any(i.get("children", 0) > 0 for i in infos)),
+        check(
+            "correctness",
+            any(not t.ok for t in trials) or len(trials) < expected,
+            f"{sum(t.ok for t in trials)}/{expected} trials passed"
+            + next((f"; first failure: {t.category}" for t in trials if not t.ok), ""),
+        ),
+    ]

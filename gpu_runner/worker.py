@@ -1,0 +1,104 @@
+"""Entry point of a sandboxed worker: ``python -m gpu_runner.worker --mode run|compile ...``.
+
+A worker is single-use. It imports torch (and Triton), initialises the device, reports
+``ready`` and then blocks on its pipe. A run worker may be ``prepare``d for a task (reference
+outputs computed and shipped before any candidate exists) and then takes exactly one ``job``;
+a compile worker takes one ``compile``. After that it exits, so no candidate ever shares a
+process with another. Only stdlib, numpy, psutil, torch and triton are imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one worker until its single job is done or the parent goes away."""
+    parser = argparse.ArgumentParser(prog="gpu_runner.worker")
+    parser.add_argument("--mode", choices=("run", "compile"), required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--in-fd", type=int, required=True)
+    parser.add_argument("--out-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    import torch
+
+    from gpu_runner.protocol import FrameError, read_frame
+    from gpu_runner.worker_common import Channel, describe_exception, device_info, log, peaks
+
+    channel = Channel(args.in_fd, args.out_fd)
+    import_s = time.perf_counter() - started
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    try:
+        import triton  # imported now so a candidate's import costs nothing on the critical path
+        import triton.language  # noqa: F401
+    except ImportError:
+        log("triton is not importable here")
+    device = torch.device("cuda" if args.mode == "run" and args.device == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.init()  # type: ignore[no-untyped-call]
+        torch.empty(1, device=device).zero_()
+        torch.cuda.synchronize(device)
+    if device.type == "cuda":
+        try:  # build or load Triton's driver module now, not on a candidate's first launch
+            from triton.runtime import driver
+
+            driver.active.get_current_target()
+            getattr(driver.active, "utils", None)
+        except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
+            log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
+    if args.mode == "run":
+        import torch.profiler
+        from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
+
+        from gpu_runner import worker_candidate, worker_reference  # noqa: F401
+    channel.send(
+        "ready",
+        device=device_info(device, interpreter),
+        peaks=peaks(device) if args.mode == "run" else None,
+        import_torch_s=import_s,
+        startup_s=time.perf_counter() - started,
+        pid=os.getpid(),
+    )
+    prepared = None
+    while True:
+        try:
+            msg, _blobs = read_frame(args.in_fd)
+        except (FrameError, OSError):
+            break
+        op = msg.get("op")
+        if op == "prepare":
+            from gpu_runner.worker_reference import ReferenceFault, prepare
+
+            t0 = time.perf_counter()
+            try:
+                prepared = prepare(msg, device, channel)
+            except ReferenceFault as exc:
+                channel.send("reference_error", **describe_exception(exc))
+                break
+            channel.send("prepare_time", seconds=time.perf_counter() - t0)
+        elif op == "job":
+            from gpu_runner.worker_candidate import run_job
+
+            if prepared is None:
+                channel.send("error", stage="protocol", etype="ProtocolError", message="job before prepare")
+                break
+            run_job(prepared, msg, channel)
+            break
+        elif op == "compile":
+            from gpu_runner.compile_stage import compile_job
+
+            compile_job(msg, channel)
+            break
+        else:
+            break
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no atexit hook or lingering thread of a candidate may keep this process alive
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,260 @@
+"""The worker's candidate stage: enter the sandbox, import the candidate, run trials, time it.
+
+Order matters: the reference outputs were already shipped (``worker_reference``); now the
+process drops its limits and privileges, installs the launch hooks, and only then imports the
+candidate. Every trial refills the same input buffers with a new trial's data (a cache keyed on
+the pointer goes stale), hands the allocator NaN-filled memory (stale memory cannot pass), and
+records launches, foreign aten ops, threads, children, input mutation, aliasing and output
+changes after return. The outputs as they were at return go to the parent, which decides.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from typing import Any
+
+import psutil
+import torch
+
+from gpu_runner.hooks import CANDIDATE_MODULE, DispatchRecorder, LaunchLog, install_ext_loader, install_triton_hooks
+from gpu_runner.protocol import read_frame
+from gpu_runner.timing import Rotation, Timed, run_timing
+from gpu_runner.worker_common import (
+    Channel,
+    close_enough,
+    describe_exception,
+    flatten_outputs,
+    pack,
+    poison_allocator,
+    same_bits,
+    storage_ptrs,
+    sync,
+)
+from gpu_runner.worker_reference import Prepared, load_module
+
+
+def enter_sandbox(sb: dict[str, Any], device: torch.device) -> dict[str, str]:
+    """Apply resource limits, the private cwd, the device-memory cap and the user drop; report each."""
+    done: dict[str, str] = {}
+    limits = {
+        "RLIMIT_DATA": sb.get("data_bytes"),
+        "RLIMIT_FSIZE": sb.get("fsize_bytes"),
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NPROC": sb.get("nproc"),
+    }
+    for name, value in limits.items():
+        if value is None:
+            continue
+        try:
+            resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+            done[name] = str(value)
+        except (ValueError, OSError) as exc:
+            done[name] = f"skipped: {exc}"
+    os.chdir(sb["cwd"])
+    if device.type == "cuda" and sb.get("mem_fraction"):
+        torch.cuda.set_per_process_memory_fraction(float(sb["mem_fraction"]), device)
+        done["device_memory_fraction"] = str(sb["mem_fraction"])
+    uid, gid = sb.get("uid"), sb.get("gid")
+    if uid is not None and gid is not None and os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(int(gid))
+        os.setuid(int(uid))
+        done["user"] = f"uid {uid}"
+    else:
+        done["user"] = f"skipped: running as uid {os.getuid()}"
+    return done
+
+
+def import_candidate(path: str) -> dict[str, Any]:
+    """Import the candidate file as module ``kf_candidate`` (hooks must already be installed)."""
+    with open(path) as fh:
+        source = fh.read()
+    return load_module(source, path, CANDIDATE_MODULE)
+
+
+def _children() -> int:
+    try:
+        return len(psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return 0
+
+
+def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
+    """Evaluate one candidate against the prepared reference; every outcome goes to the parent."""
+    device = prepared.device
+    log = LaunchLog()
+    install_triton_hooks(log, compile_only=False)
+    install_ext_loader(log, "run", dict(msg.get("ext_manifest", {})), _private(msg, "ext"), [])
+    sandbox = enter_sandbox(msg["sandbox"], device)
+    threads0, children0 = threading.active_count(), _children()
+    channel.send("sandbox", checks=sandbox)
+    stage = "import"
+    try:
+        ns = import_candidate(msg["candidate_path"])
+        stage = "init"
+        model_new = ns.get("ModelNew")
+        if model_new is None:
+            channel.send("error", stage="missing_model", etype="NameError", message="no ModelNew", traceback="")
+            return
+        torch.manual_seed(prepared.init_seed)
+        cand = model_new(*prepared.candidate_init_args)
+        if isinstance(cand, torch.nn.Module):
+            cand = cand.to(device)
+        sync(device)
+        channel.send("armed")
+        go, _ = read_frame(channel.in_fd)
+        if go.get("op") != "go":
+            return
+        stage = "forward"
+        ok = _trials(prepared, cand, log, msg, channel, threads0, children0)
+        if ok:
+            stage = "timing"
+            _timing(prepared, cand, log, msg, channel)
+        channel.send("measured")  # the parent may let the next candidate use the GPU for timing now
+        if ok and device.type == "cuda":
+            stage = "profile"
+            _profile(cand, prepared, channel)
+    except BaseException as exc:  # noqa: BLE001 - whatever the candidate raised is the verdict's evidence
+        channel.send("error", stage=stage, **describe_exception(exc))
+        return
+    channel.send("done", jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded)
+
+
+def _private(msg: dict[str, Any], name: str) -> Any:
+    from pathlib import Path
+
+    return Path(msg["sandbox"]["cwd"]) / name
+
+
+def _trials(
+    prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], channel: Channel, threads0: int, children0: int
+) -> bool:
+    device = prepared.device
+    recorder = DispatchRecorder(log)
+    work = [v.clone() if isinstance(v, torch.Tensor) else v for v in prepared.trials[0]]
+    in_ptrs = storage_ptrs(work)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base_mem = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    poison = 2 * (prepared.out_nbytes + prepared.in_nbytes)
+    all_ok = True
+    atol, rtol = msg["atol"], msg["rtol"]
+    for t, pristine in enumerate(prepared.trials):
+        for dst, src in zip(work, pristine, strict=True):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        poison_allocator(device, poison)
+        log.reset()
+        log.recording = True
+        t0 = time.perf_counter()
+        with torch.no_grad(), recorder:
+            out = cand(*work)
+        log.recording = False
+        items = flatten_outputs(out)
+        tensors = [o for o in items if type(o) is torch.Tensor]
+        snapshot = [o.detach().clone() for o in tensors]
+        sync(device)
+        elapsed = time.perf_counter() - t0
+        refs = prepared.ref_outputs[t]
+        info: dict[str, Any] = {
+            "own_launches": log.own_launches,
+            "own_names": log.own_names,
+            "ext_calls": log.ext_calls,
+            "foreign_ops": log.foreign_ops,
+            "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
+            "n_outputs": len(items),
+            "devices_ok": all(o.device == r.device for o, r in zip(tensors, refs, strict=False)),
+            "deferred": any(not same_bits(o.detach(), s) for o, s in zip(tensors, snapshot, strict=True)),
+            "mutated": any(
+                not same_bits(w, p) for w, p in zip(work, pristine, strict=True) if isinstance(w, torch.Tensor)
+            ),
+            "aliased": _aliased(tensors, in_ptrs),
+            "threads": threading.active_count() - threads0,
+            "children": _children() - children0,
+            "elapsed_s": elapsed,
+        }
+        quick_ok = len(tensors) == len(refs) and all(
+            close_enough(o, r, atol, rtol) for o, r in zip(snapshot, refs, strict=True)
+        )
+        info["quick_ok"] = quick_ok
+        metas, blobs = pack(snapshot)
+        channel.send("trial", blobs=blobs, trial=t, tensors=metas, info=info)
+        violation = (
+            info["bad_types"]
+            or info["deferred"]
+            or info["mutated"]
+            or info["aliased"]
+            or info["threads"] > 0
+            or info["children"] > 0
+            or log.own_launches == 0
+            or bool(log.foreign_ops)
+            or not info["devices_ok"]
+        )
+        all_ok = all_ok and quick_ok and not violation
+        if violation:
+            break
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base_mem
+        channel.send("memory", peak_bytes=int(peak))
+    return all_ok
+
+
+def _aliased(tensors: list[torch.Tensor], in_ptrs: set[int]) -> bool:
+    seen: set[int] = set()
+    for o in tensors:
+        if not o.numel():
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        if ptr in in_ptrs or ptr in seen:
+            return True
+        seen.add(ptr)
+    return False
+
+
+def _profile(cand: Any, prepared: Prepared, channel: Channel) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in prepared.trials[0]]
+    try:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            cand(*inputs)
+            sync(prepared.device)
+        names = [e.name for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA"]
+        channel.send("profile", kernels=names[:64], launches=len(names) or None)
+    except RuntimeError as exc:
+        channel.send("profile", kernels=[], launches=None, error=str(exc)[:500])
+
+
+def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], channel: Channel) -> None:
+    atol, rtol = msg["atol"], msg["rtol"]
+    recheck = {"checked": 0, "failed": 0}
+
+    def after(trial: int, out: object) -> None:
+        refs = prepared.ref_outputs[trial]
+        items = flatten_outputs(out)
+        recheck["checked"] += 1
+        good = len(items) == len(refs) and all(
+            isinstance(o, torch.Tensor) and close_enough(o, r, atol, rtol) for o, r in zip(items, refs, strict=True)
+        )
+        if not good:
+            recheck["failed"] += 1
+
+    model = prepared.model
+    timed = [
+        Timed("candidate", lambda inputs: cand(*inputs), after=after),
+        Timed("eager", lambda inputs: model(*inputs)),
+    ]
+    if prepared.compiled is not None:
+        compiled = prepared.compiled
+        timed.append(Timed("compiled", lambda inputs: compiled(*inputs)))
+    log.reset()
+    log.recording = True
+    result = run_timing(timed, Rotation(prepared.trials), prepared.device, msg["timing"])
+    log.recording = False
+    result["recheck"] = recheck
+    result["own_launches"] = log.own_launches
+    result["candidate_calls"] = timed[0].calls
+    channel.send("timing", **result)

@@ -1,0 +1,190 @@
+"""Helpers shared by the worker's stages: tensors to the wire, output checks, device facts.
+
+Runs inside the sandboxed worker: imports only the stdlib, numpy, psutil and torch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gpu_runner.protocol import WIRE_DTYPES, WireTensor, write_frame
+
+# Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s: fp32 without tensor cores, 16-bit with).
+PEAKS: tuple[tuple[str, float, float, float], ...] = (
+    ("H200", 4300.0, 60.0, 989.0),
+    ("H100 PCIe", 2000.0, 51.0, 756.0),
+    ("H100", 3350.0, 67.0, 989.0),
+    ("A100-SXM4-80GB", 2039.0, 19.5, 312.0),
+    ("A100", 1555.0, 19.5, 312.0),
+    ("L40S", 864.0, 91.6, 362.0),
+)
+
+
+class Channel:
+    """The worker's end of the pipe to the parent."""
+
+    def __init__(self, in_fd: int, out_fd: int) -> None:
+        self.in_fd = in_fd
+        self.out_fd = out_fd
+
+    def send(self, kind: str, *, blobs: Sequence[bytes] = (), **fields: Any) -> None:
+        write_frame(self.out_fd, {"kind": kind, **fields}, blobs)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for all work on the device."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def to_wire(t: torch.Tensor) -> WireTensor:
+    """A tensor's bytes on the host, in a dtype the parent accepts."""
+    t = t.detach().to("cpu").contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in WIRE_DTYPES:
+        t = t.to(torch.float64)
+        name = "float64"
+    if name == "bfloat16":
+        t = t.view(torch.int16)
+    return WireTensor(dtype=name, shape=tuple(t.shape), data=t.numpy().tobytes())
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """Wire metadata and blobs for a list of tensors."""
+    wires = [to_wire(t) for t in tensors]
+    return [w.meta() for w in wires], [w.data for w in wires]
+
+
+def flatten_outputs(out: object) -> list[object]:
+    """A forward's result as a flat list (a tensor, or a tuple/list of them)."""
+    if isinstance(out, tuple | list):
+        return list(out)
+    return [out]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same values, NaN equal to NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        return bool(((a == b) | both_nan).all())
+    return bool(torch.equal(a, b))
+
+
+def close_enough(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> bool:
+    """A quick device-side allclose (the parent makes the verdict; this only decides whether to time)."""
+    if out.shape != ref.shape or out.dtype != ref.dtype:
+        return False
+    if not out.is_floating_point():
+        return bool(torch.equal(out, ref))
+    a, b = out.double(), ref.double()
+    return bool(torch.isfinite(a).all()) and bool(((a - b).abs() <= atol + rtol * b.abs()).all())
+
+
+def poison_allocator(device: torch.device, nbytes: int) -> None:
+    """Hand the allocator a block full of 0xFF (NaN as float) so stale memory cannot pass as output."""
+    if nbytes <= 0:
+        return
+    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    block.fill_(0xFF)
+    sync(device)
+    del block
+
+
+def storage_ptrs(values: Sequence[object]) -> set[int]:
+    """Data pointers of the storages behind the tensors among ``values``."""
+    return {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor) and v.numel()}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def device_info(device: torch.device, interpreter: bool) -> dict[str, Any]:
+    """Fields of :class:`schemas.DeviceInfo`, measured here."""
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    info: dict[str, Any] = {
+        "kind": device.type,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "triton_interpreter": interpreter,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["name"] = props.name
+        info["capability"] = f"{props.major}.{props.minor}"
+    else:
+        info["name"] = _cpu_name()
+        info["capability"] = None
+    return info
+
+
+def peaks(device: torch.device) -> dict[str, Any]:
+    """Memory (GB/s) and arithmetic (TFLOP/s) ceilings of the device: a table on CUDA, measured on the CPU."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_properties(device).name
+        for key, gbps, tf32, tf16 in PEAKS:
+            if key in name:
+                return {"gbps": gbps, "tflops_fp32": tf32, "tflops_16": tf16, "source": f"table:{key}"}
+        return {"gbps": None, "tflops_fp32": None, "tflops_16": None}
+    src = torch.empty(16 << 20, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    gbps = 2 * src.numel() * 4 / best / 1e9
+    a = torch.randn(384, 384)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        torch.mm(a, a)
+        best = min(best, time.perf_counter() - t0)
+    tflops = 2 * 384**3 / best / 1e12
+    return {"gbps": gbps, "tflops_fp32": tflops, "tflops_16": tflops, "source": "measured"}
+
+
+def describe_exception(exc: BaseException) -> dict[str, Any]:
+    """Type, message and traceback of an exception, robust to hostile ``__str__``."""
+    import traceback
+
+    try:
+        message = str(exc)
+    except Exception as inner:  # noqa: BLE001 - a hostile __str__ must not take the worker down
+        message = f"<str() failed: {type(inner).__name__}>"
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except Exception:  # noqa: BLE001 - same
+        tb = ""
+    return {"etype": type(exc).__name__, "message": message[:4000], "traceback": tb[-8000:]}
+
+
+def log(message: str) -> None:
+    """A line to the worker's log (stderr, captured by the parent into the runtime log)."""
+    sys.stderr.write(f"[worker {os.getpid()}] {message}\n")
+    sys.stderr.flush()

@@ -1,0 +1,175 @@
+"""The worker's trusted stage: load the reference, make inputs, compute the reference outputs.
+
+Everything here runs before any candidate code is imported into the process. The outputs (in
+the reference's dtype and in float64) are shipped to the parent at once, so nothing the
+candidate later does can change what it is compared against.
+"""
+
+from __future__ import annotations
+
+import copy
+import linecache
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gpu_runner.worker_common import Channel, flatten_outputs, log, pack, sync
+
+REFERENCE_FILENAME = "<kfoundry-reference>"
+
+
+class ReferenceFault(Exception):
+    """The reference itself failed (the user's task, not a candidate)."""
+
+
+@dataclass
+class Prepared:
+    """A task made ready in this process: the reference model, inputs and outputs of every trial."""
+
+    device: torch.device
+    namespace: dict[str, Any]
+    model: torch.nn.Module
+    init_seed: int
+    candidate_init_args: list[Any]
+    trials: list[list[Any]]
+    ref_outputs: list[list[torch.Tensor]]
+    compiled: Any = None
+    compiled_error: str | None = None
+    out_nbytes: int = 0
+    in_nbytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_module(source: str, filename: str, name: str) -> dict[str, Any]:
+    """Execute a source file into a fresh module namespace (not registered in ``sys.modules``)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    code = compile(source, filename, "exec")
+    exec(code, module.__dict__)  # the user's trusted reference, in the worker (never the parent)
+    return module.__dict__
+
+
+def to_device(values: list[Any], device: torch.device) -> list[Any]:
+    """Tensors moved to ``device``; other values as they are."""
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def clone_inputs(values: list[Any]) -> list[Any]:
+    """Fresh copies of the tensors among ``values``."""
+    return [v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for v in values]
+
+
+def as_double(values: list[Any]) -> list[Any]:
+    """Floating tensors widened to float64."""
+    return [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
+
+
+def make_inputs(ns: dict[str, Any], seed: int, device: torch.device) -> list[Any]:
+    """The reference's ``get_inputs()`` under ``seed``, on ``device``."""
+    torch.manual_seed(seed)
+    values = ns["get_inputs"]()
+    if not isinstance(values, list | tuple):
+        raise ReferenceFault(f"get_inputs() returned {type(values).__name__}, not a list")
+    return to_device(list(values), device)
+
+
+def _tensors(out: object, what: str) -> list[torch.Tensor]:
+    items = flatten_outputs(out)
+    if not items or not all(isinstance(t, torch.Tensor) for t in items):
+        raise ReferenceFault(f"{what} did not return a tensor or a tuple of tensors")
+    return [t.detach() for t in items if isinstance(t, torch.Tensor)]
+
+
+def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prepared:
+    """Build the reference for ``msg``'s seeds and ship its outputs; raises :class:`ReferenceFault`."""
+    try:
+        ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")
+    except Exception as exc:
+        raise ReferenceFault(f"the reference failed to load: {type(exc).__name__}: {exc}") from exc
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if name not in ns:
+            raise ReferenceFault(f"the reference defines no {name}")
+    init_seed = int(msg["init_seed"])
+    try:
+        init_args = list(ns["get_init_inputs"]())
+        candidate_init_args = copy.deepcopy(init_args)
+        torch.manual_seed(init_seed)
+        model = ns["Model"](*init_args).to(device)
+        trials = [make_inputs(ns, int(seed), device) for seed in msg["trial_seeds"]]
+        model64 = copy.deepcopy(model).to(torch.float64)
+    except ReferenceFault:
+        raise
+    except Exception as exc:
+        raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
+    ref_outputs: list[list[torch.Tensor]] = []
+    with torch.no_grad():
+        for t, inputs in enumerate(trials):
+            try:
+                outs = _tensors(model(*clone_inputs(inputs)), "Model.forward")
+            except ReferenceFault:
+                raise
+            except Exception as exc:
+                raise ReferenceFault(f"the reference's forward failed: {type(exc).__name__}: {exc}") from exc
+            fp64_error = None
+            try:
+                outs64 = _tensors(model64(*as_double(clone_inputs(inputs))), "Model.forward (float64)")
+            except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
+                outs64, fp64_error = [], f"{type(exc).__name__}: {exc}"[:500]
+            sync(device)
+            ref_outputs.append(outs)
+            metas, blobs = pack(outs + [o.double() for o in outs64])
+            channel.send("reference", blobs=blobs, trial=t, n_outputs=len(outs), tensors=metas, fp64_error=fp64_error)
+    del model64
+    prepared = Prepared(
+        device=device,
+        namespace=ns,
+        model=model,
+        init_seed=init_seed,
+        candidate_init_args=candidate_init_args,
+        trials=trials,
+        ref_outputs=ref_outputs,
+        out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
+        in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
+    )
+    flops = count_flops(model, trials[0])
+    params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
+    if msg.get("compiled_baseline"):
+        build_compiled(prepared)
+    channel.send(
+        "prepared",
+        flops=flops,
+        bytes_moved=prepared.in_nbytes + prepared.out_nbytes + params,
+        out_dtype=str(ref_outputs[0][0].dtype).removeprefix("torch."),
+        compiled_error=prepared.compiled_error,
+        compiled=prepared.compiled is not None,
+    )
+    return prepared
+
+
+def count_flops(model: torch.nn.Module, inputs: list[Any]) -> int | None:
+    """FLOPs of one forward as torch's flop counter sees them (matmul/conv/attention)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(*clone_inputs(inputs))
+        return int(counter.get_total_flops())
+    except Exception as exc:  # noqa: BLE001 - a missing count leaves the bound to bytes alone
+        log(f"flop count failed: {type(exc).__name__}: {exc}")
+        return None
+
+
+def build_compiled(prepared: Prepared) -> None:
+    """``torch.compile`` the reference and warm it, before any candidate code is loaded."""
+    try:
+        compiled = torch.compile(prepared.model)
+        with torch.no_grad():
+            for _ in range(2):
+                compiled(*clone_inputs(prepared.trials[0]))
+        sync(prepared.device)
+        prepared.compiled = compiled
+    except Exception as exc:  # noqa: BLE001 - the baseline is optional; the reason is reported
+        prepared.compiled_error = f"torch.compile failed: {type(exc).__name__}: {exc}"[:1000]

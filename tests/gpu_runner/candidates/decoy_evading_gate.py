@@ -1,0 +1,28 @@
+# Cheat that slips past the static gate: a decoy launch, then operators and a method the gate
+# cannot type (x + y, clamp_min). The runtime dispatch recorder must still see aten ops.
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_relu_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.maximum(x + y, 0.0), mask=mask)
+
+
+def launch(x, y, out):
+    n = x.numel()
+    add_relu_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+    return out
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        scratch = torch.empty_like(x)
+        launch(x, y, scratch)
+        return (x + y).clamp_min(0.0)

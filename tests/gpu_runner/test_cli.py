@@ -1,0 +1,75 @@
+"""``python -m gpu_runner`` as a user runs it: one JSON object, exit codes, a timeout that holds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_runner.cli import main
+from tests.gpu_runner.conftest import CANDIDATES, REFERENCES
+
+
+def run_cli(*args: str, timeout: float = 110.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_runner", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_cli_json_prints_exactly_one_result_object() -> None:
+    done = run_cli(str(REFERENCES / "add_relu.py"), str(CANDIDATES / "honest_add_relu.py"), "--device", "cpu",
+                   "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["type"] == "eval_result"
+    assert result["status"] == "correct"
+    assert result["device"]["kind"] == "cpu"
+    assert result["device"]["triton_interpreter"] is True
+    assert result["timing"]["timer"] == "perf_counter"
+
+
+def test_cli_timeout_bounds_the_whole_evaluation() -> None:
+    started = time.perf_counter()
+    done = run_cli(str(REFERENCES / "add_relu.py"), str(CANDIDATES / "infinite_loop.py"), "--device", "cpu",
+                   "--timeout", "8", "--json")  # fmt: skip
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["status"] == "timeout"
+    assert elapsed < 8 + 6
+
+
+def test_cli_readable_summary_names_the_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([str(REFERENCES / "add_relu.py"), str(CANDIDATES / "torch_op_instead.py"), "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("REJECTED:")
+    assert "KF012-torch-compute" in out
+
+
+def test_cli_missing_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([str(tmp_path / "nope.py"), str(CANDIDATES / "honest_add_relu.py")])
+    assert code == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_invalid_reference_means_the_evaluator_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "ref.py"
+    bad.write_text("import torch\nclass Model: pass\n")
+    code = main([str(bad), str(CANDIDATES / "honest_add_relu.py"), "--device", "cpu"])
+    assert code == 1
+    assert "get_inputs" in capsys.readouterr().err
+
+
+def test_cli_cuda_without_a_gpu_is_an_evaluator_error(capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has a GPU")
+    code = main([str(REFERENCES / "add_relu.py"), str(CANDIDATES / "honest_add_relu.py"), "--device", "cuda"])
+    assert code == 1
+    assert "not available" in capsys.readouterr().err

@@ -1,0 +1,66 @@
+"""GPU-only behaviour (``-m gpu``): the A/A test, CUDA extensions, ahead-of-time Triton, warm overhead."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpu_runner.service import EvaluationService
+from schemas import DeviceChoice, EvalStatus, TimerKind
+from tests.gpu_runner.conftest import fast_config, job, reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gpu(gpu_runner_tmp: Path) -> AsyncIterator[EvaluationService]:
+    service = EvaluationService(fast_config(DeviceChoice.CUDA, gpu_runner_tmp / "gpu-only", timing_budget_s=4.0))
+    await service.start()
+    yield service
+    await service.aclose()
+
+
+@pytest.mark.timeout(600)
+async def test_aa_identical_kernel_scores_one(gpu: EvaluationService) -> None:
+    await gpu.prepare(reference("aa_add_relu"))
+    await gpu.wait_spares(timeout_s=300)
+    speedups = []
+    for _ in range(3):
+        result = await gpu.evaluate(job("aa_add_relu", "honest_add_relu"))
+        assert result.status is EvalStatus.CORRECT, result.summary
+        assert result.timing is not None
+        assert result.timing.timer is TimerKind.CUDA_EVENT
+        assert result.speedup_vs_eager is not None
+        speedups.append(result.speedup_vs_eager)
+    assert 0.98 <= statistics.median(speedups) <= 1.02, speedups
+
+
+@pytest.mark.timeout(600)
+async def test_cuda_extension_passes_and_hits_the_cache(gpu: EvaluationService) -> None:
+    await gpu.prepare(reference("add_relu"))
+    first = await gpu.evaluate(job("add_relu", "honest_cuda_add_relu", timeout_s=500))
+    second = await gpu.evaluate(job("add_relu", "honest_cuda_add_relu", timeout_s=500))
+    assert first.status is EvalStatus.CORRECT, first.summary
+    assert second.status is EvalStatus.CORRECT, second.summary
+    assert second.stages.compile_cache_hit
+    assert first.profile is not None
+    assert any("add_relu_kernel" in name for name in first.profile.kernel_names)
+
+
+@pytest.mark.timeout(600)
+async def test_triton_kernels_compile_ahead_of_time_and_warm_overhead_is_small(gpu: EvaluationService) -> None:
+    await gpu.prepare(reference("add_relu"))
+    await gpu.wait_spares(timeout_s=300)
+    result = await gpu.evaluate(job("add_relu", "honest_add_relu"))
+    assert result.status is EvalStatus.CORRECT, result.summary
+    compile_check = next(c for c in result.checks if c.name == "compile")
+    assert compile_check.detail is not None
+    assert "complete" in compile_check.detail
+    warm = next(c for c in result.checks if c.name == "warm_worker")
+    assert warm.outcome.value == "passed"
+    assert result.baselines is not None
+    assert result.baselines.compiled is not None or result.baselines.compiled_error

@@ -1,0 +1,122 @@
+"""Pure units of gpu_runner: config validation, the wire, the trusted comparison and statistics."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpu_runner.compare import TrialCheck, compare_trial, speed_of_light, timing_stats
+from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, EvalJob, RunnerConfig
+from gpu_runner.errors import ConfigError
+from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
+from gpu_runner.verdict import guard_finding
+from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
+
+TOL, FLOORS = dict(DEFAULT_TOLERANCES), dict(DEFAULT_PRECISION_FLOORS)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("trials", 3), ("spares", -1), ("max_concurrent_runs", 0), ("timing_target_rel_err", 0.0), ("python", "/no/py")],
+)
+def test_config_names_the_bad_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunnerConfig(**{field: value})  # type: ignore[arg-type]
+    assert f"RunnerConfig.{field}" in str(info.value)
+    assert info.value.value == value
+
+
+def test_job_refuses_non_positive_timeout() -> None:
+    with pytest.raises(ConfigError, match=r"timeout_s"):
+        EvalJob(reference_source="x", candidate_source="y", language=KernelLanguage.TRITON, timeout_s=0)
+
+
+def test_frames_round_trip_through_a_pipe() -> None:
+    r, w = os.pipe()
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    os.write(w, encode_frame({"kind": "trial", "tensors": [{"dtype": "float32", "shape": [2, 3]}]}, [data.tobytes()]))
+    header, blobs = read_frame(r)
+    os.close(r)
+    os.close(w)
+    assert header["kind"] == "trial"
+    assert np.array_equal(tensor_from_wire(header["tensors"][0], blobs[0]), data)
+
+
+def test_wire_refuses_unknown_dtypes_and_wrong_sizes() -> None:
+    with pytest.raises(FrameError, match="not accepted"):
+        tensor_from_wire({"dtype": "object", "shape": [1]}, b"\0" * 8)
+    with pytest.raises(FrameError, match="do not hold"):
+        tensor_from_wire({"dtype": "float32", "shape": [3]}, b"\0" * 8)
+
+
+def test_wire_widens_bfloat16_exactly() -> None:
+    values = np.array([1.0, -2.5, 3.140625], dtype=np.float32)
+    bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(tensor_from_wire({"dtype": "bfloat16", "shape": [3]}, bits.tobytes()), values)
+
+
+def _trial(cand: np.ndarray, ref: np.ndarray, ref64: np.ndarray) -> TrialCheck:
+    return compare_trial([cand], ["float32"], [ref], ["float32"], [ref64], TOL, FLOORS, 10.0)
+
+
+def test_compare_passes_honest_fp32_and_catches_reduced_precision() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 512)), rng.standard_normal((512, 64))
+    exact = a @ b
+    eager = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float32)
+    honest = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float32) + np.float32(1e-7)
+
+    # TF32 keeps 10 mantissa bits of each operand.
+    def tf32(x: np.ndarray) -> np.ndarray:
+        return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+    reduced = (tf32(a) @ tf32(b)).astype(np.float32)
+    ok = _trial(honest, eager, exact)
+    bad = _trial(reduced, eager, exact)
+    assert ok.ok is True
+    assert bad.ok is False
+    assert bad.category == "incorrect.precision"
+
+
+def test_compare_reports_nan_and_shape_mismatches() -> None:
+    ref = np.ones(8, dtype=np.float32)
+    nan = ref.copy()
+    nan[3] = np.nan
+    res = _trial(nan, ref, ref.astype(np.float64))
+    assert res.category == "incorrect.nan_inf"
+    assert res.first_bad == (3,)
+    short = compare_trial([ref[:4]], ["float32"], [ref], ["float32"], None, TOL, FLOORS, 10.0)
+    assert short.category == "incorrect.shape"
+
+
+def test_timing_stats_and_speed_of_light() -> None:
+    stats = timing_stats([1.0, 2.0, 3.0, 4.0], TimerKind.CUDA_EVENT, wall=[5.0, 6.0, 7.0])
+    assert stats is not None
+    assert stats.median_ms == 2.5
+    assert stats.wall_ms == 6.0
+    assert stats.reps == 4
+    sol = speed_of_light({"flops": 0, "bytes_moved": 4_300_000, "out_dtype": "float32"},
+                         {"gbps": 4300.0, "tflops_fp32": 60.0}, None, None, 0.002)  # fmt: skip
+    assert sol is not None
+    assert sol.limiter == "memory"
+    assert sol.bound_ms == pytest.approx(0.001)
+    assert sol.fraction == pytest.approx(0.5)
+
+
+def test_guard_flags_work_hidden_from_the_events() -> None:
+    timing = {"callables": {"candidate": {"wall": [1.0] * 5}, "eager": {"wall": [0.52] * 5}}}
+    finding, check = guard_finding(timing, {"candidate": 0.01, "eager": 0.5}, 1.0, 0.05, 0.25)
+    assert finding is not None
+    assert finding.rule is CheatRule.DEFERRED_WORK
+    assert check.outcome is CheckOutcome.FAILED
+    honest = {"callables": {"candidate": {"wall": [0.27] * 5}, "eager": {"wall": [0.52] * 5}}}
+    finding, check = guard_finding(honest, {"candidate": 0.25, "eager": 0.5}, 1.0, 0.05, 0.25)
+    assert finding is None
+    assert check.outcome is CheckOutcome.PASSED
+
+
+def test_default_cache_dir_follows_kfoundry_home(kf_home: Path) -> None:
+    assert RunnerConfig().resolved_cache_dir() == kf_home / "cache"
