@@ -405,7 +405,9 @@ class Bus:
                 break
             want = max(1, min(spec.batch, consumer.workers.free))
             try:
-                msgs = await consumer.psub.fetch(want, timeout=0.5)
+                # Wait for the first message alone: a batch fetch would hold the ones that came
+                # until the batch is full or the timeout ends, which adds latency at low load.
+                msgs = await consumer.psub.fetch(1, timeout=0.5)
             except (TimeoutError, nats.errors.TimeoutError):
                 continue
             except nats.errors.Error as exc:
@@ -414,6 +416,9 @@ class Bus:
                 log.warning("fetch failed", consumer=spec.durable, error=_short(exc))
                 await asyncio.sleep(0.5)
                 continue
+            if want > 1:
+                with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+                    msgs += await consumer.psub.fetch(want - 1, timeout=0.01)  # what is there already
             for raw in msgs:
                 await consumer.workers.spawn(self._handle_js(raw, consumer, msg_type, handler))
 

@@ -28,7 +28,7 @@ from actors.bus import ConsumerSpec, Delivery
 from actors.errors import BusError
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.island import IslandBrain
-from actors.evolution.plans import RequestPlan
+from actors.evolution.plans import IslandConfig, RequestPlan
 from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.kv import get_expert_config, get_run, load_text, save_text
 from schemas import (
@@ -68,12 +68,20 @@ class IslandActor(Actor):
         retrieve_k: int = 4,
         save_every_s: float = 1.0,
         give_up_after: int = 8,
+        per_request: int = 1,
+        status_every_s: float = 0.5,
+        retrieve_ttl_s: float = 5.0,
     ) -> None:
         super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id)
         self.name = island
         self.retrieve_k = retrieve_k
         self.save_every_s = save_every_s
         self.give_up_after = give_up_after
+        self.per_request = per_request
+        self.status_every_s = status_every_s
+        self.retrieve_ttl_s = retrieve_ttl_s
+        self._retrieved: dict[str, tuple[float, tuple[ExperienceHit, ...]]] = {}
+        self._last_status = 0.0
         self._spec: RunSpec | None = None
         self._brain: IslandBrain | None = None
         self._llm: set[str] = set()
@@ -85,6 +93,10 @@ class IslandActor(Actor):
         self._pump: asyncio.Task[None] | None = None
         self._last_save = 0.0
         self._stopped_announced = False
+        self._planning = 0
+        self._outstanding: dict[str, float] = {}
+        """Published candidates awaiting feedback, with when they were published."""
+        self._last_feedback = time.monotonic()
         self._empty_streak = 0
         self._gave_up = False
         self.published = 0
@@ -116,7 +128,8 @@ class IslandActor(Actor):
             self._brain = IslandBrain.from_json(saved, self.spec)
             self.log.info("island restored", evaluated=self.brain.evaluated, archive=len(self.brain.archive))
         else:
-            self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed)
+            config = IslandConfig(n_per_request=self.per_request)
+            self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed, config=config)
         for role in {p.role for p in profiles if p.name in self._llm}:
             text = await load_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role))
             seed = self.spec.seed * 7919 + zlib.crc32(f"{self.name}/{role}".encode())
@@ -160,6 +173,7 @@ class IslandActor(Actor):
                 if self._empty_streak >= self.give_up_after and self.brain.evaluated == 0 and not self._requests:
                     self._gave_up = True
             async with self._lock:
+                self._expire_lost()
                 stopped = self.brain.budget_exhausted(time.time())
                 if stopped is None and self._gave_up:
                     stopped = StopReason.NO_PROGRESS
@@ -179,10 +193,31 @@ class IslandActor(Actor):
                     await self._wake.wait()
             self._wake.clear()
 
+    def _expire_lost(self) -> None:
+        """Give up on candidates whose feedback is overdue (dead-lettered, or published before a
+        restart and lost): otherwise they would hold slots of K for ever."""
+        horizon = self.spec.eval_timeout_s * 4 + 60.0
+        now = time.monotonic()
+        lost = [cid for cid, at in self._outstanding.items() if now - at > horizon]
+        for cid in lost:
+            del self._outstanding[cid]
+        untracked = self.brain.in_flight - len(self._outstanding) - self._planning
+        if now - self._last_feedback > horizon and untracked > 0:
+            lost.extend(["(from before a restart)"] * untracked)
+        if lost:
+            self.log.warning("feedback overdue, slots released", candidates=lost)
+            self.brain.forget_in_flight(len(lost))
+
     def _signature(self) -> TaskSignature:
         return self.spec.task.signature or TaskSignature()
 
     async def _retrieve(self, plan: RequestPlan) -> tuple[ExperienceHit, ...]:
+        """Experiences for a plan. Answers are cached per diagnosis category for a few seconds:
+        the library changes slowly next to the rate at which a fast island asks."""
+        key = plan.diagnosis.category.value if plan.diagnosis else ""
+        cached = self._retrieved.get(key)
+        if cached is not None and time.monotonic() - cached[0] < self.retrieve_ttl_s:
+            return cached[1]
         query = ExperienceQuery(
             signature=self._signature(),
             diagnosis=plan.diagnosis.category if plan.diagnosis else None,
@@ -194,11 +229,13 @@ class IslandActor(Actor):
         except BusError as exc:
             self.log.warning("no experiences retrieved", error=str(exc))
             return ()
+        self._retrieved[key] = (time.monotonic(), hits.hits)
         return hits.hits
 
     async def _request(self, plan: RequestPlan) -> None:
         published = 0
         reply: GenerateReply | None = None
+        self._planning += plan.n
         try:
             with structlog.contextvars.bound_contextvars(island=self.name, plan=plan.plan_id, expert=plan.expert):
                 hits = await self._retrieve(plan)
@@ -229,6 +266,7 @@ class IslandActor(Actor):
                             subjects.candidates(self.rid, self.name, cand.candidate_id), cand, msg_id=cand.candidate_id
                         )
                         published += 1
+                        self._outstanding[cand.candidate_id] = time.monotonic()
                     self.published += published
         finally:
             # Whatever happened (a decline, an error, a cancel during drain), the brain learns how
@@ -237,6 +275,7 @@ class IslandActor(Actor):
                 if reply is not None:
                     self.brain.record_tokens(reply.tokens.total)
                 self.brain.on_reply(plan, published)
+                self._planning -= plan.n
             self._empty_streak = 0 if published else self._empty_streak + 1
             self._wake.set()
 
@@ -247,6 +286,8 @@ class IslandActor(Actor):
             async with self._lock:
                 parent = self._parent_fitness(fb)
                 outcome = self.brain.on_feedback(fb)
+                self._outstanding.pop(fb.candidate.candidate_id, None)
+                self._last_feedback = time.monotonic()
             if outcome.duplicate:
                 return
             cid = fb.candidate.candidate_id
@@ -257,7 +298,12 @@ class IslandActor(Actor):
                     msg_id=f"elite-{cid}",
                 )
             await self._record_experience(fb, parent)
-            await self._publish_status()
+            if (
+                outcome.improved_best
+                or outcome.stagnating
+                or time.monotonic() - self._last_status >= self.status_every_s
+            ):
+                await self._publish_status()
             await self._save()
             self.log.info(
                 "feedback",
@@ -338,6 +384,7 @@ class IslandActor(Actor):
     # -- state --------------------------------------------------------------------------------
 
     async def _publish_status(self, stopped: StopReason | None = None) -> None:
+        self._last_status = time.monotonic()
         status = self.brain.status()
         stopped = stopped or (StopReason.NO_PROGRESS if self._gave_up else None)
         if stopped is not None and status.stopped is None:

@@ -50,6 +50,7 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
         "--ack-wait", type=float, default=30.0, help="seconds before an unacknowledged candidate is redelivered"
     )
     p.add_argument("--spares", type=int, default=2, help="pre-warmed run processes per evaluator")
+    p.add_argument("--per-request", type=int, default=1, help="candidates an island asks of an expert at once")
     p.add_argument("--library-dir", type=Path, default=None, help="curator snapshot folder")
     p.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="curator embedder")
 
@@ -144,7 +145,9 @@ def build_actor(
 
         if not island:
             raise ConfigError("an island actor needs --island ID")
-        return IslandActor(nats_url=url, run_id=run_id or "", island=island, actor_id=actor_id)
+        return IslandActor(
+            nats_url=url, run_id=run_id or "", island=island, actor_id=actor_id, per_request=args.per_request
+        )
     if kind is ActorKind.MIGRATOR:
         from actors.migrator import MigratorActor
 

@@ -200,6 +200,11 @@ class IslandBrain:
             self.declines += 1
             self.credit.update(plan.key, plan.expert, 0.0)
 
+    def forget_in_flight(self, n: int) -> None:
+        """Stop counting ``n`` candidates as in flight: their feedback is not coming (e.g. they
+        were dead-lettered); the actor decides when to give up on them."""
+        self.in_flight = max(0, self.in_flight - n)
+
     def record_tokens(self, n: int) -> None:
         """Add LLM tokens spent by this island's requests."""
         self.tokens_used += max(0, n)
