@@ -128,8 +128,8 @@ class IslandActor(Actor):
             self._brain = IslandBrain.from_json(saved, self.spec)
             self.log.info("island restored", evaluated=self.brain.evaluated, archive=len(self.brain.archive))
         else:
-            config = IslandConfig(n_per_request=self.per_request)
-            self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed, config=config)
+            island_config = IslandConfig(n_per_request=self.per_request)
+            self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed, config=island_config)
         for role in {p.role for p in profiles if p.name in self._llm}:
             text = await load_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role))
             seed = self.spec.seed * 7919 + zlib.crc32(f"{self.name}/{role}".encode())

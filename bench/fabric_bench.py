@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import nats
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from actors.bus import Bus, ConsumerSpec, Delivery
@@ -80,7 +81,7 @@ async def bench_request_reply(url: str, n: int) -> dict[str, float]:
     raw_nc = await nats.connect(url)
     raw_reply = reply_msg.to_bytes()
 
-    async def raw_handler(msg: nats.aio.msg.Msg) -> None:
+    async def raw_handler(msg: Msg) -> None:
         await msg.respond(raw_reply)
 
     await raw_nc.subscribe("bench.raw", cb=raw_handler)
@@ -181,11 +182,11 @@ async def _raw_hop(url: str, run_id: str, n: int, concurrency: int) -> float:
             await asyncio.gather(*(on_msg(m) for m in msgs))  # type: ignore[operator]
         await psub.unsubscribe()
 
-    async def evaluate(m: nats.aio.msg.Msg) -> None:
+    async def evaluate(m: Msg) -> None:
         await js.publish(f"raw.{run_id}.result", res_bytes, headers={"Nats-Msg-Id": m.data[-40:].hex()})
         await m.ack()
 
-    async def collect(m: nats.aio.msg.Msg) -> None:
+    async def collect(m: Msg) -> None:
         nonlocal got
         await m.ack()
         got += 1

