@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import pwd
 import re
@@ -81,6 +82,19 @@ def _readable_by_others(paths: list[str]) -> str | None:
             if not mode & 0o001 or (part == path and path.is_dir() and not mode & 0o004):
                 return str(part)
     return None
+
+
+def unreachable_by_others(path: Path) -> str | None:
+    """The first folder on the way to ``path`` that other users cannot traverse, if any."""
+    for part in [path, *path.parents]:
+        if part.exists() and not part.stat().st_mode & 0o001:
+            return str(part)
+    return None
+
+
+def without_user(iso: Isolation, reason: str) -> Isolation:
+    """The same isolation with the drop to an unprivileged user turned off, saying why."""
+    return dataclasses.replace(iso, uid=None, gid=None, user=f"skipped: {reason}")
 
 
 def _works_as(uid: int, gid: int, python: str, cuda: bool) -> bool:
@@ -330,6 +344,8 @@ async def spawn_worker(
     cmd = [
         *iso.prefix,
         python,
+        "-X",
+        "faulthandler",  # a crash of the run process leaves its Python stack in the log
         "-m",
         "gpu_runner.worker",
         "--mode",

@@ -27,7 +27,14 @@ from gpu_runner.gate import check_candidate
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
 from gpu_runner.probe import detect_cuda, validate_reference, versions
 from gpu_runner.protocol import FrameError
-from gpu_runner.sandbox import Isolation, Worker, chown_tree, probe_isolation
+from gpu_runner.sandbox import (
+    Isolation,
+    Worker,
+    chown_tree,
+    probe_isolation,
+    unreachable_by_others,
+    without_user,
+)
 from gpu_runner.verdict import RunRecord, exit_description
 from schemas import Check, CheckOutcome, DeviceChoice, EvalResult, Severity, StageTimes
 
@@ -74,6 +81,12 @@ class EvaluationService:
         os.chmod(self.base, 0o711)
         cache = self.cfg.resolved_cache_dir()
         (cache / "compile").mkdir(parents=True, exist_ok=True)
+        if self.iso.uid is not None:
+            # The unprivileged sandbox user must reach its working folders; where a parent folder
+            # is private (e.g. under /root or pytest's 0700 temp root), run without the drop.
+            blocked = unreachable_by_others(self.base)
+            if blocked is not None:
+                self.iso = without_user(self.iso, f"the sandbox user cannot reach {blocked}")
         env = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         import triton.language  # noqa: F401
     except ImportError:
         log("triton is not importable here")
-    device = torch.device("cuda" if args.mode == "run" and args.device == "cuda" else "cpu")
+    # An explicit index: some torch.cuda calls refuse a bare "cuda" device (CUDA_VISIBLE_DEVICES picks the GPU).
+    device = torch.device("cuda:0" if args.mode == "run" and args.device == "cuda" else "cpu")
     if device.type == "cuda":
         torch.cuda.init()  # type: ignore[no-untyped-call]
         torch.empty(1, device=device).zero_()

@@ -43,5 +43,8 @@ case "$stage" in
     timeout 570 python3 -m actors.cli run "$task" --device cuda --run-dir "$out/run" --log-level info "$@" 2>&1 \
       | tee "$out/run.log" | tail -25
     ;;
+  py)
+    timeout 570 python3 "$@" 2>&1 | tee "$out/py.log" | tail -80
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

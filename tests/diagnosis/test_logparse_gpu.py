@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -23,12 +24,12 @@ SCRIPTS = {
         import torch, triton, triton.language as tl
 
         @triton.jit
-        def oob(out_ptr, n, BLOCK: tl.constexpr):
-            offs = tl.arange(0, BLOCK) + (1 << 34)
+        def oob(out_ptr, far, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK) + far  # far is a 64-bit argument: no compile-time range check
             tl.store(out_ptr + offs, tl.zeros([BLOCK], dtype=tl.float32))
 
         out = torch.empty(1024, device="cuda")
-        oob[(1,)](out, 1024, BLOCK=128)
+        oob[(1,)](out, 1 << 34, BLOCK=128)
         torch.cuda.synchronize()
         """,
     ),
@@ -64,11 +65,13 @@ SCRIPTS = {
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_gpu_failure_message_is_classified_by_its_cause(name: str) -> None:
+def test_gpu_failure_message_is_classified_by_its_cause(name: str, tmp_path: Path) -> None:
     expected, body = SCRIPTS[name]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = tmp_path / f"{name}.py"  # Triton reads a @jit function's source from its file
+    script.write_text(textwrap.dedent(body))
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, env=env, timeout=240, check=False
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=240, check=False
     )
     assert proc.returncode != 0, f"{name} did not fail:\n{proc.stdout}\n{proc.stderr}"
     finding = classify_log(proc.stderr)

@@ -77,7 +77,10 @@ def _assert_close(reference: str, candidate: str, directory: Path) -> None:
     if not expected.is_floating_point():
         assert torch.equal(actual, expected)
         return
-    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    # Element-wise against eager: 1e-4, or a few times eager's own worst error against float64
+    # (long fp32 reductions, e.g. K=2048, round differently in cuBLAS and in a tiled kernel).
+    eager_worst = float((expected.double() - exact).abs().max())
+    torch.testing.assert_close(actual, expected, atol=max(1e-4, 4 * eager_worst), rtol=1e-4)
     err, ref_err = _rel_l2(actual, exact), _rel_l2(expected, exact)
     assert err <= max(8 * ref_err, 1e-6), (err, ref_err)
 
