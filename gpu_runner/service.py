@@ -42,6 +42,12 @@ __all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
 logger = structlog.get_logger(__name__)
 
 
+def _copy_if_absent(src: str, dst: str) -> str:
+    if os.path.exists(dst):
+        return dst
+    return str(shutil.copy2(src, dst))
+
+
 class EvaluationService:
     """Honest, sandboxed evaluation of candidates against KernelBench references."""
 
@@ -357,7 +363,10 @@ class EvaluationService:
         (worker.dir / "candidate.py").write_text(c.job.candidate_source)
         triton_dir = c.compile.triton_dir
         if triton_dir is not None:
-            shutil.copytree(triton_dir, worker.dir / "triton", dirs_exist_ok=True)
+            # Triton's cache is content-addressed: a file already there (e.g. the launcher the
+            # reference's own kernel loaded) is identical, and overwriting a loaded shared
+            # library in place crashes the process that has it mapped. Copy only what is new.
+            shutil.copytree(triton_dir, worker.dir / "triton", dirs_exist_ok=True, copy_function=_copy_if_absent)
         manifest: dict[str, str] = {}
         for key, so in c.compile.ext_manifest.items():
             dst = worker.dir / "prebuilt" / key / Path(so).name
