@@ -55,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch.profiler
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 
+        if device.type == "cuda":
+            # The profiler's first use in a process starts CUPTI/Kineto (seconds): do it now, in
+            # the spare, not after a candidate's measurement on the critical path.
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+                torch.empty(1024, device=device).add_(1)
+                torch.cuda.synchronize(device)
+
         from gpu_runner import worker_candidate, worker_reference  # noqa: F401
     channel.send(
         "ready",
