@@ -261,10 +261,12 @@ class EvaluationService:
         biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)
         max_blob = 8 * 4 * biggest + (1 << 20)
         stage, waited = "start", 0.0
+        marks: dict[str, float] = {}
+        t0 = time.perf_counter()
         try:
-            t0 = time.perf_counter()
             async with asyncio.timeout(budget):
                 armed = await self._collect(worker, c, spare, max_blob, until="armed")
+            marks["armed"] = time.perf_counter() - t0
             budget -= time.perf_counter() - t0
             if armed:
                 stage = "armed"
@@ -276,10 +278,12 @@ class EvaluationService:
                     async with asyncio.timeout(max(0.01, budget)):
                         more = await self._collect(worker, c, spare, max_blob, until="measured")
                 budget -= time.perf_counter() - t_go
+                marks["measured"] = time.perf_counter() - t0
                 stage = "measured"
                 if more:
                     async with asyncio.timeout(max(0.01, budget)):
                         await self._collect(worker, c, spare, max_blob, until=None)
+                marks["done"] = time.perf_counter() - t0
         except TimeoutError:
             record.timed_out = True
             c.timed_out = f"the evaluation exceeded {job.timeout_s:g} s (after {stage})"
@@ -289,6 +293,9 @@ class EvaluationService:
             tree = await asyncio.to_thread(worker.terminate)
             self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
             record.log = worker.log_text()
+            marks["terminated"] = time.perf_counter() - t0
+            # Where the run stage's time goes (seconds since the job was sent), for overhead work.
+            logger.debug("run phases", candidate=job.candidate_id, waited_s=waited, **marks)
         measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
         if record.timing is not None:
             measured += float(record.timing.get("elapsed_s", 0.0))
