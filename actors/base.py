@@ -69,6 +69,8 @@ class Actor:
         self._stopped = asyncio.Event()
         self._ready = asyncio.Event()
         self.stop_reason = ""
+        self.run_ended = False
+        """Set when the run's ``RunEnd`` arrived: the other actors of the run are leaving."""
         self.log = get_logger(f"kf.{self.kind}").bind(actor=self.actor_id, run=self.run_id, island=island)
 
     # -- hooks ---------------------------------------------------------------------------
@@ -219,6 +221,7 @@ class Actor:
         )
 
     async def _on_run_end(self, end: RunEnd, _delivery: Any) -> None:
+        self.run_ended = True
         self.request_stop(f"run ended ({end.reason})")
 
     def _stats_data(self, _endpoint_stats: Any) -> dict[str, Any]:

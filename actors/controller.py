@@ -253,10 +253,17 @@ class RunController:
                     timeout=2.0,
                 )
         grace = self.spec.eval_timeout_s + 30.0
+        remote_ids = {row.actor_id for row in remote}
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 for actor in islands:
                     await actor.wait_stopped()
+                # Islands elsewhere: wait until they have left (they wait for their candidates).
+                while remote_ids:
+                    rows = await discover(bus.nc, wait_s=0.3, run_id=self.spec.run_id)
+                    remote_ids &= {r.actor_id for r in rows}
+                    if remote_ids:
+                        await asyncio.sleep(0.5)
 
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""

@@ -413,7 +413,7 @@ class IslandActor(Actor):
             task.cancel()
         await asyncio.gather(*self._requests, return_exceptions=True)
         deadline = time.monotonic() + self.spec.eval_timeout_s + 10.0
-        while self.brain.in_flight > 0 and time.monotonic() < deadline and self.stop_reason != "interrupted":
+        while self.brain.in_flight > 0 and time.monotonic() < deadline and not self.run_ended:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.5):

@@ -22,13 +22,16 @@ async def run_actors(actors: Sequence[Actor], stop: asyncio.Event) -> None:
     """Run ``actors`` until ``stop`` is set (or all of them stopped), then drain every one."""
 
     async def stopper() -> None:
-        all_stopped: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(a.wait_stopped() for a in actors)))
-        stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        waiters = {asyncio.ensure_future(a.wait_stopped()) for a in actors}
+        stop_wait = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait({all_stopped, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            pending: set[asyncio.Future[Any]] = {*waiters, stop_wait}
+            while waiters & pending and stop_wait in pending:
+                _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            all_stopped.cancel()
-            stop_wait.cancel()
+            for future in (*waiters, stop_wait):
+                future.cancel()
+            await asyncio.gather(*waiters, stop_wait, return_exceptions=True)
         for actor in actors:
             actor.request_stop("stop requested")
 
