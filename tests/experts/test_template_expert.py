@@ -115,7 +115,7 @@ async def test_diagnosis_steers_the_mutation_of_a_parent() -> None:
         assert "compile.resources" in proposal.strategy
 
 
-async def test_experience_params_seed_the_second_proposal() -> None:
+async def test_experience_params_lead_every_other_fresh_start() -> None:
     learned = default_params(_plan()).with_changes(mm_block_n=32, row_warps=2)
     signature = TaskSignature(ops=("linear", "mean", "softmax"))
     hits = tuple(
@@ -136,9 +136,15 @@ async def test_experience_params_seed_the_second_proposal() -> None:
         )
         for i, (p, fitness) in enumerate(((TemplateParams(), 0.5), (learned, 2.5)))
     )
-    reply = await _expert().generate(_request(experiences=hits))
-    assert TemplateParams.from_dict(dict(reply.proposals[1].params)) == learned
-    assert reply.proposals[1].strategy.endswith("/experience")
+    expert = _expert()
+    even = await expert.generate(_request(experiences=hits).model_copy(update={"seed": 2}))
+    assert TemplateParams.from_dict(dict(even.proposals[1].params)) == learned
+    assert even.proposals[1].strategy.endswith("/experience")
+    odd = await expert.generate(_request(experiences=hits).model_copy(update={"seed": 3}))
+    assert TemplateParams.from_dict(dict(odd.proposals[0].params)) == learned
+    assert odd.proposals[0].strategy.endswith("/experience")
+    single = await expert.generate(_request(experiences=hits).model_copy(update={"seed": 5, "n": 1}))
+    assert [p.strategy.rsplit("/", 1)[1] for p in single.proposals] == ["experience"]
 
 
 async def test_unsupported_reference_and_cuda_requests_are_declined() -> None:

@@ -230,6 +230,10 @@ class TemplateExpert:
                     seen.add(child)
                     label = "mutate.default" if base is default else "mutate.experience"
                     chosen.append((child, label, _changes(base, child)))
+            if len(starts) > 1 and request.seed % 2 == 1:
+                # Retrieval-augmented start: an island asks one candidate at a time, so every
+                # other fresh request leads with the configuration that worked on a similar task.
+                chosen[0], chosen[1] = chosen[1], chosen[0]
             chosen = chosen[:n]
         return tuple(
             Proposal(
