@@ -83,6 +83,8 @@ class FitnessSample(_Frozen):
     fitness: float | None = None
     best: float | None = None
     migrant: bool = False
+    expert: str = ""
+    """Expert that produced the candidate (``user`` for a seed candidate)."""
 
 
 class ArchiveMap(_Frozen):
@@ -301,7 +303,7 @@ def _island(
     archive: ArchiveMap | None = None
     if brain is not None:
         samples = tuple(
-            FitnessSample(t=p.at - t0, **p.model_dump(exclude={"at", "expert", "key"})) for p in brain.fitness_history
+            FitnessSample(t=p.at - t0, **p.model_dump(exclude={"at", "key"})) for p in brain.fitness_history
         )
         axes = brain.archive.descriptors.descriptors
         x, y = brain.archive.spread_axes()
