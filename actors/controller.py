@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 
 from actors.base import Actor
 from actors.bus import Bus
-from actors.errors import BusError
+from actors.errors import BusError, ConfigError
 from actors.kv import get_expert_config, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
@@ -146,6 +146,7 @@ class RunController:
         self.out = progress
         self.progress = Progress(spec)
         self.actors: list[Actor] = []
+        self.llm_diagnoser: ExpertConfig | None = None
 
     async def _setup(self, bus: Bus) -> None:
         from actors.signature import with_signature
@@ -173,7 +174,9 @@ class RunController:
         actors: list[Actor] = [build_actor(ActorKind.CURATOR, a, url=self.url, run_id=None)]
         actors += [build_actor(ActorKind.EXPERT, a, url=self.url, run_id=None, expert_config=c) for c in configs]
         actors += [build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id) for _ in range(a.evaluators)]
-        actors.append(build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id))
+        actors.append(
+            build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id, expert_config=self.llm_diagnoser)
+        )
         if self.spec.islands > 1:
             actors.append(build_actor(ActorKind.MIGRATOR, a, url=self.url, run_id=run_id))
         actors += [
@@ -279,6 +282,10 @@ class RunController:
                 self.out.write(f"watch it: kfoundry tap --run {self.spec.run_id} --nats {self.url}\n")
             if not self.args.no_local_actors:
                 configs = await self._expert_configs(bus)
+                if self.args.llm_diagnoser:
+                    self.llm_diagnoser = await get_expert_config(bus, self.args.llm_diagnoser)
+                    if self.llm_diagnoser is None:
+                        raise ConfigError(f"--llm-diagnoser {self.args.llm_diagnoser}: no such expert configuration")
                 self.actors = self._local_actors(configs)
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
                 await asyncio.gather(*(a.wait_ready() for a in self.actors))

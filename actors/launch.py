@@ -53,6 +53,12 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
         "--ack-wait", type=float, default=30.0, help="seconds before an unacknowledged candidate is redelivered"
     )
     p.add_argument("--spares", type=int, default=2, help="pre-warmed run processes per evaluator")
+    p.add_argument(
+        "--llm-diagnoser",
+        metavar="EXPERT",
+        default=None,
+        help="refine diagnoses with the LLM endpoint of this stored expert configuration",
+    )
     p.add_argument("--per-request", type=int, default=1, help="candidates an island asks of an expert at once")
     p.add_argument("--library-dir", type=Path, default=None, help="curator snapshot folder")
     p.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="curator embedder")
@@ -130,10 +136,15 @@ def build_actor(
     if kind is ActorKind.DIAGNOSER:
         from actors.diagnoser import DiagnoserActor, RuleDiagnose
 
+        llm = None
+        if expert_config is not None:
+            from actors.diagnosis.llm_diagnoser import LLMDiagnoser
+
+            llm = LLMDiagnoser(expert_config)
         return DiagnoserActor(
             nats_url=url,
             run_id=run_id or "",
-            diagnose=RuleDiagnose(),
+            diagnose=RuleDiagnose(llm),
             concurrency=concurrency or 16,
             actor_id=actor_id,
             version=version,
@@ -175,14 +186,17 @@ def cmd_actor(args: argparse.Namespace) -> int:
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
             config = None
-            if kind is ActorKind.EXPERT:
+            wanted = args.name if kind is ActorKind.EXPERT else args.llm_diagnoser
+            if wanted and kind in (ActorKind.EXPERT, ActorKind.DIAGNOSER):
                 from actors.bus import Bus
 
                 probe = await Bus.connect(url, name="kfoundry-actor-config", actor_id="kfoundry-actor-config")
                 try:
-                    config = await get_expert_config(probe, args.name)
+                    config = await get_expert_config(probe, wanted)
                 finally:
                     await probe.close()
+                if config is None and kind is ActorKind.DIAGNOSER:
+                    raise ConfigError(f"--llm-diagnoser {wanted}: no expert configuration stored under that name")
             actor = build_actor(
                 kind, args, url=url, run_id=args.run, island=args.island, expert_config=config, actor_id=args.actor_id
             )

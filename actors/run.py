@@ -29,7 +29,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("task", type=Path, help="KernelBench-format reference (class Model, get_inputs, get_init_inputs)")
     p.add_argument("--islands", type=int, default=2, help="number of islands (default 2)")
     p.add_argument("--inflight", type=int, default=2, help="candidates each island keeps in flight (default 2)")
-    p.add_argument("--candidates", type=int, default=None, help="budget: candidates evaluated (default 40 cpu / 200)")
+    p.add_argument("--candidates", type=int, default=None, help="budget: candidates evaluated (default 16 cpu / 200)")
     p.add_argument("--seconds", type=float, default=None, help="budget: wall-clock seconds (default 600 / 1800)")
     p.add_argument("--tokens", type=int, default=None, help="budget: LLM tokens")
     p.add_argument("--experts", default=None, help="comma-separated expert names (default: template plus any LLM)")
@@ -71,7 +71,7 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice) -> R
     experts = [e.strip() for e in args.experts.split(",")] if args.experts else ["template"]
     budget = Budget(
         wall_s=args.seconds or (600.0 if on_cpu else 1800.0),
-        candidates=args.candidates or (40 if on_cpu else 200),
+        candidates=args.candidates or (16 if on_cpu else 200),
         tokens=args.tokens,
     )
     kwargs = {"run_id": args.run_id} if args.run_id else {}

@@ -1,0 +1,81 @@
+"""Hot swap of an expert under load: a new version starts, the old one drains, no request is lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from actors.bus import Bus
+from actors.errors import BusError
+from schemas import ActorInfo, Control, ControlAction, GenerateReply, GenerateRequest, Task, subjects
+from tests.bus.helpers import spawn_actor, stop_process
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = Task.from_source("quickstart", (ROOT / "examples" / "quickstart.py").read_text())
+
+
+async def _wait_up(bus: Bus, actor_id: str, timeout: float = 120.0) -> ActorInfo:
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await bus.request(
+                    subjects.control(actor_id), Control(action=ControlAction.INFO), ActorInfo, timeout=0.5
+                )
+            except BusError:
+                await asyncio.sleep(0.2)
+
+
+async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_path: Path) -> None:
+    bus = await Bus.connect(nats_url, name="test", actor_id="test-expert-swap")
+    args = ["--nats", nats_url, "--name", "template"]
+    v1 = spawn_actor("expert", "--id", "expert-v1", "--version", "1.0.0", *args, log=tmp_path / "v1.log")
+    v2 = None
+    answered: Counter[str] = Counter()
+    failures: list[str] = []
+    stop = asyncio.Event()
+
+    async def client(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            request = GenerateRequest(run_id="swap", island=f"i{k}", task=TASK, n=2, seed=k * 1000 + i)
+            i += 1
+            try:
+                reply = await bus.request(subjects.expert_generate("template"), request, GenerateReply, timeout=60)
+            except BusError as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            assert reply.request_id == request.request_id
+            assert reply.decline is None, reply.decline
+            answered[reply.expert_instance] += 1
+
+    try:
+        await _wait_up(bus, "expert-v1")
+        # Warm: the first request makes v1 analyse the task.
+        await bus.request(
+            subjects.expert_generate("template"),
+            GenerateRequest(run_id="swap", island="w", task=TASK),
+            GenerateReply,
+            timeout=120,
+        )
+        clients = [asyncio.create_task(client(k)) for k in range(6)]
+        await asyncio.sleep(1.0)
+        v2 = spawn_actor("expert", "--id", "expert-v2", "--version", "2.0.0", *args, log=tmp_path / "v2.log")
+        await _wait_up(bus, "expert-v2")
+        await asyncio.sleep(1.0)
+        await bus.request(
+            subjects.control("expert-v1"), Control(action=ControlAction.DRAIN, reason="swap"), ActorInfo, timeout=5
+        )
+        assert await asyncio.to_thread(v1.wait, 60) == 0
+        await asyncio.sleep(2.0)  # load goes on, served by v2 alone
+        stop.set()
+        await asyncio.gather(*clients)
+    finally:
+        stop.set()
+        if v2 is not None:
+            assert stop_process(v2) == 0
+        stop_process(v1)
+        await bus.close()
+    assert failures == []
+    assert answered["expert-v1"] > 0
+    assert answered["expert-v2"] > 0

@@ -1,0 +1,64 @@
+"""A run with an LLM expert (a real OpenAI-compatible server on loopback) beside the template
+expert: the LLM's candidates are evaluated and its failures diagnosed, and the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.nats_server import ServerInfo
+from tests.experts.llm_server import BROKEN_MODELNEW, GOOD_MODELNEW, REFERENCE_SOURCE, Chat, ScriptedLLMServer, answer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _kfoundry(*args: str, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "actors.cli", *args, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+@pytest.mark.timeout(500)
+async def test_llm_expert_takes_part_and_its_failures_are_diagnosed(nats_server: ServerInfo, tmp_path: Path) -> None:
+    task = tmp_path / "gelu_scale.py"
+    task.write_text(REFERENCE_SOURCE)
+    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), KF_TEST_LLM_KEY="sk-e2e-secret-7c1d")
+    async with ScriptedLLMServer() as llm:
+        for _ in range(12):
+            llm.push(Chat((answer(BROKEN_MODELNEW),)), Chat((answer(GOOD_MODELNEW),)))
+        rc, out, err = await _kfoundry(
+            "expert", "set", "llm", "--kind", "llm", "--base-url", llm.base_url, "--model", "scripted-model",
+            "--api-key-env", "KF_TEST_LLM_KEY", "--role", "fusion", "--timeout", "20", "--nats", nats_server.url,
+            env=env, timeout=60,
+        )  # fmt: skip
+        assert rc == 0, err
+        run_dir = tmp_path / "run"
+        rc, out, err = await _kfoundry(
+            "run", str(task), "--nats", nats_server.url, "--device", "cpu", "--experts", "template,llm",
+            "--islands", "1", "--inflight", "2", "--candidates", "8", "--seconds", "400", "--embedder", "hashing",
+            "--run-dir", str(run_dir), "--run-id", "llmrun",
+            env=env, timeout=480,
+        )  # fmt: skip
+        assert rc == 0, out + err[-4000:]
+        requests = llm.completions
+    assert requests, "the LLM expert was never asked"
+    assert all(r.headers.get("Authorization") == "Bearer sk-e2e-secret-7c1d" for r in requests)
+    report = json.loads((run_dir / "report.json").read_text())
+    points = [p for island in report["islands"] for p in island["fitness"]]
+    by_expert = {p["expert"] for p in points}
+    assert {"llm", "template"} <= by_expert, by_expert
+    llm_statuses = {p["status"] for p in points if p["expert"] == "llm"}
+    assert "correct" in llm_statuses or "compile_error" in llm_statuses or "runtime_error" in llm_statuses
+    # The broken kernel's failure was diagnosed into a category, not passed on raw.
+    assert any(k.startswith(("compile.", "runtime.")) for k in report["category_counts"]), report["category_counts"]
+    # The key never reached the run's records.
+    assert "sk-e2e-secret-7c1d" not in (run_dir / "run.log").read_text()
+    assert "sk-e2e-secret-7c1d" not in (run_dir / "report.json").read_text()
