@@ -222,7 +222,8 @@ class IslandActor(Actor):
             signature=self._signature(),
             diagnosis=plan.diagnosis.category if plan.diagnosis else None,
             text=plan.diagnosis.summary if plan.diagnosis else "first kernel for this task",
-            k=self.retrieve_k,
+            # A fresh start looks wider: the expert takes the best configuration among the hits.
+            k=self.retrieve_k if plan.parent is not None else 2 * self.retrieve_k,
         )
         try:
             hits = await self.bus.request(subjects.EXPERIENCE_QUERY, query, ExperienceHits, timeout=5.0)
@@ -267,6 +268,14 @@ class IslandActor(Actor):
                         )
                         published += 1
                         self._outstanding[cand.candidate_id] = time.monotonic()
+                        self.log.info(
+                            "proposal",
+                            candidate=cand.candidate_id,
+                            parent=cand.parent_id,
+                            expert=cand.expert,
+                            strategy=proposal.strategy,
+                            experiences=len(ids),
+                        )
                     self.published += published
         finally:
             # Whatever happened (a decline, an error, a cancel during drain), the brain learns how
