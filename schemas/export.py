@@ -28,9 +28,7 @@ def stale(directory: Path = JSON_DIR) -> list[str]:
     """Names of exported files that are missing, different, or no longer a message."""
     want = rendered()
     have = {p.name for p in directory.glob("*.json")} if directory.is_dir() else set()
-    bad = [
-        n for n, text in want.items() if not (directory / n).is_file() or (directory / n).read_text() != text
-    ]
+    bad = [n for n, text in want.items() if not (directory / n).is_file() or (directory / n).read_text() != text]
     bad += sorted(have - set(want))
     return sorted(bad)
 
