@@ -103,7 +103,7 @@ class Progress:
     def line(self) -> str:
         budget = self.spec.budget
         total = f"/{budget.candidates}" if budget.candidates else ""
-        best = f"{self.best.fitness:.2f}x ({self.best.island})" if self.best and self.best.fitness else "-"
+        best = f"{self.best.fitness:.3g}x ({self.best.island})" if self.best and self.best.fitness else "-"
         in_flight = sum(s.in_flight for s in self.islands.values())
         counts = " ".join(f"{k}={v}" for k, v in sorted(self.statuses.items()))
         return f"[{self.elapsed:6.0f}s] evaluated {self.evaluated}{total}  best {best}  in flight {in_flight}  {counts}"
