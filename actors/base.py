@@ -26,7 +26,7 @@ from nats.micro.service import Service
 from actors.bus import Bus
 from actors.logs import get_logger
 from actors.stats import StatsRecorder
-from schemas import ActorInfo, ActorKind, ActorState, Control, ControlAction, RunEnd, subjects
+from schemas import ActorInfo, ActorKind, ActorState, ActorStats, Control, ControlAction, RunEnd, subjects
 
 
 def new_actor_id(kind: ActorKind | str) -> str:
@@ -199,7 +199,7 @@ class Actor:
             meta["island"] = self.island
         return meta
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> ActorStats:
         """The statistics snapshot with the actor's own counters."""
         self.stats.extra = dict(self.extra_stats())
         return self.stats.snapshot()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -219,7 +218,6 @@ class Bus:
         self._core: list[_CoreSub] = []
         self._consumers: list[PullConsumer] = []
         self._endpoints: list[_Endpoint] = []
-        self._services: list[Service] = []
         self._closed = False
         self._running = asyncio.Event()
         self._running.set()
@@ -503,7 +501,6 @@ class Bus:
             metadata=metadata,
             stats_handler=stats_handler,
         )
-        self._services.append(service)
         return service
 
     async def serve(
@@ -632,12 +629,3 @@ class Bus:
         if not self.nc.is_closed:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await self.nc.drain()
-
-
-def json_fields(data: bytes) -> dict[str, Any]:
-    """Best-effort decode of a payload for display (``{}`` when it is not a JSON object)."""
-    try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return obj if isinstance(obj, dict) else {}

@@ -123,12 +123,7 @@ class CuratorActor(Actor):
                 last_save = time.monotonic()
 
     def _apply(self, batch: list[tuple[int, Experience | ExperienceOutcome]]) -> None:
-        records = [r for _, r in batch if isinstance(r, Experience)]
-        if records:
-            self.library.add_many(records)
-        for _seq, item in batch:
-            if isinstance(item, ExperienceOutcome):
-                self.library.apply_outcome(item)
+        self.library.apply_many([item for _, item in batch])  # in stream order, records batched
         self.replayed += len(batch)
         self.last_seq = max(self.last_seq, max(seq for seq, _ in batch))
 

@@ -33,10 +33,18 @@ class Diagnose(Protocol):
         ...
 
 
+class Refiner(Protocol):
+    """Refines a rule-based diagnosis (``actors.diagnosis.llm_diagnoser.LLMDiagnoser``)."""
+
+    async def diagnose(self, result: EvalResult, candidate: Candidate | None, baseline: Diagnosis) -> Diagnosis:
+        """A refined diagnosis; the baseline itself when the refiner cannot help."""
+        ...
+
+
 class RuleDiagnose:
     """The rule-based diagnoser, optionally refined by an LLM diagnoser."""
 
-    def __init__(self, llm: object | None = None) -> None:
+    def __init__(self, llm: Refiner | None = None) -> None:
         from actors.diagnosis.rules import RuleDiagnoser
 
         self.rules = RuleDiagnoser()
@@ -46,8 +54,7 @@ class RuleDiagnose:
     async def __call__(self, result: EvalResult, candidate: Candidate) -> Diagnosis:
         diagnosis = self.rules.diagnose(result, candidate)
         if self.llm is not None:
-            refine = getattr(self.llm, "diagnose")  # noqa: B009 - an LLMDiagnoser, imported lazily
-            diagnosis = await refine(result, candidate, diagnosis)
+            diagnosis = await self.llm.diagnose(result, candidate, diagnosis)
         return diagnosis
 
 

@@ -52,10 +52,6 @@ class RemoteError(BusError):
         self.description = description
 
 
-class ProtocolOrderError(KfError):
-    """A step of a protocol happened out of order; the message says which."""
-
-
 class HandlerSignal(KfError):
     """Base of the control-flow exceptions a handler raises to steer its message."""
 

@@ -10,6 +10,7 @@ stops it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import sys
 import sysconfig
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,23 +178,26 @@ class EmbeddedServer:
             return info
         return None
 
-    def acquire(self) -> str:
-        """The URL of the running embedded server, starting one if there is none."""
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialises starting, reusing and stopping the server between kfoundry processes."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        lock = self.dir / "lock"
-        with open(lock, "w") as fh:
-            import fcntl
-
+        with open(self.dir / "lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
-                info = self._load()
-                if info is None:
-                    info = start_server(self.dir, detached=True)
-                    self.state.write_text(info.to_json())
-                    self.started_here = True
-                self.info = info
+                yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def acquire(self) -> str:
+        """The URL of the running embedded server, starting one if there is none."""
+        with self._locked():
+            info = self._load()
+            if info is None:
+                info = start_server(self.dir, detached=True)
+                self.state.write_text(info.to_json())
+                self.started_here = True
+            self.info = info
         return info.url
 
     def release(self, *, grace_s: float = 0.5) -> bool:
@@ -203,12 +208,16 @@ class EmbeddedServer:
         deadline = time.monotonic() + grace_s
         while True:
             conns = _connections(info.http_url)
-            if conns is None or conns > 0:
-                if conns is None or time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.05)
-                continue
-            stop_server(info.pid)
-            with contextlib.suppress(FileNotFoundError):
-                self.state.unlink()
-            return True
+            if conns is None:
+                return False
+            if conns == 0:
+                with self._locked():  # a command that starts now either reuses it first or finds it gone
+                    if _connections(info.http_url) != 0:
+                        return False
+                    stop_server(info.pid)
+                    with contextlib.suppress(FileNotFoundError):
+                        self.state.unlink()
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)

@@ -104,15 +104,11 @@ def key_fields(msg: Message) -> str:
             return ""
 
 
-def render(msg: Msg, *, now: float | None = None) -> str | None:
-    """One line for a message, or ``None`` if it is not a Kernel Foundry message."""
-    try:
-        decoded = decode_any(msg.data)
-    except ValueError:
-        return None
+def render(subject: str, decoded: Message, *, now: float | None = None) -> str:
+    """One line for a decoded message."""
     stamp = time.strftime("%H:%M:%S", time.localtime(now or time.time()))
     kind = getattr(decoded, "type", type(decoded).__name__)
-    return f"{stamp} {msg.subject:<40} {kind:<18} {key_fields(decoded)}"
+    return f"{stamp} {subject:<40} {kind:<18} {key_fields(decoded)}"
 
 
 async def tap(
@@ -130,17 +126,13 @@ async def tap(
 
     async def on_msg(msg: Msg) -> None:
         nonlocal count
-        if types:
-            try:
-                kind = json.loads(msg.data).get("type")
-            except (ValueError, AttributeError):
-                return
-            if kind not in types:
-                return
-        line = render(msg)
-        if line is None:
+        try:
+            decoded = decode_any(msg.data)
+        except ValueError:  # not a Kernel Foundry message (or not one of this contract)
             return
-        emit(line)
+        if types and getattr(decoded, "type", "") not in types:
+            return
+        emit(render(msg.subject, decoded))
         count += 1
         if limit is not None and count >= limit:
             done.set()
