@@ -10,8 +10,20 @@ import sys
 from pathlib import Path
 
 from actors.bus import Bus
+from actors.errors import BusError
 from actors.kv import put_run
-from schemas import Candidate, KernelLanguage, Message, Proposal, RunSpec, Task, subjects
+from schemas import (
+    ActorInfo,
+    Candidate,
+    Control,
+    ControlAction,
+    KernelLanguage,
+    Message,
+    Proposal,
+    RunSpec,
+    Task,
+    subjects,
+)
 
 REFERENCE = """import torch
 import torch.nn as nn
@@ -106,3 +118,21 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
     return int(proc.returncode)
+
+
+async def actor_info(bus: Bus, actor_id: str) -> ActorInfo | None:
+    """The actor's info through its control endpoint, or ``None`` if it does not answer."""
+    try:
+        return await bus.request(subjects.control(actor_id), Control(action=ControlAction.INFO), ActorInfo, timeout=0.5)
+    except BusError:
+        return None
+
+
+async def wait_up(bus: Bus, actor_id: str, timeout: float = 120.0) -> ActorInfo:
+    """Wait until an actor (started in another process) answers on its control endpoint."""
+    async with asyncio.timeout(timeout):
+        while True:
+            info = await actor_info(bus, actor_id)
+            if info is not None:
+                return info
+            await asyncio.sleep(0.1)

@@ -9,22 +9,14 @@ from collections import Counter
 from pathlib import Path
 
 from actors.bus import Bus
-from actors.errors import BusError
-from schemas import ActorInfo, Control, ControlAction, EvalResult, subjects
-from tests.bus.helpers import collect, publish_candidates, register_run, spawn_actor, stop_process
-
-
-async def _info(bus: Bus, actor_id: str) -> ActorInfo | None:
-    try:
-        return await bus.request(subjects.control(actor_id), Control(action=ControlAction.INFO), ActorInfo, timeout=0.5)
-    except BusError:  # not up yet
-        return None
+from schemas import ActorInfo, EvalResult, subjects
+from tests.bus.helpers import actor_info, collect, publish_candidates, register_run, spawn_actor, stop_process
 
 
 async def _wait_busy(bus: Bus, actor_id: str, timeout: float = 30.0) -> ActorInfo:
     async with asyncio.timeout(timeout):
         while True:
-            info = await _info(bus, actor_id)
+            info = await actor_info(bus, actor_id)
             if info is not None and info.stats.in_flight > 0:
                 return info
             await asyncio.sleep(0.1)

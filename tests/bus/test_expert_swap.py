@@ -9,21 +9,10 @@ from pathlib import Path
 from actors.bus import Bus
 from actors.errors import BusError
 from schemas import ActorInfo, Control, ControlAction, GenerateReply, GenerateRequest, Task, subjects
-from tests.bus.helpers import spawn_actor, stop_process
+from tests.bus.helpers import spawn_actor, stop_process, wait_up
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = Task.from_source("quickstart", (ROOT / "examples" / "quickstart.py").read_text())
-
-
-async def _wait_up(bus: Bus, actor_id: str, timeout: float = 120.0) -> ActorInfo:
-    async with asyncio.timeout(timeout):
-        while True:
-            try:
-                return await bus.request(
-                    subjects.control(actor_id), Control(action=ControlAction.INFO), ActorInfo, timeout=0.5
-                )
-            except BusError:
-                await asyncio.sleep(0.2)
 
 
 async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_path: Path) -> None:
@@ -50,7 +39,7 @@ async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_pa
             answered[reply.expert_instance] += 1
 
     try:
-        await _wait_up(bus, "expert-v1")
+        await wait_up(bus, "expert-v1")
         # Warm: the first request makes v1 analyse the task.
         await bus.request(
             subjects.expert_generate("template"),
@@ -61,7 +50,7 @@ async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_pa
         clients = [asyncio.create_task(client(k)) for k in range(6)]
         await asyncio.sleep(1.0)
         v2 = spawn_actor("expert", "--id", "expert-v2", "--version", "2.0.0", *args, log=tmp_path / "v2.log")
-        await _wait_up(bus, "expert-v2")
+        await wait_up(bus, "expert-v2")
         await asyncio.sleep(1.0)
         await bus.request(
             subjects.control("expert-v1"), Control(action=ControlAction.DRAIN, reason="swap"), ActorInfo, timeout=5

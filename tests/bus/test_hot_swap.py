@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 from actors.bus import Bus
-from actors.errors import BusError
 from schemas import (
     ActorInfo,
     Control,
@@ -17,20 +16,9 @@ from schemas import (
     Feedback,
     subjects,
 )
-from tests.bus.helpers import candidate, collect, register_run, spawn_actor, stop_process
+from tests.bus.helpers import candidate, collect, register_run, spawn_actor, stop_process, wait_up
 
 TOTAL = 300
-
-
-async def _wait_up(bus: Bus, actor_id: str, timeout: float = 30.0) -> ActorInfo:
-    async with asyncio.timeout(timeout):
-        while True:
-            try:
-                return await bus.request(
-                    subjects.control(actor_id), Control(action=ControlAction.INFO), ActorInfo, timeout=0.5
-                )
-            except BusError:
-                await asyncio.sleep(0.1)
 
 
 async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
@@ -42,7 +30,7 @@ async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
     v1 = spawn_actor("diagnoser", "--id", "diag-v1", "--version", "1.0.0", *common, log=tmp_path / "v1.log")
     v2 = None
     try:
-        await _wait_up(bus, "diag-v1")
+        await wait_up(bus, "diag-v1")
 
         async def produce() -> None:
             for i in range(TOTAL):
@@ -65,7 +53,7 @@ async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
         producer = asyncio.create_task(produce())
         await asyncio.sleep(0.8)
         v2 = spawn_actor("diagnoser", "--id", "diag-v2", "--version", "2.0.0", *common, log=tmp_path / "v2.log")
-        await _wait_up(bus, "diag-v2")
+        await wait_up(bus, "diag-v2")
         drained = await bus.request(
             subjects.control("diag-v1"), Control(action=ControlAction.DRAIN, reason="swap"), ActorInfo, timeout=5
         )
