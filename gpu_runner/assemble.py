@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_runner.compare import correctness, speed_of_light, timing_stats
+from gpu_runner.compare import TrialCheck, correctness, speed_of_light, timing_stats
 from gpu_runner.compiler import CompileOutcome
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.gate import GateReport
@@ -52,6 +53,8 @@ class Collected:
     peaks: dict[str, Any] = field(default_factory=dict)
     stages: StageTimes = field(default_factory=StageTimes)
     timed_out: str | None = None
+    compares: list[asyncio.Task[TrialCheck]] = field(default_factory=list)
+    """Trial comparisons running in threads, in trial order (gathered before the verdict)."""
 
 
 def _base(c: Collected, status: EvalStatus, summary: str, **kw: Any) -> EvalResult:

@@ -15,6 +15,8 @@ import hashlib
 import os
 import secrets
 import shutil
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -25,7 +27,7 @@ import structlog
 
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
-from gpu_runner.protocol import FrameError, tensor_from_wire
+from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.sandbox import Isolation, Worker, await_ready, spawn_worker
 
 logger = structlog.get_logger(__name__)
@@ -42,7 +44,8 @@ class ReferenceData:
     """What a prepared spare computed before any candidate existed (held by the parent)."""
 
     outputs: list[list[npt.NDArray[Any]]] = field(default_factory=list)
-    outputs64: list[list[npt.NDArray[Any]] | None] = field(default_factory=list)
+    residuals: list[list[npt.NDArray[Any]] | None] = field(default_factory=list)
+    """Per trial: the float64 reference's outputs minus the reference's own (``None``: no float64 run)."""
     dtypes: list[list[str]] = field(default_factory=list)
     fp64_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +99,7 @@ class RunPool:
 
     async def prepare(self, spare: Spare, reference_source: str, timeout_s: float) -> None:
         """Have a spare compute the reference outputs for fresh secret seeds; keep them here."""
+        started = time.perf_counter()
         seeds = [secrets.randbits(62) for _ in range(self.cfg.trials)]
         msg = {
             "op": "prepare",
@@ -113,6 +117,13 @@ class RunPool:
             raise WorkerStartError("run", "the worker died while computing the reference", log) from None
         spare.task = task_key(reference_source)
         spare.reference = data
+        logger.info(
+            "spare_prepared",
+            worker=spare.worker.dir.name,
+            startup_s=round(float(spare.worker.ready.get("startup_s") or 0.0), 3),
+            prepare_s=round(time.perf_counter() - started, 3),
+            **{k: round(float(v), 3) for k, v in (data.info.get("phases") or {}).items()},
+        )
 
     async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
         async with asyncio.timeout(timeout_s):
@@ -124,7 +135,7 @@ class RunPool:
                     n = int(header["n_outputs"])
                     data.outputs.append(arrays[:n])
                     data.dtypes.append([str(m["dtype"]) for m in header["tensors"][:n]])
-                    data.outputs64.append(arrays[n:] if header.get("fp64_error") is None else None)
+                    data.residuals.append(arrays[n:] if header.get("fp64_error") is None else None)
                     data.fp64_error = data.fp64_error or header.get("fp64_error")
                 elif kind == "prepared":
                     data.info = header
@@ -246,6 +257,6 @@ class RunPool:
         self.idle.clear()
 
 
-def decode_outputs(header: dict[str, Any], blobs: list[bytes]) -> list[npt.NDArray[Any]]:
+def decode_outputs(header: dict[str, Any], blobs: Sequence[Blob]) -> list[npt.NDArray[Any]]:
     """Tensors of a frame as numpy arrays."""
     return [tensor_from_wire(m, b) for m, b in zip(header.get("tensors", []), blobs, strict=True)]

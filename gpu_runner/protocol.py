@@ -8,9 +8,14 @@ numpy only, so the worker side stays light.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
+import select
+import stat
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +42,10 @@ WIRE_DTYPES: dict[str, np.dtype[Any]] = {
 """Torch dtype name -> the numpy dtype its raw bytes travel as (bfloat16 as its 16-bit pattern)."""
 
 
+Blob = bytes | bytearray | memoryview
+"""Raw bytes of a tensor: anything with the buffer protocol and a byte length."""
+
+
 class FrameError(Exception):
     """A frame was malformed, too large, or the stream ended inside it."""
 
@@ -47,52 +56,161 @@ class WireTensor:
 
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: Blob
 
     def meta(self) -> dict[str, Any]:
         """The JSON part describing this tensor."""
-        return {"dtype": self.dtype, "shape": list(self.shape), "nbytes": len(self.data)}
+        return {"dtype": self.dtype, "shape": list(self.shape), "nbytes": memoryview(self.data).nbytes}
 
 
-def encode_frame(header: dict[str, Any], blobs: Sequence[bytes] = ()) -> bytes:
-    """One frame: header (with ``blobs`` set to the count) and the blobs."""
+PIPE_BYTES = 1 << 20
+"""Pipe capacity asked for (Linux ``F_SETPIPE_SZ``): fewer, larger reads and writes of tensors."""
+
+
+def _parts(header: dict[str, Any], blobs: Sequence[Blob]) -> list[Blob]:
     head = json.dumps({**header, "blobs": len(blobs)}, allow_nan=True).encode()
-    parts = [_LEN.pack(len(head)), head]
+    parts: list[Blob] = [_LEN.pack(len(head)), head]
     for blob in blobs:
-        parts.append(_LEN.pack(len(blob)))
-        parts.append(blob)
-    return b"".join(parts)
+        view = memoryview(blob).cast("B")
+        parts.append(_LEN.pack(view.nbytes))
+        parts.append(view)
+    return parts
 
 
-def write_frame(fd: int, header: dict[str, Any], blobs: Sequence[bytes] = ()) -> None:
-    """Write one frame to a blocking file descriptor (worker side)."""
-    view = memoryview(encode_frame(header, blobs))
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def encode_frame(header: dict[str, Any], blobs: Sequence[Blob] = ()) -> bytes:
+    """One frame: header (with ``blobs`` set to the count) and the blobs."""
+    return b"".join(bytes(p) for p in _parts(header, blobs))
 
 
-def _read_exact(fd: int, n: int) -> bytes:
-    chunks: list[bytes] = []
-    while n:
-        chunk = os.read(fd, min(n, 1 << 20))
-        if not chunk:
-            raise FrameError("stream closed inside a frame")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+def write_frame(fd: int, header: dict[str, Any], blobs: Sequence[Blob] = ()) -> None:
+    """Write one frame to a blocking file descriptor, blobs straight from their buffers (no joined copy)."""
+    for part in _parts(header, blobs):
+        view = memoryview(part)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
 
 
-def read_frame(fd: int, max_blob: int = 1 << 40) -> tuple[dict[str, Any], list[bytes]]:
-    """Read one frame from a blocking file descriptor (worker side reads what the parent sent)."""
-    (size,) = _LEN.unpack(_read_exact(fd, _LEN.size))
-    header = decode_header(_read_exact(fd, size))
+BULK_MIN_BYTES = 1 << 16
+"""Frames whose blobs add up to more than this send them as files in the bulk directory."""
+
+
+def write_bulk(directory: str, seq: int, blobs: Sequence[Blob]) -> list[dict[str, Any]]:
+    """Write each blob to its own file in ``directory`` (tmpfs where there is one); their references."""
+    refs = []
+    for k, blob in enumerate(blobs):
+        name = f"b{seq}_{k}"
+        view = memoryview(blob).cast("B")
+        fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        refs.append({"file": name, "nbytes": memoryview(blob).nbytes})
+    return refs
+
+
+def read_bulk(dir_fd: int, refs: object, max_blob: int) -> list[bytearray]:
+    """The blobs a frame left as files: copied out of the parent-held directory and unlinked.
+
+    The directory is the one the parent opened when it made it (``dir_fd``), so a worker that
+    swaps it for a link reaches nothing; each name must be a plain file name, opened without
+    following links, a regular file of exactly the announced size.
+    """
+    if not isinstance(refs, list):
+        raise FrameError("bulk references are not a list")
+    out = []
+    for ref in refs:
+        if not isinstance(ref, dict):
+            raise FrameError("a bulk reference is not an object")
+        name, nbytes = ref.get("file"), ref.get("nbytes")
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise FrameError(f"bad bulk file name {name!r}")
+        if not isinstance(nbytes, int) or not 0 <= nbytes <= max_blob:
+            raise FrameError(f"bulk blob of {nbytes!r} bytes (cap {max_blob})")
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            raise FrameError(f"bulk file {name}: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
+                raise FrameError(f"bulk file {name} is not a regular file of {nbytes} bytes")
+            buf = bytearray(nbytes)
+            if nbytes:
+                with mmap.mmap(fd, nbytes, prot=mmap.PROT_READ) as mapped:
+                    memoryview(buf)[:] = mapped
+        finally:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+        out.append(buf)
+    return out
+
+
+def widen_pipe(fd: int) -> None:
+    """Ask for a larger pipe buffer where the OS allows it (silently keeps the default otherwise)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except (OSError, ImportError):
+        pass
+
+
+class _Source:
+    """Blocking reads from a pipe; with ``stop``, waits in short polls so another thread can end it."""
+
+    def __init__(self, fd: int, stop: threading.Event | None) -> None:
+        self.fd = fd
+        self.stop = stop
+        self.poller: select.poll | None = None
+        if stop is not None:
+            self.poller = select.poll()
+            self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+
+    def exact(self, n: int) -> bytearray:
+        """Exactly ``n`` bytes, read straight into one buffer; :class:`EOFError` if the stream ends first."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            if self.poller is not None:
+                while not self.poller.poll(200):
+                    if self.stop is not None and self.stop.is_set():
+                        raise EOFError("reading was stopped")
+            k = os.readv(self.fd, [view[got:]])
+            if not k:
+                raise EOFError("stream closed" + (" inside a frame" if got else ""))
+            got += k
+        return buf
+
+
+def read_frame(
+    fd: int, max_blob: int = 1 << 40, stop: threading.Event | None = None, bulk_fd: int | None = None
+) -> tuple[dict[str, Any], list[bytearray]]:
+    """Read one frame from a blocking file descriptor (with its bulk blobs when ``bulk_fd`` is given).
+
+    Raises :class:`EOFError` when the stream ends (or ``stop`` is set) and :class:`FrameError`
+    when the frame is malformed or too large.
+    """
+    src = _Source(fd, stop)
+    (size,) = _LEN.unpack(src.exact(_LEN.size))
+    if size > MAX_HEADER_BYTES:
+        raise FrameError(f"header of {size} bytes exceeds {MAX_HEADER_BYTES}")
+    header = decode_header(bytes(src.exact(size)))
     blobs = []
     for _ in range(int(header.get("blobs", 0))):
-        (blen,) = _LEN.unpack(_read_exact(fd, _LEN.size))
+        (blen,) = _LEN.unpack(src.exact(_LEN.size))
         if blen > max_blob:
             raise FrameError(f"blob of {blen} bytes exceeds the cap of {max_blob}")
-        blobs.append(_read_exact(fd, blen))
+        blobs.append(src.exact(blen))
+    if "bulk" in header:
+        if bulk_fd is None or blobs:
+            raise FrameError("unexpected bulk references")
+        blobs = read_bulk(bulk_fd, header.pop("bulk"), max_blob)
+        header["blobs"] = len(blobs)
     return header, blobs
 
 
@@ -109,7 +227,7 @@ def decode_header(raw: bytes) -> dict[str, Any]:
     return header
 
 
-def tensor_from_wire(meta: dict[str, Any], data: bytes) -> npt.NDArray[Any]:
+def tensor_from_wire(meta: dict[str, Any], data: Blob) -> npt.NDArray[Any]:
     """Decode a tensor the worker sent into a numpy array (bfloat16 widened to float32)."""
     dtype_name = meta.get("dtype")
     if dtype_name not in WIRE_DTYPES:
@@ -119,8 +237,9 @@ def tensor_from_wire(meta: dict[str, Any], data: bytes) -> npt.NDArray[Any]:
         raise FrameError(f"bad shape {shape!r}")
     wire = WIRE_DTYPES[dtype_name]
     count = int(np.prod(shape)) if shape else 1
-    if count * wire.itemsize != len(data):
-        raise FrameError(f"{len(data)} bytes do not hold {dtype_name}{shape}")
+    nbytes = memoryview(data).nbytes
+    if count * wire.itemsize != nbytes:
+        raise FrameError(f"{nbytes} bytes do not hold {dtype_name}{shape}")
     arr: npt.NDArray[Any] = np.frombuffer(data, dtype=wire).reshape(shape)
     if dtype_name == "bfloat16":
         widened: npt.NDArray[Any] = (arr.astype(np.uint32) << 16).view(np.float32)

@@ -30,6 +30,7 @@ from gpu_runner.protocol import FrameError
 from gpu_runner.sandbox import (
     Isolation,
     Worker,
+    bulk_root,
     chown_tree,
     probe_isolation,
     unreachable_by_others,
@@ -296,6 +297,8 @@ class EvaluationService:
             marks["terminated"] = time.perf_counter() - t0
             # Where the run stage's time goes (seconds since the job was sent), for overhead work.
             logger.debug("run phases", candidate=job.candidate_id, waited_s=waited, **marks)
+        if c.compares:
+            record.trial_checks = list(await asyncio.gather(*c.compares))
         measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
         if record.timing is not None:
             measured += float(record.timing.get("elapsed_s", 0.0))
@@ -317,7 +320,7 @@ class EvaluationService:
             if not await self._absorb(header, blobs, c, spare):
                 return False
 
-    async def _absorb(self, header: dict[str, Any], blobs: list[bytes], c: Collected, spare: Spare) -> bool:
+    async def _absorb(self, header: dict[str, Any], blobs: list[bytearray], c: Collected, spare: Spare) -> bool:
         record, ref = c.record, spare.reference
         assert record is not None
         assert ref is not None
@@ -335,20 +338,22 @@ class EvaluationService:
             t = int(header["trial"])
             cand = decode_outputs(header, blobs)
             dtypes = [str(m.get("dtype")) for m in header.get("tensors", [])]
-            outs64 = ref.outputs64[t] if t < len(ref.outputs64) else None
-            check = await asyncio.to_thread(
+            residuals = ref.residuals[t] if t < len(ref.residuals) else None
+            # Compared in a thread while the worker goes on (and after the GPU is released):
+            # ``_run`` gathers every comparison before the verdict.
+            compare = asyncio.to_thread(
                 compare_trial,
                 cand,
                 dtypes,
                 ref.outputs[t],
                 ref.dtypes[t],
-                outs64,
+                residuals,
                 dict(self.cfg.tolerances),
                 dict(self.cfg.precision_floors),
                 self.cfg.precision_factor,
             )
+            c.compares.append(asyncio.create_task(compare))
             record.trial_infos.append({"trial": t, **header.get("info", {})})
-            record.trial_checks.append(check)
         elif kind == "memory":
             record.memory_peak = int(header.get("peak_bytes", 0))
         elif kind == "profile":
@@ -400,6 +405,8 @@ class EvaluationService:
             await self.runs.close()
         if self.compiler is not None:
             await self.compiler.close()
+        if self.base is not None:
+            await asyncio.to_thread(shutil.rmtree, bulk_root(self.base), True)
         if self._own_base and self.base is not None:
             await asyncio.to_thread(shutil.rmtree, self.base, True)
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_runner.protocol import FrameError, read_frame
     from gpu_runner.worker_common import Channel, describe_exception, device_info, log, peaks
 
-    channel = Channel(args.in_fd, args.out_fd)
+    channel = Channel(args.in_fd, args.out_fd, os.environ.get("KF_BULK_DIR") or None)
     import_s = time.perf_counter() - started
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     try:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:
             msg, _blobs = read_frame(args.in_fd)
-        except (FrameError, OSError):
+        except (FrameError, EOFError, OSError):
             break
         op = msg.get("op")
         if op == "prepare":

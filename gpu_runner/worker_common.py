@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gpu_runner.protocol import WIRE_DTYPES, WireTensor, write_frame
+from gpu_runner.protocol import BULK_MIN_BYTES, WIRE_DTYPES, Blob, WireTensor, write_bulk, write_frame
 
 # Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s: fp32 without tensor cores, 16-bit with).
 PEAKS: tuple[tuple[str, float, float, float], ...] = (
@@ -29,14 +29,21 @@ PEAKS: tuple[tuple[str, float, float, float], ...] = (
 
 
 class Channel:
-    """The worker's end of the pipe to the parent."""
+    """The worker's end of the pipe to the parent (large tensors go as files in the bulk directory)."""
 
-    def __init__(self, in_fd: int, out_fd: int) -> None:
+    def __init__(self, in_fd: int, out_fd: int, bulk_dir: str | None = None) -> None:
         self.in_fd = in_fd
         self.out_fd = out_fd
+        self.bulk_dir = bulk_dir
+        self.seq = 0
 
-    def send(self, kind: str, *, blobs: Sequence[bytes] = (), **fields: Any) -> None:
-        write_frame(self.out_fd, {"kind": kind, **fields}, blobs)
+    def send(self, kind: str, *, blobs: Sequence[Blob] = (), **fields: Any) -> None:
+        header: dict[str, Any] = {"kind": kind, **fields}
+        if self.bulk_dir and sum(memoryview(b).nbytes for b in blobs) > BULK_MIN_BYTES:
+            self.seq += 1
+            header["bulk"] = write_bulk(self.bulk_dir, self.seq, blobs)
+            blobs = ()
+        write_frame(self.out_fd, header, blobs)
 
 
 def sync(device: torch.device) -> None:
@@ -54,10 +61,10 @@ def to_wire(t: torch.Tensor) -> WireTensor:
         name = "float64"
     if name == "bfloat16":
         t = t.view(torch.int16)
-    return WireTensor(dtype=name, shape=tuple(t.shape), data=t.numpy().tobytes())
+    return WireTensor(dtype=name, shape=tuple(t.shape), data=t.numpy().reshape(-1).view("u1").data)
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> tuple[list[dict[str, Any]], list[bytes]]:
+def pack(tensors: Sequence[torch.Tensor]) -> tuple[list[dict[str, Any]], list[Blob]]:
     """Wire metadata and blobs for a list of tensors."""
     wires = [to_wire(t) for t in tensors]
     return [w.meta() for w in wires], [w.data for w in wires]

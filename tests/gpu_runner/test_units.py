@@ -59,7 +59,8 @@ def test_wire_widens_bfloat16_exactly() -> None:
 
 
 def _trial(cand: np.ndarray, ref: np.ndarray, ref64: np.ndarray) -> TrialCheck:
-    return compare_trial([cand], ["float32"], [ref], ["float32"], [ref64], TOL, FLOORS, 10.0)
+    residual = (ref64 - ref.astype(np.float64)).astype(np.float32)
+    return compare_trial([cand], ["float32"], [ref], ["float32"], [residual], TOL, FLOORS, 10.0)
 
 
 def test_compare_passes_honest_fp32_and_catches_reduced_precision() -> None:
@@ -88,8 +89,31 @@ def test_compare_reports_nan_and_shape_mismatches() -> None:
     res = _trial(nan, ref, ref.astype(np.float64))
     assert res.category == "incorrect.nan_inf"
     assert res.first_bad == (3,)
+    grid = np.ones((30, 50), dtype=np.float32)
+    off = grid.copy()
+    off[2, 1] = 2.0
+    res = _trial(off, grid, grid.astype(np.float64))
+    assert (res.category, res.first_bad) == ("incorrect.boundary", (2, 1))
     short = compare_trial([ref[:4]], ["float32"], [ref], ["float32"], None, TOL, FLOORS, 10.0)
     assert short.category == "incorrect.shape"
+
+
+def test_chunked_compare_matches_a_whole_array_computation() -> None:
+    """Error sums gathered chunk by chunk equal the same figures computed over the whole array."""
+    rng = np.random.default_rng(1)
+    n = 3 * (1 << 18) + 1234
+    exact = rng.standard_normal(n)
+    ref = exact.astype(np.float32)
+    cand = (exact + rng.standard_normal(n) * 1e-6).astype(np.float32)
+    res = _trial(cand, ref, exact)
+    c64, r64 = cand.astype(np.float64), ref.astype(np.float64)
+    assert res.err64 == pytest.approx(np.linalg.norm(c64 - exact) / np.linalg.norm(exact), rel=1e-9)
+    assert res.ref_err64 == pytest.approx(np.linalg.norm(r64 - exact) / np.linalg.norm(exact), rel=1e-6)
+    assert res.max_abs == pytest.approx(np.abs(c64 - r64).max())
+    far = cand.copy()
+    far[-5] += 1.0
+    bad = _trial(far, ref, exact)
+    assert (bad.ok, bad.first_bad) == (False, (n - 5,))
 
 
 def test_timing_stats_and_speed_of_light() -> None:
