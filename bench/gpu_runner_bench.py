@@ -139,7 +139,7 @@ async def run(device: DeviceChoice, quick: bool) -> list[tuple[str, str]]:
     cpus = os.cpu_count() or 1
     cfg = RunnerConfig(
         device=device,
-        spares=8 if cuda else 2,
+        spares=12 if cuda else 2,
         compile_workers=cpus,
         cache_dir=tmp / "cache",
         work_dir=tmp / "work",

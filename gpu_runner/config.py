@@ -116,6 +116,9 @@ class RunnerConfig:
     """Run workers in their own PID namespace where the OS allows it."""
     enforce_gate: bool = True
     """Refuse candidates the static gate rejects; ``False`` records findings and runs anyway."""
+    worker_nice: int = 10
+    """Niceness of workers while they start, prepare or compile, so that the one being timed wins
+    the CPU (it is raised back to 0 for its job where the evaluator may: as root); 0 turns it off."""
     compile_timeout_s: float = 600.0
     """Bound on one compile stage."""
     worker_start_timeout_s: float = 180.0
@@ -149,6 +152,7 @@ class RunnerConfig:
             ("max_file_bytes", self.max_file_bytes >= 1 << 20, "must be >= 1 MiB"),
             ("max_processes", self.max_processes >= 64, "must be >= 64"),
             ("compile_timeout_s", self.compile_timeout_s > 0, "must be > 0"),
+            ("worker_nice", 0 <= self.worker_nice <= 19, "must be within 0..19"),
             ("worker_start_timeout_s", self.worker_start_timeout_s > 0, "must be > 0"),
             ("log_limit_chars", self.log_limit_chars >= 200, "must be >= 200"),
             ("sandbox_user", self.sandbox_user is None or bool(self.sandbox_user.strip()), "empty"),

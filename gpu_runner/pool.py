@@ -64,8 +64,18 @@ class Spare:
 class RunPool:
     """Single-use run workers, started ahead and prepared for the current task."""
 
-    def __init__(self, cfg: RunnerConfig, iso: Isolation, device: str, base: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        cfg: RunnerConfig,
+        iso: Isolation,
+        device: str,
+        base: Path,
+        env: dict[str, str],
+        gpu: asyncio.Semaphore | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.gpu = gpu or asyncio.Semaphore(cfg.max_concurrent_runs)
+        """The GPU lease: timing holds it, and so does a spare's GPU-heavy preparation."""
         self.iso = iso
         self.device = device
         self.base = base
@@ -78,6 +88,10 @@ class RunPool:
         self.idle_changed = asyncio.Event()
         self.last_ready: dict[str, Any] = {}
         self.triton_seed: Path | None = None
+        self.task_seeds: dict[str, Path] = {}
+        self.seeding: set[str] = set()
+        """Per task: a Triton cache holding the reference's kernels, copied from a prepared spare
+        before any candidate ran in it, so later spares do not compile them again."""
         self.closed = False
 
     async def new_worker(self) -> Worker:
@@ -87,7 +101,9 @@ class RunPool:
             extra = dict(self.env)
             triton_dir = self.base / name / "triton"
             extra["TRITON_CACHE_DIR"] = str(triton_dir)
-            seed = {"triton": self.triton_seed} if self.triton_seed is not None else None
+            task_seed = self.task_seeds.get(task_key(self.reference_source)) if self.reference_source else None
+            tree = task_seed or self.triton_seed
+            seed = {"triton": tree} if tree is not None else None
             worker = await spawn_worker("run", self.device, self.iso, self.cfg.python, self.base, name, extra, seed)
             try:
                 await await_ready(worker, self.cfg.worker_start_timeout_s)
@@ -126,26 +142,38 @@ class RunPool:
         )
 
     async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                header, blobs = await spare.worker.recv(1 << 40)
-                kind = header.get("kind")
-                if kind == "reference":
-                    arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
-                    n = int(header["n_outputs"])
-                    data.outputs.append(arrays[:n])
-                    data.dtypes.append([str(m["dtype"]) for m in header["tensors"][:n]])
-                    data.residuals.append(arrays[n:] if header.get("fp64_error") is None else None)
-                    data.fp64_error = data.fp64_error or header.get("fp64_error")
-                elif kind == "prepared":
-                    data.info = header
-                elif kind == "prepare_time":
-                    data.prepare_s = float(header["seconds"])
-                    break
-                elif kind == "reference_error":
-                    raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
-                else:
-                    raise ProtocolError(f"unexpected {kind!r} while preparing")
+        held = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    header, blobs = await spare.worker.recv(1 << 40)
+                    kind = header.get("kind")
+                    if kind == "gpu_acquire" and not held:
+                        await self.gpu.acquire()
+                        held = True
+                        await spare.worker.send({"op": "gpu_granted"})
+                    elif kind == "gpu_release" and held:
+                        self.gpu.release()
+                        held = False
+                    elif kind == "reference":
+                        arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
+                        n = int(header["n_outputs"])
+                        data.outputs.append(arrays[:n])
+                        data.dtypes.append([str(m["dtype"]) for m in header["tensors"][:n]])
+                        data.residuals.append(arrays[n:] if header.get("fp64_error") is None else None)
+                        data.fp64_error = data.fp64_error or header.get("fp64_error")
+                    elif kind == "prepared":
+                        data.info = header
+                    elif kind == "prepare_time":
+                        data.prepare_s = float(header["seconds"])
+                        break
+                    elif kind == "reference_error":
+                        raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
+                    else:
+                        raise ProtocolError(f"unexpected {kind!r} while preparing")
+        finally:
+            if held:
+                self.gpu.release()
 
     def compiled_baseline(self) -> bool:
         if self.cfg.compiled_baseline is not None:
@@ -201,6 +229,7 @@ class RunPool:
             spare = Spare(worker)
             if self.reference_source is not None:
                 await self.prepare(spare, self.reference_source, self.cfg.worker_start_timeout_s)
+                await self.seed_task(spare)
             if not self.closed:
                 self.idle.append(spare)
                 kept = True
@@ -221,6 +250,21 @@ class RunPool:
         if source.exists() and not seed.exists():
             shutil.copytree(source, seed)
             self.triton_seed = seed
+
+    async def seed_task(self, spare: Spare) -> None:
+        """Keep a freshly prepared spare's Triton cache (reference kernels included) for its task."""
+        source, task = spare.worker.dir / "triton", spare.task
+        if task is None or task in self.task_seeds or task in self.seeding or not source.exists():
+            return
+        self.seeding.add(task)
+        seed = self.base / f"triton-seed-{task}"
+        try:
+            await asyncio.to_thread(shutil.copytree, source, seed, dirs_exist_ok=True)
+            self.task_seeds[task] = seed
+        except OSError as exc:
+            logger.warning("triton_seed_failed", error=str(exc)[:300])
+        finally:
+            self.seeding.discard(task)
 
     async def retarget(self, reference_source: str) -> None:
         """Make idle spares ready for a (new) task."""

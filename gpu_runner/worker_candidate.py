@@ -91,6 +91,12 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
     sandbox = enter_sandbox(msg["sandbox"], device)
     threads0, children0 = threading.active_count(), _children()
     channel.send("sandbox", checks=sandbox)
+    # Nothing of the candidate runs before the parent grants the GPU: its import and constructor
+    # may launch work too, which must not overlap another candidate's timing.
+    channel.send("armed")
+    go, _ = read_frame(channel.in_fd)
+    if go.get("op") != "go":
+        return
     stage = "import"
     try:
         ns = import_candidate(msg["candidate_path"])
@@ -104,19 +110,16 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         if isinstance(cand, torch.nn.Module):
             cand = cand.to(device)
         sync(device)
-        channel.send("armed")
-        go, _ = read_frame(channel.in_fd)
-        if go.get("op") != "go":
-            return
         stage = "forward"
         ok = _trials(prepared, cand, log, msg, channel, threads0, children0)
         if ok:
             stage = "timing"
             _timing(prepared, cand, log, msg, channel)
-        channel.send("measured")  # the parent may let the next candidate use the GPU for timing now
         if ok and device.type == "cuda":
             stage = "profile"
             _profile(cand, prepared, channel)
+            sync(device)
+        channel.send("measured")  # the parent may give the GPU to the next candidate now
     except BaseException as exc:  # noqa: BLE001 - whatever the candidate raised is the verdict's evidence
         channel.send("error", stage=stage, **describe_exception(exc))
         return

@@ -5,17 +5,18 @@ Runs inside the sandboxed worker: imports only the stdlib, numpy, psutil and tor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from gpu_runner.protocol import BULK_MIN_BYTES, WIRE_DTYPES, Blob, WireTensor, write_bulk, write_frame
+from gpu_runner.protocol import BULK_MIN_BYTES, WIRE_DTYPES, Blob, WireTensor, read_frame, write_bulk, write_frame
 
 # Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s: fp32 without tensor cores, 16-bit with).
 PEAKS: tuple[tuple[str, float, float, float], ...] = (
@@ -44,6 +45,22 @@ class Channel:
             header["bulk"] = write_bulk(self.bulk_dir, self.seq, blobs)
             blobs = ()
         write_frame(self.out_fd, header, blobs)
+
+    @contextlib.contextmanager
+    def gpu_lease(self, device: torch.device) -> Iterator[None]:
+        """Hold the parent's GPU lease (the one timing holds) around GPU-heavy work; a no-op on the CPU."""
+        if device.type != "cuda":
+            yield
+            return
+        self.send("gpu_acquire")
+        reply, _ = read_frame(self.in_fd)
+        if reply.get("op") != "gpu_granted":
+            raise RuntimeError(f"expected the GPU lease, got {reply.get('op')!r}")
+        try:
+            yield
+        finally:
+            sync(device)
+            self.send("gpu_release")
 
 
 def sync(device: torch.device) -> None:

@@ -100,41 +100,56 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         init_args = list(ns["get_init_inputs"]())
         candidate_init_args = copy.deepcopy(init_args)
         torch.manual_seed(init_seed)
-        model = ns["Model"](*init_args).to(device)
-        trials = [make_inputs(ns, int(seed), device) for seed in msg["trial_seeds"]]
-        model64 = copy.deepcopy(model).to(torch.float64)
+        model = ns["Model"](*init_args)
+        host_trials = [make_inputs(ns, int(seed), torch.device("cpu")) for seed in msg["trial_seeds"]]
     except ReferenceFault:
         raise
     except Exception as exc:
         raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
-    ref_outputs: list[list[torch.Tensor]] = []
-    sync(device)
     phases["build_s"], mark = time.perf_counter() - mark, time.perf_counter()
-    with torch.no_grad():
-        for t, inputs in enumerate(trials):
-            try:
-                outs = _tensors(model(*clone_inputs(inputs)), "Model.forward")
-            except ReferenceFault:
-                raise
-            except Exception as exc:
-                raise ReferenceFault(f"the reference's forward failed: {type(exc).__name__}: {exc}") from exc
-            fp64_error = None
-            try:
-                outs64 = _tensors(model64(*as_double(clone_inputs(inputs))), "Model.forward (float64)")
-            except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
-                outs64, fp64_error = [], f"{type(exc).__name__}: {exc}"[:500]
-            sync(device)
-            ref_outputs.append(outs)
-            # The float64 truth travels as its difference from the reference's own output: float32
-            # holds that difference to ~1e-7 of itself, at half the bytes of the float64 values.
-            residuals = [
-                (o64 - o.double()).float() if o.is_floating_point() and o64.shape == o.shape else o.new_empty(0)
-                for o, o64 in zip(outs, outs64, strict=False)
-            ]
-            metas, blobs = pack(outs + residuals)
-            channel.send("reference", blobs=blobs, trial=t, n_outputs=len(outs), tensors=metas, fp64_error=fp64_error)
-    del model64
-    phases["outputs_s"], mark = time.perf_counter() - mark, time.perf_counter()
+    ref_outputs: list[list[torch.Tensor]] = []
+    shipments: list[tuple[int, list[torch.Tensor], list[torch.Tensor], str | None]] = []
+    # Every GPU-heavy step runs under the parent's GPU lease, so it never overlaps another
+    # candidate's timing; what only needs the CPU (packing, shipping) happens after it.
+    with channel.gpu_lease(device):
+        phases["lease_wait_s"], mark = time.perf_counter() - mark, time.perf_counter()
+        try:
+            model = model.to(device)
+            trials = [to_device(values, device) for values in host_trials]
+            model64 = copy.deepcopy(model).to(torch.float64)
+        except Exception as exc:
+            raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
+        with torch.no_grad():
+            for t, inputs in enumerate(trials):
+                try:
+                    outs = _tensors(model(*clone_inputs(inputs)), "Model.forward")
+                except ReferenceFault:
+                    raise
+                except Exception as exc:
+                    raise ReferenceFault(f"the reference's forward failed: {type(exc).__name__}: {exc}") from exc
+                fp64_error = None
+                try:
+                    outs64 = _tensors(model64(*as_double(clone_inputs(inputs))), "Model.forward (float64)")
+                except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
+                    outs64, fp64_error = [], f"{type(exc).__name__}: {exc}"[:500]
+                ref_outputs.append(outs)
+                # The float64 truth travels as its difference from the reference's own output: float32
+                # holds that difference to ~1e-7 of itself, at half the bytes of the float64 values.
+                residuals = [
+                    (o64 - o.double()).float() if o.is_floating_point() and o64.shape == o.shape else o.new_empty(0)
+                    for o, o64 in zip(outs, outs64, strict=False)
+                ]
+                host = [o.detach().to("cpu") for o in outs + residuals]
+                shipments.append((t, host[: len(outs)], host[len(outs) :], fp64_error))
+        del model64
+        flops = count_flops(model, trials[0])
+        sync(device)
+    phases["gpu_s"], mark = time.perf_counter() - mark, time.perf_counter()
+    for t, outs_host, residuals_host, fp64_error in shipments:
+        metas, blobs = pack(outs_host + residuals_host)
+        channel.send("reference", blobs=blobs, trial=t, n_outputs=len(outs_host), tensors=metas, fp64_error=fp64_error)
+    del shipments
+    phases["ship_s"], mark = time.perf_counter() - mark, time.perf_counter()
     prepared = Prepared(
         device=device,
         namespace=ns,
@@ -146,9 +161,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
         in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
     )
-    flops = count_flops(model, trials[0])
     params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
-    phases["flops_s"], mark = time.perf_counter() - mark, time.perf_counter()
     if msg.get("compiled_baseline"):
         build_compiled(prepared)
         phases["compiled_s"] = time.perf_counter() - mark
