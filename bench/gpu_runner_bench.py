@@ -173,6 +173,19 @@ async def run(device: DeviceChoice, quick: bool) -> list[tuple[str, str]]:
         warm = [o for o in (overhead(r) for r in aa[1:]) if o is not None]
         rows.append(("critical-path overhead, warm prepared worker", f"{statistics.median(warm):.3f} s (median)"))
         log(f"A/A done: {ratios}")
+        quiet = []
+        for i in range(2 if quick else 4):
+            await svc.wait_spares(timeout_s=600)  # nothing starting or preparing while this one is timed
+            r = await svc.evaluate(job(reference, candidate(), f"aq{i}"))
+            if r.speedup_vs_eager is not None:
+                quiet.append(r.speedup_vs_eager)
+        rows.append(
+            (
+                "A/A ratio, quiet (no spare starting), median [min, max]",
+                f"{statistics.median(quiet):.4f} [{min(quiet):.4f}, {max(quiet):.4f}] over {len(quiet)}",
+            )
+        )
+        log(f"quiet A/A done: {quiet}")
         if cuda and not quick:
             gate = check_candidate(candidate(variant=0), reference)
             assert svc.compiler is not None
@@ -222,6 +235,18 @@ async def run(device: DeviceChoice, quick: bool) -> list[tuple[str, str]]:
             )
         )
         rows.append(("  throughput / bound", f"{n_stream / wall / bound:.2f}"))
+        assert svc.runs is not None
+        lease = statistics.mean(svc.runs.lease_log) if svc.runs.lease_log else 0.0
+        gpu_bound = min(
+            cfg.compile_workers / mean_compile if mean_compile else float("inf"), 1 / (mean_measure + lease)
+        )
+        rows.append(
+            (
+                "  bound with the GPU lease of fresh-seed reference prep",
+                f"{gpu_bound:.3f} cand/s (measure {mean_measure:.2f} s + reference {lease:.2f} s exclusive); "
+                f"throughput / bound {n_stream / wall / gpu_bound:.2f}",
+            )
+        )
         log("stream done")
     cold_cfg = RunnerConfig(
         device=device,

@@ -50,6 +50,8 @@ class ReferenceData:
     fp64_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     prepare_s: float | None = None
+    lease_s: float = 0.0
+    """Seconds the spare held the GPU lease (exclusive) while preparing."""
 
 
 @dataclass
@@ -90,6 +92,8 @@ class RunPool:
         self.triton_seed: Path | None = None
         self.task_seeds: dict[str, Path] = {}
         self.seeding: set[str] = set()
+        self.lease_log: list[float] = []
+        """GPU-lease seconds of every spare prepared (for benchmarks: the GPU time a candidate costs)."""
         """Per task: a Triton cache holding the reference's kernels, copied from a prepared spare
         before any candidate ran in it, so later spares do not compile them again."""
         self.closed = False
@@ -133,16 +137,19 @@ class RunPool:
             raise WorkerStartError("run", "the worker died while computing the reference", log) from None
         spare.task = task_key(reference_source)
         spare.reference = data
+        self.lease_log.append(data.lease_s)
         logger.info(
             "spare_prepared",
             worker=spare.worker.dir.name,
             startup_s=round(float(spare.worker.ready.get("startup_s") or 0.0), 3),
             prepare_s=round(time.perf_counter() - started, 3),
+            lease_s=round(data.lease_s, 3),
             **{k: round(float(v), 3) for k, v in (data.info.get("phases") or {}).items()},
         )
 
     async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
         held = False
+        granted = 0.0
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
@@ -151,10 +158,14 @@ class RunPool:
                     if kind == "gpu_acquire" and not held:
                         await self.gpu.acquire()
                         held = True
+                        granted = time.perf_counter()
+                        self._nice(spare.worker, 0)  # the GPU waits on this spare: give it the CPU
                         await spare.worker.send({"op": "gpu_granted"})
                     elif kind == "gpu_release" and held:
+                        self._nice(spare.worker, self.cfg.worker_nice)
                         self.gpu.release()
                         held = False
+                        data.lease_s += time.perf_counter() - granted
                     elif kind == "reference":
                         arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
                         n = int(header["n_outputs"])
@@ -174,6 +185,11 @@ class RunPool:
         finally:
             if held:
                 self.gpu.release()
+
+    def _nice(self, worker: Worker, value: int) -> None:
+        if self.cfg.worker_nice:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PGRP, worker.proc.pid, value)
 
     def compiled_baseline(self) -> bool:
         if self.cfg.compiled_baseline is not None:

@@ -63,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize(device)
 
         from gpu_runner import worker_candidate, worker_reference  # noqa: F401
+
+        if device.type == "cuda":
+            try:  # torch.compile's machinery, imported now rather than inside the GPU lease later
+                import torch._dynamo
+                import torch._inductor.compile_fx
+            except Exception as exc:  # noqa: BLE001 - the compiled baseline then pays the import; recorded
+                log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
     channel.send(
         "ready",
         device=device_info(device, interpreter),
