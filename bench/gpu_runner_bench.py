@@ -242,7 +242,7 @@ async def run(device: DeviceChoice, quick: bool) -> list[tuple[str, str]]:
         )
         rows.append(
             (
-                "  bound with the GPU lease of fresh-seed reference prep",
+                "  bound with the GPU lease of each spare's start and reference",
                 f"{gpu_bound:.3f} cand/s (measure {mean_measure:.2f} s + reference {lease:.2f} s exclusive); "
                 f"throughput / bound {n_stream / wall / gpu_bound:.2f}",
             )

@@ -28,7 +28,7 @@ import structlog
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
-from gpu_runner.sandbox import Isolation, Worker, await_ready, spawn_worker
+from gpu_runner.sandbox import GpuLease, Isolation, Worker, await_ready, spawn_worker
 
 logger = structlog.get_logger(__name__)
 _names = count()
@@ -110,7 +110,9 @@ class RunPool:
             seed = {"triton": tree} if tree is not None else None
             worker = await spawn_worker("run", self.device, self.iso, self.cfg.python, self.base, name, extra, seed)
             try:
-                await await_ready(worker, self.cfg.worker_start_timeout_s)
+                lease = GpuLease(self.gpu, worker, self.cfg.worker_nice)
+                await await_ready(worker, self.cfg.worker_start_timeout_s, lease)
+                worker.ready["lease_s"] = lease.seconds
             except BaseException:
                 await worker.kill(sweep=False)
                 raise
@@ -137,36 +139,27 @@ class RunPool:
             raise WorkerStartError("run", "the worker died while computing the reference", log) from None
         spare.task = task_key(reference_source)
         spare.reference = data
-        self.lease_log.append(data.lease_s)
+        self.lease_log.append(data.lease_s + float(spare.worker.ready.get("lease_s") or 0.0))
         logger.info(
             "spare_prepared",
             worker=spare.worker.dir.name,
             startup_s=round(float(spare.worker.ready.get("startup_s") or 0.0), 3),
             prepare_s=round(time.perf_counter() - started, 3),
             lease_s=round(data.lease_s, 3),
+            startup_lease_s=round(float(spare.worker.ready.get("lease_s") or 0.0), 3),
             **{k: round(float(v), 3) for k, v in (data.info.get("phases") or {}).items()},
         )
 
     async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
-        held = False
-        granted = 0.0
+        lease = GpuLease(self.gpu, spare.worker, self.cfg.worker_nice)
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
                     header, blobs = await spare.worker.recv(1 << 40)
                     kind = header.get("kind")
-                    if kind == "gpu_acquire" and not held:
-                        await self.gpu.acquire()
-                        held = True
-                        granted = time.perf_counter()
-                        self._nice(spare.worker, 0)  # the GPU waits on this spare: give it the CPU
-                        await spare.worker.send({"op": "gpu_granted"})
-                    elif kind == "gpu_release" and held:
-                        self._nice(spare.worker, self.cfg.worker_nice)
-                        self.gpu.release()
-                        held = False
-                        data.lease_s += time.perf_counter() - granted
-                    elif kind == "reference":
+                    if await lease.handle(kind):
+                        continue
+                    if kind == "reference":
                         arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
                         n = int(header["n_outputs"])
                         data.outputs.append(arrays[:n])
@@ -183,13 +176,8 @@ class RunPool:
                     else:
                         raise ProtocolError(f"unexpected {kind!r} while preparing")
         finally:
-            if held:
-                self.gpu.release()
-
-    def _nice(self, worker: Worker, value: int) -> None:
-        if self.cfg.worker_nice:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PGRP, worker.proc.pid, value)
+            lease.drop()
+            data.lease_s += lease.seconds
 
     def compiled_baseline(self) -> bool:
         if self.cfg.compiled_baseline is not None:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,15 +441,63 @@ async def spawn_worker(
     return Worker(mode, proc, out_r, transport, home, log_path, env["KF_WORKER_TOKEN"], bulk, bulk_fd)
 
 
-async def await_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:
-    """Wait for the worker's ``ready`` frame; kill it and raise :class:`WorkerStartError` otherwise."""
+@dataclass
+class GpuLease:
+    """The parent's side of one worker's requests for the GPU lease (the gate timing holds).
+
+    While the worker holds the lease it runs at nice 0 (the GPU waits on it); it goes back to
+    ``nice`` afterwards. :meth:`drop` releases a lease the worker never gave back (it died).
+    """
+
+    gate: asyncio.Semaphore
+    worker: Worker
+    nice: int = 0
+    held: bool = False
+    granted: float = 0.0
+    seconds: float = 0.0
+
+    def _renice(self, value: int) -> None:
+        if self.nice:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PGRP, self.worker.proc.pid, value)
+
+    async def handle(self, kind: object) -> bool:
+        """Act on a lease frame (``gpu_acquire`` / ``gpu_release``); False for any other frame."""
+        if kind == "gpu_acquire" and not self.held:
+            await self.gate.acquire()
+            self.held, self.granted = True, time.perf_counter()
+            self._renice(0)
+            await self.worker.send({"op": "gpu_granted"})
+            return True
+        if kind == "gpu_release" and self.held:
+            self.drop()
+            return True
+        return False
+
+    def drop(self) -> None:
+        if self.held:
+            self._renice(self.nice)
+            self.gate.release()
+            self.held = False
+            self.seconds += time.perf_counter() - self.granted
+
+
+async def await_ready(worker: Worker, timeout_s: float, lease: GpuLease | None = None) -> dict[str, Any]:
+    """Wait for the worker's ``ready`` frame (granting the GPU lease it asks for on the way);
+    kill it and raise :class:`WorkerStartError` otherwise."""
     try:
         async with asyncio.timeout(timeout_s):
-            header, _ = await worker.recv(1 << 20)
+            while True:
+                header, _ = await worker.recv(1 << 20)
+                if lease is None or not await lease.handle(header.get("kind")):
+                    break
     except (TimeoutError, asyncio.IncompleteReadError, FrameError) as exc:
         await worker.kill(sweep=False)
         log = worker.log_text()[-3000:]
         raise WorkerStartError(worker.mode, f"no ready signal ({type(exc).__name__})", log) from None
+    finally:
+        if lease is not None:
+            lease.drop()
     if header.get("kind") != "ready":
         await worker.kill(sweep=False)
         raise WorkerStartError(worker.mode, f"expected ready, got {header.get('kind')!r}", worker.log_text()[-3000:])

@@ -39,29 +39,28 @@ def main(argv: list[str] | None = None) -> int:
         log("triton is not importable here")
     # An explicit index: some torch.cuda calls refuse a bare "cuda" device (CUDA_VISIBLE_DEVICES picks the GPU).
     device = torch.device("cuda:0" if args.mode == "run" and args.device == "cuda" else "cpu")
-    if device.type == "cuda":
-        torch.cuda.init()  # type: ignore[no-untyped-call]
-        torch.empty(1, device=device).zero_()
-        torch.cuda.synchronize(device)
-    if device.type == "cuda":
-        try:  # build or load Triton's driver module now, not on a candidate's first launch
-            from triton.runtime import driver
-
-            driver.active.get_current_target()
-            getattr(driver.active, "utils", None)
-        except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
-            log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
     if args.mode == "run":
         import torch.profiler
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
+    if device.type == "cuda":
+        # Starting CUDA is GPU work too: under the parent's lease, so it never overlaps a timing.
+        with channel.gpu_lease(device):
+            torch.cuda.init()  # type: ignore[no-untyped-call]
+            torch.empty(1, device=device).zero_()
+            torch.cuda.synchronize(device)
+            try:  # build or load Triton's driver module now, not on a candidate's first launch
+                from triton.runtime import driver
 
-        if device.type == "cuda":
+                driver.active.get_current_target()
+                getattr(driver.active, "utils", None)
+            except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
+                log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
             # The profiler's first use in a process starts CUPTI/Kineto (seconds): do it now, in
             # the spare, not after a candidate's measurement on the critical path.
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
                 torch.empty(1024, device=device).add_(1)
                 torch.cuda.synchronize(device)
-
+    if args.mode == "run":
         from gpu_runner import worker_candidate, worker_reference  # noqa: F401
 
         if device.type == "cuda":
