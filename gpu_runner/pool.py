@@ -27,8 +27,9 @@ import structlog
 
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
+from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
-from gpu_runner.sandbox import GpuLease, Isolation, Worker, await_ready, spawn_worker
+from gpu_runner.sandbox import Isolation, Worker, await_ready, spawn_worker
 
 logger = structlog.get_logger(__name__)
 _names = count()
@@ -73,11 +74,11 @@ class RunPool:
         device: str,
         base: Path,
         env: dict[str, str],
-        gpu: asyncio.Semaphore | None = None,
+        gpu: GpuGate | None = None,
     ) -> None:
         self.cfg = cfg
-        self.gpu = gpu or asyncio.Semaphore(cfg.max_concurrent_runs)
-        """The GPU lease: timing holds it, and so does a spare's GPU-heavy preparation."""
+        self.gpu = gpu or GpuGate(cfg.max_concurrent_runs)
+        """Timing holds it alone; a spare's CUDA start and preparation hold it together with others."""
         self.iso = iso
         self.device = device
         self.base = base
@@ -148,6 +149,7 @@ class RunPool:
             lease_s=round(data.lease_s, 3),
             startup_lease_s=round(float(spare.worker.ready.get("lease_s") or 0.0), 3),
             **{k: round(float(v), 3) for k, v in (data.info.get("phases") or {}).items()},
+            **{k: round(float(v), 3) for k, v in (spare.worker.ready.get("phases") or {}).items()},
         )
 
     async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
@@ -176,7 +178,7 @@ class RunPool:
                     else:
                         raise ProtocolError(f"unexpected {kind!r} while preparing")
         finally:
-            lease.drop()
+            await lease.drop()
             data.lease_s += lease.seconds
 
     def compiled_baseline(self) -> bool:

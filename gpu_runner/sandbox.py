@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ import psutil
 import structlog
 
 from gpu_runner.errors import WorkerStartError
+from gpu_runner.lease import GpuLease
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, widen_pipe
 
 logger = structlog.get_logger(__name__)
@@ -258,6 +258,11 @@ class Worker:
     stop: threading.Event = field(default_factory=threading.Event)
     reading: Future[tuple[dict[str, Any], list[bytearray]]] | None = None
 
+    @property
+    def pid(self) -> int:
+        """The worker's process id (and process group: it leads its own session)."""
+        return self.proc.pid
+
     async def send(self, header: dict[str, Any]) -> None:
         self.writer.write(encode_frame(header))
 
@@ -441,47 +446,6 @@ async def spawn_worker(
     return Worker(mode, proc, out_r, transport, home, log_path, env["KF_WORKER_TOKEN"], bulk, bulk_fd)
 
 
-@dataclass
-class GpuLease:
-    """The parent's side of one worker's requests for the GPU lease (the gate timing holds).
-
-    While the worker holds the lease it runs at nice 0 (the GPU waits on it); it goes back to
-    ``nice`` afterwards. :meth:`drop` releases a lease the worker never gave back (it died).
-    """
-
-    gate: asyncio.Semaphore
-    worker: Worker
-    nice: int = 0
-    held: bool = False
-    granted: float = 0.0
-    seconds: float = 0.0
-
-    def _renice(self, value: int) -> None:
-        if self.nice:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PGRP, self.worker.proc.pid, value)
-
-    async def handle(self, kind: object) -> bool:
-        """Act on a lease frame (``gpu_acquire`` / ``gpu_release``); False for any other frame."""
-        if kind == "gpu_acquire" and not self.held:
-            await self.gate.acquire()
-            self.held, self.granted = True, time.perf_counter()
-            self._renice(0)
-            await self.worker.send({"op": "gpu_granted"})
-            return True
-        if kind == "gpu_release" and self.held:
-            self.drop()
-            return True
-        return False
-
-    def drop(self) -> None:
-        if self.held:
-            self._renice(self.nice)
-            self.gate.release()
-            self.held = False
-            self.seconds += time.perf_counter() - self.granted
-
-
 async def await_ready(worker: Worker, timeout_s: float, lease: GpuLease | None = None) -> dict[str, Any]:
     """Wait for the worker's ``ready`` frame (granting the GPU lease it asks for on the way);
     kill it and raise :class:`WorkerStartError` otherwise."""
@@ -497,7 +461,7 @@ async def await_ready(worker: Worker, timeout_s: float, lease: GpuLease | None =
         raise WorkerStartError(worker.mode, f"no ready signal ({type(exc).__name__})", log) from None
     finally:
         if lease is not None:
-            lease.drop()
+            await lease.drop()
     if header.get("kind") != "ready":
         await worker.kill(sweep=False)
         raise WorkerStartError(worker.mode, f"expected ready, got {header.get('kind')!r}", worker.log_text()[-3000:])

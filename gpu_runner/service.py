@@ -25,6 +25,7 @@ from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import DeviceUnavailable, ServiceClosed
 from gpu_runner.gate import check_candidate
+from gpu_runner.lease import GpuGate
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
 from gpu_runner.probe import detect_cuda, validate_reference, versions
 from gpu_runner.protocol import FrameError
@@ -61,7 +62,7 @@ class EvaluationService:
         self.compiler: Compiler | None = None
         self.base: Path | None = None
         self._own_base = False
-        self.run_sem = asyncio.Semaphore(config.max_concurrent_runs)
+        self.gpu = GpuGate(config.max_concurrent_runs)
         self.closed = False
         self.stats: dict[str, int] = {}
         self._reaping: set[asyncio.Task[None]] = set()
@@ -101,7 +102,7 @@ class EvaluationService:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env, self.run_sem)
+        self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env, self.gpu)
         software = await asyncio.to_thread(versions, self.cfg.python)
         self.compiler = Compiler(self.cfg, self.iso, self.device, self.base, software)
         self.compiler.target = (
@@ -276,7 +277,7 @@ class EvaluationService:
             if armed:
                 stage = "armed"
                 t_wait = time.perf_counter()
-                async with self.run_sem:
+                async with self.gpu.exclusive():
                     waited = time.perf_counter() - t_wait
                     t_go = time.perf_counter()
                     c.checks.append(self._priority(worker))

@@ -39,15 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         log("triton is not importable here")
     # An explicit index: some torch.cuda calls refuse a bare "cuda" device (CUDA_VISIBLE_DEVICES picks the GPU).
     device = torch.device("cuda:0" if args.mode == "run" and args.device == "cuda" else "cpu")
+    phases: dict[str, float] = {}
     if args.mode == "run":
         import torch.profiler
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
     if device.type == "cuda":
         # Starting CUDA is GPU work too: under the parent's lease, so it never overlaps a timing.
         with channel.gpu_lease(device):
+            mark = time.perf_counter()
             torch.cuda.init()  # type: ignore[no-untyped-call]
             torch.empty(1, device=device).zero_()
             torch.cuda.synchronize(device)
+            phases["cuda_init_s"], mark = time.perf_counter() - mark, time.perf_counter()
             try:  # build or load Triton's driver module now, not on a candidate's first launch
                 from triton.runtime import driver
 
@@ -55,11 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                 getattr(driver.active, "utils", None)
             except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
                 log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
+            phases["triton_driver_s"], mark = time.perf_counter() - mark, time.perf_counter()
             # The profiler's first use in a process starts CUPTI/Kineto (seconds): do it now, in
             # the spare, not after a candidate's measurement on the critical path.
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
                 torch.empty(1024, device=device).add_(1)
                 torch.cuda.synchronize(device)
+            phases["profiler_s"] = time.perf_counter() - mark
     if args.mode == "run":
         from gpu_runner import worker_candidate, worker_reference  # noqa: F401
 
@@ -75,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         peaks=peaks(device) if args.mode == "run" else None,
         import_torch_s=import_s,
         startup_s=time.perf_counter() - started,
+        phases=phases,
         pid=os.getpid(),
     )
     prepared = None

@@ -1,0 +1,138 @@
+"""Who may use the GPU when (parent side): timing alone, everything else together.
+
+A candidate's timing must not overlap any other GPU work of ours, or its numbers (and the
+baselines timed beside it) are disturbed: on an H200 the A/A ratio went from 1.00 to 1.25 when
+spares started CUDA while a candidate was timed. So every GPU-touching step of a worker runs
+under a lease from the parent's :class:`GpuGate`:
+
+* *exclusive* (a candidate from ``go`` to ``measured``: import, trials, timing, profile): no
+  other holder at all; at most ``max_concurrent_runs`` of them;
+* *shared* (a spare starting CUDA, computing the reference's outputs, compiling the baseline):
+  any number together, never during an exclusive hold.
+
+A waiting exclusive request stops new shared grants (timing is the bottleneck); shared holders
+that already run finish first. Spares that wait for a grant are batched into the next gap, so
+twelve spares starting CUDA cost one short window instead of twelve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class GpuGate:
+    """A readers-writer gate over the GPU with writer preference (asyncio, one event loop)."""
+
+    def __init__(self, max_exclusive: int = 1) -> None:
+        self.max_exclusive = max_exclusive
+        self.shared_holders = 0
+        self.exclusive_holders = 0
+        self.exclusive_waiting = 0
+        self._changed = asyncio.Condition()
+        self.seconds = {"exclusive": 0.0, "shared": 0.0, "idle": 0.0}
+        """Time the GPU spent held exclusively, held shared only, and not held (for benchmarks)."""
+        self._since = time.perf_counter()
+
+    def _account(self) -> None:
+        """Add the time since the last change to the state the gate was in (call before a change)."""
+        now = time.perf_counter()
+        state = "exclusive" if self.exclusive_holders else "shared" if self.shared_holders else "idle"
+        self.seconds[state] += now - self._since
+        self._since = now
+
+    def usage(self) -> dict[str, float]:
+        """The accounting up to now."""
+        self._account()
+        return dict(self.seconds)
+
+    async def acquire_shared(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self.exclusive_holders and not self.exclusive_waiting)
+            self._account()
+            self.shared_holders += 1
+
+    async def acquire_exclusive(self) -> None:
+        async with self._changed:
+            self.exclusive_waiting += 1
+            try:
+                await self._changed.wait_for(
+                    lambda: not self.shared_holders and self.exclusive_holders < self.max_exclusive
+                )
+            finally:
+                self.exclusive_waiting -= 1
+                self._changed.notify_all()  # a cancelled exclusive waiter may unblock shared ones
+            self._account()
+            self.exclusive_holders += 1
+
+    async def release(self, exclusive: bool) -> None:
+        async with self._changed:
+            self._account()
+            if exclusive:
+                self.exclusive_holders -= 1
+            else:
+                self.shared_holders -= 1
+            self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        await self.acquire_exclusive()
+        try:
+            yield
+        finally:
+            await asyncio.shield(self.release(exclusive=True))
+
+
+class _Peer(Protocol):
+    """What a lease needs of a worker: its process group and a way to answer it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    async def send(self, header: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class GpuLease:
+    """The parent's side of one worker's shared-lease requests (``gpu_acquire`` / ``gpu_release``).
+
+    While the worker holds the lease it runs at nice 0 (the GPU waits on it); it goes back to
+    ``nice`` afterwards. :meth:`drop` releases a lease the worker never gave back (it died).
+    """
+
+    gate: GpuGate
+    worker: _Peer
+    nice: int = 0
+    held: bool = False
+    granted: float = 0.0
+    seconds: float = 0.0
+
+    def _renice(self, value: int) -> None:
+        if self.nice:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PGRP, self.worker.pid, value)
+
+    async def handle(self, kind: object) -> bool:
+        """Act on a lease frame; False for any other frame."""
+        if kind == "gpu_acquire" and not self.held:
+            await self.gate.acquire_shared()
+            self.held, self.granted = True, time.perf_counter()
+            self._renice(0)
+            await self.worker.send({"op": "gpu_granted"})
+            return True
+        if kind == "gpu_release" and self.held:
+            await self.drop()
+            return True
+        return False
+
+    async def drop(self) -> None:
+        if self.held:
+            self.held = False
+            self._renice(self.nice)
+            self.seconds += time.perf_counter() - self.granted
+            await asyncio.shield(self.gate.release(exclusive=False))

@@ -1,0 +1,64 @@
+"""The GPU gate: timing alone, spares' GPU work together, timing first when both wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpu_runner.lease import GpuGate
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_shared_holders_run_together_and_keep_timing_out() -> None:
+    gate = GpuGate()
+    await gate.acquire_shared()
+    await gate.acquire_shared()
+    assert gate.shared_holders == 2
+    timing = asyncio.create_task(gate.acquire_exclusive())
+    await _settle()
+    assert not timing.done()  # spares already on the GPU finish first
+    late = asyncio.create_task(gate.acquire_shared())
+    await _settle()
+    assert not late.done()  # a waiting timing stops new shared grants
+    await gate.release(exclusive=False)
+    await _settle()
+    assert not timing.done()
+    await gate.release(exclusive=False)
+    await _settle()
+    assert timing.done()
+    assert not late.done()  # nothing shares the GPU with a timing
+    await gate.release(exclusive=True)
+    await _settle()
+    assert late.done()
+    assert (gate.shared_holders, gate.exclusive_holders) == (1, 0)
+
+
+async def test_exclusive_holders_are_bounded() -> None:
+    gate = GpuGate(max_exclusive=1)
+    order: list[str] = []
+
+    async def run(name: str) -> None:
+        async with gate.exclusive():
+            order.append(f"{name}+")
+            await asyncio.sleep(0.01)
+            order.append(f"{name}-")
+
+    await asyncio.gather(run("a"), run("b"))
+    assert order in (["a+", "a-", "b+", "b-"], ["b+", "b-", "a+", "a-"])
+
+
+async def test_a_cancelled_timing_wait_lets_shared_work_in() -> None:
+    gate = GpuGate()
+    await gate.acquire_shared()
+    timing = asyncio.create_task(gate.acquire_exclusive())
+    await _settle()
+    late = asyncio.create_task(gate.acquire_shared())
+    await _settle()
+    assert not late.done()
+    timing.cancel()
+    await _settle()
+    assert late.done()
+    assert gate.exclusive_waiting == 0
