@@ -8,6 +8,7 @@ compile slot or the GPU does not count against a job's ``timeout_s``; everything
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import psutil
 import structlog
 
 from gpu_runner.assemble import Collected, build, rejected_by_gate
@@ -268,6 +270,7 @@ class EvaluationService:
         max_blob = 8 * 4 * biggest + (1 << 20)
         stage, waited = "start", 0.0
         marks: dict[str, float] = {}
+        tree: list[psutil.Process] | None = None
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(budget):
@@ -281,23 +284,31 @@ class EvaluationService:
                     waited = time.perf_counter() - t_wait
                     t_go = time.perf_counter()
                     c.checks.append(self._priority(worker))
-                    await worker.send({"op": "go"})
-                    async with asyncio.timeout(max(0.01, budget)):
-                        more = await self._collect(worker, c, spare, max_blob, until="measured")
-                budget -= time.perf_counter() - t_go
-                marks["measured"] = time.perf_counter() - t0
-                stage = "measured"
-                if more:
-                    async with asyncio.timeout(max(0.01, budget)):
-                        await self._collect(worker, c, spare, max_blob, until=None)
-                marks["done"] = time.perf_counter() - t0
+                    try:
+                        await worker.send({"op": "go"})
+                        async with asyncio.timeout(max(0.01, budget)):
+                            more = await self._collect(worker, c, spare, max_blob, until="measured")
+                        budget -= time.perf_counter() - t_go
+                        marks["measured"] = time.perf_counter() - t0
+                        stage = "measured"
+                        if more:
+                            async with asyncio.timeout(max(0.01, budget)):
+                                await self._collect(worker, c, spare, max_blob, until=None)
+                        marks["done"] = time.perf_counter() - t0
+                    finally:
+                        # Killed and gone while the GPU is still ours: neither anything the
+                        # candidate left running nor its CUDA teardown overlaps the next timing.
+                        tree = await asyncio.to_thread(worker.terminate)
+                        await self._gone(worker, tree)
+                        marks["gone"] = time.perf_counter() - t0
         except TimeoutError:
             record.timed_out = True
             c.timed_out = f"the evaluation exceeded {job.timeout_s:g} s (after {stage})"
         except FrameError as exc:
             record.error = {"stage": stage, "etype": "FrameError", "message": f"the run process sent {exc}"}
         finally:
-            tree = await asyncio.to_thread(worker.terminate)
+            if tree is None:
+                tree = await asyncio.to_thread(worker.terminate)
             self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
             record.log = worker.log_text()
             marks["terminated"] = time.perf_counter() - t0
@@ -310,6 +321,15 @@ class EvaluationService:
             measured += float(record.timing.get("elapsed_s", 0.0))
         c.stages = c.stages.model_copy(update={"measure_s": measured if record.trial_infos else None})
         return waited
+
+    @staticmethod
+    async def _gone(worker: Worker, tree: list[psutil.Process]) -> None:
+        """Wait (briefly) until a killed worker and everything it spawned have exited."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await worker.proc.wait()
+        if tree:
+            await asyncio.to_thread(psutil.wait_procs, tree, 5)
 
     def _priority(self, worker: Worker) -> Check:
         """Give the worker about to be timed the CPU back from the niceness every worker starts with."""
