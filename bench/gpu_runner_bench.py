@@ -127,7 +127,7 @@ def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-async def run(device: DeviceChoice, quick: bool) -> list[tuple[str, str]]:
+async def run(device: DeviceChoice, quick: bool, n_aa: int | None = None) -> list[tuple[str, str]]:
     cuda = device is DeviceChoice.CUDA
     rows: list[tuple[str, str]] = []
     tmp = Path(tempfile.mkdtemp(prefix="kf-bench-"))
@@ -150,7 +150,7 @@ async def run(device: DeviceChoice, quick: bool) -> list[tuple[str, str]]:
         await svc.prepare(reference)
         await svc.wait_spares(timeout_s=600)
         log("spares ready")
-        aa = [await svc.evaluate(job(reference, candidate(), f"aa{i}")) for i in range(2 if quick else 6)]
+        aa = [await svc.evaluate(job(reference, candidate(), f"aa{i}")) for i in range(n_aa or (2 if quick else 6))]
         for r in aa:
             if r.status is not EvalStatus.CORRECT:
                 raise SystemExit(f"A/A candidate was not correct: {r.summary}")
@@ -285,9 +285,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    parser.add_argument("--aa", type=int, default=None, help="A/A evaluations (default 6, 2 with --quick)")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = asyncio.run(run(DeviceChoice(args.device), args.quick))
+    rows = asyncio.run(run(DeviceChoice(args.device), args.quick, args.aa))
     width = max(len(k) for k, _ in rows)
     print(
         f"\ngpu_runner benchmark ({args.device}{', quick' if args.quick else ''}, "

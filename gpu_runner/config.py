@@ -86,6 +86,8 @@ class RunnerConfig:
     """Warm-up calls per callable before timing."""
     warmup_min_s: float = 0.025
     """Warm-up time per callable before timing."""
+    timing_lead_us: float = 200.0
+    """Device-side spin queued before each timed call (CUDA), so host launch delays are not timed."""
     guard_reps: int = 15
     """Synchronized wall-clock calls per callable for the deferred-work guard (CUDA)."""
     guard_slack_ms: float = 0.02
@@ -152,6 +154,7 @@ class RunnerConfig:
             ("max_file_bytes", self.max_file_bytes >= 1 << 20, "must be >= 1 MiB"),
             ("max_processes", self.max_processes >= 64, "must be >= 64"),
             ("compile_timeout_s", self.compile_timeout_s > 0, "must be > 0"),
+            ("timing_lead_us", 0 <= self.timing_lead_us <= 10_000, "must be within 0..10000"),
             ("worker_nice", 0 <= self.worker_nice <= 19, "must be within 0..19"),
             ("worker_start_timeout_s", self.worker_start_timeout_s > 0, "must be > 0"),
             ("log_limit_chars", self.log_limit_chars >= 200, "must be >= 200"),
