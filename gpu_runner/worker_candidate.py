@@ -1,11 +1,12 @@
 """The worker's candidate stage: enter the sandbox, import the candidate, run trials, time it.
 
 Order matters: the reference outputs were already shipped (``worker_reference``); now the
-process drops its limits and privileges, installs the launch hooks, and only then imports the
-candidate. Every trial refills the same input buffers with a new trial's data (a cache keyed on
-the pointer goes stale), hands the allocator NaN-filled memory (stale memory cannot pass), and
-records launches, foreign aten ops, threads, children, input mutation, aliasing and output
-changes after return. The outputs as they were at return go to the parent, which decides.
+process drops its limits and privileges, installs the launch hooks, waits for the parent's GPU
+grant (``go``), and only then imports the candidate. Every trial refills the same input buffers
+with a new trial's data (a cache keyed on the pointer goes stale), hands the allocator NaN-filled
+memory (stale memory cannot pass), and records launches, foreign aten ops, threads, children,
+input mutation, aliasing and output changes after return. The outputs as they were at return go
+to the parent, which decides.
 """
 
 from __future__ import annotations
