@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import mmap
 import os
 import select
 import stat
@@ -137,10 +136,15 @@ def read_bulk(dir_fd: int, refs: object, max_blob: int) -> list[bytearray]:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes:
                 raise FrameError(f"bulk file {name} is not a regular file of {nbytes} bytes")
+            # Read, never mapped: a worker could truncate the file under a mapping, and touching a
+            # vanished page kills the reading process (SIGBUS); a short read is only a bad frame.
             buf = bytearray(nbytes)
-            if nbytes:
-                with mmap.mmap(fd, nbytes, prot=mmap.PROT_READ) as mapped:
-                    memoryview(buf)[:] = mapped
+            view, got = memoryview(buf), 0
+            while got < nbytes:
+                k = os.preadv(fd, [view[got:]], got)
+                if not k:
+                    raise FrameError(f"bulk file {name} shrank while it was read")
+                got += k
         finally:
             os.close(fd)
             with contextlib.suppress(OSError):

@@ -144,3 +144,31 @@ def test_guard_flags_work_hidden_from_the_events() -> None:
 
 def test_default_cache_dir_follows_kfoundry_home(kf_home: Path) -> None:
     assert RunnerConfig().resolved_cache_dir() == kf_home / "cache"
+
+
+def test_bulk_files_are_read_once_and_refused_when_forged(tmp_path: Path) -> None:
+    """Large tensors travel as files; a link, a wrong size or a path outside the folder is refused."""
+    from gpu_runner.protocol import read_bulk, write_bulk
+
+    data = np.arange(1000, dtype=np.float32)
+    refs = write_bulk(str(tmp_path), 1, [data.data])
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (blob,) = read_bulk(dir_fd, refs, 1 << 20)
+        assert np.array_equal(np.frombuffer(blob, dtype=np.float32), data)
+        assert not list(tmp_path.iterdir())  # unlinked once read
+        secret = tmp_path.parent / "secret.bin"
+        secret.write_bytes(b"\0" * 4000)
+        (tmp_path / "b2_0").symlink_to(secret)
+        with pytest.raises(FrameError, match="b2_0"):
+            read_bulk(dir_fd, [{"file": "b2_0", "nbytes": 4000}], 1 << 20)
+        (tmp_path / "b3_0").write_bytes(b"\0" * 10)
+        with pytest.raises(FrameError, match="not a regular file of 4000 bytes"):
+            read_bulk(dir_fd, [{"file": "b3_0", "nbytes": 4000}], 1 << 20)
+        for bad in ("../secret.bin", "", "."):
+            with pytest.raises(FrameError, match="bad bulk file name"):
+                read_bulk(dir_fd, [{"file": bad, "nbytes": 4000}], 1 << 20)
+        with pytest.raises(FrameError, match="cap"):
+            read_bulk(dir_fd, [{"file": "b4_0", "nbytes": 1 << 30}], 1 << 20)
+    finally:
+        os.close(dir_fd)
