@@ -156,7 +156,12 @@ class Actor:
                 await self._stop.wait()
                 self.state = ActorState.DRAINING
                 self.log.info("actor draining", reason=self.stop_reason)
-                await self.on_drain()
+                try:
+                    async with asyncio.timeout(self.drain_timeout()):
+                        await self.on_drain()
+                except TimeoutError:
+                    # A drain must end: an actor that never stops would hold its whole process.
+                    self.log.warning("drain timed out", seconds=self.drain_timeout())
         finally:
             try:
                 await self.bus.close()
@@ -166,6 +171,10 @@ class Actor:
             self._ready.set()
             self._stopped.set()
             self.log.info("actor stopped", reason=self.stop_reason, **self.stats.snapshot().model_dump())
+
+    def drain_timeout(self) -> float:
+        """The longest :meth:`on_drain` may take before the actor stops anyway."""
+        return 600.0
 
     def request_stop(self, reason: str) -> None:
         """Ask the actor to drain and stop (idempotent; safe from signal handlers)."""

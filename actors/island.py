@@ -412,15 +412,26 @@ class IslandActor(Actor):
         await save_text(self.bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.rid, self.name), text)
         self._last_save = time.monotonic()
 
+    def drain_timeout(self) -> float:
+        return self.spec.eval_timeout_s + 60.0 if self._spec is not None else 600.0
+
+    async def _cancel(self, tasks: list[asyncio.Task[None]], what: str) -> None:
+        """Cancel tasks and wait (bounded) until they have finished; say so if some did not."""
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=10.0)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                self.log.warning("task failed while cancelled", what=what, error=str(task.exception())[:300])
+        if pending:
+            self.log.warning("tasks still running 10 s after cancel", what=what, count=len(pending))
+
     async def on_drain(self) -> None:
         """Stop asking for candidates; wait (bounded) for the feedback of those in flight."""
-        if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
-        for task in list(self._requests):
-            task.cancel()
-        await asyncio.gather(*self._requests, return_exceptions=True)
+        await self._cancel([self._pump] if self._pump is not None else [], "generation loop")
+        await self._cancel(list(self._requests), "expert requests")
         deadline = time.monotonic() + self.spec.eval_timeout_s + 10.0
         while self.brain.in_flight > 0 and time.monotonic() < deadline and not self.run_ended:
             self._wake.clear()
