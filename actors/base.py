@@ -14,6 +14,7 @@ and ``extra_stats``; every hook has a documented no-op default.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -164,7 +165,14 @@ class Actor:
                     self.log.warning("drain timed out", seconds=self.drain_timeout())
         finally:
             try:
-                await self.bus.close()
+                async with asyncio.timeout(60.0):
+                    await self.bus.close()
+            except TimeoutError:
+                # A handler that never returns must not keep the actor (and its process) alive;
+                # what it held unacknowledged is redelivered by JetStream.
+                self.log.warning("bus close timed out after 60 s; closing the connection")
+                with contextlib.suppress(Exception):
+                    await self.bus.nc.close()
             finally:
                 await self.teardown()
             self.state = ActorState.STOPPED
