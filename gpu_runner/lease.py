@@ -26,6 +26,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 
+def renice(pgid: int, value: int) -> OSError | None:
+    """Set the niceness of a worker's whole process group (every thread); the error if refused."""
+    try:
+        os.setpriority(os.PRIO_PGRP, pgid, value)
+    except OSError as exc:
+        return exc
+    return None
+
+
 class GpuGate:
     """A readers-writer gate over the GPU with writer preference (asyncio, one event loop)."""
 
@@ -114,8 +123,7 @@ class GpuLease:
 
     def _renice(self, value: int) -> None:
         if self.nice:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PGRP, self.worker.pid, value)
+            renice(self.worker.pid, value)
 
     async def handle(self, kind: object) -> bool:
         """Act on a lease frame; False for any other frame."""

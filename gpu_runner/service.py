@@ -28,7 +28,7 @@ from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import DeviceUnavailable, ServiceClosed
 from gpu_runner.gate import check_candidate
-from gpu_runner.lease import GpuGate
+from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
 from gpu_runner.probe import detect_cuda, validate_reference, versions
 from gpu_runner.protocol import FrameError
@@ -327,11 +327,10 @@ class EvaluationService:
         """Give the worker about to be timed the CPU back from the niceness every worker starts with."""
         if not self.cfg.worker_nice:
             return Check(name="priority", outcome=CheckOutcome.SKIPPED, detail="skipped: worker_nice is 0")
-        try:
-            os.setpriority(os.PRIO_PGRP, worker.proc.pid, 0)
-        except OSError as exc:
+        error = renice(worker.pid, 0)
+        if error is not None:
             detail = (
-                f"skipped: cannot raise the priority ({exc.strerror}); every worker runs at nice {self.cfg.worker_nice}"
+                f"skipped: cannot raise the priority ({error.strerror}); all workers at nice {self.cfg.worker_nice}"
             )
             return Check(name="priority", outcome=CheckOutcome.SKIPPED, detail=detail)
         return Check(
