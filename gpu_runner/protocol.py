@@ -81,13 +81,16 @@ def encode_frame(header: dict[str, Any], blobs: Sequence[Blob] = ()) -> bytes:
     return b"".join(bytes(p) for p in _parts(header, blobs))
 
 
+def _write_all(fd: int, data: Blob) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_frame(fd: int, header: dict[str, Any], blobs: Sequence[Blob] = ()) -> None:
     """Write one frame to a blocking file descriptor, blobs straight from their buffers (no joined copy)."""
     for part in _parts(header, blobs):
-        view = memoryview(part)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        _write_all(fd, part)
 
 
 BULK_MIN_BYTES = 1 << 16
@@ -99,11 +102,9 @@ def write_bulk(directory: str, seq: int, blobs: Sequence[Blob]) -> list[dict[str
     refs = []
     for k, blob in enumerate(blobs):
         name = f"b{seq}_{k}"
-        view = memoryview(blob).cast("B")
         fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, blob)
         finally:
             os.close(fd)
         refs.append({"file": name, "nbytes": memoryview(blob).nbytes})
