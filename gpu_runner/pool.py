@@ -52,7 +52,7 @@ class ReferenceData:
     info: dict[str, Any] = field(default_factory=dict)
     prepare_s: float | None = None
     lease_s: float = 0.0
-    """Seconds the spare held the GPU lease (exclusive) while preparing."""
+    """Seconds the spare held its (shared) GPU lease while preparing."""
 
 
 @dataclass
@@ -90,13 +90,12 @@ class RunPool:
         self.start_sem = asyncio.Semaphore(max(2, min(cfg.spares, (os.cpu_count() or 2) // 2)))
         self.idle_changed = asyncio.Event()
         self.last_ready: dict[str, Any] = {}
-        self.triton_seed: Path | None = None
-        self.task_seeds: dict[str, Path] = {}
-        self.seeding: set[str] = set()
+        self.seeds: dict[str | None, Path] = {}
+        """Triton caches copied from candidate-free workers for later spares: the driver build
+        (key None) and, per task, one holding the reference's kernels, so they are not rebuilt."""
+        self.seeding: set[str | None] = set()
         self.lease_log: list[float] = []
-        """GPU-lease seconds of every spare prepared (for benchmarks: the GPU time a candidate costs)."""
-        """Per task: a Triton cache holding the reference's kernels, copied from a prepared spare
-        before any candidate ran in it, so later spares do not compile them again."""
+        """GPU-lease seconds of every spare prepared, start-up included (for benchmarks)."""
         self.closed = False
 
     async def new_worker(self) -> Worker:
@@ -106,8 +105,8 @@ class RunPool:
             extra = dict(self.env)
             triton_dir = self.base / name / "triton"
             extra["TRITON_CACHE_DIR"] = str(triton_dir)
-            task_seed = self.task_seeds.get(task_key(self.reference_source)) if self.reference_source else None
-            tree = task_seed or self.triton_seed
+            task = task_key(self.reference_source) if self.reference_source else None
+            tree = self.seeds.get(task) or self.seeds.get(None)
             seed = {"triton": tree} if tree is not None else None
             worker = await spawn_worker("run", self.device, self.iso, self.cfg.python, self.base, name, extra, seed)
             try:
@@ -230,12 +229,11 @@ class RunPool:
         kept = False
         try:
             worker = await self.new_worker()
-            if self.triton_seed is None:
-                self.seed_triton(worker)
+            await self.keep_seed(worker, None)
             spare = Spare(worker)
             if self.reference_source is not None:
                 await self.prepare(spare, self.reference_source, self.cfg.worker_start_timeout_s)
-                await self.seed_task(spare)
+                await self.keep_seed(worker, spare.task)
             if not self.closed:
                 self.idle.append(spare)
                 kept = True
@@ -249,24 +247,17 @@ class RunPool:
             if worker is not None and not kept:
                 await worker.kill(sweep=False)
 
-    def seed_triton(self, worker: Worker) -> None:
-        """Keep the first spare's Triton driver build (made before any candidate) for later spares."""
+    async def keep_seed(self, worker: Worker, task: str | None) -> None:
+        """Keep a candidate-free worker's Triton cache for later spares: the driver build alone
+        (``task`` None, the first spare) or with a task's reference kernels (its first prepared spare)."""
         source = worker.dir / "triton"
-        seed = self.base / "triton-seed"
-        if source.exists() and not seed.exists():
-            shutil.copytree(source, seed)
-            self.triton_seed = seed
-
-    async def seed_task(self, spare: Spare) -> None:
-        """Keep a freshly prepared spare's Triton cache (reference kernels included) for its task."""
-        source, task = spare.worker.dir / "triton", spare.task
-        if task is None or task in self.task_seeds or task in self.seeding or not source.exists():
+        if task in self.seeds or task in self.seeding or not source.exists():
             return
         self.seeding.add(task)
-        seed = self.base / f"triton-seed-{task}"
+        seed = self.base / (f"triton-seed-{task}" if task else "triton-seed")
         try:
             await asyncio.to_thread(shutil.copytree, source, seed, dirs_exist_ok=True)
-            self.task_seeds[task] = seed
+            self.seeds[task] = seed
         except OSError as exc:
             logger.warning("triton_seed_failed", error=str(exc)[:300])
         finally:
