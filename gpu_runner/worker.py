@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpu_runner.protocol import FrameError, read_frame
-    from gpu_runner.worker_common import Channel, describe_exception, device_info, log, peaks
+    from gpu_runner.worker_common import Channel, Laps, describe_exception, device_info, log, peaks
 
     channel = Channel(args.in_fd, args.out_fd, os.environ.get("KF_BULK_DIR") or None)
     import_s = time.perf_counter() - started
@@ -39,18 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         log("triton is not importable here")
     # An explicit index: some torch.cuda calls refuse a bare "cuda" device (CUDA_VISIBLE_DEVICES picks the GPU).
     device = torch.device("cuda:0" if args.mode == "run" and args.device == "cuda" else "cpu")
-    phases: dict[str, float] = {}
     if args.mode == "run":
         import torch.profiler
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
+    laps = Laps()
     if device.type == "cuda":
         # Starting CUDA is GPU work too: under the parent's lease, so it never overlaps a timing.
         with channel.gpu_lease(device):
-            mark = time.perf_counter()
+            laps.lap("lease_wait_s")
             torch.cuda.init()  # type: ignore[no-untyped-call]
             torch.empty(1, device=device).zero_()
             torch.cuda.synchronize(device)
-            phases["cuda_init_s"], mark = time.perf_counter() - mark, time.perf_counter()
+            laps.lap("cuda_init_s")
             try:  # build or load Triton's driver module now, not on a candidate's first launch
                 from triton.runtime import driver
 
@@ -58,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                 getattr(driver.active, "utils", None)
             except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
                 log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
-            phases["triton_driver_s"], mark = time.perf_counter() - mark, time.perf_counter()
+            laps.lap("triton_driver_s")
             # The profiler's first use in a process starts CUPTI/Kineto (seconds): do it now, in
             # the spare, not after a candidate's measurement on the critical path.
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
                 torch.empty(1024, device=device).add_(1)
                 torch.cuda.synchronize(device)
-            phases["profiler_s"] = time.perf_counter() - mark
+            laps.lap("profiler_s")
     if args.mode == "run":
         from gpu_runner import worker_candidate, worker_reference  # noqa: F401
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         peaks=peaks(device) if args.mode == "run" else None,
         import_torch_s=import_s,
         startup_s=time.perf_counter() - started,
-        phases=phases,
+        phases=laps.seconds,
         pid=os.getpid(),
     )
     prepared = None

@@ -63,6 +63,20 @@ class Channel:
             self.send("gpu_release")
 
 
+class Laps:
+    """Durations of consecutive steps (seconds by name), reported to the parent for its logs."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """Record the time since the previous lap (or the start) as ``name``."""
+        now = time.perf_counter()
+        self.seconds[name] = now - self._mark
+        self._mark = now
+
+
 def sync(device: torch.device) -> None:
     """Wait for all work on the device."""
     if device.type == "cuda":

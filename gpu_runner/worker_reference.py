@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import copy
 import linecache
-import time
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import Channel, flatten_outputs, log, pack, sync
+from gpu_runner.worker_common import Channel, Laps, flatten_outputs, log, pack, sync
 
 REFERENCE_FILENAME = "<kfoundry-reference>"
 
@@ -94,8 +93,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         if name not in ns:
             raise ReferenceFault(f"the reference defines no {name}")
     init_seed = int(msg["init_seed"])
-    phases: dict[str, float] = {}
-    mark = time.perf_counter()
+    laps = Laps()
     try:
         init_args = list(ns["get_init_inputs"]())
         candidate_init_args = copy.deepcopy(init_args)
@@ -106,13 +104,14 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         raise
     except Exception as exc:
         raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
-    phases["build_s"], mark = time.perf_counter() - mark, time.perf_counter()
+    laps.lap("build_s")
     ref_outputs: list[list[torch.Tensor]] = []
-    shipments: list[tuple[int, list[torch.Tensor], list[torch.Tensor], str | None]] = []
+    shipments: list[tuple[list[torch.Tensor], int, str | None]] = []
+    """Per trial: its outputs then their float64 residuals, on the host; how many outputs; the float64 error."""
     # Every GPU-heavy step runs under the parent's GPU lease, so it never overlaps another
     # candidate's timing; what only needs the CPU (packing, shipping) happens after it.
     with channel.gpu_lease(device):
-        phases["lease_wait_s"], mark = time.perf_counter() - mark, time.perf_counter()
+        laps.lap("lease_wait_s")
         try:
             model = model.to(device)
             trials = [to_device(values, device) for values in host_trials]
@@ -120,7 +119,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         except Exception as exc:
             raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
         with torch.no_grad():
-            for t, inputs in enumerate(trials):
+            for inputs in trials:
                 try:
                     outs = _tensors(model(*clone_inputs(inputs)), "Model.forward")
                 except ReferenceFault:
@@ -139,17 +138,15 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
                     (o64 - o.double()).float() if o.is_floating_point() and o64.shape == o.shape else o.new_empty(0)
                     for o, o64 in zip(outs, outs64, strict=False)
                 ]
-                host = [o.detach().to("cpu") for o in outs + residuals]
-                shipments.append((t, host[: len(outs)], host[len(outs) :], fp64_error))
+                shipments.append(([o.detach().to("cpu") for o in outs + residuals], len(outs), fp64_error))
         del model64
         flops = count_flops(model, trials[0])
-        sync(device)
-    phases["gpu_s"], mark = time.perf_counter() - mark, time.perf_counter()
-    for t, outs_host, residuals_host, fp64_error in shipments:
-        metas, blobs = pack(outs_host + residuals_host)
-        channel.send("reference", blobs=blobs, trial=t, n_outputs=len(outs_host), tensors=metas, fp64_error=fp64_error)
+    laps.lap("gpu_s")
+    for t, (host, n_outputs, fp64_error) in enumerate(shipments):
+        metas, blobs = pack(host)
+        channel.send("reference", blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
     del shipments
-    phases["ship_s"], mark = time.perf_counter() - mark, time.perf_counter()
+    laps.lap("ship_s")
     prepared = Prepared(
         device=device,
         namespace=ns,
@@ -165,9 +162,9 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
     if msg.get("compiled_baseline"):
         # Compiling runs the graph (and may benchmark kernel configs) on the GPU: under the lease.
         with channel.gpu_lease(device):
-            phases["compile_lease_wait_s"], mark = time.perf_counter() - mark, time.perf_counter()
+            laps.lap("compile_lease_wait_s")
             build_compiled(prepared)
-        phases["compiled_s"] = time.perf_counter() - mark
+        laps.lap("compiled_s")
     channel.send(
         "prepared",
         flops=flops,
@@ -175,7 +172,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         out_dtype=str(ref_outputs[0][0].dtype).removeprefix("torch."),
         compiled_error=prepared.compiled_error,
         compiled=prepared.compiled is not None,
-        phases=phases,
+        phases=laps.seconds,
     )
     return prepared
 
