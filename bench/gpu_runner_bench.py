@@ -227,7 +227,7 @@ async def run(device: DeviceChoice, quick: bool, n_aa: int | None = None) -> lis
             for i in range(n_stream)
         ]
         before = svc.gpu.usage()
-        spares_before = len(svc.runs.lease_log) if svc.runs is not None else 0
+        spares_before = svc.runs.prepared if svc.runs is not None else 0
         t0 = time.perf_counter()
         results = await asyncio.gather(*(svc.evaluate(j) for j in stream))
         wall = time.perf_counter() - t0
@@ -252,7 +252,7 @@ async def run(device: DeviceChoice, quick: bool, n_aa: int | None = None) -> lis
         )
         rows.append(("  throughput / bound", f"{n_stream / wall / bound:.2f}"))
         use = {k: after[k] - before[k] for k in before}
-        n_spares = len(svc.runs.lease_log) - spares_before if svc.runs is not None else 0
+        n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
         rows.append(
             (
                 "  GPU during the stream: timing (alone) / spares (together) / idle",

@@ -50,7 +50,6 @@ class ReferenceData:
     dtypes: list[list[str]] = field(default_factory=list)
     fp64_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    prepare_s: float | None = None
     lease_s: float = 0.0
     """Seconds the spare held its (shared) GPU lease while preparing."""
 
@@ -94,8 +93,8 @@ class RunPool:
         """Triton caches copied from candidate-free workers for later spares: the driver build
         (key None) and, per task, one holding the reference's kernels, so they are not rebuilt."""
         self.seeding: set[str | None] = set()
-        self.lease_log: list[float] = []
-        """GPU-lease seconds of every spare prepared, start-up included (for benchmarks)."""
+        self.prepared = 0
+        """Spares prepared so far (for benchmarks)."""
         self.closed = False
 
     async def new_worker(self) -> Worker:
@@ -139,7 +138,7 @@ class RunPool:
             raise WorkerStartError("run", "the worker died while computing the reference", log) from None
         spare.task = task_key(reference_source)
         spare.reference = data
-        self.lease_log.append(data.lease_s + float(spare.worker.ready.get("lease_s") or 0.0))
+        self.prepared += 1
         logger.info(
             "spare_prepared",
             worker=spare.worker.dir.name,
@@ -169,8 +168,7 @@ class RunPool:
                         data.fp64_error = data.fp64_error or header.get("fp64_error")
                     elif kind == "prepared":
                         data.info = header
-                    elif kind == "prepare_time":
-                        data.prepare_s = float(header["seconds"])
+                    elif kind == "prepare_time":  # the last frame of a preparation
                         break
                     elif kind == "reference_error":
                         raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
