@@ -33,6 +33,8 @@ from gpu_runner.sandbox import Isolation, Worker, await_ready, spawn_worker
 
 logger = structlog.get_logger(__name__)
 _names = count()
+MAX_SPARE_FAILURES = 3
+"""Spares failing in a row before the pool stops starting them (a retarget or a success resets it)."""
 
 
 def task_key(reference_source: str) -> str:
@@ -86,7 +88,9 @@ class RunPool:
         self.starting = 0
         self.reference_source: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self.start_sem = asyncio.Semaphore(max(2, min(cfg.spares, (os.cpu_count() or 2) // 2)))
+        # One start per core at most: they run at nice ``worker_nice``, below the timed worker,
+        # and a spare's start (imports, CUDA) is the slowest step of feeding the GPU.
+        self.start_sem = asyncio.Semaphore(max(2, min(cfg.spares, os.cpu_count() or 2)))
         self.idle_changed = asyncio.Event()
         self.last_ready: dict[str, Any] = {}
         self.seeds: dict[str | None, Path] = {}
@@ -95,6 +99,12 @@ class RunPool:
         self.seeding: set[str | None] = set()
         self.prepared = 0
         """Spares prepared so far (for benchmarks)."""
+        self.flops: dict[str | None, int] = {}
+        """Per task, the reference's FLOPs as the first prepared spare counted them (later ones skip it)."""
+        self.failures = 0
+        """Spares that failed in a row; at ``MAX_SPARE_FAILURES`` no more are started."""
+        self.failure: str | None = None
+        """Why spares stopped being started (the last failure), once they did."""
         self.closed = False
 
     async def new_worker(self) -> Worker:
@@ -109,9 +119,7 @@ class RunPool:
             seed = {"triton": tree} if tree is not None else None
             worker = await spawn_worker("run", self.device, self.iso, self.cfg.python, self.base, name, extra, seed)
             try:
-                lease = GpuLease(self.gpu, worker, self.cfg.worker_nice)
-                await await_ready(worker, self.cfg.worker_start_timeout_s, lease)
-                worker.ready["lease_s"] = lease.seconds
+                await await_ready(worker, self.cfg.worker_start_timeout_s)
             except BaseException:
                 await worker.kill(sweep=False)
                 raise
@@ -128,6 +136,7 @@ class RunPool:
             "init_seed": secrets.randbits(62),
             "trial_seeds": seeds,
             "compiled_baseline": self.compiled_baseline(),
+            "flops": self.flops.get(task_key(reference_source)),
         }
         data = ReferenceData()
         await spare.worker.send(msg)
@@ -139,15 +148,17 @@ class RunPool:
         spare.task = task_key(reference_source)
         spare.reference = data
         self.prepared += 1
+        if data.info.get("flops") is not None:
+            self.flops.setdefault(spare.task, int(data.info["flops"]))
+        # Start-up phases, then the preparation's (a later name wins; nothing may collide into an error).
+        phases = {**(spare.worker.ready.get("phases") or {}), **(data.info.get("phases") or {})}
         logger.info(
             "spare_prepared",
             worker=spare.worker.dir.name,
             startup_s=round(float(spare.worker.ready.get("startup_s") or 0.0), 3),
             prepare_s=round(time.perf_counter() - started, 3),
             lease_s=round(data.lease_s, 3),
-            startup_lease_s=round(float(spare.worker.ready.get("lease_s") or 0.0), 3),
-            **{k: round(float(v), 3) for k, v in (data.info.get("phases") or {}).items()},
-            **{k: round(float(v), 3) for k, v in (spare.worker.ready.get("phases") or {}).items()},
+            phases={k: round(float(v), 3) for k, v in phases.items()},
         )
 
     async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
@@ -188,6 +199,7 @@ class RunPool:
         key = task_key(reference_source)
         if self.reference_source is None or task_key(self.reference_source) != key:
             self.reference_source = reference_source
+            self.failures, self.failure = 0, None
         spare = self._take(key)
         warm = spare is not None
         self.refill()
@@ -214,7 +226,7 @@ class RunPool:
 
     def refill(self) -> None:
         """Start spares until ``spares`` are idle or on their way."""
-        if self.closed:
+        if self.closed or self.failure is not None:
             return
         while len(self.idle) + self.starting < self.cfg.spares:
             self.starting += 1
@@ -235,15 +247,25 @@ class RunPool:
             if not self.closed:
                 self.idle.append(spare)
                 kept = True
-        except (WorkerStartError, InvalidReference, ProtocolError, FrameError, TimeoutError) as exc:
-            logger.warning("spare_failed", error=str(exc)[:500])
+                self.failures, self.failure = 0, None
         except asyncio.IncompleteReadError:
-            logger.warning("spare_failed", error="the spare died while preparing")
+            self._failed("the spare died while preparing")
+        except (WorkerStartError, InvalidReference, ProtocolError, FrameError, TimeoutError) as exc:
+            self._failed(str(exc))
+        except Exception as exc:  # a defect of ours: logged whole, and no endless restarts
+            logger.exception("spare_failed_unexpectedly")
+            self._failed(f"{type(exc).__name__}: {exc}")
         finally:
             self.starting -= 1
             self.idle_changed.set()
             if worker is not None and not kept:
                 await worker.kill(sweep=False)
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        logger.warning("spare_failed", error=error[:500], in_a_row=self.failures)
+        if self.failures >= MAX_SPARE_FAILURES:
+            self.failure = error
 
     async def keep_seed(self, worker: Worker, task: str | None) -> None:
         """Keep a candidate-free worker's Triton cache for later spares: the driver build alone
@@ -264,6 +286,7 @@ class RunPool:
     async def retarget(self, reference_source: str) -> None:
         """Make idle spares ready for a (new) task."""
         self.reference_source = reference_source
+        self.failures, self.failure = 0, None
         key = task_key(reference_source)
         for spare in list(self.idle):
             if spare.task != key:
@@ -279,8 +302,9 @@ class RunPool:
                 if not self.starting:
                     self.refill()
                     if not self.starting:
+                        why = f"; {MAX_SPARE_FAILURES} failed in a row, last: {self.failure}" if self.failure else ""
                         raise WorkerStartError(
-                            "run", f"only {len(self.idle)} spares can be kept (spares={self.cfg.spares})"
+                            "run", f"only {len(self.idle)} spares can be kept (spares={self.cfg.spares}){why}"
                         )
                 await self.idle_changed.wait()
 

@@ -30,7 +30,6 @@ import psutil
 import structlog
 
 from gpu_runner.errors import WorkerStartError
-from gpu_runner.lease import GpuLease
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, widen_pipe
 
 logger = structlog.get_logger(__name__)
@@ -446,22 +445,15 @@ async def spawn_worker(
     return Worker(mode, proc, out_r, transport, home, log_path, env["KF_WORKER_TOKEN"], bulk, bulk_fd)
 
 
-async def await_ready(worker: Worker, timeout_s: float, lease: GpuLease | None = None) -> dict[str, Any]:
-    """Wait for the worker's ``ready`` frame (granting the GPU lease it asks for on the way);
-    kill it and raise :class:`WorkerStartError` otherwise."""
+async def await_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:
+    """Wait for the worker's ``ready`` frame; kill it and raise :class:`WorkerStartError` otherwise."""
     try:
         async with asyncio.timeout(timeout_s):
-            while True:
-                header, _ = await worker.recv(1 << 20)
-                if lease is None or not await lease.handle(header.get("kind")):
-                    break
+            header, _ = await worker.recv(1 << 20)
     except (TimeoutError, asyncio.IncompleteReadError, FrameError) as exc:
         await worker.kill(sweep=False)
         log = worker.log_text()[-3000:]
         raise WorkerStartError(worker.mode, f"no ready signal ({type(exc).__name__})", log) from None
-    finally:
-        if lease is not None:
-            await lease.drop()
     if header.get("kind") != "ready":
         await worker.kill(sweep=False)
         raise WorkerStartError(worker.mode, f"expected ready, got {header.get('kind')!r}", worker.log_text()[-3000:])

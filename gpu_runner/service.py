@@ -270,7 +270,7 @@ class EvaluationService:
         )
         biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)
         max_blob = 8 * 4 * biggest + (1 << 20)
-        stage, waited = "start", 0.0
+        stage, waited, held = "start", 0.0, None
         marks: dict[str, float] = {}
         tree: list[psutil.Process] | None = None
         t0 = time.perf_counter()
@@ -302,6 +302,7 @@ class EvaluationService:
                         # reaches the next timing. (Waiting for its CUDA teardown here cost 1.9 s
                         # of exclusive GPU per candidate on an H200; it is reaped in the background.)
                         tree = await asyncio.to_thread(worker.terminate)
+                        held = time.perf_counter() - t_go
         except TimeoutError:
             record.timed_out = True
             c.timed_out = f"the evaluation exceeded {job.timeout_s:g} s (after {stage})"
@@ -320,7 +321,7 @@ class EvaluationService:
         measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
         if record.timing is not None:
             measured += float(record.timing.get("elapsed_s", 0.0))
-        c.stages = c.stages.model_copy(update={"measure_s": measured if record.trial_infos else None})
+        c.stages = c.stages.model_copy(update={"measure_s": measured if record.trial_infos else None, "gpu_s": held})
         return waited
 
     def _priority(self, worker: Worker) -> Check:

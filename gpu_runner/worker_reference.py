@@ -108,8 +108,10 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
     ref_outputs: list[list[torch.Tensor]] = []
     shipments: list[tuple[list[torch.Tensor], int, str | None]] = []
     """Per trial: its outputs then their float64 residuals, on the host; how many outputs; the float64 error."""
-    # Every GPU-heavy step runs under the parent's GPU lease, so it never overlaps another
-    # candidate's timing; what only needs the CPU (packing, shipping) happens after it.
+    # Every GPU step runs under the parent's GPU lease, in one window, so it never overlaps a
+    # candidate's timing (copies and allocations in another process do disturb one); what only
+    # needs the CPU (building inputs before, packing and shipping after) happens outside it.
+    flops = msg.get("flops")
     with channel.gpu_lease(device):
         laps.lap("lease_wait_s")
         try:
@@ -118,6 +120,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
             model64 = copy.deepcopy(model).to(torch.float64)
         except Exception as exc:
             raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
+        laps.lap("to_device_s")
         with torch.no_grad():
             for inputs in trials:
                 try:
@@ -140,31 +143,31 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
                 ]
                 shipments.append(([o.detach().to("cpu") for o in outs + residuals], len(outs), fp64_error))
         del model64
-        flops = count_flops(model, trials[0])
-    laps.lap("gpu_s")
+        laps.lap("forward_s")
+        if flops is None:  # the parent passes it on once a spare of this task has counted it
+            flops = count_flops(model, trials[0])
+            laps.lap("flops_s")
+        prepared = Prepared(
+            device=device,
+            namespace=ns,
+            model=model,
+            init_seed=init_seed,
+            candidate_init_args=candidate_init_args,
+            trials=trials,
+            ref_outputs=ref_outputs,
+            out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
+            in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
+        )
+        if msg.get("compiled_baseline"):
+            # Compiling runs the graph (and may benchmark kernel configs) on the GPU.
+            build_compiled(prepared)
+            laps.lap("compiled_s")
     for t, (host, n_outputs, fp64_error) in enumerate(shipments):
         metas, blobs = pack(host)
         channel.send("reference", blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
     del shipments
     laps.lap("ship_s")
-    prepared = Prepared(
-        device=device,
-        namespace=ns,
-        model=model,
-        init_seed=init_seed,
-        candidate_init_args=candidate_init_args,
-        trials=trials,
-        ref_outputs=ref_outputs,
-        out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
-        in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
-    )
     params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
-    if msg.get("compiled_baseline"):
-        # Compiling runs the graph (and may benchmark kernel configs) on the GPU: under the lease.
-        with channel.gpu_lease(device):
-            laps.lap("compile_lease_wait_s")
-            build_compiled(prepared)
-        laps.lap("compiled_s")
     channel.send(
         "prepared",
         flops=flops,

@@ -172,6 +172,8 @@ class StageTimes(Model):
     """Correctness and timing in the run process."""
     measure_s: float | None = None
     """The measurement itself inside ``run_s``: the candidate's trial forwards plus the timing phase."""
+    gpu_s: float | None = None
+    """How long the GPU was held for this candidate alone (import, trials, timing, profile, kill)."""
     total_s: float | None = None
     """From receipt to verdict."""
     compile_cache_hit: bool = False

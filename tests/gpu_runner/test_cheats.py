@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
+from gpu_runner.errors import WorkerStartError
 from gpu_runner.service import EvaluationService
 from schemas import CheatRule, DeviceChoice, EvalResult, EvalStatus
 from tests.gpu_runner.conftest import fast_config, job
@@ -245,3 +247,21 @@ async def test_closing_the_service_leaves_no_process_behind(tmp_path: Path) -> N
     await service.aclose()
     assert processes_under(tmp_path / "work") == []
     assert marker_processes() == []
+
+
+async def test_spares_that_keep_failing_stop_and_say_why(tmp_path: Path) -> None:
+    """A worker that cannot start (here: an interpreter that exits at once) is retried a few
+    times, then the pool stops starting spares and waiting for one fails with the reason."""
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'this interpreter is broken' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    service = EvaluationService(fast_config(DeviceChoice.CPU, tmp_path, spares=2, python=str(broken)))
+    await service.start()
+    try:
+        started = time.perf_counter()
+        with pytest.raises(WorkerStartError, match="failed in a row"):
+            await service.wait_spares(timeout_s=60)
+        assert time.perf_counter() - started < 30
+        assert service.runs is not None and service.runs.starting == 0
+    finally:
+        await service.aclose()
