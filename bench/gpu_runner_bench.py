@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -295,6 +296,28 @@ async def run(device: DeviceChoice, quick: bool, n_aa: int | None = None) -> lis
             )
         )
         log("stream done")
+    # The fixed part of the overhead: a problem too small for transfers and comparisons to count.
+    small_cfg = dataclasses.replace(cfg, spares=2, work_dir=tmp / "work-small")
+    small = REFERENCE.format(n=1 << 12)
+    async with EvaluationService(small_cfg) as svc:
+        await svc.prepare(small)
+        fixed, window = [], []
+        for i in range(2 if quick else 4):
+            await svc.wait_spares(timeout_s=600)
+            r = await svc.evaluate(job(small, candidate(), f"small{i}"))
+            if r.status is not EvalStatus.CORRECT:
+                raise SystemExit(f"small-problem candidate was not correct: {r.summary}")
+            if i and (o := overhead(r)) is not None:  # the first one compiles the Triton launcher's cache
+                fixed.append(o)
+                if r.stages.gpu_s is not None and r.stages.measure_s is not None:
+                    window.append(r.stages.gpu_s - r.stages.measure_s)
+        rows.append(
+            (
+                "critical-path overhead, warm worker, small problem (4K elements)",
+                f"{statistics.median(fixed):.3f} s (median of {len(fixed)}; GPU held beyond the measurement "
+                f"{statistics.median(window):.3f} s)",
+            )
+        )
     cold_cfg = RunnerConfig(
         device=device,
         spares=0,

@@ -59,12 +59,6 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
             log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
         laps.lap("triton_driver_s")
-        # The profiler's first use in a process starts CUPTI/Kineto (seconds): do it now, in
-        # the spare, not after a candidate's measurement on the critical path.
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-            torch.empty(1024, device=device).add_(1)
-            torch.cuda.synchronize(device)
-        laps.lap("profiler_s")
     if args.mode == "run":
         from gpu_runner import worker_candidate, worker_reference  # noqa: F401
 
@@ -100,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
                 channel.send("reference_error", **describe_exception(exc))
                 break
             channel.send("prepare_time", seconds=time.perf_counter() - t0)
+            if device.type == "cuda":
+                # The profiler's first use in a process starts CUPTI/Kineto (4-5 s of CPU on an
+                # H200 host): in the spare, not in a candidate's GPU window; and after the spare
+                # reported itself prepared, so the pool can count on it seconds earlier. A job
+                # that arrives meanwhile waits in the pipe until this is done.
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+                    torch.empty(1024, device=device).add_(1)
+                    torch.cuda.synchronize(device)
         elif op == "job":
             from gpu_runner.worker_candidate import run_job
 
