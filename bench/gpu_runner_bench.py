@@ -82,6 +82,32 @@ def get_init_inputs():
 )
 
 
+TORCH_REFERENCE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, y):
+        return torch.relu(x + y)
+
+
+N = {n}
+
+
+def get_inputs():
+    return [torch.randn(N), torch.randn(N)]
+
+
+def get_init_inputs():
+    return []
+"""
+"""The stream's task: a plain PyTorch reference, as KernelBench's are (the A/A one launches Triton)."""
+
+
 def candidate(block: int = 1024, warps: int = 4, variant: int = -1) -> str:
     """A Triton candidate; ``variant >= 0`` makes its kernel source (and so its compile) distinct."""
     extra = "" if variant < 0 else f"\n    y = y + 0.0 * {variant}"
@@ -174,7 +200,48 @@ def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-async def run(device: DeviceChoice, quick: bool, n_aa: int | None = None) -> list[tuple[str, str]]:
+async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]]:
+    """A stream of distinct Triton candidates against a PyTorch reference, in a service of its own."""
+    cuda = cfg.device is DeviceChoice.CUDA
+    reference = TORCH_REFERENCE.format(n=(1 << 24) if cuda else (1 << 12))
+    rows: list[tuple[str, str]] = []
+    async with EvaluationService(cfg) as svc:
+        await svc.prepare(reference)
+        await svc.wait_spares(timeout_s=600)
+        n_stream = 3 if quick else 32
+        stream = [
+            job(reference, candidate(block=(256, 512, 1024, 2048)[i % 4], warps=(2, 4, 8)[i % 3], variant=i), f"s{i}")
+            for i in range(n_stream)
+        ]
+        before = svc.gpu.usage()
+        spares_before = svc.runs.prepared if svc.runs is not None else 0
+        done_at: list[float] = []
+
+        async def timed_eval(j: EvalJob) -> EvalResult:
+            r = await svc.evaluate(j)
+            done_at.append(time.perf_counter())
+            return r
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(timed_eval(j) for j in stream))
+        wall = time.perf_counter() - t0
+        after = svc.gpu.usage()
+        rows.extend(stream_rows(results, done_at, t0, wall, cfg.compile_workers))
+        use = {k: after[k] - before[k] for k in before}
+        n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
+        rows.append(
+            (
+                "  GPU during the stream: candidates alone / spares together / idle",
+                f"{use['exclusive']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s ({n_spares} spares prepared)",
+            )
+        )
+    log("stream done")
+    return rows
+
+
+async def run(
+    device: DeviceChoice, quick: bool, n_aa: int | None = None, stream_only: bool = False
+) -> list[tuple[str, str]]:
     cuda = device is DeviceChoice.CUDA
     rows: list[tuple[str, str]] = []
     tmp = Path(tempfile.mkdtemp(prefix="kf-bench-"))
@@ -193,6 +260,8 @@ async def run(device: DeviceChoice, quick: bool, n_aa: int | None = None) -> lis
         timing_budget_s=2.0 if cuda else 0.5,
         timing_min_reps=30 if cuda else 5,
     )
+    if stream_only:
+        return rows + await stream_section(cfg, quick)
     async with EvaluationService(cfg) as svc:
         await svc.prepare(reference)
         await svc.wait_spares(timeout_s=600)
@@ -267,35 +336,7 @@ async def run(device: DeviceChoice, quick: bool, n_aa: int | None = None) -> lis
                 )
             )
             log("compile throughput done")
-        await svc.wait_spares(timeout_s=600)
-        n_stream = 3 if quick else 32
-        stream = [
-            job(reference, candidate(block=(256, 512, 1024, 2048)[i % 4], warps=(2, 4, 8)[i % 3], variant=i), f"s{i}")
-            for i in range(n_stream)
-        ]
-        before = svc.gpu.usage()
-        spares_before = svc.runs.prepared if svc.runs is not None else 0
-        done_at: list[float] = []
-
-        async def timed_eval(j: EvalJob) -> EvalResult:
-            r = await svc.evaluate(j)
-            done_at.append(time.perf_counter())
-            return r
-
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(timed_eval(j) for j in stream))
-        wall = time.perf_counter() - t0
-        after = svc.gpu.usage()
-        rows.extend(stream_rows(results, done_at, t0, wall, cfg.compile_workers))
-        use = {k: after[k] - before[k] for k in before}
-        n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
-        rows.append(
-            (
-                "  GPU during the stream: candidates alone / spares together / idle",
-                f"{use['exclusive']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s ({n_spares} spares prepared)",
-            )
-        )
-        log("stream done")
+    rows += await stream_section(dataclasses.replace(cfg, work_dir=tmp / "work-stream"), quick)
     # The fixed part of the overhead: a problem too small for transfers and comparisons to count.
     small_cfg = dataclasses.replace(cfg, spares=2, work_dir=tmp / "work-small")
     small = REFERENCE.format(n=1 << 12)
@@ -347,9 +388,10 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     parser.add_argument("--aa", type=int, default=None, help="A/A evaluations (default 6, 2 with --quick)")
+    parser.add_argument("--stream-only", action="store_true", help="only the evaluator-throughput stream")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = asyncio.run(run(DeviceChoice(args.device), args.quick, args.aa))
+    rows = asyncio.run(run(DeviceChoice(args.device), args.quick, args.aa, args.stream_only))
     width = max(len(k) for k, _ in rows)
     print(
         f"\ngpu_runner benchmark ({args.device}{', quick' if args.quick else ''}, "

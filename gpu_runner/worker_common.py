@@ -49,18 +49,27 @@ class Channel:
     @contextlib.contextmanager
     def gpu_lease(self, device: torch.device) -> Iterator[None]:
         """Hold the parent's GPU lease (the one timing holds) around GPU-heavy work; a no-op on the CPU."""
-        if device.type != "cuda":
+        self.acquire_gpu(device)
+        try:
             yield
+        finally:
+            self.release_gpu(device)
+
+    def acquire_gpu(self, device: torch.device) -> None:
+        """Wait for the parent's (shared) GPU lease; a no-op on the CPU."""
+        if device.type != "cuda":
             return
         self.send("gpu_acquire")
         reply, _ = read_frame(self.in_fd)
         if reply.get("op") != "gpu_granted":
             raise RuntimeError(f"expected the GPU lease, got {reply.get('op')!r}")
-        try:
-            yield
-        finally:
-            sync(device)
-            self.send("gpu_release")
+
+    def release_gpu(self, device: torch.device) -> None:
+        """Finish this process's GPU work, then give the lease back; a no-op on the CPU."""
+        if device.type != "cuda":
+            return
+        sync(device)
+        self.send("gpu_release")
 
 
 class Laps:

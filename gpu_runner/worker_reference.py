@@ -158,10 +158,9 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
             out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
             in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
         )
-        if msg.get("compiled_baseline"):
-            # Compiling runs the graph (and may benchmark kernel configs) on the GPU.
-            build_compiled(prepared)
-            laps.lap("compiled_s")
+    if msg.get("compiled_baseline"):
+        build_compiled(prepared, channel)
+        laps.lap("compiled_s")
     for t, (host, n_outputs, fp64_error) in enumerate(shipments):
         metas, blobs = pack(host)
         channel.send("reference", blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
@@ -193,14 +192,49 @@ def count_flops(model: torch.nn.Module, inputs: list[Any]) -> int | None:
         return None
 
 
-def build_compiled(prepared: Prepared) -> None:
-    """``torch.compile`` the reference and warm it, before any candidate code is loaded."""
+def build_compiled(prepared: Prepared, channel: Channel) -> None:
+    """``torch.compile`` the reference and warm it, before any candidate code is loaded.
+
+    Dynamo and inductor compile on the CPU; the compiled graph's runs (and the autotuning of
+    kernel configs they may do) use the GPU. So the GPU lease is taken when a compilation ends
+    and given back when one starts (dynamo's compile callbacks), and held whenever the compiled
+    model runs. Without those callbacks the whole warm-up holds the lease.
+    """
+    device = prepared.device
+    held = False
+
+    def on_start(*_args: object) -> None:
+        nonlocal held
+        if held:
+            channel.release_gpu(device)
+            held = False
+
+    def on_end(*_args: object) -> None:
+        nonlocal held
+        if not held:
+            channel.acquire_gpu(device)
+            held = True
+
+    try:
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(on_start)
+        callback_handler.register_end_callback(on_end)
+        hooked = True
+    except (ImportError, AttributeError):
+        hooked = False
     try:
         compiled = torch.compile(prepared.model)
         with torch.no_grad():
             for _ in range(2):
+                on_end()  # every call runs under the lease; a compilation inside it gives the lease back meanwhile
                 compiled(*clone_inputs(prepared.trials[0]))
-        sync(prepared.device)
+        sync(device)
         prepared.compiled = compiled
     except Exception as exc:  # noqa: BLE001 - the baseline is optional; the reason is reported
         prepared.compiled_error = f"torch.compile failed: {type(exc).__name__}: {exc}"[:1000]
+    finally:
+        if hooked:
+            callback_handler.remove_start_callback(on_start)
+            callback_handler.remove_end_callback(on_end)
+        on_start()
