@@ -164,8 +164,14 @@ def guard_finding(
         return None, Check(name="deferred_work_guard", outcome=CheckOutcome.SKIPPED, detail="no wall-clock guard here")
     cand_w = sorted(cand_wall)[len(cand_wall) // 2]
     eager_w = sorted(eager_wall)[len(eager_wall) // 2]
-    hidden = (cand_w - medians["candidate"]) - max(0.0, eager_w - medians["eager"])
-    allowed = slack_ms + 0.03 * launches + ratio * medians["candidate"]
+    eager_host = max(0.0, eager_w - medians["eager"])
+    hidden = (cand_w - medians["candidate"]) - eager_host
+    # A Triton launch costs the host more than an aten op: 0.03 ms each, and under CPU load (spares
+    # starting, compiles) that grows with everything else's host cost, which the reference's own
+    # shows: on an H200 host an honest one-launch Triton candidate showed 0.067 ms beyond eager's
+    # 0.047 ms. So twice the reference's host cost is allowed on top; hidden device work that
+    # makes a speed-up (the candidate's events short of its real time) stays far above that.
+    allowed = slack_ms + 0.03 * launches + 2.0 * eager_host + ratio * medians["candidate"]
     detail = (
         f"synchronized wall {cand_w:.4f} ms vs events {medians['candidate']:.4f} ms; hidden {hidden:.4f} ms "
         f"(allowed {allowed:.4f})"

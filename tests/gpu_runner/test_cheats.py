@@ -262,6 +262,7 @@ async def test_spares_that_keep_failing_stop_and_say_why(tmp_path: Path) -> None
         with pytest.raises(WorkerStartError, match="failed in a row"):
             await service.wait_spares(timeout_s=60)
         assert time.perf_counter() - started < 30
-        assert service.runs is not None and service.runs.starting == 0
+        assert service.runs is not None
+        assert service.runs.starting == 0
     finally:
         await service.aclose()

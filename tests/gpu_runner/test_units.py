@@ -142,6 +142,19 @@ def test_guard_flags_work_hidden_from_the_events() -> None:
     assert check.outcome is CheckOutcome.PASSED
 
 
+def test_guard_allows_host_cost_under_load_but_not_hidden_work() -> None:
+    # Seen on an H200 host while 16 spares started: an honest one-launch Triton kernel of 0.052 ms
+    # with a synchronized wall of 0.166 ms, beside an eager reference whose host cost was 0.047 ms.
+    busy = {"callables": {"candidate": {"wall": [0.1661] * 15}, "eager": {"wall": [0.0993] * 15}}}
+    finding, check = guard_finding(busy, {"candidate": 0.0523, "eager": 0.0523}, 1.0, 0.02, 0.25)
+    assert finding is None, check.detail
+    # The same load, but the candidate's events show a fifth of work it really does: flagged.
+    hidden = {"callables": {"candidate": {"wall": [0.36] * 15}, "eager": {"wall": [0.0993] * 15}}}
+    finding, check = guard_finding(hidden, {"candidate": 0.0523, "eager": 0.0523}, 1.0, 0.02, 0.25)
+    assert finding is not None
+    assert finding.rule is CheatRule.DEFERRED_WORK
+
+
 def test_default_cache_dir_follows_kfoundry_home(kf_home: Path) -> None:
     assert RunnerConfig().resolved_cache_dir() == kf_home / "cache"
 
