@@ -4,7 +4,9 @@ versions, and whether a reference is a KernelBench task at all."""
 from __future__ import annotations
 
 import ast
+import platform
 import shutil
+import socket
 import subprocess
 from typing import Any
 
@@ -46,11 +48,47 @@ def validate_reference(source: str) -> None:
         raise InvalidReference(f"the reference does not define {', '.join(missing)}")
 
 
-def versions(python: str) -> str:
-    """Versions of torch and Triton as the workers' interpreter sees them (for the compile cache key)."""
-    code = "import importlib.metadata as m; print(m.version('torch'), m.version('triton'))"
+def versions(python: str) -> dict[str, str]:
+    """Versions of torch, Triton and Python as the workers' interpreter sees them ("unknown" if it cannot say)."""
+    code = (
+        "import importlib.metadata as m, platform; "
+        "print(m.version('torch'), m.version('triton'), platform.python_version())"
+    )
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-        return out.stdout.strip() or "unknown"
+        words = out.stdout.split()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        words = []
+    if len(words) != 3:
+        words = ["unknown"] * 3
+    return dict(zip(("torch", "triton", "python"), words, strict=True))
+
+
+def cpu_name() -> str:
+    """The host CPU's model name."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def describe_device(device: str, target: dict[str, Any] | None, software: dict[str, str]) -> dict[str, Any]:
+    """Fields of :class:`schemas.DeviceInfo` known without a worker (for verdicts reached before any ran);
+    a worker's own report, measured in its process, replaces it once one is ready."""
+    cuda = device == "cuda" and target is not None
+    arch = int(target["arch"]) if cuda and target is not None else 0
+    return {
+        "kind": device,
+        "name": str(target["name"]) if cuda and target is not None else cpu_name(),
+        "capability": f"{arch // 10}.{arch % 10}" if cuda else None,
+        "torch": software["torch"],
+        "triton": software["triton"] if software["triton"] != "unknown" else None,
+        "cuda": None,
+        "python": software["python"],
+        "host": socket.gethostname(),
+        "triton_interpreter": device == "cpu",
+    }

@@ -30,7 +30,7 @@ from gpu_runner.errors import DeviceUnavailable, ServiceClosed
 from gpu_runner.gate import check_candidate
 from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
-from gpu_runner.probe import detect_cuda, validate_reference, versions
+from gpu_runner.probe import describe_device, detect_cuda, validate_reference, versions
 from gpu_runner.protocol import FrameError
 from gpu_runner.sandbox import (
     Isolation,
@@ -67,6 +67,8 @@ class EvaluationService:
         self._own_base = False
         self.gpu = GpuGate(config.max_concurrent_runs)
         self.closed = False
+        self.described: dict[str, Any] | None = None
+        """The device as the parent can describe it (no CUDA here), until a worker reports its own."""
         self.stats: dict[str, int] = {}
         self._reaping: set[asyncio.Task[None]] = set()
 
@@ -107,7 +109,10 @@ class EvaluationService:
             env["TRITON_INTERPRET"] = "1"
         self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env, self.gpu)
         software = await asyncio.to_thread(versions, self.cfg.python)
-        self.compiler = Compiler(self.cfg, self.iso, self.device, self.base, software)
+        self.described = describe_device(self.device, target, software)
+        self.compiler = Compiler(
+            self.cfg, self.iso, self.device, self.base, f"{software['torch']} {software['triton']}"
+        )
         self.compiler.target = (
             {k: target[k] for k in ("backend", "arch", "warp")} if self.device == "cuda" and target else None
         )
@@ -165,6 +170,9 @@ class EvaluationService:
             or f"{len(gate.findings)} finding(s)" + ("" if self.cfg.enforce_gate else " (not enforced)"),
         )
         c = Collected(job=job, cfg=self.cfg, gate=gate, checks=[gate_check, *self._isolation_checks()])
+        # The device this evaluator runs candidates on, also for a verdict reached before any run
+        # (its own worker's report replaces it when the candidate runs).
+        c.device = runs.last_ready.get("device") or self.described
         c.stages = StageTimes(gate_s=gate_s)
         if gate.syntax_error:
             c.compile = CompileOutcome(

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.probe import cpu_name
 from gpu_runner.protocol import BULK_MIN_BYTES, WIRE_DTYPES, Blob, WireTensor, read_frame, write_bulk, write_frame
 
 # Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s: fp32 without tensor cores, 16-bit with).
@@ -152,17 +153,6 @@ def storage_ptrs(values: Sequence[object]) -> set[int]:
     return {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor) and v.numel()}
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
 def device_info(device: torch.device, interpreter: bool) -> dict[str, Any]:
     """Fields of :class:`schemas.DeviceInfo`, measured here."""
     try:
@@ -185,7 +175,7 @@ def device_info(device: torch.device, interpreter: bool) -> dict[str, Any]:
         info["name"] = props.name
         info["capability"] = f"{props.major}.{props.minor}"
     else:
-        info["name"] = _cpu_name()
+        info["name"] = cpu_name()
         info["capability"] = None
     return info
 

@@ -40,6 +40,8 @@ class Case:
     timeout_s: float = 120.0
     cpu: bool = True
     gpu: bool = True
+    unrewarded: bool = False
+    """A correct verdict is also acceptable when it shows no speed-up: the trick gained nothing."""
 
 
 def case(name: str, *statuses: EvalStatus, rule: CheatRule | None = None, **kw: object) -> Case:
@@ -90,11 +92,15 @@ UNGATED = [
     case("gc_reference", S.REJECTED, rule=R.TORCH_COMPUTE),
     case("thread_deferred", S.REJECTED, S.INCORRECT),
     case("tensor_subclass", S.REJECTED, rule=R.OUTPUT_TYPE),
-    case("guessed_seeds", S.INCORRECT, S.REJECTED),
-    case("segfault", S.RUNTIME_ERROR),
+    # On a GPU host these two fail in the compile stage, which imports the candidate to build its
+    # kernels ahead of time: a Triton launch on CPU tensors raises, the segfault kills that process.
+    case("guessed_seeds", S.INCORRECT, S.REJECTED, S.COMPILE_ERROR),
+    case("segfault", S.RUNTIME_ERROR, S.COMPILE_ERROR),
     case("env_secret", S.CORRECT),
     case("spawn_children", S.REJECTED, rule=R.PROCESSES),
-    case("side_stream_quiet", S.REJECTED, S.INCORRECT, cpu=False),
+    # Its 50 side-stream launches cost the host more than the kernels: the events around the call
+    # then span the launches and it was timed correct at 0.008x eager on an H200. No reward.
+    case("side_stream_quiet", S.REJECTED, S.INCORRECT, cpu=False, unrewarded=True),
 ]
 """With the gate recording but not enforcing: the runtime layers alone must hold."""
 
@@ -158,7 +164,11 @@ def marker_processes() -> list[str]:
 
 
 def check_verdict(result: EvalResult, c: Case) -> None:
-    assert result.status in c.statuses, f"{c.name}: {result.status.value}: {result.summary}"
+    if c.unrewarded and result.status is S.CORRECT:
+        assert result.speedup_vs_eager is not None
+        assert result.speedup_vs_eager < 1.0, f"{c.name}: rewarded: {result.summary}"
+    else:
+        assert result.status in c.statuses, f"{c.name}: {result.status.value}: {result.summary}"
     if c.rule is not None:
         rules = {f.rule for f in result.findings}
         assert c.rule in rules, f"{c.name}: {c.rule.value} not among {sorted(r.value for r in rules)}"
@@ -181,7 +191,10 @@ def check_verdict(result: EvalResult, c: Case) -> None:
 
 @pytest.mark.parametrize("c", [c for c in GATED if c.cpu], ids=lambda c: c.name)
 async def test_cheat_verdict_cpu(cpu_gated: EvaluationService, c: Case) -> None:
-    check_verdict(await cpu_gated.evaluate(job("add_relu", c.name, timeout_s=c.timeout_s)), c)
+    result = await cpu_gated.evaluate(job("add_relu", c.name, timeout_s=c.timeout_s))
+    check_verdict(result, c)
+    assert result.device is not None  # a verdict of the gate alone says where it would have run too
+    assert result.device.kind.value == "cpu"
 
 
 @pytest.mark.parametrize("c", [c for c in UNGATED if c.cpu], ids=lambda c: c.name)
