@@ -54,6 +54,23 @@ def _copy_if_absent(src: str, dst: str) -> str:
     return str(shutil.copy2(src, dst))
 
 
+def profile_kernels(device: str, source: str, manifest: dict[str, str], gate_enforced: bool) -> tuple[bool, str]:
+    """Whether to list the device kernels of one forward with CUPTI, and why (not).
+
+    A candidate whose code is Python and Triton launches nothing the Triton launch hooks and the
+    aten dispatcher do not see (the gate refuses ctypes, foreign libraries and dynamic code);
+    compiled extension code can call vendor libraries directly, which only the profiler shows.
+    With the gate off, nothing is ruled out: always profile.
+    """
+    if device != "cuda":
+        return False, "no device kernels on the CPU"
+    if manifest or "load_inline" in source or "cpp_extension" in source:
+        return True, "compiled extension code: kernel names from CUPTI"
+    if not gate_enforced:
+        return True, "static gate not enforced: kernel names from CUPTI"
+    return False, "Python and Triton only: every launch seen by the launch hooks and the aten dispatcher"
+
+
 class EvaluationService:
     """Honest, sandboxed evaluation of candidates against KernelBench references."""
 
@@ -241,6 +258,10 @@ class EvaluationService:
         c.device, c.peaks, c.reference = worker.ready.get("device"), worker.ready.get("peaks") or {}, spare.reference
         record = c.record = RunRecord()
         manifest = await asyncio.to_thread(self._stage_files, spare, c)
+        profiled, why = profile_kernels(self.device, c.job.candidate_source, manifest, self.cfg.enforce_gate)
+        c.checks.append(
+            Check(name="kernel_profile", outcome=CheckOutcome.PASSED if profiled else CheckOutcome.SKIPPED, detail=why)
+        )
         dtype = spare.reference.info.get("out_dtype", "float32")
         atol, rtol = self.cfg.tolerances.get(dtype, (0.0, 0.0))
         timing_cfg = {
@@ -274,6 +295,7 @@ class EvaluationService:
                 "atol": atol,
                 "rtol": rtol,
                 "timing": timing_cfg,
+                "profile_kernels": profiled,
             }
         )
         biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     # An explicit index: some torch.cuda calls refuse a bare "cuda" device (CUDA_VISIBLE_DEVICES picks the GPU).
     device = torch.device("cuda:0" if args.mode == "run" and args.device == "cuda" else "cpu")
     if args.mode == "run":
-        import torch.profiler
+        import torch.profiler  # imported now; CUPTI itself starts only for a job that is profiled
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
     laps = Laps()
     if device.type == "cuda":
@@ -94,14 +94,6 @@ def main(argv: list[str] | None = None) -> int:
                 channel.send("reference_error", **describe_exception(exc))
                 break
             channel.send("prepare_time", seconds=time.perf_counter() - t0)
-            if device.type == "cuda":
-                # The profiler's first use in a process starts CUPTI/Kineto (4-5 s of CPU on an
-                # H200 host): in the spare, not in a candidate's GPU window; and after the spare
-                # reported itself prepared, so the pool can count on it seconds earlier. A job
-                # that arrives meanwhile waits in the pipe until this is done.
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-                    torch.empty(1024, device=device).add_(1)
-                    torch.cuda.synchronize(device)
         elif op == "job":
             from gpu_runner.worker_candidate import run_job
 

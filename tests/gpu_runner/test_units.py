@@ -12,6 +12,7 @@ from gpu_runner.compare import TrialCheck, compare_trial, speed_of_light, timing
 from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, EvalJob, RunnerConfig
 from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
+from gpu_runner.service import profile_kernels
 from gpu_runner.verdict import guard_finding
 from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
 
@@ -185,3 +186,12 @@ def test_bulk_files_are_read_once_and_refused_when_forged(tmp_path: Path) -> Non
             read_bulk(dir_fd, [{"file": "b4_0", "nbytes": 1 << 30}], 1 << 20)
     finally:
         os.close(dir_fd)
+
+
+def test_kernel_profile_only_where_launch_hooks_cannot_see() -> None:
+    triton_only = "import triton\n@triton.jit\ndef k(x): pass\n"
+    assert profile_kernels("cuda", triton_only, {}, True)[0] is False
+    assert profile_kernels("cuda", triton_only, {}, False)[0] is True  # gate off: nothing ruled out
+    assert profile_kernels("cuda", triton_only, {"ext": "/x/ext.so"}, True)[0] is True
+    assert profile_kernels("cuda", "from torch.utils.cpp_extension import load_inline", {}, True)[0] is True
+    assert profile_kernels("cpu", "load_inline", {"ext": "/x/ext.so"}, False)[0] is False
