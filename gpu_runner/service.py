@@ -54,6 +54,15 @@ def _copy_if_absent(src: str, dst: str) -> str:
     return str(shutil.copy2(src, dst))
 
 
+def _numbers(value: object, limit: int = 16) -> dict[str, float]:
+    """A worker's ``{name: seconds}`` for the logs: only numbers, a few, short names (the worker
+    may have run a candidate that rewrote what it sends)."""
+    if not isinstance(value, dict):
+        return {}
+    out = {str(k)[:40]: round(float(v), 4) for k, v in value.items() if isinstance(v, int | float)}
+    return dict(list(out.items())[:limit])
+
+
 def profile_kernels(device: str, source: str, manifest: dict[str, str], gate_enforced: bool) -> tuple[bool, str]:
     """Whether to list the device kernels of one forward with CUPTI, and why (not).
 
@@ -345,7 +354,13 @@ class EvaluationService:
             record.log = worker.log_text()
             marks["terminated"] = time.perf_counter() - t0
             # Where the run stage's time goes (seconds since the job was sent), for overhead work.
-            logger.debug("run phases", candidate=job.candidate_id, waited_s=waited, **marks)
+            logger.debug(
+                "run phases",
+                candidate=job.candidate_id,
+                waited_s=waited,
+                worker=record.phases,
+                **marks,
+            )
         if c.compares:
             record.trial_checks = list(await asyncio.gather(*c.compares))
         measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
@@ -390,6 +405,8 @@ class EvaluationService:
         assert record is not None
         assert ref is not None
         kind = header.get("kind")
+        if kind in ("sandbox", "done"):
+            record.phases.update(_numbers(header.get("phases")))
         if kind == "sandbox":
             record.sandbox = dict(header.get("checks", {}))
             c.checks.append(

@@ -34,6 +34,8 @@ class RunRecord:
     died: str | None = None
     timed_out: bool = False
     log: str = ""
+    phases: dict[str, float] = field(default_factory=dict)
+    """The worker's own step durations (set-up before the GPU grant, then the GPU window), for logs."""
 
 
 def truncate(text: str, limit: int) -> str:

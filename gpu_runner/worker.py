@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda:0" if args.mode == "run" and args.device == "cuda" else "cpu")
     if args.mode == "run":
         import torch.profiler  # imported now; CUPTI itself starts only for a job that is profiled
+        import torch.utils.cpp_extension  # the extension loader's (setuptools): not on a job's path
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
     laps = Laps()
     if device.type == "cuda":

@@ -25,6 +25,7 @@ from gpu_runner.protocol import read_frame
 from gpu_runner.timing import Rotation, Timed, run_timing
 from gpu_runner.worker_common import (
     Channel,
+    Laps,
     close_enough,
     describe_exception,
     flatten_outputs,
@@ -86,9 +87,11 @@ def _children() -> int:
 def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
     """Evaluate one candidate against the prepared reference; every outcome goes to the parent."""
     device = prepared.device
+    laps = Laps()
     log = LaunchLog()
     install_triton_hooks(log, compile_only=False)
     install_ext_loader(log, "run", dict(msg.get("ext_manifest", {})), _private(msg, "ext"), [])
+    laps.lap("hooks_s")
     profiled = device.type == "cuda" and bool(msg.get("profile_kernels"))
     if profiled:
         # The profiler's first use starts CUPTI/Kineto: 4-5 s of CPU on an H200 host, which no
@@ -96,18 +99,22 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         # it is not GPU time, only for candidates that run compiled extension code, and with the
         # privileges CUPTI had in the spare (before the sandbox's limits and user drop).
         _start_profiler(device)
+        laps.lap("profiler_start_s")
     sandbox = enter_sandbox(msg["sandbox"], device)
     threads0, children0 = threading.active_count(), _children()
-    channel.send("sandbox", checks=sandbox)
+    laps.lap("sandbox_s")
+    channel.send("sandbox", checks=sandbox, phases=laps.seconds)
     # Nothing of the candidate runs before the parent grants the GPU: its import and constructor
     # may launch work too, which must not overlap another candidate's timing.
     channel.send("armed")
     go, _ = read_frame(channel.in_fd)
     if go.get("op") != "go":
         return
+    laps = Laps()  # from here: the GPU window
     stage = "import"
     try:
         ns = import_candidate(msg["candidate_path"])
+        laps.lap("import_s")
         stage = "init"
         model_new = ns.get("ModelNew")
         if model_new is None:
@@ -118,20 +125,24 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         if isinstance(cand, torch.nn.Module):
             cand = cand.to(device)
         sync(device)
+        laps.lap("init_s")
         stage = "forward"
         ok = _trials(prepared, cand, log, msg, channel, threads0, children0)
+        laps.lap("trials_s")
         if ok:
             stage = "timing"
             _timing(prepared, cand, log, msg, channel)
+            laps.lap("timing_s")
         if ok and profiled:
             stage = "profile"
             _profile(cand, prepared, channel)
             sync(device)
+            laps.lap("profile_s")
         channel.send("measured")  # the parent may give the GPU to the next candidate now
     except BaseException as exc:  # noqa: BLE001 - whatever the candidate raised is the verdict's evidence
         channel.send("error", stage=stage, **describe_exception(exc))
         return
-    channel.send("done", jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded)
+    channel.send("done", jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
 
 
 def _private(msg: dict[str, Any], name: str) -> Any:
