@@ -216,6 +216,9 @@ class RunPool:
             except BaseException:
                 await worker.kill(sweep=False)
                 raise
+            if self.failure is not None:  # workers start again: so may spares
+                self.failures, self.failure = 0, None
+                self.refill()
         return spare, warm
 
     def _take(self, key: str) -> Spare | None:
