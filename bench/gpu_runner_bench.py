@@ -1,6 +1,7 @@
 """Benchmark of gpu_runner: A/A, spread, warm vs cold overhead, compile and evaluator throughput.
 
-    python bench/gpu_runner_bench.py                     # on the GPU machine (about 5 minutes)
+    python bench/gpu_runner_bench.py                     # on the GPU machine (about 9 minutes)
+    python bench/gpu_runner_bench.py --stream-only       # the throughput stream alone (about 3)
     python bench/gpu_runner_bench.py --device cpu --quick
 
 Prints progress lines, then the table last. Definitions:
@@ -10,10 +11,14 @@ Prints progress lines, then the table last. Definitions:
 * spread: coefficient of variation of the candidate's median across repeated evaluations.
 * overhead on the critical path: ``total_s - compile_s - measure_s`` of one evaluation (gate,
   staging, import, construction, transfers, comparison, process teardown), with a pre-warmed
-  prepared worker and with a cold one (``spares=0``: process start and reference on the path).
+  prepared worker and with a cold one (``spares=0``: process start and reference on the path);
+  "quiet" waits for every spare first (no queueing for the GPU); "small problem" is the fixed
+  part (4K elements: transfers and comparisons do not count), with the GPU time held beyond the
+  measurement.
 * compile throughput: distinct Triton candidates compiled at once by ``compile_workers``
   sandboxed CPU-only processes (ahead-of-time for the GPU's target).
-* evaluator throughput: a stream of distinct Triton candidates evaluated concurrently, against
+* evaluator throughput: a stream of 32 distinct Triton candidates (against a plain PyTorch
+  reference, as KernelBench tasks are, in a service of its own) evaluated concurrently, against
   two bounds: A ``min(compile_workers / mean compile_s, 1 / mean measure_s)`` (the GPU needed
   for nothing but the trial forwards and the timing) and B, the same with the time the GPU was
   held for each candidate alone (``gpu_s``: its import, trials, timing, profile and kill, which
