@@ -54,6 +54,10 @@ def _copy_if_absent(src: str, dst: str) -> str:
     return str(shutil.copy2(src, dst))
 
 
+COMPILE_NICE_STEP = 5
+"""How much lower than run workers (``worker_nice``) compile workers run."""
+
+
 def _numbers(value: object, limit: int = 16) -> dict[str, float]:
     """A worker's ``{name: seconds}`` for the logs: only numbers, a few, short names (the worker
     may have run a candidate that rewrote what it sends)."""
@@ -136,8 +140,14 @@ class EvaluationService:
         self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env, self.gpu)
         software = await asyncio.to_thread(versions, self.cfg.python)
         self.described = describe_device(self.device, target, software)
+        compile_iso = self.iso
+        if self.cfg.worker_nice and nice:
+            # Compiles run below starting spares (nice adds up): on an H200 host a burst of 32
+            # compiles on 16 workers stretched spare starts from 8-11 s to 28-38 s, and the GPU
+            # waited for spares, while compile capacity was ten times what the GPU could take.
+            compile_iso = dataclasses.replace(self.iso, prefix=(nice, "-n", str(COMPILE_NICE_STEP), *self.iso.prefix))
         self.compiler = Compiler(
-            self.cfg, self.iso, self.device, self.base, f"{software['torch']} {software['triton']}"
+            self.cfg, compile_iso, self.device, self.base, f"{software['torch']} {software['triton']}"
         )
         self.compiler.target = (
             {k: target[k] for k in ("backend", "arch", "warp")} if self.device == "cuda" and target else None
