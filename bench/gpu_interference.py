@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -153,8 +152,11 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=4, help="helper processes doing the action at once")
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        raise SystemExit("needs a CUDA GPU")
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
+    if probe.stdout.strip() != "True":
+        raise SystemExit("gpu_interference needs a CUDA GPU (torch.cuda.is_available() is not True here)")
     rows = run(args.seconds_per_action, args.procs, args.reps)
     head = ("action in other processes", "samples", "median", "median / quiet", "p99 / quiet")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
