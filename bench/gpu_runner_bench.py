@@ -23,8 +23,8 @@ Prints progress lines, then the table last. Definitions:
   for nothing but the trial forwards and the timing) and B, the same with the time the GPU was
   held for each candidate alone (``gpu_s``: its import, trials, timing, profile and kill, which
   nothing else may overlap). B is what the pipeline around the GPU (process starts, reference
-  preparation, compiles, transfers, comparisons) must keep up with; A - B is the cost of running
-  each candidate in a fresh process with the GPU to itself. Also the rate from the first verdict
+  preparation, compiles, transfers, comparisons) must keep up with; the gap between A and B is
+  the cost of running each candidate in a fresh process with the GPU to itself. Also the rate from the first verdict
   on (the pipeline full), and how the GPU's time split between candidates, spares and idleness.
 """
 

@@ -14,8 +14,8 @@ the GPU steps of a worker run under a lease from the parent's :class:`GpuGate`:
   exclusive hold. A spare's CUDA start needs no lease.
 
 A waiting exclusive request stops new shared grants (timing is the bottleneck); shared holders
-that already run finish first. Spares that wait for a grant are batched into the next gap, so
-twelve spares preparing cost one window instead of twelve.
+that already run finish first. Spares that wait for a grant are all let in at the next gap,
+together.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class RunPool:
     ) -> None:
         self.cfg = cfg
         self.gpu = gpu or GpuGate(cfg.max_concurrent_runs)
-        """Timing holds it alone; a spare's CUDA start and preparation hold it together with others."""
+        """Timing holds it alone; spares' preparations hold it together (their CUDA start needs none)."""
         self.iso = iso
         self.device = device
         self.base = base
@@ -199,7 +199,7 @@ class RunPool:
         key = task_key(reference_source)
         if self.reference_source is None or task_key(self.reference_source) != key:
             self.reference_source = reference_source
-            self.failures, self.failure = 0, None
+            self._recovered()
         spare = self._take(key)
         warm = spare is not None
         self.refill()
@@ -217,7 +217,7 @@ class RunPool:
                 await worker.kill(sweep=False)
                 raise
             if self.failure is not None:  # workers start again: so may spares
-                self.failures, self.failure = 0, None
+                self._recovered()
                 self.refill()
         return spare, warm
 
@@ -250,7 +250,7 @@ class RunPool:
             if not self.closed:
                 self.idle.append(spare)
                 kept = True
-                self.failures, self.failure = 0, None
+                self._recovered()
         except asyncio.IncompleteReadError:
             self._failed("the spare died while preparing")
         except (WorkerStartError, InvalidReference, ProtocolError, FrameError, TimeoutError) as exc:
@@ -263,6 +263,9 @@ class RunPool:
             self.idle_changed.set()
             if worker is not None and not kept:
                 await worker.kill(sweep=False)
+
+    def _recovered(self) -> None:
+        self.failures, self.failure = 0, None
 
     def _failed(self, error: str) -> None:
         self.failures += 1
@@ -289,7 +292,7 @@ class RunPool:
     async def retarget(self, reference_source: str) -> None:
         """Make idle spares ready for a (new) task."""
         self.reference_source = reference_source
-        self.failures, self.failure = 0, None
+        self._recovered()
         key = task_key(reference_source)
         for spare in list(self.idle):
             if spare.task != key:

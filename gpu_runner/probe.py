@@ -79,12 +79,14 @@ def cpu_name() -> str:
 def describe_device(device: str, target: dict[str, Any] | None, software: dict[str, str]) -> dict[str, Any]:
     """Fields of :class:`schemas.DeviceInfo` known without a worker (for verdicts reached before any ran);
     a worker's own report, measured in its process, replaces it once one is ready."""
-    cuda = device == "cuda" and target is not None
-    arch = int(target["arch"]) if cuda and target is not None else 0
+    name, capability = cpu_name(), None
+    if device == "cuda" and target is not None:
+        arch = int(target["arch"])
+        name, capability = str(target["name"]), f"{arch // 10}.{arch % 10}"
     return {
         "kind": device,
-        "name": str(target["name"]) if cuda and target is not None else cpu_name(),
-        "capability": f"{arch // 10}.{arch % 10}" if cuda else None,
+        "name": name,
+        "capability": capability,
         "torch": software["torch"],
         "triton": software["triton"] if software["triton"] != "unknown" else None,
         "cuda": None,

@@ -2,8 +2,8 @@
 
 ``EvaluationService.evaluate`` may be called concurrently: compiles of some candidates overlap
 the run of another. A candidate runs from ``go`` to ``measured`` under the exclusive GPU lease of
-:mod:`gpu_runner.lease` (``max_concurrent_runs`` of them at most); spares start CUDA and prepare
-references under shared leases, never during a timing. Time spent queueing for a compile slot
+:mod:`gpu_runner.lease` (``max_concurrent_runs`` of them at most); spares prepare references
+under shared leases, never during a timing. Time spent queueing for a compile slot
 or the GPU does not count against a job's ``timeout_s``; everything else does.
 """
 

@@ -171,8 +171,9 @@ def guard_finding(
     # A Triton launch costs the host more than an aten op: 0.03 ms each, and under CPU load (spares
     # starting, compiles) that grows with everything else's host cost, which the reference's own
     # shows: on an H200 host an honest one-launch Triton candidate showed 0.067 ms beyond eager's
-    # 0.047 ms. So twice the reference's host cost is allowed on top; hidden device work that
-    # makes a speed-up (the candidate's events short of its real time) stays far above that.
+    # 0.047 ms. So twice the reference's host cost is allowed on top. Hidden work shorter than the
+    # whole allowance goes unseen (it did below the old one too); the unit test's hidden case is
+    # 0.26 ms against an allowance of 0.16 ms.
     allowed = slack_ms + 0.03 * launches + 2.0 * eager_host + ratio * medians["candidate"]
     detail = (
         f"synchronized wall {cand_w:.4f} ms vs events {medians['candidate']:.4f} ms; hidden {hidden:.4f} ms "

@@ -92,7 +92,7 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
     install_triton_hooks(log, compile_only=False)
     install_ext_loader(log, "run", dict(msg.get("ext_manifest", {})), _private(msg, "ext"), [])
     laps.lap("hooks_s")
-    profiled = device.type == "cuda" and bool(msg.get("profile_kernels"))
+    profiled = bool(msg.get("profile_kernels"))  # the parent asks only on CUDA
     if profiled:
         # The profiler's first use starts CUPTI/Kineto: 4-5 s of CPU on an H200 host, which no
         # other process's timing notices (bench/gpu_interference.py). Before the GPU grant, so

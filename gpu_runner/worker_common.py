@@ -38,6 +38,8 @@ class Channel:
         self.out_fd = out_fd
         self.bulk_dir = bulk_dir
         self.seq = 0
+        self.gpu_held = False
+        """Whether this process holds the parent's (shared) GPU lease now."""
 
     def send(self, kind: str, *, blobs: Sequence[Blob] = (), **fields: Any) -> None:
         header: dict[str, Any] = {"kind": kind, **fields}
@@ -57,20 +59,22 @@ class Channel:
             self.release_gpu(device)
 
     def acquire_gpu(self, device: torch.device) -> None:
-        """Wait for the parent's (shared) GPU lease; a no-op on the CPU."""
-        if device.type != "cuda":
+        """Wait for the parent's (shared) GPU lease; a no-op on the CPU or while held."""
+        if device.type != "cuda" or self.gpu_held:
             return
         self.send("gpu_acquire")
         reply, _ = read_frame(self.in_fd)
         if reply.get("op") != "gpu_granted":
             raise RuntimeError(f"expected the GPU lease, got {reply.get('op')!r}")
+        self.gpu_held = True
 
     def release_gpu(self, device: torch.device) -> None:
-        """Finish this process's GPU work, then give the lease back; a no-op on the CPU."""
-        if device.type != "cuda":
+        """Finish this process's GPU work, then give the lease back; a no-op unless held."""
+        if not self.gpu_held:
             return
         sync(device)
         self.send("gpu_release")
+        self.gpu_held = False
 
 
 class Laps:

@@ -201,19 +201,12 @@ def build_compiled(prepared: Prepared, channel: Channel) -> None:
     model runs. Without those callbacks the whole warm-up holds the lease.
     """
     device = prepared.device
-    held = False
 
     def on_start(*_args: object) -> None:
-        nonlocal held
-        if held:
-            channel.release_gpu(device)
-            held = False
+        channel.release_gpu(device)
 
     def on_end(*_args: object) -> None:
-        nonlocal held
-        if not held:
-            channel.acquire_gpu(device)
-            held = True
+        channel.acquire_gpu(device)
 
     try:
         from torch._dynamo.callback import callback_handler
