@@ -284,11 +284,11 @@ async def run(
             )
         )
         cv = statistics.pstdev(medians) / statistics.mean(medians) if len(medians) > 1 else 0.0
-        rel = statistics.median(r.timing.rel_stderr for r in aa[1:] if r.timing is not None)
+        rel = statistics.median(r.timing.median_rel_stderr or 0.0 for r in aa[1:] if r.timing is not None)
         rows.append(
             (
                 "spread of repeated evaluations (CV of medians)",
-                f"{cv:.2%} (median within-run rel. stderr {rel:.2%}, {medians[0]:.4f} ms)",
+                f"{cv:.2%} (median within-run rel. stderr of the median {rel:.2%}, {medians[0]:.4f} ms)",
             )
         )
         warm = [o for o in (overhead(r) for r in aa[1:]) if o is not None]

@@ -90,7 +90,7 @@ def summary_text(result: EvalResult) -> str:
         t = result.timing
         lines.append(
             f"candidate: median {t.median_ms:.4f} ms (p10 {t.p10_ms:.4f}, p90 {t.p90_ms:.4f}, "
-            f"{t.reps} reps, rel stderr {t.rel_stderr:.2%}, {t.timer.value})"
+            f"{t.reps} reps, median known to {_pct(t.median_rel_stderr)}, {t.timer.value})"
         )
     if result.baselines is not None:
         for name, stats in (("eager", result.baselines.eager), ("torch.compile", result.baselines.compiled)):
@@ -113,6 +113,10 @@ def summary_text(result: EvalResult) -> str:
             lines.append(f"check {chk.name}: {chk.outcome.value}" + (f" ({chk.detail})" if chk.detail else ""))
     lines.extend(f"review: {r}" for r in result.review)
     return "\n".join(lines) + "\n"
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2%}"
 
 
 def main(argv: list[str] | None = None) -> int:

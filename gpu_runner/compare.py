@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpu_runner.stats import median_rel_stderr
 from schemas import Correctness, SpeedOfLight, TimerKind, TimingStats
 
 Array = npt.NDArray[Any]
@@ -242,6 +243,7 @@ def timing_stats(samples: list[float], timer: TimerKind, wall: list[float] | Non
         return None
     mean = float(values.mean())
     std = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    med_err = median_rel_stderr(values.tolist())
     return TimingStats(
         median_ms=float(np.median(values)),
         mean_ms=mean,
@@ -252,6 +254,7 @@ def timing_stats(samples: list[float], timer: TimerKind, wall: list[float] | Non
         p90_ms=float(np.percentile(values, 90)),
         reps=int(values.size),
         rel_stderr=std / np.sqrt(values.size) / mean if mean > 0 else float("inf"),
+        median_rel_stderr=med_err if np.isfinite(med_err) else None,
         timer=timer,
         wall_ms=float(np.median(wall)) if wall else None,
     )

@@ -4,8 +4,9 @@ Each round times every callable once, in a rotating order, so all of them see th
 and device state. Before every timed call, outside the timed region: a distinct input buffer
 (two alternate, and each is refilled with another trial's inputs, so a cache keyed on a pointer
 or on stale contents gives wrong answers) and an L2 flush of twice the L2 size. CUDA events
-bracket each call; the CPU uses ``perf_counter``. Rounds go on until every callable's relative
-standard error is under the target (or the budget runs out). A guard then times synchronized
+bracket each call; the CPU uses ``perf_counter``. Rounds go on until the median of every callable
+is known to the target relative error (:func:`gpu_runner.stats.median_rel_stderr`; the median is
+what the speed-up uses) or the budget runs out. A guard then times synchronized
 calls with the host clock, which exposes work left on side streams or deferred past the call.
 Raw samples go to the parent, which computes the statistics.
 """
@@ -13,7 +14,6 @@ Raw samples go to the parent, which computes the statistics.
 from __future__ import annotations
 
 import ctypes
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.stats import median_rel_stderr
 from gpu_runner.worker_common import log, sync
 
 
@@ -119,15 +120,6 @@ def _persisting_l2_reset() -> Any:
     return None
 
 
-def _rel_stderr(samples: list[float]) -> float:
-    n = len(samples)
-    if n < 2:
-        return math.inf
-    mean = sum(samples) / n
-    var = sum((s - mean) ** 2 for s in samples) / (n - 1)
-    return math.sqrt(var) / math.sqrt(n) / mean if mean > 0 else math.inf
-
-
 def _call(tm: Timed, rotation: Rotation, flusher: Flusher, device: torch.device) -> tuple[Any, Any, int]:
     inputs, trial = rotation.load(tm.calls)
     flusher.flush()
@@ -177,7 +169,7 @@ def run_timing(timed: list[Timed], rotation: Rotation, device: torch.device, cfg
                 flusher.reset_persisting()
             spent = time.perf_counter() - timing_started
             if rounds >= cfg["timing_min_reps"]:
-                converged = all(_rel_stderr(tm.samples) <= cfg["timing_target_rel_err"] for tm in timed)
+                converged = all(median_rel_stderr(tm.samples) <= cfg["timing_target_rel_err"] for tm in timed)
                 if converged or rounds >= cfg["timing_max_reps"] or spent > budget:
                     break
             elif spent > 2 * budget and rounds >= 3:

@@ -57,6 +57,9 @@ class TimingStats(Model):
     """Timed calls behind these numbers (after warm-up)."""
     rel_stderr: float
     """Relative standard error of the mean (std / sqrt(reps) / mean)."""
+    median_rel_stderr: float | None = None
+    """Relative standard error of the median, from its distribution-free 95% interval (the
+    repetitions stop once every timed callable's is under the target)."""
     timer: TimerKind
     """The clock that produced the numbers."""
     wall_ms: float | None = None

@@ -13,6 +13,7 @@ from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, Eval
 from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
 from gpu_runner.service import profile_kernels
+from gpu_runner.stats import median_rel_stderr
 from gpu_runner.verdict import guard_finding
 from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
 
@@ -123,12 +124,57 @@ def test_timing_stats_and_speed_of_light() -> None:
     assert stats.median_ms == 2.5
     assert stats.wall_ms == 6.0
     assert stats.reps == 4
+    assert stats.median_rel_stderr is None  # too few samples to bound the median
+    many = timing_stats([1.0, 1.01] * 20, TimerKind.CUDA_EVENT)
+    assert many is not None
+    assert many.median_rel_stderr is not None
+    assert 0 < many.median_rel_stderr < 0.01
     sol = speed_of_light({"flops": 0, "bytes_moved": 4_300_000, "out_dtype": "float32"},
                          {"gbps": 4300.0, "tflops_fp32": 60.0}, None, None, 0.002)  # fmt: skip
     assert sol is not None
     assert sol.limiter == "memory"
     assert sol.bound_ms == pytest.approx(0.001)
     assert sol.fraction == pytest.approx(0.5)
+
+
+def test_median_precision_ignores_outliers_that_the_mean_does_not() -> None:
+    rng = np.random.default_rng(7)
+    normal = rng.normal(100.0, 10.0, size=(400, 400))
+    # Close to the theory for a normal sample (1.2533 sigma / sqrt(n)), a little conservative.
+    est = np.mean([median_rel_stderr(list(row)) * np.median(row) for row in normal])
+    assert 1.2533 * 10 / 20 <= est <= 1.15 * 1.2533 * 10 / 20
+    assert median_rel_stderr([1.0] * 7) == float("inf")
+    assert median_rel_stderr([0.0] * 30) == float("inf")
+    tailed = list(rng.normal(100.0, 1.0, size=300))
+    tailed[::25] = [1000.0] * len(tailed[::25])  # 4% of calls ten times slower
+    mean_rel = np.std(tailed, ddof=1) / np.sqrt(len(tailed)) / np.mean(tailed)
+    assert mean_rel > 0.05
+    assert median_rel_stderr(tailed) < 0.002
+
+
+def test_timing_stops_on_the_medians_precision_despite_outliers() -> None:
+    import time
+
+    import torch
+
+    from gpu_runner.timing import Rotation, Timed, run_timing
+
+    calls = {"n": 0}
+
+    def work(inputs: list[object]) -> object:
+        calls["n"] += 1
+        end = time.perf_counter() + (0.004 if calls["n"] % 10 == 0 else 0.0005)
+        while time.perf_counter() < end:
+            pass
+        return inputs[0]
+
+    cfg = {"timing_budget_s": 20.0, "timing_min_reps": 30, "timing_max_reps": 2000, "timing_target_rel_err": 0.05,
+           "warmup_min_calls": 1, "warmup_min_s": 0.0, "guard_reps": 3, "timing_lead_us": 0.0}  # fmt: skip
+    result = run_timing([Timed("c", work)], Rotation([[torch.zeros(4)]]), torch.device("cpu"), cfg)
+    samples = result["callables"]["c"]["samples"]
+    # Every tenth call is 8x slower: the mean's error stays near 9%, the median's is tiny.
+    assert np.std(samples, ddof=1) / np.sqrt(len(samples)) / np.mean(samples) > 0.05
+    assert result["rounds"] < 200
 
 
 def test_guard_flags_work_hidden_from_the_events() -> None:
