@@ -127,8 +127,7 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         sync(device)
         laps.lap("init_s")
         stage = "forward"
-        ok = _trials(prepared, cand, log, msg, channel, threads0, children0)
-        laps.lap("trials_s")
+        ok = _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
         if ok:
             stage = "timing"
             _timing(prepared, cand, log, msg, channel)
@@ -152,8 +151,16 @@ def _private(msg: dict[str, Any], name: str) -> Any:
 
 
 def _trials(
-    prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], channel: Channel, threads0: int, children0: int
+    prepared: Prepared,
+    cand: Any,
+    log: LaunchLog,
+    msg: dict[str, Any],
+    channel: Channel,
+    threads0: int,
+    children0: int,
+    laps: Laps,
 ) -> bool:
+    """The correctness trials; ``laps`` gets their steps (``trial_*_s``, summed over trials)."""
     device = prepared.device
     recorder = DispatchRecorder(log)
     work = [v.clone() if isinstance(v, torch.Tensor) else v for v in prepared.trials[0]]
@@ -169,6 +176,7 @@ def _trials(
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
         poison_allocator(device, poison)
+        laps.lap("trial_inputs_s")
         log.reset()
         log.recording = True
         t0 = time.perf_counter()
@@ -180,6 +188,7 @@ def _trials(
         snapshot = [o.detach().clone() for o in tensors]
         sync(device)
         elapsed = time.perf_counter() - t0
+        laps.lap("trial_forward_s")
         refs = prepared.ref_outputs[t]
         info: dict[str, Any] = {
             "own_launches": log.own_launches,
@@ -202,8 +211,11 @@ def _trials(
             close_enough(o, r, atol, rtol) for o, r in zip(snapshot, refs, strict=True)
         )
         info["quick_ok"] = quick_ok
+        laps.lap("trial_checks_s")
         metas, blobs = pack(snapshot)
+        laps.lap("trial_pack_s")
         channel.send("trial", blobs=blobs, trial=t, tensors=metas, info=info)
+        laps.lap("trial_send_s")
         violation = (
             info["bad_types"]
             or info["deferred"]
@@ -221,6 +233,7 @@ def _trials(
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - base_mem
         channel.send("memory", peak_bytes=int(peak))
+    laps.lap("trial_inputs_s")
     return all_ok
 
 

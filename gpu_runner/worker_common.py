@@ -85,9 +85,9 @@ class Laps:
         self._mark = time.perf_counter()
 
     def lap(self, name: str) -> None:
-        """Record the time since the previous lap (or the start) as ``name``."""
+        """Add the time since the previous lap (or the start) to ``name``."""
         now = time.perf_counter()
-        self.seconds[name] = now - self._mark
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._mark
         self._mark = now
 
 
