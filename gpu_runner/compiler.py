@@ -27,6 +27,7 @@ import structlog
 
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import WorkerStartError
+from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import GateReport
 from gpu_runner.protocol import FrameError
 from gpu_runner.sandbox import Isolation, Worker, await_ready, chown_tree, spawn_worker
@@ -76,6 +77,8 @@ class Compiler:
         self.tasks: set[asyncio.Task[None]] = set()
         self.reaping: set[asyncio.Task[None]] = set()
         self.target: dict[str, Any] | None = None
+        self.forks: ForkServer | None = None
+        """Where workers are forked from (None: fresh interpreters)."""
         self.closed = False
 
     def warm_count(self) -> int:
@@ -99,7 +102,9 @@ class Compiler:
 
     async def _new_worker(self) -> Worker:
         name = f"compile-{next(_names)}"
-        worker = await spawn_worker("compile", self.device, self.iso, self.cfg.python, self.base, name, self.env(name))
+        worker = await spawn_worker(
+            "compile", self.device, self.iso, self.cfg.python, self.base, name, self.env(name), forks=self.forks
+        )
         try:
             await await_ready(worker, self.cfg.worker_start_timeout_s)
         except BaseException:

@@ -116,6 +116,9 @@ class RunnerConfig:
     """Run workers under ``unshare -n`` where the OS allows it."""
     pid_isolation: bool = True
     """Run workers in their own PID namespace where the OS allows it."""
+    fork_server: bool = True
+    """Fork workers from a server that imported torch, Triton and inductor once (same isolation,
+    no device started in it) instead of starting each from a fresh interpreter."""
     enforce_gate: bool = True
     """Refuse candidates the static gate rejects; ``False`` records findings and runs anyway."""
     worker_nice: int = 10

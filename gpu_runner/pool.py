@@ -27,6 +27,7 @@ import structlog
 
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
+from gpu_runner.forkserver import ForkServer
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.sandbox import Isolation, Worker, await_ready, spawn_worker
@@ -105,6 +106,8 @@ class RunPool:
         """Spares that failed in a row; at ``MAX_SPARE_FAILURES`` no more are started."""
         self.failure: str | None = None
         """Why spares stopped being started (the last failure), once they did."""
+        self.forks: ForkServer | None = None
+        """Where spares are forked from (None: fresh interpreters)."""
         self.closed = False
 
     async def new_worker(self) -> Worker:
@@ -117,7 +120,9 @@ class RunPool:
             task = task_key(self.reference_source) if self.reference_source else None
             tree = self.seeds.get(task) or self.seeds.get(None)
             seed = {"triton": tree} if tree is not None else None
-            worker = await spawn_worker("run", self.device, self.iso, self.cfg.python, self.base, name, extra, seed)
+            worker = await spawn_worker(
+                "run", self.device, self.iso, self.cfg.python, self.base, name, extra, seed, self.forks
+            )
             try:
                 await await_ready(worker, self.cfg.worker_start_timeout_s)
             except BaseException:

@@ -30,6 +30,7 @@ import psutil
 import structlog
 
 from gpu_runner.errors import WorkerStartError
+from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, widen_pipe
 
 logger = structlog.get_logger(__name__)
@@ -244,7 +245,7 @@ class Worker:
     """One sandboxed worker process and its pipes (frames in over ``rfd``, jobs out over ``writer``)."""
 
     mode: str
-    proc: asyncio.subprocess.Process
+    proc: asyncio.subprocess.Process | ForkedProcess
     rfd: int
     writer: asyncio.WriteTransport
     dir: Path
@@ -256,6 +257,8 @@ class Worker:
     dead: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
     reading: Future[tuple[dict[str, Any], list[bytearray]]] | None = None
+    forks: ForkServer | None = None
+    """The fork server this worker was forked from (None: a fresh interpreter)."""
 
     @property
     def pid(self) -> int:
@@ -376,11 +379,14 @@ async def spawn_worker(
     name: str,
     extra_env: dict[str, str],
     seed: dict[str, Path] | None = None,
+    forks: ForkServer | None = None,
 ) -> Worker:
     """Start a worker; it is not ready until its ``ready`` frame arrives (see :func:`await_ready`).
 
     ``seed`` maps sub-directories of the worker's private directory to trees copied in first
-    (e.g. a Triton cache holding the driver build of an earlier, candidate-free worker).
+    (e.g. a Triton cache holding the driver build of an earlier, candidate-free worker). With
+    ``forks`` (a running fork server) the worker is forked from it, with the same isolation;
+    otherwise, or where the server is down, it starts as a fresh interpreter under ``iso.prefix``.
     """
     home = make_private_dir(base, name, iso.uid, iso.gid)
     for sub, tree in (seed or {}).items():
@@ -392,34 +398,49 @@ async def spawn_worker(
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     widen_pipe(out_w)
-    cmd = [
-        *iso.prefix,
-        python,
-        "-X",
-        "faulthandler",  # a crash of the run process leaves its Python stack in the log
-        "-m",
-        "gpu_runner.worker",
-        "--mode",
-        mode,
-        "--device",
-        device,
-        "--in-fd",
-        str(in_r),
-        "--out-fd",
-        str(out_w),
-    ]
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    proc: asyncio.subprocess.Process | ForkedProcess | None = None
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            cwd=home,
-            env=env,
-            start_new_session=True,
-            pass_fds=(in_r, out_w),
-        )
+        if forks is not None and await forks.wait_ready():
+            argv = ["--mode", mode, "--device", device, "--in-fd", str(WORKER_FDS[0]), "--out-fd", str(WORKER_FDS[1])]
+            try:
+                proc = await forks.spawn(
+                    argv,
+                    env,
+                    home,
+                    (in_r, out_w, log_fd),
+                    net=iso.network.startswith("unshare"),
+                    pid_ns=iso.pids.startswith("unshare"),
+                )
+            except OSError as exc:
+                logger.warning("fork_server_unusable", mode=mode, error=str(exc))
+        if proc is None:
+            cmd = [
+                *iso.prefix,
+                python,
+                "-X",
+                "faulthandler",  # a crash of the run process leaves its Python stack in the log
+                "-m",
+                "gpu_runner.worker",
+                "--mode",
+                mode,
+                "--device",
+                device,
+                "--in-fd",
+                str(in_r),
+                "--out-fd",
+                str(out_w),
+            ]
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                cwd=home,
+                env=env,
+                start_new_session=True,
+                pass_fds=(in_r, out_w),
+            )
     except BaseException as exc:
         for fd in (in_r, in_w, out_r, out_w, bulk_fd):
             os.close(fd)
@@ -442,7 +463,9 @@ async def spawn_worker(
         os.close(bulk_fd)
         write_file.close()
         raise
-    return Worker(mode, proc, out_r, transport, home, log_path, env["KF_WORKER_TOKEN"], bulk, bulk_fd)
+    worker = Worker(mode, proc, out_r, transport, home, log_path, env["KF_WORKER_TOKEN"], bulk, bulk_fd)
+    worker.forks = forks if isinstance(proc, ForkedProcess) else None
+    return worker
 
 
 async def await_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:
@@ -451,11 +474,13 @@ async def await_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:
         async with asyncio.timeout(timeout_s):
             header, _ = await worker.recv(1 << 20)
     except (TimeoutError, asyncio.IncompleteReadError, FrameError) as exc:
+        why = f"no ready signal ({type(exc).__name__})"
+    else:
+        why = "" if header.get("kind") == "ready" else f"expected ready, got {header.get('kind')!r}"
+    if worker.forks is not None:
+        worker.forks.worker_started(not why, why)
+    if why:
         await worker.kill(sweep=False)
-        log = worker.log_text()[-3000:]
-        raise WorkerStartError(worker.mode, f"no ready signal ({type(exc).__name__})", log) from None
-    if header.get("kind") != "ready":
-        await worker.kill(sweep=False)
-        raise WorkerStartError(worker.mode, f"expected ready, got {header.get('kind')!r}", worker.log_text()[-3000:])
+        raise WorkerStartError(worker.mode, why, worker.log_text()[-3000:])
     worker.ready = header
     return header

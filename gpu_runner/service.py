@@ -27,6 +27,7 @@ from gpu_runner.compare import compare_trial
 from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import DeviceUnavailable, ServiceClosed
+from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
 from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
@@ -37,9 +38,11 @@ from gpu_runner.sandbox import (
     Worker,
     bulk_root,
     chown_tree,
+    make_private_dir,
     probe_isolation,
     unreachable_by_others,
     without_user,
+    worker_env,
 )
 from gpu_runner.verdict import RunRecord, exit_description
 from schemas import Check, CheckOutcome, DeviceChoice, EvalResult, Severity, StageTimes
@@ -117,8 +120,10 @@ class EvaluationService:
             self.device == "cuda",
         )
         nice = shutil.which("nice")
+        nice_prefix: tuple[str, ...] = ()
         if self.cfg.worker_nice and nice:
-            self.iso = dataclasses.replace(self.iso, prefix=(nice, "-n", str(self.cfg.worker_nice), *self.iso.prefix))
+            nice_prefix = (nice, "-n", str(self.cfg.worker_nice))
+            self.iso = dataclasses.replace(self.iso, prefix=(*nice_prefix, *self.iso.prefix))
         if self.cfg.work_dir is not None:
             self.base = Path(self.cfg.work_dir)
             self.base.mkdir(parents=True, exist_ok=True)
@@ -140,11 +145,12 @@ class EvaluationService:
         self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env, self.gpu)
         software = await asyncio.to_thread(versions, self.cfg.python)
         self.described = describe_device(self.device, target, software)
-        compile_iso = self.iso
+        compile_iso, compile_nice = self.iso, nice_prefix
         if self.cfg.worker_nice and nice:
             # Compiles run below starting spares (nice adds up): on an H200 host a burst of 32
             # compiles on 16 workers stretched spare starts from 8-11 s to 28-38 s, and the GPU
             # waited for spares, while compile capacity was ten times what the GPU could take.
+            compile_nice = (nice, "-n", str(COMPILE_NICE_STEP), *nice_prefix)
             compile_iso = dataclasses.replace(self.iso, prefix=(nice, "-n", str(COMPILE_NICE_STEP), *self.iso.prefix))
         self.compiler = Compiler(
             self.cfg, compile_iso, self.device, self.base, f"{software['torch']} {software['triton']}"
@@ -152,6 +158,9 @@ class EvaluationService:
         self.compiler.target = (
             {k: target[k] for k in ("backend", "arch", "warp")} if self.device == "cuda" and target else None
         )
+        if self.cfg.fork_server:
+            self.runs.forks = self._fork_server("run", nice_prefix, env)
+            self.compiler.forks = self._fork_server("compile", compile_nice, self.compiler.env("forkserver-compile"))
         self.compiler.refill()
         self.runs.refill()
         logger.info(
@@ -162,6 +171,19 @@ class EvaluationService:
             user=self.iso.user,
             spares=self.cfg.spares,
         )
+
+    def _fork_server(self, mode: str, nice_prefix: tuple[str, ...], env: dict[str, str]) -> ForkServer:
+        """Start (in the background) the fork server for workers of ``mode``."""
+        assert self.iso is not None
+        assert self.base is not None
+        name = f"forkserver-{mode}"
+        home = make_private_dir(self.base, name, None, None)
+        # Device checks through NVML, not the CUDA runtime: nothing in the server may start CUDA.
+        server_env = worker_env({**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, home)
+        cmd = [*nice_prefix, self.cfg.python, "-m", "gpu_runner.forkserver", "--mode", mode, "--device", self.device]
+        server = ForkServer(mode, self.device)
+        server.start(cmd, server_env, home, self.base / f"{name}.log", self.cfg.worker_start_timeout_s)
+        return server
 
     async def prepare(self, reference_source: str) -> None:
         """Make the spares task-specific: reference outputs computed before candidates arrive."""
@@ -497,6 +519,9 @@ class EvaluationService:
             await self.runs.close()
         if self.compiler is not None:
             await self.compiler.close()
+        for pool in (self.runs, self.compiler):
+            if pool is not None and pool.forks is not None:
+                await pool.forks.close()
         if self.base is not None:
             await asyncio.to_thread(shutil.rmtree, bulk_root(self.base), True)
         if self._own_base and self.base is not None:

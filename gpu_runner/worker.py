@@ -15,6 +15,34 @@ import sys
 import time
 
 
+def preload(mode: str, device: str) -> None:
+    """Import what a worker of ``mode`` needs, without starting any device (a fork server calls it once)."""
+    import torch
+
+    from gpu_runner import protocol, worker_common  # noqa: F401
+
+    try:
+        import triton  # imported now so a candidate's import costs nothing on the critical path
+        import triton.language  # noqa: F401
+    except ImportError:
+        pass
+    if mode == "run":
+        import torch.profiler  # imported now; CUPTI itself starts only for a job that is profiled
+        import torch.utils.cpp_extension  # the extension loader's (setuptools): not on a job's path
+        from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
+
+        from gpu_runner import worker_candidate, worker_reference  # noqa: F401
+
+        if device == "cuda":
+            try:  # torch.compile's machinery, imported now rather than inside the GPU lease later
+                import torch._dynamo
+                import torch._inductor.compile_fx  # noqa: F401
+            except Exception as exc:  # noqa: BLE001 - the compiled baseline then pays the import; recorded
+                worker_common.log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
+    else:
+        from gpu_runner import compile_stage  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one worker until its single job is done or the parent goes away."""
     parser = argparse.ArgumentParser(prog="gpu_runner.worker")
@@ -32,17 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     channel = Channel(args.in_fd, args.out_fd, os.environ.get("KF_BULK_DIR") or None)
     import_s = time.perf_counter() - started
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    try:
-        import triton  # imported now so a candidate's import costs nothing on the critical path
-        import triton.language  # noqa: F401
-    except ImportError:
+    preload(args.mode, args.device)  # a no-op in a process forked from a fork server that did it
+    if "triton" not in sys.modules:
         log("triton is not importable here")
     # An explicit index: some torch.cuda calls refuse a bare "cuda" device (CUDA_VISIBLE_DEVICES picks the GPU).
     device = torch.device("cuda:0" if args.mode == "run" and args.device == "cuda" else "cpu")
-    if args.mode == "run":
-        import torch.profiler  # imported now; CUPTI itself starts only for a job that is profiled
-        import torch.utils.cpp_extension  # the extension loader's (setuptools): not on a job's path
-        from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
     laps = Laps()
     if device.type == "cuda":
         # No GPU lease here: a context start, Triton's driver and CUPTI's start in another process
@@ -60,15 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
             log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
         laps.lap("triton_driver_s")
-    if args.mode == "run":
-        from gpu_runner import worker_candidate, worker_reference  # noqa: F401
-
-        if device.type == "cuda":
-            try:  # torch.compile's machinery, imported now rather than inside the GPU lease later
-                import torch._dynamo
-                import torch._inductor.compile_fx
-            except Exception as exc:  # noqa: BLE001 - the compiled baseline then pays the import; recorded
-                log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
     channel.send(
         "ready",
         device=device_info(device, interpreter),
