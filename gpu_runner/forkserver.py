@@ -147,6 +147,14 @@ def serve(sock: socket.socket, mode: str, device: str) -> int:
     from gpu_runner import worker
 
     worker.preload(mode, device)
+    nvml_released = _release_nvml()
+    held = _device_files()
+    if held:
+        # A device runtime started here would be broken in every child: refuse, the parent then
+        # starts workers from fresh interpreters.
+        sys.stderr.write(f"fork server: the preload opened GPU device files {held}; refusing to fork\n")
+        _send(sock, {"kind": "refused", "error": f"the preload opened GPU device files {held}"})
+        return 1
     libc = _libc()
     subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     wake_r, wake_w = os.pipe()
@@ -154,7 +162,7 @@ def serve(sock: socket.socket, mode: str, device: str) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send(sock, {"kind": "ready", "pid": os.getpid(), "preload_s": time.perf_counter() - started,
-                 "subreaper": subreaper})  # fmt: skip
+                 "subreaper": subreaper, "nvml_released": nvml_released})  # fmt: skip
     workers: set[int] = set()
     while True:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
@@ -188,6 +196,38 @@ def serve(sock: socket.socket, mode: str, device: str) -> int:
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+def _release_nvml() -> int:
+    """Undo the NVML initialisations of the preload; how many there were.
+
+    torch's NVML-based device check (``PYTORCH_NVML_BASED_CUDA_CHECK``, set for the server so
+    that nothing starts CUDA here) initialises NVML and never shuts it down. NVML's state does
+    not survive a fork: on an H200, a forked worker's first NVML call (the caching allocator's,
+    on running out of device memory) failed an internal assert.
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            if "libnvidia-ml" not in fh.read():
+                return 0
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return 0
+    n = 0
+    while n < 64 and lib.nvmlShutdown() == 0:  # NVML counts initialisations; 0 is NVML_SUCCESS
+        n += 1
+    return n
+
+
+def _device_files() -> list[str]:
+    """GPU device files this process holds open (a started CUDA driver or NVML holds some)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("/dev/nvidia"):
+                held.append(target)
+    return sorted(set(held))
 
 
 def _reap(sock: socket.socket, workers: set[int]) -> None:
@@ -309,10 +349,16 @@ class ForkServer:
                 self.ready = await self._inbox.get()
         except TimeoutError:
             self.ready = {}
+        import structlog  # the parent's side only: the server and its workers never import it
+
+        logger = structlog.get_logger(__name__)
         if self.ready.get("kind") != "ready":
             tail = await asyncio.to_thread(_tail, log_path)
             self.error = f"the fork server did not become ready: {tail.strip() or 'no output'}"
+            logger.warning("fork_server_unusable", mode=self.mode, error=self.error)
             await self.close()
+            return
+        logger.info("fork_server_ready", mode=self.mode, **{k: v for k, v in self.ready.items() if k != "kind"})
 
     def _on_readable(self) -> None:
         """Messages from the server: one JSON object per packet."""
@@ -393,7 +439,10 @@ class ForkServer:
         if ok:
             self.workers_ready += 1
         elif self.workers_ready == 0 and self.error is None:
+            import structlog
+
             self.error = f"its first worker failed to start ({why}); starting fresh interpreters instead"
+            structlog.get_logger(__name__).warning("fork_server_unusable", mode=self.mode, error=self.error)
 
     async def close(self) -> None:
         """Stop the server (its running workers are not touched; they die by their own kill)."""
