@@ -37,9 +37,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written (not the stream of the first call)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def _configure_logging(verbose: bool) -> None:
     structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO if verbose else logging.WARNING),
         cache_logger_on_first_use=False,
     )

@@ -212,9 +212,14 @@ def _trials(
         )
         info["quick_ok"] = quick_ok
         laps.lap("trial_checks_s")
-        metas, blobs = pack(snapshot)
-        laps.lap("trial_pack_s")
-        channel.send("trial", blobs=blobs, trial=t, tensors=metas, info=info)
+        filled = prepared.slots.fill(t, snapshot) if prepared.slots is not None else None
+        if filled is None:
+            metas, blobs = pack(snapshot)
+            laps.lap("trial_pack_s")
+            channel.send("trial", blobs=blobs, trial=t, tensors=metas, info=info)
+        else:
+            laps.lap("trial_pack_s")
+            channel.send_bulk("trial", filled[1], trial=t, tensors=filled[0], info=info)
         laps.lap("trial_send_s")
         violation = (
             info["bad_types"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import Channel, Laps, flatten_outputs, log, pack, sync
+from gpu_runner.worker_common import Channel, Laps, OutputSlots, flatten_outputs, log, pack, sync
 
 REFERENCE_FILENAME = "<kfoundry-reference>"
 
@@ -40,6 +40,8 @@ class Prepared:
     out_nbytes: int = 0
     in_nbytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    slots: OutputSlots | None = None
+    """Host buffers the candidate's trial outputs are copied into (None: they are packed and sent)."""
 
 
 def load_module(source: str, filename: str, name: str) -> dict[str, Any]:
@@ -166,6 +168,12 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         channel.send("reference", blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
     del shipments
     laps.lap("ship_s")
+    if channel.bulk_dir:
+        try:
+            prepared.slots = OutputSlots(channel.bulk_dir, ref_outputs, device)
+        except (OSError, RuntimeError, ValueError) as exc:  # the trials then pack and send as before
+            log(f"output slots unavailable: {type(exc).__name__}: {exc}")
+        laps.lap("slots_s")
     params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
     channel.send(
         "prepared",

@@ -234,6 +234,36 @@ def test_bulk_files_are_read_once_and_refused_when_forged(tmp_path: Path) -> Non
         os.close(dir_fd)
 
 
+def test_output_slots_carry_a_trials_outputs_as_bulk_files(tmp_path: Path) -> None:
+    """Trial outputs copied into pre-made files arrive at the parent exactly as packed ones do."""
+    import torch
+
+    from gpu_runner.protocol import read_bulk
+    from gpu_runner.worker_common import OutputSlots, pack
+
+    refs = [[torch.zeros(3, 5), torch.zeros(7, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64)]] * 2
+    slots = OutputSlots(str(tmp_path), refs, torch.device("cpu"))
+    outs = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.tensor([4, -9])]
+    filled = slots.fill(1, outs)
+    assert filled is not None
+    metas, bulk = filled
+    assert metas == pack(outs)[0]
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        blobs = read_bulk(dir_fd, bulk, 1 << 20)
+        for meta, blob, out in zip(metas, blobs, outs, strict=True):
+            assert np.array_equal(
+                tensor_from_wire(meta, blob), out.float().numpy() if out.is_floating_point() else out.numpy()
+            )
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["slot0_0", "slot0_1", "slot0_2"]  # trial 1's read
+    finally:
+        os.close(dir_fd)
+    # Outputs that differ from the reference's in shape or dtype, or in number, go the usual way.
+    assert slots.fill(0, [torch.zeros(5, 3), outs[1], outs[2]]) is None
+    assert slots.fill(0, [outs[0].double(), outs[1], outs[2]]) is None
+    assert slots.fill(0, [*outs, torch.zeros(1)]) is None
+
+
 def test_kernel_profile_only_where_launch_hooks_cannot_see() -> None:
     triton_only = "import triton\n@triton.jit\ndef k(x): pass\n"
     assert profile_kernels("cuda", triton_only, {}, True)[0] is False
