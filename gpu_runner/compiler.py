@@ -218,7 +218,7 @@ class Compiler:
                     },
                 )
             finally:
-                tree = await asyncio.to_thread(worker.terminate)
+                tree = worker.terminate()
                 self._reap(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
             seconds = time.perf_counter() - started
             return await asyncio.to_thread(self._store, worker, header, entry, seconds)
