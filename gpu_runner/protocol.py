@@ -193,12 +193,17 @@ class _Source:
 
 
 def read_frame(
-    fd: int, max_blob: int = 1 << 40, stop: threading.Event | None = None, bulk_fd: int | None = None
+    fd: int,
+    max_blob: int = 1 << 40,
+    stop: threading.Event | None = None,
+    bulk_fd: int | None = None,
+    defer_bulk: bool = False,
 ) -> tuple[dict[str, Any], list[bytearray]]:
     """Read one frame from a blocking file descriptor (with its bulk blobs when ``bulk_fd`` is given).
 
-    Raises :class:`EOFError` when the stream ends (or ``stop`` is set) and :class:`FrameError`
-    when the frame is malformed or too large.
+    With ``defer_bulk`` a frame's bulk references stay in its header (``"bulk"``), unread, for
+    the caller to read with :func:`read_bulk` later. Raises :class:`EOFError` when the stream
+    ends (or ``stop`` is set) and :class:`FrameError` when the frame is malformed or too large.
     """
     src = _Source(fd, stop)
     (size,) = _LEN.unpack(src.exact(_LEN.size))
@@ -214,6 +219,8 @@ def read_frame(
     if "bulk" in header:
         if bulk_fd is None or blobs:
             raise FrameError("unexpected bulk references")
+        if defer_bulk:
+            return header, []
         blobs = read_bulk(bulk_fd, header.pop("bulk"), max_blob)
         header["blobs"] = len(blobs)
     return header, blobs

@@ -32,7 +32,7 @@ import structlog
 
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer
-from gpu_runner.protocol import FrameError, encode_frame, read_frame, widen_pipe
+from gpu_runner.protocol import FrameError, encode_frame, read_bulk, read_frame, widen_pipe
 
 logger = structlog.get_logger(__name__)
 
@@ -270,6 +270,8 @@ class Worker:
     reading: Future[tuple[dict[str, Any], list[bytearray]]] | None = None
     forks: ForkServer | None = None
     """The fork server this worker was forked from (None: a fresh interpreter)."""
+    bulk_reads: list[Future[list[bytearray]]] = field(default_factory=list)
+    """Bulk files being read in the background (see :meth:`recv_deferring_bulk`)."""
 
     @property
     def pid(self) -> int:
@@ -295,6 +297,31 @@ class Worker:
             return await asyncio.wrap_future(self.reading)
         except EOFError:
             raise asyncio.IncompleteReadError(b"", None) from None
+
+    async def recv_deferring_bulk(self, max_blob: int) -> tuple[dict[str, Any], Future[list[bytearray]] | None]:
+        """The next frame, its bulk files (if any) read in the background: the future of their blobs.
+
+        The parent then takes the worker's next frame at once instead of after copying tens of
+        megabytes (on the H200 that copying held the GPU window open 0.6-1.3 s per candidate).
+        The files stay in the parent-held directory until read; :meth:`reap` waits for the reads
+        before removing it.
+        """
+        if self.reading is not None and not self.reading.done():
+            raise FrameError("a read of this worker is still in flight")
+        if self.dead:
+            raise asyncio.IncompleteReadError(b"", None)
+        bulk_fd = self.bulk_fd if self.bulk_fd >= 0 else None
+        self.reading = _READERS.submit(read_frame, self.rfd, max_blob, self.stop, bulk_fd, True)
+        try:
+            header, _ = await asyncio.wrap_future(self.reading)
+        except EOFError:
+            raise asyncio.IncompleteReadError(b"", None) from None
+        if "bulk" not in header:
+            return header, None
+        refs = header.pop("bulk")
+        later = _READERS.submit(read_bulk, self.bulk_fd, refs, max_blob)
+        self.bulk_reads.append(later)
+        return header, later
 
     def log_text(self, keep: int = 1 << 16) -> str:
         """Head and tail of the worker's log (a candidate may have printed gigabytes)."""
@@ -337,6 +364,9 @@ class Worker:
         if self.reading is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(self.reading)  # ends within a poll interval of ``stop``
+        for pending in self.bulk_reads:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(pending)
         if self.rfd >= 0:
             os.close(self.rfd)
             self.rfd = -1

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Coroutine
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import psutil
 import structlog
 
 from gpu_runner.assemble import Collected, build, rejected_by_gate
-from gpu_runner.compare import compare_trial
+from gpu_runner.compare import TrialCheck, compare_trial
 from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import DeviceUnavailable, ServiceClosed
@@ -394,7 +395,14 @@ class EvaluationService:
                 **marks,
             )
         if c.compares:
-            record.trial_checks = list(await asyncio.gather(*c.compares))
+            outcomes = await asyncio.gather(*c.compares, return_exceptions=True)
+            bad = next((o for o in outcomes if isinstance(o, FrameError)), None)
+            if bad is not None:
+                record.error = {"stage": "forward", "etype": "FrameError", "message": f"the run process sent {bad}"}
+            for o in outcomes:
+                if isinstance(o, BaseException) and not isinstance(o, FrameError):
+                    raise o
+            record.trial_checks = [o for o in outcomes if isinstance(o, TrialCheck)]
         measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
         if record.timing is not None:
             measured += float(record.timing.get("elapsed_s", 0.0))
@@ -422,17 +430,27 @@ class EvaluationService:
         assert c.record is not None
         while True:
             try:
-                header, blobs = await worker.recv(max_blob)
+                header, later = await worker.recv_deferring_bulk(max_blob)
             except asyncio.IncompleteReadError:
                 await worker.proc.wait()
                 c.record.died = exit_description(worker.proc.returncode)
                 return False
             if until is not None and header.get("kind") == until:
                 return True
-            if not await self._absorb(header, blobs, c, spare):
+            blobs: list[bytearray] = []
+            if later is not None and header.get("kind") != "trial":  # only trial outputs wait
+                blobs, later = await asyncio.wrap_future(later), None
+            if not await self._absorb(header, blobs, c, spare, later):
                 return False
 
-    async def _absorb(self, header: dict[str, Any], blobs: list[bytearray], c: Collected, spare: Spare) -> bool:
+    async def _absorb(
+        self,
+        header: dict[str, Any],
+        blobs: list[bytearray],
+        c: Collected,
+        spare: Spare,
+        later: Future[list[bytearray]] | None = None,
+    ) -> bool:
         record, ref = c.record, spare.reference
         assert record is not None
         assert ref is not None
@@ -450,22 +468,13 @@ class EvaluationService:
             )
         elif kind == "trial":
             t = int(header["trial"])
-            cand = decode_outputs(header, blobs)
+            if not 0 <= t < len(ref.outputs):
+                raise FrameError(f"trial {t} does not exist")
             dtypes = [str(m.get("dtype")) for m in header.get("tensors", [])]
             residuals = ref.residuals[t] if t < len(ref.residuals) else None
-            # Compared in a thread while the worker goes on (and after the GPU is released):
-            # ``_run`` gathers every comparison before the verdict.
-            compare = asyncio.to_thread(
-                compare_trial,
-                cand,
-                dtypes,
-                ref.outputs[t],
-                ref.dtypes[t],
-                residuals,
-                dict(self.cfg.tolerances),
-                dict(self.cfg.precision_floors),
-                self.cfg.precision_factor,
-            )
+            # Read (bulk files) and compared in threads while the worker goes on, and after the
+            # GPU is released: ``_run`` gathers every comparison before the verdict.
+            compare = self._compare(header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals)
             c.compares.append(asyncio.create_task(compare))
             record.trial_infos.append({"trial": t, **header.get("info", {})})
         elif kind == "memory":
@@ -481,6 +490,31 @@ class EvaluationService:
             record.done = header
             return False
         return True
+
+    async def _compare(
+        self,
+        header: dict[str, Any],
+        blobs: list[bytearray],
+        later: Future[list[bytearray]] | None,
+        dtypes: list[str],
+        ref_outputs: list[Any],
+        ref_dtypes: list[str],
+        residuals: list[Any] | None,
+    ) -> TrialCheck:
+        if later is not None:
+            blobs = await asyncio.wrap_future(later)
+        cand = decode_outputs(header, blobs)
+        return await asyncio.to_thread(
+            compare_trial,
+            cand,
+            dtypes,
+            ref_outputs,
+            ref_dtypes,
+            residuals,
+            dict(self.cfg.tolerances),
+            dict(self.cfg.precision_floors),
+            self.cfg.precision_factor,
+        )
 
     def _stage_files(self, spare: Spare, c: Collected) -> dict[str, str]:
         assert c.compile is not None
