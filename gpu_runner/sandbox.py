@@ -339,26 +339,28 @@ class Worker:
         cut = f"\n... [{size - 2 * keep} bytes of log cut] ...\n"
         return head.decode(errors="replace") + cut + tail.decode(errors="replace")
 
-    def terminate(self) -> list[psutil.Process]:
-        """SIGKILL the worker's group and every descendant now (blocking, quick); returns them to reap.
+    def terminate(self) -> list[int]:
+        """SIGKILL the worker's group and every descendant now (blocking, quick); returns their pids to reap.
 
         After this returns nothing of the candidate runs any more; the kernel may still be
-        tearing the processes down, which :meth:`reap` waits for.
+        tearing the processes down, which :meth:`reap` waits for. Only the worker's own tree is
+        read from ``/proc`` (a scan of every process, psutil's way, stalled for seconds on the
+        H200 host while other killed CUDA processes were being torn down).
         """
         if self.dead:
             return []
         self.dead = True
-        tree = _descendants(self.proc.pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        for proc in tree:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
+        tree = _descendants(self.proc.pid)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         self.stop.set()
         self.writer.close()
         return tree
 
-    async def reap(self, tree: list[psutil.Process], sweep: bool) -> None:
+    async def reap(self, tree: list[int], sweep: bool) -> None:
         """Wait until the killed processes are gone (and sweep escapees when there is no PID namespace)."""
         await self.proc.wait()
         if self.reading is not None:
@@ -377,7 +379,7 @@ class Worker:
             await _waiting(shutil.rmtree, self.bulk, True)
         await asyncio.sleep(0)  # let the write transport's close callback run before the loop may end
         if tree:
-            await _waiting(psutil.wait_procs, tree, 10)
+            await _waiting(_wait_gone, tree, 10.0)
         if sweep:
             await _waiting(sweep_token, self.token)
 
@@ -387,12 +389,42 @@ class Worker:
         await self.reap(tree, sweep)
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
-    """Every process below ``pid`` (to kill and then wait for, so none is still exiting afterwards)."""
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from its tree's ``/proc/*/task/*/children`` (psutil where absent)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except OSError:
+                if parent == pid and not os.path.exists(f"/proc/{pid}/task/{tid}/children"):
+                    return _descendants_psutil(pid)  # a kernel without the children files
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found
+
+
+def _descendants_psutil(pid: int) -> list[int]:
     try:
-        return list(psutil.Process(pid).children(recursive=True))
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    psutil.wait_procs(procs, timeout_s)
 
 
 def sweep_token(token: str) -> int:

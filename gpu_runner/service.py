@@ -20,7 +20,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import psutil
 import structlog
 
 from gpu_runner.assemble import Collected, build, rejected_by_gate
@@ -344,7 +343,7 @@ class EvaluationService:
         max_blob = 8 * 4 * biggest + (1 << 20)
         stage, waited, held = "start", 0.0, None
         marks: dict[str, float] = {}
-        tree: list[psutil.Process] | None = None
+        tree: list[int] | None = None
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(budget):
@@ -375,6 +374,7 @@ class EvaluationService:
                         # of exclusive GPU per candidate on an H200; it is reaped in the background.)
                         tree = worker.terminate()  # inline: a few ms, and no queue to wait in
                         held = time.perf_counter() - t_go
+                        marks["killed"] = time.perf_counter() - t0
         except TimeoutError:
             record.timed_out = True
             c.timed_out = f"the evaluation exceeded {job.timeout_s:g} s (after {stage})"
