@@ -57,8 +57,13 @@ def _copy_if_absent(src: str, dst: str) -> str:
     return str(shutil.copy2(src, dst))
 
 
-COMPILE_NICE_STEP = 5
-"""How much lower than run workers (``worker_nice``) compile workers run."""
+COMPILE_NICE_STEP = 0
+"""How much lower than run workers (``worker_nice``) compile workers run (nice values add up).
+
+It was 5 while spares started from fresh interpreters: a burst of 32 compiles on 16 workers
+then stretched spare starts from 8-11 s to 28-38 s on an H200 host, and the GPU waited for
+spares. With forked spares (0.6 s to start) the GPU waited for compiles instead: in the
+stream, a compile took 17 s against 1.9 s alone, starved by 16 spares preparing."""
 
 
 def _numbers(value: object, limit: int = 16) -> dict[str, float]:
@@ -146,10 +151,7 @@ class EvaluationService:
         software = await asyncio.to_thread(versions, self.cfg.python)
         self.described = describe_device(self.device, target, software)
         compile_iso, compile_nice = self.iso, nice_prefix
-        if self.cfg.worker_nice and nice:
-            # Compiles run below starting spares (nice adds up): on an H200 host a burst of 32
-            # compiles on 16 workers stretched spare starts from 8-11 s to 28-38 s, and the GPU
-            # waited for spares, while compile capacity was ten times what the GPU could take.
+        if self.cfg.worker_nice and nice and COMPILE_NICE_STEP:
             compile_nice = (nice, "-n", str(COMPILE_NICE_STEP), *nice_prefix)
             compile_iso = dataclasses.replace(self.iso, prefix=(nice, "-n", str(COMPILE_NICE_STEP), *self.iso.prefix))
         self.compiler = Compiler(

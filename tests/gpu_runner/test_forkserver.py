@@ -179,12 +179,13 @@ async def test_the_service_forks_its_workers_or_starts_fresh_ones(tmp_path: Path
         assert compiles is not None
         assert runs.workers_ready >= 1, runs.error  # (Triton needs no compile worker on the CPU)
         assert compiles.alive, compiles.error
-        # The servers (and so every worker forked from them) run at the workers' niceness:
-        # compile workers 5 steps below run workers.
+        # The servers (and so every worker forked from them) run at the workers' niceness.
+        from gpu_runner.service import COMPILE_NICE_STEP
+
         assert runs.proc is not None
         assert compiles.proc is not None
         nice = service.cfg.worker_nice
         assert psutil.Process(runs.proc.pid).nice() == nice
-        assert psutil.Process(compiles.proc.pid).nice() == min(19, nice + 5)
+        assert psutil.Process(compiles.proc.pid).nice() == min(19, nice + COMPILE_NICE_STEP)
     finally:
         await service.aclose()
