@@ -16,8 +16,10 @@ is a new single-use worker exactly as a fresh interpreter would be, with:
 
 The server is a child subreaper: a process that escapes its worker's tree (the worker died
 under it) is re-parented to the server, which kills it. It reports every child's exit status to
-the parent. The parent's side is :class:`ForkServer`; requests and replies are JSON lines on a
-Unix socket, the pipe ends and log travel as passed file descriptors (``SCM_RIGHTS``).
+the parent. The parent's side is :class:`ForkServer`; requests and replies are JSON objects, one
+per packet of a Unix ``SOCK_SEQPACKET`` socket pair; the pipe ends and log travel as passed file
+descriptors (``SCM_RIGHTS``). The server holds nothing secret: its environment is the workers'
+whitelisted one and it never runs a candidate, so a forked worker inherits no other's state.
 """
 
 from __future__ import annotations
