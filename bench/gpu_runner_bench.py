@@ -43,6 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psutil
+
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.gate import check_candidate
 from gpu_runner.service import EvaluationService
@@ -221,6 +223,7 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
         before = svc.gpu.usage()
         spares_before = svc.runs.prepared if svc.runs is not None else 0
         done_at: list[float] = []
+        cpu_before, own_before = psutil.cpu_times(), os.times()
 
         async def timed_eval(j: EvalJob) -> EvalResult:
             r = await svc.evaluate(j)
@@ -231,6 +234,7 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
         results = await asyncio.gather(*(timed_eval(j) for j in stream))
         wall = time.perf_counter() - t0
         after = svc.gpu.usage()
+        cpu_after, own_after = psutil.cpu_times(), os.times()
         rows.extend(stream_rows(results, done_at, t0, wall, cfg.compile_workers))
         use = {k: after[k] - before[k] for k in before}
         n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
@@ -238,6 +242,15 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
             (
                 "  GPU during the stream: candidates alone / spares together / idle",
                 f"{use['exclusive']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s ({n_spares} spares prepared)",
+            )
+        )
+        busy = sum(getattr(cpu_after, k) - getattr(cpu_before, k) for k in ("user", "nice", "system", "irq", "softirq"))
+        own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
+        cores = os.cpu_count() or 1
+        rows.append(
+            (
+                "  host CPU during the stream: busy / of which this process",
+                f"{busy / (wall * cores):.0%} of {cores} cores / {own:.1f} core-s ({own / wall:.2f} cores)",
             )
         )
     log("stream done")

@@ -184,9 +184,12 @@ class Compiler:
     async def _compile(
         self, candidate: str, reference: str, gate: GateReport, timeout_s: float, entry: Path
     ) -> CompileOutcome:
+        queued = time.perf_counter()
         async with self.sem:
             started = time.perf_counter()
+            warm = bool(self.idle)
             worker = self.idle.pop() if self.idle else await self._new_worker()
+            got_worker = time.perf_counter()
             self.refill()
             try:
                 header = await self._run(worker, candidate, reference, gate, timeout_s)
@@ -221,7 +224,18 @@ class Compiler:
                 tree = worker.terminate()
                 self._reap(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
             seconds = time.perf_counter() - started
-            return await asyncio.to_thread(self._store, worker, header, entry, seconds)
+            outcome = await asyncio.to_thread(self._store, worker, header, entry, seconds)
+            # Where a compile's time goes (for throughput work): the queue for a worker slot, a
+            # worker's start when none was warm, the worker's own run, and storing the result.
+            logger.debug(
+                "compile phases",
+                queued_s=round(started - queued, 3),
+                worker_start_s=round(got_worker - started, 3),
+                warm=warm,
+                in_worker_s=round(float(header.get("elapsed_s", 0.0)), 3),
+                total_s=round(time.perf_counter() - queued, 3),
+            )
+            return outcome
 
     async def _run(
         self, worker: Worker, candidate: str, reference: str, gate: GateReport, timeout_s: float
