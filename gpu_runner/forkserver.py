@@ -79,7 +79,7 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         os.dup2(null, 0)
         os.dup2(in_fd, WORKER_FDS[0])
         os.dup2(out_fd, WORKER_FDS[1])
-        os.closerange(max(WORKER_FDS) + 1, os.sysconf("SC_OPEN_MAX"))  # the server's socket and every other fd
+        _close_fds_from(max(WORKER_FDS) + 1)  # the server's socket and every other fd
         os.environ.clear()
         os.environ.update(req["env"])
         os.chdir(req["cwd"])
@@ -114,11 +114,24 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         os._exit(code if isinstance(code, int) else 1)
 
 
+def _close_fds_from(low: int) -> None:
+    """Close every open file descriptor >= ``low`` (those listed in /proc; a bounded range otherwise)."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(low, min(os.sysconf("SC_OPEN_MAX"), 1 << 16))
+        return
+    for fd in fds:
+        if fd >= low:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _mirror(pid: int) -> None:
     """The PID namespace's outer process: wait for the worker and exit as it did (never returns)."""
     import resource
 
-    os.closerange(WORKER_FDS[0], os.sysconf("SC_OPEN_MAX"))  # the parent sees the pipes close when the worker's do
+    _close_fds_from(WORKER_FDS[0])  # the parent sees the pipes close when the worker's do
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
