@@ -153,7 +153,7 @@ def _mirror(pid: int) -> None:
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall(json.dumps(message).encode() + b"\n")
+    sock.sendall(json.dumps(message).encode())  # one packet per message
 
 
 def serve(sock: socket.socket, mode: str, device: str) -> int:
@@ -181,10 +181,10 @@ def serve(sock: socket.socket, mode: str, device: str) -> int:
     workers: set[int] = set()
     while True:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        if wake_r in readable:
+        if wake_r in readable:  # a child exited (SIGCHLD)
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 4096)
-        _reap(sock, workers)
+            _reap(sock, workers)
         if sock.fileno() not in readable:
             continue
         try:
@@ -257,18 +257,26 @@ def _reap(sock: socket.socket, workers: set[int]) -> None:
         if pid in workers:
             workers.discard(pid)
             _send(sock, {"kind": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
-    for pid in _children() - workers:
+    for pid in set(proc_children(os.getpid()) or []) - workers:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
 
-def _children() -> set[int]:
-    import psutil
-
+def proc_children(pid: int) -> list[int] | None:
+    """The direct children of ``pid`` from ``/proc/<pid>/task/*/children``: read only that
+    process's files (a scan of every process, psutil's way, stalled for seconds on the H200 host
+    while killed CUDA processes were torn down); None where the kernel has no such files."""
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return None if os.path.exists(f"/proc/{pid}") else []
+    kids: list[int] = []
     try:
-        return {p.pid for p in psutil.Process().children()}
-    except psutil.Error:
-        return set()
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as fh:
+            kids.extend(int(k) for k in fh.read().split())
+    return kids
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,9 +317,8 @@ class ForkedProcess:
 class ForkServer:
     """The parent's handle on one fork server (one per worker mode)."""
 
-    def __init__(self, mode: str, device: str) -> None:
+    def __init__(self, mode: str) -> None:
         self.mode = mode
-        self.device = device
         self.proc: asyncio.subprocess.Process | None = None
         self.sock: socket.socket | None = None
         self.ready: dict[str, Any] = {}

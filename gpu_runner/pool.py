@@ -164,6 +164,7 @@ class RunPool:
             prepare_s=round(time.perf_counter() - started, 3),
             lease_s=round(data.lease_s, 3),
             phases={k: round(float(v), 3) for k, v in phases.items()},
+            output_slots=data.info.get("output_slots"),
         )
 
     async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:

@@ -59,7 +59,12 @@ class WireTensor:
 
     def meta(self) -> dict[str, Any]:
         """The JSON part describing this tensor."""
-        return {"dtype": self.dtype, "shape": list(self.shape), "nbytes": memoryview(self.data).nbytes}
+        return tensor_meta(self.dtype, self.shape, memoryview(self.data).nbytes)
+
+
+def tensor_meta(dtype: str, shape: Sequence[int], nbytes: int) -> dict[str, Any]:
+    """The JSON part describing a tensor on the wire (its bytes travel apart)."""
+    return {"dtype": dtype, "shape": list(shape), "nbytes": nbytes}
 
 
 PIPE_BYTES = 1 << 20

@@ -31,7 +31,7 @@ import psutil
 import structlog
 
 from gpu_runner.errors import WorkerStartError
-from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer
+from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
 from gpu_runner.protocol import FrameError, encode_frame, read_bulk, read_frame, widen_pipe
 
 logger = structlog.get_logger(__name__)
@@ -238,8 +238,9 @@ def chown_tree(path: Path, uid: int | None, gid: int | None) -> None:
 
 _WAITERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="kf-reap")
 """Threads that wait for killed workers to go (a CUDA process takes seconds to tear down) and
-clean up after them: kept out of the event loop's default executor, where a burst of them
-queued other work (a worker's kill inside the GPU window waited 1.4-2.5 s on an H200)."""
+clean up after them, so a burst of such waits does not hold the event loop's default executor
+(which the comparisons use). Not shown to matter: the slow kills seen on the H200 came from
+psutil's scan of every process, see :meth:`Worker.terminate`."""
 
 
 async def _waiting(fn: Any, *args: Any) -> Any:
@@ -281,18 +282,19 @@ class Worker:
     async def send(self, header: dict[str, Any]) -> None:
         self.writer.write(encode_frame(header))
 
-    async def recv(self, max_blob: int) -> tuple[dict[str, Any], list[bytearray]]:
+    async def recv(self, max_blob: int, defer_bulk: bool = False) -> tuple[dict[str, Any], list[bytearray]]:
         """The next frame; ``asyncio.IncompleteReadError`` when the worker is gone.
 
-        A cancelled ``recv`` leaves its read running until the worker is terminated; the worker
-        is never read from again after that.
+        With ``defer_bulk`` the frame's bulk references stay unread in its header (see
+        :meth:`recv_deferring_bulk`). A cancelled ``recv`` leaves its read running until the
+        worker is terminated; the worker is never read from again after that.
         """
         if self.reading is not None and not self.reading.done():
             raise FrameError("a read of this worker is still in flight")
         if self.dead:
             raise asyncio.IncompleteReadError(b"", None)
         bulk_fd = self.bulk_fd if self.bulk_fd >= 0 else None
-        self.reading = _READERS.submit(read_frame, self.rfd, max_blob, self.stop, bulk_fd)
+        self.reading = _READERS.submit(read_frame, self.rfd, max_blob, self.stop, bulk_fd, defer_bulk)
         try:
             return await asyncio.wrap_future(self.reading)
         except EOFError:
@@ -306,20 +308,10 @@ class Worker:
         The files stay in the parent-held directory until read; :meth:`reap` waits for the reads
         before removing it.
         """
-        if self.reading is not None and not self.reading.done():
-            raise FrameError("a read of this worker is still in flight")
-        if self.dead:
-            raise asyncio.IncompleteReadError(b"", None)
-        bulk_fd = self.bulk_fd if self.bulk_fd >= 0 else None
-        self.reading = _READERS.submit(read_frame, self.rfd, max_blob, self.stop, bulk_fd, True)
-        try:
-            header, _ = await asyncio.wrap_future(self.reading)
-        except EOFError:
-            raise asyncio.IncompleteReadError(b"", None) from None
+        header, _ = await self.recv(max_blob, defer_bulk=True)
         if "bulk" not in header:
             return header, None
-        refs = header.pop("bulk")
-        later = _READERS.submit(read_bulk, self.bulk_fd, refs, max_blob)
+        later = _READERS.submit(read_bulk, self.bulk_fd, header.pop("bulk"), max_blob)
         self.bulk_reads.append(later)
         return header, later
 
@@ -390,33 +382,19 @@ class Worker:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, from its tree's ``/proc/*/task/*/children`` (psutil where absent)."""
+    """Every process below ``pid``: its tree's ``/proc`` children files (psutil where absent)."""
     found: list[int] = []
     todo = [pid]
     while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
+        kids = proc_children(todo.pop())
+        if kids is None:
             try:
-                with open(f"/proc/{parent}/task/{tid}/children") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except OSError:
-                if parent == pid and not os.path.exists(f"/proc/{pid}/task/{tid}/children"):
-                    return _descendants_psutil(pid)  # a kernel without the children files
-                continue
-            found.extend(kids)
-            todo.extend(kids)
+                return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+            except psutil.Error:
+                return []
+        found.extend(kids)
+        todo.extend(kids)
     return found
-
-
-def _descendants_psutil(pid: int) -> list[int]:
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
 
 
 def _wait_gone(pids: list[int], timeout_s: float) -> None:

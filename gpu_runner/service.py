@@ -57,15 +57,6 @@ def _copy_if_absent(src: str, dst: str) -> str:
     return str(shutil.copy2(src, dst))
 
 
-COMPILE_NICE_STEP = 0
-"""How much lower than run workers (``worker_nice``) compile workers run (nice values add up).
-
-It was 5 while spares started from fresh interpreters: a burst of 32 compiles on 16 workers
-then stretched spare starts from 8-11 s to 28-38 s on an H200 host, and the GPU waited for
-spares. With forked spares (0.6 s to start) the GPU waited for compiles instead: in the
-stream, a compile took 17 s against 1.9 s alone, starved by 16 spares preparing."""
-
-
 def _numbers(value: object, limit: int = 16) -> dict[str, float]:
     """A worker's ``{name: seconds}`` for the logs: only numbers, a few, short names (the worker
     may have run a candidate that rewrote what it sends)."""
@@ -150,19 +141,18 @@ class EvaluationService:
         self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env, self.gpu)
         software = await asyncio.to_thread(versions, self.cfg.python)
         self.described = describe_device(self.device, target, software)
-        compile_iso, compile_nice = self.iso, nice_prefix
-        if self.cfg.worker_nice and nice and COMPILE_NICE_STEP:
-            compile_nice = (nice, "-n", str(COMPILE_NICE_STEP), *nice_prefix)
-            compile_iso = dataclasses.replace(self.iso, prefix=(nice, "-n", str(COMPILE_NICE_STEP), *self.iso.prefix))
+        # Compile workers run at the run workers' niceness. (Five steps below them, tried while
+        # spares started from fresh interpreters, made no difference to the stream once spares
+        # were forked: 0.309 cand/s either way, runs M and N in bench/results/gpu_runner_h200.txt.)
         self.compiler = Compiler(
-            self.cfg, compile_iso, self.device, self.base, f"{software['torch']} {software['triton']}"
+            self.cfg, self.iso, self.device, self.base, f"{software['torch']} {software['triton']}"
         )
         self.compiler.target = (
             {k: target[k] for k in ("backend", "arch", "warp")} if self.device == "cuda" and target else None
         )
         if self.cfg.fork_server:
             self.runs.forks = self._fork_server("run", nice_prefix, env)
-            self.compiler.forks = self._fork_server("compile", compile_nice, self.compiler.env("forkserver-compile"))
+            self.compiler.forks = self._fork_server("compile", nice_prefix, self.compiler.env("forkserver-compile"))
         self.compiler.refill()
         self.runs.refill()
         logger.info(
@@ -183,7 +173,7 @@ class EvaluationService:
         # Device checks through NVML, not the CUDA runtime: nothing in the server may start CUDA.
         server_env = worker_env({**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, home)
         cmd = [*nice_prefix, self.cfg.python, "-m", "gpu_runner.forkserver", "--mode", mode, "--device", self.device]
-        server = ForkServer(mode, self.device)
+        server = ForkServer(mode)
         server.start(cmd, server_env, home, self.base / f"{name}.log", self.cfg.worker_start_timeout_s)
         return server
 
@@ -374,7 +364,7 @@ class EvaluationService:
                         # Killed while the GPU is still ours: nothing the candidate left running
                         # reaches the next timing. (Waiting for its CUDA teardown here cost 1.9 s
                         # of exclusive GPU per candidate on an H200; it is reaped in the background.)
-                        tree = worker.terminate()  # inline: a few ms, and no queue to wait in
+                        tree = worker.terminate()  # inline: 0.01-0.1 s on the H200 (run M)
                         held = time.perf_counter() - t_go
                         marks["killed"] = time.perf_counter() - t0
         except TimeoutError:

@@ -238,7 +238,7 @@ def _trials(
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - base_mem
         channel.send("memory", peak_bytes=int(peak))
-    laps.lap("trial_inputs_s")
+    laps.lap("trial_memory_s")
     return all_ok
 
 

@@ -17,7 +17,16 @@ from typing import Any
 import torch
 
 from gpu_runner.probe import cpu_name
-from gpu_runner.protocol import BULK_MIN_BYTES, WIRE_DTYPES, Blob, WireTensor, read_frame, write_bulk, write_frame
+from gpu_runner.protocol import (
+    BULK_MIN_BYTES,
+    WIRE_DTYPES,
+    Blob,
+    WireTensor,
+    read_frame,
+    tensor_meta,
+    write_bulk,
+    write_frame,
+)
 
 # Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s: fp32 without tensor cores, 16-bit with).
 PEAKS: tuple[tuple[str, float, float, float], ...] = (
@@ -128,19 +137,21 @@ class OutputSlots:
     the file names; the parent reads them as any bulk file. On the H200, copying 64 MB outputs
     to fresh host memory and writing them to tmpfs took 0.5-1.2 s of the GPU window per
     candidate. Outputs that do not match the reference's shapes and dtypes go the usual way.
+    (Whether the page-locking took on the H200 was not checked: ``pinned`` now goes to the
+    parent's ``spare_prepared`` log.)
     """
 
     def __init__(self, directory: str, ref_outputs: Sequence[Sequence[torch.Tensor]], device: torch.device) -> None:
         import mmap
 
         self.slots: dict[tuple[int, int], tuple[str, torch.Tensor]] = {}
-        self.maps: list[mmap.mmap] = []
+        """(trial, output) -> (file name, host tensor over the file's mapping; it keeps the mapping alive)."""
         self.pinned = 0
+        """How many slots CUDA page-locked (the others are copied into as pageable memory)."""
         for t, outs in enumerate(ref_outputs):
             for i, ref in enumerate(outs):
-                name = str(ref.dtype).removeprefix("torch.")
                 nbytes = ref.numel() * ref.element_size()
-                if name not in WIRE_DTYPES or nbytes == 0:
+                if str(ref.dtype).removeprefix("torch.") not in WIRE_DTYPES or nbytes == 0:
                     continue
                 fname = f"slot{t}_{i}"
                 fd = os.open(os.path.join(directory, fname), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -154,7 +165,6 @@ class OutputSlots:
                 if device.type == "cuda":
                     rc = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 0)  # type: ignore[no-untyped-call]
                     self.pinned += int(int(rc) == 0)
-                self.maps.append(mm)
                 self.slots[(t, i)] = (fname, host)
 
     def fill(
@@ -173,7 +183,7 @@ class OutputSlots:
             fname, host = slot
             host.copy_(t.detach())
             nbytes = host.numel() * host.element_size()
-            metas.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "nbytes": nbytes})
+            metas.append(tensor_meta(str(t.dtype).removeprefix("torch."), t.shape, nbytes))
             refs.append({"file": fname, "nbytes": nbytes})
         return metas, refs
 
@@ -193,7 +203,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     as_int = _SAME_SIZE_INT.get(a.element_size())
-    if as_int is not None and a.dtype not in (torch.bool, torch.complex32) and not a.is_complex():
+    if as_int is not None and a.dtype is not torch.bool and not a.is_complex():
         try:
             return bool(torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int)))
         except RuntimeError:

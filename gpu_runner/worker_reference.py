@@ -183,6 +183,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         compiled_error=prepared.compiled_error,
         compiled=prepared.compiled is not None,
         phases=laps.seconds,
+        output_slots={"files": len(prepared.slots.slots), "pinned": prepared.slots.pinned} if prepared.slots else None,
     )
     return prepared
 

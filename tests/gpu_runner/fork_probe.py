@@ -20,7 +20,8 @@ def main(argv: list[str]) -> int:
             "net_ns": os.readlink("/proc/self/ns/net"),
             "pid_ns": os.readlink("/proc/self/ns/pid"),
             "visible_pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
-            "open_fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+            # (listdir's own descriptor is closed by the time its entry is checked)
+            "open_fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")),
             "nice": os.nice(0),
             "torch_loaded": "torch" in sys.modules,
         }

@@ -281,16 +281,9 @@ async def test_spares_that_keep_failing_stop_and_say_why(tmp_path: Path) -> None
         await service.aclose()
 
 
-async def test_compile_workers_run_at_their_niceness(cpu_gated: EvaluationService) -> None:
-    """Nice values add up: compile workers get ``worker_nice + COMPILE_NICE_STEP``, run workers ``worker_nice``."""
-    from gpu_runner.service import COMPILE_NICE_STEP
-
+async def test_compile_workers_run_at_the_run_workers_niceness(cpu_gated: EvaluationService) -> None:
     assert cpu_gated.compiler is not None
     assert cpu_gated.runs is not None
     run_prefix, compile_prefix = cpu_gated.runs.iso.prefix, cpu_gated.compiler.iso.prefix
     assert run_prefix[1:3] == ("-n", str(cpu_gated.cfg.worker_nice))
-    if COMPILE_NICE_STEP:
-        assert compile_prefix[1:3] == ("-n", str(COMPILE_NICE_STEP))
-        assert compile_prefix[3:] == run_prefix
-    else:
-        assert compile_prefix == run_prefix
+    assert compile_prefix == run_prefix
