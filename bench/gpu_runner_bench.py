@@ -203,6 +203,20 @@ def stream_rows(
     ]
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's live threads, grouped by thread name (digits dropped)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    groups: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip().rstrip("0123456789_-") or "?"
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        groups[name] = groups.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return groups
+
+
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
@@ -223,7 +237,7 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
         before = svc.gpu.usage()
         spares_before = svc.runs.prepared if svc.runs is not None else 0
         done_at: list[float] = []
-        cpu_before, own_before = psutil.cpu_times(), os.times()
+        cpu_before, own_before, threads_before = psutil.cpu_times(), os.times(), thread_cpu()
 
         async def timed_eval(j: EvalJob) -> EvalResult:
             r = await svc.evaluate(j)
@@ -234,7 +248,7 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
         results = await asyncio.gather(*(timed_eval(j) for j in stream))
         wall = time.perf_counter() - t0
         after = svc.gpu.usage()
-        cpu_after, own_after = psutil.cpu_times(), os.times()
+        cpu_after, own_after, threads_after = psutil.cpu_times(), os.times(), thread_cpu()
         rows.extend(stream_rows(results, done_at, t0, wall, cfg.compile_workers))
         use = {k: after[k] - before[k] for k in before}
         n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
@@ -253,6 +267,9 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
                 f"{busy / (wall * cores):.0%} of {cores} cores / {own:.1f} core-s ({own / wall:.2f} cores)",
             )
         )
+        spent = {k: v - threads_before.get(k, 0.0) for k, v in threads_after.items()}
+        top = sorted(spent.items(), key=lambda kv: -kv[1])[:5]
+        rows.append(("  this process's CPU by thread name", ", ".join(f"{k} {v:.1f} s" for k, v in top)))
     log("stream done")
     return rows
 

@@ -224,6 +224,7 @@ class Compiler:
                 tree = worker.terminate()
                 self._reap(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
             seconds = time.perf_counter() - started
+            ran = time.perf_counter()
             outcome = await asyncio.to_thread(self._store, worker, header, entry, seconds)
             # Where a compile's time goes (for throughput work): the queue for a worker slot, a
             # worker's start when none was warm, the worker's own run, and storing the result.
@@ -233,6 +234,8 @@ class Compiler:
                 worker_start_s=round(got_worker - started, 3),
                 warm=warm,
                 in_worker_s=round(float(header.get("elapsed_s", 0.0)), 3),
+                run_s=round(ran - got_worker, 3),
+                store_s=round(time.perf_counter() - ran, 3),
                 total_s=round(time.perf_counter() - queued, 3),
             )
             return outcome

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Coroutine
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,11 @@ from schemas import Check, CheckOutcome, DeviceChoice, EvalResult, Severity, Sta
 
 __all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
 logger = structlog.get_logger(__name__)
+
+_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(8, (os.cpu_count() or 2) // 2)), thread_name_prefix="kf-compare")
+"""Output comparisons (tens to hundreds of ms of numpy each) run here, not in the event loop's
+default executor, so a burst of them cannot queue the short steps on a candidate's path (the
+gate, staging files, storing a compile) behind it, nor take every core from the compilers."""
 
 
 def _copy_if_absent(src: str, dst: str) -> str:
@@ -496,7 +501,8 @@ class EvaluationService:
         if later is not None:
             blobs = await asyncio.wrap_future(later)
         cand = decode_outputs(header, blobs)
-        return await asyncio.to_thread(
+        return await asyncio.get_running_loop().run_in_executor(
+            _COMPARERS,
             compare_trial,
             cand,
             dtypes,
