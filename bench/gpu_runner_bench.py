@@ -203,18 +203,32 @@ def stream_rows(
     ]
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds of this process's live threads, grouped by thread name (digits dropped)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    groups: dict[str, float] = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip().rstrip("0123456789_-") or "?"
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended
+async def watch_idle(svc: EvaluationService, into: dict[str, float], period: float = 0.005) -> None:
+    """Attribute the time the GPU is held by nobody to what the next evaluation waits for (sampled)."""
+    last = time.perf_counter()
+    while True:
+        await asyncio.sleep(period)
+        now = time.perf_counter()
+        dt, last = now - last, now
+        if svc.gpu.exclusive_holders or svc.gpu.shared_holders:
             continue
-        groups[name] = groups.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return groups
+        n = svc.in_flight
+        why = next(
+            (label for phase, label in IDLE_CAUSES if n.get(phase)),
+            "nothing in flight",
+        )
+        into[why] = into.get(why, 0.0) + dt
+
+
+IDLE_CAUSES = (
+    ("gpu_wait", "lease hand-over"),
+    ("arm", "staging/arming"),
+    ("spare", "waiting for a spare"),
+    ("compile", "compiling"),
+    ("gate", "gate"),
+    ("verdict", "comparisons only"),
+)
+"""What an idle GPU waits for, the phase nearest the GPU first (see ``EvaluationService.in_flight``)."""
 
 
 def log(message: str) -> None:
@@ -237,18 +251,21 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
         before = svc.gpu.usage()
         spares_before = svc.runs.prepared if svc.runs is not None else 0
         done_at: list[float] = []
-        cpu_before, own_before, threads_before = psutil.cpu_times(), os.times(), thread_cpu()
+        cpu_before, own_before = psutil.cpu_times(), os.times()
 
         async def timed_eval(j: EvalJob) -> EvalResult:
             r = await svc.evaluate(j)
             done_at.append(time.perf_counter())
             return r
 
+        idle: dict[str, float] = {}
+        watcher = asyncio.create_task(watch_idle(svc, idle))
         t0 = time.perf_counter()
         results = await asyncio.gather(*(timed_eval(j) for j in stream))
         wall = time.perf_counter() - t0
+        watcher.cancel()
         after = svc.gpu.usage()
-        cpu_after, own_after, threads_after = psutil.cpu_times(), os.times(), thread_cpu()
+        cpu_after, own_after = psutil.cpu_times(), os.times()
         rows.extend(stream_rows(results, done_at, t0, wall, cfg.compile_workers))
         use = {k: after[k] - before[k] for k in before}
         n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
@@ -267,9 +284,12 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
                 f"{busy / (wall * cores):.0%} of {cores} cores / {own:.1f} core-s ({own / wall:.2f} cores)",
             )
         )
-        spent = {k: v - threads_before.get(k, 0.0) for k, v in threads_after.items()}
-        top = sorted(spent.items(), key=lambda kv: -kv[1])[:5]
-        rows.append(("  this process's CPU by thread name", ", ".join(f"{k} {v:.1f} s" for k, v in top)))
+        rows.append(
+            (
+                "  GPU idle, by what the nearest evaluation waited for",
+                ", ".join(f"{k} {v:.1f} s" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) or "none",
+            )
+        )
     log("stream done")
     return rows
 

@@ -50,6 +50,26 @@ from schemas import Check, CheckOutcome, DeviceChoice, EvalResult, Severity, Sta
 __all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
 logger = structlog.get_logger(__name__)
 
+PHASES = ("gate", "compile", "spare", "arm", "gpu_wait", "gpu", "verdict")
+"""An evaluation's phases in order: the static gate, the compile, waiting for a prepared spare,
+staging the job until the worker is armed, waiting for the GPU, holding it, the comparisons."""
+
+
+class _Phase:
+    """Which phase one evaluation is in, counted in the service's ``in_flight``."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.now: str | None = None
+
+    def to(self, name: str | None) -> None:
+        if self.now is not None:
+            self.counts[self.now] -= 1
+        self.now = name
+        if name is not None:
+            self.counts[name] += 1
+
+
 _COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(8, (os.cpu_count() or 2) // 2)), thread_name_prefix="kf-compare")
 """Output comparisons (tens to hundreds of ms of numpy each) run here, not in the event loop's
 default executor, so a burst of them cannot queue the short steps on a candidate's path (the
@@ -104,6 +124,8 @@ class EvaluationService:
         self.described: dict[str, Any] | None = None
         """The device as the parent can describe it (no CUDA here), until a worker reports its own."""
         self.stats: dict[str, int] = {}
+        self.in_flight: dict[str, int] = dict.fromkeys(PHASES, 0)
+        """How many evaluations are in each phase now (for benchmarks: what an idle GPU waits for)."""
         self._reaping: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -211,10 +233,19 @@ class EvaluationService:
 
     async def evaluate(self, job: EvalJob) -> EvalResult:
         """The verdict on one candidate; raises only when the evaluator itself cannot work."""
-        runs = self._require()
-        assert self.compiler is not None
+        self._require()
         started = time.perf_counter()
         validate_reference(job.reference_source)
+        phase = _Phase(self.in_flight)
+        try:
+            return await self._evaluate(job, started, phase)
+        finally:
+            phase.to(None)
+
+    async def _evaluate(self, job: EvalJob, started: float, phase: _Phase) -> EvalResult:
+        runs = self._require()
+        assert self.compiler is not None
+        phase.to("gate")
         gate = await asyncio.to_thread(check_candidate, job.candidate_source, job.reference_source)
         gate_s = time.perf_counter() - started
         rejected = gate.rejected
@@ -244,6 +275,7 @@ class EvaluationService:
         t_compile = time.perf_counter()
         try:
             async with asyncio.timeout(max(0.01, budget)):
+                phase.to("compile")
                 c.compile = await self.compiler.compile(
                     job.candidate_source, job.reference_source, gate, min(self.cfg.compile_timeout_s, budget)
                 )
@@ -268,6 +300,7 @@ class EvaluationService:
         t_run = time.perf_counter()
         try:
             async with asyncio.timeout(max(0.01, budget)):
+                phase.to("spare")
                 spare, warm = await runs.acquire(job.reference_source, max(0.01, budget))
         except TimeoutError:
             c.timed_out = "no run worker was ready within the timeout (evaluator start-up, not the candidate)"
@@ -276,7 +309,7 @@ class EvaluationService:
         detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
         outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
         c.checks.append(Check(name="warm_worker", outcome=outcome, detail=detail))
-        waited = await self._run(spare, c, max(0.01, budget))
+        waited = await self._run(spare, c, max(0.01, budget), phase)
         c.stages = c.stages.model_copy(update={"run_s": time.perf_counter() - t_run - waited})
         return self._finish(c, started)
 
@@ -287,8 +320,9 @@ class EvaluationService:
         logger.info("evaluated", candidate=c.job.candidate_id, status=result.status.value, summary=result.summary[:200])
         return result
 
-    async def _run(self, spare: Spare, c: Collected, budget: float) -> float:
+    async def _run(self, spare: Spare, c: Collected, budget: float, phase: _Phase) -> float:
         """Run the job in the spare; returns the seconds spent queueing for the GPU."""
+        phase.to("arm")
         assert self.iso is not None
         assert c.compile is not None
         assert spare.reference is not None
@@ -350,7 +384,9 @@ class EvaluationService:
             if armed:
                 stage = "armed"
                 t_wait = time.perf_counter()
+                phase.to("gpu_wait")
                 async with self.gpu.exclusive():
+                    phase.to("gpu")
                     waited = time.perf_counter() - t_wait
                     t_go = time.perf_counter()
                     c.checks.append(self._priority(worker))
@@ -371,6 +407,7 @@ class EvaluationService:
                         # of exclusive GPU per candidate on an H200; it is reaped in the background.)
                         tree = worker.terminate()  # inline: 0.01-0.1 s on the H200 (run M)
                         held = time.perf_counter() - t_go
+                        phase.to("verdict")
                         marks["killed"] = time.perf_counter() - t0
         except TimeoutError:
             record.timed_out = True

@@ -129,48 +129,60 @@ def pack(tensors: Sequence[torch.Tensor]) -> tuple[list[dict[str, Any]], list[Bl
 
 
 class OutputSlots:
-    """Host buffers for the trials' outputs, made while the spare waits for a candidate.
+    """Page-locked host files for tensors that go to the parent: made before the GPU is needed.
 
-    One file per trial and output in the bulk directory (tmpfs where there is one), sized from
-    the reference's outputs, mapped, every page touched and, on CUDA, page-locked. A trial's
-    outputs then go from the device into their file in one DMA copy, and the frame carries only
-    the file names; the parent reads them as any bulk file. On the H200, copying 64 MB outputs
-    to fresh host memory and writing them to tmpfs took 0.5-1.2 s of the GPU window per
-    candidate. Outputs that do not match the reference's shapes and dtypes go the usual way.
-    (Whether the page-locking took on the H200 was not checked: ``pinned`` now goes to the
-    parent's ``spare_prepared`` log.)
+    One file per trial and tensor in the bulk directory (tmpfs where there is one), sized from
+    ``templates`` (per trial, the tensors to expect), mapped, every page touched and, on CUDA,
+    page-locked. A trial's tensors then go from the device into their files in one DMA copy,
+    and the frame carries only the file names; the parent reads (and unlinks) them as any bulk
+    file. Used for the candidate's trial outputs (on the H200, copying 64 MB outputs to fresh
+    host memory and writing them to tmpfs took 0.5-1.2 s of the GPU window per candidate) and
+    for the reference's outputs and float64 residuals (pageable copies held a spare's GPU lease
+    0.5-0.6 s for 640 MB; page-locked, 0.012 s: bench/prep_probe.py). Tensors that do not match
+    the templates' shapes and dtypes go the usual way.
     """
 
-    def __init__(self, directory: str, ref_outputs: Sequence[Sequence[torch.Tensor]], device: torch.device) -> None:
+    def __init__(
+        self,
+        directory: str,
+        templates: Sequence[Sequence[torch.Tensor]],
+        device: torch.device,
+        prefix: str = "slot",
+    ) -> None:
         import mmap
 
         self.slots: dict[tuple[int, int], tuple[str, torch.Tensor]] = {}
-        """(trial, output) -> (file name, host tensor over the file's mapping; it keeps the mapping alive)."""
+        """(trial, index) -> (file name, host tensor over the file's mapping; it keeps the mapping alive)."""
         self.pinned = 0
         """How many slots CUDA page-locked (the others are copied into as pageable memory)."""
-        for t, outs in enumerate(ref_outputs):
+        self._registered: list[torch.Tensor] = []
+        for t, outs in enumerate(templates):
             for i, ref in enumerate(outs):
                 nbytes = ref.numel() * ref.element_size()
-                if str(ref.dtype).removeprefix("torch.") not in WIRE_DTYPES or nbytes == 0:
+                if str(ref.dtype).removeprefix("torch.") not in WIRE_DTYPES:
                     continue
-                fname = f"slot{t}_{i}"
+                fname = f"{prefix}{t}_{i}"
                 fd = os.open(os.path.join(directory, fname), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
                 try:
-                    os.ftruncate(fd, nbytes)
-                    mm = mmap.mmap(fd, nbytes)
+                    if nbytes:
+                        os.ftruncate(fd, nbytes)
+                        mm = mmap.mmap(fd, nbytes)
                 finally:
                     os.close(fd)
+                if not nbytes:  # an empty file (nothing to map): e.g. no float64 residual for an integer output
+                    self.slots[(t, i)] = (fname, torch.empty(ref.shape, dtype=ref.dtype))
+                    continue
                 host = torch.frombuffer(mm, dtype=ref.dtype, count=ref.numel()).view(ref.shape)
                 host.view(-1).view(torch.uint8).zero_()  # every page in now, not in the copy
-                if device.type == "cuda":
-                    rc = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 0)  # type: ignore[no-untyped-call]
-                    self.pinned += int(int(rc) == 0)
+                if device.type == "cuda" and register_host(host):
+                    self.pinned += 1
+                    self._registered.append(host)
                 self.slots[(t, i)] = (fname, host)
 
     def fill(
         self, trial: int, tensors: Sequence[torch.Tensor]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
-        """Copy a trial's outputs into their files: (tensor metadata, bulk references), or None."""
+        """Copy a trial's tensors into their files: (tensor metadata, bulk references), or None."""
         picked = [self.slots.get((trial, i)) for i in range(len(tensors))]
         if not tensors or any(
             slot is None or slot[1].shape != t.shape or slot[1].dtype != t.dtype
@@ -186,6 +198,41 @@ class OutputSlots:
             metas.append(tensor_meta(str(t.dtype).removeprefix("torch."), t.shape, nbytes))
             refs.append({"file": fname, "nbytes": nbytes})
         return metas, refs
+
+    def release(self) -> None:
+        """Unlock and unmap every slot; the files stay until the parent reads them."""
+        for host in self._registered:
+            unregister_host(host)
+        self._registered.clear()
+        self.slots.clear()
+
+
+def register_host(t: torch.Tensor) -> bool:
+    """Page-lock a host tensor's memory in place (CUDA), so copies to and from it are DMA; False if refused."""
+    nbytes = t.numel() * t.element_size()
+    rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)  # type: ignore[no-untyped-call]
+    if int(rc) != 0:
+        _clear_cuda_error()
+    return int(rc) == 0
+
+
+def _clear_cuda_error() -> None:
+    """Reset the runtime's last error, which a refused registration sets and torch's next kernel
+    launch check would otherwise report as that launch's failure (torch binds no cudaGetLastError)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "libcudart.so" in line), None)
+        if path is not None:
+            ctypes.CDLL(path).cudaGetLastError()
+    except (OSError, AttributeError):
+        pass
+
+
+def unregister_host(t: torch.Tensor) -> None:
+    """Undo :func:`register_host`."""
+    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())  # type: ignore[no-untyped-call]
 
 
 def flatten_outputs(out: object) -> list[object]:

@@ -15,7 +15,17 @@ from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import Channel, Laps, OutputSlots, flatten_outputs, log, pack, sync
+from gpu_runner.worker_common import (
+    Channel,
+    Laps,
+    OutputSlots,
+    flatten_outputs,
+    log,
+    pack,
+    register_host,
+    sync,
+    unregister_host,
+)
 
 REFERENCE_FILENAME = "<kfoundry-reference>"
 
@@ -54,9 +64,65 @@ def load_module(source: str, filename: str, name: str) -> dict[str, Any]:
     return module.__dict__
 
 
-def to_device(values: list[Any], device: torch.device) -> list[Any]:
+def to_device(values: list[Any], device: torch.device, non_blocking: bool = False) -> list[Any]:
     """Tensors moved to ``device``; other values as they are."""
-    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+    return [v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+LOCK_MIN_BYTES = 1 << 20
+"""Host tensors smaller than this are copied as they are (page-locking costs more than it saves)."""
+
+
+def lock_host(trials: list[list[Any]]) -> list[torch.Tensor]:
+    """Page-lock the large host tensors among the trials' inputs, each storage once; those locked."""
+    locked: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for values in trials:
+        for v in values:
+            if not isinstance(v, torch.Tensor) or v.device.type != "cpu":
+                continue
+            storage = v.untyped_storage()
+            if storage.nbytes() < LOCK_MIN_BYTES or storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+            if register_host(whole):
+                locked.append(whole)
+    return locked
+
+
+def ship(
+    shipments: list[tuple[list[torch.Tensor], int, str | None]], device: torch.device, channel: Channel, laps: Laps
+) -> None:
+    """Send each trial's reference outputs and residuals to the parent.
+
+    They go through page-locked host files made outside the lease (:class:`OutputSlots`), so the
+    lease covers only the DMA copies; without a bulk directory, or for tensors the files cannot
+    hold, they are copied to host memory and packed under it.
+    """
+    slots = None
+    if channel.bulk_dir:
+        try:
+            slots = OutputSlots(channel.bulk_dir, [tensors for tensors, _, _ in shipments], device, prefix="ref")
+        except (OSError, RuntimeError, ValueError) as exc:
+            log(f"reference slots unavailable: {type(exc).__name__}: {exc}")
+    laps.lap("ship_slots_s")
+    frames: list[tuple[int, int, str | None, Any, Any]] = []
+    with channel.gpu_lease(device):
+        for t, (tensors, n_outputs, fp64_error) in enumerate(shipments):
+            filled = slots.fill(t, tensors) if slots is not None else None
+            frames.append((t, n_outputs, fp64_error, filled, None if filled else [x.to("cpu") for x in tensors]))
+    laps.lap("d2h_s")
+    for t, n_outputs, fp64_error, filled, host in frames:
+        if filled is not None:
+            metas, refs = filled
+            channel.send_bulk("reference", refs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
+        else:
+            metas, blobs = pack(host)
+            channel.send("reference", blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
+    if slots is not None:
+        slots.release()
+    laps.lap("ship_s")
 
 
 def clone_inputs(values: list[Any]) -> list[Any]:
@@ -107,18 +173,22 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
     except Exception as exc:
         raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
     laps.lap("build_s")
+    # The inputs' host memory is page-locked in place (outside the lease), so their copies to the
+    # device under it are DMA: pageable copies of 640 MB held the lease ~0.1 s (bench/prep_probe.py).
+    locked = lock_host(host_trials) if device.type == "cuda" else []
+    laps.lap("lock_s")
     ref_outputs: list[list[torch.Tensor]] = []
     shipments: list[tuple[list[torch.Tensor], int, str | None]] = []
-    """Per trial: its outputs then their float64 residuals, on the host; how many outputs; the float64 error."""
-    # Every GPU step runs under the parent's GPU lease, in one window, so it never overlaps a
-    # candidate's timing (copies and allocations in another process do disturb one); what only
-    # needs the CPU (building inputs before, packing and shipping after) happens outside it.
+    """Per trial: its outputs then their float64 residuals, on the device; how many outputs; the float64 error."""
+    # Every GPU step runs under the parent's GPU lease, so it never overlaps a candidate's timing
+    # (copies and allocations in another process do disturb one); what only needs the CPU
+    # (building inputs and the host files before, shipping after) happens outside it.
     flops = msg.get("flops")
     with channel.gpu_lease(device):
         laps.lap("lease_wait_s")
         try:
             model = model.to(device)
-            trials = [to_device(values, device) for values in host_trials]
+            trials = [to_device(values, device, non_blocking=bool(locked)) for values in host_trials]
             model64 = copy.deepcopy(model).to(torch.float64)
         except Exception as exc:
             raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
@@ -143,31 +213,31 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
                     (o64 - o.double()).float() if o.is_floating_point() and o64.shape == o.shape else o.new_empty(0)
                     for o, o64 in zip(outs, outs64, strict=False)
                 ]
-                shipments.append(([o.detach().to("cpu") for o in outs + residuals], len(outs), fp64_error))
+                shipments.append(([o.detach() for o in outs + residuals], len(outs), fp64_error))
         del model64
         laps.lap("forward_s")
         if flops is None:  # the parent passes it on once a spare of this task has counted it
             flops = count_flops(model, trials[0])
             laps.lap("flops_s")
-        prepared = Prepared(
-            device=device,
-            namespace=ns,
-            model=model,
-            init_seed=init_seed,
-            candidate_init_args=candidate_init_args,
-            trials=trials,
-            ref_outputs=ref_outputs,
-            out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
-            in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
-        )
+    for t in locked:  # the lease's end synchronised the copies
+        unregister_host(t)
+    del host_trials, locked
+    prepared = Prepared(
+        device=device,
+        namespace=ns,
+        model=model,
+        init_seed=init_seed,
+        candidate_init_args=candidate_init_args,
+        trials=trials,
+        ref_outputs=ref_outputs,
+        out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
+        in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
+    )
     if msg.get("compiled_baseline"):
         build_compiled(prepared, channel)
         laps.lap("compiled_s")
-    for t, (host, n_outputs, fp64_error) in enumerate(shipments):
-        metas, blobs = pack(host)
-        channel.send("reference", blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
+    ship(shipments, device, channel, laps)
     del shipments
-    laps.lap("ship_s")
     if channel.bulk_dir:
         try:
             prepared.slots = OutputSlots(channel.bulk_dir, ref_outputs, device)

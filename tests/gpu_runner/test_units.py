@@ -241,9 +241,11 @@ def test_output_slots_carry_a_trials_outputs_as_bulk_files(tmp_path: Path) -> No
     from gpu_runner.protocol import read_bulk
     from gpu_runner.worker_common import OutputSlots, pack
 
-    refs = [[torch.zeros(3, 5), torch.zeros(7, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64)]] * 2
-    slots = OutputSlots(str(tmp_path), refs, torch.device("cpu"))
-    outs = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.tensor([4, -9])]
+    refs = [
+        [torch.zeros(3, 5), torch.zeros(7, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64), torch.zeros(0)]
+    ] * 2
+    slots = OutputSlots(str(tmp_path), refs, torch.device("cpu"), prefix="ref")
+    outs = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.tensor([4, -9]), torch.zeros(0)]
     filled = slots.fill(1, outs)
     assert filled is not None
     metas, bulk = filled
@@ -255,13 +257,15 @@ def test_output_slots_carry_a_trials_outputs_as_bulk_files(tmp_path: Path) -> No
             assert np.array_equal(
                 tensor_from_wire(meta, blob), out.float().numpy() if out.is_floating_point() else out.numpy()
             )
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["slot0_0", "slot0_1", "slot0_2"]  # trial 1's read
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ref0_0", "ref0_1", "ref0_2", "ref0_3"]  # 1 was read
     finally:
         os.close(dir_fd)
     # Outputs that differ from the reference's in shape or dtype, or in number, go the usual way.
-    assert slots.fill(0, [torch.zeros(5, 3), outs[1], outs[2]]) is None
-    assert slots.fill(0, [outs[0].double(), outs[1], outs[2]]) is None
+    assert slots.fill(0, [torch.zeros(5, 3), *outs[1:]]) is None
+    assert slots.fill(0, [outs[0].double(), *outs[1:]]) is None
     assert slots.fill(0, [*outs, torch.zeros(1)]) is None
+    slots.release()  # the files stay for the parent; the mappings go
+    assert not slots.slots and len(list(tmp_path.iterdir())) == 4
 
 
 def test_kernel_profile_only_where_launch_hooks_cannot_see() -> None:
