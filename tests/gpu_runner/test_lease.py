@@ -62,3 +62,58 @@ async def test_a_cancelled_timing_wait_lets_shared_work_in() -> None:
     await _settle()
     assert late.done()
     assert gate.exclusive_waiting == 0
+
+
+async def test_spares_waiting_when_a_timing_ends_go_before_the_next_timing() -> None:
+    """Phase-fair: a queue of timings does not starve the spares the candidates after it need."""
+    gate = GpuGate()
+    await gate.acquire_exclusive()  # candidate A times
+    b = asyncio.create_task(gate.acquire_exclusive())  # candidate B is armed and waits
+    s1, s2 = asyncio.create_task(gate.acquire_shared()), asyncio.create_task(gate.acquire_shared())
+    await _settle()
+    assert not (b.done() or s1.done() or s2.done())
+    await gate.release(exclusive=True)
+    await _settle()
+    assert s1.done() and s2.done()  # the spares waiting when A ended go first, together
+    assert not b.done()
+    late = asyncio.create_task(gate.acquire_shared())  # arrived after: B goes first
+    await gate.release(exclusive=False)
+    await gate.release(exclusive=False)
+    await _settle()
+    assert b.done() and not late.done()
+    await gate.release(exclusive=True)
+    await _settle()
+    assert late.done()
+
+
+async def test_a_cancelled_spare_does_not_hold_up_the_next_timing() -> None:
+    gate = GpuGate()
+    await gate.acquire_exclusive()
+    b = asyncio.create_task(gate.acquire_exclusive())
+    s = asyncio.create_task(gate.acquire_shared())
+    await _settle()
+    s.cancel()  # cancelled before its turn could start: it never holds the GPU
+    await _settle()
+    await gate.release(exclusive=True)
+    await _settle()
+    assert b.done()
+    await gate.release(exclusive=True)
+    s2 = asyncio.create_task(gate.acquire_exclusive())
+    await _settle()
+    assert s2.done()
+
+
+async def test_a_spare_cancelled_during_its_turn_ends_the_turn() -> None:
+    gate = GpuGate(max_exclusive=2)
+    await gate.acquire_exclusive()
+    await gate.acquire_exclusive()
+    b = asyncio.create_task(gate.acquire_exclusive())
+    s = asyncio.create_task(gate.acquire_shared())
+    await _settle()
+    await gate.release(exclusive=True)  # the turn is S's, but the other timing still holds the GPU
+    await _settle()
+    assert not (b.done() or s.done())  # B waits for S's turn
+    s.cancel()
+    await _settle()
+    assert b.done()
+    assert gate.exclusive_holders == 2
