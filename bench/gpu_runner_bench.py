@@ -203,13 +203,15 @@ def stream_rows(
     ]
 
 
-async def watch_idle(svc: EvaluationService, into: dict[str, float], period: float = 0.005) -> None:
-    """Attribute the time the GPU is held by nobody to what the next evaluation waits for (sampled)."""
+async def watch_idle(svc: EvaluationService, into: dict[str, float], lags: list[float], period: float = 0.005) -> None:
+    """Attribute the time the GPU is held by nobody to what the next evaluation waits for (sampled),
+    and record how late each wake-up of this task was (the event loop's lag)."""
     last = time.perf_counter()
     while True:
         await asyncio.sleep(period)
         now = time.perf_counter()
         dt, last = now - last, now
+        lags.append(dt - period)
         if svc.gpu.exclusive_holders or svc.gpu.shared_holders:
             continue
         n = svc.in_flight
@@ -259,7 +261,8 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
             return r
 
         idle: dict[str, float] = {}
-        watcher = asyncio.create_task(watch_idle(svc, idle))
+        lags: list[float] = []
+        watcher = asyncio.create_task(watch_idle(svc, idle, lags))
         t0 = time.perf_counter()
         results = await asyncio.gather(*(timed_eval(j) for j in stream))
         wall = time.perf_counter() - t0
@@ -290,6 +293,15 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
                 ", ".join(f"{k} {v:.1f} s" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) or "none",
             )
         )
+        if lags:
+            lags.sort()
+            mid, p99, top = (lags[len(lags) // 2], lags[int(len(lags) * 0.99)], lags[-1])
+            rows.append(
+                (
+                    "  event loop lag (5 ms sleeps): median / p99 / max",
+                    f"{mid * 1e3:.1f} / {p99 * 1e3:.1f} / {top * 1e3:.0f} ms",
+                )
+            )
     log("stream done")
     return rows
 

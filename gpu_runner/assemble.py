@@ -55,6 +55,8 @@ class Collected:
     timed_out: str | None = None
     compares: list[asyncio.Task[TrialCheck]] = field(default_factory=list)
     """Trial comparisons running in threads, in trial order (gathered before the verdict)."""
+    compare_times: list[tuple[float, float, float]] = field(default_factory=list)
+    """Per trial: seconds reading its outputs, queued for a comparer, comparing (for logs)."""
 
 
 def _base(c: Collected, status: EvalStatus, summary: str, **kw: Any) -> EvalResult:

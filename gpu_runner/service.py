@@ -429,7 +429,17 @@ class EvaluationService:
                 **marks,
             )
         if c.compares:
+            t_gather = time.perf_counter()
             outcomes = await asyncio.gather(*c.compares, return_exceptions=True)
+            if c.compare_times:
+                logger.debug(
+                    "verdict phases",
+                    candidate=job.candidate_id,
+                    after_window_s=round(time.perf_counter() - t_gather, 3),
+                    read_s=round(max(t[0] for t in c.compare_times), 3),
+                    queued_s=round(max(t[1] for t in c.compare_times), 3),
+                    compare_s=round(max(t[2] for t in c.compare_times), 3),
+                )
             bad = next((o for o in outcomes if isinstance(o, FrameError)), None)
             if bad is not None:
                 record.error = {"stage": "forward", "etype": "FrameError", "message": f"the run process sent {bad}"}
@@ -508,7 +518,9 @@ class EvaluationService:
             residuals = ref.residuals[t] if t < len(ref.residuals) else None
             # Read (bulk files) and compared in threads while the worker goes on, and after the
             # GPU is released: ``_run`` gathers every comparison before the verdict.
-            compare = self._compare(header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals)
+            compare = self._compare(
+                header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times
+            )
             c.compares.append(asyncio.create_task(compare))
             record.trial_infos.append({"trial": t, **header.get("info", {})})
         elif kind == "memory":
@@ -534,22 +546,33 @@ class EvaluationService:
         ref_outputs: list[Any],
         ref_dtypes: list[str],
         residuals: list[Any] | None,
+        timings: list[tuple[float, float, float]],
     ) -> TrialCheck:
+        t0 = time.perf_counter()
         if later is not None:
             blobs = await asyncio.wrap_future(later)
         cand = decode_outputs(header, blobs)
-        return await asyncio.get_running_loop().run_in_executor(
-            _COMPARERS,
-            compare_trial,
-            cand,
-            dtypes,
-            ref_outputs,
-            ref_dtypes,
-            residuals,
-            dict(self.cfg.tolerances),
-            dict(self.cfg.precision_floors),
-            self.cfg.precision_factor,
-        )
+        t_read = time.perf_counter()
+        began: list[float] = []
+
+        def run() -> TrialCheck:
+            began.append(time.perf_counter())
+            return compare_trial(
+                cand,
+                dtypes,
+                ref_outputs,
+                ref_dtypes,
+                residuals,
+                dict(self.cfg.tolerances),
+                dict(self.cfg.precision_floors),
+                self.cfg.precision_factor,
+            )
+
+        check = await asyncio.get_running_loop().run_in_executor(_COMPARERS, run)
+        end = time.perf_counter()
+        # Where a comparison's time goes (for throughput work): reading the outputs, the queue, the arithmetic.
+        timings.append((t_read - t0, began[0] - t_read, end - began[0]))
+        return check
 
     def _stage_files(self, spare: Spare, c: Collected) -> dict[str, str]:
         assert c.compile is not None
