@@ -116,7 +116,7 @@ def write_bulk(directory: str, seq: int, blobs: Sequence[Blob]) -> list[dict[str
     return refs
 
 
-def read_bulk(dir_fd: int, refs: object, max_blob: int) -> list[bytearray]:
+def read_bulk(dir_fd: int, refs: object, max_blob: int) -> list[Blob]:
     """The blobs a frame left as files: copied out of the parent-held directory and unlinked.
 
     The directory is the one the parent opened when it made it (``dir_fd``), so a worker that
@@ -125,7 +125,7 @@ def read_bulk(dir_fd: int, refs: object, max_blob: int) -> list[bytearray]:
     """
     if not isinstance(refs, list):
         raise FrameError("bulk references are not a list")
-    out = []
+    out: list[Blob] = []
     for ref in refs:
         if not isinstance(ref, dict):
             raise FrameError("a bulk reference is not an object")
@@ -144,8 +144,10 @@ def read_bulk(dir_fd: int, refs: object, max_blob: int) -> list[bytearray]:
                 raise FrameError(f"bulk file {name} is not a regular file of {nbytes} bytes")
             # Read, never mapped: a worker could truncate the file under a mapping, and touching a
             # vanished page kills the reading process (SIGBUS); a short read is only a bad frame.
-            buf = bytearray(nbytes)
-            view, got = memoryview(buf), 0
+            # np.empty, not bytearray: a bytearray is zero-filled under the GIL (26 ms per 64 MB),
+            # which stalled the event loop and the comparisons on the H200 (loop lag up to 0.4 s).
+            buf = np.empty(nbytes, dtype=np.uint8).data
+            view, got = buf, 0
             while got < nbytes:
                 k = os.preadv(fd, [view[got:]], got)
                 if not k:
@@ -183,7 +185,17 @@ class _Source:
     def exact(self, n: int) -> bytearray:
         """Exactly ``n`` bytes, read straight into one buffer; :class:`EOFError` if the stream ends first."""
         buf = bytearray(n)
-        view = memoryview(buf)
+        self.into(memoryview(buf))
+        return buf
+
+    def blob(self, n: int) -> Blob:
+        """Like :meth:`exact`, into memory that is not zero-filled first (see :func:`read_bulk`)."""
+        buf = np.empty(n, dtype=np.uint8).data
+        self.into(buf)
+        return buf
+
+    def into(self, view: memoryview) -> None:
+        n = view.nbytes
         got = 0
         while got < n:
             if self.poller is not None:
@@ -194,7 +206,6 @@ class _Source:
             if not k:
                 raise EOFError("stream closed" + (" inside a frame" if got else ""))
             got += k
-        return buf
 
 
 def read_frame(
@@ -203,7 +214,7 @@ def read_frame(
     stop: threading.Event | None = None,
     bulk_fd: int | None = None,
     defer_bulk: bool = False,
-) -> tuple[dict[str, Any], list[bytearray]]:
+) -> tuple[dict[str, Any], list[Blob]]:
     """Read one frame from a blocking file descriptor (with its bulk blobs when ``bulk_fd`` is given).
 
     With ``defer_bulk`` a frame's bulk references stay in its header (``"bulk"``), unread, for
@@ -215,12 +226,12 @@ def read_frame(
     if size > MAX_HEADER_BYTES:
         raise FrameError(f"header of {size} bytes exceeds {MAX_HEADER_BYTES}")
     header = decode_header(bytes(src.exact(size)))
-    blobs = []
+    blobs: list[Blob] = []
     for _ in range(int(header.get("blobs", 0))):
         (blen,) = _LEN.unpack(src.exact(_LEN.size))
         if blen > max_blob:
             raise FrameError(f"blob of {blen} bytes exceeds the cap of {max_blob}")
-        blobs.append(src.exact(blen))
+        blobs.append(src.blob(blen))
     if "bulk" in header:
         if bulk_fd is None or blobs:
             raise FrameError("unexpected bulk references")

@@ -32,7 +32,7 @@ import structlog
 
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
-from gpu_runner.protocol import FrameError, encode_frame, read_bulk, read_frame, widen_pipe
+from gpu_runner.protocol import Blob, FrameError, encode_frame, read_bulk, read_frame, widen_pipe
 
 logger = structlog.get_logger(__name__)
 
@@ -268,10 +268,10 @@ class Worker:
     ready: dict[str, Any] = field(default_factory=dict)
     dead: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
-    reading: Future[tuple[dict[str, Any], list[bytearray]]] | None = None
+    reading: Future[tuple[dict[str, Any], list[Blob]]] | None = None
     forks: ForkServer | None = None
     """The fork server this worker was forked from (None: a fresh interpreter)."""
-    bulk_reads: list[Future[list[bytearray]]] = field(default_factory=list)
+    bulk_reads: list[Future[list[Blob]]] = field(default_factory=list)
     """Bulk files being read in the background (see :meth:`recv_deferring_bulk`)."""
 
     @property
@@ -282,7 +282,7 @@ class Worker:
     async def send(self, header: dict[str, Any]) -> None:
         self.writer.write(encode_frame(header))
 
-    async def recv(self, max_blob: int, defer_bulk: bool = False) -> tuple[dict[str, Any], list[bytearray]]:
+    async def recv(self, max_blob: int, defer_bulk: bool = False) -> tuple[dict[str, Any], list[Blob]]:
         """The next frame; ``asyncio.IncompleteReadError`` when the worker is gone.
 
         With ``defer_bulk`` the frame's bulk references stay unread in its header (see
@@ -300,7 +300,7 @@ class Worker:
         except EOFError:
             raise asyncio.IncompleteReadError(b"", None) from None
 
-    async def recv_deferring_bulk(self, max_blob: int) -> tuple[dict[str, Any], Future[list[bytearray]] | None]:
+    async def recv_deferring_bulk(self, max_blob: int) -> tuple[dict[str, Any], Future[list[Blob]] | None]:
         """The next frame, its bulk files (if any) read in the background: the future of their blobs.
 
         The parent then takes the worker's next frame at once instead of after copying tens of

@@ -32,7 +32,7 @@ from gpu_runner.gate import check_candidate
 from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
 from gpu_runner.probe import describe_device, detect_cuda, validate_reference, versions
-from gpu_runner.protocol import FrameError
+from gpu_runner.protocol import Blob, FrameError
 from gpu_runner.sandbox import (
     Isolation,
     Worker,
@@ -70,7 +70,7 @@ class _Phase:
             self.counts[name] += 1
 
 
-_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(8, (os.cpu_count() or 2) // 2)), thread_name_prefix="kf-compare")
+_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(4, (os.cpu_count() or 2) // 4)), thread_name_prefix="kf-compare")
 """Output comparisons (tens to hundreds of ms of numpy each) run here, not in the event loop's
 default executor, so a burst of them cannot queue the short steps on a candidate's path (the
 gate, staging files, storing a compile) behind it, nor take every core from the compilers."""
@@ -481,7 +481,7 @@ class EvaluationService:
                 return False
             if until is not None and header.get("kind") == until:
                 return True
-            blobs: list[bytearray] = []
+            blobs: list[Blob] = []
             if later is not None and header.get("kind") != "trial":  # only trial outputs wait
                 blobs, later = await asyncio.wrap_future(later), None
             if not await self._absorb(header, blobs, c, spare, later):
@@ -490,10 +490,10 @@ class EvaluationService:
     async def _absorb(
         self,
         header: dict[str, Any],
-        blobs: list[bytearray],
+        blobs: list[Blob],
         c: Collected,
         spare: Spare,
-        later: Future[list[bytearray]] | None = None,
+        later: Future[list[Blob]] | None = None,
     ) -> bool:
         record, ref = c.record, spare.reference
         assert record is not None
@@ -540,8 +540,8 @@ class EvaluationService:
     async def _compare(
         self,
         header: dict[str, Any],
-        blobs: list[bytearray],
-        later: Future[list[bytearray]] | None,
+        blobs: list[Blob],
+        later: Future[list[Blob]] | None,
         dtypes: list[str],
         ref_outputs: list[Any],
         ref_dtypes: list[str],
