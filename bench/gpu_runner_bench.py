@@ -212,7 +212,7 @@ async def watch_idle(svc: EvaluationService, into: dict[str, float], lags: list[
         now = time.perf_counter()
         dt, last = now - last, now
         lags.append(dt - period)
-        if svc.gpu.exclusive_holders or svc.gpu.shared_holders:
+        if svc.gpu.exclusive_holders or svc.gpu.candidate_holders or svc.gpu.shared_holders:
             continue
         n = svc.in_flight
         why = next(
@@ -245,7 +245,7 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
     async with EvaluationService(cfg) as svc:
         await svc.prepare(reference)
         await svc.wait_spares(timeout_s=600)
-        n_stream = 3 if quick else 32
+        n_stream = 3 if quick else 64
         stream = [
             job(reference, candidate(block=(256, 512, 1024, 2048)[i % 4], warps=(2, 4, 8)[i % 3], variant=i), f"s{i}")
             for i in range(n_stream)
@@ -274,10 +274,23 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
         n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
         rows.append(
             (
-                "  GPU during the stream: candidates alone / spares together / idle",
-                f"{use['exclusive']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s ({n_spares} spares prepared)",
+                "  GPU in the stream: timings alone / candidates' trials / spares only / idle",
+                f"{use['exclusive']:.1f} / {use['candidate']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s "
+                f"({n_spares} spares prepared; spares may work beside a candidate's trials)",
             )
         )
+        held = [r.stages.gpu_s for r in results if r.stages.gpu_s]
+        if held:
+            # Every GPU second the evaluator spent per candidate: its own window and the spares'
+            # windows that no candidate overlapped (the spares a stream of this length needed).
+            per = statistics.mean(held) + use["shared"] / len(results)
+            bound_c = 1.0 / per
+            rows.append(
+                (
+                    "  bound C: 1 / (GPU held + spares-only GPU time per candidate)",
+                    f"{bound_c:.3f} cand/s; throughput / C {len(results) / wall / bound_c:.2f}",
+                )
+            )
         busy = sum(getattr(cpu_after, k) - getattr(cpu_before, k) for k in ("user", "nice", "system", "irq", "softirq"))
         own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
         cores = os.cpu_count() or 1

@@ -7,16 +7,21 @@ host-to-device copies moved the median by 0.9% and the 99th percentile by 12%, a
 the median by 2%; a CUDA context start, Triton's driver load and CUPTI's start moved neither. So
 the GPU steps of a worker run under a lease from the parent's :class:`GpuGate`:
 
-* *exclusive* (a candidate from ``go`` to ``measured``: import, trials, timing, profile): no
-  other holder at all; at most ``max_concurrent_runs`` of them;
+* *candidate* (a candidate from ``go`` until its trials are done: import, construction, the
+  correctness trials): at most ``max_concurrent_runs`` candidates alive on the GPU at once, and
+  spares' shared work may run beside it (no timing is running, and a spare is trusted code);
+* *exclusive* (the candidate's timing and profile, after :meth:`GpuGate.upgrade`): no other
+  holder at all;
 * *shared* (a spare moving the reference and its inputs to the device, computing the reference's
-  outputs, compiling the baseline: one window per spare): any number together, never during an
-  exclusive hold. A spare's CUDA start needs no lease.
+  outputs, compiling the baseline, copying the results out): any number together, never during
+  an exclusive hold. A spare's CUDA start needs no lease.
 
-A waiting exclusive request stops new shared grants; shared holders that already run finish
-first. When an exclusive hold ends, the spares waiting then are let in together before the next
-exclusive request (phase-fair), so a queue of candidates cannot starve the spares that the
-candidates after it need.
+So no candidate code is alive on the GPU outside a candidate's own lease, and nothing overlaps
+a timing. A waiting exclusive request (an upgrade) stops new shared grants; shared holders that
+already run finish first. When an exclusive hold ends, the spares waiting then are let in
+together before the next exclusive request (phase-fair), so a queue of candidates cannot starve
+the spares that the candidates after it need. On the H200 a spare's GPU work (0.1-0.4 s) hid in
+a candidate's trials this way instead of adding to the GPU time of every candidate.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class GpuGate:
     def __init__(self, max_exclusive: int = 1) -> None:
         self.max_exclusive = max_exclusive
         self.shared_holders = 0
+        self.candidate_holders = 0
+        """Candidates in their trials (spares may run beside them)."""
         self.exclusive_holders = 0
         self.exclusive_waiting = 0
         self._shared_waiters: set[int] = set()
@@ -60,14 +67,20 @@ class GpuGate:
         """Shared waiters let in ahead of waiting exclusive requests (those waiting when one ended)."""
         self._tickets = itertools.count()
         self._changed = asyncio.Condition()
-        self.seconds = {"exclusive": 0.0, "shared": 0.0, "idle": 0.0}
-        """Time the GPU spent held exclusively, held shared only, and not held (for benchmarks)."""
+        self.seconds = {"exclusive": 0.0, "candidate": 0.0, "shared": 0.0, "idle": 0.0}
+        """Time the GPU spent held exclusively, by a candidate's trials (spares perhaps beside it),
+        by spares only, and not held (for benchmarks)."""
         self._since = time.perf_counter()
 
     def _account(self) -> None:
         """Add the time since the last change to the state the gate was in (call before a change)."""
         now = time.perf_counter()
-        state = "exclusive" if self.exclusive_holders else "shared" if self.shared_holders else "idle"
+        if self.exclusive_holders:
+            state = "exclusive"
+        elif self.candidate_holders:
+            state = "candidate"
+        else:
+            state = "shared" if self.shared_holders else "idle"
         self.seconds[state] += now - self._since
         self._since = now
 
@@ -106,12 +119,40 @@ class GpuGate:
             self._account()
             self.exclusive_holders += 1
 
-    async def release(self, exclusive: bool) -> None:
+    def _runs(self) -> int:
+        return self.candidate_holders + self.exclusive_holders
+
+    async def acquire_candidate(self) -> None:
+        """A candidate's lease for its trials: no timing running, fewer than the bound of runs."""
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: not self.exclusive_holders and not self.exclusive_waiting and self._runs() < self.max_exclusive
+            )
+            self._account()
+            self.candidate_holders += 1
+
+    async def upgrade(self) -> None:
+        """Turn a candidate lease into an exclusive one (for its timing) once the spares beside it are done."""
+        async with self._changed:
+            self.exclusive_waiting += 1
+            try:
+                await self._changed.wait_for(lambda: not self.shared_holders and not self._turn)
+            finally:
+                self.exclusive_waiting -= 1
+                self._changed.notify_all()
+            self._account()
+            self.candidate_holders -= 1
+            self.exclusive_holders += 1
+
+    async def release(self, exclusive: bool, candidate: bool = False) -> None:
+        """Give back an exclusive, a candidate (``candidate``) or a shared lease."""
         async with self._changed:
             self._account()
             if exclusive:
                 self.exclusive_holders -= 1
                 self._turn = set(self._shared_waiters)
+            elif candidate:
+                self.candidate_holders -= 1
             else:
                 self.shared_holders -= 1
             self._changed.notify_all()

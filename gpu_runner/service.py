@@ -378,14 +378,16 @@ class EvaluationService:
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(budget):
-                armed = await self._collect(worker, c, spare, max_blob, until="armed")
+                armed = await self._collect(worker, c, spare, max_blob, until=("armed",))
             marks["armed"] = time.perf_counter() - t0
             budget -= time.perf_counter() - t0
             if armed:
                 stage = "armed"
                 t_wait = time.perf_counter()
                 phase.to("gpu_wait")
-                async with self.gpu.exclusive():
+                await self.gpu.acquire_candidate()
+                exclusive = False
+                try:
                     phase.to("gpu")
                     waited = time.perf_counter() - t_wait
                     t_go = time.perf_counter()
@@ -393,13 +395,20 @@ class EvaluationService:
                     try:
                         await worker.send({"op": "go"})
                         async with asyncio.timeout(max(0.01, budget)):
-                            more = await self._collect(worker, c, spare, max_blob, until="measured")
+                            reached = await self._collect(worker, c, spare, max_blob, until=("trials_done", "measured"))
+                            if reached == "trials_done":
+                                marks["trials_done"] = time.perf_counter() - t0
+                                await self.gpu.upgrade()  # the timing has the GPU alone
+                                exclusive = True
+                                marks["exclusive"] = time.perf_counter() - t0
+                                await worker.send({"op": "time"})
+                                reached = await self._collect(worker, c, spare, max_blob, until=("measured",))
                         budget -= time.perf_counter() - t_go
                         marks["measured"] = time.perf_counter() - t0
                         stage = "measured"
-                        if more:
+                        if reached is not None:
                             async with asyncio.timeout(max(0.01, budget)):
-                                await self._collect(worker, c, spare, max_blob, until=None)
+                                await self._collect(worker, c, spare, max_blob, until=())
                         marks["done"] = time.perf_counter() - t0
                     finally:
                         # Killed while the GPU is still ours: nothing the candidate left running
@@ -409,6 +418,8 @@ class EvaluationService:
                         held = time.perf_counter() - t_go
                         phase.to("verdict")
                         marks["killed"] = time.perf_counter() - t0
+                finally:
+                    await asyncio.shield(self.gpu.release(exclusive=exclusive, candidate=not exclusive))
         except TimeoutError:
             record.timed_out = True
             c.timed_out = f"the evaluation exceeded {job.timeout_s:g} s (after {stage})"
@@ -469,8 +480,11 @@ class EvaluationService:
             detail=f"nice 0 while timed; starting, preparing and compiling workers at nice {self.cfg.worker_nice}",
         )
 
-    async def _collect(self, worker: Worker, c: Collected, spare: Spare, max_blob: int, until: str | None) -> bool:
-        """Absorb frames until ``until`` arrives (True) or the worker is done, failed or gone (False)."""
+    async def _collect(
+        self, worker: Worker, c: Collected, spare: Spare, max_blob: int, until: tuple[str, ...]
+    ) -> str | None:
+        """Absorb frames until one of the kinds ``until`` arrives (that kind) or the worker is done,
+        failed or gone (None)."""
         assert c.record is not None
         while True:
             try:
@@ -478,14 +492,15 @@ class EvaluationService:
             except asyncio.IncompleteReadError:
                 await worker.proc.wait()
                 c.record.died = exit_description(worker.proc.returncode)
-                return False
-            if until is not None and header.get("kind") == until:
-                return True
+                return None
+            kind = header.get("kind")
+            if kind in until:
+                return str(kind)
             blobs: list[Blob] = []
             if later is not None and header.get("kind") != "trial":  # only trial outputs wait
                 blobs, later = await asyncio.wrap_future(later), None
             if not await self._absorb(header, blobs, c, spare, later):
-                return False
+                return None
 
     async def _absorb(
         self,

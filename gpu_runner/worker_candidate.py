@@ -129,6 +129,12 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         stage = "forward"
         ok = _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
         if ok:
+            # The trials ran beside spares' work; the timing waits until the GPU is ours alone.
+            channel.send("trials_done")
+            nxt, _ = read_frame(channel.in_fd)
+            if nxt.get("op") != "time":
+                return
+            laps.lap("exclusive_wait_s")
             stage = "timing"
             _timing(prepared, cand, log, msg, channel)
             laps.lap("timing_s")

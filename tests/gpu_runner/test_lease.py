@@ -71,16 +71,20 @@ async def test_spares_waiting_when_a_timing_ends_go_before_the_next_timing() -> 
     b = asyncio.create_task(gate.acquire_exclusive())  # candidate B is armed and waits
     s1, s2 = asyncio.create_task(gate.acquire_shared()), asyncio.create_task(gate.acquire_shared())
     await _settle()
-    assert not (b.done() or s1.done() or s2.done())
+    assert not b.done()
+    assert not s1.done()
+    assert not s2.done()
     await gate.release(exclusive=True)
     await _settle()
-    assert s1.done() and s2.done()  # the spares waiting when A ended go first, together
+    assert s1.done()
+    assert s2.done()
     assert not b.done()
     late = asyncio.create_task(gate.acquire_shared())  # arrived after: B goes first
     await gate.release(exclusive=False)
     await gate.release(exclusive=False)
     await _settle()
-    assert b.done() and not late.done()
+    assert b.done()
+    assert not late.done()
     await gate.release(exclusive=True)
     await _settle()
     assert late.done()
@@ -112,8 +116,63 @@ async def test_a_spare_cancelled_during_its_turn_ends_the_turn() -> None:
     await _settle()
     await gate.release(exclusive=True)  # the turn is S's, but the other timing still holds the GPU
     await _settle()
-    assert not (b.done() or s.done())  # B waits for S's turn
+    assert not b.done()
+    assert not s.done()
     s.cancel()
     await _settle()
     assert b.done()
     assert gate.exclusive_holders == 2
+
+
+async def test_spares_work_beside_a_candidates_trials_but_never_beside_its_timing() -> None:
+    gate = GpuGate()
+    await gate.acquire_candidate()  # candidate A's trials
+    await gate.acquire_shared()  # a spare beside them
+    other = asyncio.create_task(gate.acquire_candidate())  # one candidate alive at a time
+    await _settle()
+    assert not other.done()
+    timing = asyncio.create_task(gate.upgrade())
+    await _settle()
+    assert not timing.done()  # the spare finishes first
+    late = asyncio.create_task(gate.acquire_shared())
+    await _settle()
+    assert not late.done()  # a waiting timing stops new shared grants
+    await gate.release(exclusive=False)
+    await _settle()
+    assert timing.done()
+    assert (gate.exclusive_holders, gate.candidate_holders) == (1, 0)
+    assert not late.done()
+    assert not other.done()
+    await gate.release(exclusive=True)
+    await _settle()
+    assert late.done()  # the spare waiting when the timing ended goes first
+    assert other.done()  # and the next candidate's trials may run beside it
+    assert gate.usage()["candidate"] > 0
+
+
+async def test_a_candidate_that_fails_its_trials_gives_back_its_candidate_lease() -> None:
+    gate = GpuGate()
+    await gate.acquire_candidate()
+    nxt = asyncio.create_task(gate.acquire_candidate())
+    await _settle()
+    assert not nxt.done()
+    await gate.release(exclusive=False, candidate=True)
+    await _settle()
+    assert nxt.done()
+    assert gate.candidate_holders == 1
+
+
+async def test_a_cancelled_upgrade_lets_spares_in_again() -> None:
+    gate = GpuGate()
+    await gate.acquire_candidate()
+    await gate.acquire_shared()
+    up = asyncio.create_task(gate.upgrade())
+    await _settle()
+    late = asyncio.create_task(gate.acquire_shared())
+    await _settle()
+    assert not late.done()
+    up.cancel()  # the candidate's timeout
+    await _settle()
+    assert late.done()
+    assert gate.candidate_holders == 1
+    assert gate.exclusive_waiting == 0

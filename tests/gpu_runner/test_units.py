@@ -265,7 +265,8 @@ def test_output_slots_carry_a_trials_outputs_as_bulk_files(tmp_path: Path) -> No
     assert slots.fill(0, [outs[0].double(), *outs[1:]]) is None
     assert slots.fill(0, [*outs, torch.zeros(1)]) is None
     slots.release()  # the files stay for the parent; the mappings go
-    assert not slots.slots and len(list(tmp_path.iterdir())) == 4
+    assert not slots.slots
+    assert len(list(tmp_path.iterdir())) == 4
 
 
 def test_kernel_profile_only_where_launch_hooks_cannot_see() -> None:
