@@ -320,7 +320,7 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
 
 
 async def run(
-    device: DeviceChoice, quick: bool, n_aa: int | None = None, stream_only: bool = False
+    device: DeviceChoice, quick: bool, n_aa: int | None = None, stream_only: bool = False, no_stream: bool = False
 ) -> list[tuple[str, str]]:
     cuda = device is DeviceChoice.CUDA
     rows: list[tuple[str, str]] = []
@@ -416,7 +416,8 @@ async def run(
                 )
             )
             log("compile throughput done")
-    rows += await stream_section(dataclasses.replace(cfg, work_dir=tmp / "work-stream"), quick)
+    if not no_stream:
+        rows += await stream_section(dataclasses.replace(cfg, work_dir=tmp / "work-stream"), quick)
     # The fixed part of the overhead: a problem too small for transfers and comparisons to count.
     small_cfg = dataclasses.replace(cfg, spares=2, work_dir=tmp / "work-small")
     small = REFERENCE.format(n=1 << 12)
@@ -469,9 +470,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     parser.add_argument("--aa", type=int, default=None, help="A/A evaluations (default 6, 2 with --quick)")
     parser.add_argument("--stream-only", action="store_true", help="only the evaluator-throughput stream")
+    parser.add_argument("--no-stream", action="store_true", help="everything but the stream (it has its own run)")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = asyncio.run(run(DeviceChoice(args.device), args.quick, args.aa, args.stream_only))
+    rows = asyncio.run(run(DeviceChoice(args.device), args.quick, args.aa, args.stream_only, args.no_stream))
     width = max(len(k) for k, _ in rows)
     print(
         f"\ngpu_runner benchmark ({args.device}{', quick' if args.quick else ''}, "
