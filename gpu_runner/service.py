@@ -1,10 +1,11 @@
 """The evaluation service: gate, compile, run in a pre-warmed sandbox, and a trusted verdict.
 
 ``EvaluationService.evaluate`` may be called concurrently: compiles of some candidates overlap
-the run of another. A candidate runs from ``go`` to ``measured`` under the exclusive GPU lease of
-:mod:`gpu_runner.lease` (``max_concurrent_runs`` of them at most); spares prepare references
-under shared leases, never during a timing. Time spent queueing for a compile slot
-or the GPU does not count against a job's ``timeout_s``; everything else does.
+the run of another. A candidate runs from ``go`` to ``measured`` under the GPU leases of
+:mod:`gpu_runner.lease` (``max_concurrent_runs`` candidates at most): a candidate lease for its
+import, construction and trials, which spares preparing references may share, then the exclusive
+lease for its timing. Time spent queueing for a compile slot or the GPU does not count against a
+job's ``timeout_s``; everything else does.
 """
 
 from __future__ import annotations
