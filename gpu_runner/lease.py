@@ -31,7 +31,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -107,17 +107,9 @@ class GpuGate:
             self.shared_holders += 1
 
     async def acquire_exclusive(self) -> None:
-        async with self._changed:
-            self.exclusive_waiting += 1
-            try:
-                await self._changed.wait_for(
-                    lambda: not self.shared_holders and not self._turn and self.exclusive_holders < self.max_exclusive
-                )
-            finally:
-                self.exclusive_waiting -= 1
-                self._changed.notify_all()  # a cancelled exclusive waiter may unblock shared ones
-            self._account()
-            self.exclusive_holders += 1
+        """The GPU alone (no spares beside), as one of at most ``max_exclusive`` runs."""
+        await self._as_writer(lambda: self._runs() < self.max_exclusive)
+        self.exclusive_holders += 1
 
     def _runs(self) -> int:
         return self.candidate_holders + self.exclusive_holders
@@ -133,16 +125,21 @@ class GpuGate:
 
     async def upgrade(self) -> None:
         """Turn a candidate lease into an exclusive one (for its timing) once the spares beside it are done."""
+        await self._as_writer(lambda: True)
+        self.candidate_holders -= 1
+        self.exclusive_holders += 1
+
+    async def _as_writer(self, also: Callable[[], bool]) -> None:
+        """Wait, stopping new shared grants meanwhile, until no spare holds or is owed the GPU and ``also``;
+        the caller then changes the holder counts (no await in between)."""
         async with self._changed:
             self.exclusive_waiting += 1
             try:
-                await self._changed.wait_for(lambda: not self.shared_holders and not self._turn)
+                await self._changed.wait_for(lambda: not self.shared_holders and not self._turn and also())
             finally:
                 self.exclusive_waiting -= 1
-                self._changed.notify_all()
+                self._changed.notify_all()  # a cancelled exclusive waiter may unblock shared ones
             self._account()
-            self.candidate_holders -= 1
-            self.exclusive_holders += 1
 
     async def release(self, exclusive: bool, candidate: bool = False) -> None:
         """Give back an exclusive, a candidate (``candidate``) or a shared lease."""
