@@ -19,7 +19,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=5)
     a = p.parse_args()
     dev = torch.device("cuda:0")
-    torch.cuda.init()
+    torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.empty(1, device=dev).zero_()
     torch.cuda.synchronize()
     model = torch.nn.ReLU()
