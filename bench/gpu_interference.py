@@ -81,6 +81,12 @@ ACTIONS: dict[str, str] = {
         "h = torch.randn(1 << 25); torch.empty(1, device=dev).zero_(); torch.cuda.synchronize()\n"
         "t0 = time.monotonic(); d = h.to(dev); back = d.cpu(); torch.cuda.synchronize()\nwindow('copy', t0)"
     ),
+    "page-lock 640 MB of host memory + unlock (cudaHostRegister)": (
+        "h = torch.empty(640 << 20, dtype=torch.uint8); h.zero_(); torch.empty(1, device=dev).zero_()\n"
+        "torch.cuda.synchronize(); rt = torch.cuda.cudart()\n"
+        "t0 = time.monotonic(); assert int(rt.cudaHostRegister(h.data_ptr(), h.numel(), 0)) == 0\n"
+        "rt.cudaHostUnregister(h.data_ptr()); window('pin', t0)"
+    ),
     "cudaMalloc 1 GB + free": (
         "torch.empty(1, device=dev).zero_(); torch.cuda.synchronize()\n"
         "t0 = time.monotonic(); a = torch.empty(1 << 28, device=dev); del a; torch.cuda.empty_cache()\n"
@@ -99,7 +105,9 @@ ACTIONS: dict[str, str] = {
 }
 
 
-def run(seconds: float, procs: int, reps: int) -> list[tuple[str, str, str, str, str]]:
+def run(seconds: float, procs: int, reps: int, only: str | None = None) -> list[tuple[str, str, str, str, str]]:
+    parts = [p.strip().lower() for p in only.split(",")] if only else []
+    actions = {k: v for k, v in ACTIONS.items() if not parts or any(p in k.lower() for p in parts)}
     tmp = Path(tempfile.mkdtemp(prefix="kf-interf-"))
     samples_path, stop = tmp / "samples.json", tmp / "stop"
     # The timer runs until told to stop, however long the actions take.
@@ -112,7 +120,7 @@ def run(seconds: float, procs: int, reps: int) -> list[tuple[str, str, str, str,
     alive: list[tuple[float, float]] = []  # any helper process alive (start, end)
     time.sleep(2.0)
     for _ in range(reps):
-        for name, body in ACTIONS.items():
+        for name, body in actions.items():
             t0 = time.monotonic()
             helpers = [
                 subprocess.Popen([sys.executable, "-c", PRELUDE + body], stdout=subprocess.PIPE, text=True)
@@ -137,7 +145,7 @@ def run(seconds: float, procs: int, reps: int) -> list[tuple[str, str, str, str,
         return sorted(values)[int(0.99 * (len(values) - 1))]
 
     rows = [("none (no helper alive)", str(len(quiet)), f"{base:.4f} ms", "1.000", f"{p99(quiet) / base:.3f}")]
-    for name in ACTIONS:
+    for name in actions:
         spans = [(a, b + 0.002) for n, a, b in windows if n == name]
         inside = [ms for t, ms in samples if any(a <= t - ms / 1e3 and t - ms / 1e3 <= b for a, b in spans)]
         if not inside:
@@ -153,13 +161,14 @@ def main() -> int:
     parser.add_argument("--seconds-per-action", type=float, default=6.0)
     parser.add_argument("--procs", type=int, default=4, help="helper processes doing the action at once")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--only", default=None, help="only the actions whose names contain one of these comma-separated texts")
     args = parser.parse_args()
     probe = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
     )
     if probe.stdout.strip() != "True":
         raise SystemExit("gpu_interference needs a CUDA GPU (torch.cuda.is_available() is not True here)")
-    rows = run(args.seconds_per_action, args.procs, args.reps)
+    rows = run(args.seconds_per_action, args.procs, args.reps, args.only)
     head = ("action in other processes", "samples", "median", "median / quiet", "p99 / quiet")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
     print(f"\nGPU interference ({args.procs} helper processes at once, {args.reps} rounds)")

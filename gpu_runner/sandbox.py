@@ -312,6 +312,7 @@ class Worker:
         if "bulk" not in header:
             return header, None
         later = _READERS.submit(read_bulk, self.bulk_fd, header.pop("bulk"), max_blob)
+        self.bulk_reads = [f for f in self.bulk_reads if not f.done()]  # reap waits only for unfinished reads
         self.bulk_reads.append(later)
         return header, later
 
