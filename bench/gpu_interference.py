@@ -161,7 +161,7 @@ def main() -> int:
     parser.add_argument("--seconds-per-action", type=float, default=6.0)
     parser.add_argument("--procs", type=int, default=4, help="helper processes doing the action at once")
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--only", default=None, help="only the actions whose names contain one of these comma-separated texts")
+    parser.add_argument("--only", default=None, help="only actions whose names contain one of these (comma-separated)")
     args = parser.parse_args()
     probe = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
