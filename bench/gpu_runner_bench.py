@@ -212,7 +212,7 @@ async def watch_idle(svc: EvaluationService, into: dict[str, float], lags: list[
         now = time.perf_counter()
         dt, last = now - last, now
         lags.append(dt - period)
-        if svc.gpu.exclusive_holders or svc.gpu.candidate_holders or svc.gpu.shared_holders:
+        if svc.gpu.state() != "idle":
             continue
         n = svc.in_flight
         why = next(

@@ -27,11 +27,9 @@ a candidate's trials this way instead of adding to the GPU time of every candida
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,16 +70,18 @@ class GpuGate:
         by spares only, and not held (for benchmarks)."""
         self._since = time.perf_counter()
 
+    def state(self) -> str:
+        """``exclusive``, ``candidate`` (spares perhaps beside it), ``shared`` (spares only) or ``idle``."""
+        if self.exclusive_holders:
+            return "exclusive"
+        if self.candidate_holders:
+            return "candidate"
+        return "shared" if self.shared_holders else "idle"
+
     def _account(self) -> None:
         """Add the time since the last change to the state the gate was in (call before a change)."""
         now = time.perf_counter()
-        if self.exclusive_holders:
-            state = "exclusive"
-        elif self.candidate_holders:
-            state = "candidate"
-        else:
-            state = "shared" if self.shared_holders else "idle"
-        self.seconds[state] += now - self._since
+        self.seconds[self.state()] += now - self._since
         self._since = now
 
     def usage(self) -> dict[str, float]:
@@ -106,11 +106,6 @@ class GpuGate:
             self._account()
             self.shared_holders += 1
 
-    async def acquire_exclusive(self) -> None:
-        """The GPU alone (no spares beside), as one of at most ``max_exclusive`` runs."""
-        await self._as_writer(lambda: self._runs() < self.max_exclusive)
-        self.exclusive_holders += 1
-
     def _runs(self) -> int:
         return self.candidate_holders + self.exclusive_holders
 
@@ -124,22 +119,18 @@ class GpuGate:
             self.candidate_holders += 1
 
     async def upgrade(self) -> None:
-        """Turn a candidate lease into an exclusive one (for its timing) once the spares beside it are done."""
-        await self._as_writer(lambda: True)
-        self.candidate_holders -= 1
-        self.exclusive_holders += 1
-
-    async def _as_writer(self, also: Callable[[], bool]) -> None:
-        """Wait, stopping new shared grants meanwhile, until no spare holds or is owed the GPU and ``also``;
-        the caller then changes the holder counts (no await in between)."""
+        """Turn a candidate lease into an exclusive one (for its timing) once the spares beside it
+        are done; new shared grants wait meanwhile. The only way to the exclusive lease."""
         async with self._changed:
             self.exclusive_waiting += 1
             try:
-                await self._changed.wait_for(lambda: not self.shared_holders and not self._turn and also())
+                await self._changed.wait_for(lambda: not self.shared_holders and not self._turn)
             finally:
                 self.exclusive_waiting -= 1
-                self._changed.notify_all()  # a cancelled exclusive waiter may unblock shared ones
+                self._changed.notify_all()  # a cancelled upgrade may unblock shared requests
             self._account()
+            self.candidate_holders -= 1
+            self.exclusive_holders += 1
 
     async def release(self, exclusive: bool, candidate: bool = False) -> None:
         """Give back an exclusive, a candidate (``candidate``) or a shared lease."""
@@ -153,14 +144,6 @@ class GpuGate:
             else:
                 self.shared_holders -= 1
             self._changed.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
-        await self.acquire_exclusive()
-        try:
-            yield
-        finally:
-            await asyncio.shield(self.release(exclusive=True))
 
 
 class _Peer(Protocol):

@@ -12,12 +12,18 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _timing(gate: GpuGate) -> None:
+    """How a candidate reaches its timing: the candidate lease, then the upgrade."""
+    await gate.acquire_candidate()
+    await gate.upgrade()
+
+
 async def test_shared_holders_run_together_and_keep_timing_out() -> None:
     gate = GpuGate()
     await gate.acquire_shared()
     await gate.acquire_shared()
     assert gate.shared_holders == 2
-    timing = asyncio.create_task(gate.acquire_exclusive())
+    timing = asyncio.create_task(_timing(gate))
     await _settle()
     assert not timing.done()  # spares already on the GPU finish first
     late = asyncio.create_task(gate.acquire_shared())
@@ -41,10 +47,11 @@ async def test_exclusive_holders_are_bounded() -> None:
     order: list[str] = []
 
     async def run(name: str) -> None:
-        async with gate.exclusive():
-            order.append(f"{name}+")
-            await asyncio.sleep(0.01)
-            order.append(f"{name}-")
+        await _timing(gate)
+        order.append(f"{name}+")
+        await asyncio.sleep(0.01)
+        order.append(f"{name}-")
+        await gate.release(exclusive=True)
 
     await asyncio.gather(run("a"), run("b"))
     assert order in (["a+", "a-", "b+", "b-"], ["b+", "b-", "a+", "a-"])
@@ -53,7 +60,7 @@ async def test_exclusive_holders_are_bounded() -> None:
 async def test_a_cancelled_timing_wait_lets_shared_work_in() -> None:
     gate = GpuGate()
     await gate.acquire_shared()
-    timing = asyncio.create_task(gate.acquire_exclusive())
+    timing = asyncio.create_task(_timing(gate))
     await _settle()
     late = asyncio.create_task(gate.acquire_shared())
     await _settle()
@@ -67,8 +74,8 @@ async def test_a_cancelled_timing_wait_lets_shared_work_in() -> None:
 async def test_spares_waiting_when_a_timing_ends_go_before_the_next_timing() -> None:
     """Phase-fair: a queue of timings does not starve the spares the candidates after it need."""
     gate = GpuGate()
-    await gate.acquire_exclusive()  # candidate A times
-    b = asyncio.create_task(gate.acquire_exclusive())  # candidate B is armed and waits
+    await _timing(gate)  # candidate A times
+    b = asyncio.create_task(_timing(gate))  # candidate B is armed and waits
     s1, s2 = asyncio.create_task(gate.acquire_shared()), asyncio.create_task(gate.acquire_shared())
     await _settle()
     assert not b.done()
@@ -92,8 +99,8 @@ async def test_spares_waiting_when_a_timing_ends_go_before_the_next_timing() -> 
 
 async def test_a_cancelled_spare_does_not_hold_up_the_next_timing() -> None:
     gate = GpuGate()
-    await gate.acquire_exclusive()
-    b = asyncio.create_task(gate.acquire_exclusive())
+    await _timing(gate)
+    b = asyncio.create_task(_timing(gate))
     s = asyncio.create_task(gate.acquire_shared())
     await _settle()
     s.cancel()  # cancelled before its turn could start: it never holds the GPU
@@ -102,25 +109,27 @@ async def test_a_cancelled_spare_does_not_hold_up_the_next_timing() -> None:
     await _settle()
     assert b.done()
     await gate.release(exclusive=True)
-    s2 = asyncio.create_task(gate.acquire_exclusive())
+    s2 = asyncio.create_task(_timing(gate))
     await _settle()
     assert s2.done()
 
 
 async def test_a_spare_cancelled_during_its_turn_ends_the_turn() -> None:
-    gate = GpuGate(max_exclusive=2)
-    await gate.acquire_exclusive()
-    await gate.acquire_exclusive()
-    b = asyncio.create_task(gate.acquire_exclusive())
+    gate = GpuGate(max_exclusive=3)
+    for _ in range(3):
+        await gate.acquire_candidate()
+    await gate.upgrade()
+    await gate.upgrade()
     s = asyncio.create_task(gate.acquire_shared())
     await _settle()
     await gate.release(exclusive=True)  # the turn is S's, but the other timing still holds the GPU
+    up = asyncio.create_task(gate.upgrade())
     await _settle()
-    assert not b.done()
+    assert not up.done()  # the third candidate's timing waits for S's turn
     assert not s.done()
     s.cancel()
     await _settle()
-    assert b.done()
+    assert up.done()
     assert gate.exclusive_holders == 2
 
 
