@@ -223,8 +223,8 @@ class Compiler:
             finally:
                 tree = worker.terminate()
                 self._reap(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
-            seconds = time.perf_counter() - started
             ran = time.perf_counter()
+            seconds = ran - started
             outcome = await asyncio.to_thread(self._store, worker, header, entry, seconds)
             # Where a compile's time goes (for throughput work): the queue for a worker slot, a
             # worker's start when none was warm, the worker's own run, and storing the result.

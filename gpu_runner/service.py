@@ -234,18 +234,17 @@ class EvaluationService:
 
     async def evaluate(self, job: EvalJob) -> EvalResult:
         """The verdict on one candidate; raises only when the evaluator itself cannot work."""
-        self._require()
-        started = time.perf_counter()
-        validate_reference(job.reference_source)
         phase = _Phase(self.in_flight)
         try:
-            return await self._evaluate(job, started, phase)
+            return await self._evaluate(job, phase)
         finally:
             phase.to(None)
 
-    async def _evaluate(self, job: EvalJob, started: float, phase: _Phase) -> EvalResult:
+    async def _evaluate(self, job: EvalJob, phase: _Phase) -> EvalResult:
         runs = self._require()
         assert self.compiler is not None
+        started = time.perf_counter()
+        validate_reference(job.reference_source)
         phase.to("gate")
         gate = await asyncio.to_thread(check_candidate, job.candidate_source, job.reference_source)
         gate_s = time.perf_counter() - started
@@ -498,7 +497,7 @@ class EvaluationService:
             if kind in until:
                 return str(kind)
             blobs: list[Blob] = []
-            if later is not None and header.get("kind") != "trial":  # only trial outputs wait
+            if later is not None and kind != "trial":  # only trial outputs wait
                 blobs, later = await asyncio.wrap_future(later), None
             if not await self._absorb(header, blobs, c, spare, later):
                 return None

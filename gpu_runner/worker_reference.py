@@ -70,7 +70,8 @@ def to_device(values: list[Any], device: torch.device, non_blocking: bool = Fals
 
 
 LOCK_MIN_BYTES = 1 << 20
-"""Host tensors smaller than this are copied as they are (page-locking costs more than it saves)."""
+"""Host tensors smaller than this are copied as they are (a small copy gains little from page-locking;
+the threshold is a judgement, not a measurement)."""
 
 
 def lock_host(trials: list[list[Any]]) -> list[torch.Tensor]:
