@@ -386,7 +386,7 @@ class EvaluationService:
                 t_wait = time.perf_counter()
                 phase.to("gpu_wait")
                 await self.gpu.acquire_candidate()
-                exclusive = False
+                exclusive, upgrade_wait = False, 0.0
                 try:
                     phase.to("gpu")
                     waited = time.perf_counter() - t_wait
@@ -394,16 +394,21 @@ class EvaluationService:
                     c.checks.append(self._priority(worker))
                     try:
                         await worker.send({"op": "go"})
-                        async with asyncio.timeout(max(0.01, budget)):
+                        async with asyncio.timeout(max(0.01, budget)) as window:
                             reached = await self._collect(worker, c, spare, max_blob, until=("trials_done", "measured"))
                             if reached == "trials_done":
                                 marks["trials_done"] = time.perf_counter() - t0
+                                t_up = time.perf_counter()
                                 await self.gpu.upgrade()  # the timing has the GPU alone
                                 exclusive = True
+                                # Waiting for spares to leave the GPU is queueing, not the candidate's time.
+                                upgrade_wait = time.perf_counter() - t_up
+                                waited += upgrade_wait
+                                window.reschedule((window.when() or 0.0) + upgrade_wait)
                                 marks["exclusive"] = time.perf_counter() - t0
                                 await worker.send({"op": "time"})
                                 reached = await self._collect(worker, c, spare, max_blob, until=("measured",))
-                        budget -= time.perf_counter() - t_go
+                        budget -= time.perf_counter() - t_go - upgrade_wait
                         marks["measured"] = time.perf_counter() - t0
                         stage = "measured"
                         if reached is not None:

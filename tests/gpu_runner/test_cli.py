@@ -43,6 +43,20 @@ def test_cli_timeout_bounds_the_whole_evaluation() -> None:
     assert elapsed < 8 + 6
 
 
+def test_cli_timeout_holds_after_the_trials() -> None:
+    """A candidate that passes its trials and hangs once timed: the window after the upgrade to the
+    exclusive lease is bounded too."""
+    started = time.perf_counter()
+    done = run_cli(str(REFERENCES / "add_relu.py"), str(CANDIDATES / "hang_in_timing.py"), "--device", "cpu",
+                   "--timeout", "8", "--json")  # fmt: skip
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["status"] == "timeout"
+    assert result["correctness"]["passed_trials"] == 5  # it hung in the timing, not in the trials
+    assert elapsed < 8 + 6
+
+
 def test_cli_readable_summary_names_the_rule(capsys: pytest.CaptureFixture[str]) -> None:
     code = main([str(REFERENCES / "add_relu.py"), str(CANDIDATES / "torch_op_instead.py"), "--device", "cpu"])
     out = capsys.readouterr().out
