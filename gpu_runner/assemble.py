@@ -53,6 +53,8 @@ class Collected:
     peaks: dict[str, Any] = field(default_factory=dict)
     stages: StageTimes = field(default_factory=StageTimes)
     timed_out: str | None = None
+    pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    """Trials whose outputs the judge compares after the run (trial, frame header)."""
     compares: list[asyncio.Task[TrialCheck]] = field(default_factory=list)
     """Trial comparisons running in threads, in trial order (gathered before the verdict)."""
     compare_times: list[tuple[float, float, float]] = field(default_factory=list)
@@ -80,6 +82,11 @@ def _base(c: Collected, status: EvalStatus, summary: str, **kw: Any) -> EvalResu
 def rejected_by_gate(c: Collected, summary: str) -> EvalResult:
     """The verdict when the static gate refuses the candidate before anything of it ran."""
     return _base(c, EvalStatus.REJECTED, summary, checks=tuple(c.checks), findings=tuple(c.gate.findings))
+
+
+def evaluator_fault(c: Collected, message: str) -> EvalResult:
+    """The result when the evaluator itself could not judge the candidate (never its fault)."""
+    return _base(c, EvalStatus.EVALUATOR_ERROR, f"evaluator error: {message}", checks=tuple(c.checks))
 
 
 def build(c: Collected) -> EvalResult:

@@ -189,45 +189,108 @@ def _compare_trial(
     own output, so the exact values are ``ref[i] + residuals[i]`` (sent this way because the
     difference fits float32 without loss that matters, at half the bytes of float64).
     """
-    if len(cand) != len(ref):
-        return TrialCheck(False, "incorrect.shape", f"{len(cand)} outputs, the reference returns {len(ref)}")
+
+    def residual_of(i: int) -> Array | None:
+        residual = residuals[i] if residuals is not None and i < len(residuals) else None
+        return residual if residual is not None and residual.shape == ref[i].shape else None
+
+    def exact(i: int) -> tuple[int, int | None]:
+        bad = (cand[i] != ref[i]).reshape(-1)
+        return int(np.count_nonzero(bad)), _first(bad, 0)
+
+    def scan(i: int, atol: float, rtol: float) -> _Scan:
+        return _scan(cand[i], ref[i], residual_of(i), atol, rtol)
+
+    return decide(
+        [tuple(c.shape) for c in cand],
+        cand_dtypes,
+        [tuple(r.shape) for r in ref],
+        ref_dtypes,
+        [residual_of(i) is not None for i in range(len(ref))] if len(cand) == len(ref) else [],
+        exact,
+        scan,
+        tolerances,
+        floors,
+        factor,
+    )
+
+
+def scan_from_wire(info: dict[str, Any]) -> _Scan:
+    """A :class:`_Scan` as the judge sends it (numbers only; anything else is a protocol error)."""
+
+    def opt(key: str) -> int | None:
+        value = info.get(key)
+        return None if value is None else int(value)
+
+    return _Scan(
+        size=int(info["size"]),
+        nan_bad=int(info["nan_bad"]),
+        nan_first=opt("nan_first"),
+        outside=int(info["outside"]),
+        outside_first=opt("outside_first"),
+        max_abs=float(info["max_abs"]),
+        max_rel=float(info["max_rel"]),
+        sq_err=float(info["sq_err"]),
+        sq_ref_err=float(info["sq_ref_err"]),
+        sq_exact=float(info["sq_exact"]),
+    )
+
+
+def decide(
+    cand_shapes: list[tuple[int, ...]],
+    cand_dtypes: list[str],
+    ref_shapes: list[tuple[int, ...]],
+    ref_dtypes: list[str],
+    has_residual: list[bool],
+    exact: Any,
+    scan: Any,
+    tolerances: dict[str, tuple[float, float]],
+    floors: dict[str, float],
+    factor: float,
+) -> TrialCheck:
+    """The verdict on one trial from its outputs' shapes and dtypes and, per output, ``exact(i)``
+    (mismatches and the first, for outputs compared exactly) or ``scan(i, atol, rtol)`` (the
+    tolerance and float64 sums); the scans may come from numpy here or from the judge's GPU."""
+    if len(cand_shapes) != len(ref_shapes):
+        return TrialCheck(
+            False, "incorrect.shape", f"{len(cand_shapes)} outputs, the reference returns {len(ref_shapes)}"
+        )
     worst = TrialCheck(True)
-    for i, (c, r, cd, rd) in enumerate(zip(cand, ref, cand_dtypes, ref_dtypes, strict=True)):
-        if c.shape != r.shape:
-            return TrialCheck(False, "incorrect.shape", f"output {i}: shape {list(c.shape)}, expected {list(r.shape)}")
+    for i, (cs, rs, cd, rd) in enumerate(zip(cand_shapes, ref_shapes, cand_dtypes, ref_dtypes, strict=True)):
+        if cs != rs:
+            return TrialCheck(False, "incorrect.shape", f"output {i}: shape {list(cs)}, expected {list(rs)}")
         if cd != rd:
             return TrialCheck(False, "incorrect.precision", f"output {i}: dtype {cd}, expected {rd}")
         if rd not in tolerances:
-            if not np.array_equal(c, r):
-                bad = c != r
+            mismatches, first = exact(i)
+            if mismatches:
+                size = int(np.prod(rs)) if rs else 1
                 return TrialCheck(
                     False,
                     "incorrect.other",
                     f"output {i} ({rd}) differs",
-                    first_bad=_index(_first(bad.reshape(-1), 0), c.shape),
-                    mismatch_fraction=float(bad.mean()),
+                    first_bad=_index(first, rs),
+                    mismatch_fraction=mismatches / max(1, size),
                 )
             continue
         atol, rtol = tolerances[rd]
-        residual = residuals[i] if residuals is not None and i < len(residuals) else None
-        if residual is not None and residual.shape != r.shape:
-            residual = None
-        scan = _scan(c, r, residual, atol, rtol)
-        if scan.nan_bad:
-            frac = scan.nan_bad / scan.size
+        with_residual = i < len(has_residual) and has_residual[i]
+        scan_i: _Scan = scan(i, atol, rtol)
+        if scan_i.nan_bad:
+            frac = scan_i.nan_bad / scan_i.size
             return TrialCheck(
                 False,
                 "incorrect.nan_inf",
                 f"output {i}: NaN/Inf where the reference has none ({frac:.1%} of elements)",
-                first_bad=_index(scan.nan_first, c.shape),
+                first_bad=_index(scan_i.nan_first, rs),
                 mismatch_fraction=frac,
             )
-        worst.max_abs, worst.max_rel = max(worst.max_abs, scan.max_abs), max(worst.max_rel, scan.max_rel)
-        frac = scan.outside / scan.size if scan.size else 0.0
+        worst.max_abs, worst.max_rel = max(worst.max_abs, scan_i.max_abs), max(worst.max_rel, scan_i.max_rel)
+        frac = scan_i.outside / scan_i.size if scan_i.size else 0.0
         # A few elements outside the tolerance point at an indexing or boundary bug: say where.
         # Many, together with a large error against float64, point at the precision.
-        if residual is not None and not (scan.outside and frac < 0.05):
-            err, ref_err = _rel(scan.sq_err, scan.sq_exact), _rel(scan.sq_ref_err, scan.sq_exact)
+        if with_residual and not (scan_i.outside and frac < 0.05):
+            err, ref_err = _rel(scan_i.sq_err, scan_i.sq_exact), _rel(scan_i.sq_ref_err, scan_i.sq_exact)
             worst.err64 = max(worst.err64 or 0.0, err)
             worst.ref_err64 = max(worst.ref_err64 or 0.0, ref_err)
             bar = max(factor * ref_err, floors.get(rd, 0.0))
@@ -238,25 +301,25 @@ def _compare_trial(
                     f"output {i}: relative L2 error {err:.2e} against "
                     f"float64, the eager reference has {ref_err:.2e} (bar {bar:.2e}): lower "
                     "precision than the reference (TF32/bf16?)",
-                    max_abs=scan.max_abs,
-                    max_rel=scan.max_rel,
+                    max_abs=scan_i.max_abs,
+                    max_rel=scan_i.max_rel,
                     err64=err,
                     ref_err64=ref_err,
                     mismatch_fraction=frac,
                 )
-        if scan.outside:
+        if scan_i.outside:
             category = "incorrect.boundary" if frac < 0.05 else "incorrect.other"
             return TrialCheck(
                 False,
                 category,
                 f"output {i}: {frac:.2%} of elements outside atol={atol:g} rtol={rtol:g} "
-                f"(max abs error {scan.max_abs:.3g})",
-                max_abs=scan.max_abs,
-                max_rel=scan.max_rel,
+                f"(max abs error {scan_i.max_abs:.3g})",
+                max_abs=scan_i.max_abs,
+                max_rel=scan_i.max_rel,
                 err64=worst.err64,
                 ref_err64=worst.ref_err64,
                 mismatch_fraction=frac,
-                first_bad=_index(scan.outside_first, c.shape),
+                first_bad=_index(scan_i.outside_first, rs),
             )
     return worst
 

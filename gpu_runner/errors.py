@@ -56,3 +56,21 @@ class ProtocolError(RunnerError):
 
 class ServiceClosed(RunnerError):
     """The evaluation service was used before ``start()`` or after ``aclose()``."""
+
+
+class TaskTooLarge(RunnerError):
+    """The task cannot fit even one evaluation in the device's or the host's memory; the message
+    says how much it needs and how much there is."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EvaluatorFault(RunnerError):
+    """The evaluator itself could not produce a verdict for a candidate (its reference run, a lost
+    device, memory exhausted in trusted code): never the candidate's fault."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -23,19 +23,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
+import psutil
 import structlog
 
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.lease import GpuGate, GpuLease
-from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
-from gpu_runner.sandbox import Isolation, Worker, await_ready, spawn_worker
+from gpu_runner.memplan import Footprint, MemoryPlan, plan
+from gpu_runner.protocol import Blob, FrameError, take_bulk, tensor_from_wire
+from gpu_runner.sandbox import Isolation, Worker, await_ready, bulk_root, spawn_worker
 
 logger = structlog.get_logger(__name__)
 _names = count()
 MAX_SPARE_FAILURES = 3
 """Spares failing in a row before the pool stops starting them (a retarget or a success resets it)."""
+
+
+ON_DEVICE_INPUT_BYTES = 256 << 20
+"""Inputs at least this large are drawn on the GPU itself (see ``worker_reference.make_inputs``)."""
 
 
 def task_key(reference_source: str) -> str:
@@ -55,6 +61,18 @@ class ReferenceData:
     info: dict[str, Any] = field(default_factory=dict)
     lease_s: float = 0.0
     """Seconds the spare held its (shared) GPU lease while preparing."""
+    files: Path | None = None
+    """For tasks the judge compares: the folder (out of every worker's reach) holding, per trial,
+    the reference's outputs ``t<T>_o<i>`` and float64 residuals ``t<T>_r<i>`` as raw files."""
+    metas: list[list[dict[str, Any]]] = field(default_factory=list)
+    """Per trial, the wire metadata (dtype, shape) of the reference's outputs (for the judge)."""
+    has_residual: list[list[bool]] = field(default_factory=list)
+
+    def discard(self) -> None:
+        """Remove the reference files (the spare is used up or killed)."""
+        if self.files is not None:
+            shutil.rmtree(self.files, ignore_errors=True)
+            self.files = None
 
 
 @dataclass
@@ -109,6 +127,11 @@ class RunPool:
         self.forks: ForkServer | None = None
         """Where spares are forked from (None: fresh interpreters)."""
         self.closed = False
+        self.plan: MemoryPlan | None = None
+        """The current task's memory plan (None until a task is known, or on an old reference)."""
+        self.plans: dict[str, MemoryPlan] = {}
+        self.prep_sem: asyncio.Semaphore | None = None
+        """Spares that prepare at once when the plan had to cut (one at a time then)."""
 
     async def new_worker(self) -> Worker:
         """Start one run worker and wait until it is ready."""
@@ -131,10 +154,59 @@ class RunPool:
             self.last_ready = worker.ready
             return worker
 
+    async def _measure(self, worker: Worker, reference_source: str) -> MemoryPlan:
+        """Measure the task's working set in ``worker`` (which stays usable as a spare) and derive
+        the memory plan; raises :class:`TaskTooLarge` when one evaluation cannot fit."""
+        key = task_key(reference_source)
+        try:
+            async with asyncio.timeout(self.cfg.worker_start_timeout_s):
+                await worker.send({"op": "measure", "reference_source": reference_source})
+                header, _ = await worker.recv(1 << 20)
+        except asyncio.IncompleteReadError:
+            raise WorkerStartError(
+                "run", "the worker died while measuring the task", worker.log_text()[-3000:]
+            ) from None
+        if header.get("kind") != "measured":
+            raise ProtocolError(f"unexpected {header.get('kind')!r} while measuring the task")
+        fp = Footprint.from_wire(header)
+        made = plan(
+            fp,
+            device=self.device,
+            max_trials=self.cfg.trials,
+            max_spares=self.cfg.spares,
+            host_available=int(psutil.virtual_memory().available),
+        )
+        logger.info(
+            "memory_plan",
+            task=key,
+            plan=made.summary(),
+            input_bytes=fp.input_bytes,
+            output_bytes=fp.output_bytes,
+            param_bytes=fp.param_bytes,
+            device_free=fp.device_free,
+            method=fp.method,
+        )
+        self.plans[key] = made
+        return made
+
+    def spares_wanted(self) -> int:
+        return self.plan.spares if self.plan is not None else self.cfg.spares
+
+    def trials_wanted(self) -> int:
+        return self.plan.trials if self.plan is not None else self.cfg.trials
+
     async def prepare(self, spare: Spare, reference_source: str, timeout_s: float) -> None:
         """Have a spare compute the reference outputs for fresh secret seeds; keep them here."""
+        if self.prep_sem is not None:
+            async with self.prep_sem:
+                await self._prepare(spare, reference_source, timeout_s)
+        else:
+            await self._prepare(spare, reference_source, timeout_s)
+
+    async def _prepare(self, spare: Spare, reference_source: str, timeout_s: float) -> None:
         started = time.perf_counter()
-        seeds = [secrets.randbits(62) for _ in range(self.cfg.trials)]
+        seeds = [secrets.randbits(62) for _ in range(self.trials_wanted())]
+        device_verdict = self.plan is not None and self.plan.device_verdict
         msg = {
             "op": "prepare",
             "reference_source": reference_source,
@@ -142,14 +214,23 @@ class RunPool:
             "trial_seeds": seeds,
             "compiled_baseline": self.compiled_baseline(),
             "flops": self.flops.get(task_key(reference_source)),
+            "device_verdict": device_verdict,
+            "inputs_on_device": self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_INPUT_BYTES,
         }
         data = ReferenceData()
+        if device_verdict:
+            data.files = self.verdict_dir() / spare.worker.dir.name
+            data.files.mkdir(mode=0o700)
         await spare.worker.send(msg)
         try:
             await self._collect_reference(spare, data, timeout_s)
         except asyncio.IncompleteReadError:
+            data.discard()
             log = spare.worker.log_text()[-3000:]
             raise WorkerStartError("run", "the worker died while computing the reference", log) from None
+        except BaseException:
+            data.discard()
+            raise
         spare.task = task_key(reference_source)
         spare.reference = data
         self.prepared += 1
@@ -172,11 +253,13 @@ class RunPool:
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    header, blobs = await spare.worker.recv(1 << 40)
+                    header, blobs = await spare.worker.recv(1 << 40, defer_bulk=data.files is not None)
                     kind = header.get("kind")
                     if await lease.handle(kind):
                         continue
-                    if kind == "reference":
+                    if kind == "reference" and data.files is not None:
+                        self._keep_reference_files(spare, data, header)
+                    elif kind == "reference":
                         arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
                         n = int(header["n_outputs"])
                         data.outputs.append(arrays[:n])
@@ -195,6 +278,39 @@ class RunPool:
             await lease.drop()
             data.lease_s += lease.seconds
 
+    def verdict_dir(self) -> Path:
+        """Where the judge's files wait, on the bulk files' file system (moves are renames)."""
+        path = bulk_root(self.base) / "verdict"
+        bulk_root(self.base).mkdir(mode=0o711, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+        return path
+
+    def _keep_reference_files(self, spare: Spare, data: ReferenceData, header: dict[str, Any]) -> None:
+        """Move a ``reference`` frame's files (outputs, then residuals) into the spare's verdict folder."""
+        assert data.files is not None
+        t, n = int(header["trial"]), int(header["n_outputs"])
+        metas = list(header.get("tensors", []))
+        if "bulk" not in header or len(metas) != len(header["bulk"]) or t != len(data.metas):
+            raise ProtocolError("the reference's outputs did not come as files, one per tensor, in trial order")
+        dst = os.open(data.files, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            names = take_bulk(spare.worker.bulk_fd, header["bulk"], dst, f"t{t}_x", 1 << 40)
+            for i, name in enumerate(names):
+                final = f"t{t}_o{i}" if i < n else f"t{t}_r{i - n}"
+                os.rename(name, final, src_dir_fd=dst, dst_dir_fd=dst)
+        finally:
+            os.close(dst)
+        data.metas.append(metas[:n])
+        data.dtypes.append([str(m["dtype"]) for m in metas[:n]])
+        residuals = metas[n:] if header.get("fp64_error") is None else []
+        data.has_residual.append(
+            [
+                i < len(residuals) and list(residuals[i].get("shape", [])) == list(metas[i].get("shape", []))
+                for i in range(n)
+            ]
+        )
+        data.fp64_error = data.fp64_error or header.get("fp64_error")
+
     def compiled_baseline(self) -> bool:
         if self.cfg.compiled_baseline is not None:
             return self.cfg.compiled_baseline
@@ -204,8 +320,7 @@ class RunPool:
         """A spare prepared for this reference (and whether it was warm); starts replacements."""
         key = task_key(reference_source)
         if self.reference_source is None or task_key(self.reference_source) != key:
-            self.reference_source = reference_source
-            self._recovered()
+            await self.retarget(reference_source)
         spare = self._take(key)
         warm = spare is not None
         self.refill()
@@ -221,6 +336,8 @@ class RunPool:
                 await self.prepare(spare, reference_source, timeout_s)
             except BaseException:
                 await worker.kill(sweep=False)
+                if spare.reference is not None:
+                    spare.reference.discard()
                 raise
             if self.failure is not None:  # workers start again: so may spares
                 self._recovered()
@@ -237,17 +354,21 @@ class RunPool:
         """Start spares until ``spares`` are idle or on their way."""
         if self.closed or self.failure is not None:
             return
-        while len(self.idle) + self.starting < self.cfg.spares:
-            self.starting += 1
-            task = asyncio.create_task(self._start_spare())
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        while len(self.idle) + self.starting < self.spares_wanted():
+            self._spawn_spare(None)
 
-    async def _start_spare(self) -> None:
-        worker: Worker | None = None
+    def _spawn_spare(self, worker: Worker | None) -> None:
+        self.starting += 1
+        task = asyncio.create_task(self._start_spare(worker))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _start_spare(self, worker: Worker | None) -> None:
         kept = False
+        spare: Spare | None = None
         try:
-            worker = await self.new_worker()
+            if worker is None:
+                worker = await self.new_worker()
             await self.keep_seed(worker, None)
             spare = Spare(worker)
             if self.reference_source is not None:
@@ -269,6 +390,8 @@ class RunPool:
             self.idle_changed.set()
             if worker is not None and not kept:
                 await worker.kill(sweep=False)
+                if spare is not None and spare.reference is not None:
+                    spare.reference.discard()
 
     def _recovered(self) -> None:
         self.failures, self.failure = 0, None
@@ -296,15 +419,33 @@ class RunPool:
             self.seeding.discard(task)
 
     async def retarget(self, reference_source: str) -> None:
-        """Make idle spares ready for a (new) task."""
-        self.reference_source = reference_source
-        self._recovered()
+        """Make the pool ready for a (new) task: its memory plan first (measured in the worker that
+        becomes its first spare), then as many spares as the plan allows."""
         key = task_key(reference_source)
         for spare in list(self.idle):
             if spare.task != key:
                 self.idle.remove(spare)
-                await spare.worker.kill(sweep=False)
+                await self._dispose(spare)
+        self.reference_source = reference_source
+        self._recovered()
+        if key in self.plans:
+            self.plan = self.plans[key]
+        else:
+            worker = await self.new_worker()
+            try:
+                self.plan = await self._measure(worker, reference_source)
+            except BaseException:
+                await worker.kill(sweep=False)
+                raise
+            cut = self.plan.spares < self.cfg.spares or self.plan.trials < self.cfg.trials
+            self.prep_sem = asyncio.Semaphore(1) if cut or self.plan.device_verdict else None
+            self._spawn_spare(worker)  # prepared and kept even with no spares planned: the first job takes it
         self.refill()
+
+    async def _dispose(self, spare: Spare) -> None:
+        await spare.worker.kill(sweep=False)
+        if spare.reference is not None:
+            spare.reference.discard()
 
     async def wait_idle(self, n: int, timeout_s: float) -> None:
         """Wait until ``n`` spares are idle (used by ``prepare`` and benchmarks)."""
@@ -328,7 +469,7 @@ class RunPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for spare in self.idle:
-            await spare.worker.kill(sweep=False)
+            await self._dispose(spare)
         self.idle.clear()
 
 

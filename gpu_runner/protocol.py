@@ -161,6 +161,39 @@ def read_bulk(dir_fd: int, refs: object, max_blob: int) -> list[Blob]:
     return out
 
 
+def take_bulk(dir_fd: int, refs: object, dst_fd: int, prefix: str, max_blob: int) -> list[str]:
+    """Move a frame's bulk files out of the worker's directory into the parent's ``dst_fd``; their new names.
+
+    For outputs too large to read into the parent: the judge reads them where they now lie, out
+    of the worker's reach. The same checks as :func:`read_bulk` (plain names, regular files of
+    exactly the announced size, no links followed), and the file must have no other name.
+    """
+    if not isinstance(refs, list):
+        raise FrameError("bulk references are not a list")
+    names: list[str] = []
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, dict):
+            raise FrameError("a bulk reference is not an object")
+        name, nbytes = ref.get("file"), ref.get("nbytes")
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise FrameError(f"bad bulk file name {name!r}")
+        if not isinstance(nbytes, int) or not 0 <= nbytes <= max_blob:
+            raise FrameError(f"bulk blob of {nbytes!r} bytes (cap {max_blob})")
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError as exc:
+            raise FrameError(f"bulk file {name}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != nbytes or st.st_nlink != 1:
+            raise FrameError(f"bulk file {name} is not a regular file of {nbytes} bytes with one name")
+        new = f"{prefix}{i}"
+        try:
+            os.rename(name, new, src_dir_fd=dir_fd, dst_dir_fd=dst_fd)
+        except OSError as exc:
+            raise FrameError(f"bulk file {name}: {exc.strerror}") from None
+        names.append(new)
+    return names
+
+
 def widen_pipe(fd: int) -> None:
     """Ask for a larger pipe buffer where the OS allows it (silently keeps the default otherwise)."""
     try:

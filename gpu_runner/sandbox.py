@@ -271,6 +271,8 @@ class Worker:
     reading: Future[tuple[dict[str, Any], list[Blob]]] | None = None
     forks: ForkServer | None = None
     """The fork server this worker was forked from (None: a fresh interpreter)."""
+    keep_bulk: bool = False
+    """Leave frames' bulk files unread (the judge compares them once the worker is gone)."""
     bulk_reads: list[Future[list[Blob]]] = field(default_factory=list)
     """Bulk files being read in the background (see :meth:`recv_deferring_bulk`)."""
 
@@ -309,7 +311,7 @@ class Worker:
         before removing it.
         """
         header, _ = await self.recv(max_blob, defer_bulk=True)
-        if "bulk" not in header:
+        if "bulk" not in header or self.keep_bulk:
             return header, None
         later = _READERS.submit(read_bulk, self.bulk_fd, header.pop("bulk"), max_blob)
         self.bulk_reads = [f for f in self.bulk_reads if not f.done()]  # reap waits only for unfinished reads
@@ -372,7 +374,7 @@ class Worker:
             await _waiting(shutil.rmtree, self.bulk, True)
         await asyncio.sleep(0)  # let the write transport's close callback run before the loop may end
         if tree:
-            await _waiting(_wait_gone, tree, 10.0)
+            await _waiting(wait_gone, tree, 10.0)
         if sweep:
             await _waiting(sweep_token, self.token)
 
@@ -398,7 +400,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _wait_gone(pids: list[int], timeout_s: float) -> None:
+def wait_gone(pids: list[int], timeout_s: float) -> None:
     procs = []
     for pid in pids:
         with contextlib.suppress(psutil.Error):

@@ -11,6 +11,7 @@ job's ``timeout_s``; everything else does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -23,17 +24,18 @@ from typing import Any
 
 import structlog
 
-from gpu_runner.assemble import Collected, build, rejected_by_gate
+from gpu_runner.assemble import Collected, build, evaluator_fault, rejected_by_gate
 from gpu_runner.compare import TrialCheck, compare_trial
 from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
-from gpu_runner.errors import DeviceUnavailable, ServiceClosed
+from gpu_runner.errors import DeviceUnavailable, EvaluatorFault, ProtocolError, ServiceClosed, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
+from gpu_runner.judge import Judge
 from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
 from gpu_runner.probe import describe_device, detect_cuda, validate_reference, versions
-from gpu_runner.protocol import Blob, FrameError
+from gpu_runner.protocol import Blob, FrameError, take_bulk
 from gpu_runner.sandbox import (
     Isolation,
     Worker,
@@ -42,6 +44,7 @@ from gpu_runner.sandbox import (
     make_private_dir,
     probe_isolation,
     unreachable_by_others,
+    wait_gone,
     without_user,
     worker_env,
 )
@@ -128,6 +131,8 @@ class EvaluationService:
         self.in_flight: dict[str, int] = dict.fromkeys(PHASES, 0)
         """How many evaluations are in each phase now (for benchmarks: what an idle GPU waits for)."""
         self._reaping: set[asyncio.Task[None]] = set()
+        self.judge: Judge | None = None
+        """Compares large outputs on the GPU (started with the first task whose plan needs it)."""
 
     async def start(self) -> None:
         """Probe the device and the sandbox, and start the spares."""
@@ -297,19 +302,26 @@ class EvaluationService:
                 c.compile.error.setdefault("stage", "compile")
             return self._finish(c, started)
         budget = job.timeout_s - (time.perf_counter() - started)
-        t_run = time.perf_counter()
+        # Waiting for a prepared worker (the evaluator's start-up, a cold start, the reference's
+        # preparation) is the evaluator's time, not the candidate's: not part of its budget.
+        phase.to("spare")
         try:
-            async with asyncio.timeout(max(0.01, budget)):
-                phase.to("spare")
-                spare, warm = await runs.acquire(job.reference_source, max(0.01, budget))
-        except TimeoutError:
-            c.timed_out = "no run worker was ready within the timeout (evaluator start-up, not the candidate)"
-            return self._finish(c, started)
-        budget -= time.perf_counter() - t_run
+            async with asyncio.timeout(self.cfg.worker_start_timeout_s):
+                spare, warm = await runs.acquire(job.reference_source, self.cfg.worker_start_timeout_s)
+        except (TimeoutError, WorkerStartError, ProtocolError, FrameError) as exc:
+            why = str(exc) or f"none was ready within {self.cfg.worker_start_timeout_s:g} s"
+            return self._finish(c, started, evaluator_fault(c, f"no run worker could be prepared: {why}"[:2000]))
+        t_run = time.perf_counter()
         detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
         outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
         c.checks.append(Check(name="warm_worker", outcome=outcome, detail=detail))
-        waited = await self._run(spare, c, max(0.01, budget), phase)
+        try:
+            waited = await self._run(spare, c, max(0.01, budget), phase)
+        except EvaluatorFault as exc:
+            return self._finish(c, started, evaluator_fault(c, exc.reason))
+        finally:
+            if spare.reference is not None:
+                spare.reference.discard()
         c.stages = c.stages.model_copy(update={"run_s": time.perf_counter() - t_run - waited})
         return self._finish(c, started)
 
@@ -349,6 +361,9 @@ class EvaluationService:
                 "timing_lead_us",
             )
         }
+        plan = self._require().plans.get(spare.task or "")
+        device_verdict = spare.reference.files is not None
+        worker.keep_bulk = device_verdict
         sandbox = {
             "cwd": str(worker.dir),
             "data_bytes": self.cfg.host_memory_limit_bytes,
@@ -368,9 +383,13 @@ class EvaluationService:
                 "rtol": rtol,
                 "timing": timing_cfg,
                 "profile_kernels": profiled,
+                "device_verdict": device_verdict,
+                "poison_bytes": plan.poison_bytes if plan is not None else None,
             }
         )
         biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)
+        for metas in spare.reference.metas:
+            biggest = max([biggest, *(int(m.get("nbytes", 0)) for m in metas)])
         max_blob = 8 * 4 * biggest + (1 << 20)
         stage, waited, held = "start", 0.0, None
         marks: dict[str, float] = {}
@@ -433,7 +452,8 @@ class EvaluationService:
         finally:
             if tree is None:
                 tree = worker.terminate()
-            self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
+            if not device_verdict:  # else after the judge took the output files (the reap removes the folder)
+                self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
             record.log = worker.log_text()
             marks["terminated"] = time.perf_counter() - t0
             # Where the run stage's time goes (seconds since the job was sent), for overhead work.
@@ -444,6 +464,12 @@ class EvaluationService:
                 worker=record.phases,
                 **marks,
             )
+        if device_verdict:
+            try:
+                if c.pending:
+                    record.trial_checks = await self._judge_trials(worker, tree, c, spare, max_blob)
+            finally:
+                self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
         if c.compares:
             t_gather = time.perf_counter()
             outcomes = await asyncio.gather(*c.compares, return_exceptions=True)
@@ -532,8 +558,14 @@ class EvaluationService:
             )
         elif kind == "trial":
             t = int(header["trial"])
-            if not 0 <= t < len(ref.outputs):
+            if ref.files is None and not 0 <= t < len(ref.outputs):
                 raise FrameError(f"trial {t} does not exist")
+            if ref.files is not None:  # judged on the GPU once the worker is gone
+                if not 0 <= t < len(ref.metas):
+                    raise FrameError(f"trial {t} does not exist")
+                c.pending.append((t, header))
+                record.trial_infos.append({"trial": t, **header.get("info", {})})
+                return True
             dtypes = [str(m.get("dtype")) for m in header.get("tensors", [])]
             residuals = ref.residuals[t] if t < len(ref.residuals) else None
             # Read (bulk files) and compared in threads while the worker goes on, and after the
@@ -594,6 +626,73 @@ class EvaluationService:
         timings.append((t_read - t0, began[0] - t_read, end - began[0]))
         return check
 
+    async def _judge_trials(
+        self, worker: Worker, tree: list[int], c: Collected, spare: Spare, max_blob: int
+    ) -> list[TrialCheck]:
+        """Compare the trials' output files on the GPU once nothing of the candidate can write them.
+
+        The worker's whole tree is dead first (a killed process's DMA may still be landing while
+        the kernel tears it down); then each file is moved out of the worker's folder into the
+        spare's verdict folder, and the judge reads it from there.
+        """
+        ref = spare.reference
+        assert ref is not None
+        assert ref.files is not None
+        assert c.record is not None
+        await worker.proc.wait()
+        await asyncio.to_thread(wait_gone, tree, 30.0)
+        if self.judge is None:
+            self.judge = Judge(
+                self._require().new_worker, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s
+            )
+        checks: list[TrialCheck] = []
+        dst = os.open(ref.files, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for t, header in c.pending:
+                metas = list(header.get("tensors", []))
+                ref_metas = ref.metas[t]
+                shapes_match = [list(m.get("shape", [])) for m in metas] == [
+                    list(m.get("shape", [])) for m in ref_metas
+                ]
+                outputs: list[dict[str, Any]] = []
+                if shapes_match and [m.get("dtype") for m in metas] == [m.get("dtype") for m in ref_metas]:
+                    if "bulk" not in header:
+                        raise EvaluatorFault(f"trial {t}'s outputs did not come as files")
+                    names = await asyncio.to_thread(take_bulk, worker.bulk_fd, header["bulk"], dst, f"c{t}_", max_blob)
+                    for i, (name, meta) in enumerate(zip(names, ref_metas, strict=True)):
+                        dtype = str(meta.get("dtype"))
+                        tol = self.cfg.tolerances.get(dtype)
+                        outputs.append(
+                            {
+                                "cand": str(ref.files / name),
+                                "ref": str(ref.files / f"t{t}_o{i}"),
+                                "res": str(ref.files / f"t{t}_r{i}") if ref.has_residual[t][i] else None,
+                                "dtype": dtype,
+                                "shape": list(meta.get("shape", [])),
+                                "atol": tol[0] if tol else 0.0,
+                                "rtol": tol[1] if tol else 0.0,
+                                "exact": tol is None,
+                            }
+                        )
+                check = await self.judge.trial(
+                    outputs,
+                    metas,
+                    ref_metas,
+                    ref.has_residual[t],
+                    dict(self.cfg.tolerances),
+                    dict(self.cfg.precision_floors),
+                    self.cfg.precision_factor,
+                )
+                checks.append(check)
+                for out in outputs:  # each trial's files go as soon as they are judged
+                    with contextlib.suppress(OSError):
+                        os.unlink(out["cand"])
+        except FrameError as exc:
+            c.record.error = {"stage": "forward", "etype": "FrameError", "message": f"the run process sent {exc}"}
+        finally:
+            os.close(dst)
+        return checks
+
     def _stage_files(self, spare: Spare, c: Collected) -> dict[str, str]:
         assert c.compile is not None
         assert self.iso is not None
@@ -627,6 +726,8 @@ class EvaluationService:
         self.closed = True
         if self._reaping:
             await asyncio.gather(*self._reaping, return_exceptions=True)
+        if self.judge is not None:
+            await self.judge.aclose()
         if self.runs is not None:
             await self.runs.close()
         if self.compiler is not None:

@@ -108,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                 channel.send("reference_error", **describe_exception(exc))
                 break
             channel.send("prepare_time", seconds=time.perf_counter() - t0)
+        elif op == "judge":  # a judge takes comparisons until the parent closes its pipe
+            from gpu_runner.worker_judge import judge
+
+            judge(msg, device, channel)
+        elif op == "measure":
+            from gpu_runner.worker_measure import measure
+
+            channel.send("measured", **measure(msg, device))  # the worker may then be prepared
         elif op == "job":
             from gpu_runner.worker_candidate import run_job
 

@@ -26,6 +26,7 @@ from gpu_runner.timing import Rotation, Timed, run_timing
 from gpu_runner.worker_common import (
     Channel,
     Laps,
+    OutputSlots,
     close_enough,
     describe_exception,
     flatten_outputs,
@@ -100,6 +101,12 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         # privileges CUPTI had in the spare (before the sandbox's limits and user drop).
         _start_profiler(device)
         laps.lap("profiler_start_s")
+    if msg.get("device_verdict") and prepared.slots is None and channel.bulk_dir:
+        # The judge reads the trial outputs from these files once this process is gone; made
+        # now (before the user drop, so the candidate cannot reopen them) rather than kept
+        # from the preparation by every waiting spare.
+        prepared.slots = OutputSlots(channel.bulk_dir, prepared.ref_outputs, device)
+        laps.lap("slots_s")
     sandbox = enter_sandbox(msg["sandbox"], device)
     threads0, children0 = threading.active_count(), _children()
     laps.lap("sandbox_s")
@@ -174,7 +181,8 @@ def _trials(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base_mem = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    poison = 2 * (prepared.out_nbytes + prepared.in_nbytes)
+    poison = msg.get("poison_bytes")
+    poison = 2 * (prepared.out_nbytes + prepared.in_nbytes) if poison is None else int(poison)
     all_ok = True
     atol, rtol = msg["atol"], msg["rtol"]
     for t, pristine in enumerate(prepared.trials):

@@ -132,14 +132,29 @@ def clone_inputs(values: list[Any]) -> list[Any]:
 
 
 def as_double(values: list[Any]) -> list[Any]:
-    """Floating tensors widened to float64."""
-    return [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
+    """Fresh copies of ``values``, floating tensors widened to float64 (the widening is the copy)."""
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v.to(torch.float64, copy=True) if v.is_floating_point() else v.clone())
+        else:
+            out.append(copy.deepcopy(v))
+    return out
 
 
-def make_inputs(ns: dict[str, Any], seed: int, device: torch.device) -> list[Any]:
-    """The reference's ``get_inputs()`` under ``seed``, on ``device``."""
+def make_inputs(ns: dict[str, Any], seed: int, device: torch.device, on_device: bool = False) -> list[Any]:
+    """The reference's ``get_inputs()`` under ``seed``, on ``device``.
+
+    With ``on_device`` the factory functions it calls allocate on ``device`` directly (a 6 GB
+    ``torch.randn`` takes milliseconds on a GPU and many seconds and gigabytes of the host's
+    memory on the CPU); tensors it places explicitly are moved after.
+    """
     torch.manual_seed(seed)
-    values = ns["get_inputs"]()
+    if on_device:
+        with torch.device(device):
+            values = ns["get_inputs"]()
+    else:
+        values = ns["get_inputs"]()
     if not isinstance(values, list | tuple):
         raise ReferenceFault(f"get_inputs() returned {type(values).__name__}, not a list")
     return to_device(list(values), device)
@@ -168,7 +183,12 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         candidate_init_args = copy.deepcopy(init_args)
         torch.manual_seed(init_seed)
         model = ns["Model"](*init_args)
-        host_trials = [make_inputs(ns, int(seed), torch.device("cpu")) for seed in msg["trial_seeds"]]
+        # Large inputs are drawn on the device itself, under the lease below; small ones on the
+        # host first, so the lease covers only their (page-locked) copies.
+        on_device = device.type == "cuda" and bool(msg.get("inputs_on_device"))
+        host_trials = (
+            [] if on_device else [make_inputs(ns, int(seed), torch.device("cpu")) for seed in msg["trial_seeds"]]
+        )
     except ReferenceFault:
         raise
     except Exception as exc:
@@ -189,8 +209,13 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         laps.lap("lease_wait_s")
         try:
             model = model.to(device)
-            trials = [to_device(values, device, non_blocking=bool(locked)) for values in host_trials]
+            if on_device:
+                trials = [make_inputs(ns, int(seed), device, on_device=True) for seed in msg["trial_seeds"]]
+            else:
+                trials = [to_device(values, device, non_blocking=bool(locked)) for values in host_trials]
             model64 = copy.deepcopy(model).to(torch.float64)
+        except ReferenceFault:
+            raise
         except Exception as exc:
             raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
         laps.lap("to_device_s")
@@ -204,16 +229,19 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
                     raise ReferenceFault(f"the reference's forward failed: {type(exc).__name__}: {exc}") from exc
                 fp64_error = None
                 try:
-                    outs64 = _tensors(model64(*as_double(clone_inputs(inputs))), "Model.forward (float64)")
+                    outs64 = _tensors(model64(*as_double(inputs)), "Model.forward (float64)")
                 except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
                     outs64, fp64_error = [], f"{type(exc).__name__}: {exc}"[:500]
                 ref_outputs.append(outs)
                 # The float64 truth travels as its difference from the reference's own output: float32
                 # holds that difference to ~1e-7 of itself, at half the bytes of the float64 values.
+                # In place on the float64 output: no float64 copy of the reference's output (at 6 GB
+                # outputs each copy is 12 GB of device memory).
                 residuals = [
-                    (o64 - o.double()).float() if o.is_floating_point() and o64.shape == o.shape else o.new_empty(0)
+                    o64.sub_(o).float() if o.is_floating_point() and o64.shape == o.shape else o.new_empty(0)
                     for o, o64 in zip(outs, outs64, strict=False)
                 ]
+                del outs64
                 shipments.append(([o.detach() for o in outs + residuals], len(outs), fp64_error))
         del model64
         laps.lap("forward_s")
@@ -239,7 +267,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         laps.lap("compiled_s")
     ship(shipments, device, channel, laps)
     del shipments
-    if channel.bulk_dir:
+    if channel.bulk_dir and not msg.get("device_verdict"):  # the judge's tasks make them per job
         try:
             prepared.slots = OutputSlots(channel.bulk_dir, ref_outputs, device)
         except (OSError, RuntimeError, ValueError) as exc:  # the trials then pack and send as before

@@ -17,6 +17,9 @@ class EvalStatus(StrEnum):
     COMPILE_ERROR = "compile_error"
     RUNTIME_ERROR = "runtime_error"
     TIMEOUT = "timeout"
+    EVALUATOR_ERROR = "evaluator_error"
+    """The evaluator could not reach a verdict (its reference run, a lost device, memory exhausted in
+    trusted code): says nothing about the candidate, which may be evaluated again."""
 
 
 class DeviceKind(StrEnum):

@@ -1,0 +1,110 @@
+"""The judge (parent side): one trusted GPU worker per evaluator that compares large outputs.
+
+Used for tasks the memory plan marks ``device_verdict`` (:mod:`gpu_runner.memplan`). The judge is
+a run worker forked like any spare but never prepared and never given a candidate, so nothing a
+candidate did can reach it. It compares a trial's output files after the candidate's process tree
+is gone and the parent has moved the files out of the worker's directory
+(:func:`gpu_runner.protocol.take_bulk`); it sends back only sums and counts, and the verdict is
+reached here by :func:`gpu_runner.compare.decide`, the same rules the host comparison uses.
+Its GPU work runs under a shared lease, so it never overlaps another candidate's timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from gpu_runner.compare import TrialCheck, decide, scan_from_wire
+from gpu_runner.errors import EvaluatorFault
+from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.sandbox import Worker
+
+logger = structlog.get_logger(__name__)
+
+
+class Judge:
+    """Compares output files on the GPU in a worker that never runs candidate code."""
+
+    def __init__(self, start: Callable[[], Awaitable[Worker]], gate: GpuGate, nice: int, timeout_s: float) -> None:
+        self._start = start
+        self.gate = gate
+        self.nice = nice
+        self.timeout_s = timeout_s
+        self.worker: Worker | None = None
+        self.lock = asyncio.Lock()
+        self.compared = 0
+
+    async def _worker(self) -> Worker:
+        if self.worker is None or self.worker.dead or self.worker.proc.returncode is not None:
+            self.worker = await self._start()
+        return self.worker
+
+    async def scans(self, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The judge's scan of each output spec (``cand``, ``ref``, ``res`` paths, dtype, shape, tolerances)."""
+        async with self.lock:
+            worker = await self._worker()
+            lease = GpuLease(self.gate, worker, self.nice)
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await worker.send({"op": "judge", "outputs": outputs})
+                    while True:
+                        header, _ = await worker.recv(1 << 20)
+                        kind = header.get("kind")
+                        if await lease.handle(kind):
+                            continue
+                        if kind == "judged":
+                            break
+                        raise EvaluatorFault(f"the judge sent {kind!r} while comparing")
+            except (TimeoutError, asyncio.IncompleteReadError, OSError) as exc:
+                await worker.kill(sweep=False)
+                self.worker = None
+                why = "timed out" if isinstance(exc, TimeoutError) else "died"
+                raise EvaluatorFault(f"the judge {why} while comparing outputs: {worker.log_text()[-500:]}") from None
+            finally:
+                await lease.drop()
+        if header.get("error"):
+            raise EvaluatorFault(f"the judge could not compare the outputs: {header['error']}")
+        results = header.get("results")
+        if not isinstance(results, list) or len(results) != len(outputs):
+            raise EvaluatorFault("the judge answered with the wrong number of results")
+        self.compared += 1
+        return [dict(r) for r in results]
+
+    async def trial(
+        self,
+        outputs: list[dict[str, Any]],
+        cand_meta: list[dict[str, Any]],
+        ref_meta: list[dict[str, Any]],
+        has_residual: list[bool],
+        tolerances: dict[str, tuple[float, float]],
+        floors: dict[str, float],
+        factor: float,
+    ) -> TrialCheck:
+        """The verdict on one trial whose outputs are files (see :meth:`scans`)."""
+        cand_shapes = [tuple(int(n) for n in m.get("shape", [])) for m in cand_meta]
+        ref_shapes = [tuple(int(n) for n in m.get("shape", [])) for m in ref_meta]
+        cand_dtypes = [str(m.get("dtype")) for m in cand_meta]
+        ref_dtypes = [str(m.get("dtype")) for m in ref_meta]
+        if cand_shapes != ref_shapes or cand_dtypes != ref_dtypes:
+            scans: list[dict[str, Any]] = []  # decide() stops at the first shape or dtype difference
+        else:
+            scans = await self.scans(outputs)
+
+        def exact(i: int) -> tuple[int, int | None]:
+            first = scans[i].get("first")
+            return int(scans[i]["mismatches"]), None if first is None else int(first)
+
+        def scan(i: int, _atol: float, _rtol: float) -> Any:
+            return scan_from_wire(scans[i])
+
+        return decide(
+            cand_shapes, cand_dtypes, ref_shapes, ref_dtypes, has_residual, exact, scan, tolerances, floors, factor
+        )
+
+    async def aclose(self) -> None:
+        if self.worker is not None:
+            await self.worker.kill(sweep=False)
+            self.worker = None

@@ -1,0 +1,225 @@
+"""The memory plan of a task: how many trials, spares and verdict slots fit the GPU and the host.
+
+A worker measures the reference's working set without running it for real (``measure`` op: the
+model and ``get_inputs()`` on PyTorch's ``meta`` device, so a 6 GB input costs nothing) and reports
+the device's free memory. From those bytes this module derives what every role of the evaluator
+holds at its peak and picks the largest configuration that fits, with headroom:
+
+* a prepared spare holds the model, every trial's inputs and reference outputs;
+* a spare that prepares also holds the float64 copies of model, inputs and outputs for a moment;
+* the worker running a candidate holds its spare's data plus the candidate's outputs, their
+  snapshot, the poisoned allocator memory and the timing's outputs;
+* the host holds, per prepared spare, the reference outputs and float64 residuals and the
+  candidate's output files (page-locked tmpfs).
+
+Large outputs (``device_verdict``) are compared on the GPU by a trusted judge process after the
+candidate's process is gone (:mod:`gpu_runner.judge`); the parent then never holds them.
+A task that cannot fit even one evaluation raises :class:`TaskTooLarge` with what it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_runner.errors import TaskTooLarge
+
+GIB = 1 << 30
+CONTEXT_BYTES = 600 << 20
+"""A CUDA context with torch and Triton loaded, per process (about 500 MB on an H100/H200)."""
+DEVICE_HEADROOM = 0.85
+"""Share of the device's free memory the plan may use (fragmentation, allocator rounding, workspaces)."""
+HOST_HEADROOM = 0.6
+"""Share of the host's available memory the plan may use (the page cache, compiles, the actors)."""
+DEVICE_VERDICT_BYTES = 256 << 20
+"""Outputs of a trial at least this large are compared on the GPU, not shipped to the parent's numpy."""
+JUDGE_CHUNK_ELEMENTS = 1 << 26
+"""Elements the judge compares per step (64M: 2 GB of float64 temporaries at most, 3 arrays wide)."""
+MIN_TRIALS = 2
+"""Fewest correctness trials a plan may cut to: a single input draw lets a lucky kernel through."""
+DEVICE_VERDICT_TRIALS = 3
+"""Most trials for a task whose outputs the judge compares: each trial moves its outputs, the
+reference's and the residuals through host files (three passes over gigabytes), and three fresh
+draws of gigabyte inputs leave a lucky kernel no more room than five small ones."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The reference's working set, in bytes, as the ``measure`` op reports it."""
+
+    input_bytes: int
+    """One trial's input tensors."""
+    output_bytes: int
+    """One trial's output tensors."""
+    param_bytes: int
+    """The model's parameters and buffers."""
+    largest_tensor_bytes: int
+    """The largest single input or output (stands in for the forward's intermediates)."""
+    device_free: int | None = None
+    """Free device memory the measuring worker saw (None on the CPU)."""
+    device_total: int | None = None
+    method: str = "meta"
+    """How the sizes were found (``meta``, ``fake``), or why they could not be (``unknown: ...``)."""
+
+    @classmethod
+    def from_wire(cls, info: dict[str, Any]) -> Footprint:
+        def num(key: str) -> int:
+            return max(0, int(info.get(key) or 0))
+
+        free, total = info.get("device_free"), info.get("device_total")
+        return cls(
+            input_bytes=num("input_bytes"),
+            output_bytes=num("output_bytes"),
+            param_bytes=num("param_bytes"),
+            largest_tensor_bytes=num("largest_tensor_bytes"),
+            device_free=int(free) if free is not None else None,
+            device_total=int(total) if total is not None else None,
+            method=str(info.get("method") or "meta"),
+        )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the evaluator keeps for one task (see the module docstring)."""
+
+    trials: int
+    spares: int
+    device_verdict: bool
+    """Trial outputs are compared on the GPU by the judge after the candidate's process ended."""
+    poison_bytes: int
+    """Allocator memory handed to the candidate NaN-filled before each trial."""
+    device_per_eval: int
+    """Device bytes one evaluation needs at its peak (a preparing spare and the judge included)."""
+    device_per_spare: int
+    """Device bytes each further idle prepared spare holds."""
+    host_per_spare: int
+    """Host bytes per prepared spare (reference data and output files)."""
+    device_budget: int | None
+    host_budget: int
+    footprint: Footprint
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for logs and the evaluation's checks."""
+        dev = f"{self.device_per_eval / GIB:.1f} GiB device per evaluation" if self.device_budget else "CPU"
+        how = "compared on the GPU after the candidate ended" if self.device_verdict else "compared on the host"
+        text = (
+            f"{self.trials} trials, {self.spares} spare(s); {dev}, {self.host_per_spare / GIB:.1f} GiB host per "
+            f"spare; outputs {how}"
+        )
+        return text + ("; " + "; ".join(self.notes) if self.notes else "")
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _device_needs(fp: Footprint, trials: int, poison: int) -> tuple[int, int, int]:
+    """(idle prepared spare, extra while preparing, extra while running a candidate) in device bytes."""
+    i, o, p, big = fp.input_bytes, fp.output_bytes, fp.param_bytes, fp.largest_tensor_bytes
+    # the model, every trial's inputs and reference outputs
+    idle = CONTEXT_BYTES + p + trials * (i + o)
+    # one trial at a time: the float64 model, inputs and outputs, and the float32 residual
+    preparing = 2 * (p + i + o) + o
+    # the working inputs, the outputs and their snapshot, one intermediate, the poison (a timed
+    # call needs less: its output and an intermediate, with the snapshot gone)
+    running = i + 2 * o + big + poison
+    return idle, preparing, running
+
+
+def _host_per_spare(fp: Footprint, trials: int) -> int:
+    """A prepared spare's reference outputs and their float64 residuals (float32), as host files."""
+    return trials * 2 * fp.output_bytes
+
+
+def _host_running(fp: Footprint, trials: int) -> int:
+    """The running candidate's spare data plus its output files (made when its job arrives)."""
+    return trials * 3 * fp.output_bytes
+
+
+def plan(
+    fp: Footprint,
+    *,
+    device: str,
+    max_trials: int,
+    max_spares: int,
+    host_available: int,
+    device_free: int | None = None,
+) -> MemoryPlan:
+    """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs."""
+    free = device_free if device_free is not None else fp.device_free
+    on_gpu = device == "cuda" and free is not None
+    device_budget = int(free * DEVICE_HEADROOM) if on_gpu and free is not None else None
+    host_budget = int(host_available * HOST_HEADROOM)
+    device_verdict = device == "cuda" and fp.output_bytes >= DEVICE_VERDICT_BYTES
+    notes: list[str] = []
+    if device_verdict and max_trials > DEVICE_VERDICT_TRIALS:
+        notes.append(f"{DEVICE_VERDICT_TRIALS} trials for outputs of {_gib(fp.output_bytes)}")
+        max_trials = DEVICE_VERDICT_TRIALS
+    if fp.method.startswith("unknown"):
+        notes.append(f"sizes not measured ({fp.method}); planned as if small")
+    judge = CONTEXT_BYTES + 3 * 8 * min(JUDGE_CHUNK_ELEMENTS, max(1, fp.output_bytes)) if device_verdict else 0
+    full_poison = 2 * (fp.input_bytes + fp.output_bytes)
+
+    def needs(trials: int, poison: int, spares: int) -> tuple[int, int]:
+        """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs."""
+        idle, preparing, running = _device_needs(fp, trials, poison)
+        host = _host_running(fp, trials) + spares * _host_per_spare(fp, trials)
+        if spares == 0:  # one worker prepares, then runs the candidate; the judge compares after
+            return idle + max(preparing, running) + judge, host
+        # a candidate runs while ``spares`` spares wait, one of them still preparing
+        return (spares + 1) * idle + running + preparing + judge, host
+
+    def fits(dev: int, host: int) -> bool:
+        return (device_budget is None or dev <= device_budget) and host <= host_budget
+
+    chosen: tuple[int, int, int] | None = None
+    # A spare prepared ahead matters more than a third trial or the whole poison (without one,
+    # every candidate waits for a worker to start and prepare); then trials, then the poison.
+    for want in sorted({min(1, max_spares), 0}, reverse=True):
+        for trials in range(max(1, max_trials), min(MIN_TRIALS, max_trials) - 1, -1):
+            for poison in (full_poison, full_poison // 4, 0):
+                if fits(*needs(trials, poison, want)):
+                    chosen = (trials, poison, want)
+                    break
+            if chosen:
+                break
+        if chosen:
+            break
+    if chosen is None:
+        need_dev, need_host = needs(min(MIN_TRIALS, max(1, max_trials)), 0, 0)
+        if device_budget is not None and need_dev > device_budget:
+            raise TaskTooLarge(
+                f"task needs ~{_gib(need_dev)} of device memory for one evaluation; this GPU has "
+                f"{_gib(free or 0)} free (inputs {_gib(fp.input_bytes)}, outputs {_gib(fp.output_bytes)}, "
+                f"parameters {_gib(fp.param_bytes)} per trial)"
+            )
+        raise TaskTooLarge(
+            f"task needs ~{_gib(need_host)} of host memory for one evaluation; this host has "
+            f"{_gib(host_available)} available (outputs {_gib(fp.output_bytes)} per trial)"
+        )
+    trials, poison, spares = chosen
+    while spares < max_spares and fits(*needs(trials, poison, spares + 1)):
+        spares += 1
+    per_eval = needs(trials, poison, 0)[0]
+    idle = _device_needs(fp, trials, poison)[0]
+    host = _host_per_spare(fp, trials)
+    if trials < max_trials:
+        notes.append(f"trials cut from {max_trials} to {trials} to fit")
+    if poison < full_poison:
+        notes.append(f"allocator poison cut to {_gib(poison)}")
+    if spares < max_spares:
+        notes.append(f"spares cut from {max_spares} to {spares} to fit")
+    return MemoryPlan(
+        trials=trials,
+        spares=spares,
+        device_verdict=device_verdict,
+        poison_bytes=poison,
+        device_per_eval=per_eval if on_gpu else 0,
+        device_per_spare=idle if on_gpu else 0,
+        host_per_spare=host,
+        device_budget=device_budget,
+        host_budget=host_budget,
+        footprint=fp,
+        notes=notes,
+    )

@@ -1,0 +1,88 @@
+"""The worker's ``measure`` op: the reference's working set in bytes, without running it for real.
+
+The model and ``get_inputs()`` are built on PyTorch's ``meta`` device (tensors with shapes and
+dtypes but no storage), and one forward gives the outputs' sizes; where an operation has no meta
+kernel, a fake-tensor mode tries again. A 6 GB input costs nothing either way, so the plan
+(:mod:`gpu_runner.memplan`) is known before any spare allocates. Runs in a worker that never
+sees a candidate; it reports the device's free memory as this process sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from gpu_runner.worker_common import flatten_outputs
+from gpu_runner.worker_reference import REFERENCE_FILENAME, load_module
+
+
+def _nbytes(values: list[Any]) -> tuple[int, int]:
+    """(total bytes, largest tensor's bytes) of the tensors among ``values``."""
+    total = largest = 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            n = v.numel() * v.element_size()
+            total += n
+            largest = max(largest, n)
+    return total, largest
+
+
+@contextlib.contextmanager
+def _meta() -> Iterator[None]:
+    with torch.device("meta"):
+        yield
+
+
+@contextlib.contextmanager
+def _fake() -> Iterator[None]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        yield
+
+
+def _sizes(ns: dict[str, Any], mode: str) -> dict[str, Any]:
+    init_args = list(ns["get_init_inputs"]())
+    with _meta() if mode == "meta" else _fake():
+        model = ns["Model"](*init_args)
+        inputs = list(ns["get_inputs"]())
+        if mode == "meta":
+            inputs = [v.to("meta") if isinstance(v, torch.Tensor) else v for v in inputs]
+        with torch.no_grad():
+            out = model(*inputs)
+    in_bytes, in_big = _nbytes(inputs)
+    out_bytes, out_big = _nbytes(flatten_outputs(out))
+    params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
+    return {
+        "input_bytes": in_bytes,
+        "output_bytes": out_bytes,
+        "param_bytes": params,
+        "largest_tensor_bytes": max(in_big, out_big),
+        "method": mode,
+    }
+
+
+def measure(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The ``measured`` frame's fields: sizes (or ``method: unknown: why``) and the device's free memory."""
+    info: dict[str, Any] = {}
+    try:
+        ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference_measure")
+    except Exception as exc:  # noqa: BLE001 - the preparation reports the reference's own fault
+        info = {"method": f"unknown: the reference failed to load: {type(exc).__name__}: {exc}"[:300]}
+    else:
+        errors = []
+        for mode in ("meta", "fake"):
+            try:
+                info = _sizes(ns, mode)
+                break
+            except Exception as exc:  # noqa: BLE001 - the next mode, or an unknown size, recorded
+                errors.append(f"{mode}: {type(exc).__name__}: {exc}"[:200])
+        else:
+            info = {"method": "unknown: " + "; ".join(errors)}
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        info.update(device_free=int(free), device_total=int(total))
+    return info
