@@ -14,9 +14,10 @@ import structlog
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
+from actors.errors import Retry
 from actors.kv import get_run
 from actors.runners import Runner
-from schemas import ActorKind, Candidate, RunSpec, Task, subjects
+from schemas import ActorKind, Candidate, EvalStatus, RunSpec, Task, subjects
 
 
 class EvaluatorActor(Actor):
@@ -67,6 +68,11 @@ class EvaluatorActor(Actor):
             result = await self.runner.evaluate(
                 self.task, candidate, attempt=delivery.num_delivered, evaluator=self.actor_id
             )
+            if result.status is EvalStatus.EVALUATOR_ERROR and delivery.num_delivered < self.max_deliver:
+                # The evaluator failed, not the candidate: judged again (here or by another
+                # evaluator); the last attempt's result is stored, so nothing waits forever.
+                self.log.warning("evaluator_error", candidate=candidate.candidate_id, summary=result.summary[:300])
+                raise Retry(result.summary, delay_s=2.0)
             await self.bus.publish_durable(
                 subjects.results(self.rid, candidate.island),
                 result,

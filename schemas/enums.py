@@ -121,6 +121,9 @@ class DiagnosisCategory(StrEnum):
     RUNTIME_TIMEOUT = "runtime.timeout"
     RUNTIME_EXCEPTION = "runtime.exception"
 
+    EVALUATOR_FAULT = "evaluator.fault"
+    """The evaluator could not judge the candidate: nothing is known about the candidate."""
+
     INCORRECT_SHAPE = "incorrect.shape"
     INCORRECT_NAN_INF = "incorrect.nan_inf"
     INCORRECT_BOUNDARY = "incorrect.boundary"

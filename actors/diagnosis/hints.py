@@ -38,6 +38,10 @@ def suggested_role(category: C) -> str:
 
 _HINTS: Mapping[C, tuple[str, ...]] = MappingProxyType(
     {
+        C.EVALUATOR_FAULT: (
+            "The evaluator could not judge this candidate (its own fault, not the kernel's); nothing is "
+            "known about it yet.",
+        ),
         C.COMPILE_SYNTAX: ("Fix the syntax at the line shown; keep the file a complete, importable module.",),
         C.COMPILE_IMPORT: (
             "Import only torch, triton, triton.language, math and the standard library; define every "

@@ -129,6 +129,14 @@ class RuleDiagnoser:
             reading = self._failure(result)
         elif result.status is EvalStatus.TIMEOUT:
             reading = self._timeout(result)
+        elif result.status is EvalStatus.EVALUATOR_ERROR:
+            reading = _Reading(
+                category=C.EVALUATOR_FAULT,
+                summary=result.summary,
+                evidence=(result.summary,),
+                hints=(),
+                confidence=1.0,
+            )
         elif result.status is EvalStatus.REJECTED:
             reading = self._rejected(result, Severity.REJECT)
         elif result.status is EvalStatus.INCORRECT:

@@ -71,7 +71,12 @@ __all__ = [
 
 REFINE = "refine"
 """Routing key of a request whose parent has no diagnosis (a foreign elite)."""
-_STAGE = {EvalStatus.COMPILE_ERROR: 0, EvalStatus.RUNTIME_ERROR: 1, EvalStatus.TIMEOUT: 1}
+_STAGE = {
+    EvalStatus.COMPILE_ERROR: 0,
+    EvalStatus.RUNTIME_ERROR: 1,
+    EvalStatus.TIMEOUT: 1,
+    EvalStatus.EVALUATOR_ERROR: 0,
+}
 _STAGE |= {EvalStatus.REJECTED: 1, EvalStatus.INCORRECT: 2, EvalStatus.CORRECT: 2}
 
 
