@@ -31,6 +31,7 @@ from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import DeviceUnavailable, EvaluatorFault, ProtocolError, ServiceClosed, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
+from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
 from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare, decode_outputs, task_key
@@ -131,6 +132,7 @@ class EvaluationService:
         self.in_flight: dict[str, int] = dict.fromkeys(PHASES, 0)
         """How many evaluations are in each phase now (for benchmarks: what an idle GPU waits for)."""
         self._reaping: set[asyncio.Task[None]] = set()
+        self.janitor: Janitor | None = None
         self.judge: Judge | None = None
         """Compares large outputs on the GPU (started with the first task whose plan needs it)."""
 
@@ -160,6 +162,15 @@ class EvaluationService:
             self.base = Path(tempfile.mkdtemp(prefix="kf-runner-"))
             self._own_base = True
         os.chmod(self.base, 0o711)
+        # Folders of evaluators that were killed before they could clean up go now; this one's
+        # are watched by a janitor process that removes them (and kills what runs from them)
+        # however this process ends.
+        bulk = bulk_root(self.base)
+        await asyncio.to_thread(sweep_stale, [Path(tempfile.gettempdir()), bulk.parent])
+        bulk.mkdir(mode=0o711, exist_ok=True)
+        for folder in (self.base, bulk) if self._own_base else (bulk,):
+            mark_owner(folder)
+        self.janitor = Janitor([bulk, self.base] if self._own_base else [bulk], self.cfg.python)
         cache = self.cfg.resolved_cache_dir()
         (cache / "compile").mkdir(parents=True, exist_ok=True)
         if self.iso.uid is not None:
@@ -739,6 +750,8 @@ class EvaluationService:
             await asyncio.to_thread(shutil.rmtree, bulk_root(self.base), True)
         if self._own_base and self.base is not None:
             await asyncio.to_thread(shutil.rmtree, self.base, True)
+        if self.janitor is not None:
+            await asyncio.to_thread(self.janitor.close)
 
     async def __aenter__(self) -> EvaluationService:
         await self.start()
