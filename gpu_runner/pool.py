@@ -130,6 +130,9 @@ class RunPool:
         self.plan: MemoryPlan | None = None
         """The current task's memory plan (None until a task is known, or on an old reference)."""
         self.plans: dict[str, MemoryPlan] = {}
+        self.planned = asyncio.Event()
+        """Set while the current task's plan is known (spares wait for it before they prepare)."""
+        self.planned.set()
         self.prep_sem: asyncio.Semaphore | None = None
         """Spares that prepare at once when the plan had to cut (one at a time then)."""
 
@@ -367,10 +370,14 @@ class RunPool:
         kept = False
         spare: Spare | None = None
         try:
+            measured = worker is not None
             if worker is None:
                 worker = await self.new_worker()
             await self.keep_seed(worker, None)
             spare = Spare(worker)
+            await self.planned.wait()  # a spare started before the plan prepares by the plan
+            if not measured and len(self.idle) + self.starting > self.spares_wanted():
+                return  # the plan wants fewer spares than were started before it was known
             if self.reference_source is not None:
                 await self.prepare(spare, self.reference_source, self.cfg.worker_start_timeout_s)
                 await self.keep_seed(worker, spare.task)
@@ -431,12 +438,19 @@ class RunPool:
         if key in self.plans:
             self.plan = self.plans[key]
         else:
-            worker = await self.new_worker()
+            self.planned.clear()
             try:
-                self.plan = await self._measure(worker, reference_source)
+                worker = await self.new_worker()
+                try:
+                    self.plan = await self._measure(worker, reference_source)
+                except BaseException:
+                    await worker.kill(sweep=False)
+                    raise
             except BaseException:
-                await worker.kill(sweep=False)
+                self.reference_source = None  # no task: spares that started meanwhile stay unprepared
                 raise
+            finally:
+                self.planned.set()
             cut = self.plan.spares < self.cfg.spares or self.plan.trials < self.cfg.trials
             self.prep_sem = asyncio.Semaphore(1) if cut or self.plan.device_verdict else None
             self._spawn_spare(worker)  # prepared and kept even with no spares planned: the first job takes it

@@ -1,0 +1,252 @@
+"""Benchmark of the evaluator at KernelBench's sizes: one elementwise op and one row reduction.
+
+    python bench/scale_bench.py                        # on the GPU machine: 64 MB, 1, 4 and 8 GB inputs
+    python bench/scale_bench.py --sizes 64M,1G --evals 3
+
+For each task and input size it starts an evaluation service (the memory plan decides trials,
+spares and where outputs are compared), evaluates ``--evals`` distinct honest Triton candidates one
+after another and prints, per size: the plan, the verdicts, the first (cold) and the warm
+evaluation time (median of the others, from ``evaluate()`` to its result), the share of the warm
+evaluations' wall time the GPU was held for a candidate (``gpu_s``), and the peaks of GPU memory
+(every process, ``nvidia-smi``, sampled every 0.2 s) and of host memory (the evaluator's process
+tree plus its tmpfs files). A size the plan refuses prints the refusal. Prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import contextlib
+
+import psutil
+
+from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.errors import RunnerError
+from gpu_runner.service import EvaluationService
+from schemas import DeviceChoice, EvalResult, KernelLanguage
+
+HEAD = "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl\n"
+TASKS = {
+    "relu": (
+        "torch.relu(x)",
+        """
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.maximum(x, 0.0){salt}, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        n = x.numel()
+        relu_kernel[(triton.cdiv(n, {block}),)](x, out, n, BLOCK={block})
+        return out
+""",
+    ),
+    "rowsum": (
+        "x.sum(dim=1)",
+        """
+@triton.jit
+def rowsum_kernel(x_ptr, out_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, cols, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + row * cols + offs, mask=offs < cols, other=0.0)
+    tl.store(out_ptr + row, tl.sum(acc, axis=0){salt})
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        rows, cols = x.shape
+        out = torch.empty(rows, device=x.device, dtype=x.dtype)
+        rowsum_kernel[(rows,)](x, out, cols, BLOCK={block})
+        return out
+""",
+    ),
+}
+SIZES = {"64M": 64 << 20, "1G": 1 << 30, "4G": 4 << 30, "8G": 8 << 30}
+
+
+def reference(expr: str, rows: int, cols: int) -> str:
+    return (
+        HEAD
+        + f"""
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return {expr}
+
+
+def get_inputs():
+    return [torch.randn({rows}, {cols})]
+
+
+def get_init_inputs():
+    return []
+"""
+    )
+
+
+def candidate(body: str, i: int) -> str:
+    # distinct sources (compiled and judged each on their own), the same arithmetic
+    return HEAD + body.format(salt=f" + 0.0 * {i}" if i else "", block=1024 + 0 * i)
+
+
+class Sampler:
+    """Peak GPU memory of every process (nvidia-smi) and host memory of this process tree plus tmpfs."""
+
+    def __init__(self) -> None:
+        self.gpu_peak = 0
+        self.host_peak = 0
+        self.stop = threading.Event()
+        self.smi = shutil.which("nvidia-smi")
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _shm_bytes(self) -> int:
+        try:
+            usage = shutil.disk_usage("/dev/shm")
+            return usage.used
+        except OSError:
+            return 0
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self.stop.is_set():
+            rss = 0
+            for p in [me, *me.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    rss += p.memory_info().rss
+            self.host_peak = max(self.host_peak, rss + self._shm_bytes())
+            if self.smi:
+                out = subprocess.run(
+                    [self.smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                with contextlib.suppress(ValueError, IndexError):
+                    self.gpu_peak = max(self.gpu_peak, int(out.stdout.split()[0]) << 20)
+            self.stop.wait(0.2)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, object]:
+    expr, body = TASKS[task]
+    nbytes = SIZES[size]
+    cols = 131072 if nbytes >= (1 << 30) else 16384
+    rows = nbytes // 4 // cols
+    ref = reference(expr, rows, cols)
+    row: dict[str, object] = {"task": task, "size": size, "shape": f"{rows}x{cols}"}
+    sampler = Sampler()
+    service = EvaluationService(RunnerConfig(device=DeviceChoice(device), spares=2, compile_workers=4))
+    t0 = time.perf_counter()
+    try:
+        await service.start()
+        await service.prepare(ref)
+        row["prepare_s"] = round(time.perf_counter() - t0, 1)
+        assert service.runs is not None
+        plan = service.runs.plan
+        row["plan"] = plan.summary() if plan is not None else "-"
+        times, gpu, statuses = [], [], []
+        for i in range(evals):
+            job = EvalJob(
+                reference_source=ref,
+                candidate_source=candidate(body, i),
+                language=KernelLanguage.TRITON,
+                timeout_s=180.0,
+                task_id=service.task_id(ref),
+                candidate_id=f"{task}-{size}-{i}",
+            )
+            t = time.perf_counter()
+            result: EvalResult = await service.evaluate(job)
+            times.append(time.perf_counter() - t)
+            gpu.append(result.stages.gpu_s or 0.0)
+            statuses.append(result.status.value)
+            print(
+                f"  {task} {size} #{i}: {result.status.value} in {times[-1]:.2f} s (GPU held {gpu[-1]:.2f} s); "
+                f"{result.summary[:140]}",
+                flush=True,
+            )
+        row["statuses"] = ",".join(sorted(set(statuses)))
+        row["first_s"] = round(times[0], 2)
+        warm = times[1:] or times
+        row["warm_s"] = round(statistics.median(warm), 2)
+        row["gpu_busy"] = round(sum(gpu[1:] or gpu) / sum(warm), 2)
+    except RunnerError as exc:
+        row["statuses"] = f"refused: {exc}"[:200]
+    finally:
+        await service.aclose()
+        sampler.close()
+    row["gpu_peak_gib"] = round(sampler.gpu_peak / (1 << 30), 1)
+    row["host_peak_gib"] = round(sampler.host_peak / (1 << 30), 1)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="relu,rowsum")
+    parser.add_argument("--sizes", default="64M,1G,4G,8G")
+    parser.add_argument("--evals", type=int, default=4)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = parser.parse_args()
+    if args.device == "cuda" and shutil.which("nvidia-smi") is None:
+        print(
+            "scale_bench: no GPU here (nvidia-smi not found); run it on a GPU machine or with --device cpu --sizes 64M"
+        )
+        return 2
+    rows = []
+    for task in args.tasks.split(","):
+        for size in args.sizes.split(","):
+            print(f"{task} {size}: starting", flush=True)
+            rows.append(asyncio.run(one_size(task, size, args.device, args.evals)))
+    cols = [
+        "task",
+        "size",
+        "shape",
+        "statuses",
+        "prepare_s",
+        "first_s",
+        "warm_s",
+        "gpu_busy",
+        "gpu_peak_gib",
+        "host_peak_gib",
+    ]
+    print("\n| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")
+    for r in rows:
+        print(f"plan {r['task']} {r['size']}: {r.get('plan', '-')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
