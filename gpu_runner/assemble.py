@@ -53,12 +53,18 @@ class Collected:
     peaks: dict[str, Any] = field(default_factory=dict)
     stages: StageTimes = field(default_factory=StageTimes)
     timed_out: str | None = None
+    trials: int | None = None
+    """Trials the spare prepared (the memory plan may cut them below the configuration's)."""
     pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     """Trials whose outputs the judge compares after the run (trial, frame header)."""
     compares: list[asyncio.Task[TrialCheck]] = field(default_factory=list)
     """Trial comparisons running in threads, in trial order (gathered before the verdict)."""
     compare_times: list[tuple[float, float, float]] = field(default_factory=list)
     """Per trial: seconds reading its outputs, queued for a comparer, comparing (for logs)."""
+
+
+def _expected(c: Collected) -> int:
+    return c.trials if c.trials is not None else c.cfg.trials
 
 
 def _base(c: Collected, status: EvalStatus, summary: str, **kw: Any) -> EvalResult:
@@ -122,7 +128,7 @@ def build(c: Collected) -> EvalResult:
     assert c.reference is not None
     own_names = set(c.gate.triton_kernels) | set(c.gate.cuda_kernels)
     infos = rec.trial_infos
-    checks += checks_from_infos(infos, rec.trial_checks, c.cfg.trials)
+    checks += checks_from_infos(infos, rec.trial_checks, _expected(c))
     findings += runtime_findings(infos, own_names)
     findings += profile_findings(rec.profile, own_names)
     profile = _profile(rec, infos)
@@ -169,7 +175,7 @@ def build(c: Collected) -> EvalResult:
             profile=profile,
             **common,
         )
-    if corr is None or corr.passed_trials < c.cfg.trials:
+    if corr is None or corr.passed_trials < _expected(c):
         detail = corr.detail if corr else "no trial completed"
         return _base(
             c,
@@ -307,7 +313,7 @@ def _correctness(c: Collected) -> Any:
     assert c.reference is not None
     dtype = c.reference.info.get("out_dtype", "float32")
     tol = c.cfg.tolerances.get(dtype, (0.0, 0.0))
-    return correctness(c.record.trial_checks, c.cfg.trials, tol)
+    return correctness(c.record.trial_checks, _expected(c), tol)
 
 
 def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:

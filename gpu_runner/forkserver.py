@@ -35,6 +35,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         _close_fds_from(max(WORKER_FDS) + 1)  # the server's socket and every other fd
         os.environ.clear()
         os.environ.update(req["env"])
+        tempfile.tempdir = None  # the server's cached TMPDIR is not the worker's (Triton writes its .ptx there)
         os.chdir(req["cwd"])
         libc = _libc()
         if req.get("net"):

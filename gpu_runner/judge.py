@@ -42,14 +42,14 @@ class Judge:
             self.worker = await self._start()
         return self.worker
 
-    async def scans(self, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The judge's scan of each output spec (``cand``, ``ref``, ``res`` paths, dtype, shape, tolerances)."""
+    async def _ask(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Send one trial's job to the judge worker; its ``judged`` frame."""
         async with self.lock:
             worker = await self._worker()
             lease = GpuLease(self.gate, worker, self.nice)
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    await worker.send({"op": "judge", "outputs": outputs})
+                    await worker.send({"op": "judge", **job})
                     while True:
                         header, _ = await worker.recv(1 << 20)
                         kind = header.get("kind")
@@ -67,31 +67,31 @@ class Judge:
                 await lease.drop()
         if header.get("error"):
             raise EvaluatorFault(f"the judge could not compare the outputs: {header['error']}")
-        results = header.get("results")
-        if not isinstance(results, list) or len(results) != len(outputs):
-            raise EvaluatorFault("the judge answered with the wrong number of results")
         self.compared += 1
-        return [dict(r) for r in results]
+        return header
 
     async def trial(
         self,
-        outputs: list[dict[str, Any]],
+        job: dict[str, Any],
         cand_meta: list[dict[str, Any]],
         ref_meta: list[dict[str, Any]],
-        has_residual: list[bool],
         tolerances: dict[str, tuple[float, float]],
         floors: dict[str, float],
         factor: float,
     ) -> TrialCheck:
-        """The verdict on one trial whose outputs are files (see :meth:`scans`)."""
+        """The verdict on one trial whose outputs are files: ``job`` names the seeds and the files."""
         cand_shapes = [tuple(int(n) for n in m.get("shape", [])) for m in cand_meta]
         ref_shapes = [tuple(int(n) for n in m.get("shape", [])) for m in ref_meta]
         cand_dtypes = [str(m.get("dtype")) for m in cand_meta]
         ref_dtypes = [str(m.get("dtype")) for m in ref_meta]
-        if cand_shapes != ref_shapes or cand_dtypes != ref_dtypes:
-            scans: list[dict[str, Any]] = []  # decide() stops at the first shape or dtype difference
-        else:
-            scans = await self.scans(outputs)
+        scans: list[dict[str, Any]] = []
+        has_residual: list[bool] = []
+        if cand_shapes == ref_shapes and cand_dtypes == ref_dtypes:  # else decide() stops at the difference
+            header = await self._ask(job)
+            scans = [dict(r) for r in header.get("results") or []]
+            has_residual = [bool(x) for x in header.get("has_residual") or []]
+            if len(scans) != len(ref_meta) or len(has_residual) != len(ref_meta):
+                raise EvaluatorFault("the judge answered with the wrong number of results")
 
         def exact(i: int) -> tuple[int, int | None]:
             first = scans[i].get("first")

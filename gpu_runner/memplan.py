@@ -145,27 +145,35 @@ def plan(
     max_spares: int,
     host_available: int,
     device_free: int | None = None,
+    device_verdict_bytes: int = DEVICE_VERDICT_BYTES,
 ) -> MemoryPlan:
     """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs."""
     free = device_free if device_free is not None else fp.device_free
     on_gpu = device == "cuda" and free is not None
     device_budget = int(free * DEVICE_HEADROOM) if on_gpu and free is not None else None
     host_budget = int(host_available * HOST_HEADROOM)
-    device_verdict = device == "cuda" and fp.output_bytes >= DEVICE_VERDICT_BYTES
+    device_verdict = fp.output_bytes >= device_verdict_bytes
     notes: list[str] = []
     if device_verdict and max_trials > DEVICE_VERDICT_TRIALS:
         notes.append(f"{DEVICE_VERDICT_TRIALS} trials for outputs of {_gib(fp.output_bytes)}")
         max_trials = DEVICE_VERDICT_TRIALS
     if fp.method.startswith("unknown"):
         notes.append(f"sizes not measured ({fp.method}); planned as if small")
-    judge = CONTEXT_BYTES + 3 * 8 * min(JUDGE_CHUNK_ELEMENTS, max(1, fp.output_bytes)) if device_verdict else 0
+    # The judge rebuilds the reference (model, one trial's inputs and outputs, the float64 copies,
+    # the residual) and compares in chunks (three float64 temporaries).
+    i, o, p = fp.input_bytes, fp.output_bytes, fp.param_bytes
+    chunk = 3 * 8 * min(JUDGE_CHUNK_ELEMENTS, max(1, o // 4))
+    judge = CONTEXT_BYTES + p + i + o + 2 * (p + i + o) + chunk if device_verdict else 0
     full_poison = 2 * (fp.input_bytes + fp.output_bytes)
 
     def needs(trials: int, poison: int, spares: int) -> tuple[int, int]:
         """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs."""
         idle, preparing, running = _device_needs(fp, trials, poison)
-        host = _host_running(fp, trials) + spares * _host_per_spare(fp, trials)
-        if spares == 0:  # one worker prepares, then runs the candidate; the judge compares after
+        # judged: only the running candidate's output files
+        host = trials * o if device_verdict else _host_running(fp, trials) + spares * _host_per_spare(fp, trials)
+        if spares == 0:
+            if device_verdict:  # evaluations run one at a time: prepare, run, then judge (its context stays)
+                return max(idle + max(preparing, running), judge) + CONTEXT_BYTES, host
             return idle + max(preparing, running) + judge, host
         # a candidate runs while ``spares`` spares wait, one of them still preparing
         return (spares + 1) * idle + running + preparing + judge, host
@@ -191,8 +199,8 @@ def plan(
         if device_budget is not None and need_dev > device_budget:
             raise TaskTooLarge(
                 f"task needs ~{_gib(need_dev)} of device memory for one evaluation; this GPU has "
-                f"{_gib(free or 0)} free (inputs {_gib(fp.input_bytes)}, outputs {_gib(fp.output_bytes)}, "
-                f"parameters {_gib(fp.param_bytes)} per trial)"
+                f"{_gib(free or 0)} free, {_gib(device_budget)} of it usable with headroom (inputs "
+                f"{_gib(fp.input_bytes)}, outputs {_gib(fp.output_bytes)}, parameters {_gib(fp.param_bytes)} per trial)"
             )
         raise TaskTooLarge(
             f"task needs ~{_gib(need_host)} of host memory for one evaluation; this host has "
@@ -203,7 +211,7 @@ def plan(
         spares += 1
     per_eval = needs(trials, poison, 0)[0]
     idle = _device_needs(fp, trials, poison)[0]
-    host = _host_per_spare(fp, trials)
+    host = 0 if device_verdict else _host_per_spare(fp, trials)
     if trials < max_trials:
         notes.append(f"trials cut from {max_trials} to {trials} to fit")
     if poison < full_poison:

@@ -31,7 +31,7 @@ from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.memplan import Footprint, MemoryPlan, plan
-from gpu_runner.protocol import Blob, FrameError, take_bulk, tensor_from_wire
+from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.sandbox import Isolation, Worker, await_ready, bulk_root, spawn_worker
 
 logger = structlog.get_logger(__name__)
@@ -61,12 +61,17 @@ class ReferenceData:
     info: dict[str, Any] = field(default_factory=dict)
     lease_s: float = 0.0
     """Seconds the spare held its (shared) GPU lease while preparing."""
-    files: Path | None = None
-    """For tasks the judge compares: the folder (out of every worker's reach) holding, per trial,
-    the reference's outputs ``t<T>_o<i>`` and float64 residuals ``t<T>_r<i>`` as raw files."""
+    judged: bool = False
+    """The judge compares this spare's trials on the GPU (the spare shipped nothing; the judge
+    rebuilds the reference from ``seeds`` and ``init_seed``, proven by ``input_sums``)."""
+    seeds: list[int] = field(default_factory=list)
+    init_seed: int = 0
+    on_device: bool = False
+    input_sums: list[list[int | None]] = field(default_factory=list)
     metas: list[list[dict[str, Any]]] = field(default_factory=list)
-    """Per trial, the wire metadata (dtype, shape) of the reference's outputs (for the judge)."""
-    has_residual: list[list[bool]] = field(default_factory=list)
+    """Per trial, the wire metadata (dtype, shape, nbytes) of the reference's outputs."""
+    files: Path | None = None
+    """Where the candidate's output files wait for the judge (out of every worker's reach)."""
 
     def discard(self) -> None:
         """Remove the reference files (the spare is used up or killed)."""
@@ -178,6 +183,7 @@ class RunPool:
             max_trials=self.cfg.trials,
             max_spares=self.cfg.spares,
             host_available=int(psutil.virtual_memory().available),
+            device_verdict_bytes=self.cfg.device_verdict_bytes,
         )
         logger.info(
             "memory_plan",
@@ -210,20 +216,19 @@ class RunPool:
         started = time.perf_counter()
         seeds = [secrets.randbits(62) for _ in range(self.trials_wanted())]
         device_verdict = self.plan is not None and self.plan.device_verdict
+        init_seed = secrets.randbits(62)
+        on_device = self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_INPUT_BYTES
         msg = {
             "op": "prepare",
             "reference_source": reference_source,
-            "init_seed": secrets.randbits(62),
+            "init_seed": init_seed,
             "trial_seeds": seeds,
             "compiled_baseline": self.compiled_baseline(),
             "flops": self.flops.get(task_key(reference_source)),
             "device_verdict": device_verdict,
-            "inputs_on_device": self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_INPUT_BYTES,
+            "inputs_on_device": on_device,
         }
-        data = ReferenceData()
-        if device_verdict:
-            data.files = self.verdict_dir() / spare.worker.dir.name
-            data.files.mkdir(mode=0o700)
+        data = ReferenceData(judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device)
         await spare.worker.send(msg)
         try:
             await self._collect_reference(spare, data, timeout_s)
@@ -256,13 +261,13 @@ class RunPool:
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    header, blobs = await spare.worker.recv(1 << 40, defer_bulk=data.files is not None)
+                    header, blobs = await spare.worker.recv(1 << 40)
                     kind = header.get("kind")
                     if await lease.handle(kind):
                         continue
-                    if kind == "reference" and data.files is not None:
-                        self._keep_reference_files(spare, data, header)
-                    elif kind == "reference":
+                    if kind == "reference" and data.judged:
+                        raise ProtocolError("a judged task's spare shipped reference outputs")
+                    if kind == "reference":
                         arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
                         n = int(header["n_outputs"])
                         data.outputs.append(arrays[:n])
@@ -271,6 +276,11 @@ class RunPool:
                         data.fp64_error = data.fp64_error or header.get("fp64_error")
                     elif kind == "prepared":
                         data.info = header
+                        if data.judged:
+                            data.input_sums = [list(x) for x in header.get("input_sums") or []]
+                            data.metas = [list(x) for x in header.get("out_metas") or []]
+                            if len(data.input_sums) != len(data.seeds) or len(data.metas) != len(data.seeds):
+                                raise ProtocolError("the spare reported checksums or outputs for other trials")
                     elif kind == "prepare_time":  # the last frame of a preparation
                         break
                     elif kind == "reference_error":
@@ -287,32 +297,6 @@ class RunPool:
         bulk_root(self.base).mkdir(mode=0o711, exist_ok=True)
         path.mkdir(mode=0o700, exist_ok=True)
         return path
-
-    def _keep_reference_files(self, spare: Spare, data: ReferenceData, header: dict[str, Any]) -> None:
-        """Move a ``reference`` frame's files (outputs, then residuals) into the spare's verdict folder."""
-        assert data.files is not None
-        t, n = int(header["trial"]), int(header["n_outputs"])
-        metas = list(header.get("tensors", []))
-        if "bulk" not in header or len(metas) != len(header["bulk"]) or t != len(data.metas):
-            raise ProtocolError("the reference's outputs did not come as files, one per tensor, in trial order")
-        dst = os.open(data.files, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            names = take_bulk(spare.worker.bulk_fd, header["bulk"], dst, f"t{t}_x", 1 << 40)
-            for i, name in enumerate(names):
-                final = f"t{t}_o{i}" if i < n else f"t{t}_r{i - n}"
-                os.rename(name, final, src_dir_fd=dst, dst_dir_fd=dst)
-        finally:
-            os.close(dst)
-        data.metas.append(metas[:n])
-        data.dtypes.append([str(m["dtype"]) for m in metas[:n]])
-        residuals = metas[n:] if header.get("fp64_error") is None else []
-        data.has_residual.append(
-            [
-                i < len(residuals) and list(residuals[i].get("shape", [])) == list(metas[i].get("shape", []))
-                for i in range(n)
-            ]
-        )
-        data.fp64_error = data.fp64_error or header.get("fp64_error")
 
     def compiled_baseline(self) -> bool:
         if self.cfg.compiled_baseline is not None:

@@ -133,6 +133,7 @@ class EvaluationService:
         """How many evaluations are in each phase now (for benchmarks: what an idle GPU waits for)."""
         self._reaping: set[asyncio.Task[None]] = set()
         self.janitor: Janitor | None = None
+        self._one_at_a_time = asyncio.Lock()
         self.judge: Judge | None = None
         """Compares large outputs on the GPU (started with the first task whose plan needs it)."""
 
@@ -316,6 +317,17 @@ class EvaluationService:
         # Waiting for a prepared worker (the evaluator's start-up, a cold start, the reference's
         # preparation) is the evaluator's time, not the candidate's: not part of its budget.
         phase.to("spare")
+        async with contextlib.AsyncExitStack() as serial:
+            plan = runs.plans.get(task_key(job.reference_source))
+            if plan is not None and plan.device_verdict and plan.spares == 0:
+                # The plan fits one evaluation at a time (prepare, run, judge): the next waits.
+                await serial.enter_async_context(self._one_at_a_time)
+            return await self._acquire_and_run(runs, c, started, budget, phase)
+
+    async def _acquire_and_run(
+        self, runs: RunPool, c: Collected, started: float, budget: float, phase: _Phase
+    ) -> EvalResult:
+        job = c.job
         try:
             async with asyncio.timeout(self.cfg.worker_start_timeout_s):
                 spare, warm = await runs.acquire(job.reference_source, self.cfg.worker_start_timeout_s)
@@ -373,7 +385,8 @@ class EvaluationService:
             )
         }
         plan = self._require().plans.get(spare.task or "")
-        device_verdict = spare.reference.files is not None
+        device_verdict = spare.reference.judged
+        c.trials = len(spare.reference.seeds) or None
         worker.keep_bulk = device_verdict
         sandbox = {
             "cwd": str(worker.dir),
@@ -569,9 +582,9 @@ class EvaluationService:
             )
         elif kind == "trial":
             t = int(header["trial"])
-            if ref.files is None and not 0 <= t < len(ref.outputs):
+            if not ref.judged and not 0 <= t < len(ref.outputs):
                 raise FrameError(f"trial {t} does not exist")
-            if ref.files is not None:  # judged on the GPU once the worker is gone
+            if ref.judged:  # judged on the GPU once the worker is gone
                 if not 0 <= t < len(ref.metas):
                     raise FrameError(f"trial {t} does not exist")
                 c.pending.append((t, header))
@@ -643,12 +656,11 @@ class EvaluationService:
         """Compare the trials' output files on the GPU once nothing of the candidate can write them.
 
         The worker's whole tree is dead first (a killed process's DMA may still be landing while
-        the kernel tears it down); then each file is moved out of the worker's folder into the
-        spare's verdict folder, and the judge reads it from there.
+        the kernel tears it down); then each file is moved out of the worker's folder into a
+        folder of the parent's, and the judge reads it from there.
         """
         ref = spare.reference
         assert ref is not None
-        assert ref.files is not None
         assert c.record is not None
         await worker.proc.wait()
         await asyncio.to_thread(wait_gone, tree, 30.0)
@@ -656,40 +668,45 @@ class EvaluationService:
             self.judge = Judge(
                 self._require().new_worker, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s
             )
+        ref.files = self._require().verdict_dir() / worker.dir.name
+        ref.files.mkdir(mode=0o700)
         checks: list[TrialCheck] = []
         dst = os.open(ref.files, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for t, header in c.pending:
                 metas = list(header.get("tensors", []))
                 ref_metas = ref.metas[t]
-                shapes_match = [list(m.get("shape", [])) for m in metas] == [
-                    list(m.get("shape", [])) for m in ref_metas
+                same = [(m.get("dtype"), list(m.get("shape", []))) for m in metas] == [
+                    (m.get("dtype"), list(m.get("shape", []))) for m in ref_metas
                 ]
                 outputs: list[dict[str, Any]] = []
-                if shapes_match and [m.get("dtype") for m in metas] == [m.get("dtype") for m in ref_metas]:
+                if same:
                     if "bulk" not in header:
                         raise EvaluatorFault(f"trial {t}'s outputs did not come as files")
                     names = await asyncio.to_thread(take_bulk, worker.bulk_fd, header["bulk"], dst, f"c{t}_", max_blob)
-                    for i, (name, meta) in enumerate(zip(names, ref_metas, strict=True)):
-                        dtype = str(meta.get("dtype"))
-                        tol = self.cfg.tolerances.get(dtype)
+                    for name, meta in zip(names, ref_metas, strict=True):
+                        tol = self.cfg.tolerances.get(str(meta.get("dtype")))
                         outputs.append(
                             {
                                 "cand": str(ref.files / name),
-                                "ref": str(ref.files / f"t{t}_o{i}"),
-                                "res": str(ref.files / f"t{t}_r{i}") if ref.has_residual[t][i] else None,
-                                "dtype": dtype,
-                                "shape": list(meta.get("shape", [])),
+                                "dtype": str(meta.get("dtype")),
                                 "atol": tol[0] if tol else 0.0,
                                 "rtol": tol[1] if tol else 0.0,
                                 "exact": tol is None,
                             }
                         )
+                job = {
+                    "reference_source": c.job.reference_source,
+                    "init_seed": ref.init_seed,
+                    "seed": ref.seeds[t],
+                    "on_device": ref.on_device,
+                    "input_sums": ref.input_sums[t],
+                    "outputs": outputs,
+                }
                 check = await self.judge.trial(
-                    outputs,
+                    job,
                     metas,
                     ref_metas,
-                    ref.has_residual[t],
                     dict(self.cfg.tolerances),
                     dict(self.cfg.precision_floors),
                     self.cfg.precision_factor,

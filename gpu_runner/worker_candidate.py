@@ -105,7 +105,7 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         # The judge reads the trial outputs from these files once this process is gone; made
         # now (before the user drop, so the candidate cannot reopen them) rather than kept
         # from the preparation by every waiting spare.
-        prepared.slots = OutputSlots(channel.bulk_dir, prepared.ref_outputs, device)
+        prepared.slots = OutputSlots(channel.bulk_dir, prepared.ref_outputs, device, prefault=False)
         laps.lap("slots_s")
     sandbox = enter_sandbox(msg["sandbox"], device)
     threads0, children0 = threading.active_count(), _children()

@@ -1,24 +1,37 @@
-"""The judge's side: compare a trial's outputs on the GPU, in a process no candidate ever ran in.
+"""The judge's side: the reference's truth and the comparison on the GPU, in a process no candidate
+ever ran in.
 
 For tasks whose outputs are gigabytes, shipping them to the parent's numpy would cost more than
 the kernel by orders of magnitude (FACTS: one host pass over 6.4 GB is ~0.26 s, a numpy
-comparison several seconds). The judge is a run worker that is never prepared and never takes a
-job: it reads the candidate's output files (moved by the parent out of the candidate's reach after
-its process tree was gone), the reference's outputs and their float64 residuals (moved there
-when the spare shipped them, before any candidate code existed), chunk by chunk onto the GPU,
-and sends back only the sums and counts of :class:`gpu_runner.compare.Scan` per output.
-The arithmetic is :mod:`gpu_runner.compare`'s, in float64 on the device.
+comparison several seconds), and shipping the reference's outputs and float64 residuals from
+every spare to host files costs more still (0.6 s per GB to map and page-lock on an H200). The
+judge is a run worker that is never prepared and never takes a job. Per trial it builds the
+reference from the spare's seeds (the same inputs: their checksums must match what the spare
+reported before any candidate existed), computes its outputs and the float64 truth on the GPU,
+reads the candidate's output files (moved by the parent out of the candidate's reach after its
+process tree was gone) chunk by chunk, and sends back only the sums and counts of
+:class:`gpu_runner.compare._Scan` per output. The arithmetic is :mod:`gpu_runner.compare`'s.
 """
 
 from __future__ import annotations
 
+import copy
 import mmap
 import os
 from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import Channel, sync
+from gpu_runner.worker_common import Channel, checksum, flatten_outputs, sync
+from gpu_runner.worker_reference import (
+    REFERENCE_FILENAME,
+    ReferenceFault,
+    as_double,
+    clone_inputs,
+    load_module,
+    make_inputs,
+    to_device,
+)
 
 CHUNK = 1 << 26
 """Elements per step (64M: three float64 temporaries of 512 MB)."""
@@ -113,21 +126,21 @@ def _scan_chunk(
         out["sq_exact"] += float(torch.dot(exact, exact))
 
 
-def judge_output(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Scan one output pair (float: the tolerance scan; other dtypes: exact equality)."""
+def judge_output(
+    spec: dict[str, Any], ref: torch.Tensor, residual: torch.Tensor | None, device: torch.device
+) -> dict[str, Any]:
+    """Scan one candidate output file against the reference's output (and residual) on the device."""
     dtype = _DTYPES[str(spec["dtype"])]
-    numel = 1
-    for n in spec["shape"]:
-        numel *= int(n)
+    numel = ref.numel()
     cand = _Mapped(spec["cand"], dtype, numel)
-    ref = _Mapped(spec["ref"], dtype, numel)
-    res = _Mapped(spec["res"], torch.float32, numel) if spec.get("res") else None
+    r_flat = ref.reshape(-1)
+    d_flat = residual.reshape(-1) if residual is not None else None
     try:
         if spec.get("exact"):
             mismatches, first = 0, None
             for lo in range(0, numel, CHUNK):
                 hi = min(lo + CHUNK, numel)
-                bad = cand.t[lo:hi].to(device) != ref.t[lo:hi].to(device)
+                bad = cand.t[lo:hi].to(device) != r_flat[lo:hi]
                 n = int(bad.sum())
                 if n and first is None:
                     first = _first(bad, lo)
@@ -148,30 +161,77 @@ def judge_output(spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
         atol, rtol = float(spec["atol"]), float(spec["rtol"])
         for lo in range(0, numel, CHUNK):
             hi = min(lo + CHUNK, numel)
-            c = cand.t[lo:hi].to(device, non_blocking=False)
-            r = ref.t[lo:hi].to(device, non_blocking=False)
-            d = res.t[lo:hi].to(device) if res is not None else None
-            _scan_chunk(out, lo, c, r, d, atol, rtol)
+            c = cand.t[lo:hi].to(device)
+            d = d_flat[lo:hi] if d_flat is not None else None
+            _scan_chunk(out, lo, c, r_flat[lo:hi], d, atol, rtol)
         return out
     finally:
-        for m in (cand, ref, res):
-            if m is not None:
-                m.close()
+        cand.close()
+
+
+_MODULES: dict[int, dict[str, Any]] = {}
+
+
+def _truth(
+    msg: dict[str, Any], device: torch.device
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None]:
+    """The reference's outputs for the trial's seed and their float64 residuals (None: no float64 run)."""
+    source = str(msg["reference_source"])
+    ns = _MODULES.get(hash(source))
+    if ns is None:
+        ns = _MODULES[hash(source)] = load_module(source, REFERENCE_FILENAME, "kf_reference_judge")
+    init_args = list(ns["get_init_inputs"]())
+    torch.manual_seed(int(msg["init_seed"]))
+    model = ns["Model"](*init_args).to(device)
+    on_device = bool(msg.get("on_device"))
+    if on_device:
+        inputs = make_inputs(ns, int(msg["seed"]), device, on_device=True)
+    else:
+        inputs = to_device(make_inputs(ns, int(msg["seed"]), torch.device("cpu")), device)
+    sums = [checksum(v) if isinstance(v, torch.Tensor) else None for v in inputs]
+    if sums != msg.get("input_sums"):
+        raise ValueError("the judge's inputs differ from the spare's: get_inputs() is not reproducible under a seed")
+    with torch.no_grad():
+        outs = [o.detach() for o in flatten_outputs(model(*clone_inputs(inputs))) if isinstance(o, torch.Tensor)]
+        residuals: list[torch.Tensor | None] = [None] * len(outs)
+        fp64_error = None
+        try:
+            model64 = copy.deepcopy(model).to(torch.float64)
+            outs64 = [o for o in flatten_outputs(model64(*as_double(inputs))) if isinstance(o, torch.Tensor)]
+            del model64, inputs
+            residuals = [
+                o64.sub_(o).float() if o.is_floating_point() and o64.shape == o.shape else None
+                for o, o64 in zip(outs, outs64, strict=False)
+            ]
+            del outs64
+        except torch.OutOfMemoryError as exc:
+            fp64_error = f"the float64 reference does not fit the device: {exc}"[:500]
+        except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
+            fp64_error = f"{type(exc).__name__}: {exc}"[:500]
+    return outs, residuals, fp64_error
 
 
 def judge(msg: dict[str, Any], device: torch.device, channel: Channel) -> None:
-    """Every output of one trial, under the parent's GPU lease; one ``judged`` frame back."""
+    """One trial: the truth, then every output compared, under the parent's GPU lease; one ``judged`` frame."""
     results: list[dict[str, Any]] = []
+    has_residual: list[bool] = []
+    fp64_error = None
     try:
         with channel.gpu_lease(device):
-            for spec in msg["outputs"]:
-                results.append(judge_output(spec, device))
+            outs, residuals, fp64_error = _truth(msg, device)
+            specs = list(msg["outputs"])
+            if len(specs) != len(outs):
+                raise ValueError(f"{len(specs)} output files for {len(outs)} reference outputs")
+            for spec, ref, res in zip(specs, outs, residuals, strict=True):
+                results.append(judge_output(spec, ref, res, device))
+                has_residual.append(res is not None)
+            del outs, residuals
             sync(device)
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, ReferenceFault) as exc:
         channel.send("judged", error=f"{type(exc).__name__}: {exc}"[:1000], results=results)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    channel.send("judged", results=results)
+    channel.send("judged", results=results, has_residual=has_residual, fp64_error=fp64_error)

@@ -19,6 +19,7 @@ from gpu_runner.worker_common import (
     Channel,
     Laps,
     OutputSlots,
+    checksum,
     flatten_outputs,
     log,
     pack,
@@ -186,6 +187,9 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         # Large inputs are drawn on the device itself, under the lease below; small ones on the
         # host first, so the lease covers only their (page-locked) copies.
         on_device = device.type == "cuda" and bool(msg.get("inputs_on_device"))
+        # Outputs the judge compares: no float64 run and nothing shipped here; the judge draws
+        # the same inputs from the same seeds (their checksums prove it) and computes the truth.
+        judged = bool(msg.get("device_verdict"))
         host_trials = (
             [] if on_device else [make_inputs(ns, int(seed), torch.device("cpu")) for seed in msg["trial_seeds"]]
         )
@@ -213,7 +217,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
                 trials = [make_inputs(ns, int(seed), device, on_device=True) for seed in msg["trial_seeds"]]
             else:
                 trials = [to_device(values, device, non_blocking=bool(locked)) for values in host_trials]
-            model64 = copy.deepcopy(model).to(torch.float64)
+            model64 = None if judged else copy.deepcopy(model).to(torch.float64)
         except ReferenceFault:
             raise
         except Exception as exc:
@@ -227,12 +231,15 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
                     raise
                 except Exception as exc:
                     raise ReferenceFault(f"the reference's forward failed: {type(exc).__name__}: {exc}") from exc
+                ref_outputs.append(outs)
+                if judged:  # the judge computes the float64 truth itself, after the candidate
+                    continue
                 fp64_error = None
                 try:
+                    assert model64 is not None
                     outs64 = _tensors(model64(*as_double(inputs)), "Model.forward (float64)")
                 except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
                     outs64, fp64_error = [], f"{type(exc).__name__}: {exc}"[:500]
-                ref_outputs.append(outs)
                 # The float64 truth travels as its difference from the reference's own output: float32
                 # holds that difference to ~1e-7 of itself, at half the bytes of the float64 values.
                 # In place on the float64 output: no float64 copy of the reference's output (at 6 GB
@@ -244,6 +251,11 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
                 del outs64
                 shipments.append(([o.detach() for o in outs + residuals], len(outs), fp64_error))
         del model64
+        input_sums = (  # under the lease: a pass over every input on the device
+            [[checksum(v) if isinstance(v, torch.Tensor) else None for v in values] for values in trials]
+            if judged
+            else None
+        )
         laps.lap("forward_s")
         if flops is None:  # the parent passes it on once a spare of this task has counted it
             flops = count_flops(model, trials[0])
@@ -265,8 +277,10 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
     if msg.get("compiled_baseline"):
         build_compiled(prepared, channel)
         laps.lap("compiled_s")
-    ship(shipments, device, channel, laps)
+    if not judged:
+        ship(shipments, device, channel, laps)
     del shipments
+
     if channel.bulk_dir and not msg.get("device_verdict"):  # the judge's tasks make them per job
         try:
             prepared.slots = OutputSlots(channel.bulk_dir, ref_outputs, device)
@@ -283,6 +297,18 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         compiled=prepared.compiled is not None,
         phases=laps.seconds,
         output_slots={"files": len(prepared.slots.slots), "pinned": prepared.slots.pinned} if prepared.slots else None,
+        input_sums=input_sums,
+        out_metas=[
+            [
+                {
+                    "dtype": str(o.dtype).removeprefix("torch."),
+                    "shape": list(o.shape),
+                    "nbytes": o.numel() * o.element_size(),
+                }
+                for o in outs
+            ]
+            for outs in ref_outputs
+        ],
     )
     return prepared
 

@@ -1,0 +1,58 @@
+"""The memory plan: what fits is kept as configured, what is large is cut or judged on the device,
+and what cannot fit one evaluation is refused with what it needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_runner.errors import TaskTooLarge
+from gpu_runner.memplan import DEVICE_VERDICT_TRIALS, Footprint, plan
+
+GIB = 1 << 30
+H200_FREE = 148 * 10**9
+H100_FREE = 80 * 10**9
+HOST = 125 * 10**9
+
+
+def _fp(inputs: float, outputs: float, params: float = 0.0) -> Footprint:
+    i, o = int(inputs * GIB), int(outputs * GIB)
+    return Footprint(i, o, int(params * GIB), max(i, o))
+
+
+def test_small_task_keeps_the_configured_trials_and_spares() -> None:
+    made = plan(
+        _fp(0.0625, 0.0625), device="cuda", max_trials=5, max_spares=2, host_available=HOST, device_free=H200_FREE
+    )
+    assert (made.trials, made.spares, made.device_verdict) == (5, 2, False)
+    assert made.notes == []
+
+
+def test_six_gigabyte_elementwise_task_is_judged_on_the_device_and_fits_an_h100() -> None:
+    for free in (H200_FREE, H100_FREE):
+        made = plan(_fp(6, 6), device="cuda", max_trials=5, max_spares=2, host_available=HOST, device_free=free)
+        assert made.device_verdict
+        assert 2 <= made.trials <= DEVICE_VERDICT_TRIALS
+        assert made.device_per_eval <= 0.85 * free
+        assert made.host_per_spare == 0  # the reference's data never goes to the host
+
+
+def test_task_that_cannot_fit_one_evaluation_is_refused_with_what_it_needs() -> None:
+    with pytest.raises(TaskTooLarge) as caught:
+        plan(_fp(30, 30), device="cuda", max_trials=5, max_spares=2, host_available=HOST, device_free=H100_FREE)
+    message = str(caught.value)
+    assert "task needs ~" in message
+    assert "of device memory for one evaluation; this GPU has 74.5 GiB free" in message
+
+
+def test_host_memory_limits_a_cpu_task() -> None:
+    with pytest.raises(TaskTooLarge, match="of host memory for one evaluation"):
+        plan(
+            _fp(1, 0.2), device="cpu", max_trials=5, max_spares=2, host_available=1 * GIB, device_verdict_bytes=1 << 40
+        )
+
+
+def test_spares_shrink_before_trials_when_device_memory_is_short() -> None:
+    made = plan(_fp(8, 0.001), device="cuda", max_trials=5, max_spares=2, host_available=HOST, device_free=H200_FREE)
+    assert made.spares >= 1
+    assert made.spares < 2
+    assert any("spares cut" in n for n in made.notes)
