@@ -299,6 +299,8 @@ class RunPool:
         return path
 
     def compiled_baseline(self) -> bool:
+        if self.plan is not None and not self.plan.compiled_baseline:
+            return False
         if self.cfg.compiled_baseline is not None:
             return self.cfg.compiled_baseline
         return self.device == "cuda"

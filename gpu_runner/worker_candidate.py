@@ -26,7 +26,6 @@ from gpu_runner.timing import Rotation, Timed, run_timing
 from gpu_runner.worker_common import (
     Channel,
     Laps,
-    OutputSlots,
     close_enough,
     describe_exception,
     flatten_outputs,
@@ -101,12 +100,6 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         # privileges CUPTI had in the spare (before the sandbox's limits and user drop).
         _start_profiler(device)
         laps.lap("profiler_start_s")
-    if msg.get("device_verdict") and prepared.slots is None and channel.bulk_dir:
-        # The judge reads the trial outputs from these files once this process is gone; made
-        # now (before the user drop, so the candidate cannot reopen them) rather than kept
-        # from the preparation by every waiting spare.
-        prepared.slots = OutputSlots(channel.bulk_dir, prepared.ref_outputs, device, prefault=False)
-        laps.lap("slots_s")
     sandbox = enter_sandbox(msg["sandbox"], device)
     threads0, children0 = threading.active_count(), _children()
     laps.lap("sandbox_s")

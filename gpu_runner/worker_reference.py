@@ -281,12 +281,14 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         ship(shipments, device, channel, laps)
     del shipments
 
-    if channel.bulk_dir and not msg.get("device_verdict"):  # the judge's tasks make them per job
+    if channel.bulk_dir:  # pre-faulted and page-locked now, while the spare waits, not in the GPU window
         try:
             prepared.slots = OutputSlots(channel.bulk_dir, ref_outputs, device)
         except (OSError, RuntimeError, ValueError) as exc:  # the trials then pack and send as before
             log(f"output slots unavailable: {type(exc).__name__}: {exc}")
         laps.lap("slots_s")
+    if device.type == "cuda":  # the preparation's transient memory back to the device, for the others
+        torch.cuda.empty_cache()
     params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
     channel.send(
         "prepared",
