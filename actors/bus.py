@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 
-from actors.errors import BusError, Drop, NoResponders, Poison, RemoteError, RequestTimeout, Retry
+from actors.errors import BusError, ConfigError, Drop, NoResponders, Poison, RemoteError, RequestTimeout, Retry
 from actors.latency import Outcome, Transport, observe_handle
 from actors.logs import get_logger
 from actors.stats import StatsRecorder
@@ -576,6 +577,23 @@ class Bus:
 
     # -- streams ---------------------------------------------------------------------------
 
+    def replicas(self) -> int:
+        """Replicas for the streams and buckets this bus creates: 3 when the server is one of a
+        cluster of three or more (the cluster survives the loss of any one server), else 1;
+        ``KF_STREAM_REPLICAS`` overrides."""
+        forced = os.environ.get("KF_STREAM_REPLICAS")
+        if forced:
+            try:
+                value = int(forced)
+            except ValueError as exc:
+                raise ConfigError(f"KF_STREAM_REPLICAS must be 1 to 5, got {forced!r}") from exc
+            if not 1 <= value <= 5:
+                raise ConfigError(f"KF_STREAM_REPLICAS must be 1 to 5, got {forced!r}")
+            return value
+        info = getattr(self.nc, "_server_info", None) or {}
+        peers = info.get("connect_urls") or []
+        return 3 if info.get("cluster") and len(peers) >= 3 else 1
+
     async def ensure_stream(self, config: StreamConfig) -> None:
         """Create a stream, or leave an existing one of that name as it is."""
         try:
@@ -595,6 +613,7 @@ class Bus:
                 storage=StorageType.FILE,
                 max_age=max_age_s,
                 duplicate_window=15 * 60,
+                num_replicas=self.replicas(),
             )
         )
 
@@ -607,6 +626,7 @@ class Bus:
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 duplicate_window=15 * 60,
+                num_replicas=self.replicas(),
             )
         )
         await self.ensure_stream(
@@ -616,6 +636,7 @@ class Bus:
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 max_age=30 * 24 * 3600,
+                num_replicas=self.replicas(),
             )
         )
         await self.ensure_stream(
@@ -625,6 +646,7 @@ class Bus:
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 max_age=30 * 24 * 3600,
+                num_replicas=self.replicas(),
             )
         )
 
