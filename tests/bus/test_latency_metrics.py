@@ -29,6 +29,7 @@ from schemas import (
     subjects,
 )
 from tests.bus.helpers import publish_candidates, register_run
+from tests.bus.scripted import ScriptedExpert
 
 
 def _count(text: str, name: str, **labels: str) -> float:
@@ -54,24 +55,6 @@ def _scrape(port: int) -> str:
         return str(resp.read().decode())
 
 
-class _ScriptedExpert:
-    """An expert that answers every request with one fixed proposal after a short delay."""
-
-    name = "scripted"
-
-    async def generate(self, request: GenerateRequest) -> GenerateReply:
-        await asyncio.sleep(0.02)
-        source = f"# proposal for {request.request_id}\nclass ModelNew: ...\n"
-        return GenerateReply(
-            request_id=request.request_id,
-            expert=self.name,
-            proposals=(Proposal(source=source, language=KernelLanguage.TRITON, strategy="scripted"),),
-        )
-
-    async def aclose(self) -> None:
-        return None
-
-
 async def test_served_metrics_carry_evaluation_expert_reply_and_handling_latencies(nats_url: str, run_id: str) -> None:
     port = _free_port()
     bus = await Bus.connect(nats_url, name="test", actor_id="test-latency")
@@ -87,7 +70,7 @@ async def test_served_metrics_carry_evaluation_expert_reply_and_handling_latenci
     expert = ExpertActor(
         nats_url=nats_url,
         config=ExpertConfig(name="scripted", kind=ExpertKind.TEMPLATE, role="template"),
-        expert=_ScriptedExpert(),
+        expert=ScriptedExpert(),
         watch_config=False,
     )
     island = IslandActor(nats_url=nats_url, run_id=run_id, island="i0")

@@ -124,7 +124,12 @@ async def wait_results(url: str, run_id: str, want: int, timeout_s: float) -> in
         stream, subject = subjects.run_stream(run_id), subjects.results(run_id)
         have = 0
         while time.monotonic() < deadline:
-            info = await js.stream_info(stream, subjects_filter=subject)
+            try:
+                info = await js.stream_info(stream, subjects_filter=subject)
+            except (nats.errors.TimeoutError, nats.js.errors.Error):
+                # A server of the cluster has just gone: the stream elects a new leader.
+                await asyncio.sleep(0.2)
+                continue
             have = sum((info.state.subjects or {}).values())
             if have >= want:
                 break
