@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from actors.nats_server import find_binary
 
@@ -94,7 +95,7 @@ class Node:
         except OSError:
             return False
 
-    def jsz(self) -> dict[str, object]:
+    def jsz(self) -> dict[str, Any]:
         url = f"http://{self.host}:{self.http_port}/jsz?accounts=true&streams=true"
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, "python3", "-c", _JSZ_PROBE, url]
@@ -152,7 +153,7 @@ class Cluster:
             if node.proc is None or node.proc.poll() is not None:
                 continue
             with contextlib.suppress(OSError, ValueError, subprocess.CalledProcessError):
-                for account in node.jsz().get("account_details", []) or []:  # type: ignore[union-attr]
+                for account in node.jsz().get("account_details", []) or []:
                     for s in account.get("stream_detail", []) or []:
                         if s.get("name") == stream and (s.get("cluster") or {}).get("leader"):
                             leader = s["cluster"]["leader"]
