@@ -127,7 +127,12 @@ class Actor:
     async def run(self) -> None:
         """Connect, register, set up, serve until asked to stop, then drain and close."""
         self._bus = await Bus.connect(
-            self.nats_url, name=self.actor_id, actor_id=self.actor_id, dlq_run=self.dlq_run, stats=self.stats
+            self.nats_url,
+            name=self.actor_id,
+            actor_id=self.actor_id,
+            dlq_run=self.dlq_run,
+            stats=self.stats,
+            kind=str(self.kind),
         )
         try:
             with structlog.contextvars.bound_contextvars(actor=self.actor_id, run=self.run_id):

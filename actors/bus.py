@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 
-from actors.errors import BusError, Drop, NoResponders, Poison, RemoteError, RequestTimeout, Retry
+from actors.errors import BusError, ConfigError, Drop, NoResponders, Poison, RemoteError, RequestTimeout, Retry
+from actors.latency import Outcome, Transport, observe_handle
 from actors.logs import get_logger
 from actors.stats import StatsRecorder
 from schemas import DeadLetter, Message, subjects
@@ -208,11 +210,19 @@ class Bus:
     """A typed connection to NATS for one actor (see the module docstring)."""
 
     def __init__(
-        self, nc: NATS, *, actor_id: str, dlq_run: str = subjects.NO_RUN, stats: StatsRecorder | None = None
+        self,
+        nc: NATS,
+        *,
+        actor_id: str,
+        dlq_run: str = subjects.NO_RUN,
+        stats: StatsRecorder | None = None,
+        kind: str = "",
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.actor_id = actor_id
+        self.kind = kind
+        """The actor kind, a label of the handling-time histogram (``actors.latency``)."""
         self.dlq_subject = subjects.dead_letters(dlq_run)
         self.stats = stats or StatsRecorder()
         self._core: list[_CoreSub] = []
@@ -240,6 +250,7 @@ class Bus:
         dlq_run: str = subjects.NO_RUN,
         stats: StatsRecorder | None = None,
         connect_timeout: float = 5.0,
+        kind: str = "",
     ) -> Bus:
         """Connect to ``url`` (a comma-separated list joins a cluster)."""
         try:
@@ -253,7 +264,7 @@ class Bus:
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise BusError(f"cannot connect to NATS at {url}: {_short(exc)}") from exc
-        return cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats)
+        return cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats, kind=kind)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -358,9 +369,11 @@ class Bus:
             await handler(message, delivery)
         except Exception as exc:  # the boundary: logged with traceback, counted
             self.stats.done(started, ok=False, error=exc)
+            observe_handle(self.kind, Transport.CORE, Outcome.ERROR, time.perf_counter() - started)
             log.exception("handler failed", subject=delivery.subject)
         else:
             self.stats.done(started, ok=True)
+            observe_handle(self.kind, Transport.CORE, Outcome.OK, time.perf_counter() - started)
 
     async def _decode(self, raw: Msg, msg_type: type[M]) -> M | None:
         try:
@@ -440,27 +453,36 @@ class Bus:
         )
         started = self.stats.start()
         consumer.in_hand[id(raw)] = (raw, time.monotonic())
+
+        def took(outcome: Outcome) -> None:
+            observe_handle(self.kind, Transport.JETSTREAM, outcome, time.perf_counter() - started)
+
         try:
             await handler(message, delivery)
         except Retry as exc:
             self.stats.done(started, ok=False, error=exc)
+            took(Outcome.RETRY)
             await self._fail(raw, delivery, spec, exc, delay=exc.delay_s)
         except Drop as exc:
             self.stats.done(started, ok=True)
+            took(Outcome.DROP)
             log.info("message dropped on purpose", subject=raw.subject, reason=str(exc))
             await raw.term()
         except Poison as exc:
             self.stats.done(started, ok=False, error=exc)
+            took(Outcome.POISON)
             await self.dead_letter(
                 raw.subject, raw.data, reason="poison", error=str(exc), deliveries=delivered, stream_seq=seq
             )
             await raw.term()
         except Exception as exc:  # the boundary: logged with traceback, counted, nak'ed
             self.stats.done(started, ok=False, error=exc)
+            took(Outcome.ERROR)
             log.exception("handler failed", subject=raw.subject, delivery=delivered)
             await self._fail(raw, delivery, spec, exc, delay=spec.nak_delay(delivered))
         else:
             self.stats.done(started, ok=True)
+            took(Outcome.OK)
             await raw.ack()
         finally:
             consumer.in_hand.pop(id(raw), None)
@@ -527,10 +549,14 @@ class Bus:
                 reply = await handler(message)
             except Exception as exc:  # the boundary: the caller gets a typed error
                 stats.done(started, ok=False, error=exc)
+                if record_stats:
+                    observe_handle(self.kind, Transport.SERVICE, Outcome.ERROR, time.perf_counter() - started)
                 log.exception("endpoint handler failed", subject=subject)
                 await request.respond_error("500", _short(exc)[:500])
             else:
                 stats.done(started, ok=True)
+                if record_stats:
+                    observe_handle(self.kind, Transport.SERVICE, Outcome.OK, time.perf_counter() - started)
                 await request.respond(reply.to_bytes(), headers=self._headers(reply))
 
         async def on_request(request: Request) -> None:
@@ -551,6 +577,23 @@ class Bus:
 
     # -- streams ---------------------------------------------------------------------------
 
+    def replicas(self) -> int:
+        """Replicas for the streams and buckets this bus creates: 3 when the server is one of a
+        cluster of three or more (the cluster survives the loss of any one server), else 1;
+        ``KF_STREAM_REPLICAS`` overrides."""
+        forced = os.environ.get("KF_STREAM_REPLICAS")
+        if forced:
+            try:
+                value = int(forced)
+            except ValueError as exc:
+                raise ConfigError(f"KF_STREAM_REPLICAS must be 1 to 5, got {forced!r}") from exc
+            if not 1 <= value <= 5:
+                raise ConfigError(f"KF_STREAM_REPLICAS must be 1 to 5, got {forced!r}")
+            return value
+        info = getattr(self.nc, "_server_info", None) or {}
+        peers = info.get("connect_urls") or []
+        return 3 if info.get("cluster") and len(peers) >= 3 else 1
+
     async def ensure_stream(self, config: StreamConfig) -> None:
         """Create a stream, or leave an existing one of that name as it is."""
         try:
@@ -570,6 +613,7 @@ class Bus:
                 storage=StorageType.FILE,
                 max_age=max_age_s,
                 duplicate_window=15 * 60,
+                num_replicas=self.replicas(),
             )
         )
 
@@ -582,6 +626,7 @@ class Bus:
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 duplicate_window=15 * 60,
+                num_replicas=self.replicas(),
             )
         )
         await self.ensure_stream(
@@ -591,6 +636,7 @@ class Bus:
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 max_age=30 * 24 * 3600,
+                num_replicas=self.replicas(),
             )
         )
         await self.ensure_stream(
@@ -600,6 +646,7 @@ class Bus:
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 max_age=30 * 24 * 3600,
+                num_replicas=self.replicas(),
             )
         )
 

@@ -10,12 +10,15 @@ Writes: ``kf.<run>.result.<island>`` (``EvalResult``) into the run stream with d
 
 from __future__ import annotations
 
+import time
+
 import structlog
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
 from actors.errors import Retry
 from actors.kv import get_run
+from actors.latency import EVALUATION_SECONDS
 from actors.runners import Runner
 from schemas import ActorKind, Candidate, EvalStatus, RunSpec, Task, subjects
 
@@ -65,9 +68,11 @@ class EvaluatorActor(Actor):
         """Evaluate one candidate and store its result before the candidate is acked."""
         assert self.task is not None
         with structlog.contextvars.bound_contextvars(island=candidate.island, candidate=candidate.candidate_id):
+            started = time.perf_counter()
             result = await self.runner.evaluate(
                 self.task, candidate, attempt=delivery.num_delivered, evaluator=self.actor_id
             )
+            EVALUATION_SECONDS.labels(self.rid, result.status.value).observe(time.perf_counter() - started)
             if result.status is EvalStatus.EVALUATOR_ERROR and delivery.num_delivered < self.max_deliver:
                 # The evaluator failed, not the candidate: judged again (here or by another
                 # evaluator); the last attempt's result is stored, so nothing waits forever.

@@ -31,6 +31,7 @@ from actors.evolution.island import IslandBrain
 from actors.evolution.plans import IslandConfig, RequestPlan
 from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.kv import get_expert_config, get_run, load_text, save_text
+from actors.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
 from schemas import (
     ActorKind,
     EliteAnnouncement,
@@ -248,6 +249,7 @@ class IslandActor(Actor):
                     async with self._lock:
                         meta = evolver.choose().text
                 request = plan.request(self.spec, experiences=hits, meta_prompt=meta, token_budget=remaining)
+                asked = time.perf_counter()
                 try:
                     reply = await self.bus.request(
                         subjects.expert_generate(plan.expert),
@@ -257,6 +259,14 @@ class IslandActor(Actor):
                     )
                 except BusError as exc:
                     self.log.warning("expert unavailable", error=str(exc))
+                answer = (
+                    ReplyOutcome.UNAVAILABLE
+                    if reply is None
+                    else ReplyOutcome.DECLINE
+                    if reply.decline is not None
+                    else ReplyOutcome.PROPOSALS
+                )
+                EXPERT_REPLY_SECONDS.labels(self.rid, plan.expert, answer.value).observe(time.perf_counter() - asked)
                 if reply is not None:
                     if reply.decline is not None:
                         self.log.info("expert declined", reason=str(reply.decline.reason), detail=reply.decline.detail)

@@ -16,7 +16,7 @@ async def bucket(bus: Bus, name: str, *, history: int = 8) -> KeyValue:
         return await bus.js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         try:
-            return await bus.js.create_key_value(bucket=name, history=history)
+            return await bus.js.create_key_value(bucket=name, history=history, replicas=bus.replicas())
         except nats.js.errors.BadRequestError:
             return await bus.js.key_value(name)  # created by someone else in the meantime
 
