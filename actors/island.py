@@ -33,6 +33,7 @@ from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.kv import get_expert_config, get_run, load_text, save_text
 from schemas import (
     ActorKind,
+    Decline,
     EliteAnnouncement,
     Experience,
     ExperienceHit,
@@ -99,6 +100,7 @@ class IslandActor(Actor):
         self._last_feedback = time.monotonic()
         self._empty_streak = 0
         self._gave_up = False
+        self._last_decline: Decline | None = None
         self.published = 0
 
     @property
@@ -260,6 +262,7 @@ class IslandActor(Actor):
                 if reply is not None:
                     if reply.decline is not None:
                         self.log.info("expert declined", reason=str(reply.decline.reason), detail=reply.decline.detail)
+                        self._last_decline = reply.decline
                     ids = tuple(h.experience.experience_id for h in hits)
                     for proposal in reply.proposals[: plan.n]:
                         cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
@@ -398,6 +401,8 @@ class IslandActor(Actor):
         stopped = stopped or (StopReason.NO_PROGRESS if self._gave_up else None)
         if stopped is not None and status.stopped is None:
             status = status.model_copy(update={"stopped": stopped})
+        if self._last_decline is not None:
+            status = status.model_copy(update={"last_decline": self._last_decline})
         await self.bus.publish_durable(
             subjects.island_status(self.rid, self.name),
             status,
