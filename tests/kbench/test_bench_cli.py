@@ -51,11 +51,11 @@ def get_inputs():
 RUN_ARGS = "--islands 1 --inflight 1 --candidates 2 --embedder hashing"
 
 
-def _layout(root: Path) -> Path:
+def _layout(root: Path, relu: int = 1, broken: int = 2) -> Path:
     level = root / "KernelBench" / "level1"
     level.mkdir(parents=True)
-    (level / "1_ReLU.py").write_text(RELU)
-    (level / "2_Broken_no_init_inputs.py").write_text(BROKEN)
+    (level / f"{relu}_ReLU.py").write_text(RELU)
+    (level / f"{broken}_Broken_no_init_inputs.py").write_text(BROKEN)
     return root
 
 
@@ -115,13 +115,13 @@ def test_bench_runs_problems_writes_table_and_resumes(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigint_stops_the_running_problem_and_keeps_finished_results(tmp_path: Path) -> None:
-    kb, out, env = _layout(tmp_path / "kb"), tmp_path / "out", _env(tmp_path)
-    # Problem 2 finishes at once (a task error); problem 1 is then running when SIGINT comes.
+    kb, out, env = _layout(tmp_path / "kb", relu=2, broken=1), tmp_path / "out", _env(tmp_path)
+    # Problem 1 finishes at once (a task error); problem 2 is then running when SIGINT comes.
     proc = subprocess.Popen(
-        _bench(kb, out, "2,1", env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        _bench(kb, out, "1-2", env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
     )
     try:
-        console = out / "runs" / "level1_001" / "console.log"
+        console = out / "runs" / "level1_002" / "console.log"
         deadline = time.monotonic() + 120
         while not (console.exists() and "run " in console.read_text()) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -134,8 +134,8 @@ def test_sigint_stops_the_running_problem_and_keeps_finished_results(tmp_path: P
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stderr[-3000:]
-    assert "1_ReLU: interrupted, not kept" in stderr
+    assert "2_ReLU: interrupted, not kept" in stderr
     bench = json.loads((out / "bench.json").read_text())
-    assert [r["number"] for r in bench["results"]] == [2]
+    assert [(r["number"], r["status"]) for r in bench["results"]] == [(1, "task_error")]
     alive = [p for p in run_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
