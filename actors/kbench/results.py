@@ -203,8 +203,8 @@ def markdown(bench: BenchFile) -> str:
         if r.peak_gpu_bytes is None and r.peak_gpu_device_bytes is not None:
             gpu = f"{_gib(r.peak_gpu_device_bytes)} (whole GPU)"
         lines.append(
-            f"| {r.name} | {_status(r)} | {_num(r.speedup_vs_eager, '.2f', 'x')} "
-            f"| {_num(r.speedup_vs_compiled, '.2f', 'x')} | {_num(sol, '.1f')} "
+            f"| {r.name} | {_status(r)} | {_num(r.speedup_vs_eager, '.3g', 'x')} "
+            f"| {_num(r.speedup_vs_compiled, '.3g', 'x')} | {_num(sol, '.1f')} "
             f"| {_num(r.evaluated, 'd')} | {_num(r.first_correct_s, '.0f')} | {gpu} | {_gib(r.peak_host_bytes)} |"
         )
     t = bench.totals or totals(bench.results)
@@ -214,8 +214,8 @@ def markdown(bench: BenchFile) -> str:
     for base, label in ((Baseline.EAGER, "eager"), (Baseline.COMPILED, "torch.compile")):
         fp = ", ".join(f"fast_{p} {_num(_pct(v), '.0f', '%')}" for p, v in t.fast_p[base.value].items())
         lines.append(
-            f"- vs {label}: {fp}; geomean over correct {_num(t.geomean_correct[base.value], '.3f', 'x')}, "
-            f"over all (no correct = 1.0x) {_num(t.geomean_all[base.value], '.3f', 'x')}"
+            f"- vs {label}: {fp}; geomean over correct {_num(t.geomean_correct[base.value], '.3g', 'x')}, "
+            f"over all (no correct = 1.0x) {_num(t.geomean_all[base.value], '.3g', 'x')}"
         )
     return "\n".join(lines) + "\n"
 

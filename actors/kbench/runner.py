@@ -218,9 +218,9 @@ def describe(result: ProblemResult) -> str:
     """One progress line for a finished problem."""
     bits = [result.status.value]
     if result.speedup_vs_eager is not None:
-        bits.append(f"{result.speedup_vs_eager:.2f}x vs eager")
+        bits.append(f"{result.speedup_vs_eager:.3g}x vs eager")
     if result.speedup_vs_compiled is not None:
-        bits.append(f"{result.speedup_vs_compiled:.2f}x vs compile")
+        bits.append(f"{result.speedup_vs_compiled:.3g}x vs compile")
     if result.evaluated is not None:
         bits.append(f"{result.evaluated} evaluated")
     if result.detail:

