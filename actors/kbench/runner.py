@@ -34,6 +34,8 @@ EXIT_NO_CORRECT = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
 """``kfoundry`` exit status for a task the evaluator refuses (too large for this machine)."""
+EVALUATOR_ERROR = "evaluator_error"
+"""The verdict of a candidate the evaluator could not judge (its own fault, not the candidate's)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ def classify(
         return ProblemStatus.TASK_ERROR, f"{_tail_message(console)} ({_exit_text(exit_code)})", None
     if report.best is not None:
         return ProblemStatus.CORRECT, None, report
+    unjudged = report.status_counts.get(EVALUATOR_ERROR, 0)
+    if report.evaluated > 0 and unjudged == report.evaluated:
+        return ProblemStatus.TASK_ERROR, f"the evaluator gave no verdict on any of {unjudged} candidate(s)", report
     if report.evaluated > 0:
         return ProblemStatus.NO_CORRECT, None, report
     declines = [i for i in report.islands if i.last_decline is not None]

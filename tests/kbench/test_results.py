@@ -121,6 +121,13 @@ def test_classify_no_correct_candidate(tmp_path: Path) -> None:
     assert classify(_problem(tmp_path), tmp_path, 1, "")[0] is ProblemStatus.NO_CORRECT
 
 
+def test_classify_a_run_the_evaluator_could_not_judge(tmp_path: Path) -> None:
+    (tmp_path / "report.json").write_text(_report(evaluated=2, status_counts={"evaluator_error": 2}).model_dump_json())
+    status, detail, _ = classify(_problem(tmp_path), tmp_path, 1, "")
+    assert status is ProblemStatus.TASK_ERROR
+    assert detail == "the evaluator gave no verdict on any of 2 candidate(s)"
+
+
 def test_classify_without_a_report(tmp_path: Path) -> None:
     console = (
         "progress\nkfoundry: task needs ~30.0 GiB of device memory for one evaluation; this GPU has 20.0 GiB free\n"
