@@ -3,7 +3,8 @@
 #   deploy/gpu/suite.sh probe|tests|runner-bench|template-bench|run|kbench|all|py [extra args]
 #   all      probe, a real kfoundry run and a short kfoundry bench, with a table (deploy/gpu/session.sh)
 #   kbench   kfoundry bench's own arguments, e.g.  kbench --level 1 --problems dev --seconds 90
-#            (the KernelBench folder defaults to $KB, else .kb/, else ~/kb/KernelBench)
+#            (the KernelBench folder defaults to $KB, else .kb/, else ~/kb/KernelBench); it resumes
+#            from /tmp/kf-kbench on a warm machine, or from a carried .kb-state/bench.json
 # Expects the wheels of deploy/gpu/fetch_wheels.sh in .whl/ (installed into python3's own
 # site-packages, the checkout on a .pth file there) and writes logs under $OUT (or ./gpu-out).
 set -uo pipefail
@@ -55,7 +56,12 @@ case "$stage" in
   kbench)
     # The bench writes many files: its folder stays outside $OUT; bench.json, bench.md and a
     # tarball of the runs' logs come back.
+    # To resume on a fresh machine, carry the bench.json of an earlier call as .kb-state/bench.json.
     work=${KF_BENCH_DIR:-/tmp/kf-kbench}
+    mkdir -p "$work"
+    if [ ! -f "$work/bench.json" ] && [ -f "${KB_RESUME:-.kb-state/bench.json}" ]; then
+      cp "${KB_RESUME:-.kb-state/bench.json}" "$work/bench.json"
+    fi
     if [ $# -eq 0 ] || [ "${1#-}" != "$1" ]; then
       kb=$(kb_dir) || exit 1
       set -- "$kb" "$@"
