@@ -48,7 +48,9 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--eval-timeout", type=float, default=180.0, help="kfoundry run --eval-timeout")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (bench.json, bench.md, runs/)")
     p.add_argument(
-        "--run-args", default="", help="more `kfoundry run` arguments, quoted as one string (e.g. '--islands 1')"
+        "--run-args",
+        default="",
+        help="more `kfoundry run` arguments as one string, e.g. --run-args='--islands 1 --experts template'",
     )
     p.add_argument("--grace", type=float, default=30.0, help="seconds a run gets to stop after SIGINT")
     p.set_defaults(func=cmd_bench)
