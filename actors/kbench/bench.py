@@ -22,10 +22,10 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from actors.kbench.errors import BenchError, ResultsFileError
+from actors.kbench.errors import BenchError, Interrupted, ResultsFileError
 from actors.kbench.problems import Problem, select
 from actors.kbench.results import BenchFile, ProblemResult, markdown, totals
-from actors.kbench.runner import Interrupted, RunOptions, describe, run_problem
+from actors.kbench.runner import RunOptions, describe, run_problem
 
 EXIT_INTERRUPTED = 130
 

@@ -19,3 +19,7 @@ class ProblemSpecError(BenchError):
 
 class ResultsFileError(BenchError):
     """An existing ``bench.json`` cannot be resumed (unreadable, or from another level)."""
+
+
+class Interrupted(BenchError):
+    """The bench was asked to stop while a problem ran; that problem's result is not kept."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from actors.kbench.errors import Interrupted
 from actors.kbench.monitor import TreeMonitor
 from actors.kbench.problems import Problem
 from actors.kbench.results import ProblemResult, ProblemStatus
@@ -123,10 +124,6 @@ def classify(
     if exit_code not in (0, EXIT_NO_CORRECT):
         return ProblemStatus.TASK_ERROR, f"{_tail_message(console)} ({_exit_text(exit_code)})", report
     return ProblemStatus.NO_CORRECT, f"no candidate was evaluated (run ended: {report.end_reason})", report
-
-
-class Interrupted(Exception):
-    """The bench was asked to stop while this problem ran; its result is not kept."""
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
