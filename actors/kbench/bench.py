@@ -18,14 +18,17 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pydantic import ValidationError
 
 from actors.kbench.errors import BenchError, Interrupted, ResultsFileError
 from actors.kbench.problems import Problem, select
 from actors.kbench.results import BenchFile, ProblemResult, markdown, totals
-from actors.kbench.runner import RunOptions, describe, run_problem
+
+if TYPE_CHECKING:  # the runner (and the report it reads) load only when a bench runs: every
+    # kfoundry command builds this parser
+    from actors.kbench.runner import RunOptions
 
 EXIT_INTERRUPTED = 130
 
@@ -96,6 +99,8 @@ class Bench:
         self.progress.flush()
 
     def run(self) -> int:
+        from actors.kbench.runner import describe, run_problem
+
         started = time.monotonic()
         done = {(r.level, r.number) for r in self.bench.results}
         todo = [p for p in self.problems if (p.level, p.number) not in done]
@@ -150,6 +155,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench = bench.model_copy(
         update={"problems_spec": args.problems, "run_args": run_args, "device": args.device, "seconds": args.seconds}
     )
+    from actors.kbench.runner import RunOptions
+
     opts = RunOptions(
         device=args.device,
         seconds=args.seconds,
