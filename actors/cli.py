@@ -2,6 +2,7 @@
 
     kfoundry run TASK.py            run the whole loop on a KernelBench-format task
     kfoundry eval REF.py CAND.py    one honest evaluation (gpu_runner)
+    kfoundry bench KB_DIR --level N run `kfoundry run` on KernelBench problems, tabulate the results
     kfoundry actor KIND --run RUN   one actor process joining a run
     kfoundry tap [SUBJECT...]       live, decoded view of the message streams
     kfoundry status                 live actors (kind, id, version, host, stats) and consumer lag
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TextIO
 
-from actors.errors import KfError
+from actors.errors import KfError, TaskRefused
 
 Out = TextIO
 
@@ -279,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_actor_parser(sub)
+    from actors.kbench.bench import add_bench_parser
+
+    add_bench_parser(sub)
 
     p = sub.add_parser("eval", help="evaluate one candidate against a reference (see `kfoundry eval -h`)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -343,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except TaskRefused as exc:
+        _out(f"kfoundry: {exc}", sys.stderr)
+        return TaskRefused.exit_code
     except KfError as exc:
         _out(f"kfoundry: {exc}", sys.stderr)
         return 2

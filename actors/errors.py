@@ -17,6 +17,13 @@ class ConfigError(KfError):
     """A configuration value is invalid; the message names it."""
 
 
+class TaskRefused(KfError):
+    """The task cannot be evaluated on this machine (e.g. one evaluation needs more memory than
+    the device or host has); the message says what it needs. ``kfoundry`` exits with status 3."""
+
+    exit_code = 3
+
+
 class NatsServerError(KfError):
     """The embedded NATS server could not be found or started."""
 

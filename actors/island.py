@@ -34,6 +34,7 @@ from actors.kv import get_expert_config, get_run, load_text, save_text
 from actors.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
 from schemas import (
     ActorKind,
+    Decline,
     EliteAnnouncement,
     Experience,
     ExperienceHit,
@@ -100,6 +101,7 @@ class IslandActor(Actor):
         self._last_feedback = time.monotonic()
         self._empty_streak = 0
         self._gave_up = False
+        self._last_decline: Decline | None = None
         self.published = 0
 
     @property
@@ -270,6 +272,7 @@ class IslandActor(Actor):
                 if reply is not None:
                     if reply.decline is not None:
                         self.log.info("expert declined", reason=str(reply.decline.reason), detail=reply.decline.detail)
+                        self._last_decline = reply.decline
                     ids = tuple(h.experience.experience_id for h in hits)
                     for proposal in reply.proposals[: plan.n]:
                         cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
@@ -408,6 +411,8 @@ class IslandActor(Actor):
         stopped = stopped or (StopReason.NO_PROGRESS if self._gave_up else None)
         if stopped is not None and status.stopped is None:
             status = status.model_copy(update={"stopped": stopped})
+        if self._last_decline is not None:
+            status = status.model_copy(update={"last_decline": self._last_decline})
         await self.bus.publish_durable(
             subjects.island_status(self.rid, self.name),
             status,

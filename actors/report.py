@@ -23,9 +23,11 @@ from actors.evolution.island import IslandBrain
 from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
 from schemas import (
     Candidate,
+    Decline,
     Diagnosis,
     DiagnosisCategory,
     EvalResult,
+    EvalStatus,
     ExperienceOutcome,
     Feedback,
     IslandStatus,
@@ -65,6 +67,7 @@ class BestKernel(_Frozen):
     island: str
     expert: str
     fitness: float
+    speedup_vs_eager: float | None = None
     speedup_vs_compiled: float | None = None
     median_ms: float | None = None
     sol_fraction: float | None = None
@@ -107,6 +110,10 @@ class IslandReport(_Frozen):
     evaluated: int
     best_fitness: float | None = None
     stopped: StopReason | None = None
+    declines: int = 0
+    """Requests its experts declined (answered with no candidate)."""
+    last_decline: Decline | None = None
+    """The island's most recent decline: why no candidate came."""
     fitness: tuple[FitnessSample, ...] = ()
     archive: ArchiveMap | None = None
 
@@ -164,6 +171,8 @@ class RunReport(_Frozen):
     ended_at: float | None = None
     end_reason: StopReason | None = None
     evaluated: int
+    first_correct_s: float | None = None
+    """Seconds from the run's start to its first ``correct`` verdict; ``None`` without one."""
     status_counts: dict[str, int]
     category_counts: dict[str, int]
     best: BestKernel | None = None
@@ -235,6 +244,9 @@ def build_report(
         ended_at=end.at if end else max(times, default=None),
         end_reason=end.reason if end else None,
         evaluated=len(results),
+        first_correct_s=min(
+            (r.created_at - t0 for r in results.values() if r.status is EvalStatus.CORRECT), default=None
+        ),
         status_counts=dict(sorted(Counter(r.status.value for r in results.values()).items())),
         category_counts=dict(sorted(Counter(d.category.value for d in diags.values()).items())),
         best=_best(cands, results),
@@ -288,6 +300,7 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
         island=cand.island,
         expert=cand.expert,
         fitness=top.fitness,
+        speedup_vs_eager=top.speedup_vs_eager,
         speedup_vs_compiled=top.speedup_vs_compiled,
         median_ms=top.timing.median_ms if top.timing else None,
         sol_fraction=top.sol.fraction if top.sol else None,
@@ -338,6 +351,8 @@ def _island(
         evaluated=sum(1 for s in samples if not s.migrant),
         best_fitness=max(bests) if bests else (status.best_fitness if status else None),
         stopped=status.stopped if status else None,
+        declines=status.declines if status else 0,
+        last_decline=status.last_decline if status else None,
         fitness=samples,
         archive=archive,
     )

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.base import Message, Model, new_id, now
-from schemas.candidate import Candidate, ParamValue
+from schemas.candidate import Candidate, Decline, ParamValue
 from schemas.diagnosis import Diagnosis
 from schemas.enums import MigrationReason, StopReason
 from schemas.evaluation import EvalResult
@@ -116,6 +116,10 @@ class IslandStatus(Message):
     """LLM tokens spent by this island's requests."""
     stopped: StopReason | None = None
     """Set when the island has stopped, with why."""
+    declines: int = Field(default=0, ge=0)
+    """Requests an expert answered with a decline (no candidate) so far."""
+    last_decline: Decline | None = None
+    """The most recent decline, with its reason and detail (why no candidate came)."""
     at: float = Field(default_factory=now)
     """When the status was taken."""
 

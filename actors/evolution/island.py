@@ -331,6 +331,7 @@ class IslandBrain:
             stagnating=self.stagnation.is_stagnating(at),
             tokens_used=self.tokens_used,
             stopped=self._stopped,
+            declines=self.declines,
             at=now() if at is None else at,
         )
 

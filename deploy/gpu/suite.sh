@@ -1,50 +1,81 @@
 #!/usr/bin/env bash
 # The GPU checks of Kernel Foundry, in stages that each fit one device call (< 10 minutes).
-#   deploy/gpu/suite.sh probe|tests|runner-bench|template-bench|run [extra args]
-# Expects the wheels of deploy/gpu/fetch_wheels.sh in .whl/ and writes logs under $OUT (or ./gpu-out).
+#   deploy/gpu/suite.sh probe|tests|runner-bench|template-bench|run|kbench|all|py [extra args]
+#   all      probe, a real kfoundry run and a short kfoundry bench, with a table (deploy/gpu/session.sh)
+#   kbench   kfoundry bench's own arguments, e.g.  kbench --level 1 --problems dev --seconds 90
+#            (the KernelBench folder defaults to $KB, else .kb/, else ~/kb/KernelBench); it resumes
+#            from /tmp/kf-kbench on a warm machine, or from a carried .kb-state/bench.json
+# Expects the wheels of deploy/gpu/fetch_wheels.sh in .whl/ (installed into python3's own
+# site-packages, the checkout on a .pth file there) and writes logs under $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 KFOUNDRY_HOME=/tmp/kfhome
 stage=${1:-probe}
 shift || true
+if [ "$stage" = all ]; then
+  exec deploy/gpu/session.sh "$@"
+fi
+# shellcheck source=deploy/gpu/setup_env.sh
+source deploy/gpu/setup_env.sh
+kf_setup || exit 1
+kb_dir() {
+  for d in "${KB:-}" .kb "$HOME/kb/KernelBench"; do
+    [ -n "$d" ] && [ -d "$d" ] && { echo "$d"; return 0; }
+  done
+  echo "no KernelBench folder: set KB, or carry one as .kb/" >&2
+  return 1
+}
 case "$stage" in
   probe)
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+    nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm --format=csv
     python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__, torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))"
     unshare -n true && echo "unshare -n: ok"
-    which nats-server && nats-server --version
-    python3 -c "import schemas, actors.bus, gpu_runner.service, experience; print('imports ok')"
+    command -v nats-server && nats-server --version
+    free -g
     ;;
   tests)
     [ $# -gt 0 ] || set -- tests/gpu_runner tests/diagnosis tests/experts/test_template_gpu.py
-    timeout 560 python3 -m pytest -m gpu -W default -q -p no:cacheprovider -o addopts="" \
+    timeout -k 20 560 python3 -m pytest -m gpu -W default -q -p no:cacheprovider -o addopts="" \
       --junitxml "$out/gpu_tests.xml" "$@" 2>&1 \
       | tee "$out/gpu_tests.log" | tail -40
     ;;
   runner-bench)
-    timeout 570 python3 bench/gpu_runner_bench.py "$@" 2>&1 | tee "$out/gpu_runner_bench.log" | tail -40
+    timeout -k 20 570 python3 bench/gpu_runner_bench.py "$@" 2>&1 | tee "$out/gpu_runner_bench.log" | tail -40
     ;;
   template-bench)
-    timeout 570 python3 -m bench.template_bench --device cuda --out "$out/template" "$@" 2>&1 \
+    timeout -k 20 570 python3 -m bench.template_bench --device cuda --out "$out/template" "$@" 2>&1 \
       | tee "$out/template_bench.log" | tail -45
     ;;
   run)
     task=${1:-examples/tasks/layer_norm_gelu.py}
     shift || true
-    timeout 570 python3 -m actors.cli run "$task" --device cuda --run-dir "$out/run" --log-level info "$@" 2>&1 \
+    timeout -k 30 570 python3 -m actors.cli run "$task" --device cuda --run-dir "$out/run" --log-level info "$@" 2>&1 \
       | tee "$out/run.log" | tail -25
     ;;
+  kbench)
+    # The bench writes many files: its folder stays outside $OUT; bench.json, bench.md and a
+    # tarball of the runs' logs come back.
+    # To resume on a fresh machine, carry the bench.json of an earlier call as .kb-state/bench.json.
+    work=${KF_BENCH_DIR:-/tmp/kf-kbench}
+    mkdir -p "$work"
+    if [ ! -f "$work/bench.json" ] && [ -f "${KB_RESUME:-.kb-state/bench.json}" ]; then
+      cp "${KB_RESUME:-.kb-state/bench.json}" "$work/bench.json"
+    fi
+    if [ $# -eq 0 ] || [ "${1#-}" != "$1" ]; then
+      kb=$(kb_dir) || exit 1
+      set -- "$kb" "$@"
+    fi
+    timeout -s TERM -k 60 "${KB_TIMEOUT:-560}" python3 -m actors.cli bench "$@" --device "${KF_DEVICE:-cuda}" --out "$work" 2>&1 \
+      | tee "$out/kbench.log" | tail -40
+    rc=${PIPESTATUS[0]}
+    cp "$work/bench.json" "$work/bench.md" "$out/" 2>/dev/null
+    [ -d "$work/runs" ] && tar -czf "$out/kbench-runs.tar.gz" -C "$work" --exclude='*.png' runs
+    [ -f "$work/bench.md" ] && cat "$work/bench.md"
+    exit "$rc"
+    ;;
   py)
-    timeout 570 python3 "$@" 2>&1 | tee "$out/py.log" | tail -80
+    timeout -k 20 570 python3 "$@" 2>&1 | tee "$out/py.log" | tail -80
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac

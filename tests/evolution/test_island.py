@@ -160,6 +160,7 @@ def test_in_flight_counts_requests_replies_and_feedback() -> None:
     brain.on_reply(a, 0)  # declined: nothing in flight for it, and the expert earns 0
     assert brain.wants_request()
     assert brain.declines == 1
+    assert brain.status().declines == 1  # the report reads it from the island's last status
     assert next(r for r in brain.credit_table() if r.expert == a.expert).mean_reward == 0.0
     brain.on_reply(b, 1)
     assert brain.in_flight == 1

@@ -13,9 +13,12 @@ from actors.evolution.island import IslandBrain
 from actors.evolution.migration import MigrationPlanner
 from actors.report import RunReport, build_report, write_report
 from schemas import (
+    Decline,
+    DeclineReason,
     EliteAnnouncement,
     ExperienceOutcome,
     Feedback,
+    IslandStatus,
     Message,
     Migration,
     MigrationPolicy,
@@ -163,3 +166,28 @@ def test_report_from_messages_alone_still_has_fitness_and_counts(
     assert all(v == sorted(v) and v for v in series.values())
     paths = write_report(report, tmp_path)
     assert {p.name for p in paths} == {"report.json", "fitness.png"}
+
+
+def test_report_says_when_the_first_correct_candidate_came(run: tuple[list[Message], dict[str, IslandBrain]]) -> None:
+    messages, brains = run
+    spec = f.spec(islands=2)
+    report = build_report(spec, messages, brains)
+    correct = [m.result for m in messages if isinstance(m, Feedback) and m.result.status.value == "correct"]
+    assert correct, "the landscape must produce correct candidates"
+    assert report.first_correct_s == pytest.approx(min(r.created_at for r in correct) - spec.created_at)
+    assert report.best is not None
+    assert report.best.speedup_vs_eager == report.best.fitness
+
+
+def test_report_carries_each_islands_declines_and_the_last_reason() -> None:
+    spec = f.spec(islands=1)
+    decline = Decline(reason=DeclineReason.UNSUPPORTED, detail="no template for aten.conv2d")
+    status = IslandStatus(
+        run_id=spec.run_id, island="i0", evaluated=0, in_flight=0, archive_size=0, declines=8,
+        last_decline=decline, stopped=StopReason.NO_PROGRESS,
+    )  # fmt: skip
+    report = build_report(spec, [status])
+    (island,) = report.islands
+    assert (island.declines, island.last_decline, island.stopped) == (8, decline, StopReason.NO_PROGRESS)
+    assert report.first_correct_s is None
+    assert report.evaluated == 0

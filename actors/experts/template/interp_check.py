@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.childenv import child_pythonpath
+
 _ENV_KEY = "TRITON_INTERPRET"
 
 
@@ -126,7 +128,7 @@ def start_check(jobs: list[dict[str, Any]], workdir: Path) -> subprocess.Popen[s
     path = workdir / f"jobs-{os.getpid()}-{id(jobs)}.json"
     path.write_text(json.dumps(jobs), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
-    env.update({_ENV_KEY: "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(_ROOT)})
+    env.update({_ENV_KEY: "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": child_pythonpath(_ROOT)})
     return subprocess.Popen(
         [sys.executable, "-m", "actors.experts.template.interp_check", str(path)],
         stdin=subprocess.DEVNULL,

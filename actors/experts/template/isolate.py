@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from actors.childenv import child_pythonpath
 from actors.experts.template.ir import Plan, Unsupported, plan_from_dict, plan_to_dict
 
 _ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +27,7 @@ _KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 async def analyse_in_child(source: str, timeout: float = 180.0) -> Plan | Unsupported:
     """``analyse(source)`` in a child process; a child that fails or times out is a decline."""
     env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
-    env["PYTHONPATH"] = str(_ROOT)
+    env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
     env["CUDA_VISIBLE_DEVICES"] = ""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

@@ -1,0 +1,178 @@
+"""``kfoundry bench KERNELBENCH_DIR --level N --problems SPEC``: the command.
+
+Runs each selected problem with ``kfoundry run`` (``runner``), one after another, and after each
+one rewrites ``<out>/bench.json`` (``results.BenchFile``) and ``<out>/bench.md`` (the table with
+its totals). Problems already in an existing ``bench.json`` of the same level are skipped, so a
+bench stopped by SIGINT/SIGTERM (the running problem is stopped and not kept) or by a crash
+resumes where it was. One line per problem start and end goes to stderr, with elapsed time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, TextIO
+
+from pydantic import ValidationError
+
+from actors.kbench.errors import BenchError, Interrupted, ResultsFileError
+from actors.kbench.problems import Problem, select
+from actors.kbench.results import BenchFile, ProblemResult, markdown, totals
+
+if TYPE_CHECKING:  # the runner (and the report it reads) load only when a bench runs: every
+    # kfoundry command builds this parser
+    from actors.kbench.runner import RunOptions
+
+EXIT_INTERRUPTED = 130
+
+
+def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="run `kfoundry run` on problems of a KernelBench checkout and tabulate the results",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    p.add_argument("kernelbench_dir", type=Path, help="a KernelBench checkout (its KernelBench/ folder, or the repo)")
+    p.add_argument("--level", type=int, required=True, help="KernelBench level (1, 2, 3, ...)")
+    p.add_argument(
+        "--problems",
+        default="dev",
+        help="problems: numbers and ranges (1,2,5-9), 'dev' (the development subset) or 'all'",
+    )
+    p.add_argument("--seconds", type=float, default=None, help="wall-clock budget per problem (kfoundry run --seconds)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--eval-timeout", type=float, default=180.0, help="kfoundry run --eval-timeout")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (bench.json, bench.md, runs/)")
+    p.add_argument(
+        "--run-args",
+        default="",
+        help="more `kfoundry run` arguments as one string, e.g. --run-args='--islands 1 --experts template'",
+    )
+    p.add_argument("--grace", type=float, default=30.0, help="seconds a run gets to stop after SIGINT")
+    p.set_defaults(func=cmd_bench)
+
+
+def load_existing(path: Path, level: int) -> BenchFile | None:
+    """The ``bench.json`` at ``path`` if there is one; it must be of the same level."""
+    if not path.exists():
+        return None
+    try:
+        existing = BenchFile.model_validate_json(path.read_text())
+    except (ValidationError, ValueError, OSError) as exc:
+        raise ResultsFileError(f"{path}: cannot resume from it ({str(exc).splitlines()[0]}); move it away") from exc
+    if existing.level != level:
+        raise ResultsFileError(f"{path} holds level {existing.level}, not level {level}: use another --out")
+    return existing
+
+
+def write(bench: BenchFile, out: Path) -> None:
+    """Write ``bench.json`` and ``bench.md`` atomically (a reader never sees half a file)."""
+    final = bench.model_copy(update={"totals": totals(bench.results)})
+    for name, text in (("bench.json", final.model_dump_json(indent=2)), ("bench.md", markdown(final))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+
+
+class Bench:
+    """The bench's loop over its problems (see the module docstring)."""
+
+    def __init__(
+        self, problems: list[Problem], bench: BenchFile, out: Path, opts: RunOptions, progress: TextIO
+    ) -> None:
+        self.problems = problems
+        self.bench = bench
+        self.out = out
+        self.opts = opts
+        self.progress = progress
+        self.stop = threading.Event()
+
+    def _say(self, started: float, text: str) -> None:
+        self.progress.write(f"[{time.monotonic() - started:7.0f}s] {text}\n")
+        self.progress.flush()
+
+    def run(self) -> int:
+        from actors.kbench.runner import describe, run_problem
+
+        started = time.monotonic()
+        done = {(r.level, r.number) for r in self.bench.results}
+        todo = [p for p in self.problems if (p.level, p.number) not in done]
+        skipped = len(self.problems) - len(todo)
+        self._say(started, f"{len(todo)} problem(s) to run, {skipped} already in {self.out / 'bench.json'}")
+        for i, problem in enumerate(todo, 1):
+            if self.stop.is_set():
+                break
+            self._say(started, f"({i}/{len(todo)}) {problem.name}: start")
+            t0 = time.monotonic()
+            try:
+                result = run_problem(problem, self.out, self.opts, self.stop)
+            except Interrupted:
+                self._say(started, f"({i}/{len(todo)}) {problem.name}: interrupted, not kept")
+                break
+            self._keep(result)
+            self._say(started, f"({i}/{len(todo)}) {problem.name}: {describe(result)} ({time.monotonic() - t0:.0f} s)")
+        write(self.bench, self.out)
+        if self.stop.is_set():
+            self._say(started, f"stopped; finished results kept in {self.out / 'bench.json'} (run again to resume)")
+            return EXIT_INTERRUPTED
+        self._say(started, f"done: {self.out / 'bench.json'}, {self.out / 'bench.md'}")
+        return 0
+
+    def _keep(self, result: ProblemResult) -> None:
+        rows = [r for r in self.bench.results if (r.level, r.number) != (result.level, result.number)]
+        rows.append(result)
+        rows.sort(key=lambda r: (r.level, r.number))
+        self.bench = self.bench.model_copy(update={"results": tuple(rows)})
+        write(self.bench, self.out)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.seconds is not None and args.seconds <= 0:
+        raise BenchError(f"--seconds {args.seconds:g}: must be positive")
+    if args.eval_timeout <= 0 or args.grace <= 0:
+        raise BenchError("--eval-timeout and --grace must be positive")
+    problems = select(args.kernelbench_dir, args.level, args.problems)
+    try:
+        run_args = tuple(shlex.split(args.run_args))
+    except ValueError as exc:
+        raise BenchError(f"--run-args {args.run_args!r}: {exc}") from exc
+    owned = {"--run-dir", "--device", "--seconds", "--eval-timeout"}
+    clash = sorted(owned & {a.split("=", 1)[0] for a in run_args})
+    if clash:
+        raise BenchError(f"--run-args: {', '.join(clash)} is set by the bench itself")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    bench = load_existing(out / "bench.json", args.level) or BenchFile(
+        kernelbench_dir=str(args.kernelbench_dir.resolve()), level=args.level, problems_spec=args.problems
+    )
+    bench = bench.model_copy(
+        update={"problems_spec": args.problems, "run_args": run_args, "device": args.device, "seconds": args.seconds}
+    )
+    from actors.kbench.runner import RunOptions
+
+    opts = RunOptions(
+        device=args.device,
+        seconds=args.seconds,
+        run_args=run_args,
+        eval_timeout_s=args.eval_timeout,
+        grace_s=args.grace,
+    )
+    runner = Bench(problems, bench, out, opts, sys.stderr)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        sys.stderr.write(f"\n{signal.Signals(signum).name}: stopping the running problem (finished ones are kept)\n")
+        runner.stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return runner.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

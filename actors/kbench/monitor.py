@@ -1,0 +1,145 @@
+"""Peak memory of a process tree, sampled from outside it (it cannot under-report itself).
+
+Host memory: the sum of the resident set sizes of the root process and all its descendants
+(``psutil``), so pages shared between forked workers count once per process: an upper bound.
+GPU memory: the driver's per-process accounting (``nvidia-smi --query-compute-apps``) summed over
+the tree's processes, and the rise of the whole GPU's used memory over its level when sampling
+began (``nvidia-smi --query-gpu=memory.used``), which also sees processes the driver reports
+under another PID namespace. Either is ``None`` when it cannot be measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+
+import psutil
+
+from actors.logs import get_logger
+
+log = get_logger(__name__)
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The highest values seen."""
+
+    host_bytes: int | None
+    gpu_bytes: int | None
+    gpu_device_bytes: int | None
+
+
+def tree_rss(pid: int) -> int | None:
+    """Summed RSS of ``pid`` and its descendants; ``None`` if ``pid`` is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def tree_pids(pid: int) -> set[int]:
+    """``pid`` and its descendants' pids (empty if ``pid`` is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return {pid, *(p.pid for p in root.children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def _smi(query: list[str]) -> list[list[str]] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, *query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [[cell.strip() for cell in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def gpu_used_by_pid() -> dict[int, int] | None:
+    """Bytes of GPU memory per process, from the driver; ``None`` without nvidia-smi."""
+    rows = _smi(["--query-compute-apps=pid,used_memory"])
+    if rows is None:
+        return None
+    used: dict[int, int] = {}
+    for row in rows:
+        with contextlib.suppress(ValueError, IndexError):
+            used[int(row[0])] = used.get(int(row[0]), 0) + int(float(row[1]) * _MIB)
+    return used
+
+
+def gpu_used_total() -> int | None:
+    """Bytes of memory in use over all GPUs; ``None`` without nvidia-smi."""
+    rows = _smi(["--query-gpu=memory.used"])
+    if not rows:
+        return None
+    try:
+        return sum(int(float(row[0]) * _MIB) for row in rows)
+    except (ValueError, IndexError):
+        return None
+
+
+class TreeMonitor:
+    """Samples a process tree's memory in a thread until stopped; ``peaks()`` says the maxima."""
+
+    def __init__(self, pid: int, *, gpu: bool, interval_s: float = 1.0) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s={interval_s!r}: must be positive")
+        self.pid = pid
+        self.gpu = gpu and shutil.which("nvidia-smi") is not None
+        self.interval_s = interval_s
+        self._host: int | None = None
+        self._gpu: int | None = None
+        self._device: int | None = None
+        self._baseline = gpu_used_total() if self.gpu else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"tree-monitor-{pid}", daemon=True)
+
+    def __enter__(self) -> TreeMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except Exception:  # the boundary of the sampling thread: a failed sample is logged, the next one tried
+                log.exception("memory sample failed", pid=self.pid)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def sample(self) -> None:
+        """Take one sample now."""
+        rss = tree_rss(self.pid)
+        if rss is not None:
+            self._host = max(self._host or 0, rss)
+        if not self.gpu:
+            return
+        per_pid = gpu_used_by_pid()
+        pids = tree_pids(self.pid)
+        if per_pid is not None and pids & per_pid.keys():
+            self._gpu = max(self._gpu or 0, sum(per_pid[p] for p in pids & per_pid.keys()))
+        total = gpu_used_total()
+        if total is not None and self._baseline is not None:
+            self._device = max(self._device or 0, total - self._baseline)
+
+    def peaks(self) -> Peaks:
+        """The maxima sampled so far."""
+        return Peaks(host_bytes=self._host, gpu_bytes=self._gpu, gpu_device_bytes=self._device)
