@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 
 from actors.base import Actor
 from actors.bus import Bus
-from actors.errors import BusError, ConfigError
+from actors.errors import BusError, ConfigError, TaskRefused
 from actors.kv import get_expert_config, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
@@ -374,3 +374,15 @@ class RunController:
         report = await asyncio.to_thread(build_report, self.spec, messages, states)
         await asyncio.to_thread(write_report, report, self.run_dir)
         log.info("results written", run_dir=str(self.run_dir), messages=len(messages))
+
+
+def refusal_in(exc: BaseException | None) -> TaskRefused | None:
+    """The :class:`TaskRefused` inside ``exc`` (however deep in exception groups), if any."""
+    if isinstance(exc, TaskRefused):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = refusal_in(inner)
+            if found is not None:
+                return found
+    return None

@@ -16,10 +16,11 @@ import structlog
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
-from actors.errors import Retry
+from actors.errors import Retry, TaskRefused
 from actors.kv import get_run
 from actors.latency import EVALUATION_SECONDS
 from actors.runners import Runner
+from gpu_runner.errors import TaskTooLarge
 from schemas import ActorKind, Candidate, EvalStatus, RunSpec, Task, subjects
 
 
@@ -53,7 +54,10 @@ class EvaluatorActor(Actor):
         self.spec = await get_run(self.bus, self.rid)
         self.task = self.spec.task
         await self.runner.start()
-        await self.runner.prepare(self.task)
+        try:
+            await self.runner.prepare(self.task)
+        except TaskTooLarge as exc:  # the task, not a candidate: the run says so and ends
+            raise TaskRefused(str(exc)) from None
         consumer = ConsumerSpec(
             stream=subjects.run_stream(self.rid),
             durable=subjects.EVALUATORS,

@@ -102,7 +102,7 @@ def resolve_device(choice: str) -> DeviceChoice:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from actors.cli import nats_url, run_async
-    from actors.controller import RunController
+    from actors.controller import RunController, refusal_in
 
     source = check_task_source(args.task)
     device = resolve_device(args.device)
@@ -121,7 +121,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 spec=spec, url=url, run_dir=run_dir, args=args, seeds=seeds, progress=None if args.quiet else sys.stderr
             )
             started = time.time()
-            outcome = await controller.run(stop)
+            try:
+                outcome = await controller.run(stop)
+            except BaseExceptionGroup as group:  # a local actor refused the task: one line, exit 3
+                refused = refusal_in(group)
+                if refused is None:
+                    raise
+                raise refused from None
             sys.stdout.write(outcome.summary(time.time() - started) + "\n")
             return 0 if outcome.best_fitness is not None else 1
 
