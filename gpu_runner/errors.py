@@ -56,3 +56,7 @@ class ProtocolError(RunnerError):
 
 class ServiceClosed(RunnerError):
     """The evaluation service was used before ``start()`` or after ``aclose()``."""
+
+
+class IsolationUnavailable(RunnerError):
+    """Isolation is ``strict`` and a confinement layer does not hold here; the message says which and how to enable it."""

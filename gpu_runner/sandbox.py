@@ -1,9 +1,11 @@
 """Starting, talking to and killing sandboxed worker processes (parent side).
 
-A worker starts in its own session (so its whole process group can be killed), under
-``unshare`` where the OS allows (no network; its own PID namespace, so everything it spawns dies
-with it), with a whitelisted environment (no keys or tokens), its own cwd, HOME and TMPDIR,
-and two pipes: jobs in, frames out. Its stdout and stderr go to a log file the parent reads.
+A worker starts in its own session (so its whole process group can be killed), confined by the
+layers the kernel grants (:mod:`gpu_runner.confine`: its own user, network, IPC, PID and mount
+namespaces and a Landlock domain from the start; a filesystem view, a narrower Landlock domain
+and a seccomp filter before a candidate runs), with a whitelisted environment (no keys or
+tokens), its own cwd, HOME and TMPDIR, and two pipes: jobs in, frames out. Its stdout and stderr
+go to a log file the parent reads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import os
 import pwd
 import re
@@ -21,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +34,9 @@ from typing import Any
 import psutil
 import structlog
 
+from gpu_runner.confine import policy
+from gpu_runner.confine.policy import Layers
+from gpu_runner.config import IsolationMode
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
 from gpu_runner.protocol import Blob, FrameError, encode_frame, read_bulk, read_frame, widen_pipe
@@ -65,13 +72,24 @@ class Isolation:
     uid: int | None
     gid: int | None
     user: str
+    layers: Layers | None = None
+    """The confinement layers the probe found (None: confinement not probed)."""
+    wanted: dict[str, bool] = field(default_factory=dict)
+    """Which namespaces the config asks for (network, pids, ipc, mount)."""
+    hidden: tuple[str, ...] = ()
+    """Folders of the evaluator's own that workers must not see (cache, work folders)."""
 
+    def namespaces(self) -> dict[str, Any]:
+        """The namespaces a worker enters at spawn."""
+        return policy.namespace_plan(self.layers, self.wanted) if self.layers is not None else {}
 
-def _try(cmd: list[str]) -> bool:
-    try:
-        return subprocess.run(cmd, capture_output=True, timeout=120, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    def notes(self) -> dict[str, str]:
+        """Per layer, what holds or why not (the verdict's isolation checks)."""
+        out = dict(self.layers.notes) if self.layers is not None else {}
+        out.setdefault("network_isolation", self.network)
+        out.setdefault("pid_namespace", self.pids)
+        out["sandbox_user"] = self.user
+        return out
 
 
 def _readable_by_others(paths: list[str]) -> str | None:
@@ -131,31 +149,23 @@ def _works_as(uid: int, gid: int, python: str, cuda: bool) -> bool:
 
 
 def probe_isolation(
-    network: bool, pids: bool, user: str | None, python: str = sys.executable, cuda: bool = False
+    network: bool,
+    pids: bool,
+    user: str | None,
+    python: str = sys.executable,
+    cuda: bool = False,
+    confine: dict[str, bool] | None = None,
 ) -> Isolation:
-    """Find the strongest isolation this machine grants (blocking; call it in a thread)."""
-    unshare = shutil.which("unshare")
-    prefix: tuple[str, ...] = ()
-    net_note = pid_note = "skipped: disabled by config"
-    # On CUDA the probe starts the device inside the namespaces: a prefix that breaks CUDA is not used.
-    check = [python, "-c", "import torch; torch.zeros(1, device='cuda')"] if cuda else ["true"]
-    if unshare and (network or pids):
-        full = [unshare, "-n", "-p", "-f", "--mount-proc", "--kill-child"]
-        if network and pids and _try([*full, *check]):
-            prefix, net_note, pid_note = tuple(full), "unshare -n", "unshare -p --mount-proc"
-        elif network and _try([unshare, "-n", *check]):
-            prefix, net_note = (unshare, "-n"), "unshare -n"
-            pid_note = "skipped: unshare -p not permitted here" if pids else pid_note
-        else:
-            net_note = "skipped: unshare not permitted here" if network else net_note
-            pid_note = "skipped: unshare not permitted here" if pids else pid_note
-    elif network or pids:
-        net_note = pid_note = "skipped: no unshare binary"
+    """Find the strongest isolation this machine grants (blocking; call it in a thread).
+
+    ``confine`` switches layers of :mod:`gpu_runner.confine` off by name (``ipc``, ``mount``,
+    ``landlock``, ``seccomp``); network and PID namespaces follow ``network`` and ``pids``.
+    """
     uid = gid = None
     user_note = "skipped: disabled by config"
     if user is not None:
         if os.geteuid() != 0:
-            user_note = f"skipped: the evaluator is not root (uid {os.geteuid()})"
+            user_note = f"skipped: the evaluator is not root (uid {os.geteuid()}); its own user namespace instead"
         else:
             try:
                 entry = pwd.getpwnam(user)
@@ -168,7 +178,88 @@ def probe_isolation(
                     uid, gid, user_note = entry.pw_uid, entry.pw_gid, f"{user} (uid {entry.pw_uid})"
             except KeyError:
                 user_note = f"skipped: no user {user!r}"
-    return Isolation(prefix=prefix, network=net_note, pids=pid_note, uid=uid, gid=gid, user=user_note)
+    wanted = {"network": network, "pids": pids, **(confine or {})}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    for name in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    if cuda:
+        env["HOME"] = tempfile.mkdtemp(prefix="kf-probe-")
+    keep = (uid, gid) if uid is not None and gid is not None else None
+    layers = policy.probe(python, env, cuda, keep, wanted)
+    if cuda:
+        shutil.rmtree(env["HOME"], ignore_errors=True)
+    notes = layers.notes
+    return Isolation(
+        prefix=(),
+        network=notes["network_isolation"],
+        pids=notes["pid_namespace"],
+        uid=uid,
+        gid=gid,
+        user=user_note,
+        layers=layers,
+        wanted=wanted,
+    )
+
+
+def confinement(iso: Isolation, home: Path, bulk: Path | None, mode: str, exec_ok: bool) -> dict[str, Any]:
+    """What a worker applies before a candidate runs: its Landlock grants (narrower than the
+    worker's) and seccomp profile (the entries of the job's ``sandbox`` settings)."""
+    layers = iso.layers
+    if layers is None:
+        return {}
+    writable = [str(home)] + ([str(bulk)] if bulk is not None else [])
+    out: dict[str, Any] = {"strict": bool(iso.wanted.get("strict"))}
+    if layers.landlock:
+        grants = policy.grants(layers, writable, compile_mode=mode == "compile")
+        if mode == "run" and not exec_ok:
+            grants["read"] += grants.pop("execute")
+        out["landlock"] = grants
+    if layers.seccomp:
+        out["seccomp"] = "compile" if mode == "compile" else "run_exec" if exec_ok else "run"
+    return out
+
+
+def jit_exec(device: str, compile_outcome: Any) -> bool:
+    """Whether a run worker may still start programs (``ptxas`` for Triton kernels the compile stage
+    could not build ahead of time, on a GPU); everywhere else it may not."""
+    aot = str(getattr(compile_outcome, "aot", "") or "")
+    return device == "cuda" and not aot.startswith(("complete", "not needed"))
+
+
+def isolation_refusal(iso: Isolation, mode: IsolationMode) -> str | None:
+    """Why ``strict`` isolation refuses to run candidates here (None: it does not, or best-effort)."""
+    missing = iso.layers.missing() if iso.layers is not None else list(policy.LAYERS)
+    if os.geteuid() == 0 and iso.layers is not None and iso.layers.namespaces:
+        missing = [m for m in missing if m != "user_namespace"]  # root has the other namespaces without one
+    missing = [m for m in missing if not iso.notes().get(m, "").endswith("disabled by config")]
+    if not missing:
+        return None
+    notes = iso.notes()
+    lines = "\n".join(f"  {m}: {notes.get(m, 'not probed')}" for m in missing)
+    if mode is IsolationMode.BEST_EFFORT:
+        logger.warning("isolation_incomplete", missing=missing, notes={m: notes.get(m) for m in missing})
+        return None
+    return (
+        "isolation is strict and these layers do not hold here, so no candidate will run:\n"
+        f"{lines}\nEnable them as each line says, or pass --isolation best-effort to run candidates "
+        "with the layers that do hold (every verdict names them)."
+    )
+
+
+def _spawn_spec(iso: Isolation, home: Path, bulk: Path, extra_rw: list[str], mode: str) -> dict[str, Any]:
+    """What a worker enters at spawn: its namespaces, its filesystem view, and a Landlock domain
+    for all its threads (a Landlock domain covers only threads started after it)."""
+    spec: dict[str, Any] = {"namespaces": iso.namespaces()}
+    writable = [str(home), str(bulk), *extra_rw]
+    if spec["namespaces"].get("mount"):
+        spec["view"] = policy.view(iso.layers, writable, list(iso.hidden)) if iso.layers is not None else {}
+    if iso.layers is not None and iso.layers.landlock:
+        spec["landlock"] = policy.grants(iso.layers, writable, compile_mode=mode == "compile")
+    return spec
 
 
 def worker_env(extra: dict[str, str], home: Path) -> dict[str, str]:
@@ -447,6 +538,10 @@ async def spawn_worker(
     bulk, bulk_fd = make_bulk_dir(base, name, iso.uid, iso.gid)
     env = worker_env({**extra_env, "KF_BULK_DIR": str(bulk)}, home)
     log_path = home.parent / f"{name}.log"
+    # Caches the evaluator shares between its own workers (the inductor cache) stay writable until
+    # the candidate's sandbox hides them; nothing else of the evaluator's is.
+    shared = [v for k, v in extra_env.items() if k == "TORCHINDUCTOR_CACHE_DIR"]
+    spec = _spawn_spec(iso, home, bulk, shared, mode)
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     widen_pipe(out_w)
@@ -461,14 +556,15 @@ async def spawn_worker(
                     env,
                     home,
                     (in_r, out_w, log_fd),
-                    net=iso.network.startswith("unshare"),
-                    pid_ns=iso.pids.startswith("unshare"),
+                    spec,
                 )
             except OSError as exc:
                 logger.warning("fork_server_unusable", mode=mode, error=str(exc))
         if proc is None:
+            launch = [python, "-m", "gpu_runner.confine.launch", json.dumps(spec), "--"]
             cmd = [
                 *iso.prefix,
+                *launch,
                 python,
                 "-X",
                 "faulthandler",  # a crash of the run process leaves its Python stack in the log

@@ -27,7 +27,7 @@ from gpu_runner.assemble import Collected, build, rejected_by_gate
 from gpu_runner.compare import TrialCheck, compare_trial
 from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
-from gpu_runner.errors import DeviceUnavailable, ServiceClosed
+from gpu_runner.errors import DeviceUnavailable, IsolationUnavailable, ServiceClosed
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
 from gpu_runner.lease import GpuGate, renice
@@ -39,6 +39,9 @@ from gpu_runner.sandbox import (
     Worker,
     bulk_root,
     chown_tree,
+    confinement,
+    isolation_refusal,
+    jit_exec,
     make_private_dir,
     probe_isolation,
     unreachable_by_others,
@@ -142,7 +145,11 @@ class EvaluationService:
             self.cfg.sandbox_user,
             self.cfg.python,
             self.device == "cuda",
+            self.cfg.confine_layers(),
         )
+        refusal = isolation_refusal(self.iso, self.cfg.isolation)
+        if refusal is not None:
+            raise IsolationUnavailable(refusal)
         nice = shutil.which("nice")
         nice_prefix: tuple[str, ...] = ()
         if self.cfg.worker_nice and nice:
@@ -157,6 +164,8 @@ class EvaluationService:
         os.chmod(self.base, 0o711)
         cache = self.cfg.resolved_cache_dir()
         (cache / "compile").mkdir(parents=True, exist_ok=True)
+        hidden = [str(self.base), str(cache), str(bulk_root(self.base))]
+        self.iso = dataclasses.replace(self.iso, hidden=tuple(hidden))
         if self.iso.uid is not None:
             # The unprivileged sandbox user must reach its working folders; where a parent folder
             # is private (e.g. under /root or pytest's 0700 temp root), run without the drop.
@@ -223,11 +232,7 @@ class EvaluationService:
     def _isolation_checks(self) -> list[Check]:
         assert self.iso is not None
         out = []
-        for name, note in (
-            ("network_isolation", self.iso.network),
-            ("pid_namespace", self.iso.pids),
-            ("sandbox_user", self.iso.user),
-        ):
+        for name, note in self.iso.notes().items():
             skipped = note.startswith("skipped")
             out.append(Check(name=name, outcome=CheckOutcome.SKIPPED if skipped else CheckOutcome.PASSED, detail=note))
         return out
@@ -357,6 +362,7 @@ class EvaluationService:
             "uid": self.iso.uid,
             "gid": self.iso.gid,
             "mem_fraction": self.cfg.device_memory_fraction,
+            **confinement(self.iso, worker.dir, worker.bulk, "run", jit_exec(self.device, c.compile)),
         }
         await worker.send(
             {
@@ -433,7 +439,7 @@ class EvaluationService:
         finally:
             if tree is None:
                 tree = worker.terminate()
-            self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
+            self._background(worker.reap(tree, sweep=self.iso.pids.startswith("skipped")))
             record.log = worker.log_text()
             marks["terminated"] = time.perf_counter() - t0
             # Where the run stage's time goes (seconds since the job was sent), for overhead work.
