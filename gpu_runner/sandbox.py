@@ -541,6 +541,8 @@ async def spawn_worker(
     # Caches the evaluator shares between its own workers (the inductor cache) stay writable until
     # the candidate's sandbox hides them; nothing else of the evaluator's is.
     shared = [v for k, v in extra_env.items() if k == "TORCHINDUCTOR_CACHE_DIR"]
+    for folder in shared:  # it must exist to be kept in the worker's view
+        Path(folder).mkdir(parents=True, exist_ok=True)
     spec = _spawn_spec(iso, home, bulk, shared, mode)
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
