@@ -227,7 +227,7 @@ def jit_exec(device: str, compile_outcome: Any) -> bool:
     """Whether a run worker may still start programs (``ptxas`` for Triton kernels the compile stage
     could not build ahead of time, on a GPU); everywhere else it may not."""
     aot = str(getattr(compile_outcome, "aot", "") or "")
-    return device == "cuda" and not aot.startswith(("complete", "not needed"))
+    return device == "cuda" and aot.startswith("partial")
 
 
 def isolation_refusal(iso: Isolation, mode: IsolationMode) -> str | None:

@@ -77,6 +77,7 @@ void probe() {
     }
 }
 
+#ifndef KF_CUDA
 torch::Tensor add_relu(torch::Tensor x, torch::Tensor y) {
     probe();
     auto out = torch::empty_like(x);
@@ -84,6 +85,19 @@ torch::Tensor add_relu(torch::Tensor x, torch::Tensor y) {
     for (int64_t i = 0; i < x.numel(); ++i) { float s = a[i] + b[i]; o[i] = s > 0.f ? s : 0.f; }
     return out;
 }
+#else
+__global__ void add_relu_kernel(const float* x, const float* y, float* out, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) { float s = x[i] + y[i]; out[i] = s > 0.f ? s : 0.f; }
+}
+torch::Tensor add_relu(torch::Tensor x, torch::Tensor y) {
+    probe();
+    auto out = torch::empty_like(x);
+    int64_t n = x.numel();
+    add_relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), n);
+    return out;
+}
+#endif
 """
 
 WRAPPER = '''
@@ -93,7 +107,7 @@ from torch.utils.cpp_extension import load_inline
 
 CPP_SRC = r"""{cpp}"""
 
-ext = load_inline(name="kf_hostile_probe", cpp_sources=CPP_SRC, functions=["add_relu"])
+ext = {load}
 
 
 class ModelNew(nn.Module):
@@ -106,7 +120,14 @@ def _chars(text: str) -> str:
     return ", ".join(str(ord(c)) for c in text)
 
 
-def _scenario(tmp: Path, home: Path, owner: int) -> dict[str, object]:
+CPU_LOAD = 'load_inline(name="kf_hostile_probe", cpp_sources=CPP_SRC, functions=["add_relu"])'
+CUDA_LOAD = (
+    'load_inline(name="kf_hostile_probe_cuda", cpp_sources="torch::Tensor add_relu(torch::Tensor x, torch::Tensor y);", '
+    'cuda_sources="#define KF_CUDA 1\\n" + CPP_SRC, functions=["add_relu"])'
+)
+
+
+def _scenario(tmp: Path, home: Path, owner: int, cuda: bool = False) -> dict[str, object]:
     """Files, a listener and a candidate aimed at them."""
     for folder in (home, tmp / "loot", tmp / "run"):
         folder.mkdir(parents=True, exist_ok=True)
@@ -140,13 +161,13 @@ def _scenario(tmp: Path, home: Path, owner: int) -> dict[str, object]:
         cpp = cpp.replace("{" + key + "}", "{" + value + "}")
     cpp = cpp.replace("PORT", str(listener.getsockname()[1])).replace("SHM_KEY", str(SHM_KEY))
     candidate = tmp / "candidate.py"
-    candidate.write_text(WRAPPER.replace("{cpp}", cpp))
+    candidate.write_text(WRAPPER.replace("{cpp}", cpp).replace("{load}", CUDA_LOAD if cuda else CPU_LOAD))
     candidate.chmod(0o644)
     return {"token": token, "reference": reference, "candidate": candidate, "listener": listener,
             "project_file": project_file}  # fmt: skip
 
 
-def _evaluate(sc: dict[str, object], tmp: Path, as_user: bool, home: Path) -> dict[str, object]:
+def _evaluate(sc: dict[str, object], tmp: Path, as_user: bool, home: Path, device: str = "cpu") -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     env["OPENAI_API_KEY"] = str(sc["token"])
     env["KFOUNDRY_HOME"] = str(tmp / "kfhome")
@@ -156,7 +177,7 @@ def _evaluate(sc: dict[str, object], tmp: Path, as_user: bool, home: Path) -> di
     (tmp / "t").chmod(0o1777)
     (tmp / "kfhome").mkdir(exist_ok=True)
     os.chown(tmp / "kfhome", *(2 * [_uid(as_user)]))
-    args = [sys.executable, "-m", "gpu_runner", str(sc["reference"]), str(sc["candidate"]), "--device", "cpu",
+    args = [sys.executable, "-m", "gpu_runner", str(sc["reference"]), str(sc["candidate"]), "--device", device,
             "--json", "--timeout", "240", "--isolation", "strict"]  # fmt: skip
     cmd = ["sh", str(AS_USER), "env", f"KFOUNDRY_HOME={tmp / 'kfhome'}", f"OPENAI_API_KEY={sc['token']}", f"TMPDIR={tmp / 't'}", *args]
     cmd = cmd if as_user else args
@@ -238,3 +259,43 @@ def test_hostile_cpp_candidate_is_contained_when_the_evaluator_is_an_ordinary_us
         sc["listener"].close()  # type: ignore[attr-defined]
     checks = {c["name"]: c for c in result["checks"]}  # type: ignore[index]
     assert checks["user_namespace"]["outcome"] == "passed"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("as_user", [False, True], ids=["root", "ordinary_user"])
+def test_hostile_cuda_candidate_is_contained_on_the_gpu(tmp_path: Path, as_user: bool) -> None:
+    """The same probes from a CUDA extension's host code, with the worker's CUDA context inside
+    its user namespace: contained, and the layers all held on the GPU."""
+    if as_user and os.getuid() != 0:
+        pytest.skip("dropping to an ordinary user needs root")
+    for folder in (tmp_path, *tmp_path.parents):
+        if folder == Path(folder.anchor) or folder.stat().st_uid != 0:
+            break
+        folder.chmod(folder.stat().st_mode | 0o011)
+    tmp_path.chmod(0o755)
+    home = tmp_path / "home" / "gpu"
+    sc = _scenario(tmp_path, home, _uid(as_user), cuda=True)
+    try:
+        result = _evaluate(sc, tmp_path, as_user=as_user, home=home, device="cuda")
+        _assert_contained(result, sc, tmp_path)
+    finally:
+        sc["listener"].close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["honest_cuda_add_relu", "honest_add_relu"])
+def test_honest_gpu_candidates_pass_under_strict_isolation(name: str) -> None:
+    """CUDA (an extension, and Triton) works inside every layer: the verdict is correct and names them."""
+    from tests.gpu_runner.conftest import CANDIDATES
+
+    args = [sys.executable, "-m", "gpu_runner", str(REFERENCES / "add_relu.py"), str(CANDIDATES / f"{name}.py"),
+            "--device", "cuda", "--json", "--isolation", "strict"]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=500, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["status"] == "correct", (result["summary"], (result.get("runtime_log") or "")[-2000:])
+    checks = {c["name"]: c["outcome"] for c in result["checks"]}
+    for layer in ("network_isolation", "pid_namespace", "ipc_namespace", "mount_view", "landlock", "seccomp"):
+        assert checks[layer] == "passed", layer
