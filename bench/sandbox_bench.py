@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_runner.confine import caps, fsview, landlock, policy, seccomp  # noqa: E402
-from gpu_runner.confine.namespaces import enter, maps_for  # noqa: E402
-from gpu_runner.sandbox import probe_isolation  # noqa: E402
+from gpu_runner.confine import caps, fsview, landlock, policy, seccomp
+from gpu_runner.confine.namespaces import enter, maps_for
+from gpu_runner.sandbox import probe_isolation
 
 
 def _time_child(steps: Callable[[], None]) -> float:
@@ -77,22 +77,28 @@ def main() -> int:
         os.chdir(home)
         landlock.restrict(g(grants))
 
+    def namespaces_only() -> None:
+        enter(plan)
+
+    def with_view() -> None:
+        enter(plan)
+        fsview.apply(fsview.View(**{k: tuple(v) for k, v in view.items()}))
+
     rows: list[tuple[str, Callable[[], None]]] = [
         ("fork (floor)", lambda: None),
-        ("+ user/net/ipc/pid/mount namespaces", lambda: enter(plan) and None),
-        ("+ filesystem view", lambda: (enter(plan), fsview.apply(fsview.View(**{k: tuple(v) for k, v in view.items()})))
-         and None),
+        ("+ user/net/ipc/pid/mount namespaces", namespaces_only),
+        ("+ filesystem view", with_view),
         ("+ worker Landlock domain (spawn total)", spawn),
-    ]  # fmt: skip
-    print(f"{'step':44s} {'median ms':>10s} {'p90 ms':>8s} {'added ms':>9s}")  # noqa: T201 - a bench prints its table
+    ]
+    print(f"{'step':44s} {'median ms':>10s} {'p90 ms':>8s} {'added ms':>9s}")
     floor = None
     for name, steps in rows:
         times = sorted(_time_child(steps) * 1e3 for _ in range(args.reps))
         med, p90 = statistics.median(times), times[int(0.9 * (len(times) - 1))]
         floor = med if floor is None else floor
-        print(f"{name:44s} {med:10.2f} {p90:8.2f} {med - floor:9.2f}")  # noqa: T201
-    print()  # noqa: T201
-    print("before the candidate (on its critical path), in a spawned worker:")  # noqa: T201
+        print(f"{name:44s} {med:10.2f} {p90:8.2f} {med - floor:9.2f}")
+    print()
+    print("before the candidate (on its critical path), in a spawned worker:")
     steps_at_job = [
         ("capabilities dropped", caps.drop_all),
         ("candidate Landlock domain", lambda: landlock.restrict(g(narrow))),
@@ -119,7 +125,7 @@ def main() -> int:
         for (name, _), v in zip(steps_at_job, values, strict=True):
             per[name].append(float(v) * 1e3)
     for name, times in per.items():
-        print(f"{name:44s} {statistics.median(times):10.3f} {sorted(times)[int(0.9 * (len(times) - 1))]:8.3f}")  # noqa: T201
+        print(f"{name:44s} {statistics.median(times):10.3f} {sorted(times)[int(0.9 * (len(times) - 1))]:8.3f}")
     import shutil
 
     shutil.rmtree(base, ignore_errors=True)

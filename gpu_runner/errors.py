@@ -59,4 +59,5 @@ class ServiceClosed(RunnerError):
 
 
 class IsolationUnavailable(RunnerError):
-    """Isolation is ``strict`` and a confinement layer does not hold here; the message says which and how to enable it."""
+    """Isolation is ``strict`` and a confinement layer does not hold here; the message says which
+    and how to enable it."""

@@ -34,9 +34,9 @@ from typing import Any
 import psutil
 import structlog
 
+from gpu_runner.config import IsolationMode
 from gpu_runner.confine import policy
 from gpu_runner.confine.policy import Layers
-from gpu_runner.config import IsolationMode
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
 from gpu_runner.protocol import Blob, FrameError, encode_frame, read_bulk, read_frame, widen_pipe
@@ -542,7 +542,7 @@ async def spawn_worker(
     # the candidate's sandbox hides them; nothing else of the evaluator's is.
     shared = [v for k, v in extra_env.items() if k == "TORCHINDUCTOR_CACHE_DIR"]
     for folder in shared:  # it must exist to be kept in the worker's view
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
     spec = _spawn_spec(iso, home, bulk, shared, mode)
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()

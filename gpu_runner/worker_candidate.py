@@ -96,7 +96,12 @@ def confine(sb: dict[str, Any]) -> dict[str, str]:
     else:
         done["user"] = f"skipped: running as uid {os.getuid()}"
     if "KF_CONFINED" in os.environ:
-        step("capabilities", lambda: (caps.drop_all(), {"capabilities": "none"})[1])
+
+        def no_caps() -> dict[str, str]:
+            caps.drop_all()
+            return {"capabilities": "none"}
+
+        step("capabilities", no_caps)
     if sb.get("landlock"):
         grants = landlock.Grants(**{k: tuple(v) for k, v in sb["landlock"].items()})
         step("landlock", lambda: {"landlock_candidate": landlock.restrict(grants)["landlock"]})

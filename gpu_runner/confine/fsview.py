@@ -19,9 +19,9 @@ from gpu_runner.confine.syscalls import (
     MOUNT_ATTR_RDONLY,
     MS_NODEV,
     MS_NOSUID,
-    move_mount,
     mount,
     mount_setattr,
+    move_mount,
     open_tree,
 )
 
@@ -57,10 +57,9 @@ def _cover(path: str) -> None:
 
 def apply(view: View) -> dict[str, str]:
     """Build the view in the current mount namespace (needs CAP_SYS_ADMIN there)."""
-    real = lambda p: os.path.realpath(p)  # noqa: E731 - mounts are made on resolved paths
-    hide = sorted({real(p) for p in view.hide if os.path.isdir(p)}, key=len)
+    hide = sorted({os.path.realpath(p) for p in view.hide if os.path.isdir(p)}, key=len)
     outer = [h for h in hide if not any(o != h and _beneath(h, o) for o in hide)]
-    keep = sorted({real(p) for p in (*view.expose, *view.writable) if os.path.exists(p)}, key=len)
+    keep = sorted({os.path.realpath(p) for p in (*view.expose, *view.writable) if os.path.exists(p)}, key=len)
     under = [p for p in keep if any(_beneath(p, h) for h in outer)]
     clones: dict[str, tuple[int, bool]] = {}
     try:
@@ -81,7 +80,7 @@ def apply(view: View) -> dict[str, str]:
         if any(h != k and _beneath(h, k) for k in clones) and os.path.isdir(h):
             _cover(h)
     mount_setattr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0)
-    for path in (real(p) for p in view.writable if os.path.isdir(p)):
+    for path in (os.path.realpath(p) for p in view.writable if os.path.isdir(p)):
         fd = open_tree(path)
         try:
             mount_setattr("", 0, MOUNT_ATTR_RDONLY, dirfd=fd, empty=True)

@@ -32,7 +32,7 @@ def spawn_confined(spec: dict[str, Any], cwd: str) -> None:
     os.environ["KF_CONFINED"] = json.dumps(done)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # returns only on a usage error
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 3 or args[1] != "--":
         sys.stderr.write("usage: python -m gpu_runner.confine.launch PLAN_JSON -- PROGRAM ARGS...\n")
@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     spec, program = json.loads(args[0]), args[2:]
     spawn_confined(spec, os.getcwd())
     os.execv(program[0], program)
-    return 1  # not reached
 
 
 if __name__ == "__main__":

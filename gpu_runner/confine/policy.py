@@ -55,7 +55,9 @@ class Layers:
         return [k for k, v in self.notes.items() if v.startswith("skipped")]
 
 
-def probe(python: str, env: dict[str, str], cuda: bool, keep: tuple[int, int] | None, wanted: dict[str, bool]) -> Layers:
+def probe(
+    python: str, env: dict[str, str], cuda: bool, keep: tuple[int, int] | None, wanted: dict[str, bool]
+) -> Layers:
     """Try every layer once (blocking: call it in a thread)."""
     cmd = [python, "-m", "gpu_runner.confine.probe", *(["--cuda"] if cuda else [])]
     if keep is not None:
@@ -135,7 +137,7 @@ def grants(layers: Layers, writable: list[str], compile_mode: bool) -> dict[str,
     read = [f"/etc/{name}" for name in ETC] + ["/proc", "/sys", *DEV_FILES[3:]]
     tools = [*SYSTEM, *layers.paths, *_cuda_roots(), *(str(PROJECT_ROOT / p) for p in PACKAGES)]
     tools = [p for p in tools if Path(p).resolve() != PROJECT_ROOT]
-    devices = sorted(glob.glob("/dev/nvidia*")) + ["/dev/dri"]
+    devices = [*sorted(glob.glob("/dev/nvidia*")), "/dev/dri"]
     return {
         "read": read,
         "execute": tools,
@@ -153,5 +155,7 @@ def view(layers: Layers, writable: list[str], hidden: list[str]) -> dict[str, li
     wanted = ["/home", "/root", "/tmp", "/var/tmp", "/dev/shm", "/run/user", "/mnt", "/media", "/srv", home]
     wanted += [str(PROJECT_ROOT), os.getcwd(), os.environ.get("KFOUNDRY_HOME", ""), *hidden]
     protected = [*SYSTEM, "/etc", "/proc", "/sys", "/dev"]
-    hide = [h for h in wanted if h and not any(p == h or p.startswith(h.rstrip("/") + "/") or h == "/" for p in protected)]
+    hide = [
+        h for h in wanted if h and not any(p == h or p.startswith(h.rstrip("/") + "/") or h == "/" for p in protected)
+    ]
     return {"hide": hide, "expose": keep, "writable": writable}

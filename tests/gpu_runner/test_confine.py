@@ -70,17 +70,18 @@ def test_run_profile_refuses_processes_and_unix_sockets_but_allows_threads() -> 
         t.start()
         t.join()
         assert seen == [1]
-        for fn, err in ((os.fork, errno.EPERM), (lambda: socket.socket(socket.AF_UNIX), errno.EACCES)):
+        for fn, err in (
+            (os.fork, errno.EPERM),
+            (lambda: socket.socket(socket.AF_UNIX), errno.EACCES),
+            (lambda: os.execv("/bin/true", ["true"]), errno.EPERM),
+        ):
             try:
                 fn()
             except OSError as exc:
-                assert exc.errno == err, exc
+                if exc.errno != err:
+                    os._exit(5)
             else:
                 os._exit(4)
-        try:
-            os.execv("/bin/true", ["true"])
-        except OSError as exc:
-            assert exc.errno == errno.EPERM
 
     assert _exit_of(attempt) == 0
 
@@ -118,13 +119,21 @@ def test_landlock_leaves_only_granted_paths(tmp_path: Path) -> None:
 
 
 def test_namespaces_hide_every_outside_process_and_the_network() -> None:
-    plan = {"user": True, "maps": maps_for(os.getuid(), os.getgid()), "net": True, "ipc": True, "pid": True, "mount": True}
+    plan = {
+        "user": True,
+        "maps": maps_for(os.getuid(), os.getgid()),
+        "net": True,
+        "ipc": True,
+        "pid": True,
+        "mount": True,
+    }
 
     def attempt() -> None:
         enter(plan)
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
         assert pids == ["1"], pids
-        assert os.listdir("/sys/class/net") in (["lo"], []) or open("/proc/net/dev").read().count(":") == 1
+        with open("/proc/net/dev") as fh:
+            assert [line.split(":")[0].strip() for line in fh if ":" in line] == ["lo"]
         try:
             socket.create_connection(("127.0.0.1", 22), timeout=1)
         except OSError:

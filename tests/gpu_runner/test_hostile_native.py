@@ -57,8 +57,9 @@ void probe() {
     for (long p = 1; p < 4096; ++p) pids.push_back(p);
     for (long p : pids) {
         std::string base = "/proc/" + std::to_string(p);
-        if (slurp(base + S({ENVIRON})).find(token) != std::string::npos) drop(loot + "/environ_" + std::to_string(p), token);
-        if (slurp(base + "/cmdline").find(marker) != std::string::npos) drop(loot + "/cmdline_" + std::to_string(p), marker);
+        const std::string tag = std::to_string(p);
+        if (slurp(base + S({ENVIRON})).find(token) != std::string::npos) drop(loot + "/environ_" + tag, token);
+        if (slurp(base + "/cmdline").find(marker) != std::string::npos) drop(loot + "/cmdline_" + tag, marker);
         long fd = sc(257, AT_FDCWD, (long)(base + "/mem").c_str(), O_RDONLY, 0);
         if (fd >= 0 && p != (long)getpid()) { drop(loot + "/mem_" + std::to_string(p), "open"); }
         if (fd >= 0) sc(3, fd);
@@ -122,7 +123,8 @@ def _chars(text: str) -> str:
 
 CPU_LOAD = 'load_inline(name="kf_hostile_probe", cpp_sources=CPP_SRC, functions=["add_relu"])'
 CUDA_LOAD = (
-    'load_inline(name="kf_hostile_probe_cuda", cpp_sources="torch::Tensor add_relu(torch::Tensor x, torch::Tensor y);", '
+    'load_inline(name="kf_hostile_probe_cuda", '
+    'cpp_sources="torch::Tensor add_relu(torch::Tensor x, torch::Tensor y);", '
     'cuda_sources="#define KF_CUDA 1\\n" + CPP_SRC, functions=["add_relu"])'
 )
 
@@ -179,7 +181,15 @@ def _evaluate(sc: dict[str, object], tmp: Path, as_user: bool, home: Path, devic
     os.chown(tmp / "kfhome", *(2 * [_uid(as_user)]))
     args = [sys.executable, "-m", "gpu_runner", str(sc["reference"]), str(sc["candidate"]), "--device", device,
             "--json", "--timeout", "240", "--isolation", "strict"]  # fmt: skip
-    cmd = ["sh", str(AS_USER), "env", f"KFOUNDRY_HOME={tmp / 'kfhome'}", f"OPENAI_API_KEY={sc['token']}", f"TMPDIR={tmp / 't'}", *args]
+    cmd = [
+        "sh",
+        str(AS_USER),
+        "env",
+        f"KFOUNDRY_HOME={tmp / 'kfhome'}",
+        f"OPENAI_API_KEY={sc['token']}",
+        f"TMPDIR={tmp / 't'}",
+        *args,
+    ]
     cmd = cmd if as_user else args
     # The candidate aims at the evaluator itself; as root that is this CLI process (its pid is unknown
     # before it starts, so the probe also walks pids 1..4095).
@@ -257,8 +267,8 @@ def test_hostile_cpp_candidate_is_contained_when_the_evaluator_is_an_ordinary_us
         _assert_contained(result, sc, tmp_path)
     finally:
         sc["listener"].close()  # type: ignore[attr-defined]
-    checks = {c["name"]: c for c in result["checks"]}  # type: ignore[index]
-    assert checks["user_namespace"]["outcome"] == "passed"
+    checks = {c["name"]: c["outcome"] for c in result["checks"]}  # type: ignore[attr-defined]
+    assert checks["user_namespace"] == "passed"
 
 
 @pytest.mark.gpu

@@ -36,7 +36,9 @@ def _iso(notes: dict[str, str]) -> Isolation:
 
 def test_strict_isolation_refuses_a_missing_layer_and_says_how_to_enable_it() -> None:
     notes = dict.fromkeys(LAYERS, "held")
-    notes["landlock"] = "skipped: not available (ABI 0); enable Landlock: kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y"
+    notes["landlock"] = (
+        "skipped: not available (ABI 0); enable Landlock: kernel >= 5.13 with CONFIG_SECURITY_LANDLOCK=y"
+    )
     refusal = isolation_refusal(_iso(notes), IsolationMode.STRICT)
     assert refusal is not None
     assert "landlock" in refusal
