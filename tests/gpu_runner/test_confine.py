@@ -164,3 +164,28 @@ def test_every_layer_holds_for_an_unprivileged_user() -> None:
     assert found["userns"] == "ok"
     assert found["landlock"] == "ok" or landlock.abi() < 1
     assert found["seccomp"] == "ok" or seccomp.supported() is not None
+
+
+@pytest.mark.timeout(300)
+async def test_workers_started_without_a_fork_server_enter_the_same_layers(tmp_path: Path) -> None:
+    """The launcher of fresh interpreters confines them as the fork server does its children."""
+    from gpu_runner.service import EvaluationService
+    from schemas import CheckOutcome, DeviceChoice, EvalStatus
+    from tests.gpu_runner.conftest import fast_config, job, reference
+
+    service = EvaluationService(fast_config(DeviceChoice.CPU, tmp_path, spares=1, fork_server=False))
+    await service.start()
+    try:
+        await service.prepare(reference("add_relu"))
+        result = await service.evaluate(job("add_relu", "honest_add_relu"))
+    finally:
+        await service.aclose()
+    assert result.status is EvalStatus.CORRECT, result.summary
+    limits = next(c for c in result.checks if c.name == "sandbox_limits")
+    assert limits.outcome is CheckOutcome.PASSED
+    held = limits.detail or ""
+    if seccomp.supported() is None:
+        assert "seccomp=run profile" in held
+    if landlock.abi() >= 1:
+        assert "landlock_candidate=ABI" in held
+    assert "pid_namespace=own PID namespace" in held
