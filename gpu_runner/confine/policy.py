@@ -136,7 +136,9 @@ def grants(layers: Layers, writable: list[str], compile_mode: bool) -> dict[str,
     """Landlock grants of a worker: the system, the interpreter, the project's packages, its folders."""
     read = [f"/etc/{name}" for name in ETC] + ["/proc", "/sys", *DEV_FILES[3:]]
     tools = [*SYSTEM, *layers.paths, *_cuda_roots(), *(str(PROJECT_ROOT / p) for p in PACKAGES)]
-    tools = [p for p in tools if Path(p).resolve() != PROJECT_ROOT]
+    # A path entry that holds the project, a home or the evaluator's folder would let all of it in.
+    private = [PROJECT_ROOT, Path(os.path.expanduser("~")).resolve(), Path.cwd().resolve()]
+    tools = [p for p in tools if p in SYSTEM or not any(q.is_relative_to(Path(p).resolve()) for q in private)]
     devices = [*sorted(glob.glob("/dev/nvidia*")), "/dev/dri"]
     return {
         "read": read,
