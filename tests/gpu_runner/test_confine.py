@@ -17,6 +17,7 @@ import pytest
 
 from gpu_runner.confine import landlock, seccomp
 from gpu_runner.confine.namespaces import enter, maps_for
+from gpu_runner.confine.policy import PROJECT_ROOT
 from gpu_runner.confine.probe import _in_child
 
 pytestmark = pytest.mark.timeout(60)
@@ -155,6 +156,7 @@ def test_every_layer_holds_for_an_unprivileged_user() -> None:
         text=True,
         timeout=60,
         check=False,
+        env={**os.environ, "KF_TEST_EXPOSE": ":".join(sorted({sys.prefix, sys.base_prefix, str(PROJECT_ROOT)}))},
     )
     assert done.returncode == 0, done.stderr
     import json

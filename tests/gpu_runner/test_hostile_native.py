@@ -174,6 +174,7 @@ def _evaluate(sc: dict[str, object], tmp: Path, as_user: bool, home: Path, devic
     env["OPENAI_API_KEY"] = str(sc["token"])
     env["KFOUNDRY_HOME"] = str(tmp / "kfhome")
     env["KF_TEST_HOME"] = str(home)
+    env["KF_TEST_EXPOSE"] = ":".join(sorted({sys.prefix, sys.base_prefix, str(PROJECT_ROOT)}))
     env["TMPDIR"] = str(tmp / "t")  # the evaluator's work folders, so leftovers can be found
     (tmp / "t").mkdir(mode=0o1777, exist_ok=True)
     (tmp / "t").chmod(0o1777)
