@@ -198,6 +198,7 @@ class EvaluationService:
             network=self.iso.network,
             pids=self.iso.pids,
             user=self.iso.user,
+            layers=self.iso.notes(),
             spares=self.cfg.spares,
         )
 
