@@ -54,6 +54,13 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--spares", type=int, default=2, help="pre-warmed run processes per evaluator")
     p.add_argument(
+        "--isolation",
+        choices=["strict", "best-effort"],
+        default=None,
+        help="strict: refuse to run candidates unless every sandbox layer holds here; best-effort: run them with "
+        "a warning (default: strict for `actor evaluator` and whenever an LLM expert or diagnoser is configured)",
+    )
+    p.add_argument(
         "--llm-diagnoser",
         metavar="EXPERT",
         default=None,
@@ -101,6 +108,20 @@ def default_expert_config(name: str) -> ExpertConfig:
     return ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role="template")
 
 
+def isolation_mode(args: argparse.Namespace) -> str:
+    """``--isolation``, or its default: strict when candidates may come from an LLM (any expert that
+    is not a template, an LLM diagnoser, or an evaluator joining a run from outside), else best-effort."""
+    chosen: str | None = getattr(args, "isolation", None)
+    if chosen is not None:
+        return chosen
+    experts = getattr(args, "experts", None)
+    if experts is None and getattr(args, "kind", None) == ActorKind.EVALUATOR.value:
+        return "strict"  # the run's experts are not known here
+    names = [e.strip() for e in (experts or "template").split(",") if e.strip()]
+    llm = any(not n.startswith("template") for n in names) or getattr(args, "llm_diagnoser", None) is not None
+    return "strict" if llm else "best-effort"
+
+
 def build_actor(
     kind: ActorKind,
     args: argparse.Namespace,
@@ -124,7 +145,7 @@ def build_actor(
         if args.runner == "noop":
             runner = NoopRunner(args.noop_delay)
         else:
-            runner = GpuRunner(device=DeviceChoice(args.device), spares=args.spares)
+            runner = GpuRunner(device=DeviceChoice(args.device), spares=args.spares, isolation=isolation_mode(args))
         return EvaluatorActor(
             nats_url=url,
             run_id=run_id or "",

@@ -81,12 +81,19 @@ class GpuRunner:
         timeout_s: float = 180.0,
         spares: int = 2,
         max_concurrent_runs: int = 1,
+        isolation: str = "best-effort",
     ) -> None:
+        from gpu_runner.config import IsolationMode
         from gpu_runner.service import EvaluationService, RunnerConfig
 
         self.timeout_s = timeout_s
         self.service = EvaluationService(
-            RunnerConfig(device=device, spares=spares, max_concurrent_runs=max_concurrent_runs)
+            RunnerConfig(
+                device=device,
+                spares=spares,
+                max_concurrent_runs=max_concurrent_runs,
+                isolation=IsolationMode(isolation),
+            )
         )
 
     async def start(self) -> None:

@@ -1,6 +1,7 @@
 """``kfoundry eval`` / ``python -m gpu_runner``: one honest evaluation from the command line.
 
-``REFERENCE.py CANDIDATE.py [--device cpu|cuda|auto] [--timeout SECONDS] [--json]``. With
+``REFERENCE.py CANDIDATE.py [--device cpu|cuda|auto] [--timeout SECONDS] [--isolation strict|best-effort]
+[--json]``. With
 ``--json`` stdout carries exactly one JSON object (the :class:`schemas.EvalResult`); logs go to
 stderr. Exit status 0 whenever an evaluation completed, whatever its verdict; 2 for bad
 arguments or unreadable files; 1 when the evaluator itself could not run.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.config import EvalJob, IsolationMode, RunnerConfig
 from gpu_runner.errors import RunnerError
 from gpu_runner.probe import validate_reference
 from gpu_runner.service import EvaluationService
@@ -36,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
         default=180.0,
         help="the candidate's own time in seconds: its compile, import, trials and timing (the evaluator's "
         "start-up, the reference's preparation and queueing never count)",
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=[m.value for m in IsolationMode],
+        default=IsolationMode.BEST_EFFORT.value,
+        help="strict: refuse to run the candidate unless every confinement layer holds here; "
+        "best-effort (default): run it with the layers that hold (the result names them)",
     )
     parser.add_argument("--json", action="store_true", help="print the EvalResult as one JSON object")
     parser.add_argument("--verbose", action="store_true", help="log progress to stderr")
@@ -64,9 +72,15 @@ def _language(source: str) -> KernelLanguage:
     return KernelLanguage.CUDA if "load_inline" in source else KernelLanguage.TRITON
 
 
-async def _evaluate(reference: str, candidate: str, device: str, timeout: float) -> EvalResult:
+async def _evaluate(reference: str, candidate: str, device: str, timeout: float, isolation: str) -> EvalResult:
     validate_reference(reference)
-    config = RunnerConfig(device=DeviceChoice(device), spares=1, compile_workers=2, timing_budget_s=3.0)
+    config = RunnerConfig(
+        device=DeviceChoice(device),
+        spares=1,
+        compile_workers=2,
+        timing_budget_s=3.0,
+        isolation=IsolationMode(isolation),
+    )
     service = EvaluationService(config)
     try:
         await service.start()
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"kfoundry eval: error: cannot read {path}: {exc.strerror or exc}\n")
             return 2
     try:
-        result = asyncio.run(_evaluate(sources[0], sources[1], args.device, args.timeout))
+        result = asyncio.run(_evaluate(sources[0], sources[1], args.device, args.timeout, args.isolation))
     except RunnerError as exc:
         sys.stderr.write(f"kfoundry eval: error: {exc}\n")
         return 1

@@ -30,7 +30,7 @@ from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import GateReport
 from gpu_runner.protocol import FrameError
-from gpu_runner.sandbox import Isolation, Worker, await_ready, chown_tree, spawn_worker
+from gpu_runner.sandbox import Isolation, Worker, await_ready, chown_tree, confinement, spawn_worker
 
 logger = structlog.get_logger(__name__)
 _names = count()
@@ -222,7 +222,7 @@ class Compiler:
                 )
             finally:
                 tree = worker.terminate()
-                self._reap(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
+                self._reap(worker.reap(tree, sweep=self.iso.pids.startswith("skipped")))
             ran = time.perf_counter()
             seconds = ran - started
             outcome = await asyncio.to_thread(self._store, worker, header, entry, seconds)
@@ -272,6 +272,7 @@ class Compiler:
             "nproc": self.cfg.max_processes,
             "uid": self.iso.uid,
             "gid": self.iso.gid,
+            **confinement(self.iso, worker.dir, worker.bulk, "compile", True),
         }
 
     def _store(self, worker: Worker, header: dict[str, Any], entry: Path, seconds: float) -> CompileOutcome:

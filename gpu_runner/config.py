@@ -7,6 +7,7 @@ Both are re-exported by :mod:`gpu_runner.service`, the module others import them
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 from collections.abc import Mapping
@@ -48,6 +49,15 @@ def default_cache_dir() -> Path:
     home = os.environ.get("KFOUNDRY_HOME")
     base = Path(home) if home else Path.home() / ".kfoundry"
     return base / "cache"
+
+
+class IsolationMode(enum.StrEnum):
+    """What happens when a confinement layer is not available on this machine."""
+
+    STRICT = "strict"
+    """Refuse to run candidates, saying which layer is missing and how to enable it."""
+    BEST_EFFORT = "best-effort"
+    """Run candidates with the layers that hold; every verdict names them, and a warning is logged."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,16 @@ class RunnerConfig:
     """Run workers under ``unshare -n`` where the OS allows it."""
     pid_isolation: bool = True
     """Run workers in their own PID namespace where the OS allows it."""
+    ipc_isolation: bool = True
+    """Run workers in their own IPC namespace (no System V shared memory with other workers)."""
+    mount_isolation: bool = True
+    """Show a candidate a read-only filesystem with homes, the project and caches hidden."""
+    landlock: bool = True
+    """Confine workers' file access with Landlock where the kernel has it."""
+    seccomp: bool = True
+    """Filter workers' system calls with seccomp where the kernel allows it."""
+    isolation: IsolationMode = IsolationMode.BEST_EFFORT
+    """``strict``: refuse to run candidates unless every enabled layer holds; ``best-effort``: warn."""
     fork_server: bool = True
     """Fork workers from a server that imported torch, Triton and inductor once (same isolation,
     no device started in it) instead of starting each from a fresh interpreter."""
@@ -171,6 +191,10 @@ class RunnerConfig:
             if not ok:
                 raise ConfigError(f"RunnerConfig.{name}", getattr(self, name), reason)
         try:
+            IsolationMode(self.isolation)
+        except ValueError:
+            raise ConfigError("RunnerConfig.isolation", self.isolation, "must be strict or best-effort") from None
+        try:
             DeviceChoice(self.device)
         except ValueError:
             raise ConfigError("RunnerConfig.device", self.device, "must be one of cpu, cuda, auto") from None
@@ -182,6 +206,16 @@ class RunnerConfig:
                 raise ConfigError("RunnerConfig.precision_floors", {dtype: floor}, "floors must be >= 0")
         if not Path(self.python).exists():
             raise ConfigError("RunnerConfig.python", self.python, "no such interpreter")
+
+    def confine_layers(self) -> dict[str, bool]:
+        """Which confinement layers are enabled (by the names :mod:`gpu_runner.confine` uses)."""
+        return {
+            "ipc": self.ipc_isolation,
+            "mount": self.mount_isolation,
+            "landlock": self.landlock,
+            "seccomp": self.seccomp,
+            "strict": self.isolation is IsolationMode.STRICT,
+        }
 
     def resolved_cache_dir(self) -> Path:
         """The compile cache directory in use."""

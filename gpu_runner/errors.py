@@ -74,3 +74,8 @@ class EvaluatorFault(RunnerError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class IsolationUnavailable(RunnerError):
+    """Isolation is ``strict`` and a confinement layer does not hold here; the message says which
+    and how to enable it."""

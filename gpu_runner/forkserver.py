@@ -9,9 +9,10 @@ is a new single-use worker exactly as a fresh interpreter would be, with:
 * its own session (the parent kills its process group), its whole environment replaced by the
   request's (a fresh token, private ``HOME``/``TMPDIR``/caches), its cwd, its log as stdout and
   stderr, and only its two pipe ends open;
-* where the service's probe found ``unshare`` permitted: its own network namespace and its own
-  PID namespace (the worker is PID 1 of it, with a private ``/proc``, under a small parent that
-  mirrors its exit status), so everything it spawns dies with it;
+* the confinement the service's probe found available (:mod:`gpu_runner.confine`): its own user,
+  network, IPC, PID and mount namespaces (the worker is PID 1 of its PID namespace, with a private
+  ``/proc``, under small parents that mirror its exit status, so everything it spawns dies with
+  it) and a Landlock domain entered while it has a single thread;
 * the niceness of the server (the service starts it at the workers' niceness).
 
 The server is a child subreaper: a process that escapes its worker's tree (the worker died
@@ -40,11 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+PR_SET_CHILD_SUBREAPER = 36
 MAX_MESSAGE = 1 << 20
 
 
@@ -86,16 +83,9 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         tempfile.tempdir = None  # the server's cached TMPDIR is not the worker's (Triton writes its .ptx there)
         os.chdir(req["cwd"])
         libc = _libc()
-        if req.get("net"):
-            _check(libc.unshare(CLONE_NEWNET), "unshare(network)")
-        if req.get("pid"):
-            _check(libc.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare(pid, mount)")
-            inner = os.fork()
-            if inner:
-                _mirror(inner)
-            _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(pdeathsig)")
-            _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount(/, private)")
-            _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount(/proc)")
+        from gpu_runner.confine.launch import spawn_confined
+
+        spawn_confined(req.get("confine") or {}, req["cwd"])
         # The worker's own orphans stay in its tree (and die with it) while it runs.
         _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(subreaper)")
         import faulthandler
@@ -127,31 +117,6 @@ def _close_fds_from(low: int) -> None:
         if fd >= low:
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _mirror(pid: int) -> None:
-    """The PID namespace's outer process: wait for the worker and exit as it did (never returns)."""
-    import resource
-
-    _close_fds_from(WORKER_FDS[0])  # the parent sees the pipes close when the worker's do
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            os._exit(1)
-        except InterruptedError:
-            continue
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        time.sleep(1)
-        os._exit(128 - code)
-    os._exit(code)
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -431,12 +396,12 @@ class ForkServer:
         return self.alive
 
     async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: tuple[int, int, int],
-                    net: bool, pid_ns: bool, module: str = "gpu_runner.worker") -> ForkedProcess:  # fmt: skip
+                    confine: dict[str, Any], module: str = "gpu_runner.worker") -> ForkedProcess:  # fmt: skip
         """Fork a worker running ``module.main(argv)``; ``fds`` are its pipe ends (in, out, on
         :data:`WORKER_FDS` there) and its log, all left open here."""
         if not await self.wait_ready():
             raise OSError(self.error or "no fork server")
-        fields = {"argv": argv, "env": env, "cwd": str(cwd), "net": net, "pid": pid_ns, "module": module}
+        fields = {"argv": argv, "env": env, "cwd": str(cwd), "confine": confine, "module": module}
         request = json.dumps(fields).encode()
         async with self._lock:
             while self.sock is not None:

@@ -141,11 +141,11 @@ class RunPool:
         self.prep_sem: asyncio.Semaphore | None = None
         """Spares that prepare at once when the plan had to cut (one at a time then)."""
 
-    async def new_worker(self) -> Worker:
-        """Start one run worker and wait until it is ready."""
+    async def new_worker(self, env: dict[str, str] | None = None) -> Worker:
+        """Start one run worker (``env`` added to its environment) and wait until it is ready."""
         async with self.start_sem:
             name = f"run-{next(_names)}"
-            extra = dict(self.env)
+            extra = {**self.env, **(env or {})}
             triton_dir = self.base / name / "triton"
             extra["TRITON_CACHE_DIR"] = str(triton_dir)
             task = task_key(self.reference_source) if self.reference_source else None

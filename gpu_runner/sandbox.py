@@ -1,26 +1,26 @@
 """Starting, talking to and killing sandboxed worker processes (parent side).
 
-A worker starts in its own session (so its whole process group can be killed), under
-``unshare`` where the OS allows (no network; its own PID namespace, so everything it spawns dies
-with it), with a whitelisted environment (no keys or tokens), its own cwd, HOME and TMPDIR,
-and two pipes: jobs in, frames out. Its stdout and stderr go to a log file the parent reads.
+A worker starts in its own session (so its whole process group can be killed), confined by the
+layers the kernel grants (:mod:`gpu_runner.confine`: its own user, network, IPC, PID and mount
+namespaces and a Landlock domain from the start; a filesystem view, a narrower Landlock domain
+and a seccomp filter before a candidate runs), with a whitelisted environment (no keys or
+tokens), its own cwd, HOME and TMPDIR, and two pipes: jobs in, frames out. Its stdout and stderr
+go to a log file the parent reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import hashlib
+import json
 import os
-import pwd
 import re
 import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +32,17 @@ import structlog
 
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
+from gpu_runner.isolation import (  # re-exported: the pools and the service import them from here
+    PROJECT_ROOT,
+    _spawn_spec,
+)
+from gpu_runner.isolation import Isolation as Isolation
+from gpu_runner.isolation import confinement as confinement
+from gpu_runner.isolation import isolation_refusal as isolation_refusal
+from gpu_runner.isolation import jit_exec as jit_exec
+from gpu_runner.isolation import probe_isolation as probe_isolation
+from gpu_runner.isolation import unreachable_by_others as unreachable_by_others
+from gpu_runner.isolation import without_user as without_user
 from gpu_runner.protocol import Blob, FrameError, encode_frame, read_bulk, read_frame, widen_pipe
 
 logger = structlog.get_logger(__name__)
@@ -52,123 +63,6 @@ PASS_ENV = (
 )
 """The only variables of the evaluator's environment a worker inherits."""
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Isolation:
-    """What the OS allows here, probed once per service."""
-
-    prefix: tuple[str, ...]
-    network: str
-    pids: str
-    uid: int | None
-    gid: int | None
-    user: str
-
-
-def _try(cmd: list[str]) -> bool:
-    try:
-        return subprocess.run(cmd, capture_output=True, timeout=120, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _readable_by_others(paths: list[str]) -> str | None:
-    """The first path the sandbox user could not read, if any."""
-    for entry in paths:
-        path = Path(entry)
-        if not path.exists():
-            continue
-        for part in [path, *path.parents]:
-            mode = part.stat().st_mode
-            if not mode & 0o001 or (part == path and path.is_dir() and not mode & 0o004):
-                return str(part)
-    return None
-
-
-def unreachable_by_others(path: Path) -> str | None:
-    """The first folder on the way to ``path`` that other users cannot traverse, if any."""
-    for part in [path, *path.parents]:
-        if part.exists() and not part.stat().st_mode & 0o001:
-            return str(part)
-    return None
-
-
-def without_user(iso: Isolation, reason: str) -> Isolation:
-    """The same isolation with the drop to an unprivileged user turned off, saying why."""
-    return dataclasses.replace(iso, uid=None, gid=None, user=f"skipped: {reason}")
-
-
-def _works_as(uid: int, gid: int, python: str, cuda: bool) -> bool:
-    """Whether the interpreter imports torch and Triton (and starts CUDA) as that user."""
-    code = "import torch, triton, triton.language" + (
-        "; torch.cuda.init(); torch.zeros(1, device='cuda')" if cuda else ""
-    )
-
-    def drop() -> None:
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-
-    try:
-        done = subprocess.run(
-            [python, "-c", code],
-            capture_output=True,
-            timeout=120,
-            check=False,
-            preexec_fn=drop,
-            cwd="/",
-            env={
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "HOME": "/tmp",
-                "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
-            },
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
-
-
-def probe_isolation(
-    network: bool, pids: bool, user: str | None, python: str = sys.executable, cuda: bool = False
-) -> Isolation:
-    """Find the strongest isolation this machine grants (blocking; call it in a thread)."""
-    unshare = shutil.which("unshare")
-    prefix: tuple[str, ...] = ()
-    net_note = pid_note = "skipped: disabled by config"
-    # On CUDA the probe starts the device inside the namespaces: a prefix that breaks CUDA is not used.
-    check = [python, "-c", "import torch; torch.zeros(1, device='cuda')"] if cuda else ["true"]
-    if unshare and (network or pids):
-        full = [unshare, "-n", "-p", "-f", "--mount-proc", "--kill-child"]
-        if network and pids and _try([*full, *check]):
-            prefix, net_note, pid_note = tuple(full), "unshare -n", "unshare -p --mount-proc"
-        elif network and _try([unshare, "-n", *check]):
-            prefix, net_note = (unshare, "-n"), "unshare -n"
-            pid_note = "skipped: unshare -p not permitted here" if pids else pid_note
-        else:
-            net_note = "skipped: unshare not permitted here" if network else net_note
-            pid_note = "skipped: unshare not permitted here" if pids else pid_note
-    elif network or pids:
-        net_note = pid_note = "skipped: no unshare binary"
-    uid = gid = None
-    user_note = "skipped: disabled by config"
-    if user is not None:
-        if os.geteuid() != 0:
-            user_note = f"skipped: the evaluator is not root (uid {os.geteuid()})"
-        else:
-            try:
-                entry = pwd.getpwnam(user)
-                blocked = _readable_by_others([p for p in sys.path if p] + [str(PROJECT_ROOT)])
-                if blocked:
-                    user_note = f"skipped: {user} cannot read {blocked}"
-                elif not _works_as(entry.pw_uid, entry.pw_gid, python, cuda):
-                    user_note = f"skipped: torch/triton do not start as {user} here"
-                else:
-                    uid, gid, user_note = entry.pw_uid, entry.pw_gid, f"{user} (uid {entry.pw_uid})"
-            except KeyError:
-                user_note = f"skipped: no user {user!r}"
-    return Isolation(prefix=prefix, network=net_note, pids=pid_note, uid=uid, gid=gid, user=user_note)
 
 
 def worker_env(extra: dict[str, str], home: Path) -> dict[str, str]:
@@ -449,6 +343,13 @@ async def spawn_worker(
     bulk, bulk_fd = make_bulk_dir(base, name, iso.uid, iso.gid)
     env = worker_env({**extra_env, "KF_BULK_DIR": str(bulk)}, home)
     log_path = home.parent / f"{name}.log"
+    # Caches the evaluator shares between its own workers (the inductor cache) stay writable until
+    # the candidate's sandbox hides them; nothing else of the evaluator's is.
+    # The judge (a worker that never runs a candidate) also reads the folder of output files.
+    shared = [v for k, v in extra_env.items() if k in ("TORCHINDUCTOR_CACHE_DIR", "KF_JUDGE_DIR")]
+    for folder in shared:  # it must exist to be kept in the worker's view
+        os.makedirs(folder, exist_ok=True)
+    spec = _spawn_spec(iso, home, bulk, shared, mode)
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     widen_pipe(out_w)
@@ -463,14 +364,15 @@ async def spawn_worker(
                     env,
                     home,
                     (in_r, out_w, log_fd),
-                    net=iso.network.startswith("unshare"),
-                    pid_ns=iso.pids.startswith("unshare"),
+                    spec,
                 )
             except OSError as exc:
                 logger.warning("fork_server_unusable", mode=mode, error=str(exc))
         if proc is None:
+            launch = [python, "-m", "gpu_runner.confine.launch", json.dumps(spec), "--"]
             cmd = [
                 *iso.prefix,
+                *launch,
                 python,
                 "-X",
                 "faulthandler",  # a crash of the run process leaves its Python stack in the log

@@ -28,7 +28,14 @@ from gpu_runner.assemble import Collected, build, evaluator_fault, rejected_by_g
 from gpu_runner.compare import TrialCheck, compare_trial
 from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
-from gpu_runner.errors import DeviceUnavailable, EvaluatorFault, ProtocolError, ServiceClosed, WorkerStartError
+from gpu_runner.errors import (
+    DeviceUnavailable,
+    EvaluatorFault,
+    IsolationUnavailable,
+    ProtocolError,
+    ServiceClosed,
+    WorkerStartError,
+)
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
@@ -42,6 +49,9 @@ from gpu_runner.sandbox import (
     Worker,
     bulk_root,
     chown_tree,
+    confinement,
+    isolation_refusal,
+    jit_exec,
     make_private_dir,
     probe_isolation,
     unreachable_by_others,
@@ -150,7 +160,11 @@ class EvaluationService:
             self.cfg.sandbox_user,
             self.cfg.python,
             self.device == "cuda",
+            self.cfg.confine_layers(),
         )
+        refusal = isolation_refusal(self.iso, self.cfg.isolation)
+        if refusal is not None:
+            raise IsolationUnavailable(refusal)
         nice = shutil.which("nice")
         nice_prefix: tuple[str, ...] = ()
         if self.cfg.worker_nice and nice:
@@ -174,6 +188,8 @@ class EvaluationService:
         self.janitor = Janitor([bulk, self.base] if self._own_base else [bulk], self.cfg.python)
         cache = self.cfg.resolved_cache_dir()
         (cache / "compile").mkdir(parents=True, exist_ok=True)
+        hidden = [str(self.base), str(cache), str(bulk_root(self.base))]
+        self.iso = dataclasses.replace(self.iso, hidden=tuple(hidden))
         if self.iso.uid is not None:
             # The unprivileged sandbox user must reach its working folders; where a parent folder
             # is private (e.g. under /root or pytest's 0700 temp root), run without the drop.
@@ -206,6 +222,7 @@ class EvaluationService:
             network=self.iso.network,
             pids=self.iso.pids,
             user=self.iso.user,
+            layers=self.iso.notes(),
             spares=self.cfg.spares,
         )
 
@@ -240,11 +257,7 @@ class EvaluationService:
     def _isolation_checks(self) -> list[Check]:
         assert self.iso is not None
         out = []
-        for name, note in (
-            ("network_isolation", self.iso.network),
-            ("pid_namespace", self.iso.pids),
-            ("sandbox_user", self.iso.user),
-        ):
+        for name, note in self.iso.notes().items():
             skipped = note.startswith("skipped")
             out.append(Check(name=name, outcome=CheckOutcome.SKIPPED if skipped else CheckOutcome.PASSED, detail=note))
         return out
@@ -396,6 +409,7 @@ class EvaluationService:
             "uid": self.iso.uid,
             "gid": self.iso.gid,
             "mem_fraction": self.cfg.device_memory_fraction,
+            **confinement(self.iso, worker.dir, worker.bulk, "run", jit_exec(self.device, c.compile)),
         }
         await worker.send(
             {
@@ -477,7 +491,7 @@ class EvaluationService:
             if tree is None:
                 tree = worker.terminate()
             if not device_verdict:  # else after the judge took the output files (the reap removes the folder)
-                self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
+                self._background(worker.reap(tree, sweep=self.iso.pids.startswith("skipped")))
             record.log = worker.log_text()
             marks["terminated"] = time.perf_counter() - t0
             # Where the run stage's time goes (seconds since the job was sent), for overhead work.
@@ -493,7 +507,7 @@ class EvaluationService:
                 if c.pending:
                     record.trial_checks = await self._judge_trials(worker, tree, c, spare, max_blob)
             finally:
-                self._background(worker.reap(tree, sweep=not self.iso.pids.startswith("unshare")))
+                self._background(worker.reap(tree, sweep=self.iso.pids.startswith("skipped")))
         if c.compares:
             t_gather = time.perf_counter()
             outcomes = await asyncio.gather(*c.compares, return_exceptions=True)
@@ -665,8 +679,13 @@ class EvaluationService:
         await worker.proc.wait()
         await asyncio.to_thread(wait_gone, tree, 30.0)
         if self.judge is None:
+            runs = self._require()
+            folder = str(runs.verdict_dir())
             self.judge = Judge(
-                self._require().new_worker, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s
+                lambda: runs.new_worker({"KF_JUDGE_DIR": folder}),
+                self.gpu,
+                self.cfg.worker_nice,
+                self.cfg.worker_start_timeout_s,
             )
         ref.files = self._require().verdict_dir() / worker.dir.name
         ref.files.mkdir(mode=0o700)

@@ -59,15 +59,61 @@ def enter_sandbox(sb: dict[str, Any], device: torch.device) -> dict[str, str]:
     if device.type == "cuda" and sb.get("mem_fraction"):
         torch.cuda.set_per_process_memory_fraction(float(sb["mem_fraction"]), device)
         done["device_memory_fraction"] = str(sb["mem_fraction"])
+    done.update(confine(sb))
+    return done
+
+
+def confine(sb: dict[str, Any]) -> dict[str, str]:
+    """The last steps before a candidate runs, in order: the user drop, no capabilities left, the
+    candidate's Landlock domain (its thread and later ones), the seccomp filter (every thread). The
+    namespaces, filesystem view and the worker's Landlock domain were entered at spawn
+    (:mod:`gpu_runner.confine.launch`). Each step's outcome by name; with ``strict`` a failed step
+    ends here."""
+    import json
+
+    from gpu_runner.confine import caps, landlock, seccomp
+
+    done: dict[str, str] = dict(json.loads(os.environ.get("KF_CONFINED") or "{}"))
+    failed: list[str] = []
+
+    def step(name: str, fn: Any) -> None:
+        try:
+            done.update(fn())
+        except (OSError, ValueError, TypeError) as exc:
+            done[name] = f"failed: {exc}"
+            failed.append(name)
+
     uid, gid = sb.get("uid"), sb.get("gid")
     if uid is not None and gid is not None and os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(int(gid))
-        os.setuid(int(uid))
-        done["user"] = f"uid {uid}"
+
+        def drop() -> dict[str, str]:
+            os.setgroups([])
+            os.setgid(int(gid))
+            os.setuid(int(uid))
+            return {"user": f"uid {uid}"}
+
+        step("user", drop)
     else:
         done["user"] = f"skipped: running as uid {os.getuid()}"
+    if "KF_CONFINED" in os.environ:
+
+        def no_caps() -> dict[str, str]:
+            caps.drop_all()
+            return {"capabilities": "none"}
+
+        step("capabilities", no_caps)
+    if sb.get("landlock"):
+        grants = landlock.Grants(**{k: tuple(v) for k, v in sb["landlock"].items()})
+        step("landlock", lambda: {"landlock_candidate": landlock.restrict(grants)["landlock"]})
+    if sb.get("seccomp"):
+        step("seccomp", lambda: seccomp.install(seccomp.Profile(sb["seccomp"])))
+    if failed and sb.get("strict"):
+        raise SandboxFailure(f"isolation is strict and these layers failed: {', '.join(failed)}: {done}")
     return done
+
+
+class SandboxFailure(RuntimeError):
+    """A confinement layer that should have held did not (strict isolation: no candidate runs)."""
 
 
 def import_candidate(path: str) -> dict[str, Any]:

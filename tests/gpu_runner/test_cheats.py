@@ -97,7 +97,9 @@ UNGATED = [
     case("guessed_seeds", S.INCORRECT, S.REJECTED, S.COMPILE_ERROR),
     case("segfault", S.RUNTIME_ERROR, S.COMPILE_ERROR),
     case("env_secret", S.CORRECT),
-    case("spawn_children", S.REJECTED, rule=R.PROCESSES),
+    # Where seccomp holds, the sandbox refuses the fork (a runtime error); elsewhere the children are
+    # seen and the candidate rejected. Either way none survives (checked below).
+    case("spawn_children", S.REJECTED, S.RUNTIME_ERROR),
     # Its 50 side-stream launches cost the host more than the kernels: the events around the call
     # then span the launches and it was timed correct at 0.008x eager on an H200. No reward.
     case("side_stream_quiet", S.REJECTED, S.INCORRECT, cpu=False, unrewarded=True),
