@@ -34,6 +34,7 @@ from schemas import (
     Candidate,
     Control,
     ControlAction,
+    DeviceChoice,
     EvalResult,
     ExpertConfig,
     IslandStatus,
@@ -60,6 +61,7 @@ class RunOutcome:
     best_fitness: float | None
     best_candidate_id: str | None
     run_dir: Path
+    device: DeviceChoice = DeviceChoice.CUDA
 
     def summary(self, elapsed_s: float) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
@@ -68,10 +70,19 @@ class RunOutcome:
             if self.best_fitness is not None
             else "no correct candidate found"
         )
-        return (
+        line = (
             f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
             f"({counts}); {best}; report in {self.run_dir / 'report.json'}"
         )
+        if self.device is DeviceChoice.CPU:
+            line += f"\n{CPU_TIMINGS_NOTE}"
+        return line
+
+
+CPU_TIMINGS_NOTE = (
+    "note: this run timed kernels on the CPU (Triton's interpreter, eager PyTorch as the baseline): it checks "
+    "correctness and shows the loop working; its timings are not speedups. Speedups are measured on a GPU."
+)
 
 
 class Progress:
@@ -319,6 +330,7 @@ class RunController:
                 best_fitness=best.fitness if best else None,
                 best_candidate_id=best.candidate_id if best else None,
                 run_dir=self.run_dir,
+                device=self.spec.device,
             )
         finally:
             actors_stop.set()
@@ -363,6 +375,8 @@ class RunController:
                 f"# {best.speedup_vs_eager:.3f}x over eager PyTorch{vs_compiled} on {device} (median {median})\n"
                 f"# expert {cand.expert}, strategy {cand.proposal.strategy or '-'}, generation {cand.generation}\n"
             )
+            if self.spec.device is DeviceChoice.CPU:
+                header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
             (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
         states = {}
         for i in range(self.spec.islands):

@@ -263,4 +263,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Run as a script (``python bench/fabric_bench.py``): make the ``bench`` package importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     raise SystemExit(main())
