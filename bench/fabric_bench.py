@@ -41,6 +41,10 @@ from schemas import (
     subjects,
 )
 
+if not __package__:  # run as a script (``python bench/fabric_bench.py``): make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.loop_bench import run_noop_loop
+
 SOURCE = "import torch\n" + "# a kernel source of realistic size\n" * 120 + "class ModelNew(torch.nn.Module): ...\n"
 
 
@@ -223,8 +227,6 @@ async def bench_hop(url: str, n: int, concurrency: int = 64) -> dict[str, float]
 
 
 async def bench_loop(url: str, candidates: int, islands: int, inflight: int) -> dict[str, float]:
-    from bench.loop_bench import run_noop_loop
-
     return await run_noop_loop(url, candidates=candidates, islands=islands, inflight=inflight)
 
 
@@ -263,6 +265,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # Run as a script (``python bench/fabric_bench.py``): make the ``bench`` package importable.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     raise SystemExit(main())
