@@ -112,6 +112,8 @@ async def test_real_evaluator_killed_holding_a_candidate_yields_exactly_one_resu
         assert published["crash00001"] == 0  # held, not finished
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
+        held = await bus.js.consumer_info(subjects.run_stream(run_id), subjects.EVALUATORS)
+        assert held.num_ack_pending == 1, "the killed evaluator had acknowledged a candidate it never judged"
         second = spawn_actor("evaluator", "--id", "evaluator-real-2", *common, log=tmp_path / "b.log")
         results = await collect(
             bus, subjects.run_stream(run_id), subjects.results(run_id), EvalResult, want=1, timeout=300
