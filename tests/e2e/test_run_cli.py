@@ -168,3 +168,41 @@ def test_the_readmes_multi_machine_recipe_runs_with_actors_as_separate_processes
     assert any(a["metadata"].get("run_id") == run_id for a in status["actors"])
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert {island["island"] for island in report["islands"]} == {"i0", "i1"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_run_names_the_island_nobody_started_and_sends_it_no_migrants(
+    nats_server: ServerInfo, tmp_path: Path
+) -> None:
+    """The recipe with island i1 left out: the run says i1 has not started (with the command that
+    starts it), the migrator sends nothing to it, and an island the run does not expect refuses."""
+    url = nats_server.url
+    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    run_id = f"miss{int(time.time()) % 100000}"
+    recipe = [_on_this_machine(argv, url, run_id, tmp_path) for argv in readme_recipe()]
+    recipe = [argv for argv in recipe if argv[-1] != "i1" and "i1" not in argv]
+    run = [*recipe[0], "--seconds", "60", "--migration-interval", "1"]  # the later --seconds wins
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", *run],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    actors = []
+    try:
+        _wait_registered(url, run_id, timeout=120)
+        actors = [spawn_actor(*argv[1:], log=tmp_path / f"actor{n}-{argv[1]}.log") for n, argv in enumerate(recipe[1:])]
+        stranger = _kfoundry("actor", "island", "--island", "i5", "--run", run_id, "--nats", url, env=env, timeout=120)
+        stdout, stderr = controller.communicate(timeout=330)
+    finally:
+        for proc in actors:
+            stop_process(proc)
+        if controller.poll() is None:
+            controller.kill()
+    assert stranger.returncode != 0
+    assert f"island 'i5' is not one of run {run_id}'s islands (i0, i1)" in stranger.stderr + stranger.stdout
+    assert controller.returncode == 0, stdout + stderr[-3000:]
+    assert f"run {run_id}: island(s) i1 of the 2 it expects have not started (running: i0)" in stderr, stderr[-3000:]
+    assert f"kfoundry actor island --island i1 --run {run_id}" in stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["evaluated"] >= 1
+    assert [m for m in report["migrations"] if m["dest"] == "i1"] == []
