@@ -49,6 +49,8 @@ def test_kfoundry_run_on_cpu_leaves_a_correct_standalone_model(tmp_path: Path) -
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "run e2ecpu ended" in proc.stdout
+    assert "its timings are not speedups" in proc.stdout  # a CPU run says what its numbers are
+    assert "a correctness check, not a speedup" in (run_dir / "best_model.py").read_text()
     assert "evaluated" in proc.stderr  # the progress line
     report = json.loads((run_dir / "report.json").read_text())
     assert report["evaluated"] >= 4
