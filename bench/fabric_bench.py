@@ -24,12 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
+if not __package__:  # run as a script (``python bench/fabric_bench.py``): this checkout's packages first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import nats
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from actors.bus import Bus, ConsumerSpec, Delivery
 from actors.nats_server import ServerInfo, start_server, stop_server
+from bench.loop_bench import run_noop_loop
 from schemas import (
     Candidate,
     Control,
@@ -40,10 +44,6 @@ from schemas import (
     Proposal,
     subjects,
 )
-
-if not __package__:  # run as a script (``python bench/fabric_bench.py``): make ``bench`` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.loop_bench import run_noop_loop
 
 SOURCE = "import torch\n" + "# a kernel source of realistic size\n" * 120 + "class ModelNew(torch.nn.Module): ...\n"
 
