@@ -34,6 +34,7 @@ from schemas import (
     Candidate,
     Control,
     ControlAction,
+    DeviceChoice,
     EvalResult,
     ExpertConfig,
     IslandStatus,
@@ -48,6 +49,10 @@ from schemas import (
 
 log = get_logger(__name__)
 
+MISSING_GRACE_S = 30.0
+"""How long a run waits for its islands to announce themselves before it names the missing ones
+(it names them earlier, at its first result)."""
+
 
 @dataclass
 class RunOutcome:
@@ -60,6 +65,7 @@ class RunOutcome:
     best_fitness: float | None
     best_candidate_id: str | None
     run_dir: Path
+    device: DeviceChoice = DeviceChoice.CUDA
 
     def summary(self, elapsed_s: float) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
@@ -68,10 +74,19 @@ class RunOutcome:
             if self.best_fitness is not None
             else "no correct candidate found"
         )
-        return (
+        line = (
             f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
             f"({counts}); {best}; report in {self.run_dir / 'report.json'}"
         )
+        if self.device is DeviceChoice.CPU:
+            line += f"\n{CPU_TIMINGS_NOTE}"
+        return line
+
+
+CPU_TIMINGS_NOTE = (
+    "note: this run timed kernels on the CPU (Triton's interpreter, eager PyTorch as the baseline): it checks "
+    "correctness and shows the loop working; its timings are not speedups. Speedups are measured on a GPU."
+)
 
 
 class Progress:
@@ -107,6 +122,10 @@ class Progress:
         in_flight = sum(s.in_flight for s in self.islands.values())
         counts = " ".join(f"{k}={v}" for k, v in sorted(self.statuses.items()))
         return f"[{self.elapsed:6.0f}s] evaluated {self.evaluated}{total}  best {best}  in flight {in_flight}  {counts}"
+
+    def missing_islands(self) -> list[str]:
+        """Islands the run expects (``i0`` … ``i<N-1>``) that have not announced themselves."""
+        return [f"i{i}" for i in range(self.spec.islands) if f"i{i}" not in self.islands]
 
     def stop_reason(self) -> StopReason | None:
         budget = self.spec.budget
@@ -220,6 +239,7 @@ class RunController:
 
     async def _wait_for_end(self, stop: asyncio.Event, actors_done: asyncio.Future[Any] | None) -> StopReason:
         last_line = 0.0
+        warned_missing = False
         interval = 1.0 if self.out is not None and self.out.isatty() else 10.0
         while True:
             if stop.is_set():
@@ -229,12 +249,34 @@ class RunController:
                 return reason
             if actors_done is not None and actors_done.done():
                 return StopReason.INTERRUPTED
+            if not warned_missing and (self.progress.evaluated or self.progress.elapsed >= MISSING_GRACE_S):
+                warned_missing = self._warn_missing_islands()
             if time.monotonic() - last_line >= interval:
                 self._show()
                 last_line = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.2):
                     await stop.wait()
+
+    def _warn_missing_islands(self) -> bool:
+        """Say once which expected islands nobody started (they get no migrants, and the run
+        ends on its other budgets without them). Returns whether it has said it."""
+        missing = self.progress.missing_islands()
+        if not missing:
+            return False
+        started = sorted(self.progress.islands)
+        hint = " ".join(
+            f"`kfoundry actor island --island {i} --run {self.spec.run_id} --nats {self.url}`" for i in missing
+        )
+        text = (
+            f"run {self.spec.run_id}: island(s) {', '.join(missing)} of the {self.spec.islands} it expects have not "
+            f"started (running: {', '.join(started) or 'none'}); start them: {hint}"
+        )
+        log.warning("islands missing", missing=missing, running=started)
+        if self.out is not None:
+            self.out.write(text + "\n")
+            self.out.flush()
+        return True
 
     async def _drain_islands(self, bus: Bus) -> None:
         from actors.observe import discover
@@ -319,6 +361,7 @@ class RunController:
                 best_fitness=best.fitness if best else None,
                 best_candidate_id=best.candidate_id if best else None,
                 run_dir=self.run_dir,
+                device=self.spec.device,
             )
         finally:
             actors_stop.set()
@@ -363,6 +406,8 @@ class RunController:
                 f"# {best.speedup_vs_eager:.3f}x over eager PyTorch{vs_compiled} on {device} (median {median})\n"
                 f"# expert {cand.expert}, strategy {cand.proposal.strategy or '-'}, generation {cand.generation}\n"
             )
+            if self.spec.device is DeviceChoice.CPU:
+                header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
             (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
         states = {}
         for i in range(self.spec.islands):

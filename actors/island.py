@@ -25,7 +25,7 @@ import structlog
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
-from actors.errors import BusError
+from actors.errors import BusError, ConfigError
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.island import IslandBrain
 from actors.evolution.plans import IslandConfig, RequestPlan
@@ -118,6 +118,12 @@ class IslandActor(Actor):
 
     async def setup(self) -> None:
         self._spec = await get_run(self.bus, self.rid)
+        expected = [f"i{i}" for i in range(self.spec.islands)]
+        if self.name not in expected:
+            raise ConfigError(
+                f"island {self.name!r} is not one of run {self.rid}'s islands ({', '.join(expected)}); "
+                f"start those, or give `kfoundry run` a larger --islands"
+            )
         profiles = []
         for ref in self.spec.experts:
             config = await get_expert_config(self.bus, ref.name)
@@ -164,6 +170,7 @@ class IslandActor(Actor):
             self.on_migration,
             concurrency=1,
         )
+        await self._publish_status()  # announces the island to the controller and the migrator
         self._pump = asyncio.create_task(self._keep_in_flight())
 
     # -- generation ---------------------------------------------------------------------------

@@ -6,8 +6,10 @@ Writes: ``kf.<run>.migrant.<island>`` (``Migration``) into the run stream, with 
         its planner state to the ``kf_archives`` KV bucket (``<run>.migrator``), so a restarted
         migrator continues without resending.
 
-Ring topology by default, random on request, and a migration into any island that starts to
-stagnate (``actors.evolution.migration.MigrationPlanner`` decides; this actor only moves data).
+Only islands that announced themselves (an ``IslandStatus``: islands publish one when they start)
+receive migrants, so an island the run expects but nobody started gets nothing. Ring topology by
+default, random on request, and a migration into any island that starts to stagnate
+(``actors.evolution.migration.MigrationPlanner`` decides; this actor only moves data).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class MigratorActor(Actor):
         self.sent = 0
         self._timer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self.present: set[str] = set()
+        """Islands that announced themselves (an ``IslandStatus``): the only destinations."""
 
     @property
     def planner(self) -> MigrationPlanner:
@@ -73,18 +77,22 @@ class MigratorActor(Actor):
 
     async def on_elite(self, announcement: EliteAnnouncement, delivery: Delivery) -> None:
         async with self._lock:
+            self.present.add(announcement.elite.island)
             self.planner.on_elite(announcement)
             await self._save()
 
     async def on_status(self, status: IslandStatus, delivery: Delivery) -> None:
         async with self._lock:
+            if status.island not in self.present:
+                self.present.add(status.island)
+                self.log.info("island present", island=status.island)
             await self._send(self.planner.on_status(status))
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
             async with self._lock:
-                await self._send(self.planner.due(time.time()))
+                await self._send(self.planner.due(time.time(), self.present))
 
     async def _send(self, migrations: list[Migration]) -> None:
         for migration in migrations:

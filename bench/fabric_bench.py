@@ -24,12 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
+if not __package__:  # run as a script (``python bench/fabric_bench.py``): this checkout's packages first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import nats
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from actors.bus import Bus, ConsumerSpec, Delivery
 from actors.nats_server import ServerInfo, start_server, stop_server
+from bench.loop_bench import run_noop_loop
 from schemas import (
     Candidate,
     Control,
@@ -223,8 +227,6 @@ async def bench_hop(url: str, n: int, concurrency: int = 64) -> dict[str, float]
 
 
 async def bench_loop(url: str, candidates: int, islands: int, inflight: int) -> dict[str, float]:
-    from bench.loop_bench import run_noop_loop
-
     return await run_noop_loop(url, candidates=candidates, islands=islands, inflight=inflight)
 
 

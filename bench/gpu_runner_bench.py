@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil
+import torch
 
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.gate import check_candidate
@@ -466,6 +467,11 @@ def main() -> int:
     parser.add_argument("--stream-only", action="store_true", help="only the evaluator-throughput stream")
     parser.add_argument("--no-stream", action="store_true", help="everything but the stream (it has its own run)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "gpu_runner_bench: no CUDA GPU here (torch.cuda.is_available() is False); "
+            "for a CPU smoke run: python bench/gpu_runner_bench.py --device cpu --quick"
+        )
     started = time.perf_counter()
     rows = asyncio.run(run(DeviceChoice(args.device), args.quick, args.aa, args.stream_only, args.no_stream))
     width = max(len(k) for k, _ in rows)

@@ -18,6 +18,8 @@ def main() -> None:
     p.add_argument("--variant", default="pageable")
     p.add_argument("--trials", type=int, default=5)
     a = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("prep_probe: no CUDA GPU here (torch.cuda.is_available() is False); it probes GPU steps only")
     dev = torch.device("cuda:0")
     torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.empty(1, device=dev).zero_()

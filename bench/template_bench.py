@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import structlog
+import torch
 
 from actors.experts.template import Plan, TemplateParams, analyse, default_params, mutate, render
 from schemas import DeviceChoice, DiagnosisCategory, EvalResult, KernelLanguage
@@ -242,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--via", choices=["service", "cli"], default="service", help="how to reach gpu_runner")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "template_bench: no CUDA GPU here (torch.cuda.is_available() is False); "
+            "for a CPU check: python bench/template_bench.py --device cpu --quick"
+        )
     structlog.configure(
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),

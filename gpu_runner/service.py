@@ -456,12 +456,15 @@ class EvaluationService:
                             if reached == "trials_done":
                                 marks["trials_done"] = time.perf_counter() - t0
                                 t_up = time.perf_counter()
+                                # Waiting for spares to leave the GPU is queueing, not the candidate's
+                                # time: no deadline while it lasts, and the deadline moves by the wait.
+                                deadline = window.when()
+                                window.reschedule(None)
                                 await self.gpu.upgrade()  # the timing has the GPU alone
                                 exclusive = True
-                                # Waiting for spares to leave the GPU is queueing, not the candidate's time.
                                 upgrade_wait = time.perf_counter() - t_up
                                 waited += upgrade_wait
-                                window.reschedule((window.when() or 0.0) + upgrade_wait)
+                                window.reschedule((deadline or 0.0) + upgrade_wait)
                                 marks["exclusive"] = time.perf_counter() - t0
                                 await worker.send({"op": "time"})
                                 reached = await self._collect(worker, c, spare, max_blob, until=("measured",))

@@ -14,7 +14,7 @@ migration. Pure: the migrator actor publishes what it returns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,15 +118,20 @@ class MigrationPlanner:
         migration = self._migrate(source, island, MigrationReason.STAGNATION)
         return [migration] if migration is not None else []
 
-    def destination(self, source: str) -> str:
-        """Where ``source`` sends its migrants by the configured topology."""
+    def destination(self, source: str, present: Collection[str] | None = None) -> str | None:
+        """Where ``source`` sends its migrants by the configured topology, among the islands
+        ``present`` (default: all of the run's); ``None`` when no other island is present."""
+        islands = [i for i in self.islands if present is None or i in present or i == source]
+        if len(islands) < 2:
+            return None
         if self.policy.topology is MigrationReason.RING:
-            return ring_next(self.islands, source)
-        others = [i for i in self.islands if i != source]
+            return ring_next(islands, source)
+        others = [i for i in islands if i != source]
         return others[int(self.rng.integers(len(others)))]
 
-    def due(self, now: float) -> list[Migration]:
-        """The scheduled migrations at ``now`` (none before ``interval_s`` has passed)."""
+    def due(self, now: float, present: Collection[str] | None = None) -> list[Migration]:
+        """The scheduled migrations at ``now`` (none before ``interval_s`` has passed), between
+        the islands ``present`` (those that announced themselves; default: all of the run's)."""
         if self.last_at is None:
             self.last_at = now
             return []
@@ -137,7 +142,10 @@ class MigrationPlanner:
         for source in self.islands:
             if not self.elites[source]:
                 continue
-            migration = self._migrate(source, self.destination(source), self.policy.topology)
+            dest = self.destination(source, present)
+            if dest is None:
+                continue
+            migration = self._migrate(source, dest, self.policy.topology)
             if migration is not None:
                 out.append(migration)
         return out

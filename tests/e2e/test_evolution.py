@@ -67,7 +67,10 @@ def test_run_from_a_poor_kernel_improves_and_migrates_elites(tmp_path: Path) -> 
     assert seed_fitness is not None  # the poor kernel is correct, only slow
     best = report["best"]["fitness"]
     sys.stderr.write(f"poor seed {seed_fitness:.6f}x -> best {best:.6f}x over eager ({best / seed_fitness:.1f}x)\n")
-    assert best > seed_fitness
+    # Measured here: 0.00017x -> 0.0070x (41x). Interpreter timings of one kernel on a loaded machine
+    # move by well under 2x, so a 4x gain is evolution, not noise; re-timing the seed would not pass.
+    assert best >= 4 * seed_fitness, f"best {best} is not clearly better than the poor seed {seed_fitness}"
+    assert report["best"]["candidate_id"] != seed_points[0]["candidate_id"]
     # Elites moved between islands, and a migrant entered its destination's archive.
     assert report["migrations"], "no migration happened"
     moved = {cid for m in report["migrations"] for cid in m["candidate_ids"]}

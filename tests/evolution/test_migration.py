@@ -57,7 +57,7 @@ def test_ring_sends_each_islands_best_to_the_next_after_the_interval() -> None:
 def test_random_topology_is_seeded_and_never_sends_to_itself() -> None:
     def dests(seed: int) -> list[str]:
         planner = MigrationPlanner("run1", ISLANDS, MigrationPolicy(topology=MigrationReason.RANDOM), seed=seed)
-        return [planner.destination("i0") for _ in range(30)]
+        return [str(planner.destination("i0")) for _ in range(30)]
 
     assert dests(1) == dests(1)
     assert dests(1) != dests(2)
@@ -132,3 +132,16 @@ def test_helpers_and_bad_settings() -> None:
         MigrationPlanner("run1", ("i0", "i0"), MigrationPolicy(), seed=0)
     with pytest.raises(PolicyConfigError, match="topology"):
         MigrationPlanner("run1", ISLANDS, MigrationPolicy(topology=MigrationReason.STAGNATION), seed=0)
+
+
+def test_migrants_go_only_to_islands_that_announced_themselves() -> None:
+    planner = MigrationPlanner("run1", ISLANDS, MigrationPolicy(interval_s=10.0), seed=0)
+    for island in ("i0", "i2"):
+        _announce(planner, _elite(island, 0.1))
+    planner.due(0.0)
+    # i1 was never started: the ring closes over the islands that are there.
+    out = planner.due(20.0, present={"i0", "i2"})
+    assert {(m.source_island, m.dest_island) for m in out} == {("i0", "i2"), ("i2", "i0")}
+    # Alone, an island sends nothing.
+    assert planner.due(40.0, present={"i0"}) == []
+    assert planner.destination("i0", present={"i0"}) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -77,12 +78,35 @@ async def test_api_key_reaches_only_the_authorization_header(
 async def test_no_key_configured_never_sends_the_ambient_openai_key(
     server: ScriptedLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("OPENAI_API_TEST_KEY", "sk-ambient-must-not-be-sent")
+    # A clean environment (the developer's shell is not part of the test), then the variable the
+    # OpenAI SDK reads on its own when it is given no key.
+    for name in [n for n in os.environ if n.startswith("OPENAI_")]:
+        monkeypatch.delenv(name)
+    ambient = "sk-ambient-must-not-be-sent"
+    monkeypatch.setenv("OPENAI_API_KEY", ambient)
     server.push(Chat((answer(GOOD_MODELNEW),)))
     expert = LLMExpert(expert_config(server, api_key=None), retry=FAST_RETRY)
     await expert.generate(generate_request())
     await expert.aclose()
-    assert server.completions[0].headers["Authorization"] == "Bearer no-key"
+    request = server.completions[0]
+    assert request.headers["Authorization"] == "Bearer no-key"
+    sent = [json.dumps(request.body), *request.headers.values()]
+    assert _scan(ambient, *sent) == []
+
+
+async def test_key_variable_named_in_the_config_wins_over_the_ambient_openai_key(
+    server: ScriptedLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-ambient-must-not-be-sent")
+    server.push(Chat((answer(GOOD_MODELNEW),)))
+    expert = LLMExpert(
+        expert_config(server, api_key=None, api_key_env="KF_TEST_KEY"),
+        retry=FAST_RETRY,
+        environ={"KF_TEST_KEY": TEST_KEY},
+    )
+    await expert.generate(generate_request())
+    await expert.aclose()
+    assert server.completions[0].headers["Authorization"] == f"Bearer {TEST_KEY}"
 
 
 def test_missing_key_variable_fails_at_construction_naming_the_variable() -> None:
