@@ -49,6 +49,10 @@ class Layers:
     seccomp: bool = False
     paths: tuple[str, ...] = ()
     maps: dict[str, str] = field(default_factory=dict)
+    cuda: bool = False
+    """Workers start CUDA: ``/tmp`` stays in their view (read-only). Seen on an H200 machine: CUDA's
+    initialisation fails (error 304) under a tmpfs over ``/tmp``; the evaluator's own folders there
+    are hidden one by one instead."""
 
     def missing(self) -> list[str]:
         """The layers that do not hold here."""
@@ -88,6 +92,8 @@ def probe(
         else:
             notes[layer] = detail if ns_ok else why_ns
     abi = int(found.get("landlock_abi") or 0)
+    if cuda and found.get("landlock") == "ok" and found.get("landlock_cuda", "ok") != "ok":
+        found["landlock"] = f"CUDA does not start under Landlock here ({str(found['landlock_cuda'])[:160]})"
     landlock = found.get("landlock") == "ok" and wanted.get("landlock", True)
     if landlock:
         notes["landlock"] = f"Landlock ABI {abi}: only the interpreter, toolchains and the private folder reachable"
@@ -107,7 +113,7 @@ def probe(
         notes["seccomp"] = f"skipped: {found.get('seccomp')}; needs a kernel with CONFIG_SECCOMP_FILTER=y on x86_64"
     maps = maps_for(os.getuid(), os.getgid(), *(keep or (None, None))) if userns else {}
     paths = tuple(p for p in found.get("paths", []) if p.startswith("/"))
-    return Layers(notes, userns, ns_ok, landlock, seccomp, paths, maps)
+    return Layers(notes, userns, ns_ok, landlock, seccomp, paths, maps, cuda)
 
 
 def namespace_plan(layers: Layers, wanted: dict[str, bool]) -> dict[str, Any]:
@@ -154,7 +160,9 @@ def view(layers: Layers, writable: list[str], hidden: list[str]) -> dict[str, li
     g = grants(layers, writable, compile_mode=False)
     keep = [p for p in g["execute"] if p not in SYSTEM]
     home = os.path.expanduser("~")
-    wanted = ["/home", "/root", "/tmp", "/var/tmp", "/dev/shm", "/run/user", "/mnt", "/media", "/srv", home]
+    wanted = ["/home", "/root", "/var/tmp", "/dev/shm", "/run/user", "/mnt", "/media", "/srv", home]
+    if not layers.cuda:
+        wanted.append("/tmp")
     wanted += [str(PROJECT_ROOT), os.getcwd(), os.environ.get("KFOUNDRY_HOME", ""), *hidden]
     protected = [*SYSTEM, "/etc", "/proc", "/sys", "/dev"]
     hide = [

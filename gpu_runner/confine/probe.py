@@ -49,7 +49,8 @@ def _namespaces(user: bool, cuda: bool, keep: tuple[int, int] | None) -> str:
         done = enter(plan)
         from gpu_runner.confine import fsview
 
-        fsview.apply(fsview.View(hide=("/tmp",), expose=(), writable=()))
+        if not cuda:  # CUDA workers keep /tmp in their view (see policy.Layers.cuda)
+            fsview.apply(fsview.View(hide=("/tmp",), expose=(), writable=()))
         if cuda:
             import torch
 
@@ -65,6 +66,19 @@ def _namespaces(user: bool, cuda: bool, keep: tuple[int, int] | None) -> str:
     return _in_child(attempt)
 
 
+def _landlock_cuda() -> None:
+    """CUDA started under the most permissive Landlock domain a worker could get (everything
+    readable, the GPU's device files writable): if this fails, no worker domain can work."""
+    import glob
+
+    devices = (*sorted(glob.glob("/dev/nvidia*")), "/dev/null")
+    landlock.restrict(landlock.Grants(read=("/",), execute=("/",), write=("/dev/null",), devices=devices))
+    import torch
+
+    torch.zeros(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_runner.confine.probe")
     parser.add_argument("--cuda", action="store_true", help="start CUDA inside the namespaces too")
@@ -77,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     out["rootns"] = _namespaces(False, args.cuda, None) if os.getuid() == 0 and out["userns"] != "ok" else "not tried"
     out["landlock_abi"] = landlock.abi()
     out["landlock"] = _in_child(lambda: landlock.restrict(landlock.Grants(read=("/usr",))))
+    if args.cuda and out["landlock"] == "ok":
+        out["landlock_cuda"] = _in_child(_landlock_cuda)
     why = seccomp.supported()
     out["seccomp"] = why or _in_child(lambda: seccomp.install(seccomp.Profile.RUN))
     out["paths"] = sorted({p for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path] if p})
