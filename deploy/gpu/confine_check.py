@@ -43,7 +43,7 @@ async def one(name: str, **off: bool) -> str:
             layers = [f"{c.name}={c.outcome.value}" for c in result.checks if c.name in LAYERS]
             return f"{name}: {result.status.value} ({time.perf_counter() - t0:.0f} s) {result.summary[:100]} {layers}"
     except (RunnerError, TimeoutError) as exc:
-        return f"{name}: evaluator error ({time.perf_counter() - t0:.0f} s): {str(exc)[-400:]}"
+        return f"{name}: evaluator error ({time.perf_counter() - t0:.0f} s): {str(exc)[-1200:]}"
 
 
 LAYERS = ("user_namespace", "network_isolation", "pid_namespace", "ipc_namespace", "mount_view", "landlock", "seccomp")
@@ -52,10 +52,18 @@ LAYERS = ("user_namespace", "network_isolation", "pid_namespace", "ipc_namespace
 def main() -> int:
     configs: list[tuple[str, dict[str, bool]]] = [
         ("all layers", {}),
-        ("no landlock", {"landlock": False}),
-        ("no mount view", {"mount_isolation": False}),
-        ("no seccomp", {"seccomp": False}),
-        ("no ipc", {"ipc_isolation": False}),
+        ("no mount view, no landlock", {"mount_isolation": False, "landlock": False}),
+        ("no mount, landlock, ipc", {"mount_isolation": False, "landlock": False, "ipc_isolation": False}),
+        (
+            "seccomp only",
+            {
+                "mount_isolation": False,
+                "landlock": False,
+                "ipc_isolation": False,
+                "network_isolation": False,
+                "pid_isolation": False,
+            },
+        ),
     ]
     for name, off in configs:
         print(asyncio.run(one(name, **off)), flush=True)
