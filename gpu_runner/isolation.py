@@ -228,3 +228,39 @@ def _spawn_spec(iso: Isolation, home: Path, bulk: Path, extra_rw: list[str], mod
     if iso.layers is not None and iso.layers.landlock:
         spec["landlock"] = policy.grants(iso.layers, writable, compile_mode=mode == "compile")
     return spec
+
+
+CUDA_NOTES = {
+    "user_namespace": "skipped: CUDA workers run without a user namespace (on an H200 machine Triton's "
+    "compiler was refused inside one: PermissionError under /opt/torch)",
+    "mount_view": "skipped: CUDA workers keep the host's mount view (on an H200 machine CUDA failed to start "
+    "under it: error 304)",
+    "landlock": "skipped: CUDA does not start under Landlock on the H200 machines seen (error 304)",
+}
+
+
+def cuda_compatible(iso: Isolation) -> Isolation:
+    """The layers a CUDA worker can enter: network, PID and IPC namespaces (as root) and seccomp.
+
+    Measured on the GPU machine (``deploy/gpu/cuda_layers.py``, ``deploy/gpu/confine_check.py``):
+    a tmpfs over ``/tmp``, the mount view and any Landlock domain make CUDA's initialisation fail,
+    and inside a user namespace Triton's ptxas is refused; the other namespaces and the seccomp
+    filter leave CUDA and Triton working. Each layer given up is named in every verdict.
+    """
+    layers = iso.layers
+    if layers is None:
+        return iso
+    notes = {**layers.notes, **CUDA_NOTES}
+    namespaces = layers.namespaces and os.geteuid() == 0
+    if not namespaces:
+        for name in ("network_isolation", "pid_namespace", "ipc_namespace"):
+            if not notes.get(name, "").startswith("skipped"):
+                notes[name] = "skipped: without a user namespace only root can enter it"
+    changed = dataclasses.replace(layers, notes=notes, userns=False, namespaces=namespaces, landlock=False, maps={})
+    return dataclasses.replace(
+        iso,
+        layers=changed,
+        wanted={**iso.wanted, "mount": False},
+        network=notes.get("network_isolation", iso.network),
+        pids=notes.get("pid_namespace", iso.pids),
+    )

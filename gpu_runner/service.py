@@ -38,6 +38,7 @@ from gpu_runner.errors import (
 )
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
+from gpu_runner.isolation import cuda_compatible
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
 from gpu_runner.lease import GpuGate, renice
@@ -162,6 +163,8 @@ class EvaluationService:
             self.device == "cuda",
             self.cfg.confine_layers(),
         )
+        if self.device == "cuda":
+            self.iso = cuda_compatible(self.iso)
         refusal = isolation_refusal(self.iso, self.cfg.isolation)
         if refusal is not None:
             raise IsolationUnavailable(refusal)
