@@ -27,8 +27,9 @@ from gpu_runner.errors import TaskTooLarge
 GIB = 1 << 30
 CONTEXT_BYTES = 600 << 20
 """A CUDA context with torch and Triton loaded, per process (about 500 MB on an H100/H200)."""
-DEVICE_HEADROOM = 0.85
-"""Share of the device's free memory the plan may use (fragmentation, allocator rounding, workspaces)."""
+DEVICE_HEADROOM = 0.7
+"""Share of the device's free memory the plan may use (fragmentation, allocator rounding, workspaces,
+the compiled baseline's own buffers): at 0.85 a 6 GB elementwise task still ran out of memory on an H200."""
 HOST_HEADROOM = 0.6
 """Share of the host's available memory the plan may use (the page cache, compiles, the actors)."""
 DEVICE_VERDICT_BYTES = 256 << 20
