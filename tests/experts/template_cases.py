@@ -390,8 +390,13 @@ CASES: tuple[Case, ...] = (
 """Every covered problem the tests render and check."""
 
 UNSUPPORTED: dict[str, str] = {
-    "conv": _model(
-        "", "self.conv = nn.Conv2d(3, 4, 3)", "x", "return torch.relu(self.conv(x))", "torch.randn(2, 3, 8, 8)", ""
+    "conv_reflect_padding": _model(
+        "",
+        "self.conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode='reflect')",
+        "x",
+        "return torch.relu(self.conv(x))",
+        "torch.randn(2, 3, 8, 8)",
+        "",
     ),
     "dropout_training": _model("", "self.d = nn.Dropout(0.5)", "x", "return self.d(x) * 2", "torch.randn(4, 8)", ""),
     "slicing": _model("", "", "x", "return torch.relu(x[:, :4])", "torch.randn(4, 8)", ""),

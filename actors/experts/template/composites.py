@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
 
@@ -115,6 +116,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return _norm(lw, canon, b)
     if canon in ("linear", "matmul"):
         return _matmul(lw, canon, b)
+    if canon in ("conv", "conv_transpose"):
+        return lower_conv(lw, canon, b, traced)
     return _other(lw, canon, b, traced)
 
 

@@ -355,6 +355,10 @@ def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: 
         return PointwiseWriter(sched, kernel, params, used).write()
     if kernel.kind is KernelKind.MM:
         return MatmulWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.CONV:
+        from actors.experts.template.emit_conv import ConvWriter
+
+        return ConvWriter(sched, kernel, params, used).write()
     from actors.experts.template.emit_row import RowWriter
 
     return RowWriter(sched, kernel, params, used).write()

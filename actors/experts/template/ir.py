@@ -32,6 +32,9 @@ class NodeKind(StrEnum):
     """A reshape of a contiguous value (same elements, new logical shape)."""
     PERM = "perm"
     """A swap of the last two dimensions (only as a matrix-product operand)."""
+    CONV = "conv"
+    """A (transposed) convolution of ``args[0]`` (N, C, *spatial) by the weight ``args[1]``; ``attrs``
+    hold its :class:`ConvSpec`."""
 
 
 EW_OPS: dict[str, tuple[int, int]] = {
@@ -75,6 +78,29 @@ EW_OPS: dict[str, tuple[int, int]] = {
 
 RED_OPS: tuple[str, ...] = ("sum", "amax", "amin", "argmax", "argmin")
 """Reductions the row template emits (mean is a sum and a division)."""
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """The geometry of a convolution node, kept in the node's ``attrs`` (floats) as
+    ``(transposed, groups, *stride, *padding, *dilation)``."""
+
+    transposed: bool
+    groups: int
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    def attrs(self) -> tuple[float, ...]:
+        """The spec as a node's ``attrs``."""
+        return (float(self.transposed), float(self.groups), *map(float, self.stride + self.padding + self.dilation))
+
+    @classmethod
+    def from_attrs(cls, attrs: tuple[float, ...]) -> ConvSpec:
+        """The inverse of :meth:`attrs`."""
+        nd = (len(attrs) - 2) // 3
+        ints = tuple(int(a) for a in attrs[2:])
+        return cls(bool(attrs[0]), int(attrs[1]), ints[:nd], ints[nd : 2 * nd], ints[2 * nd :])
+
 
 Arg = int | float
 """An argument of a node: the id of another node, or a float constant."""

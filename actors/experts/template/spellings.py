@@ -151,6 +151,22 @@ _fn((F.linear,), Spec("linear", (*_IN, ("weight", REQUIRED), ("bias", None))))
 _fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
 _method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
 
+# Convolutions (weight and bias of a module are read through its path).
+_CONV = (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
+_fn((F.conv1d, F.conv2d, F.conv3d), Spec("conv", (*_IN, ("weight", REQUIRED), ("bias", None), *_CONV)))
+_CONV_T = (("stride", 1), ("padding", 0), ("output_padding", 0), ("groups", 1), ("dilation", 1))
+_fn(
+    (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d),
+    Spec("conv_transpose", (*_IN, ("weight", REQUIRED), ("bias", None), *_CONV_T)),
+)
+_CONV_ATTRS = tuple((n, n) for n in ("stride", "padding", "dilation", "groups", "padding_mode"))
+for _cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+    MODULES[_cls] = Spec("conv", _IN, module_attrs=_CONV_ATTRS)
+for _cls in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
+    MODULES[_cls] = Spec(
+        "conv_transpose", (*_IN, ("output_size", None)), module_attrs=(*_CONV_ATTRS, ("output_padding", "output_padding"))
+    )
+
 # Shapes, aliases, transposes, tuple access.
 _VIEW = Spec("view", _IN, passthrough=True)
 _ALIAS = Spec("alias", _IN, passthrough=True)

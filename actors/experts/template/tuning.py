@@ -14,7 +14,7 @@ import numpy as np
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.fuse import KernelKind, schedule
-from actors.experts.template.ir import Plan
+from actors.experts.template.ir import ConvSpec, Plan
 from actors.experts.template.params import ONE_PASS_MAX_TILE, SPACE, TemplateParams
 from schemas.enums import DiagnosisCategory
 
@@ -29,8 +29,10 @@ _MEMORY = (
     "row_stages",
 )
 _COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
-_TILES = ("pw_ept", "row_block_m", "row_block_r", "row_block_i", "mm_block_m", "mm_block_n", "mm_block_k")
-_SHRINK = (*_TILES, "mm_stages", "row_stages", "row_one_pass")
+_CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
+_COMPUTE_ALL = (*_COMPUTE, *_CONV)
+_TILES = ("conv_block_m", "conv_block_n", "conv_block_k", "pw_ept", "row_block_m", "row_block_r", "row_block_i", "mm_block_m", "mm_block_n", "mm_block_k")
+_SHRINK = (*_TILES, "mm_stages", "conv_stages", "row_stages", "row_one_pass")
 
 
 def default_params(plan: Plan) -> TemplateParams:
@@ -58,6 +60,8 @@ def default_params(plan: Plan) -> TemplateParams:
                 else:  # loops over R in [64, block_i] chunks
                     block_i, tile = widest, 64 * widest
                 values.update(row_block_i=block_i, row_warps=4 if tile <= 2048 else 8, row_block_r=64)
+        elif kernel.kind is KernelKind.CONV:
+            values.update(_conv_defaults(plan, kernel.mm))
         else:
             node = plan.nodes[kernel.mm]
             m, n = node.shape[-2], node.shape[-1]
@@ -69,6 +73,18 @@ def default_params(plan: Plan) -> TemplateParams:
     return TemplateParams.from_dict(values)
 
 
+def _conv_defaults(plan: Plan, conv: int) -> dict[str, object]:
+    """Tile sizes for one convolution: the channel tile follows the channels per group."""
+    node = plan.nodes[conv]
+    spec = ConvSpec.from_attrs(node.attrs)
+    cout_g = node.shape[1] // spec.groups
+    positions = node.numel // node.shape[1]
+    block_n = max(16, min(128, next_pow2(cout_g)))
+    block_m = 128 if positions >= 4096 and block_n <= 64 else 64
+    warps = 8 if block_m * block_n >= 8192 else 4
+    return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": 32, "conv_warps": warps}
+
+
 def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     """The parameters that change the rendered kernels of ``plan`` under ``params``."""
     names: list[str] = []
@@ -77,6 +93,8 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
             names += ["pw_warps", "pw_ept"]
         elif kernel.kind is KernelKind.MM:
             names += list(_COMPUTE)
+        elif kernel.kind is KernelKind.CONV:
+            names += list(_CONV)
         else:
             names += ["row_warps", "row_block_m" if kernel.inner == 1 else "row_block_i"]
             width = params.row_block_m if kernel.inner == 1 else params.row_block_i
@@ -118,7 +136,7 @@ def _choices(
     if diagnosis is DiagnosisCategory.SLOW_MEMORY_BOUND:
         return tuple(n for n in relevant if n in _MEMORY) or relevant, 0, forced
     if diagnosis is DiagnosisCategory.SLOW_COMPUTE_BOUND:
-        return tuple(n for n in relevant if n in _COMPUTE) or relevant, 0, forced
+        return tuple(n for n in relevant if n in _COMPUTE_ALL) or relevant, 0, forced
     if diagnosis in (
         DiagnosisCategory.COMPILE_RESOURCES,
         DiagnosisCategory.COMPILE_TIMEOUT,
@@ -127,8 +145,10 @@ def _choices(
         if "row_one_pass" in relevant and params.row_one_pass:
             forced["row_one_pass"] = False
         return tuple(n for n in relevant if n in _SHRINK) or relevant, -1, forced
-    if diagnosis is DiagnosisCategory.INCORRECT_PRECISION and params.mm_precision != "ieee":
-        forced["mm_precision"] = "ieee"
+    if diagnosis is DiagnosisCategory.INCORRECT_PRECISION:
+        for name in ("mm_precision", "conv_precision"):
+            if getattr(params, name) != "ieee":
+                forced[name] = "ieee"
     return relevant, 0, forced
 
 
