@@ -9,78 +9,33 @@ outputs within 1e-4, unchanged inputs, and an error against float64 no worse tha
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from actors.experts.template import Plan, TemplateParams, analyse, default_params, mutate, relevant_params, render
-from actors.experts.template import emit as emit_module
+from actors.experts.template import default_params, relevant_params, render
 from actors.experts.template.interp_check import Verdict, finish_check, start_check
 from actors.experts.template.ir import ConvSpec, NodeKind
 from tests.experts.template_conv_cases import CONV_CASES
+from tests.experts.template_interp import assert_all_correct, interp_verdicts, plan_of
 
 pytestmark = pytest.mark.timeout(300)
 
 _STRESS = {"conv_block_m": 16, "conv_block_n": 16, "conv_block_k": 16, "conv_warps": 1, "conv_stages": 1}
-
-
-def _plan(source: str) -> Plan:
-    plan = analyse(source)
-    assert isinstance(plan, Plan), plan
-    return plan
-
-
-def _variants(plan: Plan, size_index: int) -> list[tuple[str, TemplateParams]]:
-    default = default_params(plan)
-    epilogue, prologue = plan.fusions[-1]
-    stress = TemplateParams.from_dict({**_STRESS, "fuse_epilogue": epilogue, "fuse_prologue": prologue})
-    mutant = mutate(plan, default, np.random.default_rng(2000 + size_index), diagnosis=None)
-    return [("default", default), ("stress", stress), ("mutant", mutant)]
+_plan = plan_of
 
 
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
     """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
-    jobs: list[dict[str, object]] = []
-    labels: list[tuple[str, str]] = []
-    for case in CONV_CASES:
-        for i, source in enumerate(case.sources()):
-            plan = _plan(source)
-            for label, params in _variants(plan, i):
-                jobs.append(
-                    {"reference": source, "candidate": render(plan, params), "seeds": [5], "atol": 1e-4, "rtol": 1e-4}
-                )
-                labels.append((case.name, f"size{i}/{label}"))
-            if i == 0:
-                with pytest.MonkeyPatch.context() as mp:
-                    mp.setattr(emit_module, "INT32_LIMIT", 0)
-                    wide = render(plan, default_params(plan))
-                assert ".to(tl.int64)" in wide
-                jobs.append({"reference": source, "candidate": wide, "seeds": [6], "atol": 1e-4, "rtol": 1e-4})
-                labels.append((case.name, "size0/int64-indexing"))
-    workdir = tmp_path_factory.mktemp("interp-conv")
-    half = len(jobs) // 2
-    procs = [start_check(jobs[:half], workdir), start_check(jobs[half:], workdir)]
-    results = [v for proc in procs for v in finish_check(proc, timeout=280)]
-    by_case: dict[str, list[tuple[str, Verdict]]] = defaultdict(list)
-    for (name, label), verdict in zip(labels, results, strict=True):
-        by_case[name].append((label, verdict))
-    return dict(by_case)
+    return interp_verdicts(CONV_CASES, _STRESS, tmp_path_factory.mktemp("interp-conv"))
 
 
 @pytest.mark.parametrize("case", [c.name for c in CONV_CASES])
 def test_convolution_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
-    results = verdicts[case]
-    assert len(results) >= 4
-    failures = [(label, v.detail) for label, v in results if not v.ok]
-    assert not failures
-    for label, v in results:
-        if v.err_vs_fp64 is not None and v.ref_err_vs_fp64 is not None:
-            assert v.err_vs_fp64 <= max(8 * v.ref_err_vs_fp64, 1e-6), (label, v.err_vs_fp64, v.ref_err_vs_fp64)
+    assert_all_correct(verdicts[case])
 
 
 def test_conv_cases_cover_every_geometry() -> None:

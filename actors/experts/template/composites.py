@@ -14,6 +14,7 @@ import torch
 
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.pool_lower import lower_pool
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
 
 if TYPE_CHECKING:
@@ -118,6 +119,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return _matmul(lw, canon, b)
     if canon in ("conv", "conv_transpose"):
         return lower_conv(lw, canon, b, traced)
+    if canon in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"):
+        return lower_pool(lw, canon, b, traced)
     return _other(lw, canon, b, traced)
 
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer
 
 
-def _tuple(value: object, nd: int, what: str) -> tuple[int, ...]:
+def int_tuple(value: object, nd: int, what: str) -> tuple[int, ...]:
+    """An int-or-sequence geometry argument as ``nd`` ints, or decline naming it."""
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * nd
     if isinstance(value, tuple | list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
@@ -40,7 +41,7 @@ def _padding(value: object, nd: int, kernel: tuple[int, ...], dilation: tuple[in
         if any(t % 2 for t in totals):
             raise UnsupportedGraph("padding='same' with an odd total padding (asymmetric) is not covered")
         return tuple(t // 2 for t in totals)
-    return _tuple(value, nd, "padding")
+    return int_tuple(value, nd, "padding")
 
 
 def _weight_and_bias(lw: Lowerer, b: dict[str, Any]) -> tuple[NodeRef, NodeRef | None]:
@@ -74,10 +75,10 @@ def lower_conv(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> NodeR
     groups = b.get("groups", 1)
     if not isinstance(groups, int) or groups < 1 or xs[1] % groups:
         raise UnsupportedGraph(f"convolution groups={groups!r} with {xs[1]} input channels")
-    stride = _tuple(b.get("stride", 1), nd, "stride")
-    dilation = _tuple(b.get("dilation", 1), nd, "dilation")
+    stride = int_tuple(b.get("stride", 1), nd, "stride")
+    dilation = int_tuple(b.get("dilation", 1), nd, "dilation")
     padding = _padding(b.get("padding", 0), nd, ws[2:], dilation)
-    if transposed and padding != _tuple(b.get("padding", 0), nd, "padding"):
+    if transposed and padding != int_tuple(b.get("padding", 0), nd, "padding"):
         raise UnsupportedGraph("a transposed convolution with string padding is not covered")
     cout = ws[1] * groups if transposed else ws[0]
     out = tuple(int(s) for s in traced.shape)

@@ -359,6 +359,10 @@ def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: 
         from actors.experts.template.emit_conv import ConvWriter
 
         return ConvWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.POOL:
+        from actors.experts.template.emit_pool import PoolWriter
+
+        return PoolWriter(sched, kernel, params, used).write()
     from actors.experts.template.emit_row import RowWriter
 
     return RowWriter(sched, kernel, params, used).write()

@@ -27,6 +27,18 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
+def coords(writer: Writer, s: Scope, flat: str, sizes: tuple[int, ...], prefix: str) -> list[str]:
+    """Emit variables ``prefix{d}`` holding the row-major coordinates of ``flat`` over ``sizes``."""
+    names = []
+    for d, (size, stride) in enumerate(zip(sizes, _strides(sizes), strict=True)):
+        expr = flat if stride == 1 else f"({flat} // {stride})"
+        if d > 0:
+            expr = f"{expr} % {size}"
+        writer.emit(s, f"{prefix}{d} = {expr}")
+        names.append(f"{prefix}{d}")
+    return names
+
+
 class ConvWriter(Writer):
     """Emits one convolution kernel with its fused epilogue."""
 
@@ -59,17 +71,6 @@ class ConvWriter(Writer):
 
     def broadcast_row(self, var: str) -> str:
         return var
-
-    def _coords(self, s: Scope, flat: str, sizes: tuple[int, ...], prefix: str) -> list[str]:
-        """Variables ``prefix{d}`` holding the row-major coordinates of ``flat`` over ``sizes``."""
-        names = []
-        for d, (size, stride) in enumerate(zip(sizes, _strides(sizes), strict=True)):
-            expr = flat if stride == 1 else f"({flat} // {stride})"
-            if d > 0:
-                expr = f"{expr} % {size}"
-            self.emit(s, f"{prefix}{d} = {expr}")
-            names.append(f"{prefix}{d}")
-        return names
 
     def _gather(self, loop: Scope, outs: list[str], taps: list[str]) -> tuple[str, str]:
         """The input offset within one (batch, channel) plane and its validity, per tile element."""
@@ -116,7 +117,7 @@ class ConvWriter(Writer):
         e(s, f"nmask = rn < {self.cout_g}")
         e(s, f"nb = rm // {so}")
         e(s, f"sp = rm % {so}")
-        outs = self._coords(s, "sp", self.sout, "o")
+        outs = coords(self, s, "sp", self.sout, "o")
         e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g * plane}")
         e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         e(s, f"for k0 in range(0, {self.k}, BLOCK_K):")
@@ -126,7 +127,7 @@ class ConvWriter(Writer):
         e(loop, f"kmask = rk < {self.k}")
         e(loop, f"ci = rk // {self.taps}")
         e(loop, f"kp = rk % {self.taps}")
-        taps = self._coords(loop, "kp", self.ks, "q")
+        taps = coords(self, loop, "kp", self.ks, "q")
         offset, valid = self._gather(loop, outs, taps)
         e(loop, f"a_mask = mmask[:, None] & kmask[None, :] & {valid}")
         e(loop, f"a = tl.load({px} + xrow[:, None] + ci[None, :] * {plane} + {offset}, mask=a_mask, other=0.0)")

@@ -35,6 +35,9 @@ class NodeKind(StrEnum):
     CONV = "conv"
     """A (transposed) convolution of ``args[0]`` (N, C, *spatial) by the weight ``args[1]``; ``attrs``
     hold its :class:`ConvSpec`."""
+    POOL = "pool"
+    """A window pooling (``op`` ``max`` or ``avg``) over the trailing dims of ``args[0]``; ``attrs``
+    hold its :class:`PoolSpec`."""
 
 
 EW_OPS: dict[str, tuple[int, int]] = {
@@ -100,6 +103,32 @@ class ConvSpec:
         nd = (len(attrs) - 2) // 3
         ints = tuple(int(a) for a in attrs[2:])
         return cls(bool(attrs[0]), int(attrs[1]), ints[:nd], ints[nd : 2 * nd], ints[2 * nd :])
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """The geometry of a pooling node, kept in ``attrs`` as ``(count_include_pad, divisor_override
+    (0: none), *kernel, *stride, *padding, *dilation)``. The output size (``ceil_mode``) is the
+    node's traced shape."""
+
+    count_include_pad: bool
+    divisor_override: int
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    def attrs(self) -> tuple[float, ...]:
+        """The spec as a node's ``attrs``."""
+        dims = self.kernel + self.stride + self.padding + self.dilation
+        return (float(self.count_include_pad), float(self.divisor_override), *map(float, dims))
+
+    @classmethod
+    def from_attrs(cls, attrs: tuple[float, ...]) -> PoolSpec:
+        """The inverse of :meth:`attrs`."""
+        nd = (len(attrs) - 2) // 4
+        v = tuple(int(a) for a in attrs[2:])
+        return cls(bool(attrs[0]), int(attrs[1]), v[:nd], v[nd : 2 * nd], v[2 * nd : 3 * nd], v[3 * nd :])
 
 
 Arg = int | float

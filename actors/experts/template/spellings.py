@@ -167,6 +167,33 @@ for _cls in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
         "conv_transpose", (*_IN, ("output_size", None)), module_attrs=(*_CONV_ATTRS, ("output_padding", "output_padding"))
     )
 
+# Pooling (``nd``: the spatial rank of the spelling).
+for _nd in (1, 2, 3):
+    _max = (("kernel_size", REQUIRED), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
+    _avg = (("kernel_size", REQUIRED), ("stride", None), ("padding", 0), ("ceil_mode", False))
+    _avg = (*_avg, ("count_include_pad", True), ("divisor_override", None))
+    _fn((getattr(F, f"max_pool{_nd}d"),), Spec("max_pool", (*_IN, *_max, ("return_indices", False), ("nd", _nd))))
+    _fn((getattr(F, f"avg_pool{_nd}d"),), Spec("avg_pool", (*_IN, *_avg, ("nd", _nd))))
+    _fn((getattr(F, f"adaptive_avg_pool{_nd}d"),), Spec("adaptive_avg_pool", (*_IN, ("output_size", REQUIRED), ("nd", _nd))))
+    _fn(
+        (getattr(F, f"adaptive_max_pool{_nd}d"),),
+        Spec("adaptive_max_pool", (*_IN, ("output_size", REQUIRED), ("return_indices", False), ("nd", _nd))),
+    )
+    _attrs = tuple((n, n) for n, _ in _max)
+    MODULES[getattr(nn, f"MaxPool{_nd}d")] = Spec(
+        "max_pool", (*_IN, ("nd", _nd)), module_attrs=(*_attrs, ("return_indices", "return_indices"))
+    )
+    _attrs = tuple((n, n) for n, _ in _avg if _nd > 1 or n != "divisor_override")
+    MODULES[getattr(nn, f"AvgPool{_nd}d")] = Spec("avg_pool", (*_IN, ("nd", _nd)), module_attrs=_attrs)
+    MODULES[getattr(nn, f"AdaptiveAvgPool{_nd}d")] = Spec(
+        "adaptive_avg_pool", (*_IN, ("nd", _nd)), module_attrs=(("output_size", "output_size"),)
+    )
+    MODULES[getattr(nn, f"AdaptiveMaxPool{_nd}d")] = Spec(
+        "adaptive_max_pool",
+        (*_IN, ("nd", _nd)),
+        module_attrs=(("output_size", "output_size"), ("return_indices", "return_indices")),
+    )
+
 # Shapes, aliases, transposes, tuple access.
 _VIEW = Spec("view", _IN, passthrough=True)
 _ALIAS = Spec("alias", _IN, passthrough=True)

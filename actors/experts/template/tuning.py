@@ -62,6 +62,9 @@ def default_params(plan: Plan) -> TemplateParams:
                 values.update(row_block_i=block_i, row_warps=4 if tile <= 2048 else 8, row_block_r=64)
         elif kernel.kind is KernelKind.CONV:
             values.update(_conv_defaults(plan, kernel.mm))
+        elif kernel.kind is KernelKind.POOL:
+            values.setdefault("pw_warps", 4)
+            values.setdefault("pw_ept", 2)
         else:
             node = plan.nodes[kernel.mm]
             m, n = node.shape[-2], node.shape[-1]
@@ -89,7 +92,7 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     """The parameters that change the rendered kernels of ``plan`` under ``params``."""
     names: list[str] = []
     for kernel in schedule(plan, params).kernels:
-        if kernel.kind is KernelKind.PW:
+        if kernel.kind in (KernelKind.PW, KernelKind.POOL):
             names += ["pw_warps", "pw_ept"]
         elif kernel.kind is KernelKind.MM:
             names += list(_COMPUTE)
