@@ -8,6 +8,7 @@ in two child processes under ``TRITON_INTERPRET=1`` (``interp_check``).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ def plan_of(source: str) -> Plan:
 
 
 def interp_verdicts(
-    cases: tuple[Case, ...], stress: dict[str, object], workdir: Path
+    cases: tuple[Case, ...], stress: Mapping[str, object], workdir: Path
 ) -> dict[str, list[tuple[str, Verdict]]]:
     """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
     jobs: list[dict[str, object]] = []

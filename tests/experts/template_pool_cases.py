@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tests.experts.template_cases import Case, _model
 
-_ONE = ({},)
+_ONE: tuple[dict[str, int], ...] = ({},)
 
 POOL_CASES: tuple[Case, ...] = (
     Case(

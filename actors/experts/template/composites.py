@@ -14,8 +14,8 @@ import torch
 
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.pool_lower import lower_pool
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
+from actors.experts.template.pool_lower import lower_pool
 
 if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer

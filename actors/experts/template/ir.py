@@ -82,6 +82,7 @@ EW_OPS: dict[str, tuple[int, int]] = {
 RED_OPS: tuple[str, ...] = ("sum", "amax", "amin", "argmax", "argmin")
 """Reductions the row template emits (mean is a sum and a division)."""
 
+
 @dataclass(frozen=True)
 class ConvSpec:
     """The geometry of a convolution node, kept in the node's ``attrs`` (floats) as

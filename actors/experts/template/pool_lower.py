@@ -22,6 +22,7 @@ from actors.experts.template.ir import NodeKind, NodeRef, PoolSpec
 if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer
 
+
 def _out(traced: Any) -> tuple[int, ...]:
     if not isinstance(traced, torch.Tensor) or traced.dtype != torch.float32:
         raise UnsupportedGraph("a pooling whose output is not one float32 tensor (return_indices?) is not covered")
@@ -52,7 +53,11 @@ def lower_pool(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> NodeR
     else:
         kernel = int_tuple(b["kernel_size"], nd, "kernel_size")
         stride_arg = b.get("stride")
-        stride = kernel if stride_arg is None or stride_arg == [] or stride_arg == () else int_tuple(stride_arg, nd, "stride")
+        stride = (
+            kernel
+            if stride_arg is None or stride_arg == [] or stride_arg == ()
+            else int_tuple(stride_arg, nd, "stride")
+        )
         padding = int_tuple(b.get("padding", 0), nd, "padding")
         if canon == "max_pool":
             dilation = int_tuple(b.get("dilation", 1), nd, "dilation")

@@ -160,21 +160,28 @@ _fn(
     Spec("conv_transpose", (*_IN, ("weight", REQUIRED), ("bias", None), *_CONV_T)),
 )
 _CONV_ATTRS = tuple((n, n) for n in ("stride", "padding", "dilation", "groups", "padding_mode"))
-for _cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
-    MODULES[_cls] = Spec("conv", _IN, module_attrs=_CONV_ATTRS)
-for _cls in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
-    MODULES[_cls] = Spec(
-        "conv_transpose", (*_IN, ("output_size", None)), module_attrs=(*_CONV_ATTRS, ("output_padding", "output_padding"))
+_CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_CONVS_T: tuple[type[nn.Module], ...] = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+for _conv in _CONVS:
+    MODULES[_conv] = Spec("conv", _IN, module_attrs=_CONV_ATTRS)
+for _conv in _CONVS_T:
+    MODULES[_conv] = Spec(
+        "conv_transpose",
+        (*_IN, ("output_size", None)),
+        module_attrs=(*_CONV_ATTRS, ("output_padding", "output_padding")),
     )
 
 # Pooling (``nd``: the spatial rank of the spelling).
 for _nd in (1, 2, 3):
     _max = (("kernel_size", REQUIRED), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
-    _avg = (("kernel_size", REQUIRED), ("stride", None), ("padding", 0), ("ceil_mode", False))
-    _avg = (*_avg, ("count_include_pad", True), ("divisor_override", None))
+    _avg: tuple[tuple[str, object], ...] = (("kernel_size", REQUIRED), ("stride", None), ("padding", 0))
+    _avg = (*_avg, ("ceil_mode", False), ("count_include_pad", True), ("divisor_override", None))
     _fn((getattr(F, f"max_pool{_nd}d"),), Spec("max_pool", (*_IN, *_max, ("return_indices", False), ("nd", _nd))))
     _fn((getattr(F, f"avg_pool{_nd}d"),), Spec("avg_pool", (*_IN, *_avg, ("nd", _nd))))
-    _fn((getattr(F, f"adaptive_avg_pool{_nd}d"),), Spec("adaptive_avg_pool", (*_IN, ("output_size", REQUIRED), ("nd", _nd))))
+    _fn(
+        (getattr(F, f"adaptive_avg_pool{_nd}d"),),
+        Spec("adaptive_avg_pool", (*_IN, ("output_size", REQUIRED), ("nd", _nd))),
+    )
     _fn(
         (getattr(F, f"adaptive_max_pool{_nd}d"),),
         Spec("adaptive_max_pool", (*_IN, ("output_size", REQUIRED), ("return_indices", False), ("nd", _nd))),

@@ -31,7 +31,18 @@ _MEMORY = (
 _COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
 _CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
 _COMPUTE_ALL = (*_COMPUTE, *_CONV)
-_TILES = ("conv_block_m", "conv_block_n", "conv_block_k", "pw_ept", "row_block_m", "row_block_r", "row_block_i", "mm_block_m", "mm_block_n", "mm_block_k")
+_TILES = (
+    "conv_block_m",
+    "conv_block_n",
+    "conv_block_k",
+    "pw_ept",
+    "row_block_m",
+    "row_block_r",
+    "row_block_i",
+    "mm_block_m",
+    "mm_block_n",
+    "mm_block_k",
+)
 _SHRINK = (*_TILES, "mm_stages", "conv_stages", "row_stages", "row_one_pass")
 
 
