@@ -15,6 +15,7 @@ import torch
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
+from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm
 from actors.experts.template.pool_lower import lower_pool
 
 if TYPE_CHECKING:
@@ -121,6 +122,13 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lower_conv(lw, canon, b, traced)
     if canon in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"):
         return lower_pool(lw, canon, b, traced)
+    if canon == "batch_norm":
+        return lower_batch_norm(lw, b)
+    if canon == "instance_norm":
+        return lower_instance_norm(lw, b)
+    if canon == "norm":
+        x = lw.tensor(b["input"], canon)
+        return lower_vector_norm(lw, b, reduce_dims(lw.shape(x), b.get("dim")))
     return _other(lw, canon, b, traced)
 
 

@@ -201,6 +201,31 @@ for _nd in (1, 2, 3):
         module_attrs=(("output_size", "output_size"), ("return_indices", "return_indices")),
     )
 
+# Batch and instance norms, vector norms.
+for _nd in (1, 2, 3):
+    MODULES[getattr(nn, f"BatchNorm{_nd}d")] = Spec("batch_norm", _IN, module_attrs=(("eps", "eps"),))
+    MODULES[getattr(nn, f"InstanceNorm{_nd}d")] = Spec("instance_norm", _IN, module_attrs=(("eps", "eps"),))
+_BN_TAIL = (("training", False), ("momentum", 0.1), ("eps", 1e-5))
+_IN_TAIL = (("use_input_stats", True), ("momentum", 0.1), ("eps", 1e-5))
+_fn(
+    (F.batch_norm,),
+    Spec(
+        "batch_norm",
+        (*_IN, ("running_mean", REQUIRED), ("running_var", REQUIRED), ("weight", None), ("bias", None), *_BN_TAIL),
+    ),
+)
+_fn(
+    (F.instance_norm,),
+    Spec(
+        "instance_norm",
+        (*_IN, ("running_mean", None), ("running_var", None), ("weight", None), ("bias", None), *_IN_TAIL),
+    ),
+)
+_NORM = (*_IN, ("p", "fro"), ("dim", None), ("keepdim", False), ("out", None), ("dtype", None))
+_fn((torch.norm,), Spec("norm", _NORM))
+_method(("norm",), Spec("norm", (*_IN, ("p", "fro"), ("dim", None), ("keepdim", False), ("dtype", None))))
+_fn((torch.linalg.vector_norm,), Spec("norm", (*_IN, ("ord", 2), ("dim", None), ("keepdim", False), ("dtype", None))))
+
 # Shapes, aliases, transposes, tuple access.
 _VIEW = Spec("view", _IN, passthrough=True)
 _ALIAS = Spec("alias", _IN, passthrough=True)
