@@ -3,7 +3,7 @@
 For each problem of the chosen level (the development subset by default) it runs the expert's
 analysis and rendering on the reference as published and prints one row: the template it would
 use, or the decline with its reason. ``--check`` also shrinks the problem's module-level sizes in
-memory (``template_bench.shrink``), renders the first candidate for the shrunk reference and
+memory (batch sizes to 2, other sizes above 32 divided by ``--factor``), renders the first candidate for the shrunk reference and
 evaluates it through the real evaluator on the CPU (``python -m gpu_runner ... --device cpu``,
 exactly ``kfoundry eval``), so every "generated" row can be confirmed correct without a GPU.
 Nothing of the checkout is copied anywhere but a temporary folder that is removed afterwards.
@@ -15,6 +15,7 @@ Nothing of the checkout is copied anywhere but a temporary folder that is remove
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 import structlog
 
 from actors.experts.template import Plan, analyse, default_params, render
-from bench.template_bench import evaluate_cli, shrink
+from bench.template_bench import evaluate_cli
 
 DEV: dict[int, tuple[int, ...]] = {
     1: (
@@ -46,6 +47,23 @@ class Row:
     generated: bool
     detail: str
     check: str = ""
+
+
+def shrink_sizes(source: str, factor: int) -> str:
+    """The problem with its module-level sizes shrunk in memory: batch sizes to at most 2, every
+    other integer above 32 divided by ``factor`` (at least 8)."""
+    tree = ast.parse(source)
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            continue
+        value = stmt.value
+        if not (isinstance(value, ast.Constant) and type(value.value) is int):
+            continue
+        if "batch" in stmt.targets[0].id.lower():
+            stmt.value = ast.Constant(min(value.value, 2))
+        elif value.value > 32:
+            stmt.value = ast.Constant(max(8, value.value // factor))
+    return ast.unparse(tree) + "\n"
 
 
 def problem_files(root: Path, level: int, numbers: tuple[int, ...]) -> list[Path]:
@@ -71,7 +89,7 @@ def cover(path: Path, check: bool, factor: int, timeout: float, workdir: Path) -
     row = Row(path.stem, True, plan.template)
     if not check:
         return row
-    small = shrink(source, factor)
+    small = shrink_sizes(source, factor)
     small_plan = analyse(small)
     if not isinstance(small_plan, Plan):
         row.check = f"not checked: the shrunk problem is declined ({small_plan.detail})"
@@ -90,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--level", type=int, choices=sorted(DEV), required=True)
     parser.add_argument("--problems", nargs="*", default=["dev"], help="'dev' (default), 'all' or problem numbers")
     parser.add_argument("--check", action="store_true", help="evaluate shrunk candidates on the CPU")
-    parser.add_argument("--factor", type=int, default=16, help="divide sizes above 32 by this for --check")
+    parser.add_argument("--factor", type=int, default=32, help="divide sizes above 32 by this for --check")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on one CPU evaluation")
     args = parser.parse_args(argv)
     structlog.configure(
