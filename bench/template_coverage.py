@@ -3,9 +3,10 @@
 For each problem of the chosen level (the development subset by default) it runs the expert's
 analysis and rendering on the reference as published and prints one row: the template it would
 use, or the decline with its reason. ``--check`` also shrinks the problem's module-level sizes in
-memory (batch sizes to 2, other sizes above 32 divided by ``--factor``), renders the first candidate for the shrunk reference and
-evaluates it through the real evaluator on the CPU (``python -m gpu_runner ... --device cpu``,
-exactly ``kfoundry eval``), so every "generated" row can be confirmed correct without a GPU.
+memory (batch sizes to 2, other sizes above 32 divided by ``--factor``), renders the first
+candidate for the shrunk reference and evaluates it through the real evaluator on the CPU
+(``python -m gpu_runner ... --device cpu``, exactly ``kfoundry eval``), so every "generated"
+row can be confirmed correct without a GPU.
 Nothing of the checkout is copied anywhere but a temporary folder that is removed afterwards.
 
     python -m bench.template_coverage ~/kb/KernelBench --level 1
