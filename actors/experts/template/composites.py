@@ -17,6 +17,7 @@ from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
 from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm
 from actors.experts.template.pool_lower import lower_pool
+from actors.experts.template.scan import lower_flip, lower_scan
 
 if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer
@@ -122,6 +123,10 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lower_conv(lw, canon, b, traced)
     if canon in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"):
         return lower_pool(lw, canon, b, traced)
+    if canon in ("cumsum", "cumprod"):
+        return lower_scan(lw, canon, b)
+    if canon == "flip":
+        return lower_flip(lw, b)
     if canon == "batch_norm":
         return lower_batch_norm(lw, b)
     if canon == "instance_norm":

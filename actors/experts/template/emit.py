@@ -359,6 +359,10 @@ def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: 
         from actors.experts.template.emit_conv import ConvWriter
 
         return ConvWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.SCAN:
+        from actors.experts.template.scan import ScanWriter
+
+        return ScanWriter(sched, kernel, params, used).write()
     if kernel.kind is KernelKind.POOL:
         from actors.experts.template.emit_pool import PoolWriter
 

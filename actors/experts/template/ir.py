@@ -35,6 +35,9 @@ class NodeKind(StrEnum):
     CONV = "conv"
     """A (transposed) convolution of ``args[0]`` (N, C, *spatial) by the weight ``args[1]``; ``attrs``
     hold its :class:`ConvSpec`."""
+    SCAN = "scan"
+    """An inclusive scan (``op`` ``sum`` or ``prod``) of ``args[0]`` along ``dims`` (one dim);
+    ``attrs[0]`` is 1.0 for a reversed scan (from the end)."""
     POOL = "pool"
     """A window pooling (``op`` ``max`` or ``avg``) over the trailing dims of ``args[0]``; ``attrs``
     hold its :class:`PoolSpec`."""
@@ -212,6 +215,15 @@ class NodeRef:
     """A tensor while lowering: the id of the node that computes it (never a Python int)."""
 
     id: int
+
+
+@dataclass(frozen=True)
+class FlipRef:
+    """While lowering: ``src`` flipped along ``dim`` (only a scan along that dim, or flipping it
+    back, may consume it)."""
+
+    src: NodeRef
+    dim: int
 
 
 @dataclass(frozen=True)

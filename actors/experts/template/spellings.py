@@ -226,6 +226,13 @@ _fn((torch.norm,), Spec("norm", _NORM))
 _method(("norm",), Spec("norm", (*_IN, ("p", "fro"), ("dim", None), ("keepdim", False), ("dtype", None))))
 _fn((torch.linalg.vector_norm,), Spec("norm", (*_IN, ("ord", 2), ("dim", None), ("keepdim", False), ("dtype", None))))
 
+# Scans and the flips around them.
+for _name in ("cumsum", "cumprod"):
+    _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("dim", REQUIRED), ("dtype", None))))
+    METHODS[_name] = Spec(_name, (*_IN, ("dim", REQUIRED), ("dtype", None)))
+_fn((torch.flip,), Spec("flip", (*_IN, ("dims", REQUIRED))))
+METHODS["flip"] = Spec("flip", (*_IN, ("dims", REQUIRED)), varargs=True)
+
 # Shapes, aliases, transposes, tuple access.
 _VIEW = Spec("view", _IN, passthrough=True)
 _ALIAS = Spec("alias", _IN, passthrough=True)

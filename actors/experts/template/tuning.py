@@ -9,6 +9,8 @@ compute-bound: matmul tiles, stages and dot precision; out of resources: smaller
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from actors.experts.template.emit_row import next_pow2
@@ -73,6 +75,8 @@ def default_params(plan: Plan) -> TemplateParams:
                 values.update(row_block_i=block_i, row_warps=4 if tile <= 2048 else 8, row_block_r=64)
         elif kernel.kind is KernelKind.CONV:
             values.update(_conv_defaults(plan, kernel.mm))
+        elif kernel.kind is KernelKind.SCAN:
+            values.update(_scan_defaults(plan, kernel.mm))
         elif kernel.kind is KernelKind.POOL:
             values.setdefault("pw_warps", 4)
             values.setdefault("pw_ept", 2)
@@ -99,6 +103,17 @@ def _conv_defaults(plan: Plan, conv: int) -> dict[str, object]:
     return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": 32, "conv_warps": warps}
 
 
+def _scan_defaults(plan: Plan, scan: int) -> dict[str, object]:
+    """Chunk sizes for one scan: wide chunks along R, a few rows (or inner positions) per program."""
+    node = plan.nodes[scan]
+    d = node.dims[0]
+    r, inner = node.shape[d], math.prod(node.shape[d + 1 :])
+    if inner == 1:
+        block_r = max(64, min(2048, next_pow2(r)))
+        return {"row_block_m": max(1, min(32, 4096 // block_r)), "row_block_r": block_r, "row_warps": 4}
+    return {"row_block_i": max(8, min(64, next_pow2(inner))), "row_block_r": 64, "row_warps": 4}
+
+
 def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     """The parameters that change the rendered kernels of ``plan`` under ``params``."""
     names: list[str] = []
@@ -109,6 +124,9 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
             names += list(_COMPUTE)
         elif kernel.kind is KernelKind.CONV:
             names += list(_CONV)
+        elif kernel.kind is KernelKind.SCAN:
+            inner = math.prod(plan.nodes[kernel.mm].shape[plan.nodes[kernel.mm].dims[1] :])
+            names += ["row_warps", "row_block_r", "row_block_m" if inner == 1 else "row_block_i"]
         else:
             names += ["row_warps", "row_block_m" if kernel.inner == 1 else "row_block_i"]
             width = params.row_block_m if kernel.inner == 1 else params.row_block_i
