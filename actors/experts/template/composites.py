@@ -15,6 +15,7 @@ import torch
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
+from actors.experts.template.loss_lower import LOSSES, lower_loss
 from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm
 from actors.experts.template.pool_lower import lower_pool
 from actors.experts.template.scan import lower_flip, lower_scan
@@ -127,6 +128,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lower_scan(lw, canon, b)
     if canon == "flip":
         return lower_flip(lw, b)
+    if canon in LOSSES:
+        return lower_loss(lw, canon, b)
     if canon == "batch_norm":
         return lower_batch_norm(lw, b)
     if canon == "instance_norm":

@@ -79,6 +79,7 @@ EW_OPS: dict[str, tuple[int, int]] = {
     "abs": (1, 0),
     "erf": (1, 0),
     "reciprocal": (1, 0),
+    "xlogx": (1, 0),
 }
 """Elementwise ops the templates emit, with their arity."""
 

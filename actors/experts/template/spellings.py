@@ -233,6 +233,27 @@ for _name in ("cumsum", "cumprod"):
 _fn((torch.flip,), Spec("flip", (*_IN, ("dims", REQUIRED))))
 METHODS["flip"] = Spec("flip", (*_IN, ("dims", REQUIRED)), varargs=True)
 
+# Losses, in their functions' parameter order (the deprecated size_average / reduce and a
+# weight are bound so that passing them declines).
+_PAIR = (*_IN, ("target", REQUIRED))
+_OLD = (("size_average", None), ("reduce", None), ("reduction", "mean"))
+_fn((F.mse_loss,), Spec("mse_loss", (*_PAIR, *_OLD, ("weight", None))))
+_fn((F.l1_loss,), Spec("l1_loss", (*_PAIR, *_OLD, ("weight", None))))
+_fn((F.smooth_l1_loss,), Spec("smooth_l1_loss", (*_PAIR, *_OLD, ("beta", 1.0))))
+_fn((F.huber_loss,), Spec("huber_loss", (*_PAIR, ("reduction", "mean"), ("delta", 1.0), ("weight", None))))
+_fn((F.kl_div,), Spec("kl_div", (*_PAIR, *_OLD, ("log_target", False))))
+_TRIPLET = (("anchor", REQUIRED), ("positive", REQUIRED), ("negative", REQUIRED))
+_TRIPLET_OPTS = (("margin", 1.0), ("p", 2.0), ("eps", 1e-6), ("swap", False))
+_fn((F.triplet_margin_loss,), Spec("triplet_margin_loss", (*_TRIPLET, *_TRIPLET_OPTS, *_OLD)))
+MODULES[nn.MSELoss] = Spec("mse_loss", _PAIR, module_attrs=(("reduction", "reduction"),))
+MODULES[nn.L1Loss] = Spec("l1_loss", _PAIR, module_attrs=(("reduction", "reduction"),))
+MODULES[nn.SmoothL1Loss] = Spec("smooth_l1_loss", _PAIR, module_attrs=(("reduction", "reduction"), ("beta", "beta")))
+MODULES[nn.HuberLoss] = Spec("huber_loss", _PAIR, module_attrs=(("reduction", "reduction"), ("delta", "delta")))
+MODULES[nn.KLDivLoss] = Spec("kl_div", _PAIR, module_attrs=(("reduction", "reduction"), ("log_target", "log_target")))
+MODULES[nn.TripletMarginLoss] = Spec(
+    "triplet_margin_loss", _TRIPLET, module_attrs=(*((n, n) for n, _ in _TRIPLET_OPTS), ("reduction", "reduction"))
+)
+
 # Shapes, aliases, transposes, tuple access.
 _VIEW = Spec("view", _IN, passthrough=True)
 _ALIAS = Spec("alias", _IN, passthrough=True)
