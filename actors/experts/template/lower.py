@@ -39,6 +39,31 @@ def _broadcast(shapes: list[tuple[int, ...]], op: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+SPLIT_MIN_ROW = 65536
+"""Reductions over innermost rows at least this long, with few rows, are split in two stages."""
+SPLIT_ROWS = 2048
+"""How many partial rows a split reduction aims at (enough programs to fill a GPU)."""
+
+
+def _split(op: str, shape: tuple[int, ...], dims: tuple[int, int]) -> int | None:
+    """The number of parts to split a reduction's rows into, or ``None`` to keep it whole.
+
+    Only sums, maxima and minima over innermost dims (``inner == 1``) with fewer rows than
+    ``SPLIT_ROWS`` and rows of at least ``SPLIT_MIN_ROW``; the parts are a power of two that
+    divides the row and leaves parts of at least ``SPLIT_MIN_ROW / 64`` elements.
+    """
+    d0, d1 = dims
+    if op not in ("sum", "amax", "amin") or d1 != len(shape):
+        return None
+    outer, r = math.prod(shape[:d0]), math.prod(shape[d0:])
+    if outer >= SPLIT_ROWS or r < SPLIT_MIN_ROW:
+        return None
+    parts = 1 << max(0, (SPLIT_ROWS // max(outer, 1)).bit_length() - 1)
+    while parts >= 2 and (r % parts or r // parts < SPLIT_MIN_ROW // 64):
+        parts //= 2
+    return parts if parts >= 2 else None
+
+
 def _has_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -132,10 +157,19 @@ class Lowerer:
         return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,))
 
     def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool) -> NodeRef:
-        """A reduction of ``src`` over ``dims``."""
+        """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge)."""
         shape = self.shape(src)
         d0, d1 = dims
         out = (*shape[:d0], *([1] * (d1 - d0)), *shape[d1:]) if keepdim else (*shape[:d0], *shape[d1:])
+        split = _split(op, shape, dims)
+        if split is not None:
+            # Two stages: (outer, S, R / S) reduced over its last dim gives (outer, S) partials
+            # that many programs compute in parallel; reducing those over S gives the result.
+            rows = shape[:d0]
+            parts = self.red(
+                op, self.view(src, (*rows, split, math.prod(shape[d0:]) // split)), (d0 + 1, d0 + 2), False
+            )
+            return self.view(self.red(op, parts, (d0, d0 + 1), False), out)
         dtype = "int64" if op.startswith("arg") else "float32"
         return self.add(NodeKind.RED, out, op=op, args=(src.id,), dims=dims, keepdim=keepdim, dtype=dtype)
 
