@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from actors.experts.template.attention import lower_sdpa
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
@@ -124,6 +125,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lower_conv(lw, canon, b, traced)
     if canon in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"):
         return lower_pool(lw, canon, b, traced)
+    if canon == "sdpa":
+        return lower_sdpa(lw, b)
     if canon in ("cumsum", "cumprod"):
         return lower_scan(lw, canon, b)
     if canon == "flip":

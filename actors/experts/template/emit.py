@@ -359,6 +359,10 @@ def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: 
         from actors.experts.template.emit_conv import ConvWriter
 
         return ConvWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.ATTN:
+        from actors.experts.template.attention import AttentionWriter
+
+        return AttentionWriter(sched, kernel, params, used).write()
     if kernel.kind is KernelKind.SCAN:
         from actors.experts.template.scan import ScanWriter
 

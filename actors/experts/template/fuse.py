@@ -1,10 +1,10 @@
 """Scheduling a plan into kernels: which nodes each Triton kernel computes.
 
-Six kernel kinds: ``pw`` (elementwise over a flat index), ``row`` (reductions over a
+Seven kernel kinds: ``pw`` (elementwise over a flat index), ``row`` (reductions over a
 ``(outer, R, inner)`` view, with elementwise work at element level before/after and at row
 level after), ``mm`` (a tiled matrix product with an elementwise epilogue), ``conv`` (a
-convolution as an implicit matrix product), ``pool`` (window max/avg) and ``scan`` (cumulative
-sum/product), each also with an elementwise epilogue. Nodes are taken
+convolution as an implicit matrix product), ``pool`` (window max/avg), ``scan`` (cumulative
+sum/product) and ``attn`` (flash-style attention), each also with an elementwise epilogue. Nodes are taken
 in order; a node joins the newest kernel its operands come from when that kernel can compute it
 (same element count, a row value broadcast the way ``keepdim`` does), otherwise the operands are
 materialised (``exports``) and a new kernel starts. Any value read by a later kernel is stored.
@@ -31,6 +31,7 @@ class KernelKind(StrEnum):
     CONV = "conv"
     POOL = "pool"
     SCAN = "scan"
+    ATTN = "attn"
 
 
 @dataclass
@@ -135,7 +136,7 @@ class _Builder:
                 self._view(node)
             elif node.kind is NodeKind.PERM:
                 self.export(node.args[0])  # type: ignore[arg-type]
-            elif node.kind in (NodeKind.MM, NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN):
+            elif node.kind in (NodeKind.MM, NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN):
                 for arg in node.tensor_args():
                     self.export(arg)
                 kind = KernelKind(node.kind.value)
@@ -228,7 +229,7 @@ class _Builder:
         """The level (True: element) at which ``node`` joins ``kernel``, or None if it cannot."""
         if kernel.kind is KernelKind.PW:
             return True if node.numel == kernel.numel else None
-        if kernel.kind in (KernelKind.MM, KernelKind.CONV, KernelKind.POOL, KernelKind.SCAN):
+        if kernel.kind in (KernelKind.MM, KernelKind.CONV, KernelKind.POOL, KernelKind.SCAN, KernelKind.ATTN):
             return True if self.params.fuse_epilogue and node.numel == kernel.numel else None
         elem_args = [a for a in mine if a in kernel.elem]
         if mine and not elem_args and node.numel == kernel.outer * kernel.inner:
@@ -282,7 +283,7 @@ def _check_addressable(sched: Schedule) -> None:
                 for arg in node.tensor_args():
                     base_of(plan, arg, sched.is_exported)
                 continue
-            if node.kind in (NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN):
+            if node.kind in (NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN):
                 for arg in node.tensor_args():
                     if base_of(plan, arg, sched.is_exported)[1]:
                         raise UnsupportedGraph(f"a {node.kind.value} of a transposed tensor is not covered")

@@ -35,6 +35,8 @@ class NodeKind(StrEnum):
     CONV = "conv"
     """A (transposed) convolution of ``args[0]`` (N, C, *spatial) by the weight ``args[1]``; ``attrs``
     hold its :class:`ConvSpec`."""
+    ATTN = "attn"
+    """Scaled dot-product attention of ``args`` (q, k, v); ``attrs`` are (scale, causal)."""
     SCAN = "scan"
     """An inclusive scan (``op`` ``sum`` or ``prod``) of ``args[0]`` along ``dims`` (one dim);
     ``attrs[0]`` is 1.0 for a reversed scan (from the end)."""

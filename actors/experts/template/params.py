@@ -42,6 +42,13 @@ SPACE: dict[str, tuple[object, ...]] = {
     "conv_warps": (1, 2, 4, 8),
     "conv_stages": (1, 2, 3, 4),
     "conv_precision": ("ieee", "tf32x3"),
+    "attn_block_m": (16, 32, 64, 128),
+    "attn_block_n": (16, 32, 64, 128),
+    "attn_block_k": (16, 32, 64, 128),
+    "attn_block_d": (16, 32, 64, 128, 256),
+    "attn_warps": (1, 2, 4, 8),
+    "attn_stages": (1, 2, 3),
+    "attn_precision": ("ieee", "tf32x3"),
     "fuse_epilogue": (True, False),
     "fuse_prologue": (True, False),
 }
@@ -99,6 +106,20 @@ class TemplateParams:
     """Software-pipelining stages of the convolution's reduction loop."""
     conv_precision: str = "ieee"
     """``tl.dot`` input precision of convolutions: ``ieee`` or ``tf32x3`` (three TF32 passes)."""
+    attn_block_m: int = 64
+    """Query rows per attention program."""
+    attn_block_n: int = 32
+    """Keys per step of the attention's online softmax."""
+    attn_block_k: int = 32
+    """Chunk of the head dim per step of the scores' product."""
+    attn_block_d: int = 64
+    """Output (value) columns per attention program."""
+    attn_warps: int = 4
+    """Warps per attention program."""
+    attn_stages: int = 1
+    """Software-pipelining stages of the attention's key loop."""
+    attn_precision: str = "ieee"
+    """``tl.dot`` input precision of attention: ``ieee`` or ``tf32x3``."""
     fuse_epilogue: bool = True
     """Fuse elementwise ops after a matrix product into its kernel (else a separate kernel)."""
     fuse_prologue: bool = True
@@ -119,6 +140,9 @@ class TemplateParams:
         acc = self.conv_block_m * self.conv_block_n // (32 * self.conv_warps)
         if acc > _ACC_PER_THREAD or acc < 1:
             raise InvalidParams("conv_warps", self.conv_warps, f"{acc} accumulators per thread is outside 1..256")
+        acc = self.attn_block_m * max(self.attn_block_d, self.attn_block_n) // (32 * self.attn_warps)
+        if acc > _ACC_PER_THREAD or acc < 1:
+            raise InvalidParams("attn_warps", self.attn_warps, f"{acc} accumulators per thread is outside 1..256")
         if self.pw_block > 16384:
             raise InvalidParams("pw_ept", self.pw_ept, "32 * pw_warps * pw_ept must be at most 16384")
 

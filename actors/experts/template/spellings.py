@@ -226,6 +226,11 @@ _fn((torch.norm,), Spec("norm", _NORM))
 _method(("norm",), Spec("norm", (*_IN, ("p", "fro"), ("dim", None), ("keepdim", False), ("dtype", None))))
 _fn((torch.linalg.vector_norm,), Spec("norm", (*_IN, ("ord", 2), ("dim", None), ("keepdim", False), ("dtype", None))))
 
+# Attention.
+_SDPA = (("query", REQUIRED), ("key", REQUIRED), ("value", REQUIRED), ("attn_mask", None), ("dropout_p", 0.0))
+_SDPA = (*_SDPA, ("is_causal", False), ("scale", None), ("enable_gqa", False))
+_fn((F.scaled_dot_product_attention,), Spec("sdpa", _SDPA))
+
 # Scans and the flips around them.
 for _name in ("cumsum", "cumprod"):
     _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("dim", REQUIRED), ("dtype", None))))

@@ -32,7 +32,8 @@ _MEMORY = (
 )
 _COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
 _CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
-_COMPUTE_ALL = (*_COMPUTE, *_CONV)
+_ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
+_COMPUTE_ALL = (*_COMPUTE, *_CONV, *_ATTN)
 _TILES = (
     "conv_block_m",
     "conv_block_n",
@@ -77,6 +78,9 @@ def default_params(plan: Plan) -> TemplateParams:
             values.update(_conv_defaults(plan, kernel.mm))
         elif kernel.kind is KernelKind.SCAN:
             values.update(_scan_defaults(plan, kernel.mm))
+        elif kernel.kind is KernelKind.ATTN:
+            dv = plan.nodes[kernel.mm].shape[-1]
+            values.update(attn_block_d=max(16, min(128, next_pow2(dv))), attn_block_m=64, attn_block_n=32)
         elif kernel.kind is KernelKind.POOL:
             values.setdefault("pw_warps", 4)
             values.setdefault("pw_ept", 2)
@@ -124,6 +128,8 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
             names += list(_COMPUTE)
         elif kernel.kind is KernelKind.CONV:
             names += list(_CONV)
+        elif kernel.kind is KernelKind.ATTN:
+            names += list(_ATTN)
         elif kernel.kind is KernelKind.SCAN:
             inner = math.prod(plan.nodes[kernel.mm].shape[plan.nodes[kernel.mm].dims[1] :])
             names += ["row_warps", "row_block_r", "row_block_m" if inner == 1 else "row_block_i"]
@@ -178,7 +184,7 @@ def _choices(
             forced["row_one_pass"] = False
         return tuple(n for n in relevant if n in _SHRINK) or relevant, -1, forced
     if diagnosis is DiagnosisCategory.INCORRECT_PRECISION:
-        for name in ("mm_precision", "conv_precision"):
+        for name in ("mm_precision", "conv_precision", "attn_precision"):
             if getattr(params, name) != "ieee":
                 forced[name] = "ieee"
     return relevant, 0, forced
