@@ -227,8 +227,8 @@ _method(("norm",), Spec("norm", (*_IN, ("p", "fro"), ("dim", None), ("keepdim", 
 _fn((torch.linalg.vector_norm,), Spec("norm", (*_IN, ("ord", 2), ("dim", None), ("keepdim", False), ("dtype", None))))
 
 # Attention.
-_SDPA = (("query", REQUIRED), ("key", REQUIRED), ("value", REQUIRED), ("attn_mask", None), ("dropout_p", 0.0))
-_SDPA = (*_SDPA, ("is_causal", False), ("scale", None), ("enable_gqa", False))
+_QKV = (("query", REQUIRED), ("key", REQUIRED), ("value", REQUIRED))
+_SDPA = (*_QKV, ("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
 _fn((F.scaled_dot_product_attention,), Spec("sdpa", _SDPA))
 
 # Scans and the flips around them.
