@@ -50,20 +50,28 @@ class Row:
     check: str = ""
 
 
+def _shrunk(value: int, batch: bool, factor: int) -> int:
+    if batch:
+        return min(value, 2)
+    return max(8, value // factor) if value > 32 else value
+
+
 def shrink_sizes(source: str, factor: int) -> str:
     """The problem with its module-level sizes shrunk in memory: batch sizes to at most 2, every
-    other integer above 32 divided by ``factor`` (at least 8)."""
+    other integer above 32 (alone, in a tuple, or in a chained assignment) divided by ``factor``
+    (at least 8)."""
     tree = ast.parse(source)
     for stmt in tree.body:
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        if not (isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets)):
             continue
+        batch = any("batch" in t.id.lower() for t in stmt.targets if isinstance(t, ast.Name))
         value = stmt.value
-        if not (isinstance(value, ast.Constant) and type(value.value) is int):
-            continue
-        if "batch" in stmt.targets[0].id.lower():
-            stmt.value = ast.Constant(min(value.value, 2))
-        elif value.value > 32:
-            stmt.value = ast.Constant(max(8, value.value // factor))
+        if isinstance(value, ast.Constant) and type(value.value) is int:
+            stmt.value = ast.Constant(_shrunk(value.value, batch, factor))
+        elif isinstance(value, ast.Tuple):
+            ints = [e.value for e in value.elts if isinstance(e, ast.Constant) and type(e.value) is int]
+            if len(ints) == len(value.elts):
+                value.elts = [ast.Constant(_shrunk(int(v), batch, factor)) for v in ints]
     return ast.unparse(tree) + "\n"
 
 
