@@ -92,3 +92,28 @@ NORM_CASES: tuple[Case, ...] = (
     ),
 )
 """Every normalisation problem the tests render and check."""
+
+_RESNET_BLOCK = """class Model(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin, cout, stride):
+        super(Model, self).__init__()
+
+        def conv_bn(a, b, k, s, p):
+            return nn.Sequential(nn.Conv2d(a, b, k, s, p, bias=False), nn.BatchNorm2d(b))
+
+        self.body = nn.Sequential(conv_bn(cin, cout, 3, stride, 1), nn.ReLU(inplace=True), conv_bn(cout, cout, 3, 1, 1))
+        self.down = conv_bn(cin, cout * self.expansion, 1, stride, 0)
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.down(x))
+
+def get_inputs():
+    return [torch.randn(2, 3, $H, 9)]
+
+def get_init_inputs():
+    return [3, 5, 2]
+"""
+
+GRAPH_CASES: tuple[Case, ...] = (Case("resnet_block_class_constant_helper", _RESNET_BLOCK, ({"H": 10}, {"H": 7})),)
+"""Whole blocks split into kernels: a class-level constant and a helper defined in __init__."""

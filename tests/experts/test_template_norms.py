@@ -1,4 +1,4 @@
-"""Batch norm, instance norm and vector norms against PyTorch, under the Triton interpreter.
+"""Batch norm, instance norm, vector norms and a whole conv block, under the Triton interpreter.
 
 Every reference of ``template_norm_cases`` at each of its sizes, in the variants of
 ``template_interp`` (default, stress with multi-pass rows and no fusion, mutant, 64-bit).
@@ -10,7 +10,7 @@ import pytest
 
 from actors.experts.template.interp_check import Verdict
 from tests.experts.template_interp import assert_all_correct, interp_verdicts
-from tests.experts.template_norm_cases import NORM_CASES
+from tests.experts.template_norm_cases import GRAPH_CASES, NORM_CASES
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,10 +20,10 @@ _STRESS = {"row_block_m": 2, "row_block_r": 64, "row_block_i": 8, "row_one_pass"
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
     """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
-    return interp_verdicts(NORM_CASES, _STRESS, tmp_path_factory.mktemp("interp-norm"))
+    return interp_verdicts((*NORM_CASES, *GRAPH_CASES), _STRESS, tmp_path_factory.mktemp("interp-norm"))
 
 
-@pytest.mark.parametrize("case", [c.name for c in NORM_CASES])
+@pytest.mark.parametrize("case", [c.name for c in (*NORM_CASES, *GRAPH_CASES)])
 def test_norm_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
