@@ -148,6 +148,19 @@ CONV_CASES: tuple[Case, ...] = (
         _ONE,
     ),
     Case(
+        "conv_min_with_tensor_constants",
+        _model(
+            "",
+            "self.conv = nn.Conv2d(3, 4, 3)\nself.c = 0.2",
+            "x",
+            "x = torch.min(self.conv(x), torch.tensor(self.c))\n"
+            "return torch.max(x, torch.tensor(-0.1, device=x.device))",
+            "torch.randn(2, 3, 7, 8)",
+            "",
+        ),
+        _ONE,
+    ),
+    Case(
         "conv_groupnorm_tanh",
         _model(
             "",

@@ -110,6 +110,11 @@ def _param_or_arg(lw: Lowerer, bound: dict[str, Any], name: str) -> NodeRef | No
 
 def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
     """Build the nodes of one canonical op; return what the FX node stands for."""
+    if canon == "tensor_const":
+        data, dtype = b["data"], b.get("dtype")
+        if isinstance(data, bool) or not isinstance(data, int | float) or dtype not in (None, torch.float32):
+            raise UnsupportedGraph("torch.tensor in forward of other than a float32 number is not covered")
+        return float(data)
     x = b.get("input")
     if canon in _UNARY:
         return lw.ew(canon, lw.tensor(x, canon))
@@ -204,7 +209,7 @@ def _pow(lw: Lowerer, x: object, exponent: object) -> NodeRef:
 
 def _reduction(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
     if canon in ("max", "min"):
-        if b.get("other") is not None or _is_id(b.get("dim")):
+        if b.get("other") is not None or _is_id(b.get("dim")) or isinstance(b.get("dim"), float):
             other = b["other"] if b.get("other") is not None else b["dim"]
             return lw.ew("maximum" if canon == "max" else "minimum", b["input"], other)
         x = lw.tensor(b["input"], canon)

@@ -216,9 +216,13 @@ class Lowerer:
             index = sum(1 for n in self.env if n.op == "placeholder")
             return self.add(NodeKind.INPUT, tuple(traced.shape), index=index)
         if fxn.op == "get_attr":
+            if str(fxn.target) not in self.param_paths:
+                constant = _scalar_constant(self.traced.graph_module, str(fxn.target))
+                if constant is not None:
+                    return constant
             return self.param(str(fxn.target))
         if traced is not None and not _has_tensor(traced):
-            if isinstance(traced, bool | int | float) or (
+            if isinstance(traced, bool | int | float | torch.device | torch.dtype) or (
                 isinstance(traced, tuple | torch.Size) and all(isinstance(v, int) for v in traced)
             ):
                 return traced
@@ -247,6 +251,22 @@ class Lowerer:
             raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
         if len(src.users) != 1:
             raise UnsupportedGraph("an in-place op on a value that is read again is not covered")
+
+
+def _scalar_constant(gm: fx.GraphModule, target: str) -> float | None:
+    """The value of a one-element constant tensor that tracing stored (``torch.tensor(0.5)``)."""
+    try:
+        value = getattr(gm, target)
+    except AttributeError:
+        return None
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not value.is_meta
+        and value.dtype in (torch.float32, torch.float64, torch.int64, torch.int32)
+    ):
+        return float(value.item())
+    return None
 
 
 def _describe(fxn: fx.Node) -> str:

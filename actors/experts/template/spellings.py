@@ -226,6 +226,12 @@ _fn((torch.norm,), Spec("norm", _NORM))
 _method(("norm",), Spec("norm", (*_IN, ("p", "fro"), ("dim", None), ("keepdim", False), ("dtype", None))))
 _fn((torch.linalg.vector_norm,), Spec("norm", (*_IN, ("ord", 2), ("dim", None), ("keepdim", False), ("dtype", None))))
 
+# A number made a tensor in forward (``torch.tensor(0.5, device=x.device)``): a constant.
+_fn(
+    (torch.tensor,),
+    Spec("tensor_const", (("data", REQUIRED), ("dtype", None), ("device", None), ("requires_grad", False))),
+)
+
 # Attention.
 _QKV = (("query", REQUIRED), ("key", REQUIRED), ("value", REQUIRED))
 _SDPA = (*_QKV, ("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
