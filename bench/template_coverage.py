@@ -50,16 +50,16 @@ class Row:
     check: str = ""
 
 
-def _shrunk(value: int, batch: bool, factor: int) -> int:
+def _shrunk(value: int, batch: bool, factor: int, above: int) -> int:
     if batch:
         return min(value, 2)
-    return max(8, value // factor) if value > 32 else value
+    return max(min(8, above), value // factor) if value > above else value
 
 
-def shrink_sizes(source: str, factor: int) -> str:
+def shrink_sizes(source: str, factor: int, above: int = 32) -> str:
     """The problem with its module-level sizes shrunk in memory: batch sizes to at most 2, every
-    other integer above 32 (alone, in a tuple, or in a chained assignment) divided by ``factor``
-    (at least 8)."""
+    other integer above ``above`` (alone, in a tuple, or in a chained assignment) divided by
+    ``factor`` (at least ``min(8, above)``)."""
     tree = ast.parse(source)
     for stmt in tree.body:
         if not (isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets)):
@@ -67,11 +67,11 @@ def shrink_sizes(source: str, factor: int) -> str:
         batch = any("batch" in t.id.lower() for t in stmt.targets if isinstance(t, ast.Name))
         value = stmt.value
         if isinstance(value, ast.Constant) and type(value.value) is int:
-            stmt.value = ast.Constant(_shrunk(value.value, batch, factor))
+            stmt.value = ast.Constant(_shrunk(value.value, batch, factor, above))
         elif isinstance(value, ast.Tuple):
             ints = [e.value for e in value.elts if isinstance(e, ast.Constant) and type(e.value) is int]
             if len(ints) == len(value.elts):
-                value.elts = [ast.Constant(_shrunk(int(v), batch, factor)) for v in ints]
+                value.elts = [ast.Constant(_shrunk(int(v), batch, factor, above)) for v in ints]
     return ast.unparse(tree) + "\n"
 
 
@@ -85,7 +85,7 @@ def problem_files(root: Path, level: int, numbers: tuple[int, ...]) -> list[Path
     return [by_number[n] for n in numbers]
 
 
-def cover(path: Path, check: bool, factor: int, timeout: float, workdir: Path) -> Row:
+def cover(path: Path, check: bool, factor: int, above: int, timeout: float, workdir: Path) -> Row:
     """Analyse (and optionally check) one problem."""
     source = path.read_text(encoding="utf-8")
     plan = analyse(source)
@@ -98,7 +98,7 @@ def cover(path: Path, check: bool, factor: int, timeout: float, workdir: Path) -
     row = Row(path.stem, True, plan.template)
     if not check:
         return row
-    small = shrink_sizes(source, factor)
+    small = shrink_sizes(source, factor, above)
     small_plan = analyse(small)
     if not isinstance(small_plan, Plan):
         row.check = f"not checked: the shrunk problem is declined ({small_plan.detail})"
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problems", nargs="*", default=["dev"], help="'dev' (default), 'all' or problem numbers")
     parser.add_argument("--check", action="store_true", help="evaluate shrunk candidates on the CPU")
     parser.add_argument("--factor", type=int, default=32, help="divide sizes above 32 by this for --check")
+    parser.add_argument("--above", type=int, default=32, help="for --check: shrink sizes above this")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on one CPU evaluation")
     args = parser.parse_args(argv)
     structlog.configure(
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kf-coverage-") as tmp:
         for path in problem_files(root, args.level, numbers):
-            row = cover(path, args.check, args.factor, args.timeout, Path(tmp))
+            row = cover(path, args.check, args.factor, args.above, args.timeout, Path(tmp))
             rows.append(row)
             verdict = "generated" if row.generated else "declined"
             extra = f" | check: {row.check}" if row.check else ""
