@@ -62,9 +62,12 @@ def shrink_sizes(source: str, factor: int, above: int = 32) -> str:
     ``factor`` (at least ``min(8, above)``)."""
     tree = ast.parse(source)
     for stmt in tree.body:
-        if not (isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets)):
+        if not isinstance(stmt, ast.Assign):
             continue
-        batch = any("batch" in t.id.lower() for t in stmt.targets if isinstance(t, ast.Name))
+        names = [
+            n.id for t in stmt.targets for n in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(n, ast.Name)
+        ]
+        batch = any("batch" in n.lower() for n in names)
         value = stmt.value
         if isinstance(value, ast.Constant) and type(value.value) is int:
             stmt.value = ast.Constant(_shrunk(value.value, batch, factor, above))
