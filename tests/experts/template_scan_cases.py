@@ -50,6 +50,18 @@ SCAN_CASES: tuple[Case, ...] = (
         ({"R": 70}, {"R": 3}),
     ),
     Case(
+        "masked_cumsum_bool_mask",
+        _model(
+            "",
+            "",
+            "x, mask",
+            "return torch.cumsum(x * mask, dim=1)",
+            "torch.rand(3, $R), torch.randint(0, 2, (3, $R)).bool()",
+            "",
+        ),
+        ({"R": 300}, {"R": 9}),
+    ),
+    Case(
         "cumprod_first_dim_reversed",
         _model(
             "", "", "x", "return torch.flip(torch.cumprod(torch.flip(x, [0]), 0), [0])", "torch.rand(37, 6) + 0.5", ""

@@ -122,12 +122,14 @@ class Writer:
         ptr = self.pointer(base)
         if block[0] == block[1]:
             key: tuple[object, ...] = ("scalar", base)
-            code = f"tl.load({ptr})"
+            code = f"tl.load({ptr})" + (".to(tl.float32)" if self.plan.nodes[base].dtype == "bool" else "")
         else:
             sp = self.space(row)
             index = sp.index(target, block)
             key = ("load", base, index)
             code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0)"
+            if self.plan.nodes[base].dtype == "bool":
+                code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0).to(tl.float32)"
         found = scope.get(key)
         if found is not None:
             return found

@@ -127,8 +127,16 @@ class Lowerer:
             raise AssertionError(f"{op} takes {n_args} args and {n_attrs} attrs")
         clean: list[int | float] = []
         shapes: list[tuple[int, ...]] = []
+        masks = [a for a in args if isinstance(a, NodeRef) and self.node(a).dtype == "bool"]
+        if masks and (
+            op not in ("mul", "add", "sub") or not any(isinstance(a, NodeRef) and a not in masks for a in args)
+        ):
+            raise UnsupportedGraph(f"a bool tensor in {op} other than with a float32 tensor in mul/add/sub", op=op)
         for arg in args:
-            if isinstance(arg, NodeRef):
+            if isinstance(arg, NodeRef) and arg in masks:
+                clean.append(arg.id)  # a bool mask, read as 0.0 / 1.0 (PyTorch promotes it so)
+                shapes.append(self.shape(arg))
+            elif isinstance(arg, NodeRef):
                 tid = self.tensor(arg, f"an operand of {op}")
                 clean.append(tid.id)
                 shapes.append(self.shape(tid))
@@ -211,10 +219,13 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
-            if traced.dtype != torch.float32:
-                raise UnsupportedGraph(f"input {fxn.target} is {traced.dtype}; only float32 is covered")
+            if traced.dtype not in (torch.float32, torch.bool):
+                raise UnsupportedGraph(
+                    f"input {fxn.target} is {traced.dtype}; only float32 (and bool masks) is covered"
+                )
             index = sum(1 for n in self.env if n.op == "placeholder")
-            return self.add(NodeKind.INPUT, tuple(traced.shape), index=index)
+            dtype = "bool" if traced.dtype == torch.bool else "float32"
+            return self.add(NodeKind.INPUT, tuple(traced.shape), index=index, dtype=dtype)
         if fxn.op == "get_attr":
             if str(fxn.target) not in self.param_paths:
                 constant = _scalar_constant(self.traced.graph_module, str(fxn.target))
