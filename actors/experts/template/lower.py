@@ -164,13 +164,20 @@ class Lowerer:
             raise UnsupportedGraph("a transpose of a tensor with fewer than two dimensions")
         return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,))
 
+    def _transposed(self, ref: NodeRef) -> bool:
+        """Whether ``ref`` is a transpose, or a view of one (which cannot be reshaped again)."""
+        node = self.node(ref)
+        while node.kind is NodeKind.VIEW:
+            node = self.nodes[node.tensor_args()[0]]
+        return node.kind is NodeKind.PERM
+
     def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool) -> NodeRef:
         """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge)."""
         shape = self.shape(src)
         d0, d1 = dims
         out = (*shape[:d0], *([1] * (d1 - d0)), *shape[d1:]) if keepdim else (*shape[:d0], *shape[d1:])
         split = _split(op, shape, dims)
-        if split is not None:
+        if split is not None and not self._transposed(src):
             # Two stages: (outer, S, R / S) reduced over its last dim gives (outer, S) partials
             # that many programs compute in parallel; reducing those over S gives the result.
             rows = shape[:d0]
