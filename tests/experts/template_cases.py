@@ -390,22 +390,31 @@ CASES: tuple[Case, ...] = (
 """Every covered problem the tests render and check."""
 
 UNSUPPORTED: dict[str, str] = {
-    "conv": _model(
-        "", "self.conv = nn.Conv2d(3, 4, 3)", "x", "return torch.relu(self.conv(x))", "torch.randn(2, 3, 8, 8)", ""
+    "conv_reflect_padding": _model(
+        "",
+        "self.conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode='reflect')",
+        "x",
+        "return torch.relu(self.conv(x))",
+        "torch.randn(2, 3, 8, 8)",
+        "",
     ),
     "dropout_training": _model("", "self.d = nn.Dropout(0.5)", "x", "return self.d(x) * 2", "torch.randn(4, 8)", ""),
     "slicing": _model("", "", "x", "return torch.relu(x[:, :4])", "torch.randn(4, 8)", ""),
     "data_dependent_branch": _model(
         "", "", "x", "if x.sum() > 0:\n    return x * 2\nreturn x", "torch.randn(4, 8)", ""
     ),
-    "cumsum": _model("", "", "x", "return torch.cumsum(x, dim=1)", "torch.randn(4, 8)", ""),
+    "cumsum_with_dtype": _model(
+        "", "", "x", "return torch.cumsum(x, dim=1, dtype=torch.float64).float()", "torch.randn(4, 8)", ""
+    ),
     "integer_input": _model("", "", "x", "return x * 2", "torch.randint(0, 5, (4, 8))", ""),
     "returns_input": _model("", "", "x", "return x.view(-1)", "torch.randn(4, 8)", ""),
     "tuple_output": _model("", "", "x", "return x * 2, x + 1", "torch.randn(4, 8)", ""),
     "pow_fractional": _model("", "", "x", "return torch.pow(torch.abs(x), 1.7)", "torch.randn(4, 8)", ""),
     "transpose_elementwise": _model("", "", "x", "return x.t() + 1.0", "torch.randn(4, 8)", ""),
     "non_adjacent_reduce": _model("", "", "x", "return x.sum(dim=(0, 2))", "torch.randn(4, 8, 3)", ""),
-    "batchnorm_training": _model("", "self.bn = nn.BatchNorm1d(8)", "x", "return self.bn(x)", "torch.randn(4, 8)", ""),
+    "maxpool_return_indices": _model(
+        "", "", "x", "return F.max_pool1d(x, 2, return_indices=True)[0]", "torch.randn(4, 8, 6)", ""
+    ),
     "no_model": "import torch\n\ndef get_inputs():\n    return []\n\ndef get_init_inputs():\n    return []\n",
 }
 """References the template expert must decline, by what makes them unsupported."""

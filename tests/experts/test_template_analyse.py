@@ -44,9 +44,9 @@ def test_uncovered_references_are_declined_with_a_reason(name: str) -> None:
 
 
 def test_decline_names_the_uncovered_module() -> None:
-    result = analyse(UNSUPPORTED["conv"])
+    result = analyse(UNSUPPORTED["conv_reflect_padding"])
     assert isinstance(result, Unsupported)
-    assert "Conv2d" in result.detail
+    assert "padding_mode='reflect'" in result.detail
 
 
 def test_analysis_neither_allocates_real_tensors_nor_moves_the_global_rng() -> None:

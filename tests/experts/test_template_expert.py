@@ -149,11 +149,11 @@ async def test_experience_params_lead_every_other_fresh_start() -> None:
 
 async def test_unsupported_reference_and_cuda_requests_are_declined() -> None:
     expert = _expert()
-    task = Task.from_source("conv", UNSUPPORTED["conv"])
+    task = Task.from_source("conv", UNSUPPORTED["conv_reflect_padding"])
     reply = await expert.generate(_request(task=task))
     assert reply.decline is not None
     assert reply.decline.reason is DeclineReason.UNSUPPORTED
-    assert "Conv2d" in reply.decline.detail
+    assert "padding_mode" in reply.decline.detail
     cuda = await expert.generate(_request(language=KernelLanguage.CUDA))
     assert cuda.decline is not None
     assert cuda.decline.reason is DeclineReason.UNSUPPORTED
@@ -173,9 +173,9 @@ async def test_default_expert_traces_in_a_child_process_and_its_proposals_are_co
     assert expert.analysis is AnalysisMode.PROCESS
     reply = await expert.generate(_request(n=5, seed=3))
     assert expert.stats().plans_traced == 1
-    declined = await expert.generate(_request(task=Task.from_source("conv", UNSUPPORTED["conv"])))
+    declined = await expert.generate(_request(task=Task.from_source("conv", UNSUPPORTED["conv_reflect_padding"])))
     assert declined.decline is not None
-    assert "Conv2d" in declined.decline.detail
+    assert "padding_mode" in declined.decline.detail
     jobs = [
         {"reference": _SOURCE, "candidate": p.source, "seeds": [5], "atol": 1e-4, "rtol": 1e-4} for p in reply.proposals
     ]

@@ -12,8 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from actors.experts.template.attention import lower_sdpa
+from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
+from actors.experts.template.loss_lower import LOSSES, lower_loss
+from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm
+from actors.experts.template.pool_lower import lower_pool
+from actors.experts.template.scan import lower_flip, lower_scan
 
 if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer
@@ -104,6 +110,11 @@ def _param_or_arg(lw: Lowerer, bound: dict[str, Any], name: str) -> NodeRef | No
 
 def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
     """Build the nodes of one canonical op; return what the FX node stands for."""
+    if canon == "tensor_const":
+        data, dtype = b["data"], b.get("dtype")
+        if isinstance(data, bool) or not isinstance(data, int | float) or dtype not in (None, torch.float32):
+            raise UnsupportedGraph("torch.tensor in forward of other than a float32 number is not covered")
+        return float(data)
     x = b.get("input")
     if canon in _UNARY:
         return lw.ew(canon, lw.tensor(x, canon))
@@ -115,6 +126,25 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return _norm(lw, canon, b)
     if canon in ("linear", "matmul"):
         return _matmul(lw, canon, b)
+    if canon in ("conv", "conv_transpose"):
+        return lower_conv(lw, canon, b, traced)
+    if canon in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"):
+        return lower_pool(lw, canon, b, traced)
+    if canon == "sdpa":
+        return lower_sdpa(lw, b)
+    if canon in ("cumsum", "cumprod"):
+        return lower_scan(lw, canon, b)
+    if canon == "flip":
+        return lower_flip(lw, b)
+    if canon in LOSSES:
+        return lower_loss(lw, canon, b)
+    if canon == "batch_norm":
+        return lower_batch_norm(lw, b)
+    if canon == "instance_norm":
+        return lower_instance_norm(lw, b)
+    if canon == "norm":
+        x = lw.tensor(b["input"], canon)
+        return lower_vector_norm(lw, b, reduce_dims(lw.shape(x), b.get("dim")))
     return _other(lw, canon, b, traced)
 
 
@@ -179,7 +209,7 @@ def _pow(lw: Lowerer, x: object, exponent: object) -> NodeRef:
 
 def _reduction(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
     if canon in ("max", "min"):
-        if b.get("other") is not None or _is_id(b.get("dim")):
+        if b.get("other") is not None or _is_id(b.get("dim")) or isinstance(b.get("dim"), float):
             other = b["other"] if b.get("other") is not None else b["dim"]
             return lw.ew("maximum" if canon == "max" else "minimum", b["input"], other)
         x = lw.tensor(b["input"], canon)

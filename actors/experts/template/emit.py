@@ -122,12 +122,14 @@ class Writer:
         ptr = self.pointer(base)
         if block[0] == block[1]:
             key: tuple[object, ...] = ("scalar", base)
-            code = f"tl.load({ptr})"
+            code = f"tl.load({ptr})" + (".to(tl.float32)" if self.plan.nodes[base].dtype == "bool" else "")
         else:
             sp = self.space(row)
             index = sp.index(target, block)
             key = ("load", base, index)
             code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0)"
+            if self.plan.nodes[base].dtype == "bool":
+                code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0).to(tl.float32)"
         found = scope.get(key)
         if found is not None:
             return found
@@ -355,6 +357,22 @@ def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: 
         return PointwiseWriter(sched, kernel, params, used).write()
     if kernel.kind is KernelKind.MM:
         return MatmulWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.CONV:
+        from actors.experts.template.emit_conv import ConvWriter
+
+        return ConvWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.ATTN:
+        from actors.experts.template.attention import AttentionWriter
+
+        return AttentionWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.SCAN:
+        from actors.experts.template.scan import ScanWriter
+
+        return ScanWriter(sched, kernel, params, used).write()
+    if kernel.kind is KernelKind.POOL:
+        from actors.experts.template.emit_pool import PoolWriter
+
+        return PoolWriter(sched, kernel, params, used).write()
     from actors.experts.template.emit_row import RowWriter
 
     return RowWriter(sched, kernel, params, used).write()

@@ -135,6 +135,7 @@ def ew_expr(op: str, a: list[str], attrs: tuple[float, ...], used: set[str]) -> 
         "abs": lambda: f"tl.abs({x})",
         "erf": lambda: f"tl.erf({x})",
         "reciprocal": lambda: f"1.0 / {x}",
+        "xlogx": lambda: f"tl.where({x} == 0.0, 0.0, {x} * tl.log({x}))",
     }
     if op in simple:
         return f"({simple[op]()})"

@@ -1,8 +1,10 @@
 """Scheduling a plan into kernels: which nodes each Triton kernel computes.
 
-Three kernel kinds: ``pw`` (elementwise over a flat index), ``row`` (reductions over a
+Seven kernel kinds: ``pw`` (elementwise over a flat index), ``row`` (reductions over a
 ``(outer, R, inner)`` view, with elementwise work at element level before/after and at row
-level after), and ``mm`` (a tiled matrix product with an elementwise epilogue). Nodes are taken
+level after), ``mm`` (a tiled matrix product with an elementwise epilogue), ``conv`` (a
+convolution as an implicit matrix product), ``pool`` (window max/avg), ``scan`` (cumulative
+sum/product) and ``attn`` (flash-style attention), each also with an elementwise epilogue. Nodes are taken
 in order; a node joins the newest kernel its operands come from when that kernel can compute it
 (same element count, a row value broadcast the way ``keepdim`` does), otherwise the operands are
 materialised (``exports``) and a new kernel starts. Any value read by a later kernel is stored.
@@ -21,11 +23,15 @@ from actors.experts.template.params import TemplateParams
 
 
 class KernelKind(StrEnum):
-    """The three templates."""
+    """The kernel templates."""
 
     PW = "pw"
     ROW = "row"
     MM = "mm"
+    CONV = "conv"
+    POOL = "pool"
+    SCAN = "scan"
+    ATTN = "attn"
 
 
 @dataclass
@@ -45,7 +51,7 @@ class Kernel:
     elem: set[int] = field(default_factory=set)
     """Row kernels: nodes at element level (the rest are at row level)."""
     mm: int = -1
-    """Mm kernels: the product node."""
+    """Mm, conv, pool and scan kernels: the node that defines the kernel."""
 
     @property
     def outer(self) -> int:
@@ -130,10 +136,11 @@ class _Builder:
                 self._view(node)
             elif node.kind is NodeKind.PERM:
                 self.export(node.args[0])  # type: ignore[arg-type]
-            elif node.kind is NodeKind.MM:
+            elif node.kind in (NodeKind.MM, NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN):
                 for arg in node.tensor_args():
                     self.export(arg)
-                kernel = self.new(KernelKind.MM, node.numel)
+                kind = KernelKind(node.kind.value)
+                kernel = self.new(kind, node.numel)
                 kernel.mm = node.id
                 self.join(kernel, node.id)
             elif node.kind is NodeKind.RED:
@@ -222,7 +229,7 @@ class _Builder:
         """The level (True: element) at which ``node`` joins ``kernel``, or None if it cannot."""
         if kernel.kind is KernelKind.PW:
             return True if node.numel == kernel.numel else None
-        if kernel.kind is KernelKind.MM:
+        if kernel.kind in (KernelKind.MM, KernelKind.CONV, KernelKind.POOL, KernelKind.SCAN, KernelKind.ATTN):
             return True if self.params.fuse_epilogue and node.numel == kernel.numel else None
         elem_args = [a for a in mine if a in kernel.elem]
         if mine and not elem_args and node.numel == kernel.outer * kernel.inner:
@@ -261,7 +268,7 @@ def base_of(plan: Plan, nid: int, stored: Callable[[int], bool]) -> tuple[int, b
         node = plan.nodes[node.tensor_args()[0]]
         if node.kind is NodeKind.PERM:
             raise UnsupportedGraph("a reshape of a transposed tensor is not covered")
-    if node.kind in (NodeKind.EW, NodeKind.RED, NodeKind.MM) and not stored(node.id):
+    if node.kind not in (NodeKind.INPUT, NodeKind.PARAM, NodeKind.VIEW, NodeKind.PERM) and not stored(node.id):
         raise AssertionError(f"node {node.id} is read by another kernel but never stored")
     return node.id, transposed
 
@@ -275,6 +282,11 @@ def _check_addressable(sched: Schedule) -> None:
             if node.kind is NodeKind.MM:
                 for arg in node.tensor_args():
                     base_of(plan, arg, sched.is_exported)
+                continue
+            if node.kind in (NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN):
+                for arg in node.tensor_args():
+                    if base_of(plan, arg, sched.is_exported)[1]:
+                        raise UnsupportedGraph(f"a {node.kind.value} of a transposed tensor is not covered")
                 continue
             if node.kind not in (NodeKind.EW, NodeKind.RED):
                 continue

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,11 @@ _ROOT = Path(__file__).resolve().parents[3]
 
 def start_check(jobs: list[dict[str, Any]], workdir: Path) -> subprocess.Popen[str]:
     """Start a child process checking ``jobs`` (written under ``workdir``); see ``finish_check``."""
-    path = workdir / f"jobs-{os.getpid()}-{id(jobs)}.json"
-    path.write_text(json.dumps(jobs), encoding="utf-8")
+    # A unique name: two calls in a row may pass lists that share an id() (the first freed).
+    fd, name = tempfile.mkstemp(prefix="jobs-", suffix=".json", dir=workdir)
+    path = Path(name)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(jobs, fh)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
     env.update({_ENV_KEY: "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": child_pythonpath(_ROOT)})
     return subprocess.Popen(

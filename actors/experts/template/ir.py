@@ -32,6 +32,17 @@ class NodeKind(StrEnum):
     """A reshape of a contiguous value (same elements, new logical shape)."""
     PERM = "perm"
     """A swap of the last two dimensions (only as a matrix-product operand)."""
+    CONV = "conv"
+    """A (transposed) convolution of ``args[0]`` (N, C, *spatial) by the weight ``args[1]``; ``attrs``
+    hold its :class:`ConvSpec`."""
+    ATTN = "attn"
+    """Scaled dot-product attention of ``args`` (q, k, v); ``attrs`` are (scale, causal)."""
+    SCAN = "scan"
+    """An inclusive scan (``op`` ``sum`` or ``prod``) of ``args[0]`` along ``dims`` (one dim);
+    ``attrs[0]`` is 1.0 for a reversed scan (from the end)."""
+    POOL = "pool"
+    """A window pooling (``op`` ``max`` or ``avg``) over the trailing dims of ``args[0]``; ``attrs``
+    hold its :class:`PoolSpec`."""
 
 
 EW_OPS: dict[str, tuple[int, int]] = {
@@ -70,11 +81,62 @@ EW_OPS: dict[str, tuple[int, int]] = {
     "abs": (1, 0),
     "erf": (1, 0),
     "reciprocal": (1, 0),
+    "xlogx": (1, 0),
 }
 """Elementwise ops the templates emit, with their arity."""
 
 RED_OPS: tuple[str, ...] = ("sum", "amax", "amin", "argmax", "argmin")
 """Reductions the row template emits (mean is a sum and a division)."""
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """The geometry of a convolution node, kept in the node's ``attrs`` (floats) as
+    ``(transposed, groups, *stride, *padding, *dilation)``."""
+
+    transposed: bool
+    groups: int
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    def attrs(self) -> tuple[float, ...]:
+        """The spec as a node's ``attrs``."""
+        return (float(self.transposed), float(self.groups), *map(float, self.stride + self.padding + self.dilation))
+
+    @classmethod
+    def from_attrs(cls, attrs: tuple[float, ...]) -> ConvSpec:
+        """The inverse of :meth:`attrs`."""
+        nd = (len(attrs) - 2) // 3
+        ints = tuple(int(a) for a in attrs[2:])
+        return cls(bool(attrs[0]), int(attrs[1]), ints[:nd], ints[nd : 2 * nd], ints[2 * nd :])
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """The geometry of a pooling node, kept in ``attrs`` as ``(count_include_pad, divisor_override
+    (0: none), *kernel, *stride, *padding, *dilation)``. The output size (``ceil_mode``) is the
+    node's traced shape."""
+
+    count_include_pad: bool
+    divisor_override: int
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    def attrs(self) -> tuple[float, ...]:
+        """The spec as a node's ``attrs``."""
+        dims = self.kernel + self.stride + self.padding + self.dilation
+        return (float(self.count_include_pad), float(self.divisor_override), *map(float, dims))
+
+    @classmethod
+    def from_attrs(cls, attrs: tuple[float, ...]) -> PoolSpec:
+        """The inverse of :meth:`attrs`."""
+        nd = (len(attrs) - 2) // 4
+        v = tuple(int(a) for a in attrs[2:])
+        return cls(bool(attrs[0]), int(attrs[1]), v[:nd], v[nd : 2 * nd], v[2 * nd : 3 * nd], v[3 * nd :])
+
 
 Arg = int | float
 """An argument of a node: the id of another node, or a float constant."""
@@ -156,6 +218,15 @@ class NodeRef:
     """A tensor while lowering: the id of the node that computes it (never a Python int)."""
 
     id: int
+
+
+@dataclass(frozen=True)
+class FlipRef:
+    """While lowering: ``src`` flipped along ``dim`` (only a scan along that dim, or flipping it
+    back, may consume it)."""
+
+    src: NodeRef
+    dim: int
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,31 @@ def _broadcast(shapes: list[tuple[int, ...]], op: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+SPLIT_MIN_ROW = 65536
+"""Reductions over innermost rows at least this long, with few rows, are split in two stages."""
+SPLIT_ROWS = 2048
+"""How many partial rows a split reduction aims at (enough programs to fill a GPU)."""
+
+
+def _split(op: str, shape: tuple[int, ...], dims: tuple[int, int]) -> int | None:
+    """The number of parts to split a reduction's rows into, or ``None`` to keep it whole.
+
+    Only sums, maxima and minima over innermost dims (``inner == 1``) with fewer rows than
+    ``SPLIT_ROWS`` and rows of at least ``SPLIT_MIN_ROW``; the parts are a power of two that
+    divides the row and leaves parts of at least ``SPLIT_MIN_ROW / 64`` elements.
+    """
+    d0, d1 = dims
+    if op not in ("sum", "amax", "amin") or d1 != len(shape):
+        return None
+    outer, r = math.prod(shape[:d0]), math.prod(shape[d0:])
+    if outer >= SPLIT_ROWS or r < SPLIT_MIN_ROW:
+        return None
+    parts = 1 << max(0, (SPLIT_ROWS // max(outer, 1)).bit_length() - 1)
+    while parts >= 2 and (r % parts or r // parts < SPLIT_MIN_ROW // 64):
+        parts //= 2
+    return parts if parts >= 2 else None
+
+
 def _has_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -102,8 +127,16 @@ class Lowerer:
             raise AssertionError(f"{op} takes {n_args} args and {n_attrs} attrs")
         clean: list[int | float] = []
         shapes: list[tuple[int, ...]] = []
+        masks = [a for a in args if isinstance(a, NodeRef) and self.node(a).dtype == "bool"]
+        if masks and (
+            op not in ("mul", "add", "sub") or not any(isinstance(a, NodeRef) and a not in masks for a in args)
+        ):
+            raise UnsupportedGraph(f"a bool tensor in {op} other than with a float32 tensor in mul/add/sub", op=op)
         for arg in args:
-            if isinstance(arg, NodeRef):
+            if isinstance(arg, NodeRef) and arg in masks:
+                clean.append(arg.id)  # a bool mask, read as 0.0 / 1.0 (PyTorch promotes it so)
+                shapes.append(self.shape(arg))
+            elif isinstance(arg, NodeRef):
                 tid = self.tensor(arg, f"an operand of {op}")
                 clean.append(tid.id)
                 shapes.append(self.shape(tid))
@@ -131,11 +164,27 @@ class Lowerer:
             raise UnsupportedGraph("a transpose of a tensor with fewer than two dimensions")
         return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,))
 
+    def _transposed(self, ref: NodeRef) -> bool:
+        """Whether ``ref`` is a transpose, or a view of one (which cannot be reshaped again)."""
+        node = self.node(ref)
+        while node.kind is NodeKind.VIEW:
+            node = self.nodes[node.tensor_args()[0]]
+        return node.kind is NodeKind.PERM
+
     def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool) -> NodeRef:
-        """A reduction of ``src`` over ``dims``."""
+        """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge)."""
         shape = self.shape(src)
         d0, d1 = dims
         out = (*shape[:d0], *([1] * (d1 - d0)), *shape[d1:]) if keepdim else (*shape[:d0], *shape[d1:])
+        split = _split(op, shape, dims)
+        if split is not None and not self._transposed(src):
+            # Two stages: (outer, S, R / S) reduced over its last dim gives (outer, S) partials
+            # that many programs compute in parallel; reducing those over S gives the result.
+            rows = shape[:d0]
+            parts = self.red(
+                op, self.view(src, (*rows, split, math.prod(shape[d0:]) // split)), (d0 + 1, d0 + 2), False
+            )
+            return self.view(self.red(op, parts, (d0, d0 + 1), False), out)
         dtype = "int64" if op.startswith("arg") else "float32"
         return self.add(NodeKind.RED, out, op=op, args=(src.id,), dims=dims, keepdim=keepdim, dtype=dtype)
 
@@ -177,14 +226,21 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
-            if traced.dtype != torch.float32:
-                raise UnsupportedGraph(f"input {fxn.target} is {traced.dtype}; only float32 is covered")
+            if traced.dtype not in (torch.float32, torch.bool):
+                raise UnsupportedGraph(
+                    f"input {fxn.target} is {traced.dtype}; only float32 (and bool masks) is covered"
+                )
             index = sum(1 for n in self.env if n.op == "placeholder")
-            return self.add(NodeKind.INPUT, tuple(traced.shape), index=index)
+            dtype = "bool" if traced.dtype == torch.bool else "float32"
+            return self.add(NodeKind.INPUT, tuple(traced.shape), index=index, dtype=dtype)
         if fxn.op == "get_attr":
+            if str(fxn.target) not in self.param_paths:
+                constant = _scalar_constant(self.traced.graph_module, str(fxn.target))
+                if constant is not None:
+                    return constant
             return self.param(str(fxn.target))
         if traced is not None and not _has_tensor(traced):
-            if isinstance(traced, bool | int | float) or (
+            if isinstance(traced, bool | int | float | torch.device | torch.dtype) or (
                 isinstance(traced, tuple | torch.Size) and all(isinstance(v, int) for v in traced)
             ):
                 return traced
@@ -213,6 +269,22 @@ class Lowerer:
             raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
         if len(src.users) != 1:
             raise UnsupportedGraph("an in-place op on a value that is read again is not covered")
+
+
+def _scalar_constant(gm: fx.GraphModule, target: str) -> float | None:
+    """The value of a one-element constant tensor that tracing stored (``torch.tensor(0.5)``)."""
+    try:
+        value = getattr(gm, target)
+    except AttributeError:
+        return None
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not value.is_meta
+        and value.dtype in (torch.float32, torch.float64, torch.int64, torch.int32)
+    ):
+        return float(value.item())
+    return None
 
 
 def _describe(fxn: fx.Node) -> str:

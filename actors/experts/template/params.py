@@ -1,9 +1,11 @@
 """Template parameters: the space evolution searches, and the header that carries them.
 
 Parameters are per kernel kind (every elementwise kernel of a plan shares ``pw_*``, every row
-kernel ``row_*``, every matrix-product kernel ``mm_*``), plus two fusion switches. Every value in
+kernel ``row_*``, every matrix-product kernel ``mm_*``, every convolution ``conv_*``), plus two
+fusion switches. Every value in
 the space renders a correct kernel; the space only changes speed (and, for ``mm_precision``,
-which fp32-accurate dot algorithm runs: ``ieee`` or the three-pass ``tf32x3``).
+which fp32-accurate dot algorithm runs: ``ieee`` or the three-pass ``tf32x3``; likewise
+``conv_precision``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,19 @@ SPACE: dict[str, tuple[object, ...]] = {
     "mm_warps": (1, 2, 4, 8, 16),
     "mm_stages": (1, 2, 3, 4, 5),
     "mm_precision": ("ieee", "tf32x3"),
+    "conv_block_m": (16, 32, 64, 128, 256),
+    "conv_block_n": (16, 32, 64, 128),
+    "conv_block_k": (16, 32, 64),
+    "conv_warps": (1, 2, 4, 8),
+    "conv_stages": (1, 2, 3, 4),
+    "conv_precision": ("ieee", "tf32x3"),
+    "attn_block_m": (16, 32, 64, 128),
+    "attn_block_n": (16, 32, 64, 128),
+    "attn_block_k": (16, 32, 64, 128),
+    "attn_block_d": (16, 32, 64, 128, 256),
+    "attn_warps": (1, 2, 4, 8),
+    "attn_stages": (1, 2, 3),
+    "attn_precision": ("ieee", "tf32x3"),
     "fuse_epilogue": (True, False),
     "fuse_prologue": (True, False),
 }
@@ -79,6 +94,32 @@ class TemplateParams:
     """Software-pipelining stages of the K loop."""
     mm_precision: str = "ieee"
     """``tl.dot`` input precision for fp32: ``ieee`` or ``tf32x3`` (three TF32 passes)."""
+    conv_block_m: int = 64
+    """Output positions (batch x spatial) per convolution program."""
+    conv_block_n: int = 32
+    """Output channels (within a group) per convolution program."""
+    conv_block_k: int = 32
+    """Chunk of the reduction (input channels x kernel taps) per loop step of a convolution."""
+    conv_warps: int = 4
+    """Warps per convolution program."""
+    conv_stages: int = 2
+    """Software-pipelining stages of the convolution's reduction loop."""
+    conv_precision: str = "ieee"
+    """``tl.dot`` input precision of convolutions: ``ieee`` or ``tf32x3`` (three TF32 passes)."""
+    attn_block_m: int = 64
+    """Query rows per attention program."""
+    attn_block_n: int = 32
+    """Keys per step of the attention's online softmax."""
+    attn_block_k: int = 32
+    """Chunk of the head dim per step of the scores' product."""
+    attn_block_d: int = 64
+    """Output (value) columns per attention program."""
+    attn_warps: int = 4
+    """Warps per attention program."""
+    attn_stages: int = 1
+    """Software-pipelining stages of the attention's key loop."""
+    attn_precision: str = "ieee"
+    """``tl.dot`` input precision of attention: ``ieee`` or ``tf32x3``."""
     fuse_epilogue: bool = True
     """Fuse elementwise ops after a matrix product into its kernel (else a separate kernel)."""
     fuse_prologue: bool = True
@@ -96,6 +137,12 @@ class TemplateParams:
         acc = self.mm_block_m * self.mm_block_n // (32 * self.mm_warps)
         if acc > _ACC_PER_THREAD or acc < 1:
             raise InvalidParams("mm_warps", self.mm_warps, f"{acc} accumulators per thread is outside 1..256")
+        acc = self.conv_block_m * self.conv_block_n // (32 * self.conv_warps)
+        if acc > _ACC_PER_THREAD or acc < 1:
+            raise InvalidParams("conv_warps", self.conv_warps, f"{acc} accumulators per thread is outside 1..256")
+        acc = self.attn_block_m * max(self.attn_block_d, self.attn_block_n) // (32 * self.attn_warps)
+        if acc > _ACC_PER_THREAD or acc < 1:
+            raise InvalidParams("attn_warps", self.attn_warps, f"{acc} accumulators per thread is outside 1..256")
         if self.pw_block > 16384:
             raise InvalidParams("pw_ept", self.pw_ept, "32 * pw_warps * pw_ept must be at most 16384")
 

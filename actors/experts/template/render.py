@@ -119,8 +119,8 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch]) -> str:
     for node in inputs:
         name = names[node.index]
         body.append(
-            f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.float32:\n"
-            f'    raise ValueError("this ModelNew was generated for {name} of shape {tuple(node.shape)} float32")'
+            f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n"
+            f'    raise ValueError("this ModelNew was generated for {name} of shape {tuple(node.shape)} {node.dtype}")'
         )
     used_bases = {b for launch in launches for b in launch.pointers}
     device = None

@@ -151,6 +151,120 @@ _fn((F.linear,), Spec("linear", (*_IN, ("weight", REQUIRED), ("bias", None))))
 _fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
 _method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
 
+# Convolutions (weight and bias of a module are read through its path).
+_CONV = (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
+_fn((F.conv1d, F.conv2d, F.conv3d), Spec("conv", (*_IN, ("weight", REQUIRED), ("bias", None), *_CONV)))
+_CONV_T = (("stride", 1), ("padding", 0), ("output_padding", 0), ("groups", 1), ("dilation", 1))
+_fn(
+    (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d),
+    Spec("conv_transpose", (*_IN, ("weight", REQUIRED), ("bias", None), *_CONV_T)),
+)
+_CONV_ATTRS = tuple((n, n) for n in ("stride", "padding", "dilation", "groups", "padding_mode"))
+_CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_CONVS_T: tuple[type[nn.Module], ...] = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+for _conv in _CONVS:
+    MODULES[_conv] = Spec("conv", _IN, module_attrs=_CONV_ATTRS)
+for _conv in _CONVS_T:
+    MODULES[_conv] = Spec(
+        "conv_transpose",
+        (*_IN, ("output_size", None)),
+        module_attrs=(*_CONV_ATTRS, ("output_padding", "output_padding")),
+    )
+
+# Pooling (``nd``: the spatial rank of the spelling).
+for _nd in (1, 2, 3):
+    _max = (("kernel_size", REQUIRED), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False))
+    _avg: tuple[tuple[str, object], ...] = (("kernel_size", REQUIRED), ("stride", None), ("padding", 0))
+    _avg = (*_avg, ("ceil_mode", False), ("count_include_pad", True), ("divisor_override", None))
+    _fn((getattr(F, f"max_pool{_nd}d"),), Spec("max_pool", (*_IN, *_max, ("return_indices", False), ("nd", _nd))))
+    _fn((getattr(F, f"avg_pool{_nd}d"),), Spec("avg_pool", (*_IN, *_avg, ("nd", _nd))))
+    _fn(
+        (getattr(F, f"adaptive_avg_pool{_nd}d"),),
+        Spec("adaptive_avg_pool", (*_IN, ("output_size", REQUIRED), ("nd", _nd))),
+    )
+    _fn(
+        (getattr(F, f"adaptive_max_pool{_nd}d"),),
+        Spec("adaptive_max_pool", (*_IN, ("output_size", REQUIRED), ("return_indices", False), ("nd", _nd))),
+    )
+    _attrs = tuple((n, n) for n, _ in _max)
+    MODULES[getattr(nn, f"MaxPool{_nd}d")] = Spec(
+        "max_pool", (*_IN, ("nd", _nd)), module_attrs=(*_attrs, ("return_indices", "return_indices"))
+    )
+    _attrs = tuple((n, n) for n, _ in _avg if _nd > 1 or n != "divisor_override")
+    MODULES[getattr(nn, f"AvgPool{_nd}d")] = Spec("avg_pool", (*_IN, ("nd", _nd)), module_attrs=_attrs)
+    MODULES[getattr(nn, f"AdaptiveAvgPool{_nd}d")] = Spec(
+        "adaptive_avg_pool", (*_IN, ("nd", _nd)), module_attrs=(("output_size", "output_size"),)
+    )
+    MODULES[getattr(nn, f"AdaptiveMaxPool{_nd}d")] = Spec(
+        "adaptive_max_pool",
+        (*_IN, ("nd", _nd)),
+        module_attrs=(("output_size", "output_size"), ("return_indices", "return_indices")),
+    )
+
+# Batch and instance norms, vector norms.
+for _nd in (1, 2, 3):
+    MODULES[getattr(nn, f"BatchNorm{_nd}d")] = Spec("batch_norm", _IN, module_attrs=(("eps", "eps"),))
+    MODULES[getattr(nn, f"InstanceNorm{_nd}d")] = Spec("instance_norm", _IN, module_attrs=(("eps", "eps"),))
+_BN_TAIL = (("training", False), ("momentum", 0.1), ("eps", 1e-5))
+_IN_TAIL = (("use_input_stats", True), ("momentum", 0.1), ("eps", 1e-5))
+_fn(
+    (F.batch_norm,),
+    Spec(
+        "batch_norm",
+        (*_IN, ("running_mean", REQUIRED), ("running_var", REQUIRED), ("weight", None), ("bias", None), *_BN_TAIL),
+    ),
+)
+_fn(
+    (F.instance_norm,),
+    Spec(
+        "instance_norm",
+        (*_IN, ("running_mean", None), ("running_var", None), ("weight", None), ("bias", None), *_IN_TAIL),
+    ),
+)
+_NORM = (*_IN, ("p", "fro"), ("dim", None), ("keepdim", False), ("out", None), ("dtype", None))
+_fn((torch.norm,), Spec("norm", _NORM))
+_method(("norm",), Spec("norm", (*_IN, ("p", "fro"), ("dim", None), ("keepdim", False), ("dtype", None))))
+_fn((torch.linalg.vector_norm,), Spec("norm", (*_IN, ("ord", 2), ("dim", None), ("keepdim", False), ("dtype", None))))
+
+# A number made a tensor in forward (``torch.tensor(0.5, device=x.device)``): a constant.
+_fn(
+    (torch.tensor,),
+    Spec("tensor_const", (("data", REQUIRED), ("dtype", None), ("device", None), ("requires_grad", False))),
+)
+
+# Attention.
+_QKV = (("query", REQUIRED), ("key", REQUIRED), ("value", REQUIRED))
+_SDPA = (*_QKV, ("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
+_fn((F.scaled_dot_product_attention,), Spec("sdpa", _SDPA))
+
+# Scans and the flips around them.
+for _name in ("cumsum", "cumprod"):
+    _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("dim", REQUIRED), ("dtype", None))))
+    METHODS[_name] = Spec(_name, (*_IN, ("dim", REQUIRED), ("dtype", None)))
+_fn((torch.flip,), Spec("flip", (*_IN, ("dims", REQUIRED))))
+METHODS["flip"] = Spec("flip", (*_IN, ("dims", REQUIRED)), varargs=True)
+
+# Losses, in their functions' parameter order (the deprecated size_average / reduce and a
+# weight are bound so that passing them declines).
+_PAIR = (*_IN, ("target", REQUIRED))
+_OLD = (("size_average", None), ("reduce", None), ("reduction", "mean"))
+_fn((F.mse_loss,), Spec("mse_loss", (*_PAIR, *_OLD, ("weight", None))))
+_fn((F.l1_loss,), Spec("l1_loss", (*_PAIR, *_OLD, ("weight", None))))
+_fn((F.smooth_l1_loss,), Spec("smooth_l1_loss", (*_PAIR, *_OLD, ("beta", 1.0))))
+_fn((F.huber_loss,), Spec("huber_loss", (*_PAIR, ("reduction", "mean"), ("delta", 1.0), ("weight", None))))
+_fn((F.kl_div,), Spec("kl_div", (*_PAIR, *_OLD, ("log_target", False))))
+_TRIPLET = (("anchor", REQUIRED), ("positive", REQUIRED), ("negative", REQUIRED))
+_TRIPLET_OPTS = (("margin", 1.0), ("p", 2.0), ("eps", 1e-6), ("swap", False))
+_fn((F.triplet_margin_loss,), Spec("triplet_margin_loss", (*_TRIPLET, *_TRIPLET_OPTS, *_OLD)))
+MODULES[nn.MSELoss] = Spec("mse_loss", _PAIR, module_attrs=(("reduction", "reduction"),))
+MODULES[nn.L1Loss] = Spec("l1_loss", _PAIR, module_attrs=(("reduction", "reduction"),))
+MODULES[nn.SmoothL1Loss] = Spec("smooth_l1_loss", _PAIR, module_attrs=(("reduction", "reduction"), ("beta", "beta")))
+MODULES[nn.HuberLoss] = Spec("huber_loss", _PAIR, module_attrs=(("reduction", "reduction"), ("delta", "delta")))
+MODULES[nn.KLDivLoss] = Spec("kl_div", _PAIR, module_attrs=(("reduction", "reduction"), ("log_target", "log_target")))
+MODULES[nn.TripletMarginLoss] = Spec(
+    "triplet_margin_loss", _TRIPLET, module_attrs=(*((n, n) for n, _ in _TRIPLET_OPTS), ("reduction", "reduction"))
+)
+
 # Shapes, aliases, transposes, tuple access.
 _VIEW = Spec("view", _IN, passthrough=True)
 _ALIAS = Spec("alias", _IN, passthrough=True)

@@ -116,6 +116,8 @@ def _free_names(func: ast.FunctionDef) -> set[str]:
             else:
                 loads.add(node.id)
         elif isinstance(node, ast.comprehension | ast.Lambda | ast.FunctionDef) and node is not func:
+            if isinstance(node, ast.FunctionDef):
+                bound.add(node.name)  # a helper defined inside __init__
             for inner in ast.walk(node):
                 if isinstance(inner, ast.arg):
                     bound.add(inner.arg)
@@ -140,11 +142,19 @@ def init_source(source: str) -> tuple[str, str]:
     if model.bases and not all(ast.unparse(b) in ("nn.Module", "torch.nn.Module", "Module") for b in model.bases):
         raise UnsupportedGraph("Model must derive from nn.Module directly to be carried over")
     members: set[str] = set()
+    class_constants: dict[str, str] = {}
     for item in model.body:
         if isinstance(item, ast.FunctionDef) and item.name not in ("__init__", "forward"):
             members.add(item.name)
         elif isinstance(item, ast.Assign):
-            members.update(t.id for t in item.targets if isinstance(t, ast.Name))
+            names = [t.id for t in item.targets if isinstance(t, ast.Name)]
+            try:
+                ast.literal_eval(item.value)
+            except (ValueError, TypeError, SyntaxError):
+                members.update(names)
+                continue
+            class_constants.update(dict.fromkeys(names, ast.unparse(item)))
+    used_constants: list[str] = []
     for node in ast.walk(init):
         if (
             isinstance(node, ast.Attribute)
@@ -154,8 +164,16 @@ def init_source(source: str) -> tuple[str, str]:
             and node.attr in members
         ):
             raise UnsupportedGraph(f"Model.__init__ uses its own member {node.attr!r}, which is not carried over")
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and node.attr in class_constants
+            and class_constants[node.attr] not in used_constants
+        ):
+            used_constants.append(class_constants[node.attr])  # a class-level constant, copied
     rewritten = _SuperRewriter().visit(ast.parse(ast.unparse(init)))
-    init_text = ast.unparse(rewritten)
+    init_text = "\n".join([*used_constants, ""] if used_constants else []) + ast.unparse(rewritten)
     init = rewritten.body[0]
     assert isinstance(init, ast.FunctionDef)
     prelude: list[str] = []

@@ -9,12 +9,14 @@ compute-bound: matmul tiles, stages and dot precision; out of resources: smaller
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.fuse import KernelKind, schedule
-from actors.experts.template.ir import Plan
+from actors.experts.template.ir import ConvSpec, Plan
 from actors.experts.template.params import ONE_PASS_MAX_TILE, SPACE, TemplateParams
 from schemas.enums import DiagnosisCategory
 
@@ -29,8 +31,22 @@ _MEMORY = (
     "row_stages",
 )
 _COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
-_TILES = ("pw_ept", "row_block_m", "row_block_r", "row_block_i", "mm_block_m", "mm_block_n", "mm_block_k")
-_SHRINK = (*_TILES, "mm_stages", "row_stages", "row_one_pass")
+_CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
+_ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
+_COMPUTE_ALL = (*_COMPUTE, *_CONV, *_ATTN)
+_TILES = (
+    "conv_block_m",
+    "conv_block_n",
+    "conv_block_k",
+    "pw_ept",
+    "row_block_m",
+    "row_block_r",
+    "row_block_i",
+    "mm_block_m",
+    "mm_block_n",
+    "mm_block_k",
+)
+_SHRINK = (*_TILES, "mm_stages", "conv_stages", "row_stages", "row_one_pass")
 
 
 def default_params(plan: Plan) -> TemplateParams:
@@ -58,6 +74,16 @@ def default_params(plan: Plan) -> TemplateParams:
                 else:  # loops over R in [64, block_i] chunks
                     block_i, tile = widest, 64 * widest
                 values.update(row_block_i=block_i, row_warps=4 if tile <= 2048 else 8, row_block_r=64)
+        elif kernel.kind is KernelKind.CONV:
+            values.update(_conv_defaults(plan, kernel.mm))
+        elif kernel.kind is KernelKind.SCAN:
+            values.update(_scan_defaults(plan, kernel.mm))
+        elif kernel.kind is KernelKind.ATTN:
+            dv = plan.nodes[kernel.mm].shape[-1]
+            values.update(attn_block_d=max(16, min(128, next_pow2(dv))), attn_block_m=64, attn_block_n=32)
+        elif kernel.kind is KernelKind.POOL:
+            values.setdefault("pw_warps", 4)
+            values.setdefault("pw_ept", 2)
         else:
             node = plan.nodes[kernel.mm]
             m, n = node.shape[-2], node.shape[-1]
@@ -69,14 +95,44 @@ def default_params(plan: Plan) -> TemplateParams:
     return TemplateParams.from_dict(values)
 
 
+def _conv_defaults(plan: Plan, conv: int) -> dict[str, object]:
+    """Tile sizes for one convolution: the channel tile follows the channels per group."""
+    node = plan.nodes[conv]
+    spec = ConvSpec.from_attrs(node.attrs)
+    cout_g = node.shape[1] // spec.groups
+    positions = node.numel // node.shape[1]
+    block_n = max(16, min(128, next_pow2(cout_g)))
+    block_m = 128 if positions >= 4096 and block_n <= 64 else 64
+    warps = 8 if block_m * block_n >= 8192 else 4
+    return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": 32, "conv_warps": warps}
+
+
+def _scan_defaults(plan: Plan, scan: int) -> dict[str, object]:
+    """Chunk sizes for one scan: wide chunks along R, a few rows (or inner positions) per program."""
+    node = plan.nodes[scan]
+    d = node.dims[0]
+    r, inner = node.shape[d], math.prod(node.shape[d + 1 :])
+    if inner == 1:
+        block_r = max(64, min(2048, next_pow2(r)))
+        return {"row_block_m": max(1, min(32, 4096 // block_r)), "row_block_r": block_r, "row_warps": 4}
+    return {"row_block_i": max(8, min(64, next_pow2(inner))), "row_block_r": 64, "row_warps": 4}
+
+
 def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     """The parameters that change the rendered kernels of ``plan`` under ``params``."""
     names: list[str] = []
     for kernel in schedule(plan, params).kernels:
-        if kernel.kind is KernelKind.PW:
+        if kernel.kind in (KernelKind.PW, KernelKind.POOL):
             names += ["pw_warps", "pw_ept"]
         elif kernel.kind is KernelKind.MM:
             names += list(_COMPUTE)
+        elif kernel.kind is KernelKind.CONV:
+            names += list(_CONV)
+        elif kernel.kind is KernelKind.ATTN:
+            names += list(_ATTN)
+        elif kernel.kind is KernelKind.SCAN:
+            inner = math.prod(plan.nodes[kernel.mm].shape[plan.nodes[kernel.mm].dims[1] :])
+            names += ["row_warps", "row_block_r", "row_block_m" if inner == 1 else "row_block_i"]
         else:
             names += ["row_warps", "row_block_m" if kernel.inner == 1 else "row_block_i"]
             width = params.row_block_m if kernel.inner == 1 else params.row_block_i
@@ -118,7 +174,7 @@ def _choices(
     if diagnosis is DiagnosisCategory.SLOW_MEMORY_BOUND:
         return tuple(n for n in relevant if n in _MEMORY) or relevant, 0, forced
     if diagnosis is DiagnosisCategory.SLOW_COMPUTE_BOUND:
-        return tuple(n for n in relevant if n in _COMPUTE) or relevant, 0, forced
+        return tuple(n for n in relevant if n in _COMPUTE_ALL) or relevant, 0, forced
     if diagnosis in (
         DiagnosisCategory.COMPILE_RESOURCES,
         DiagnosisCategory.COMPILE_TIMEOUT,
@@ -127,8 +183,10 @@ def _choices(
         if "row_one_pass" in relevant and params.row_one_pass:
             forced["row_one_pass"] = False
         return tuple(n for n in relevant if n in _SHRINK) or relevant, -1, forced
-    if diagnosis is DiagnosisCategory.INCORRECT_PRECISION and params.mm_precision != "ieee":
-        forced["mm_precision"] = "ieee"
+    if diagnosis is DiagnosisCategory.INCORRECT_PRECISION:
+        for name in ("mm_precision", "conv_precision", "attn_precision"):
+            if getattr(params, name) != "ieee":
+                forced[name] = "ieee"
     return relevant, 0, forced
 
 

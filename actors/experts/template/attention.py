@@ -1,0 +1,152 @@
+"""The attention family: ``scaled_dot_product_attention`` lowered, and a flash-style kernel.
+
+Lowering: ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
+``(..., L, D)`` operands with equal batch dims becomes one ``ATTN`` node (``attrs``: scale,
+causal). Declined, with the reason: an ``attn_mask``, dropout, grouped-query broadcasting.
+
+Kernel: a program owns ``attn_block_m`` query rows of one batch-head and ``attn_block_d`` output
+columns, and walks the keys in tiles of ``attn_block_n`` with an online softmax (running row
+maximum and sum, the accumulator rescaled when the maximum grows), so the ``L x L`` scores never
+reach memory. ``Q K^T`` is accumulated over the head dim in chunks of ``attn_block_k``; when the
+value width is split over several programs each recomputes the scores (the parameter trades that
+against registers). Causal attention masks keys after the query (PyTorch's top-left alignment)
+and stops the key loop at the diagonal. The elementwise ops that follow run before the store.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.fuse import Kernel, Schedule, base_of
+from actors.experts.template.ir import NodeKind, NodeRef
+from actors.experts.template.params import TemplateParams
+
+if TYPE_CHECKING:
+    from actors.experts.template.lower import Lowerer
+
+
+def lower_sdpa(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+    """One ``ATTN`` node for ``scaled_dot_product_attention``."""
+    q, k, v = (lw.tensor(b[n], "scaled_dot_product_attention") for n in ("query", "key", "value"))
+    if b.get("attn_mask") is not None:
+        raise UnsupportedGraph("scaled_dot_product_attention with an attn_mask is not covered")
+    dropout = b.get("dropout_p", 0.0)
+    if dropout != 0.0:
+        raise UnsupportedGraph("scaled_dot_product_attention with dropout is not covered")
+    if b.get("enable_gqa"):
+        raise UnsupportedGraph("scaled_dot_product_attention with enable_gqa is not covered")
+    qs, ks, vs = lw.shape(q), lw.shape(k), lw.shape(v)
+    if len(qs) < 2 or qs[:-2] != ks[:-2] or qs[:-2] != vs[:-2] or ks[-2] != vs[-2] or qs[-1] != ks[-1]:
+        raise UnsupportedGraph(f"attention of shapes {qs}, {ks}, {vs} (broadcast batch dims) is not covered")
+    scale = b.get("scale")
+    scale = 1.0 / math.sqrt(qs[-1]) if scale is None else scale
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise UnsupportedGraph(f"attention scale={scale!r} is not a number")
+    out = (*qs[:-1], vs[-1])
+    causal = bool(b.get("is_causal", False))
+    return lw.add(NodeKind.ATTN, out, args=(q.id, k.id, v.id), attrs=(float(scale), float(causal)))
+
+
+class AttentionWriter(Writer):
+    """Emits one attention kernel with its fused epilogue."""
+
+    def __init__(self, sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> None:
+        super().__init__(sched, kernel, params, used)
+        node = self.plan.nodes[kernel.mm]
+        self.node = node
+        bases = []
+        for arg in node.tensor_args():
+            base, transposed = base_of(self.plan, arg, sched.is_exported)
+            if transposed:
+                raise UnsupportedGraph("attention of a transposed operand is not covered")
+            bases.append(base)
+        self.q, self.k, self.v = bases
+        qs, ks, vs = (self.plan.nodes[a].shape for a in node.tensor_args())
+        self.bh = math.prod(qs[:-2])
+        self.lq, self.d = qs[-2], qs[-1]
+        self.lk, self.dv = ks[-2], vs[-1]
+        self.scale, self.causal = node.attrs[0], bool(node.attrs[1])
+        self.ndt = math.ceil(self.dv / params.attn_block_d)
+
+    def space(self, row: bool) -> IndexSpace:
+        return IndexSpace(lin="lin", mask="cmask")
+
+    def broadcast_row(self, var: str) -> str:
+        return var
+
+    def write(self) -> Launch:
+        p = self.params
+        s = Scope(indent="    ")
+        pq, pk, pv = (self.pointer(b) for b in (self.q, self.k, self.v))
+        lq, lk, d, dv = self.lq, self.lk, self.d, self.dv
+        start = len(self.lines)
+        e = self.emit
+        e(s, f"pid = {self.pid(0)}")
+        e(s, f"bh = {self.pid(1)}")
+        e(s, f"rm = (pid // {self.ndt}) * BLOCK_M + tl.arange(0, BLOCK_M)")
+        e(s, f"rd = (pid % {self.ndt}) * BLOCK_D + tl.arange(0, BLOCK_D)")
+        e(s, f"mmask = rm < {lq}")
+        e(s, f"dmask = rd < {dv}")
+        e(s, "m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
+        e(s, "l_i = tl.zeros((BLOCK_M,), tl.float32)")
+        e(s, "acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)")
+        end = f"tl.minimum({lk}, (pid // {self.ndt} + 1) * BLOCK_M)" if self.causal else f"{lk}"
+        e(s, f"for n0 in range(0, {end}, BLOCK_N):")
+        loop = Scope(indent="        ", parent=s)
+        e(loop, "rn = n0 + tl.arange(0, BLOCK_N)")
+        e(loop, f"nmask = rn < {lk}")
+        e(loop, "qk = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
+        e(loop, f"for k0 in range(0, {d}, BLOCK_K):")
+        inner = Scope(indent="            ", parent=loop)
+        e(inner, "rk = k0 + tl.arange(0, BLOCK_K)")
+        e(inner, f"kmask = rk < {d}")
+        e(
+            inner,
+            f"q = tl.load({pq} + (bh * {lq} + rm[:, None]) * {d} + rk[None, :], "
+            "mask=mmask[:, None] & kmask[None, :], other=0.0)",
+        )
+        e(
+            inner,
+            f"kt = tl.load({pk} + (bh * {lk} + rn[None, :]) * {d} + rk[:, None], "
+            "mask=kmask[:, None] & nmask[None, :], other=0.0)",
+        )
+        e(inner, f'qk = tl.dot(q, kt, qk, input_precision="{p.attn_precision}")')
+        valid = "nmask[None, :] & (rn[None, :] <= rm[:, None])" if self.causal else "nmask[None, :]"
+        e(loop, f"qk = tl.where({valid}, qk * {self.scale!r}, float('-inf'))")
+        e(loop, "m_new = tl.maximum(m_i, tl.max(qk, axis=1))")
+        e(loop, "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+        e(loop, "pr = tl.exp(qk - m_safe[:, None])")
+        e(loop, "alpha = tl.exp(m_i - m_safe)")
+        e(loop, "l_i = l_i * alpha + tl.sum(pr, axis=1)")
+        e(
+            loop,
+            f"v = tl.load({pv} + (bh * {lk} + rn[:, None]) * {dv} + rd[None, :], "
+            "mask=nmask[:, None] & dmask[None, :], other=0.0)",
+        )
+        e(loop, f'acc = tl.dot(pr, v, acc * alpha[:, None], input_precision="{p.attn_precision}")')
+        e(loop, "m_i = m_new")
+        e(s, "o = acc / l_i[:, None]")
+        e(s, "cmask = mmask[:, None] & dmask[None, :]")
+        e(s, f"lin = (bh * {lq} + rm[:, None]) * {dv} + rd[None, :]")
+        s.memo[("v", self.node.id)] = "o"
+        for nid in self.kernel.exports:
+            self.store(s, nid, row=False)
+        body = self.lines[start:]
+        consts = {
+            "BLOCK_M": p.attn_block_m,
+            "BLOCK_N": p.attn_block_n,
+            "BLOCK_K": p.attn_block_k,
+            "BLOCK_D": p.attn_block_d,
+        }
+        return Launch(
+            source="\n".join(["@triton.jit", self.signature(list(consts)), *body]),
+            name=self.kernel.name,
+            pointers=self.pointers,
+            grid=(math.ceil(lq / p.attn_block_m) * self.ndt, self.bh),
+            constexprs=consts,
+            num_warps=p.attn_warps,
+            num_stages=p.attn_stages,
+        )

@@ -1,0 +1,157 @@
+"""How much of a KernelBench checkout the template expert covers: generated or declined, and why.
+
+For each problem of the chosen level (the development subset by default) it runs the expert's
+analysis and rendering on the reference as published and prints one row: the template it would
+use, or the decline with its reason. ``--check`` also shrinks the problem's module-level sizes in
+memory (batch sizes to 2, other sizes above 32 divided by ``--factor``), renders the first
+candidate for the shrunk reference and evaluates it through the real evaluator on the CPU
+(``python -m gpu_runner ... --device cpu``, exactly ``kfoundry eval``), so every "generated"
+row can be confirmed correct without a GPU.
+Nothing of the checkout is copied anywhere but a temporary folder that is removed afterwards.
+
+    python -m bench.template_coverage ~/kb/KernelBench --level 1
+    python -m bench.template_coverage ~/kb/KernelBench --level 2 --check --problems 2 4 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from actors.experts.template import Plan, analyse, default_params, render
+from bench.template_bench import evaluate_cli
+
+DEV: dict[int, tuple[int, ...]] = {
+    1: (
+        *(2, 3, 4, 6, 8, 10, 16, 18, 20, 21, 24, 26, 29, 33, 35),
+        *(38, 39, 42, 45, 48, 51, 54, 57, 63, 67, 82, 86, 89, 95, 98),
+    ),
+    2: (2, 4, 6, 9, 14, 18, 21, 22, 28, 30, 33, 40, 45, 52, 56, 59, 63, 66, 67, 73, 80, 86, 88, 92, 95),
+    3: (2, 3, 8, 19, 31, 50),
+}
+"""The development subset (the only problems that may be used for tuning)."""
+
+
+@dataclass
+class Row:
+    """The outcome for one problem."""
+
+    problem: str
+    generated: bool
+    detail: str
+    check: str = ""
+
+
+def _shrunk(value: int, batch: bool, factor: int, above: int) -> int:
+    if batch:
+        return min(value, 2)
+    return max(min(8, above), value // factor) if value > above else value
+
+
+def shrink_sizes(source: str, factor: int, above: int = 32) -> str:
+    """The problem with its module-level sizes shrunk in memory: batch sizes to at most 2, every
+    other integer above ``above`` (alone, in a tuple, or in a chained assignment) divided by
+    ``factor`` (at least ``min(8, above)``)."""
+    tree = ast.parse(source)
+    for stmt in tree.body:
+        if not isinstance(stmt, ast.Assign):
+            continue
+        names = [
+            n.id for t in stmt.targets for n in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(n, ast.Name)
+        ]
+        batch = any("batch" in n.lower() for n in names)
+        value = stmt.value
+        if isinstance(value, ast.Constant) and type(value.value) is int:
+            stmt.value = ast.Constant(_shrunk(value.value, batch, factor, above))
+        elif isinstance(value, ast.Tuple):
+            ints = [e.value for e in value.elts if isinstance(e, ast.Constant) and type(e.value) is int]
+            if len(ints) == len(value.elts):
+                value.elts = [ast.Constant(_shrunk(int(v), batch, factor, above)) for v in ints]
+    return ast.unparse(tree) + "\n"
+
+
+def problem_files(root: Path, level: int, numbers: tuple[int, ...]) -> list[Path]:
+    """The files of ``level`` whose leading number is in ``numbers``, in that order."""
+    folder = root / f"level{level}"
+    by_number = {int(p.name.split("_", 1)[0]): p for p in folder.glob("*.py") if p.name.split("_", 1)[0].isdigit()}
+    missing = [n for n in numbers if n not in by_number]
+    if missing:
+        raise SystemExit(f"{folder} has no problems numbered {missing}")
+    return [by_number[n] for n in numbers]
+
+
+def cover(path: Path, check: bool, factor: int, above: int, timeout: float, workdir: Path) -> Row:
+    """Analyse (and optionally check) one problem."""
+    source = path.read_text(encoding="utf-8")
+    plan = analyse(source)
+    if not isinstance(plan, Plan):
+        return Row(path.stem, False, plan.detail)
+    try:
+        render(plan, default_params(plan))
+    except Exception as exc:  # noqa: BLE001 - a rendering failure is this row's finding
+        return Row(path.stem, False, f"render failed: {type(exc).__name__}: {exc}")
+    row = Row(path.stem, True, plan.template)
+    if not check:
+        return row
+    small = shrink_sizes(source, factor, above)
+    small_plan = analyse(small)
+    if not isinstance(small_plan, Plan):
+        row.check = f"not checked: the shrunk problem is declined ({small_plan.detail})"
+        return row
+    reference = workdir / f"ref_{path.stem}.py"
+    reference.write_text(small, encoding="utf-8")
+    outcome = evaluate_cli(reference, render(small_plan, default_params(small_plan)), "cpu", timeout, workdir, "first")
+    row.check = outcome.status if outcome.status == "correct" else f"{outcome.status}: {outcome.summary}"
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one line per problem and a summary."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="a KernelBench checkout (holding level1, level2, ...)")
+    parser.add_argument("--level", type=int, choices=sorted(DEV), required=True)
+    parser.add_argument("--problems", nargs="*", default=["dev"], help="'dev' (default), 'all' or problem numbers")
+    parser.add_argument("--check", action="store_true", help="evaluate shrunk candidates on the CPU")
+    parser.add_argument("--factor", type=int, default=32, help="divide sizes above 32 by this for --check")
+    parser.add_argument("--above", type=int, default=32, help="for --check: shrink sizes above this")
+    parser.add_argument("--timeout", type=float, default=300.0, help="bound on one CPU evaluation")
+    args = parser.parse_args(argv)
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+    root = args.root.expanduser()
+    if args.problems == ["dev"]:
+        numbers = DEV[args.level]
+    elif args.problems == ["all"]:
+        numbers = tuple(sorted(int(p.name.split("_", 1)[0]) for p in (root / f"level{args.level}").glob("[0-9]*.py")))
+    else:
+        numbers = tuple(int(n) for n in args.problems)
+    rows: list[Row] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kf-coverage-") as tmp:
+        for path in problem_files(root, args.level, numbers):
+            row = cover(path, args.check, args.factor, args.above, args.timeout, Path(tmp))
+            rows.append(row)
+            verdict = "generated" if row.generated else "declined"
+            extra = f" | check: {row.check}" if row.check else ""
+            print(f"{row.problem:70s} {verdict:9s} {row.detail[:160]}{extra}", flush=True)
+    done = sum(r.generated for r in rows)
+    checked = sum(r.check == "correct" for r in rows)
+    summary = f"\nlevel {args.level}: generated {done}/{len(rows)}"
+    if args.check:
+        summary += f", correct on the CPU {checked}/{done}"
+    print(summary + f" ({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Shared by the template kernel tests: render cases in several variants and check them all.
+
+``interp_verdicts`` renders every case at each of its sizes with the default parameters, a
+"stress" configuration, a seeded mutant and, at the first size, 64-bit indexing, and checks them
+in two child processes under ``TRITON_INTERPRET=1`` (``interp_check``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from actors.experts.template import Plan, TemplateParams, analyse, default_params, mutate, render
+from actors.experts.template import emit as emit_module
+from actors.experts.template.interp_check import Verdict, finish_check, start_check
+from tests.experts.template_cases import Case
+
+
+def plan_of(source: str) -> Plan:
+    """The plan of a covered reference (fails the test otherwise)."""
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    return plan
+
+
+def interp_verdicts(
+    cases: tuple[Case, ...], stress: Mapping[str, object], workdir: Path
+) -> dict[str, list[tuple[str, Verdict]]]:
+    """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
+    jobs: list[dict[str, object]] = []
+    labels: list[tuple[str, str]] = []
+    for case in cases:
+        for i, source in enumerate(case.sources()):
+            plan = plan_of(source)
+            default = default_params(plan)
+            epilogue, prologue = plan.fusions[-1]
+            variants = [
+                ("default", default),
+                ("stress", TemplateParams.from_dict({**stress, "fuse_epilogue": epilogue, "fuse_prologue": prologue})),
+                ("mutant", mutate(plan, default, np.random.default_rng(2000 + i), diagnosis=None)),
+            ]
+            for label, params in variants:
+                jobs.append(
+                    {"reference": source, "candidate": render(plan, params), "seeds": [5], "atol": 1e-4, "rtol": 1e-4}
+                )
+                labels.append((case.name, f"size{i}/{label}"))
+            if i == 0:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(emit_module, "INT32_LIMIT", 0)
+                    wide = render(plan, default)
+                assert ".to(tl.int64)" in wide
+                jobs.append({"reference": source, "candidate": wide, "seeds": [6], "atol": 1e-4, "rtol": 1e-4})
+                labels.append((case.name, "size0/int64-indexing"))
+    half = len(jobs) // 2
+    procs = [start_check(jobs[:half], workdir), start_check(jobs[half:], workdir)]
+    results = [v for proc in procs for v in finish_check(proc, timeout=280)]
+    by_case: dict[str, list[tuple[str, Verdict]]] = defaultdict(list)
+    for (name, label), verdict in zip(labels, results, strict=True):
+        by_case[name].append((label, verdict))
+    return dict(by_case)
+
+
+def assert_all_correct(results: list[tuple[str, Verdict]]) -> None:
+    """Every variant passed, with an error against float64 no worse than 8x eager's."""
+    assert len(results) >= 4
+    failures = [(label, v.detail) for label, v in results if not v.ok]
+    assert not failures
+    for label, v in results:
+        if v.err_vs_fp64 is not None and v.ref_err_vs_fp64 is not None:
+            assert v.err_vs_fp64 <= max(8 * v.ref_err_vs_fp64, 1e-6), (label, v.err_vs_fp64, v.ref_err_vs_fp64)

@@ -1,0 +1,67 @@
+"""Loss references for the template expert's tests: every loss, reductions to a scalar.
+
+KernelBench's spellings (``torch.mean((p - t) ** 2)``, ``F.smooth_l1_loss``, ``F.kl_div(log(p),
+t, reduction='batchmean')``, ``nn.TripletMarginLoss``, the hinge ``mean(clamp(1 - p * t,
+min=0))``) and the other reductions, at odd sizes whose total exceeds one chunk.
+"""
+
+from __future__ import annotations
+
+from tests.experts.template_cases import Case, _model
+
+_PT = "torch.rand($B, $N), torch.rand($B, $N)"
+_SIZES: tuple[dict[str, int], ...] = ({"B": 7, "N": 300}, {"B": 2, "N": 5})
+
+LOSS_CASES: tuple[Case, ...] = (
+    Case("mse_mean", _model("", "", "p, t", "return torch.mean((p - t) ** 2)", _PT, ""), _SIZES),
+    Case("smooth_l1", _model("", "", "p, t", "return F.smooth_l1_loss(p * 3.0, t, beta=0.5)", _PT, ""), _SIZES),
+    Case(
+        "huber_sum_and_l1_none",
+        _model(
+            "",
+            "self.h = nn.HuberLoss(reduction='sum', delta=0.7)\nself.l1 = nn.L1Loss(reduction='none')",
+            "p, t",
+            "return self.h(p * 2.0, t) + self.l1(p, t)",
+            _PT,
+            "",
+        ),
+        ({"B": 3, "N": 37},),
+    ),
+    Case(
+        "kl_div_batchmean",
+        _model(
+            "",
+            "",
+            "p, t",
+            "return F.kl_div(torch.log(p), t, reduction='batchmean')",
+            "torch.rand($B, $N).softmax(dim=-1), torch.rand($B, $N).softmax(dim=-1)",
+            "",
+        ),
+        _SIZES,
+    ),
+    Case(
+        "triplet_margin",
+        _model(
+            ", margin",
+            "self.loss_fn = nn.TripletMarginLoss(margin=margin)",
+            "a, p, n",
+            "return self.loss_fn(a, p, n)",
+            "torch.rand($B, $N), torch.rand($B, $N), torch.rand($B, $N)",
+            "1.0",
+        ),
+        _SIZES,
+    ),
+    Case(
+        "hinge_mean",
+        _model(
+            "",
+            "",
+            "p, t",
+            "return torch.mean(torch.clamp(1 - p * t, min=0))",
+            "torch.randn($B, $N), torch.randint(0, 2, ($B, 1)).float() * 2 - 1",
+            "",
+        ),
+        _SIZES,
+    ),
+)
+"""Every loss problem the tests render and check."""
