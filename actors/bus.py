@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -239,21 +240,70 @@ class Bus:
         actor_id: str,
         dlq_run: str = subjects.NO_RUN,
         stats: StatsRecorder | None = None,
-        connect_timeout: float = 5.0,
+        connect_timeout: float | None = 5.0,
+        stop: asyncio.Event | None = None,
     ) -> Bus:
-        """Connect to ``url`` (a comma-separated list joins a cluster)."""
-        try:
-            nc = await nats.connect(
-                servers=[u.strip() for u in url.split(",")],
+        """Connect to ``url`` (a comma-separated list joins a cluster).
+
+        With ``connect_timeout`` (a one-shot command), give up after that many seconds, and give up
+        on a lost connection after about as long: ``BusError`` in one line. With ``None`` (a
+        long-running actor), keep trying for ever, one log line per failed attempt, until ``stop``
+        is set (then ``BusError`` at once).
+        """
+        servers = [u.strip() for u in url.split(",")]
+        last: list[BaseException] = []
+
+        async def on_error(exc: Exception) -> None:
+            last[:] = [exc]
+            if connect_timeout is None:
+                log.warning("NATS connection attempt failed", url=url, error=_short(exc))
+
+        async def on_disconnect() -> None:
+            log.warning("NATS connection lost, reconnecting", url=url)
+
+        async def on_reconnect() -> None:
+            log.info("NATS connection restored", url=url)
+
+        wait = 1.0
+        per_attempt, attempts = 2.0, -1
+        if connect_timeout is not None:
+            per_attempt, attempts = min(connect_timeout, 2.0), max(2, math.ceil(connect_timeout / wait))
+        connecting = asyncio.ensure_future(
+            nats.connect(
+                servers=servers,
                 name=name,
-                connect_timeout=connect_timeout,
-                max_reconnect_attempts=-1,
+                connect_timeout=per_attempt,
+                reconnect_time_wait=wait,
+                max_reconnect_attempts=attempts,
                 allow_reconnect=True,
                 pending_size=64 * 1024 * 1024,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
             )
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise BusError(f"cannot connect to NATS at {url}: {_short(exc)}") from exc
-        return cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats)
+        )
+        waiters: set[asyncio.Future[Any]] = {connecting}
+        stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        if stopped is not None:
+            waiters.add(stopped)
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if stopped is not None:
+                stopped.cancel()
+        if connecting in done:
+            try:
+                nc = connecting.result()
+            except (TimeoutError, OSError, nats.errors.Error) as exc:
+                raise BusError(f"cannot connect to NATS at {url}: {_short(exc)}") from exc
+            return cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats)
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connecting
+        if stop is not None and stop.is_set():
+            raise BusError(f"stopped while connecting to NATS at {url}")
+        why = f" (last error: {_short(last[0])})" if last else ""
+        raise BusError(f"cannot reach NATS at {url} within {connect_timeout:g} s{why}")
 
     # -- sending ---------------------------------------------------------------------------
 
