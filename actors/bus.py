@@ -147,6 +147,13 @@ class _Workers:
         await self._slots.acquire()
         self._slots.release()
 
+    def cancel(self) -> int:
+        """Cancel every running handler; returns how many there were."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
     async def join(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
@@ -183,6 +190,12 @@ class PullConsumer:
                     self.in_hand[key] = (msg, now)
                     with contextlib.suppress(nats.errors.Error):
                         await msg.in_progress()
+
+    def abort(self) -> int:
+        """Stop fetching and cancel the handlers now: what they held is neither acked nor nak'ed
+        (the stream keeps it). Returns how many were cancelled."""
+        self.stopping.set()
+        return self.workers.cancel()
 
     async def stop(self) -> None:
         """Stop fetching, let in-hand messages ack or nak, then unsubscribe."""
@@ -230,6 +243,15 @@ class Bus:
     def resume(self) -> None:
         """Fetch again."""
         self._running.set()
+
+    def abort_consumers(self) -> int:
+        """Cancel the work in hand of every pull consumer at once (see ``PullConsumer.abort``)."""
+        return sum(consumer.abort() for consumer in self._consumers)
+
+    @property
+    def in_hand(self) -> int:
+        """Messages the pull consumers' handlers hold now."""
+        return sum(consumer.workers.busy for consumer in self._consumers)
 
     @classmethod
     async def connect(

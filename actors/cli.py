@@ -52,31 +52,65 @@ def nats_url(arg: str | None) -> Iterator[str]:
         server.release()
 
 
-def _add_nats(p: argparse.ArgumentParser) -> None:
+def _add_nats(p: argparse.ArgumentParser, *, connect_timeout: float | None = 5.0) -> None:
+    """``--nats`` and ``--connect-timeout`` (one-shot commands give up after a few seconds; a
+    long-running actor, ``connect_timeout=None``, keeps trying until stopped)."""
     p.add_argument("--nats", help="NATS server URL(s), comma-separated (default: $NATS_URL, else embedded)")
+    default = "keep trying, one log line per attempt" if connect_timeout is None else f"{connect_timeout:g}"
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive_seconds,
+        default=connect_timeout,
+        metavar="SECONDS",
+        help=f"give up on an unreachable or lost NATS server after this long (default: {default})",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
 
 
 def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
-    """Run ``main`` with SIGINT/SIGTERM turned into a graceful stop event."""
+    """Run ``main`` with the first SIGINT/SIGTERM turned into a graceful stop event and a second
+    one into a stop at once (``main`` is cancelled). Interrupted by SIGINT, the exit status is 130."""
 
     async def wrapper() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        received: list[signal.Signals] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            received.append(sig)
+            if len(received) == 1:
+                stop.set()
+            elif len(received) == 2 and task is not None:
+                _out(f"kfoundry: second {sig.name}: stopping at once", sys.stderr)
+                task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         try:
-            return await main(stop)
+            code = await main(stop)
+        except asyncio.CancelledError:
+            if len(received) < 2:
+                raise
+            code = 1
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+        return 130 if signal.SIGINT in received else code
 
     return asyncio.run(wrapper())
 
 
-async def _connect(url: str, name: str):  # type: ignore[no-untyped-def]
+async def _connect(url: str, name: str, args: argparse.Namespace, stop: asyncio.Event):  # type: ignore[no-untyped-def]
     from actors.bus import Bus
 
-    return await Bus.connect(url, name=name, actor_id=name)
+    return await Bus.connect(url, name=name, actor_id=name, connect_timeout=args.connect_timeout, stop=stop)
 
 
 # -- tap -----------------------------------------------------------------------------------
@@ -92,7 +126,7 @@ def cmd_tap(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-tap")
+            bus = await _connect(url, "kfoundry-tap", args, stop)
             _out(f"# tapping {', '.join(subjects)} on {url} (Ctrl-C to stop)", sys.stderr)
             try:
                 await tap(bus.nc, subjects, _out, types=types, stop=stop, limit=args.count)
@@ -111,7 +145,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-status")
+            bus = await _connect(url, "kfoundry-status", args, stop)
             try:
                 rows = await discover(bus.nc, wait_s=args.wait, run_id=args.run)
                 lags = await consumer_lag(bus.nc, run_id=args.run)
@@ -168,7 +202,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-drain")
+            bus = await _connect(url, "kfoundry-drain", args, stop)
             try:
                 info = await bus.request(
                     subjects.control(args.actor_id),
@@ -199,7 +233,7 @@ def cmd_expert(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-expert")
+            bus = await _connect(url, "kfoundry-expert", args, stop)
             try:
                 if args.expert_cmd == "show":
                     cfg = await get_expert_config(bus, args.name)
@@ -343,11 +377,36 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except KfError as exc:
-        _out(f"kfoundry: {exc}", sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:  # the CLI's one boundary: a known error is one line, never a traceback
+        lines = _one_line_errors(exc)
+        if lines is None:
+            raise
+        for line in lines:
+            _out(f"kfoundry: {line}", sys.stderr)
+        return 2
+
+
+def _one_line_errors(exc: BaseException) -> list[str] | None:
+    """The lines that report ``exc`` (an error of ours or of NATS, possibly grouped by a
+    ``TaskGroup``), or None for anything else (a bug: its traceback is shown)."""
+    import nats.errors
+    import nats.js.errors
+
+    if isinstance(exc, BaseExceptionGroup):
+        lines: list[str] = []
+        for inner in exc.exceptions:
+            more = _one_line_errors(inner)
+            if more is None:
+                return None
+            lines += [line for line in more if line not in lines]
+        return lines
+    if isinstance(exc, KfError):
+        return [str(exc)]
+    if isinstance(exc, nats.errors.Error | nats.js.errors.Error):
+        return [f"NATS: {type(exc).__name__}: {exc}".rstrip(": ")]
+    return None
 
 
 if __name__ == "__main__":

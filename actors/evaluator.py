@@ -16,7 +16,7 @@ from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
 from actors.kv import get_run
 from actors.runners import Runner
-from schemas import ActorKind, Candidate, RunSpec, Task, subjects
+from schemas import ActorKind, Candidate, RunEnd, RunSpec, Task, subjects
 
 
 class EvaluatorActor(Actor):
@@ -44,6 +44,7 @@ class EvaluatorActor(Actor):
         self.task: Task | None = None
         self.spec: RunSpec | None = None
         self.evaluated = 0
+        self.cancelled = 0
 
     async def setup(self) -> None:
         self.spec = await get_run(self.bus, self.rid)
@@ -63,9 +64,14 @@ class EvaluatorActor(Actor):
     async def handle(self, candidate: Candidate, delivery: Delivery) -> None:
         """Evaluate one candidate and store its result before the candidate is acked."""
         assert self.task is not None
+        assert self.spec is not None
         with structlog.contextvars.bound_contextvars(island=candidate.island, candidate=candidate.candidate_id):
             result = await self.runner.evaluate(
-                self.task, candidate, attempt=delivery.num_delivered, evaluator=self.actor_id
+                self.task,
+                candidate,
+                attempt=delivery.num_delivered,
+                evaluator=self.actor_id,
+                timeout_s=self.spec.eval_timeout_s,
             )
             await self.bus.publish_durable(
                 subjects.results(self.rid, candidate.island),
@@ -82,8 +88,16 @@ class EvaluatorActor(Actor):
                 attempt=delivery.num_delivered,
             )
 
+    async def _on_run_end(self, end: RunEnd, delivery: Delivery) -> None:
+        if end.cancelled and self._bus is not None:
+            # The run is over (its deadline, or a second interrupt): stop evaluating at once.
+            n = self.bus.abort_consumers()
+            self.cancelled += n
+            self.log.info("evaluations cancelled: the run ended", reason=str(end.reason), cancelled=n)
+        await super()._on_run_end(end, delivery)
+
     def extra_stats(self) -> dict[str, float | int | str | None]:
-        return {"evaluated": self.evaluated}
+        return {"evaluated": self.evaluated, "cancelled": self.cancelled}
 
     async def teardown(self) -> None:
         await self.runner.aclose()

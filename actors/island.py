@@ -31,6 +31,7 @@ from actors.evolution.island import IslandBrain
 from actors.evolution.plans import IslandConfig, RequestPlan
 from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.kv import get_expert_config, get_run, load_text, save_text
+from actors.quota import CandidateQuota
 from schemas import (
     ActorKind,
     EliteAnnouncement,
@@ -71,6 +72,7 @@ class IslandActor(Actor):
         per_request: int = 1,
         status_every_s: float = 0.5,
         retrieve_ttl_s: float = 5.0,
+        drain_wait_s: float = 2.0,
     ) -> None:
         super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id)
         self.name = island
@@ -80,9 +82,11 @@ class IslandActor(Actor):
         self.per_request = per_request
         self.status_every_s = status_every_s
         self.retrieve_ttl_s = retrieve_ttl_s
+        self.drain_wait_s = drain_wait_s
         self._retrieved: dict[str, tuple[float, tuple[ExperienceHit, ...]]] = {}
         self._last_status = 0.0
         self._spec: RunSpec | None = None
+        self._quota: CandidateQuota | None = None
         self._brain: IslandBrain | None = None
         self._llm: set[str] = set()
         self._timeouts: dict[str, float] = {}
@@ -113,8 +117,15 @@ class IslandActor(Actor):
             raise RuntimeError("island used before setup")
         return self._brain
 
+    @property
+    def quota(self) -> CandidateQuota:
+        if self._quota is None:
+            raise RuntimeError("island used before setup")
+        return self._quota
+
     async def setup(self) -> None:
         self._spec = await get_run(self.bus, self.rid)
+        self._quota = CandidateQuota(self.bus, self.rid, self.spec.budget.candidates, islands=self.spec.islands)
         profiles = []
         for ref in self.spec.experts:
             config = await get_expert_config(self.bus, ref.name)
@@ -174,6 +185,8 @@ class IslandActor(Actor):
                     self._gave_up = True
             async with self._lock:
                 self._expire_lost()
+                if self.quota.exhausted:
+                    self.brain.stop(StopReason.CANDIDATES)
                 stopped = self.brain.budget_exhausted(time.time())
                 if stopped is None and self._gave_up:
                     stopped = StopReason.NO_PROGRESS
@@ -262,6 +275,8 @@ class IslandActor(Actor):
                         self.log.info("expert declined", reason=str(reply.decline.reason), detail=reply.decline.detail)
                     ids = tuple(h.experience.experience_id for h in hits)
                     for proposal in reply.proposals[: plan.n]:
+                        if not await self.quota.take():
+                            break  # the run's candidate budget is spent: nothing more is issued
                         cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
                         await self.bus.publish_durable(
                             subjects.candidates(self.rid, self.name, cand.candidate_id), cand, msg_id=cand.candidate_id
@@ -432,7 +447,10 @@ class IslandActor(Actor):
         """Stop asking for candidates; wait (bounded) for the feedback of those in flight."""
         await self._cancel([self._pump] if self._pump is not None else [], "generation loop")
         await self._cancel(list(self._requests), "expert requests")
-        deadline = time.monotonic() + self.spec.eval_timeout_s + 10.0
+        await self.quota.give_back()
+        # Feedback not yet here stays in this island's durable consumer (a successor gets it):
+        # wait only briefly, so that a stop request is honoured within seconds.
+        deadline = time.monotonic() + self.drain_wait_s
         while self.brain.in_flight > 0 and time.monotonic() < deadline and not self.run_ended:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

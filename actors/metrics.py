@@ -52,5 +52,7 @@ def serve_metrics(actors: Sequence[Actor], port: int, addr: str = "0.0.0.0") -> 
     try:
         start_http_server(port, addr=addr)
     except OSError as exc:
-        raise ConfigError(f"--metrics-port {port}: cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
+        raise ConfigError(
+            f"--metrics-port {port}: cannot serve metrics on {addr}:{port}: {exc.strerror or exc}"
+        ) from exc
     REGISTRY.register(ActorCollector(actors))
