@@ -68,6 +68,8 @@ class Actor:
         self.stats = StatsRecorder()
         self.state = ActorState.STARTING
         self.started_at = time.time()
+        self.stopped_at: float | None = None
+        """When the actor had stopped (wall clock)."""
         self.host = socket.gethostname()
         self._bus: Bus | None = None
         self._service: Service | None = None
@@ -216,12 +218,14 @@ class Actor:
             finally:
                 await self.teardown()
             self.state = ActorState.STOPPED
+            self.stopped_at = time.time()
             self._ready.set()
             self._stopped.set()
             self.log.info("actor stopped", reason=self.stop_reason, **self.stats.snapshot().model_dump())
 
     def _stopped_early(self) -> None:
         self.state = ActorState.STOPPED
+        self.stopped_at = time.time()
         self._ready.set()
         self._stopped.set()
         self.log.info("actor stopped before it started", reason=self.stop_reason)

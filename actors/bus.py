@@ -280,8 +280,11 @@ class Bus:
             if connect_timeout is None:
                 log.warning("NATS connection attempt failed", url=url, error=_short(exc))
 
+        made: list[Bus] = []
+
         async def on_disconnect() -> None:
-            log.warning("NATS connection lost, reconnecting", url=url)
+            if not (made and made[0]._closed):
+                log.warning("NATS connection lost, reconnecting", url=url)
 
         async def on_reconnect() -> None:
             log.info("NATS connection restored", url=url)
@@ -318,7 +321,8 @@ class Bus:
                 nc = connecting.result()
             except (TimeoutError, OSError, nats.errors.Error) as exc:
                 raise BusError(f"cannot connect to NATS at {url}: {_short(exc)}") from exc
-            return cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats)
+            made.append(cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats))
+            return made[0]
         connecting.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await connecting

@@ -33,6 +33,7 @@ from actors.kv import get_expert_config, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
 from actors.progress import Progress, RunWatcher
+from actors.quota import CandidateQuota
 from schemas import (
     ActorInfo,
     ActorKind,
@@ -143,7 +144,11 @@ class RunController:
         return actors
 
     async def _publish_seeds(self, bus: Bus) -> None:
+        quota = CandidateQuota(bus, self.spec.run_id, self.spec.budget.candidates)
         for i, source in enumerate(self.seeds):
+            if not await quota.take():
+                log.warning("seed candidates beyond the candidate budget not published", seeds=len(self.seeds) - i)
+                break
             island = f"i{i % self.spec.islands}"
             cand = Candidate(
                 run_id=self.spec.run_id,
@@ -299,7 +304,12 @@ class RunController:
                         raise ConfigError(f"--llm-diagnoser {self.args.llm_diagnoser}: no such expert configuration")
                 self.actors = self._local_actors(configs)
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
-                await asyncio.gather(*(a.wait_ready() for a in self.actors))
+                # Actors that start slowly do not hold the run past its deadline.
+                deadline = self.progress.deadline
+                ready = asyncio.ensure_future(asyncio.gather(*(a.wait_ready() for a in self.actors)))
+                await asyncio.wait([ready], timeout=None if deadline is None else max(0.0, deadline - time.time()))
+                if not ready.done():
+                    ready.cancel()
             await self._publish_seeds(bus)
             try:
                 reason = await self._wait_for_end(stop, actors_task)

@@ -183,6 +183,8 @@ class RunWatcher:
                 log.warning("run stream read failed, retrying", error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(0.5)
                 continue
+            if not msgs:
+                continue
             for msg in msgs:
                 self.handle(msg)
             self.changed.set()
