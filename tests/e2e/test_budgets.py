@@ -5,6 +5,7 @@ few seconds of S with the evaluations still running cancelled and recorded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import time
@@ -135,7 +136,13 @@ async def test_counts_survive_a_nats_restart_in_the_middle(restartable: _Server,
     run = asyncio.create_task(_run(controller, 220))
     async with asyncio.timeout(150):
         while controller.progress.evaluated < 8:
-            await asyncio.sleep(0.1)
+            if controller.watcher is not None:
+                controller.watcher.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await controller.watcher.changed.wait()
+            else:
+                await asyncio.sleep(0.1)  # the watcher does not exist yet
     restartable.stop()
     await asyncio.sleep(2.0)
     restartable.start()
