@@ -4,6 +4,7 @@
     kfoundry eval REF.py CAND.py    one honest evaluation (gpu_runner)
     kfoundry actor KIND --run RUN   one actor process joining a run
     kfoundry tap [SUBJECT...]       live, decoded view of the message streams
+    kfoundry dlq [--run RUN]        dead letters with their reasons and subjects
     kfoundry status                 live actors (kind, id, version, host, stats) and consumer lag
     kfoundry drain ACTOR_ID         remove one actor gracefully (with a new one: a hot swap)
     kfoundry expert set NAME ...    store or change an expert's configuration (taken up live)
@@ -118,8 +119,11 @@ async def _connect(url: str, name: str, args: argparse.Namespace, stop: asyncio.
 
 def cmd_tap(args: argparse.Namespace) -> int:
     from actors.observe import tap
+    from schemas import subjects as subject_names
 
-    subjects = list(args.subjects) or ([f"kf.{args.run}.>"] if args.run else ["kf.>"])
+    subjects = list(args.subjects) or (
+        [subject_names.run_all(args.run), subject_names.dead_letters(args.run)] if args.run else ["kf.>"]
+    )
     if args.replies:
         subjects.append("_INBOX.>")
     types = set(args.type) if args.type else None
@@ -132,6 +136,31 @@ def cmd_tap(args: argparse.Namespace) -> int:
                 await tap(bus.nc, subjects, _out, types=types, stop=stop, limit=args.count)
             finally:
                 await bus.close()
+        return 0
+
+    return run_async(main)
+
+
+# -- dead letters --------------------------------------------------------------------------
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from actors.observe import dead_letters, render_dead_letter
+
+    async def main(stop: asyncio.Event) -> int:
+        with nats_url(args.nats) as url:
+            bus = await _connect(url, "kfoundry-dlq", args, stop)
+            try:
+                letters = await dead_letters(bus.nc, run_id=args.run)
+            finally:
+                await bus.close()
+        if args.json:
+            _out(json.dumps([json.loads(letter.to_bytes()) for letter in letters], indent=2))
+            return 0
+        where = f"run {args.run}" if args.run else "all runs"
+        _out(f"{len(letters)} dead letter(s) ({where}) on {url}")
+        for letter in letters:
+            _out(render_dead_letter(letter))
         return 0
 
     return run_async(main)
@@ -325,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, help="stop after this many messages")
     _add_nats(p)
     p.set_defaults(func=cmd_tap)
+
+    p = sub.add_parser("dlq", help="list dead letters (messages given up on) with reasons and subjects")
+    p.add_argument("--run", help="only this run's dead letters")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_nats(p)
+    p.set_defaults(func=cmd_dlq)
 
     p = sub.add_parser("status", help="list live actors and consumer lag")
     p.add_argument("--run", help="only this run")

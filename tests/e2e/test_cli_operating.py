@@ -1,0 +1,168 @@
+"""Operating the CLI: an unreachable NATS server is one line within a bounded time, actors wait
+for their run and retry NATS until stopped, a taken metrics port is one line, and interrupts
+say what they wait for (a second one stops at once, exit status 130)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.bus import Bus
+from actors.nats_server import ServerInfo
+from schemas import RunEnd, subjects
+from tests.bus.helpers import register_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    env.pop("NATS_URL", None)
+    return env
+
+
+def _kfoundry(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "actors.cli", *args],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT, check=False,
+    )  # fmt: skip
+
+
+def _popen(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def dead_url() -> Iterator[str]:
+    """A loopback port where nothing listens (held bound, never listening)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"nats://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["tap"], ["drain", "island-x"], ["expert", "show", "template"], ["dlq"]],
+    ids=lambda c: c[0],
+)
+def test_unreachable_nats_is_one_line_within_the_connect_timeout(
+    command: list[str], dead_url: str, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    proc = _kfoundry(*command, "--nats", dead_url, "--connect-timeout", "1.5", env=_env(tmp_path))
+    took = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"kfoundry: cannot reach NATS at {dead_url} within 1.5 s"), lines[0]
+    assert took < 1.5 + 10, f"took {took:.1f} s"  # interpreter start-up on a loaded machine included
+
+
+def _stderr_after_stop(proc: subprocess.Popen[str], sig: signal.Signals, timeout: float) -> tuple[float, str]:
+    proc.send_signal(sig)
+    started = time.monotonic()
+    _, err = proc.communicate(timeout=timeout)
+    return time.monotonic() - started, err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_an_actor_retries_an_unreachable_nats_one_line_per_attempt_and_stops_at_once(
+    sig: signal.Signals, code: int, dead_url: str, tmp_path: Path
+) -> None:
+    proc = _popen("actor", "island", "--run", "r1", "--island", "i0", "--nats", dead_url, env=_env(tmp_path))
+    time.sleep(6.0)  # start-up, then a few attempts (one a second)
+    took, err = _stderr_after_stop(proc, sig, timeout=30)
+    assert proc.returncode == code, err
+    assert took < 3.0, f"stopped {took:.1f} s after {sig.name}"
+    assert "Traceback" not in err
+    attempts = [json.loads(line) for line in err.splitlines() if "connection attempt failed" in line]
+    assert len(attempts) >= 2, err
+    assert all(a["url"] == dead_url for a in attempts)
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_without_its_run_fails_in_one_line_when_it_may_not_wait(
+    nats_server: ServerInfo, tmp_path: Path
+) -> None:
+    proc = _kfoundry(
+        "actor", "evaluator", "--run", "nosuchrun", "--runner", "noop", "--wait-for-run", "0",
+        "--nats", nats_server.url, env=_env(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("kfoundry: no run 'nosuchrun' was registered"), proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_gives_up_waiting_for_its_run_after_wait_for_run(nats_server: ServerInfo, tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = _kfoundry(
+        "actor", "island", "--run", "stillnot", "--island", "i0", "--wait-for-run", "3", "--nats", nats_server.url,
+        env=_env(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert time.monotonic() - started >= 3.0
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("kfoundry: no run 'stillnot' was registered on this NATS server within 3 s")
+    waiting = [line for line in lines if "waiting for the run to be registered" in line]
+    assert len(waiting) == 1, proc.stderr
+
+
+@pytest.mark.timeout(180)
+async def test_an_actor_started_before_its_run_joins_when_it_is_registered(
+    nats_server: ServerInfo, run_id: str, tmp_path: Path
+) -> None:
+    proc = _popen(
+        "actor", "evaluator", "--run", run_id, "--runner", "noop", "--nats", nats_server.url, env=_env(tmp_path)
+    )
+    try:
+        bus = await Bus.connect(nats_server.url, name="test", actor_id="test-wait")
+        try:
+            await asyncio.sleep(4.0)  # the actor is up and waiting
+            assert proc.poll() is None
+            await register_run(bus, run_id)
+            await bus.publish_durable(
+                subjects.run_end(run_id), RunEnd(run_id=run_id, reason="candidates", evaluated=0), msg_id="end"
+            )
+        finally:
+            await bus.close()
+        # It joined (so it heard the RunEnd) and left cleanly.
+        _, err = await asyncio.to_thread(proc.communicate, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    events = [json.loads(line).get("event", "") for line in err.splitlines() if line.startswith("{")]
+    assert events.count("waiting for the run to be registered") == 1
+    assert "actor running" in events
+
+
+@pytest.mark.timeout(120)
+def test_a_taken_metrics_port_is_one_line(nats_server: ServerInfo, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _kfoundry(
+            "actor", "expert", "--name", "template", "--metrics-port", str(port), "--nats", nats_server.url,
+            env=_env(tmp_path),
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"kfoundry: --metrics-port {port}: cannot serve metrics")
