@@ -199,11 +199,8 @@ class Actor:
         except asyncio.CancelledError:
             # Stopped at once (a second interrupt): cancel what is in hand, it stays in its
             # stream unacknowledged and is redelivered to whoever serves the run next.
-            n = self.bus.abort_consumers()
+            n = await self.bus.abort()
             self.log.warning("actor stopped at once", cancelled=n)
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2.0):
-                    await self.bus.nc.close()
             raise
         finally:
             try:

@@ -248,6 +248,20 @@ class Bus:
         """Cancel the work in hand of every pull consumer at once (see ``PullConsumer.abort``)."""
         return sum(consumer.abort() for consumer in self._consumers)
 
+    async def abort(self) -> int:
+        """Stop at once: cancel every handler (pull, core and endpoint), close the connection
+        without draining. Unacknowledged JetStream messages are redelivered later; core and
+        request messages in hand are lost (a request's sender gets a timeout). Returns how many
+        handlers were cancelled."""
+        self._closed = True
+        n = self.abort_consumers()
+        n += sum(core.workers.cancel() for core in self._core)
+        n += sum(endpoint.workers.cancel() for endpoint in self._endpoints)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await self.nc.close()
+        return n
+
     @property
     def in_hand(self) -> int:
         """Messages the pull consumers' handlers hold now."""

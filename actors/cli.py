@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TextIO
 
@@ -74,6 +75,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+_ABORT_GRACE_S = 3.0
+
+
+def _exit_now(code: int) -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
 def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
     """Run ``main`` with the first SIGINT/SIGTERM turned into a graceful stop event and a second
     one into a stop at once (``main`` is cancelled). Interrupted by SIGINT, the exit status is 130."""
@@ -90,7 +101,11 @@ def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
                 stop.set()
             elif len(received) == 2 and task is not None:
                 _out(f"kfoundry: second {sig.name}: stopping at once", sys.stderr)
-                task.cancel()
+                task.cancel()  # the command records what it can (a run: its end) within a moment
+                # Work in threads (a compile, a trace) cannot be cancelled: do not wait for it.
+                timer = threading.Timer(_ABORT_GRACE_S, _exit_now, args=(130 if signal.SIGINT in received else 143,))
+                timer.daemon = True
+                timer.start()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)

@@ -277,6 +277,10 @@ class RunController:
                     attempts=1,
                 )
         log.warning("run stopped at once", cancelled=len(cancelled), evaluated=self.progress.evaluated)
+        self._say(
+            f"run {self.spec.run_id} stopped at once after {self.progress.evaluated} evaluated: "
+            f"{len(cancelled)} evaluation(s) in flight cancelled (recorded in its RunEnd); no report written"
+        )
 
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""
@@ -288,6 +292,7 @@ class RunController:
         )
         actors_task: asyncio.Task[None] | None = None
         actors_stop = asyncio.Event()
+        aborted = False
         try:
             await self._setup(bus)
             self.watcher = RunWatcher(bus, self.progress)
@@ -320,6 +325,7 @@ class RunController:
                 await self._drain_islands(bus, reason)
                 end = self._run_end(reason, self.cancelled)
             except asyncio.CancelledError:
+                aborted = True
                 await self._abort(bus)
                 raise
             await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
@@ -345,7 +351,10 @@ class RunController:
         finally:
             actors_stop.set()
             if actors_task is not None and not actors_task.done():
-                await actors_task
+                if aborted:
+                    actors_task.cancel()  # every local actor stops at once too
+                with contextlib.suppress(asyncio.CancelledError):
+                    await actors_task
             if self.watcher is not None:
                 await self.watcher.stop()
             await bus.close()
