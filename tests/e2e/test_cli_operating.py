@@ -19,7 +19,7 @@ import pytest
 
 from actors.bus import Bus
 from actors.nats_server import ServerInfo
-from schemas import RunEnd, subjects
+from schemas import RunEnd, StopReason, subjects
 from tests.bus.helpers import register_run, wait_up
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,8 @@ def test_an_actor_retries_an_unreachable_nats_one_line_per_attempt_and_stops_at_
     log = tmp_path / "actor.log"
     with open(log, "w") as err_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.cli", "actor", "island", "--run", "r1", "--island", "i0", "--nats", dead_url],
+            [sys.executable, "-m", "actors.cli", "actor", "island", "--run", "r1", "--island", "i0",
+             "--nats", dead_url],
             stdout=subprocess.DEVNULL, stderr=err_file, env=_env(tmp_path), cwd=ROOT,
         )  # fmt: skip
 
@@ -147,7 +148,7 @@ async def test_an_actor_started_before_its_run_joins_when_it_is_registered(
             await register_run(bus, run_id)
             await wait_up(bus, f"ev-{run_id}")  # it joined the run
             await bus.publish_durable(
-                subjects.run_end(run_id), RunEnd(run_id=run_id, reason="candidates", evaluated=0), msg_id="end"
+                subjects.run_end(run_id), RunEnd(run_id=run_id, reason=StopReason.CANDIDATES, evaluated=0), msg_id="end"
             )
         finally:
             await bus.close()
@@ -198,7 +199,7 @@ async def _issued(url: str, run_id: str) -> int:
 
 
 @pytest.mark.timeout(300)
-async def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
+def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
     nats_server: ServerInfo, run_id: str, tmp_path: Path
 ) -> None:
     seed = tmp_path / "seed.py"
@@ -211,23 +212,23 @@ async def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
              "--runner", "noop", "--noop-delay", "120", "--eval-timeout", "200", "--seed-candidate", str(seed),
              "--embedder", "hashing", "--library-dir", str(tmp_path / "lib"), "--candidates", "50",
              "--seconds", "280"],
-            stdout=subprocess.PIPE, stderr=err_file, text=True, env=_env(tmp_path), cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=_env(tmp_path), cwd=ROOT,
         )  # fmt: skip
     try:
-        async with asyncio.timeout(200):
-            while await _issued(nats_server.url, run_id) < 1:
-                assert proc.poll() is None, log.read_text()
-                await asyncio.sleep(0.5)
+        deadline = time.monotonic() + 200
+        while asyncio.run(_issued(nats_server.url, run_id)) < 1 and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        async with asyncio.timeout(60):
-            while "Ctrl-C again to stop at once" not in log.read_text():
-                await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while "Ctrl-C again to stop at once" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert proc.poll() is None  # it waits for the evaluations in flight (120 s each)
         waiting = next(line for line in log.read_text().splitlines() if line.startswith("interrupted:"))
         assert "candidate(s) in flight" in waiting
         proc.send_signal(signal.SIGINT)
         started = time.monotonic()
-        await asyncio.to_thread(proc.wait, 30)
+        proc.wait(30)
         took = time.monotonic() - started
     finally:
         if proc.poll() is None:
@@ -239,6 +240,6 @@ async def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
     assert took < 15.0, f"stopped {took:.1f} s after the second Ctrl-C"
     assert "Traceback" not in err
     assert "stopped at once" in err
-    end = await _run_end(nats_server.url, run_id)
+    end = asyncio.run(_run_end(nats_server.url, run_id))
     assert end.reason == "interrupted"
     assert end.cancelled  # recorded: what was in flight
