@@ -43,6 +43,7 @@ from schemas import (
     ExpertKind,
     Feedback,
     GenerateReply,
+    Message,
     Migration,
     RunSpec,
     StopReason,
@@ -73,6 +74,7 @@ class IslandActor(Actor):
         status_every_s: float = 0.5,
         retrieve_ttl_s: float = 5.0,
         drain_wait_s: float = 2.0,
+        feedback_concurrency: int = 8,
     ) -> None:
         super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id)
         self.name = island
@@ -83,6 +85,7 @@ class IslandActor(Actor):
         self.status_every_s = status_every_s
         self.retrieve_ttl_s = retrieve_ttl_s
         self.drain_wait_s = drain_wait_s
+        self.feedback_concurrency = feedback_concurrency
         self._retrieved: dict[str, tuple[float, tuple[ExperienceHit, ...]]] = {}
         self._last_status = 0.0
         self._spec: RunSpec | None = None
@@ -158,7 +161,9 @@ class IslandActor(Actor):
             ),
             Feedback,
             self.on_feedback,
-            concurrency=1,
+            # The brain is updated under the lock in arrival order; what follows (elite, experience,
+            # status) is publishing, which may overlap between feedbacks.
+            concurrency=self.feedback_concurrency,
         )
         await self.bus.consume(
             ConsumerSpec(
@@ -314,14 +319,18 @@ class IslandActor(Actor):
                 self._last_feedback = time.monotonic()
             if outcome.duplicate:
                 return
+            self._wake.set()  # a slot of K is free: the next request need not wait for the publishing below
             cid = fb.candidate.candidate_id
+            publishing = [self._record_experience(fb, parent)]
             if outcome.elite is not None:
-                await self.bus.publish_durable(
-                    subjects.elites(self.rid, self.name),
-                    EliteAnnouncement(run_id=self.rid, elite=outcome.elite, island_best=outcome.improved_best),
-                    msg_id=f"elite-{cid}",
+                publishing.append(
+                    self._publish(
+                        subjects.elites(self.rid, self.name),
+                        EliteAnnouncement(run_id=self.rid, elite=outcome.elite, island_best=outcome.improved_best),
+                        f"elite-{cid}",
+                    )
                 )
-            await self._record_experience(fb, parent)
+            await asyncio.gather(*publishing)
             if (
                 outcome.improved_best
                 or outcome.stagnating
@@ -367,8 +376,7 @@ class IslandActor(Actor):
             params=dict(cand.proposal.params),
             source_excerpt=cand.proposal.source[:_EXCERPT],
         )
-        await self.bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
-        await self._credit_prompt(record)
+        publishing = [self._publish(subjects.EXPERIENCE_RECORD, record, record.experience_id)]
         if cand.experience_ids:
             improved = child is not None and (parent_fitness is None or child > parent_fitness)
             delta = None if child is None and parent_fitness is None else (child or 0.0) - (parent_fitness or 0.0)
@@ -379,7 +387,12 @@ class IslandActor(Actor):
                 improved=improved,
                 delta=delta,
             )
-            await self.bus.publish_durable(subjects.EXPERIENCE_OUTCOME, outcome, msg_id=outcome.outcome_id)
+            publishing.append(self._publish(subjects.EXPERIENCE_OUTCOME, outcome, outcome.outcome_id))
+        await asyncio.gather(*publishing)
+        await self._credit_prompt(record)
+
+    async def _publish(self, subject: str, message: Message, msg_id: str) -> None:
+        await self.bus.publish_durable(subject, message, msg_id=msg_id)
 
     def _prompt_key(self, role: str) -> str:
         return f"{self.rid}.{self.name}.{role}"
