@@ -223,14 +223,14 @@ async def bench_hop(url: str, n: int, concurrency: int = 64) -> dict[str, float]
 
 
 async def bench_loop(url: str, candidates: int, islands: int, inflight: int) -> dict[str, float]:
-    if __package__ in (None, ""):  # run as ``python bench/fabric_bench.py``: the repository root is not on the path
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.loop_bench import run_noop_loop
 
     return await run_noop_loop(url, candidates=candidates, islands=islands, inflight=inflight)
 
 
 def main() -> int:
+    if __package__ in (None, ""):  # run as ``python bench/fabric_bench.py``: the repository root is not on the path
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer messages")
     parser.add_argument("--skip-loop", action="store_true", help="only the bus benchmarks")
