@@ -235,6 +235,8 @@ class Bus:
         self._closed = False
         self._running = asyncio.Event()
         self._running.set()
+        self.lost = asyncio.Event()
+        """Set when the client gave up on a lost server (bounded reconnects) without being closed."""
 
     def pause(self) -> None:
         """Stop fetching from pull consumers (in-hand messages finish)."""
@@ -303,6 +305,10 @@ class Bus:
         async def on_reconnect() -> None:
             log.info("NATS connection restored", url=url)
 
+        async def on_closed() -> None:
+            if made and not made[0]._closed:
+                made[0].lost.set()  # gave up reconnecting (a one-shot command's bounded attempts)
+
         wait = 1.0
         per_attempt, attempts = 2.0, -1
         if connect_timeout is not None:
@@ -319,6 +325,7 @@ class Bus:
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
+                closed_cb=on_closed,
             )
         )
         waiters: set[asyncio.Future[Any]] = {connecting}

@@ -133,6 +133,7 @@ async def _connect(url: str, name: str, args: argparse.Namespace, stop: asyncio.
 
 
 def cmd_tap(args: argparse.Namespace) -> int:
+    from actors.errors import BusError
     from actors.observe import tap
     from schemas import subjects as subject_names
 
@@ -147,10 +148,15 @@ def cmd_tap(args: argparse.Namespace) -> int:
         with nats_url(args.nats) as url:
             bus = await _connect(url, "kfoundry-tap", args, stop)
             _out(f"# tapping {', '.join(subjects)} on {url} (Ctrl-C to stop)", sys.stderr)
+            lost = asyncio.ensure_future(bus.lost.wait())
+            lost.add_done_callback(lambda _: stop.set())
             try:
                 await tap(bus.nc, subjects, _out, types=types, stop=stop, limit=args.count)
             finally:
+                lost.cancel()
                 await bus.close()
+            if bus.lost.is_set():
+                raise BusError(f"lost the connection to NATS at {url} (gave up after {args.connect_timeout:g} s)")
         return 0
 
     return run_async(main)
@@ -443,6 +449,7 @@ def _one_line_errors(exc: BaseException) -> list[str] | None:
     ``TaskGroup``), or None for anything else (a bug: its traceback is shown)."""
     import nats.errors
     import nats.js.errors
+    import pydantic
 
     if isinstance(exc, BaseExceptionGroup):
         lines: list[str] = []
@@ -454,6 +461,10 @@ def _one_line_errors(exc: BaseException) -> list[str] | None:
         return lines
     if isinstance(exc, KfError):
         return [str(exc)]
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or exc.title
+        return [f"invalid {exc.title} {where}: {first.get('msg', '')} (got {first.get('input')!r})"]
     if isinstance(exc, nats.errors.Error | nats.js.errors.Error):
         return [f"NATS: {type(exc).__name__}: {exc}".rstrip(": ")]
     return None

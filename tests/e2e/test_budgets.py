@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +14,10 @@ import pytest
 from actors.bus import Bus
 from actors.cli import build_parser
 from actors.controller import RunController, RunOutcome
-from actors.nats_server import find_binary
 from actors.quota import CandidateQuota
 from actors.run import build_spec, check_task_source
 from schemas import Candidate, DeviceChoice, EvalResult, Message, RunEnd, StopReason, decode_any, subjects
+from tests.bus.helpers import RestartableServer
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
@@ -82,44 +79,9 @@ async def test_candidate_budget_is_exact_with_several_islands(nats_url: str, tmp
         await bus.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Server:
-    """A nats-server on a fixed port that can be stopped and started again on its store."""
-
-    def __init__(self, store: Path) -> None:
-        self.port = _free_port()
-        self.store = store
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        cmd = [str(find_binary()), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("nats-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
 @pytest.fixture
-def restartable(tmp_path: Path) -> Iterator[_Server]:
-    server = _Server(tmp_path / "js")
+def restartable(tmp_path: Path) -> Iterator[RestartableServer]:
+    server = RestartableServer(tmp_path / "js")
     server.start()
     try:
         yield server
@@ -128,7 +90,7 @@ def restartable(tmp_path: Path) -> Iterator[_Server]:
 
 
 @pytest.mark.timeout(240)
-async def test_counts_survive_a_nats_restart_in_the_middle(restartable: _Server, tmp_path: Path) -> None:
+async def test_counts_survive_a_nats_restart_in_the_middle(restartable: RestartableServer, tmp_path: Path) -> None:
     controller = _controller(
         restartable.url, tmp_path, "--islands", "2", "--inflight", "2", "--candidates", "40", "--seconds", "200",
         "--noop-delay", "0.1",

@@ -20,7 +20,7 @@ import pytest
 from actors.bus import Bus
 from actors.nats_server import ServerInfo
 from schemas import RunEnd, StopReason, subjects
-from tests.bus.helpers import register_run, wait_up
+from tests.bus.helpers import RestartableServer, register_run, wait_up
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -243,3 +243,23 @@ def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
     end = asyncio.run(_run_end(nats_server.url, run_id))
     assert end.reason == "interrupted"
     assert end.cancelled  # recorded: what was in flight
+
+
+@pytest.mark.timeout(120)
+def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None:
+    server = RestartableServer(tmp_path / "js")
+    server.start()
+    try:
+        proc = _popen("tap", "--nats", server.url, "--connect-timeout", "2", env=_env(tmp_path))
+        time.sleep(4.0)  # connected and tapping
+        assert proc.poll() is None
+        server.stop()
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        server.stop()
+    assert proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if not line.startswith("# tapping")]
+    assert lines == [f"kfoundry: lost the connection to NATS at {server.url} (gave up after 2 s)"], err
+    assert took < 2 + 10, f"took {took:.1f} s"
