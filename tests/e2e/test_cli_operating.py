@@ -263,3 +263,20 @@ def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None
     lines = [line for line in err.splitlines() if not line.startswith("# tapping")]
     assert lines == [f"kfoundry: lost the connection to NATS at {server.url} (gave up after 2 s)"], err
     assert took < 2 + 10, f"took {took:.1f} s"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "examples/quickstart.py", "--islands", "0", "--device", "cpu"], "kfoundry: invalid RunSpec islands:"),
+        (["run", "no_such_task.py"], "kfoundry: task file not found: no_such_task.py"),
+        (["actor", "island", "--run", "r", "--island", "i0", "--wait-for-run", "-1"], "kfoundry: --wait-for-run must"),
+    ],
+    ids=["invalid-option", "missing-task", "negative-wait"],
+)
+def test_a_configuration_error_is_one_line(args: list[str], line: str, tmp_path: Path) -> None:
+    proc = _kfoundry(*args, env=_env(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(line), proc.stderr
