@@ -8,10 +8,11 @@ Writes: the ``RunSpec`` (``kf_runs`` KV), expert configs it needs (``kf_experts`
 
 Ending a run: on the candidate budget, every candidate issued has been evaluated (the islands'
 shared quota, ``actors.quota``, issues exactly N); the controller waits briefly for the last
-feedback, drains the islands, then ``RunEnd`` tells every other actor to leave. On the deadline
-(or a second interrupt) it does not wait: ``RunEnd`` lists the candidates still in flight as
-cancelled, and evaluators stop them at once. A first interrupt waits for what is in flight
-(saying so); a second one stops at once and is recorded the same way.
+feedback, drains the islands, then ``RunEnd`` tells every other actor to leave. On any other end
+(the deadline, the token budget, speed-of-light) it does not wait: ``RunEnd`` lists the candidates
+still in flight as cancelled, and evaluators stop them at once. A first interrupt waits for what
+is in flight (saying so, bounded by the evaluation timeout); a second one stops at once and is
+recorded the same way.
 """
 
 from __future__ import annotations
@@ -320,8 +321,9 @@ class RunController:
                 reason = await self._wait_for_end(stop, actors_task)
                 log.info("run ending", reason=str(reason), evaluated=self.progress.evaluated)
                 await self._finish_in_flight(reason)
-                if reason is StopReason.WALL_TIME:
-                    self.cancelled = tuple(sorted(self.progress.in_flight))
+                # Whatever is still in flight now is not waited for: the deadline passed, the goal
+                # was reached, or the interrupt's grace ended. Evaluators stop it at once.
+                self.cancelled = tuple(sorted(self.progress.in_flight))
                 await self._drain_islands(bus, reason)
                 end = self._run_end(reason, self.cancelled)
             except asyncio.CancelledError:

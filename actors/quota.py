@@ -113,15 +113,6 @@ class CandidateQuota:
         self.held -= 1
         return True
 
-    async def spent(self) -> bool:
-        """Whether nothing is left to take (without reserving)."""
-        if self.limit is None or self.held:
-            return False
-        if self.exhausted:
-            return True
-        value, _ = await self._read(await self._bucket())
-        return value >= self.limit
-
     async def give_back(self) -> None:
         """Return the slots held and not used (an island that stops)."""
         async with self._lock:
