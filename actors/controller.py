@@ -338,6 +338,7 @@ class RunController:
                 await actors_task
             await self.watcher.stop()
             self._show(final=True)
+            log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
             await self._write_results(bus)
             best = self.progress.best
             return RunOutcome(

@@ -128,6 +128,7 @@ class RunWatcher:
         """Set whenever a message moved the counts (cleared by the reader)."""
         self._task: asyncio.Task[None] | None = None
         self._psub: object | None = None
+        self._stopping = False
         run = progress.spec.run_id
         self._prefix = {
             "cand": subjects.candidates(run).rsplit(".", 2)[0] + ".",
@@ -173,7 +174,7 @@ class RunWatcher:
     async def _loop(self) -> None:
         psub = self._psub
         assert psub is not None
-        while True:
+        while not self._stopping:
             try:
                 msgs = await psub.fetch(self.batch, timeout=0.25)  # type: ignore[attr-defined]
             except (TimeoutError, nats.errors.TimeoutError):
@@ -192,10 +193,16 @@ class RunWatcher:
                 await msgs[-1].ack()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._psub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._psub.unsubscribe()  # type: ignore[attr-defined]
+        """Stop reading (bounded: a fetch in progress ends within its timeout)."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.wait([task], timeout=2.0)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=1.0)
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await psub.unsubscribe()  # type: ignore[attr-defined]
