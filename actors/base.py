@@ -25,6 +25,8 @@ import structlog
 from nats.micro.service import Service
 
 from actors.bus import Bus
+from actors.errors import BusError, ConfigError
+from actors.kv import wait_for_run
 from actors.logs import get_logger
 from actors.stats import StatsRecorder
 from schemas import ActorInfo, ActorKind, ActorState, ActorStats, Control, ControlAction, RunEnd, subjects
@@ -51,8 +53,11 @@ class Actor:
         island: str | None = None,
         service_name: str | None = None,
         version: str | None = None,
+        wait_for_run_s: float = 600.0,
     ) -> None:
         self.nats_url = nats_url
+        self.wait_for_run_s = wait_for_run_s
+        """How long to wait for the run to be registered (an actor started before its run)."""
         self.run_id = run_id
         self.actor_id = actor_id or new_actor_id(self.kind)
         subjects.control(self.actor_id)  # validates the id
@@ -63,6 +68,8 @@ class Actor:
         self.stats = StatsRecorder()
         self.state = ActorState.STARTING
         self.started_at = time.time()
+        self.stopped_at: float | None = None
+        """When the actor had stopped (wall clock)."""
         self.host = socket.gethostname()
         self._bus: Bus | None = None
         self._service: Service | None = None
@@ -125,16 +132,34 @@ class Actor:
         return self.run_id or subjects.NO_RUN
 
     async def run(self) -> None:
-        """Connect, register, set up, serve until asked to stop, then drain and close."""
-        self._bus = await Bus.connect(
-            self.nats_url,
-            name=self.actor_id,
-            actor_id=self.actor_id,
-            dlq_run=self.dlq_run,
-            stats=self.stats,
-            kind=str(self.kind),
-        )
+        """Connect (retrying until stopped), wait for the run, register, set up, serve until asked
+        to stop, then drain and close."""
         try:
+            self._bus = await Bus.connect(
+                self.nats_url,
+                name=self.actor_id,
+                actor_id=self.actor_id,
+                dlq_run=self.dlq_run,
+                stats=self.stats,
+                connect_timeout=None,
+                stop=self._stop,
+                kind=str(self.kind),
+            )
+        except BusError:
+            if not self._stop.is_set():
+                raise
+            self._stopped_early()
+            return
+        try:
+            if self.run_id is not None:
+                try:
+                    await wait_for_run(self.bus, self.run_id, wait_s=self.wait_for_run_s, stop=self._stop)
+                except ConfigError:
+                    if not self._stop.is_set():
+                        raise
+                    return
+            if self._stop.is_set():
+                return
             with structlog.contextvars.bound_contextvars(actor=self.actor_id, run=self.run_id):
                 service = self._service = await self.bus.add_service(
                     name=self.service_name,
@@ -161,13 +186,23 @@ class Actor:
                 self.log.info("actor running", kind=str(self.kind), version=self.version)
                 await self._stop.wait()
                 self.state = ActorState.DRAINING
-                self.log.info("actor draining", reason=self.stop_reason)
+                self.log.info(
+                    "actor draining: finishing the messages in hand (a second Ctrl-C stops at once)",
+                    reason=self.stop_reason,
+                    in_hand=self.bus.in_hand,
+                )
                 try:
                     async with asyncio.timeout(self.drain_timeout()):
                         await self.on_drain()
                 except TimeoutError:
                     # A drain must end: an actor that never stops would hold its whole process.
                     self.log.warning("drain timed out", seconds=self.drain_timeout())
+        except asyncio.CancelledError:
+            # Stopped at once (a second interrupt): cancel what is in hand, it stays in its
+            # stream unacknowledged and is redelivered to whoever serves the run next.
+            n = await self.bus.abort()
+            self.log.warning("actor stopped at once", cancelled=n)
+            raise
         finally:
             try:
                 async with asyncio.timeout(60.0):
@@ -181,9 +216,17 @@ class Actor:
             finally:
                 await self.teardown()
             self.state = ActorState.STOPPED
+            self.stopped_at = time.time()
             self._ready.set()
             self._stopped.set()
             self.log.info("actor stopped", reason=self.stop_reason, **self.stats.snapshot().model_dump())
+
+    def _stopped_early(self) -> None:
+        self.state = ActorState.STOPPED
+        self.stopped_at = time.time()
+        self._ready.set()
+        self._stopped.set()
+        self.log.info("actor stopped before it started", reason=self.stop_reason)
 
     def drain_timeout(self) -> float:
         """The longest :meth:`on_drain` may take before the actor stops anyway."""

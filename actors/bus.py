@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -148,6 +149,13 @@ class _Workers:
         await self._slots.acquire()
         self._slots.release()
 
+    def cancel(self) -> int:
+        """Cancel every running handler; returns how many there were."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
     async def join(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
@@ -184,6 +192,12 @@ class PullConsumer:
                     self.in_hand[key] = (msg, now)
                     with contextlib.suppress(nats.errors.Error):
                         await msg.in_progress()
+
+    def abort(self) -> int:
+        """Stop fetching and cancel the handlers now: what they held is neither acked nor nak'ed
+        (the stream keeps it). Returns how many were cancelled."""
+        self.stopping.set()
+        return self.workers.cancel()
 
     async def stop(self) -> None:
         """Stop fetching, let in-hand messages ack or nak, then unsubscribe."""
@@ -231,6 +245,8 @@ class Bus:
         self._closed = False
         self._running = asyncio.Event()
         self._running.set()
+        self.lost = asyncio.Event()
+        """Set when the client gave up on a lost server (bounded reconnects) without being closed."""
 
     def pause(self) -> None:
         """Stop fetching from pull consumers (in-hand messages finish)."""
@@ -239,6 +255,29 @@ class Bus:
     def resume(self) -> None:
         """Fetch again."""
         self._running.set()
+
+    def abort_consumers(self) -> int:
+        """Cancel the work in hand of every pull consumer at once (see ``PullConsumer.abort``)."""
+        return sum(consumer.abort() for consumer in self._consumers)
+
+    async def abort(self) -> int:
+        """Stop at once: cancel every handler (pull, core and endpoint), close the connection
+        without draining. Unacknowledged JetStream messages are redelivered later; core and
+        request messages in hand are lost (a request's sender gets a timeout). Returns how many
+        handlers were cancelled."""
+        self._closed = True
+        n = self.abort_consumers()
+        n += sum(core.workers.cancel() for core in self._core)
+        n += sum(endpoint.workers.cancel() for endpoint in self._endpoints)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await self.nc.close()
+        return n
+
+    @property
+    def in_hand(self) -> int:
+        """Messages the pull consumers' handlers hold now."""
+        return sum(consumer.workers.busy for consumer in self._consumers)
 
     @classmethod
     async def connect(
@@ -249,22 +288,80 @@ class Bus:
         actor_id: str,
         dlq_run: str = subjects.NO_RUN,
         stats: StatsRecorder | None = None,
-        connect_timeout: float = 5.0,
+        connect_timeout: float | None = 5.0,
+        stop: asyncio.Event | None = None,
         kind: str = "",
     ) -> Bus:
-        """Connect to ``url`` (a comma-separated list joins a cluster)."""
-        try:
-            nc = await nats.connect(
-                servers=[u.strip() for u in url.split(",")],
+        """Connect to ``url`` (a comma-separated list joins a cluster).
+
+        With ``connect_timeout`` (a one-shot command), give up after that many seconds, and give up
+        on a lost connection after about as long: ``BusError`` in one line. With ``None`` (a
+        long-running actor), keep trying for ever, one log line per failed attempt, until ``stop``
+        is set (then ``BusError`` at once).
+        """
+        servers = [u.strip() for u in url.split(",")]
+        last: list[BaseException] = []
+
+        async def on_error(exc: Exception) -> None:
+            last[:] = [exc]
+            if connect_timeout is None:
+                log.warning("NATS connection attempt failed", url=url, error=_short(exc))
+
+        made: list[Bus] = []
+
+        async def on_disconnect() -> None:
+            if not (made and made[0]._closed):
+                log.warning("NATS connection lost, reconnecting", url=url)
+
+        async def on_reconnect() -> None:
+            log.info("NATS connection restored", url=url)
+
+        async def on_closed() -> None:
+            if made and not made[0]._closed:
+                made[0].lost.set()  # gave up reconnecting (a one-shot command's bounded attempts)
+
+        wait = 1.0
+        per_attempt, attempts = 2.0, -1
+        if connect_timeout is not None:
+            per_attempt, attempts = min(connect_timeout, 2.0), max(2, math.ceil(connect_timeout / wait))
+        connecting = asyncio.ensure_future(
+            nats.connect(
+                servers=servers,
                 name=name,
-                connect_timeout=connect_timeout,
-                max_reconnect_attempts=-1,
+                connect_timeout=per_attempt,
+                reconnect_time_wait=wait,
+                max_reconnect_attempts=attempts,
                 allow_reconnect=True,
                 pending_size=64 * 1024 * 1024,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                closed_cb=on_closed,
             )
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise BusError(f"cannot connect to NATS at {url}: {_short(exc)}") from exc
-        return cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats, kind=kind)
+        )
+        waiters: set[asyncio.Future[Any]] = {connecting}
+        stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        if stopped is not None:
+            waiters.add(stopped)
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if stopped is not None:
+                stopped.cancel()
+        if connecting in done:
+            try:
+                nc = connecting.result()
+            except (TimeoutError, OSError, nats.errors.Error) as exc:
+                raise BusError(f"cannot connect to NATS at {url}: {_short(exc)}") from exc
+            made.append(cls(nc, actor_id=actor_id, dlq_run=dlq_run, stats=stats, kind=kind))
+            return made[0]
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connecting
+        if stop is not None and stop.is_set():
+            raise BusError(f"stopped while connecting to NATS at {url}")
+        why = f" (last error: {_short(last[0])})" if last else ""
+        raise BusError(f"cannot reach NATS at {url} within {connect_timeout:g} s{why}")
 
     # -- sending ---------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
     kfoundry bench KB_DIR --level N run `kfoundry run` on KernelBench problems, tabulate the results
     kfoundry actor KIND --run RUN   one actor process joining a run
     kfoundry tap [SUBJECT...]       live, decoded view of the message streams
+    kfoundry dlq [--run RUN]        dead letters with their reasons and subjects
     kfoundry status                 live actors (kind, id, version, host, stats) and consumer lag
     kfoundry drain ACTOR_ID         remove one actor gracefully (with a new one: a hot swap)
     kfoundry expert set NAME ...    store or change an expert's configuration (taken up live)
@@ -23,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TextIO
 
@@ -53,52 +55,134 @@ def nats_url(arg: str | None) -> Iterator[str]:
         server.release()
 
 
-def _add_nats(p: argparse.ArgumentParser) -> None:
+def _add_nats(p: argparse.ArgumentParser, *, connect_timeout: float | None = 5.0) -> None:
+    """``--nats`` and ``--connect-timeout`` (one-shot commands give up after a few seconds; a
+    long-running actor, ``connect_timeout=None``, keeps trying until stopped)."""
     p.add_argument("--nats", help="NATS server URL(s), comma-separated (default: $NATS_URL, else embedded)")
+    default = "keep trying, one log line per attempt" if connect_timeout is None else f"{connect_timeout:g}"
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive_seconds,
+        default=connect_timeout,
+        metavar="SECONDS",
+        help=f"give up on an unreachable or lost NATS server after this long (default: {default})",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
+_ABORT_GRACE_S = 3.0
+
+
+def _exit_now(code: int) -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
-    """Run ``main`` with SIGINT/SIGTERM turned into a graceful stop event."""
+    """Run ``main`` with the first SIGINT/SIGTERM turned into a graceful stop event and a second
+    one into a stop at once (``main`` is cancelled). Interrupted by SIGINT, the exit status is 130."""
 
     async def wrapper() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        received: list[signal.Signals] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            received.append(sig)
+            if len(received) == 1:
+                stop.set()
+            elif len(received) == 2 and task is not None:
+                _out(f"kfoundry: second {sig.name}: stopping at once", sys.stderr)
+                task.cancel()  # the command records what it can (a run: its end) within a moment
+                # Work in threads (a compile, a trace) cannot be cancelled: do not wait for it.
+                timer = threading.Timer(_ABORT_GRACE_S, _exit_now, args=(130 if signal.SIGINT in received else 143,))
+                timer.daemon = True
+                timer.start()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         try:
-            return await main(stop)
+            code = await main(stop)
+        except asyncio.CancelledError:
+            if len(received) < 2:
+                raise
+            code = 1
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+        return 130 if signal.SIGINT in received else code
 
     return asyncio.run(wrapper())
 
 
-async def _connect(url: str, name: str):  # type: ignore[no-untyped-def]
+async def _connect(url: str, name: str, args: argparse.Namespace, stop: asyncio.Event):  # type: ignore[no-untyped-def]
     from actors.bus import Bus
 
-    return await Bus.connect(url, name=name, actor_id=name)
+    return await Bus.connect(url, name=name, actor_id=name, connect_timeout=args.connect_timeout, stop=stop)
 
 
 # -- tap -----------------------------------------------------------------------------------
 
 
 def cmd_tap(args: argparse.Namespace) -> int:
+    from actors.errors import BusError
     from actors.observe import tap
+    from schemas import subjects as subject_names
 
-    subjects = list(args.subjects) or ([f"kf.{args.run}.>"] if args.run else ["kf.>"])
+    subjects = list(args.subjects) or (
+        [subject_names.run_all(args.run), subject_names.dead_letters(args.run)] if args.run else ["kf.>"]
+    )
     if args.replies:
         subjects.append("_INBOX.>")
     types = set(args.type) if args.type else None
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-tap")
+            bus = await _connect(url, "kfoundry-tap", args, stop)
             _out(f"# tapping {', '.join(subjects)} on {url} (Ctrl-C to stop)", sys.stderr)
+            lost = asyncio.ensure_future(bus.lost.wait())
+            lost.add_done_callback(lambda _: stop.set())
             try:
                 await tap(bus.nc, subjects, _out, types=types, stop=stop, limit=args.count)
             finally:
+                lost.cancel()
                 await bus.close()
+            if bus.lost.is_set():
+                raise BusError(f"lost the connection to NATS at {url} (gave up after {args.connect_timeout:g} s)")
+        return 0
+
+    return run_async(main)
+
+
+# -- dead letters --------------------------------------------------------------------------
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from actors.observe import dead_letters, render_dead_letter
+
+    async def main(stop: asyncio.Event) -> int:
+        with nats_url(args.nats) as url:
+            bus = await _connect(url, "kfoundry-dlq", args, stop)
+            try:
+                letters = await dead_letters(bus.nc, run_id=args.run)
+            finally:
+                await bus.close()
+        if args.json:
+            _out(json.dumps([json.loads(letter.to_bytes()) for letter in letters], indent=2))
+            return 0
+        where = f"run {args.run}" if args.run else "all runs"
+        _out(f"{len(letters)} dead letter(s) ({where}) on {url}")
+        for letter in letters:
+            _out(render_dead_letter(letter))
         return 0
 
     return run_async(main)
@@ -112,7 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-status")
+            bus = await _connect(url, "kfoundry-status", args, stop)
             try:
                 rows = await discover(bus.nc, wait_s=args.wait, run_id=args.run)
                 lags = await consumer_lag(bus.nc, run_id=args.run)
@@ -169,7 +253,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-drain")
+            bus = await _connect(url, "kfoundry-drain", args, stop)
             try:
                 info = await bus.request(
                     subjects.control(args.actor_id),
@@ -200,7 +284,7 @@ def cmd_expert(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
-            bus = await _connect(url, "kfoundry-expert")
+            bus = await _connect(url, "kfoundry-expert", args, stop)
             try:
                 if args.expert_cmd == "show":
                     cfg = await get_expert_config(bus, args.name)
@@ -296,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_nats(p)
     p.set_defaults(func=cmd_tap)
 
+    p = sub.add_parser("dlq", help="list dead letters (messages given up on) with reasons and subjects")
+    p.add_argument("--run", help="only this run's dead letters")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_nats(p)
+    p.set_defaults(func=cmd_dlq)
+
     p = sub.add_parser("status", help="list live actors and consumer lag")
     p.add_argument("--run", help="only this run")
     p.add_argument("--wait", type=float, default=0.5, help="seconds to collect replies (default 0.5)")
@@ -350,11 +440,41 @@ def main(argv: list[str] | None = None) -> int:
     except TaskRefused as exc:
         _out(f"kfoundry: {exc}", sys.stderr)
         return TaskRefused.exit_code
-    except KfError as exc:
-        _out(f"kfoundry: {exc}", sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:  # the CLI's one boundary: a known error is one line, never a traceback
+        lines = _one_line_errors(exc)
+        if lines is None:
+            raise
+        for line in lines:
+            _out(f"kfoundry: {line}", sys.stderr)
+        return 2
+
+
+def _one_line_errors(exc: BaseException) -> list[str] | None:
+    """The lines that report ``exc`` (an error of ours or of NATS, possibly grouped by a
+    ``TaskGroup``), or None for anything else (a bug: its traceback is shown)."""
+    import nats.errors
+    import nats.js.errors
+    import pydantic
+
+    if isinstance(exc, BaseExceptionGroup):
+        lines: list[str] = []
+        for inner in exc.exceptions:
+            more = _one_line_errors(inner)
+            if more is None:
+                return None
+            lines += [line for line in more if line not in lines]
+        return lines
+    if isinstance(exc, KfError):
+        return [str(exc)]
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or exc.title
+        return [f"invalid {exc.title} {where}: {first.get('msg', '')} (got {first.get('input')!r})"]
+    if isinstance(exc, nats.errors.Error | nats.js.errors.Error):
+        return [f"NATS: {type(exc).__name__}: {exc}".rstrip(": ")]
+    return None
 
 
 if __name__ == "__main__":

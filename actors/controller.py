@@ -1,12 +1,18 @@
 """The run controller: sets a run up, watches it, ends it, and writes its results.
 
-Reads:  ``kf.<run>.>`` (core, to count results and show progress) and, at the end, the whole run
-        stream (ordered consumer) for the report.
+Reads:  the run stream through its durable ``controller`` consumer (``actors.progress``: counts,
+        budget and summary survive an outage) and, at the end, the whole run stream (ordered
+        consumer) for the report.
 Writes: the ``RunSpec`` (``kf_runs`` KV), expert configs it needs (``kf_experts`` KV), seed
         candidates, ``Control`` drain to the run's islands, ``RunEnd`` on ``kf.<run>.end``.
 
-Ending a run loses nothing: islands are drained first (they stop asking for candidates and wait
-for the feedback of those in flight), then ``RunEnd`` tells every other actor of the run to leave.
+Ending a run: on the candidate budget, every candidate issued has been evaluated (the islands'
+shared quota, ``actors.quota``, issues exactly N); the controller waits briefly for the last
+feedback, drains the islands, then ``RunEnd`` tells every other actor to leave. On any other end
+(the deadline, the token budget, speed-of-light) it does not wait: ``RunEnd`` lists the candidates
+still in flight as cancelled, and evaluators stop them at once. A first interrupt waits for what
+is in flight (saying so, bounded by the evaluation timeout); a second one stops at once and is
+recorded the same way.
 """
 
 from __future__ import annotations
@@ -15,12 +21,11 @@ import argparse
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from nats.aio.msg import Msg
+import nats.errors
 
 from actors.base import Actor
 from actors.bus import Bus
@@ -28,6 +33,8 @@ from actors.errors import BusError, ConfigError, TaskRefused
 from actors.kv import get_expert_config, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
+from actors.progress import Progress, RunWatcher
+from actors.quota import CandidateQuota
 from schemas import (
     ActorInfo,
     ActorKind,
@@ -35,9 +42,7 @@ from schemas import (
     Control,
     ControlAction,
     DeviceChoice,
-    EvalResult,
     ExpertConfig,
-    IslandStatus,
     Message,
     Proposal,
     RunEnd,
@@ -66,6 +71,7 @@ class RunOutcome:
     best_candidate_id: str | None
     run_dir: Path
     device: DeviceChoice = DeviceChoice.CUDA
+    cancelled: int = 0
 
     def summary(self, elapsed_s: float) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
@@ -74,9 +80,10 @@ class RunOutcome:
             if self.best_fitness is not None
             else "no correct candidate found"
         )
+        cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""
         line = (
             f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
-            f"({counts}); {best}; report in {self.run_dir / 'report.json'}"
+            f"({counts}){cancelled}; {best}; report in {self.run_dir / 'report.json'}"
         )
         if self.device is DeviceChoice.CPU:
             line += f"\n{CPU_TIMINGS_NOTE}"
@@ -87,61 +94,6 @@ CPU_TIMINGS_NOTE = (
     "note: this run timed kernels on the CPU (Triton's interpreter, eager PyTorch as the baseline): it checks "
     "correctness and shows the loop working; its timings are not speedups. Speedups are measured on a GPU."
 )
-
-
-class Progress:
-    """Counts what the run produces (from the messages it sees) and renders a progress line."""
-
-    def __init__(self, spec: RunSpec) -> None:
-        self.spec = spec
-        self.started = time.monotonic()
-        self.evaluated = 0
-        self.statuses: Counter[str] = Counter()
-        self.best: EvalResult | None = None
-        self.islands: dict[str, IslandStatus] = {}
-        self.seen: set[str] = set()
-
-    def on_result(self, result: EvalResult) -> None:
-        if result.candidate_id in self.seen:
-            return
-        self.seen.add(result.candidate_id)
-        self.evaluated += 1
-        self.statuses[result.status.value] += 1
-        fitness = result.fitness
-        if fitness is not None and (self.best is None or fitness > (self.best.fitness or 0.0)):
-            self.best = result
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def line(self) -> str:
-        budget = self.spec.budget
-        total = f"/{budget.candidates}" if budget.candidates else ""
-        best = f"{self.best.fitness:.3g}x ({self.best.island})" if self.best and self.best.fitness else "-"
-        in_flight = sum(s.in_flight for s in self.islands.values())
-        counts = " ".join(f"{k}={v}" for k, v in sorted(self.statuses.items()))
-        return f"[{self.elapsed:6.0f}s] evaluated {self.evaluated}{total}  best {best}  in flight {in_flight}  {counts}"
-
-    def missing_islands(self) -> list[str]:
-        """Islands the run expects (``i0`` … ``i<N-1>``) that have not announced themselves."""
-        return [f"i{i}" for i in range(self.spec.islands) if f"i{i}" not in self.islands]
-
-    def stop_reason(self) -> StopReason | None:
-        budget = self.spec.budget
-        if budget.candidates is not None and self.evaluated >= budget.candidates:
-            return StopReason.CANDIDATES
-        if budget.wall_s is not None and self.elapsed >= budget.wall_s:
-            return StopReason.WALL_TIME
-        tokens = sum(s.tokens_used for s in self.islands.values())
-        if budget.tokens is not None and tokens >= budget.tokens:
-            return StopReason.TOKENS
-        fraction = self.best.sol.fraction if self.best is not None and self.best.sol is not None else None
-        if fraction is not None and fraction >= self.spec.target_sol_fraction:
-            return StopReason.SPEED_OF_LIGHT
-        if len(self.islands) >= self.spec.islands and all(s.stopped for s in self.islands.values()):
-            return next(iter(self.islands.values())).stopped
-        return None
 
 
 class RunController:
@@ -166,6 +118,9 @@ class RunController:
         self.progress = Progress(spec)
         self.actors: list[Actor] = []
         self.llm_diagnoser: ExpertConfig | None = None
+        self.watcher: RunWatcher | None = None
+        self.cancelled: tuple[str, ...] = ()
+        self.connect_timeout: float | None = getattr(args, "connect_timeout", 5.0)
 
     async def _setup(self, bus: Bus) -> None:
         from actors.signature import with_signature
@@ -205,7 +160,11 @@ class RunController:
         return actors
 
     async def _publish_seeds(self, bus: Bus) -> None:
+        quota = CandidateQuota(bus, self.spec.run_id, self.spec.budget.candidates)
         for i, source in enumerate(self.seeds):
+            if not await quota.take():
+                log.warning("seed candidates beyond the candidate budget not published", seeds=len(self.seeds) - i)
+                break
             island = f"i{i % self.spec.islands}"
             cand = Candidate(
                 run_id=self.spec.run_id,
@@ -218,16 +177,6 @@ class RunController:
                 subjects.candidates(self.spec.run_id, island, cand.candidate_id), cand, msg_id=cand.candidate_id
             )
 
-    async def _on_msg(self, msg: Msg) -> None:
-        try:
-            decoded = decode_any(msg.data)
-        except ValueError:
-            return
-        if isinstance(decoded, EvalResult):
-            self.progress.on_result(decoded)
-        elif isinstance(decoded, IslandStatus):
-            self.progress.islands[decoded.island] = decoded
-
     def _show(self, final: bool = False) -> None:
         if self.out is None:
             return
@@ -237,26 +186,33 @@ class RunController:
             self.out.write(self.progress.line() + "\n")
         self.out.flush()
 
-    async def _wait_for_end(self, stop: asyncio.Event, actors_done: asyncio.Future[Any] | None) -> StopReason:
-        last_line = 0.0
-        warned_missing = False
+    def _say(self, text: str) -> None:
+        if self.out is not None:
+            self.out.write(("\n" if self.out.isatty() else "") + text + "\n")
+            self.out.flush()
+
+    async def _wait(self, until: Any, *, timeout: float | None, stop: asyncio.Event | None = None) -> bool:
+        """Wait until ``until()`` holds (re-checked whenever the stream moved), ``timeout`` passed
+        or ``stop`` was set; returns whether ``until()`` held. Shows progress meanwhile."""
+        watcher = self.watcher
+        assert watcher is not None
+        end = None if timeout is None else time.monotonic() + timeout
+        last_line = time.monotonic()
         interval = 1.0 if self.out is not None and self.out.isatty() else 10.0
-        while True:
-            if stop.is_set():
-                return StopReason.INTERRUPTED
-            reason = self.progress.stop_reason()
-            if reason is not None:
-                return reason
-            if actors_done is not None and actors_done.done():
-                return StopReason.INTERRUPTED
-            if not warned_missing and (self.progress.evaluated or self.progress.elapsed >= MISSING_GRACE_S):
-                warned_missing = self._warn_missing_islands()
-            if time.monotonic() - last_line >= interval:
+        while not until():
+            if stop is not None and stop.is_set():
+                return False
+            now = time.monotonic()
+            if end is not None and now >= end:
+                return False
+            if now - last_line >= interval:
                 self._show()
-                last_line = time.monotonic()
+                last_line = now
+            watcher.changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.2):
-                    await stop.wait()
+                    await watcher.changed.wait()
+        return True
 
     def _warn_missing_islands(self) -> bool:
         """Say once which expected islands nobody started (they get no migrants, and the run
@@ -278,12 +234,46 @@ class RunController:
             self.out.flush()
         return True
 
-    async def _drain_islands(self, bus: Bus) -> None:
+    async def _wait_for_end(self, stop: asyncio.Event, actors_done: asyncio.Future[Any] | None) -> StopReason:
+        reason: StopReason | None = None
+
+        warned_missing = False
+
+        def ended() -> bool:
+            nonlocal reason, warned_missing
+            if not warned_missing and (self.progress.evaluated or self.progress.elapsed >= MISSING_GRACE_S):
+                warned_missing = self._warn_missing_islands()
+            if stop.is_set() or (actors_done is not None and actors_done.done()):
+                reason = StopReason.INTERRUPTED
+            else:
+                reason = self.progress.stop_reason()
+            return reason is not None
+
+        await self._wait(ended, timeout=None, stop=None)
+        assert reason is not None
+        return reason
+
+    async def _finish_in_flight(self, reason: StopReason) -> None:
+        """Before the islands are drained: let what is in flight end as the reason asks."""
+        progress = self.progress
+        if reason is StopReason.INTERRUPTED and progress.in_flight:
+            grace = self.spec.eval_timeout_s + 30.0
+            self._say(
+                f"interrupted: waiting up to {grace:.0f} s for {len(progress.in_flight)} candidate(s) in flight "
+                "(Ctrl-C again to stop at once)"
+            )
+            await self._wait(lambda: not progress.in_flight, timeout=grace)
+        if reason is not StopReason.WALL_TIME:
+            # The last results' feedback (the islands' archives learn from it): a short wait.
+            await self._wait(lambda: progress.results.keys() <= progress.feedback, timeout=5.0)
+
+    async def _drain_islands(self, bus: Bus, reason: StopReason) -> None:
         from actors.observe import discover
 
+        why = f"run ended ({reason})"
         islands = [a for a in self.actors if a.kind is ActorKind.ISLAND]
         for actor in islands:
-            actor.request_stop("run budget reached")
+            actor.request_stop(why)
         remote = [
             r
             for r in await discover(bus.nc, wait_s=0.3, run_id=self.spec.run_id)
@@ -293,31 +283,60 @@ class RunController:
             with contextlib.suppress(BusError):
                 await bus.request(
                     subjects.control(row.actor_id),
-                    Control(action=ControlAction.DRAIN, reason="run budget reached"),
+                    Control(action=ControlAction.DRAIN, reason=why),
                     ActorInfo,
                     timeout=2.0,
                 )
-        grace = self.spec.eval_timeout_s + 30.0
-        remote_ids = {row.actor_id for row in remote}
+        # Islands stop within seconds (their unread feedback stays in their durable consumers).
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
+            async with asyncio.timeout(10.0):
                 for actor in islands:
                     await actor.wait_stopped()
-                # Islands elsewhere: wait until they have left (they wait for their candidates).
-                while remote_ids:
-                    rows = await discover(bus.nc, wait_s=0.3, run_id=self.spec.run_id)
-                    remote_ids &= {r.actor_id for r in rows}
-                    if remote_ids:
-                        await asyncio.sleep(0.5)
+
+    def _run_end(self, reason: StopReason, cancelled: tuple[str, ...] = ()) -> RunEnd:
+        best = self.progress.best
+        return RunEnd(
+            run_id=self.spec.run_id,
+            reason=reason,
+            best_candidate_id=best.candidate_id if best else None,
+            best_fitness=best.fitness if best else None,
+            evaluated=self.progress.evaluated,
+            cancelled=cancelled,
+        )
+
+    async def _abort(self, bus: Bus) -> None:
+        """A second interrupt: record the run's end (what was in flight is cancelled) at once."""
+        cancelled = tuple(sorted(self.progress.in_flight))
+        self.cancelled = cancelled
+        with contextlib.suppress(BusError, TimeoutError, nats.errors.Error):
+            async with asyncio.timeout(2.0):
+                await bus.publish_durable(
+                    subjects.run_end(self.spec.run_id),
+                    self._run_end(StopReason.INTERRUPTED, cancelled),
+                    msg_id=f"end-{self.spec.run_id}",
+                    attempts=1,
+                )
+        log.warning("run stopped at once", cancelled=len(cancelled), evaluated=self.progress.evaluated)
+        self._say(
+            f"run {self.spec.run_id} stopped at once after {self.progress.evaluated} evaluated: "
+            f"{len(cancelled)} evaluation(s) in flight cancelled (recorded in its RunEnd); no report written"
+        )
 
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""
-        bus = await Bus.connect(self.url, name="kfoundry-run", actor_id=f"controller-{self.spec.run_id}")
+        bus = await Bus.connect(
+            self.url,
+            name="kfoundry-run",
+            actor_id=f"controller-{self.spec.run_id}",
+            connect_timeout=self.connect_timeout,
+        )
         actors_task: asyncio.Task[None] | None = None
         actors_stop = asyncio.Event()
+        aborted = False
         try:
             await self._setup(bus)
-            sub = await bus.nc.subscribe(subjects.run_all(self.spec.run_id), cb=self._on_msg)
+            self.watcher = RunWatcher(bus, self.progress)
+            await self.watcher.start()
             if self.out is not None:
                 self.out.write(f"run {self.spec.run_id}: task {self.spec.task.name} on {self.spec.device}, ")
                 self.out.write(f"{self.spec.islands} islands, NATS {self.url}, results in {self.run_dir}\n")
@@ -330,29 +349,37 @@ class RunController:
                         raise ConfigError(f"--llm-diagnoser {self.args.llm_diagnoser}: no such expert configuration")
                 self.actors = self._local_actors(configs)
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
-                await asyncio.gather(*(a.wait_ready() for a in self.actors))
+                # Actors that start slowly do not hold the run past its deadline.
+                deadline = self.progress.deadline
+                ready = asyncio.ensure_future(asyncio.gather(*(a.wait_ready() for a in self.actors)))
+                await asyncio.wait([ready], timeout=None if deadline is None else max(0.0, deadline - time.time()))
+                if not ready.done():
+                    ready.cancel()
             await self._publish_seeds(bus)
-            reason = await self._wait_for_end(stop, actors_task)
-            log.info("run ending", reason=str(reason), evaluated=self.progress.evaluated)
-            await self._drain_islands(bus)
-            best = self.progress.best
-            await bus.publish_durable(
-                subjects.run_end(self.spec.run_id),
-                RunEnd(
-                    run_id=self.spec.run_id,
-                    reason=reason,
-                    best_candidate_id=best.candidate_id if best else None,
-                    best_fitness=best.fitness if best else None,
-                    evaluated=self.progress.evaluated,
-                ),
-                msg_id=f"end-{self.spec.run_id}",
-            )
+            try:
+                reason = await self._wait_for_end(stop, actors_task)
+                log.info("run ending", reason=str(reason), evaluated=self.progress.evaluated)
+                await self._finish_in_flight(reason)
+                # Whatever is still in flight now is not waited for: the deadline passed, the goal
+                # was reached, or the interrupt's grace ended. Evaluators stop it at once.
+                self.cancelled = tuple(sorted(self.progress.in_flight))
+                await self._drain_islands(bus, reason)
+                end = self._run_end(reason, self.cancelled)
+            except asyncio.CancelledError:
+                aborted = True
+                await self._abort(bus)
+                raise
+            await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
+            if self.cancelled:
+                self._say(f"{len(self.cancelled)} evaluation(s) in flight cancelled at the end of the run")
             actors_stop.set()
             if actors_task is not None:
                 await actors_task
-            await sub.unsubscribe()
+            await self.watcher.stop()
             self._show(final=True)
+            log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
             await self._write_results(bus)
+            best = self.progress.best
             return RunOutcome(
                 run_id=self.spec.run_id,
                 reason=reason,
@@ -362,11 +389,17 @@ class RunController:
                 best_candidate_id=best.candidate_id if best else None,
                 run_dir=self.run_dir,
                 device=self.spec.device,
+                cancelled=len(self.cancelled),
             )
         finally:
             actors_stop.set()
             if actors_task is not None and not actors_task.done():
-                await actors_task
+                if aborted:
+                    actors_task.cancel()  # every local actor stops at once too
+                with contextlib.suppress(asyncio.CancelledError):
+                    await actors_task
+            if self.watcher is not None:
+                await self.watcher.stop()
             await bus.close()
 
     async def _replay(self, bus: Bus) -> list[Message]:

@@ -21,7 +21,7 @@ from actors.kv import get_run
 from actors.latency import EVALUATION_SECONDS
 from actors.runners import Runner
 from gpu_runner.errors import TaskTooLarge
-from schemas import ActorKind, Candidate, EvalStatus, RunSpec, Task, subjects
+from schemas import ActorKind, Candidate, EvalStatus, RunEnd, RunSpec, Task, subjects
 
 
 class EvaluatorActor(Actor):
@@ -49,6 +49,7 @@ class EvaluatorActor(Actor):
         self.task: Task | None = None
         self.spec: RunSpec | None = None
         self.evaluated = 0
+        self.cancelled = 0
 
     async def setup(self) -> None:
         self.spec = await get_run(self.bus, self.rid)
@@ -71,10 +72,15 @@ class EvaluatorActor(Actor):
     async def handle(self, candidate: Candidate, delivery: Delivery) -> None:
         """Evaluate one candidate and store its result before the candidate is acked."""
         assert self.task is not None
+        assert self.spec is not None
         with structlog.contextvars.bound_contextvars(island=candidate.island, candidate=candidate.candidate_id):
             started = time.perf_counter()
             result = await self.runner.evaluate(
-                self.task, candidate, attempt=delivery.num_delivered, evaluator=self.actor_id
+                self.task,
+                candidate,
+                attempt=delivery.num_delivered,
+                evaluator=self.actor_id,
+                timeout_s=self.spec.eval_timeout_s,
             )
             EVALUATION_SECONDS.labels(self.rid, result.status.value).observe(time.perf_counter() - started)
             if result.status is EvalStatus.EVALUATOR_ERROR and delivery.num_delivered < self.max_deliver:
@@ -97,8 +103,16 @@ class EvaluatorActor(Actor):
                 attempt=delivery.num_delivered,
             )
 
+    async def _on_run_end(self, end: RunEnd, delivery: Delivery) -> None:
+        if end.cancelled and self._bus is not None:
+            # The run is over (its deadline, or a second interrupt): stop evaluating at once.
+            n = self.bus.abort_consumers()
+            self.cancelled += n
+            self.log.info("evaluations cancelled: the run ended", reason=str(end.reason), cancelled=n)
+        await super()._on_run_end(end, delivery)
+
     def extra_stats(self) -> dict[str, float | int | str | None]:
-        return {"evaluated": self.evaluated}
+        return {"evaluated": self.evaluated, "cancelled": self.cancelled}
 
     async def teardown(self) -> None:
         await self.runner.aclose()

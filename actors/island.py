@@ -32,6 +32,7 @@ from actors.evolution.plans import IslandConfig, RequestPlan
 from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.kv import get_expert_config, get_run, load_text, save_text
 from actors.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
+from actors.quota import CandidateQuota
 from schemas import (
     ActorKind,
     Decline,
@@ -44,6 +45,7 @@ from schemas import (
     ExpertKind,
     Feedback,
     GenerateReply,
+    Message,
     Migration,
     RunSpec,
     StopReason,
@@ -73,6 +75,8 @@ class IslandActor(Actor):
         per_request: int = 1,
         status_every_s: float = 0.5,
         retrieve_ttl_s: float = 5.0,
+        drain_wait_s: float = 2.0,
+        feedback_concurrency: int = 8,
     ) -> None:
         super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id)
         self.name = island
@@ -82,9 +86,12 @@ class IslandActor(Actor):
         self.per_request = per_request
         self.status_every_s = status_every_s
         self.retrieve_ttl_s = retrieve_ttl_s
+        self.drain_wait_s = drain_wait_s
+        self.feedback_concurrency = feedback_concurrency
         self._retrieved: dict[str, tuple[float, tuple[ExperienceHit, ...]]] = {}
         self._last_status = 0.0
         self._spec: RunSpec | None = None
+        self._quota: CandidateQuota | None = None
         self._brain: IslandBrain | None = None
         self._llm: set[str] = set()
         self._timeouts: dict[str, float] = {}
@@ -116,6 +123,12 @@ class IslandActor(Actor):
             raise RuntimeError("island used before setup")
         return self._brain
 
+    @property
+    def quota(self) -> CandidateQuota:
+        if self._quota is None:
+            raise RuntimeError("island used before setup")
+        return self._quota
+
     async def setup(self) -> None:
         self._spec = await get_run(self.bus, self.rid)
         expected = [f"i{i}" for i in range(self.spec.islands)]
@@ -124,6 +137,7 @@ class IslandActor(Actor):
                 f"island {self.name!r} is not one of run {self.rid}'s islands ({', '.join(expected)}); "
                 f"start those, or give `kfoundry run` a larger --islands"
             )
+        self._quota = CandidateQuota(self.bus, self.rid, self.spec.budget.candidates, islands=self.spec.islands)
         profiles = []
         for ref in self.spec.experts:
             config = await get_expert_config(self.bus, ref.name)
@@ -156,7 +170,9 @@ class IslandActor(Actor):
             ),
             Feedback,
             self.on_feedback,
-            concurrency=1,
+            # The brain is updated under the lock in arrival order; what follows (elite, experience,
+            # status) is publishing, which may overlap between feedbacks.
+            concurrency=self.feedback_concurrency,
         )
         await self.bus.consume(
             ConsumerSpec(
@@ -184,6 +200,8 @@ class IslandActor(Actor):
                     self._gave_up = True
             async with self._lock:
                 self._expire_lost()
+                if self.quota.exhausted:
+                    self.brain.stop(StopReason.CANDIDATES)
                 stopped = self.brain.budget_exhausted(time.time())
                 if stopped is None and self._gave_up:
                     stopped = StopReason.NO_PROGRESS
@@ -282,6 +300,8 @@ class IslandActor(Actor):
                         self._last_decline = reply.decline
                     ids = tuple(h.experience.experience_id for h in hits)
                     for proposal in reply.proposals[: plan.n]:
+                        if not await self.quota.take():
+                            break  # the run's candidate budget is spent: nothing more is issued
                         cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
                         await self.bus.publish_durable(
                             subjects.candidates(self.rid, self.name, cand.candidate_id), cand, msg_id=cand.candidate_id
@@ -319,14 +339,18 @@ class IslandActor(Actor):
                 self._last_feedback = time.monotonic()
             if outcome.duplicate:
                 return
+            self._wake.set()  # a slot of K is free: the next request need not wait for the publishing below
             cid = fb.candidate.candidate_id
+            publishing = [self._record_experience(fb, parent)]
             if outcome.elite is not None:
-                await self.bus.publish_durable(
-                    subjects.elites(self.rid, self.name),
-                    EliteAnnouncement(run_id=self.rid, elite=outcome.elite, island_best=outcome.improved_best),
-                    msg_id=f"elite-{cid}",
+                publishing.append(
+                    self._publish(
+                        subjects.elites(self.rid, self.name),
+                        EliteAnnouncement(run_id=self.rid, elite=outcome.elite, island_best=outcome.improved_best),
+                        f"elite-{cid}",
+                    )
                 )
-            await self._record_experience(fb, parent)
+            await asyncio.gather(*publishing)
             if (
                 outcome.improved_best
                 or outcome.stagnating
@@ -372,8 +396,7 @@ class IslandActor(Actor):
             params=dict(cand.proposal.params),
             source_excerpt=cand.proposal.source[:_EXCERPT],
         )
-        await self.bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
-        await self._credit_prompt(record)
+        publishing = [self._publish(subjects.EXPERIENCE_RECORD, record, record.experience_id)]
         if cand.experience_ids:
             improved = child is not None and (parent_fitness is None or child > parent_fitness)
             delta = None if child is None and parent_fitness is None else (child or 0.0) - (parent_fitness or 0.0)
@@ -384,7 +407,12 @@ class IslandActor(Actor):
                 improved=improved,
                 delta=delta,
             )
-            await self.bus.publish_durable(subjects.EXPERIENCE_OUTCOME, outcome, msg_id=outcome.outcome_id)
+            publishing.append(self._publish(subjects.EXPERIENCE_OUTCOME, outcome, outcome.outcome_id))
+        await asyncio.gather(*publishing)
+        await self._credit_prompt(record)
+
+    async def _publish(self, subject: str, message: Message, msg_id: str) -> None:
+        await self.bus.publish_durable(subject, message, msg_id=msg_id)
 
     def _prompt_key(self, role: str) -> str:
         return f"{self.rid}.{self.name}.{role}"
@@ -454,7 +482,10 @@ class IslandActor(Actor):
         """Stop asking for candidates; wait (bounded) for the feedback of those in flight."""
         await self._cancel([self._pump] if self._pump is not None else [], "generation loop")
         await self._cancel(list(self._requests), "expert requests")
-        deadline = time.monotonic() + self.spec.eval_timeout_s + 10.0
+        await self.quota.give_back()
+        # Feedback not yet here stays in this island's durable consumer (a successor gets it):
+        # wait only briefly, so that a stop request is honoured within seconds.
+        deadline = time.monotonic() + self.drain_wait_s
         while self.brain.in_flight > 0 and time.monotonic() < deadline and not self.run_ended:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+
+import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
 from actors.bus import Bus
 from actors.errors import ConfigError
+from actors.logs import get_logger
 from schemas import ExpertConfig, RunSpec, subjects
+
+log = get_logger(__name__)
 
 
 async def bucket(bus: Bus, name: str, *, history: int = 8) -> KeyValue:
@@ -39,6 +47,43 @@ async def get_run(bus: Bus, run_id: str) -> RunSpec:
     if entry.value is None:
         raise ConfigError(f"run {run_id!r} was deleted")
     return RunSpec.model_validate_json(entry.value)
+
+
+async def wait_for_run(bus: Bus, run_id: str, *, wait_s: float, stop: asyncio.Event | None = None) -> RunSpec:
+    """The spec of ``run_id``, waiting up to ``wait_s`` seconds for it to be registered (an actor
+    started before ``kfoundry run``). ``ConfigError`` in one line when the wait ends without it;
+    ``wait_s`` 0 fails at once. Returns early (``ConfigError``) when ``stop`` is set."""
+    kv = await bucket(bus, subjects.RUNS_BUCKET)
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            entry = await kv.get(run_id)
+            if entry.value:
+                return RunSpec.model_validate_json(entry.value)
+        except nats.js.errors.KeyNotFoundError:
+            pass
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("run registry unreadable, retrying", run=run_id, error=f"{type(exc).__name__}: {exc}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            waited = f" within {wait_s:g} s" if wait_s else ""
+            raise ConfigError(
+                f"no run {run_id!r} was registered on this NATS server{waited}: start it with `kfoundry run` "
+                "(or give --wait-for-run SECONDS)"
+            )
+        if stop is not None and stop.is_set():
+            raise ConfigError(f"stopped while waiting for run {run_id!r} to be registered")
+        if not said:
+            log.info("waiting for the run to be registered", run=run_id, seconds=wait_s)
+            said = True
+        # The registry is a KV bucket on the server: poll it (a watch would need the same retries).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(0.5, left)):
+                if stop is not None:
+                    await stop.wait()
+                else:
+                    await asyncio.sleep(left)
 
 
 async def put_expert_config(bus: Bus, config: ExpertConfig) -> int:

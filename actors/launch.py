@@ -84,8 +84,15 @@ def add_actor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--concurrency", type=int, default=None, help="messages handled at once")
     p.add_argument("--log-level", default="info")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    p.add_argument(
+        "--wait-for-run",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="wait this long for the run to be registered (default 600; 0: fail at once)",
+    )
     add_actor_options(p)
-    _add_nats(p)
+    _add_nats(p, connect_timeout=None)
     p.set_defaults(func=cmd_actor)
 
 
@@ -203,6 +210,8 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
     configure_logging(level=args.log_level)
     kind = ActorKind(args.kind)
+    if args.wait_for_run < 0:
+        raise ConfigError(f"--wait-for-run must be >= 0 seconds, got {args.wait_for_run:g}")
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
@@ -211,7 +220,13 @@ def cmd_actor(args: argparse.Namespace) -> int:
             if wanted and kind in (ActorKind.EXPERT, ActorKind.DIAGNOSER):
                 from actors.bus import Bus
 
-                probe = await Bus.connect(url, name="kfoundry-actor-config", actor_id="kfoundry-actor-config")
+                probe = await Bus.connect(
+                    url,
+                    name="kfoundry-actor-config",
+                    actor_id="kfoundry-actor-config",
+                    connect_timeout=args.connect_timeout,
+                    stop=stop,
+                )
                 try:
                     config = await get_expert_config(probe, wanted)
                 finally:
@@ -221,6 +236,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
             actor = build_actor(
                 kind, args, url=url, run_id=args.run, island=args.island, expert_config=config, actor_id=args.actor_id
             )
+            actor.wait_for_run_s = args.wait_for_run
             if args.metrics_port:
                 from actors.metrics import serve_metrics
 

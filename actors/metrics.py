@@ -9,6 +9,7 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 from prometheus_client.registry import Collector
 
 from actors.base import Actor
+from actors.errors import ConfigError
 
 _COUNTERS = ("received", "processed", "errors", "dead_lettered", "redelivered")
 
@@ -46,6 +47,12 @@ class ActorCollector(Collector):
 
 
 def serve_metrics(actors: Sequence[Actor], port: int, addr: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` for ``actors`` on ``port`` (a daemon thread of prometheus_client)."""
+    """Serve ``/metrics`` for ``actors`` on ``port`` (a daemon thread of prometheus_client);
+    ``ConfigError`` naming the port when it cannot be bound (in use, or not allowed)."""
+    try:
+        start_http_server(port, addr=addr)
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {port}: cannot serve metrics on {addr}:{port}: {exc.strerror or exc}"
+        ) from exc
     REGISTRY.register(ActorCollector(actors))
-    start_http_server(port, addr=addr)

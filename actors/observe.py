@@ -1,13 +1,18 @@
 """Watching a live system: the decoded message tap, actor discovery and consumer lag.
 
 ``tap`` subscribes to subjects (core NATS sees JetStream traffic too) and renders each message as
-one line: time, subject, type and its key fields. ``discover`` gathers every actor's ``$SRV.STATS``
+one line: time, subject, type and its key fields; a message it cannot decode is shown too, marked
+``UNDECODABLE`` with the reason. With replies (``_INBOX.>``) each reply is shown once: JetStream
+deliveries to consumers (copies of stream messages already shown on their own subject) and
+replies that are not Kernel Foundry messages (publish acks, discovery answers) are skipped.
+``dead_letters`` reads the dead-letter stream. ``discover`` gathers every actor's ``$SRV.STATS``
 (and ``INFO``) reply; ``consumer_lag`` reads the run streams' consumers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -16,6 +21,7 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+import pydantic
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -23,6 +29,7 @@ from schemas import (
     ActorInfo,
     Candidate,
     Control,
+    DeadLetter,
     Diagnosis,
     EliteAnnouncement,
     EvalResult,
@@ -38,6 +45,7 @@ from schemas import (
     RunEnd,
     decode_any,
 )
+from schemas import subjects as subjects_mod
 
 
 def _f(value: float | None, fmt: str = ".2f") -> str:
@@ -100,6 +108,9 @@ def key_fields(msg: Message) -> str:
             return f"action={msg.action} {msg.reason!r}"
         case ActorInfo():
             return f"actor={msg.actor_id} kind={msg.kind} state={msg.state}"
+        case DeadLetter():
+            error = msg.error.strip().splitlines()[0][:120] if msg.error.strip() else ""
+            return f"reason={msg.reason} subject={msg.subject} actor={msg.actor_id} error={error!r}"
         case _:
             return ""
 
@@ -111,6 +122,21 @@ def render(subject: str, decoded: Message, *, now: float | None = None) -> str:
     return f"{stamp} {subject:<40} {kind:<18} {key_fields(decoded)}"
 
 
+def render_undecodable(subject: str, data: bytes, reason: str, *, now: float | None = None) -> str:
+    """One line for a message that is not a valid Kernel Foundry message, with why."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(now or time.time()))
+    why = " ".join(reason.split())[:200]
+    return f"{stamp} {subject:<40} {'UNDECODABLE':<18} reason={why!r} payload={data[:80]!r}"
+
+
+def _reason(exc: ValueError) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{exc.error_count()} validation error(s); {where or 'message'}: {first.get('msg', '')}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def tap(
     nc: NATS,
     subjects: list[str],
@@ -120,19 +146,27 @@ async def tap(
     stop: asyncio.Event | None = None,
     limit: int | None = None,
 ) -> int:
-    """Render every message on ``subjects`` through ``emit`` until ``stop`` or ``limit``."""
+    """Render every message on ``subjects`` through ``emit`` until ``stop`` or ``limit`` (see the
+    module docstring for undecodable messages and replies)."""
     done = stop or asyncio.Event()
     count = 0
 
     async def on_msg(msg: Msg) -> None:
         nonlocal count
+        if (msg.reply or "").startswith("$JS.ACK."):
+            return  # a stream message delivered to a consumer: shown already on its own subject
+        is_reply = msg.subject.startswith("_INBOX.")
         try:
             decoded = decode_any(msg.data)
-        except ValueError:  # not a Kernel Foundry message (or not one of this contract)
-            return
-        if types and getattr(decoded, "type", "") not in types:
-            return
-        emit(render(msg.subject, decoded))
+        except ValueError as exc:
+            if is_reply or types:
+                return  # publish acks, discovery answers, fetch status: not Kernel Foundry messages
+            line = render_undecodable(msg.subject, msg.data, _reason(exc))
+        else:
+            if types and getattr(decoded, "type", "") not in types:
+                return
+            line = render(msg.subject, decoded)
+        emit(line)
         count += 1
         if limit is not None and count >= limit:
             done.set()
@@ -143,8 +177,47 @@ async def tap(
         await done.wait()
     finally:
         for sub in subs:
-            await sub.unsubscribe()
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
     return count
+
+
+async def dead_letters(nc: NATS, *, run_id: str | None = None, timeout: float = 5.0) -> list[DeadLetter]:
+    """Every dead letter kept in the dead-letter stream (of one run, or of all), oldest first."""
+    js = nc.jetstream()
+    subject = subjects_mod.dead_letters(run_id or "*")
+    try:
+        info = await js.stream_info(subjects_mod.DLQ_STREAM, subjects_filter=subject)
+    except nats.js.errors.NotFoundError:
+        return []
+    want = sum((info.state.subjects or {}).values())
+    if not want:
+        return []
+    last = int(info.state.last_seq)
+    sub = await js.subscribe(subject, stream=subjects_mod.DLQ_STREAM, ordered_consumer=True)
+    out: list[DeadLetter] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=timeout if not out else 1.0)
+            except nats.errors.TimeoutError:
+                break  # the filter matched nothing more
+            with contextlib.suppress(pydantic.ValidationError):
+                out.append(DeadLetter.model_validate_json(msg.data))
+            if len(out) >= want or int(msg.metadata.sequence.stream) >= last or int(msg.metadata.num_pending) == 0:
+                break
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    return out
+
+
+def render_dead_letter(letter: DeadLetter) -> str:
+    """One line per dead letter: when, why, where it came from, who gave up, the error."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(letter.at))
+    error = " ".join(letter.error.split())[:160]
+    deliveries = f" deliveries={letter.deliveries}" if letter.deliveries is not None else ""
+    return f"{stamp} {letter.reason:<15} {letter.subject:<40} actor={letter.actor_id}{deliveries} error={error!r}"
 
 
 @dataclass

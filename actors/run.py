@@ -21,6 +21,7 @@ from pathlib import Path
 
 from actors.errors import ConfigError
 from schemas import Budget, DeviceChoice, ExpertRef, KernelLanguage, MigrationPolicy, MigrationReason, RunSpec, Task
+from schemas.task import missing_reference_names
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,8 +59,7 @@ def check_task_source(path: Path) -> str:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:
         raise ConfigError(f"{path}: not valid Python: {exc}") from exc
-    names = {node.name for node in tree.body if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)}
-    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in names]
+    missing = missing_reference_names(tree)
     if missing:
         raise ConfigError(f"{path}: not a KernelBench-format task, missing {', '.join(missing)}")
     return source

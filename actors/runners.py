@@ -25,8 +25,11 @@ class Runner(Protocol):
         """Get ready for candidates of ``task`` (e.g. warm spares with the reference loaded)."""
         ...
 
-    async def evaluate(self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str) -> EvalResult:
-        """The verdict on one candidate."""
+    async def evaluate(
+        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+    ) -> EvalResult:
+        """The verdict on one candidate, bounded by ``timeout_s`` (the run's ``eval_timeout_s``;
+        ``None``: the runner's own default)."""
         ...
 
     async def aclose(self) -> None:
@@ -50,7 +53,9 @@ class NoopRunner:
     async def prepare(self, task: Task) -> None:
         return None
 
-    async def evaluate(self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str) -> EvalResult:
+    async def evaluate(
+        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+    ) -> EvalResult:
         started = time.perf_counter()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -102,14 +107,16 @@ class GpuRunner:
     async def prepare(self, task: Task) -> None:
         await self.service.prepare(task.source)
 
-    async def evaluate(self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str) -> EvalResult:
+    async def evaluate(
+        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+    ) -> EvalResult:
         from gpu_runner.service import EvalJob
 
         job = EvalJob(
             reference_source=task.source,
             candidate_source=candidate.proposal.source,
             language=KernelLanguage(candidate.proposal.language),
-            timeout_s=self.timeout_s,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             run_id=candidate.run_id,
             candidate_id=candidate.candidate_id,
             island=candidate.island,

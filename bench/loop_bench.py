@@ -6,7 +6,8 @@ curator (hashing embedder), and a migrator watches. Timed from the first candida
 ``candidates``-th feedback, after a warm-up that lets the template expert analyse the task.
 
 Run alone: ``python -m bench.loop_bench [--candidates N] [--islands N] [--inflight K]``
-(``bench/fabric_bench.py`` runs it too).
+(``bench/fabric_bench.py`` runs it too). It also reports how long after the stop request the
+slowest actor stopped.
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ async def run_noop_loop(
         elapsed = time.perf_counter() - first[0]
         cpu_s = time.process_time() - cpu[0]
         stop.set()
+        stop_requested = time.time()
         await runner
+        slowest_stop = max((a.stopped_at or time.time()) for a in actors) - stop_requested
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -126,6 +129,7 @@ async def run_noop_loop(
         "islands": float(islands),
         "inflight": float(inflight),
         "cpu_fraction": cpu_s / elapsed,
+        "slowest_stop_s": slowest_stop,
     }
 
 
@@ -162,7 +166,8 @@ def main() -> int:
     sys.stdout.write(
         f"whole loop, no-op evaluators: {out['candidates']:.0f} candidates in {out['seconds']:.2f} s = "
         f"{out['per_s']:.0f} candidates/s ({args.islands} islands x {args.inflight} in flight); "
-        f"this process used {out['cpu_fraction']:.0%} of one core\n"
+        f"this process used {out['cpu_fraction']:.0%} of one core; every actor stopped within "
+        f"{out['slowest_stop_s']:.1f} s of the stop request\n"
     )
     return 0
 

@@ -11,6 +11,7 @@ import subprocess
 from typing import Any
 
 from gpu_runner.errors import InvalidReference
+from schemas.task import missing_reference_names
 
 
 def detect_cuda() -> dict[str, Any] | None:
@@ -42,8 +43,7 @@ def validate_reference(source: str) -> None:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise InvalidReference(f"syntax error on line {exc.lineno}: {exc.msg}") from None
-    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
-    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in names]
+    missing = missing_reference_names(tree)
     if missing:
         raise InvalidReference(f"the reference does not define {', '.join(missing)}")
 

@@ -139,6 +139,9 @@ class RunEnd(Message):
     """Its speedup over eager."""
     evaluated: int = Field(ge=0)
     """Candidates evaluated."""
+    cancelled: tuple[str, ...] = ()
+    """Candidates whose evaluation was cancelled because the run ended (its deadline passed, or
+    a second interrupt): evaluators stop them at once and publish no result."""
     at: float = Field(default_factory=now)
     """When it stopped."""
 

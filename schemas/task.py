@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from typing import Literal
 
@@ -38,6 +39,32 @@ class TaskSignature(Model):
         """A short human-readable description, also used as embedding text."""
         ins = ", ".join(f"{t.dtype}{list(t.shape)}" for t in self.inputs)
         return f"ops: {' -> '.join(self.ops) or '?'}; inputs: {ins or '?'}"
+
+
+REFERENCE_NAMES = ("Model", "get_inputs", "get_init_inputs")
+"""The names a KernelBench reference defines at module level."""
+
+
+def module_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level: ``def``/``class``, assignments (``get_inputs =
+    lambda: ...`` or any callable), annotated assignments and imports."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".", 1)[0] for a in node.names)
+    return names
+
+
+def missing_reference_names(tree: ast.Module) -> list[str]:
+    """Which of :data:`REFERENCE_NAMES` the module does not bind (see :func:`module_names`)."""
+    names = module_names(tree)
+    return [n for n in REFERENCE_NAMES if n not in names]
 
 
 class Task(Message):

@@ -14,8 +14,9 @@ its seed and the order of messages, and a restarted island continues from ``to_j
   correct answer), else 0; from no parent, 1 if clean, else 0.1 per stage reached. A decline
   earns 0.
 - **Stagnation** (``stagnation.py``) and **budgets**: the island stops at its share of the run's
-  candidate and token budget, at the wall-time limit, or when its best reaches the target
-  fraction of speed-of-light.
+  token budget, at the wall-time limit, or when its best reaches the target fraction of
+  speed-of-light; the candidate budget is the run's shared quota (``actors.quota``), which the
+  actor applies through :meth:`IslandBrain.stop`.
 """
 
 from __future__ import annotations
@@ -309,13 +310,17 @@ class IslandBrain:
         best = self.archive.best()
         if best is not None and best.sol_fraction is not None and best.sol_fraction >= self.spec.target_sol_fraction:
             self._stopped = StopReason.SPEED_OF_LIGHT
-        elif budget.candidates is not None and self.evaluated >= math.ceil(budget.candidates / share):
-            self._stopped = StopReason.CANDIDATES
         elif budget.tokens is not None and self.tokens_used >= math.ceil(budget.tokens / share):
             self._stopped = StopReason.TOKENS
         elif budget.wall_s is not None and now - self.spec.created_at >= budget.wall_s:
             self._stopped = StopReason.WALL_TIME
         return self._stopped
+
+    def stop(self, reason: StopReason) -> None:
+        """Stop issuing for a reason decided outside the brain (the run's shared candidate quota
+        is spent); sticky, like the budget's own reasons."""
+        if self._stopped is None:
+            self._stopped = reason
 
     def status(self, at: float | None = None) -> IslandStatus:
         """The island's progress as an ``IslandStatus``."""

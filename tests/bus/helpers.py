@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from actors.bus import Bus
 from actors.errors import BusError
 from actors.kv import put_run
+from actors.nats_server import find_binary
 from schemas import (
     ActorInfo,
     Candidate,
@@ -136,3 +139,38 @@ async def wait_up(bus: Bus, actor_id: str, timeout: float = 120.0) -> ActorInfo:
             if info is not None:
                 return info
             await asyncio.sleep(0.1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RestartableServer:
+    """A nats-server on a fixed port that can be stopped and started again on its store."""
+
+    def __init__(self, store: Path) -> None:
+        self.port = _free_port()
+        self.store = store
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cmd = [str(find_binary()), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("nats-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)

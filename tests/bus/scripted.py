@@ -57,7 +57,9 @@ class ScriptedRunner:
     async def prepare(self, task: Task) -> None:
         return None
 
-    async def evaluate(self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str) -> EvalResult:
+    async def evaluate(
+        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+    ) -> EvalResult:
         await asyncio.sleep(self.delay_s)
         self.count += 1
         ms = 1.0 / (1.0 + 0.1 * self.count)

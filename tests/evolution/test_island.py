@@ -166,14 +166,16 @@ def test_in_flight_counts_requests_replies_and_feedback() -> None:
     assert brain.in_flight == 1
 
 
-def test_budget_stops_the_island_at_its_share_and_at_speed_of_light() -> None:
+def test_budget_stops_the_island_on_tokens_time_quota_and_speed_of_light() -> None:
     env = Landscape(1, fail=0.0)
     by_count = _brain(islands=2, budget=Budget(candidates=6, wall_s=None))
-    for _ in range(2):
+    for _ in range(4):
         _step(by_count, env)
+    # The candidate budget is the run's shared quota (actors.quota), not a share per island.
     assert by_count.budget_exhausted(now=0.0) is None
-    _step(by_count, env)
-    assert by_count.budget_exhausted(now=0.0) is StopReason.CANDIDATES  # 3 = 6 / 2 islands
+    by_count.stop(StopReason.CANDIDATES)
+    assert by_count.budget_exhausted(now=0.0) is StopReason.CANDIDATES
+    assert not by_count.wants_request()
     by_tokens = _brain(islands=2, budget=Budget(tokens=1000, wall_s=None))
     by_tokens.record_tokens(499)
     assert by_tokens.budget_exhausted(now=0.0) is None
