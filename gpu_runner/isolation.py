@@ -194,12 +194,8 @@ def confinement(iso: Isolation, home: Path, bulk: Path | None, mode: str, exec_o
 def jit_exec(device: str, compile_outcome: Any) -> bool:
     """Whether a run worker may still start programs (``ptxas`` for Triton kernels the compile stage
     could not build ahead of time, on a GPU); everywhere else it may not."""
-    # On a GPU, Triton may still build a launcher or a kernel in the run worker even when the
-    # compile stage reported success (seen on an H200: a launcher for inputs of more than 2**31
-    # elements, built with gcc at the first launch), so CUDA run workers may start programs; the
-    # other layers (namespaces, the rest of the seccomp filter) still hold.
-    del compile_outcome
-    return device == "cuda"
+    aot = str(getattr(compile_outcome, "aot", "") or "")
+    return device == "cuda" and aot.startswith("partial")
 
 
 def isolation_refusal(iso: Isolation, mode: IsolationMode) -> str | None:
