@@ -355,6 +355,10 @@ class RunController:
                 await asyncio.wait([ready], timeout=None if deadline is None else max(0.0, deadline - time.time()))
                 if not ready.done():
                     ready.cancel()
+                refused = next((r for a in self.actors if (r := getattr(a, "refused", None)) is not None), None)
+                if refused is not None:  # the task cannot be evaluated here: stop everything at once
+                    aborted = True
+                    raise refused
             await self._publish_seeds(bus)
             try:
                 reason = await self._wait_for_end(stop, actors_task)

@@ -49,6 +49,8 @@ class EvaluatorActor(Actor):
         self.task: Task | None = None
         self.spec: RunSpec | None = None
         self.evaluated = 0
+        self.refused: TaskRefused | None = None
+        """Set when the task cannot be evaluated on this machine (the run ends at once, exit 3)."""
         self.cancelled = 0
 
     async def setup(self) -> None:
@@ -58,7 +60,8 @@ class EvaluatorActor(Actor):
         try:
             await self.runner.prepare(self.task)
         except TaskTooLarge as exc:  # the task, not a candidate: the run says so and ends
-            raise TaskRefused(str(exc)) from None
+            self.refused = TaskRefused(str(exc))
+            raise self.refused from None
         consumer = ConsumerSpec(
             stream=subjects.run_stream(self.rid),
             durable=subjects.EVALUATORS,
