@@ -36,6 +36,13 @@ DEVICE_VERDICT_BYTES = 256 << 20
 """Outputs of a trial at least this large are compared on the GPU, not shipped to the parent's numpy."""
 JUDGE_CHUNK_ELEMENTS = 1 << 26
 """Elements the judge compares per step (64M: 2 GB of float64 temporaries at most, 3 arrays wide)."""
+ROTATION_COPY_LIMIT = 1 << 30
+"""Inputs of a trial up to this size are timed from two copies refilled before every call; larger
+ones are timed in place, from the trials' own buffers in turn (two more copies of a 6 GB input
+were the difference between fitting the GPU and not): :class:`gpu_runner.timing.Rotation`."""
+WORK_BYTES = 512 << 20
+"""Fixed scratch of a running candidate's process: the quick check's float64 pieces
+(:data:`gpu_runner.worker_common.CLOSE_CHUNK_ELEMENTS`) and the L2 flush buffer."""
 SAFETY = 1.15
 """Factor on the summed device needs before they are compared with the budget."""
 MIN_TRIALS = 2
@@ -128,9 +135,12 @@ def _device_needs(
     idle = CONTEXT_BYTES + p + trials * (i + o) + ((o + big) if compiled else 0)
     # one trial at a time: the float64 model, inputs and outputs, and the float32 residual
     preparing = 2 * (p + i + o) + o if not judged else i + o  # judged: the judge does the float64 run
-    # the working inputs, the outputs and their snapshot, one intermediate, the poison (a timed
-    # call needs less: its output and an intermediate, with the snapshot gone)
-    running = i + 2 * o + big + poison
+    # trials: the working inputs, the outputs and their snapshot, one intermediate, the poison;
+    # timing: two rotating input buffers (small inputs only), the candidate's output and a baseline's, one
+    # intermediate; both: the quick check's float64 pieces and the L2 flush buffer
+    trials_stage = i + 2 * o + big + poison
+    timing_stage = (2 * i if i <= ROTATION_COPY_LIMIT else 0) + 2 * o + big
+    running = max(trials_stage, timing_stage) + WORK_BYTES
     return idle, preparing, running
 
 

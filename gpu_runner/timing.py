@@ -39,13 +39,21 @@ class Timed:
 
 
 class Rotation:
-    """Two alternating input buffers, each refilled from a different trial before every call."""
+    """Distinct input buffers in turn: two copies, each refilled from a different trial before every
+    call, or (inputs over :data:`gpu_runner.memplan.ROTATION_COPY_LIMIT`, ``copy=False``) the
+    trials' own buffers, each its own pointer and data."""
 
-    def __init__(self, trials: list[list[Any]]) -> None:
+    def __init__(self, trials: list[list[Any]], copy: bool = True) -> None:
         self.trials = trials
-        self.buffers = [[v.clone() if isinstance(v, torch.Tensor) else v for v in trials[0]] for _ in range(2)]
+        self.copy = copy
+        self.buffers = (
+            [[v.clone() if isinstance(v, torch.Tensor) else v for v in trials[0]] for _ in range(2)] if copy else []
+        )
 
     def load(self, k: int) -> tuple[list[Any], int]:
+        if not self.copy:
+            t = k % len(self.trials)
+            return self.trials[t], t
         b = k % 2
         t = (k // 2 + b) % len(self.trials)
         for dst, src in zip(self.buffers[b], self.trials[t], strict=True):

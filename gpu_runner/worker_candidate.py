@@ -21,6 +21,7 @@ import psutil
 import torch
 
 from gpu_runner.hooks import CANDIDATE_MODULE, DispatchRecorder, LaunchLog, install_ext_loader, install_triton_hooks
+from gpu_runner.memplan import ROTATION_COPY_LIMIT
 from gpu_runner.protocol import read_frame
 from gpu_runner.timing import Rotation, Timed, run_timing
 from gpu_runner.worker_common import (
@@ -353,7 +354,8 @@ def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], 
         timed.append(Timed("compiled", lambda inputs: compiled(*inputs)))
     log.reset()
     log.recording = True
-    result = run_timing(timed, Rotation(prepared.trials), prepared.device, msg["timing"])
+    rotation = Rotation(prepared.trials, copy=prepared.in_nbytes <= ROTATION_COPY_LIMIT or len(prepared.trials) < 2)
+    result = run_timing(timed, rotation, prepared.device, msg["timing"])
     log.recording = False
     result["recheck"] = recheck
     result["own_launches"] = log.own_launches

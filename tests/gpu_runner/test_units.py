@@ -276,3 +276,25 @@ def test_kernel_profile_only_where_launch_hooks_cannot_see() -> None:
     assert profile_kernels("cuda", triton_only, {"ext": "/x/ext.so"}, True)[0] is True
     assert profile_kernels("cuda", "from torch.utils.cpp_extension import load_inline", {}, True)[0] is True
     assert profile_kernels("cpu", "load_inline", {"ext": "/x/ext.so"}, False)[0] is False
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_worker_quick_check_sees_a_fault_in_any_piece(transposed: bool) -> None:
+    import torch
+
+    from gpu_runner.worker_common import close_enough
+
+    ref = torch.randn(37, 53, dtype=torch.float32)
+    out = ref + 1e-7
+    if transposed:  # non-contiguous tensors are compared in slices along dim 0
+        ref, out = ref.t(), out.t()
+    assert close_enough(out, ref, 1e-5, 1e-5, chunk=100)
+    for where in [(0, 0), (20, 30), (-1, -1)]:
+        bad = out.clone()
+        bad[where] += 1.0
+        assert not close_enough(bad, ref, 1e-5, 1e-5, chunk=100), where
+    bad = out.clone()
+    bad[-1, -1] = float("inf")
+    assert not close_enough(bad, ref, 1e-5, 1e-5, chunk=100)
+    # mixed layouts: a contiguous output against a non-contiguous reference of the same shape
+    assert close_enough(out.contiguous(), ref, 1e-5, 1e-5, chunk=64)
