@@ -21,6 +21,7 @@ import torch
 from gpu_runner.hooks import LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.worker_candidate import enter_sandbox, import_candidate
 from gpu_runner.worker_common import Channel, describe_exception
+from gpu_runner.worker_measure import measured_sizes
 from gpu_runner.worker_reference import REFERENCE_FILENAME, load_module, make_inputs
 
 
@@ -68,6 +69,31 @@ def _build_launchers(kernels: list[Any]) -> str:
     return f"; launchers: {built} prebuilt" if built else ""
 
 
+def _shaped_inputs(reference_source: str) -> tuple[dict[str, Any], list[Any], int]:
+    """The reference, inputs of its real shapes for the compile-only forward, and the bytes the
+    stage's data limit must grow by to hold them and the candidate's outputs.
+
+    The inputs are allocated, never written: the forward only compiles (Triton launches are
+    warm-ups), so an 8 GB input costs address space, not memory. Their sizes come from the
+    ``meta`` device; where the reference cannot run there, real inputs are drawn on the CPU."""
+    ref = load_module(reference_source, REFERENCE_FILENAME, "kf_reference")
+    try:
+        sizes = measured_sizes(ref, "meta")
+        with torch.device("meta"):
+            torch.manual_seed(0)
+            shapes = list(ref["get_inputs"]())
+        inputs = [
+            torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+            for v in shapes
+        ]
+    except Exception:  # noqa: BLE001 - a reference that needs real data gets real inputs
+        inputs = make_inputs(ref, 0, torch.device("cpu"))
+        sizes = {"input_bytes": sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))}
+        sizes["output_bytes"] = sizes["largest_tensor_bytes"] = sizes["input_bytes"]
+    extra = int(sizes["input_bytes"]) + 2 * int(sizes["output_bytes"]) + int(sizes["largest_tensor_bytes"])
+    return ref, inputs, extra
+
+
 def compile_job(msg: dict[str, Any], channel: Channel) -> None:
     """Build the candidate's extensions and (with a target) its Triton kernels; report what happened."""
     started = time.perf_counter()
@@ -82,8 +108,16 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
         driver.set_active(_CompileOnlyDriver(GPUTarget(target["backend"], int(target["arch"]), int(target["warp"]))))
         install_triton_hooks(log, compile_only=True, compiled=kernels)
     install_ext_loader(log, "compile", {}, Path(msg["build_root"]), built)
-    enter_sandbox(msg["sandbox"], torch.device("cpu"))
+    sandbox = dict(msg["sandbox"])
+    shaped: tuple[dict[str, Any], list[Any], int] | None = None
     aot = "not attempted: no Triton kernels or no GPU target"
+    if target and msg.get("triton_kernels"):
+        try:
+            shaped = _shaped_inputs(msg["reference_source"])
+            sandbox["data_bytes"] = int(sandbox["data_bytes"]) + shaped[2]
+        except Exception as exc:  # noqa: BLE001 - the run process compiles instead; the reference's own fault shows there
+            aot = f"partial: no inputs for the reference here ({type(exc).__name__}); the run process compiles"
+    enter_sandbox(sandbox, torch.device("cpu"))
     try:
         ns = import_candidate(msg["candidate_path"])
     except BaseException as exc:  # noqa: BLE001 - a failing import is the compile verdict
@@ -98,10 +132,9 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
             **describe_exception(exc),
         )
         return
-    if target and msg.get("triton_kernels"):
+    if shaped is not None:
         try:
-            ref = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")
-            inputs = make_inputs(ref, 0, torch.device("cpu"))
+            ref, inputs, _ = shaped
             init_args = list(ref["get_init_inputs"]())
             torch.manual_seed(0)
             cand = ns["ModelNew"](*init_args)

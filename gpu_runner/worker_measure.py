@@ -44,7 +44,8 @@ def _fake() -> Iterator[None]:
         yield
 
 
-def _sizes(ns: dict[str, Any], mode: str) -> dict[str, Any]:
+def measured_sizes(ns: dict[str, Any], mode: str) -> dict[str, Any]:
+    """Bytes of one trial's inputs and outputs, the parameters and the largest tensor, by ``mode``."""
     init_args = list(ns["get_init_inputs"]())
     with _meta() if mode == "meta" else _fake():
         model = ns["Model"](*init_args)
@@ -76,7 +77,7 @@ def measure(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
         errors = []
         for mode in ("meta", "fake"):
             try:
-                info = _sizes(ns, mode)
+                info = measured_sizes(ns, mode)
                 break
             except Exception as exc:  # noqa: BLE001 - the next mode, or an unknown size, recorded
                 errors.append(f"{mode}: {type(exc).__name__}: {exc}"[:200])
