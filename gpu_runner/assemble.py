@@ -53,6 +53,8 @@ class Collected:
     peaks: dict[str, Any] = field(default_factory=dict)
     stages: StageTimes = field(default_factory=StageTimes)
     timed_out: str | None = None
+    planned_bytes: int | None = None
+    """Device bytes the memory plan gave the candidate's process (None off the GPU or unplanned)."""
     trials: int | None = None
     """Trials the spare prepared (the memory plan may cut them below the configuration's)."""
     pending: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
@@ -134,7 +136,7 @@ def build(c: Collected) -> EvalResult:
     profile = _profile(rec, infos)
     corr = _correctness(c) if rec.trial_checks else None
     if rec.error is not None:
-        status, summary, finding = error_status(rec.error)
+        status, summary, finding = error_status(rec.error, c.planned_bytes)
         findings += [finding] if finding else []
         if rec.error.get("traceback"):
             common["runtime_log"] = truncate(f"{rec.log}\n{rec.error['traceback']}", limit)

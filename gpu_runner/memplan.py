@@ -104,6 +104,10 @@ class MemoryPlan:
     """Device bytes one evaluation needs at its peak (a preparing spare and the judge included)."""
     device_per_spare: int
     """Device bytes each further idle prepared spare holds."""
+    device_per_candidate: int
+    """Device bytes the process running a candidate may hold at its peak (its spare's data, the
+    trials' and timing's buffers, with the safety margin): an out-of-memory below it is not the
+    candidate's fault."""
     host_per_spare: int
     """Host bytes per prepared spare (reference data and output files)."""
     device_budget: int | None
@@ -238,7 +242,7 @@ def plan(
     while spares < max_spares and fits(*needs(trials, poison, spares + 1, compiled)):
         spares += 1
     per_eval = needs(trials, poison, 0, compiled)[0]
-    idle = _device_needs(fp, trials, poison, compiled, device_verdict)[0]
+    idle, _, running = _device_needs(fp, trials, poison, compiled, device_verdict)
     if not compiled:
         notes.append("no torch.compile baseline: it does not fit beside the evaluation")
     host = trials * fp.output_bytes if device_verdict else _host_per_spare(fp, trials)
@@ -256,6 +260,7 @@ def plan(
         compiled_baseline=compiled,
         device_per_eval=per_eval if on_gpu else 0,
         device_per_spare=idle if on_gpu else 0,
+        device_per_candidate=int((idle + running) * SAFETY) if on_gpu else 0,
         host_per_spare=host,
         device_budget=device_budget,
         host_budget=host_budget,

@@ -403,6 +403,7 @@ class EvaluationService:
         plan = self._require().plans.get(spare.task or "")
         device_verdict = spare.reference.judged
         c.trials = len(spare.reference.seeds) or None
+        c.planned_bytes = plan.device_per_candidate if plan is not None and plan.device_per_candidate else None
         worker.keep_bulk = device_verdict
         sandbox = {
             "cwd": str(worker.dir),

@@ -187,8 +187,12 @@ def guard_finding(
     return None, Check(name="deferred_work_guard", outcome=CheckOutcome.PASSED, detail=detail)
 
 
-def error_status(error: dict[str, Any]) -> tuple[EvalStatus, str, Finding | None]:
-    """Status, summary and finding for an exception the worker reported."""
+def error_status(error: dict[str, Any], planned_bytes: int | None = None) -> tuple[EvalStatus, str, Finding | None]:
+    """Status, summary and finding for an exception the worker reported.
+
+    An out-of-memory in a process that held no more than the memory plan gave it (``planned_bytes``,
+    what the worker reported it held plus what it asked for) is the evaluator's fault: the plan
+    or another process took the memory, and the candidate is not blamed."""
     stage, etype, message = error.get("stage", "?"), error.get("etype", "?"), str(error.get("message", ""))
     first = message.strip().splitlines()[0][:300] if message.strip() else ""
     if stage == "missing_model":
@@ -198,6 +202,18 @@ def error_status(error: dict[str, Any]) -> tuple[EvalStatus, str, Finding | None
         return EvalStatus.COMPILE_ERROR, f"compile_error: {etype} while {stage}: {first}", None
     low = message.lower()
     if etype in ("MemoryError", "OutOfMemoryError") or "out of memory" in low or "can't allocate memory" in low:
+        held = error.get("device_reserved")
+        if planned_bytes and isinstance(held, int):
+            needed = held + int(error.get("device_requested") or 0)
+            sizes = f"{needed / (1 << 30):.1f} GiB needed of {planned_bytes / (1 << 30):.1f} GiB planned"
+            if needed <= planned_bytes:
+                return (
+                    EvalStatus.EVALUATOR_ERROR,
+                    f"evaluator error: out of memory in {stage} within the memory plan ({sizes}): the plan "
+                    "or another process left too little device memory",
+                    None,
+                )
+            first = f"{first} ({sizes} for the candidate's process)"
         finding = Finding(
             rule=R.RESOURCE_LIMIT,
             severity=Severity.INFO,

@@ -192,9 +192,24 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
             laps.lap("profile_s")
         channel.send("measured")  # the parent may give the GPU to the next candidate now
     except BaseException as exc:  # noqa: BLE001 - whatever the candidate raised is the verdict's evidence
-        channel.send("error", stage=stage, **describe_exception(exc))
+        channel.send("error", stage=stage, **describe_exception(exc), **_memory_at_oom(exc, device))
         return
     channel.send("done", jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
+
+
+def _memory_at_oom(exc: BaseException, device: torch.device) -> dict[str, Any]:
+    """What this process held from the device when it ran out of memory, and what it asked for
+    (the parent compares them with the memory plan to tell whose fault it was)."""
+    if device.type != "cuda" or not isinstance(exc, torch.OutOfMemoryError):
+        return {}
+    import re
+
+    asked = 0
+    found = re.search(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)", str(exc))
+    if found:
+        scale = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[found.group(2)]
+        asked = int(float(found.group(1)) * scale)
+    return {"device_reserved": int(torch.cuda.memory_reserved(device)), "device_requested": asked}
 
 
 def _private(msg: dict[str, Any], name: str) -> Any:

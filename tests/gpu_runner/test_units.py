@@ -298,3 +298,21 @@ def test_worker_quick_check_sees_a_fault_in_any_piece(transposed: bool) -> None:
     assert not close_enough(bad, ref, 1e-5, 1e-5, chunk=100)
     # mixed layouts: a contiguous output against a non-contiguous reference of the same shape
     assert close_enough(out.contiguous(), ref, 1e-5, 1e-5, chunk=64)
+
+
+def test_out_of_memory_within_the_plan_is_the_evaluators_fault_not_the_candidates() -> None:
+    from gpu_runner.verdict import error_status
+    from schemas import EvalStatus
+
+    gib = 1 << 30
+    oom = {"stage": "timing", "etype": "OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 6.00 GiB"}
+    within = {**oom, "device_reserved": 40 * gib, "device_requested": 6 * gib}
+    status, summary, _ = error_status(within, planned_bytes=50 * gib)
+    assert status is EvalStatus.EVALUATOR_ERROR and "within the memory plan" in summary
+    beyond = {**oom, "device_reserved": 48 * gib, "device_requested": 6 * gib}
+    status, summary, finding = error_status(beyond, planned_bytes=50 * gib)
+    assert status is EvalStatus.RUNTIME_ERROR and "54.0 GiB needed of 50.0 GiB planned" in summary
+    assert finding is not None
+    # without a plan (the CPU, or a process that reported nothing) the candidate's process is blamed
+    assert error_status(within)[0] is EvalStatus.RUNTIME_ERROR
+    assert error_status(oom, planned_bytes=50 * gib)[0] is EvalStatus.RUNTIME_ERROR
