@@ -191,8 +191,8 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
             gpu.append(result.stages.gpu_s or 0.0)
             statuses.append(result.status.value)
             print(
-                f"  {task} {size} #{i}: {result.status.value} in {times[-1]:.2f} s (GPU held {gpu[-1]:.2f} s); "
-                f"{result.summary[:140]}",
+                f"  {task} {size} #{i}: {result.status.value} in {times[-1]:.2f} s (GPU held {gpu[-1]:.2f} s; "
+                f"{_stages(result)}); {result.summary[:140]}",
                 flush=True,
             )
         row["statuses"] = ",".join(sorted(set(statuses)))
@@ -208,6 +208,13 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
     row["gpu_peak_gib"] = round(sampler.gpu_peak / (1 << 30), 1)
     row["host_peak_gib"] = round(sampler.host_peak / (1 << 30), 1)
     return row
+
+
+def _stages(result: EvalResult) -> str:
+    """The stage times of one evaluation, for finding where a warm evaluation's seconds go."""
+    st = result.stages
+    parts = [("compile", st.compile_s), ("run", st.run_s), ("measure", st.measure_s), ("total", st.total_s)]
+    return " ".join(f"{name} {value:.2f}" for name, value in parts if value is not None)
 
 
 def main() -> int:
