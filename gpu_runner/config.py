@@ -115,6 +115,10 @@ class RunnerConfig:
     device_verdict_bytes: int = 256 << 20
     """Trial outputs at least this large are compared by the judge on the device, after the
     candidate's process is gone, instead of in the parent's numpy (see ``gpu_runner.memplan``)."""
+    in_place_bytes: int = 1 << 30
+    """Above this many bytes per trial, the process running a candidate copies neither inputs nor
+    outputs: inputs are used in place and checked by checksums, outputs fingerprinted at return
+    (``gpu_runner.memplan.LARGE_BYTES``; lowered in tests to exercise that path on small tasks)."""
     host_memory_limit_bytes: int = 16 * GIB
     """RLIMIT_DATA of a candidate's process."""
     device_memory_fraction: float = 0.9
@@ -179,6 +183,7 @@ class RunnerConfig:
             ("device_memory_fraction", 0 < self.device_memory_fraction <= 1, "must be in (0, 1]"),
             ("max_file_bytes", self.max_file_bytes >= 1 << 20, "must be >= 1 MiB"),
             ("device_verdict_bytes", self.device_verdict_bytes >= 0, "must be >= 0"),
+            ("in_place_bytes", self.in_place_bytes >= 0, "must be >= 0"),
             ("max_processes", self.max_processes >= 64, "must be >= 64"),
             ("compile_timeout_s", self.compile_timeout_s > 0, "must be > 0"),
             ("timing_lead_us", 0 <= self.timing_lead_us <= 10_000, "must be within 0..10000"),

@@ -27,19 +27,21 @@ from gpu_runner.errors import TaskTooLarge
 GIB = 1 << 30
 CONTEXT_BYTES = 600 << 20
 """A CUDA context with torch and Triton loaded, per process (about 500 MB on an H100/H200)."""
-DEVICE_HEADROOM = 0.7
+DEVICE_HEADROOM = 0.8
 """Share of the device's free memory the plan may use (fragmentation, allocator rounding, workspaces,
-the compiled baseline's own buffers): at 0.85 a 6 GB elementwise task still ran out of memory on an H200."""
+the compiled baseline's own buffers). At 0.85 a 6 GB elementwise task ran out of memory on an H200,
+but then the quick check alone took ten times the output in float64 temporaries (now bounded)."""
 HOST_HEADROOM = 0.6
 """Share of the host's available memory the plan may use (the page cache, compiles, the actors)."""
 DEVICE_VERDICT_BYTES = 256 << 20
 """Outputs of a trial at least this large are compared on the GPU, not shipped to the parent's numpy."""
 JUDGE_CHUNK_ELEMENTS = 1 << 26
 """Elements the judge compares per step (64M: 2 GB of float64 temporaries at most, 3 arrays wide)."""
-ROTATION_COPY_LIMIT = 1 << 30
-"""Inputs of a trial up to this size are timed from two copies refilled before every call; larger
-ones are timed in place, from the trials' own buffers in turn (two more copies of a 6 GB input
-were the difference between fitting the GPU and not): :class:`gpu_runner.timing.Rotation`."""
+LARGE_BYTES = 1 << 30
+"""Above this many bytes per trial, a running candidate's process makes no copies: inputs are used
+in place and timed from the trials' own buffers (:class:`gpu_runner.timing.Rotation`), outputs are
+fingerprinted instead of snapshotted (each copy of a 6 GB tensor was the difference between fitting
+the GPU and not)."""
 WORK_BYTES = 512 << 20
 """Fixed scratch of a running candidate's process: the quick check's float64 pieces
 (:data:`gpu_runner.worker_common.CLOSE_CHUNK_ELEMENTS`) and the L2 flush buffer."""
@@ -131,7 +133,7 @@ def _gib(n: float) -> str:
 
 
 def _device_needs(
-    fp: Footprint, trials: int, poison: int, compiled: bool = True, judged: bool = False
+    fp: Footprint, trials: int, poison: int, compiled: bool = True, judged: bool = False, large: int = LARGE_BYTES
 ) -> tuple[int, int, int]:
     """(idle prepared spare, extra while preparing, extra while running a candidate) in device bytes."""
     i, o, p, big = fp.input_bytes, fp.output_bytes, fp.param_bytes, fp.largest_tensor_bytes
@@ -139,11 +141,12 @@ def _device_needs(
     idle = CONTEXT_BYTES + p + trials * (i + o) + ((o + big) if compiled else 0)
     # one trial at a time: the float64 model, inputs and outputs, and the float32 residual
     preparing = 2 * (p + i + o) + o if not judged else i + o  # judged: the judge does the float64 run
-    # trials: the working inputs, the outputs and their snapshot, one intermediate, the poison;
-    # timing: two rotating input buffers (small inputs only), the candidate's output and a baseline's, one
-    # intermediate; both: the quick check's float64 pieces and the L2 flush buffer
-    trials_stage = i + 2 * o + big + poison
-    timing_stage = (2 * i if i <= ROTATION_COPY_LIMIT else 0) + 2 * o + big
+    # trials: the working inputs and the outputs' snapshot (small ones only), the outputs, one
+    # intermediate, the poison; timing: two rotating input buffers (small inputs only), one call's
+    # output, one intermediate; both: the quick check's float64 pieces and the L2 flush buffer
+    small_in, small_out = i <= large, o <= large
+    trials_stage = (i if small_in else 0) + (2 * o if small_out else o) + big + poison
+    timing_stage = (2 * i if small_in else 0) + o + big  # one call's output lives at a time
     running = max(trials_stage, timing_stage) + WORK_BYTES
     return idle, preparing, running
 
@@ -167,6 +170,7 @@ def plan(
     host_available: int,
     device_free: int | None = None,
     device_verdict_bytes: int = DEVICE_VERDICT_BYTES,
+    large_bytes: int = LARGE_BYTES,
 ) -> MemoryPlan:
     """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs."""
     free = device_free if device_free is not None else fp.device_free
@@ -189,7 +193,7 @@ def plan(
 
     def needs(trials: int, poison: int, spares: int, compiled: bool = True) -> tuple[int, int]:
         """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs."""
-        idle, preparing, running = _device_needs(fp, trials, poison, compiled, device_verdict)
+        idle, preparing, running = _device_needs(fp, trials, poison, compiled, device_verdict, large_bytes)
         # judged: each worker's output files (the reference's data never goes to the host)
         host = (
             (spares + 1) * trials * o
@@ -242,7 +246,7 @@ def plan(
     while spares < max_spares and fits(*needs(trials, poison, spares + 1, compiled)):
         spares += 1
     per_eval = needs(trials, poison, 0, compiled)[0]
-    idle, _, running = _device_needs(fp, trials, poison, compiled, device_verdict)
+    idle, _, running = _device_needs(fp, trials, poison, compiled, device_verdict, large_bytes)
     if not compiled:
         notes.append("no torch.compile baseline: it does not fit beside the evaluation")
     host = trials * fp.output_bytes if device_verdict else _host_per_spare(fp, trials)

@@ -184,6 +184,7 @@ class RunPool:
             max_spares=self.cfg.spares,
             host_available=int(psutil.virtual_memory().available),
             device_verdict_bytes=self.cfg.device_verdict_bytes,
+            large_bytes=self.cfg.in_place_bytes,
         )
         logger.info(
             "memory_plan",

@@ -427,6 +427,7 @@ class EvaluationService:
                 "profile_kernels": profiled,
                 "device_verdict": device_verdict,
                 "poison_bytes": plan.poison_bytes if plan is not None else None,
+                "in_place_bytes": self.cfg.in_place_bytes,
             }
         )
         biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)

@@ -40,7 +40,7 @@ class Timed:
 
 class Rotation:
     """Distinct input buffers in turn: two copies, each refilled from a different trial before every
-    call, or (inputs over :data:`gpu_runner.memplan.ROTATION_COPY_LIMIT`, ``copy=False``) the
+    call, or (inputs over :data:`gpu_runner.memplan.LARGE_BYTES`, ``copy=False``) the
     trials' own buffers, each its own pointer and data."""
 
     def __init__(self, trials: list[list[Any]], copy: bool = True) -> None:

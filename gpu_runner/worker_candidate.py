@@ -21,12 +21,13 @@ import psutil
 import torch
 
 from gpu_runner.hooks import CANDIDATE_MODULE, DispatchRecorder, LaunchLog, install_ext_loader, install_triton_hooks
-from gpu_runner.memplan import ROTATION_COPY_LIMIT
+from gpu_runner.memplan import LARGE_BYTES
 from gpu_runner.protocol import read_frame
 from gpu_runner.timing import Rotation, Timed, run_timing
 from gpu_runner.worker_common import (
     Channel,
     Laps,
+    checksum,
     close_enough,
     describe_exception,
     flatten_outputs,
@@ -231,7 +232,17 @@ def _trials(
     """The correctness trials; ``laps`` gets their steps (``trial_*_s``, summed over trials)."""
     device = prepared.device
     recorder = DispatchRecorder(log)
-    work = [v.clone() if isinstance(v, torch.Tensor) else v for v in prepared.trials[0]]
+    # Large inputs are used in place (their checksums before and after show a mutation), and
+    # large outputs are fingerprinted at return instead of copied (a changed fingerprint after the
+    # device is idle shows deferred work): either copy would be gigabytes the GPU may not have.
+    large = int(msg.get("in_place_bytes", LARGE_BYTES))
+    in_place = prepared.in_nbytes > large
+    by_sum = prepared.out_nbytes > large
+    work = (
+        list(prepared.trials[0])
+        if in_place
+        else [v.clone() if isinstance(v, torch.Tensor) else v for v in prepared.trials[0]]
+    )
     in_ptrs = storage_ptrs(work)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -241,9 +252,15 @@ def _trials(
     all_ok = True
     atol, rtol = msg["atol"], msg["rtol"]
     for t, pristine in enumerate(prepared.trials):
-        for dst, src in zip(work, pristine, strict=True):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
+        in_sums: list[int | None] = []
+        if in_place:
+            work = list(pristine)
+            in_ptrs = storage_ptrs(work)
+            in_sums = [checksum(v) if isinstance(v, torch.Tensor) else None for v in work]
+        else:
+            for dst, src in zip(work, pristine, strict=True):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
         poison_allocator(device, poison)
         laps.lap("trial_inputs_s")
         log.reset()
@@ -254,7 +271,9 @@ def _trials(
         log.recording = False
         items = flatten_outputs(out)
         tensors = [o for o in items if type(o) is torch.Tensor]
-        snapshot = [o.detach().clone() for o in tensors]
+        # in stream order, right after the return: what the outputs held then
+        sums = [checksum(o) for o in tensors] if by_sum else []
+        snapshot = [o.detach() for o in tensors] if by_sum else [o.detach().clone() for o in tensors]
         sync(device)
         elapsed = time.perf_counter() - t0
         laps.lap("trial_forward_s")
@@ -267,9 +286,17 @@ def _trials(
             "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
             "n_outputs": len(items),
             "devices_ok": all(o.device == r.device for o, r in zip(tensors, refs, strict=False)),
-            "deferred": any(not same_bits(o.detach(), s) for o, s in zip(tensors, snapshot, strict=True)),
-            "mutated": any(
-                not same_bits(w, p) for w, p in zip(work, pristine, strict=True) if isinstance(w, torch.Tensor)
+            "deferred": (
+                any(checksum(o) != s for o, s in zip(tensors, sums, strict=True))
+                if by_sum
+                else any(not same_bits(o.detach(), s) for o, s in zip(tensors, snapshot, strict=True))
+            ),
+            "mutated": (
+                any(checksum(w) != s for w, s in zip(work, in_sums, strict=True) if isinstance(w, torch.Tensor))
+                if in_place
+                else any(
+                    not same_bits(w, p) for w, p in zip(work, pristine, strict=True) if isinstance(w, torch.Tensor)
+                )
             ),
             "aliased": _aliased(tensors, in_ptrs),
             "threads": threading.active_count() - threads0,
@@ -369,7 +396,10 @@ def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], 
         timed.append(Timed("compiled", lambda inputs: compiled(*inputs)))
     log.reset()
     log.recording = True
-    rotation = Rotation(prepared.trials, copy=prepared.in_nbytes <= ROTATION_COPY_LIMIT or len(prepared.trials) < 2)
+    rotation = Rotation(
+        prepared.trials,
+        copy=prepared.in_nbytes <= int(msg.get("in_place_bytes", LARGE_BYTES)) or len(prepared.trials) < 2,
+    )
     result = run_timing(timed, rotation, prepared.device, msg["timing"])
     log.recording = False
     result["recheck"] = recheck
