@@ -190,6 +190,9 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
             times.append(time.perf_counter() - t)
             gpu.append(result.stages.gpu_s or 0.0)
             statuses.append(result.status.value)
+            if result.status.value != "correct":
+                compile_detail = next((c.detail for c in result.checks if c.name == "compile"), None)
+                print(f"  compile check: {compile_detail}\n  runtime log: {(result.runtime_log or '')[-1500:]}")
             print(
                 f"  {task} {size} #{i}: {result.status.value} in {times[-1]:.2f} s (GPU held {gpu[-1]:.2f} s; "
                 f"{_stages(result)}); {result.summary[:140]}",

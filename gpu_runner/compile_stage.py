@@ -64,8 +64,9 @@ def _build_launchers(kernels: list[Any]) -> str:
         try:
             CudaLauncher(kernel.src, kernel.metadata)
             built += 1
-        except Exception:  # noqa: BLE001 - launchers that need a GPU here are built at the first launch
-            return "; launchers: built at the first launch"
+        except Exception as exc:  # noqa: BLE001 - launchers that need a GPU here are built at the first launch
+            why = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+            return f"; launchers: built at the first launch ({why})"
     return f"; launchers: {built} prebuilt" if built else ""
 
 
