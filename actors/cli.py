@@ -77,6 +77,8 @@ def _positive_seconds(text: str) -> float:
 
 
 _ABORT_GRACE_S = 3.0
+_EXIT_GRACE_S = 15.0
+"""Longest the event loop's teardown may take once a command has its exit status."""
 
 
 def _exit_now(code: int) -> None:
@@ -119,7 +121,13 @@ def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-        return 130 if signal.SIGINT in received else code
+        final = 130 if signal.SIGINT in received else code
+        # The command's work is done (a run's results are written): the event loop's own teardown
+        # (tasks still being cancelled, threads of the default executor) must not hold the process.
+        timer = threading.Timer(_EXIT_GRACE_S, _exit_now, args=(final,))
+        timer.daemon = True
+        timer.start()
+        return final
 
     return asyncio.run(wrapper())
 

@@ -38,6 +38,7 @@ from actors.quota import CandidateQuota
 from schemas import (
     ActorInfo,
     ActorKind,
+    ActorState,
     Candidate,
     Control,
     ControlAction,
@@ -53,6 +54,10 @@ from schemas import (
 )
 
 log = get_logger(__name__)
+ACTOR_STOP_S = 20.0
+"""Longest the local actors may drain after the run ended before they are stopped at once."""
+ACTOR_ABORT_S = 10.0
+"""Longest a stop at once may take before the run goes on to write its results without them."""
 
 MISSING_GRACE_S = 30.0
 """How long a run waits for its islands to announce themselves before it names the missing ones
@@ -322,6 +327,26 @@ class RunController:
             f"{len(cancelled)} evaluation(s) in flight cancelled (recorded in its RunEnd); no report written"
         )
 
+    async def _stop_actors(self, task: asyncio.Task[None]) -> None:
+        """Wait for the local actors to drain, for a bounded time; then stop the rest at once.
+
+        Their results are in the run's stream already (the report is built from it), so an actor
+        whose drain hangs (seen on an H100: an evaluator whose cancelled evaluations never returned
+        held the run 400 s past its budget) costs nothing but its unfinished work, which is named."""
+        done, _ = await asyncio.wait([task], timeout=ACTOR_STOP_S)
+        if not done:
+            still = [f"{a.actor_id} ({a.state.value})" for a in self.actors if a.state is not ActorState.STOPPED]
+            log.warning("actors did not stop in time: stopping them at once", seconds=ACTOR_STOP_S, actors=still)
+            self._say(
+                f"{len(still)} actor(s) still stopping after {ACTOR_STOP_S:g} s, stopped at once: {', '.join(still)}"
+            )
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=ACTOR_ABORT_S)
+            if not done:
+                log.warning("actors did not stop at once either; going on without them", seconds=ACTOR_ABORT_S)
+        if done and not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
+
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""
         bus = await Bus.connect(
@@ -378,7 +403,7 @@ class RunController:
                 self._say(f"{len(self.cancelled)} evaluation(s) in flight cancelled at the end of the run")
             actors_stop.set()
             if actors_task is not None:
-                await actors_task
+                await self._stop_actors(actors_task)
             await self.watcher.stop()
             self._show(final=True)
             log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
@@ -400,8 +425,7 @@ class RunController:
             if actors_task is not None and not actors_task.done():
                 if aborted:
                     actors_task.cancel()  # every local actor stops at once too
-                with contextlib.suppress(asyncio.CancelledError):
-                    await actors_task
+                await self._stop_actors(actors_task)
             if self.watcher is not None:
                 await self.watcher.stop()
             await bus.close()
