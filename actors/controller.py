@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -403,7 +404,13 @@ class RunController:
                 self._say(f"{len(self.cancelled)} evaluation(s) in flight cancelled at the end of the run")
             actors_stop.set()
             if actors_task is not None:
-                await self._stop_actors(actors_task)
+                # If the event loop itself is blocked (no timeout can fire), say where: every
+                # thread's stack goes to stderr once the actors should long have stopped.
+                faulthandler.dump_traceback_later(ACTOR_STOP_S + ACTOR_ABORT_S + 15.0, exit=False)
+                try:
+                    await self._stop_actors(actors_task)
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
             await self.watcher.stop()
             self._show(final=True)
             log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import faulthandler
+import signal
 import sys
 import time
 from pathlib import Path
@@ -113,6 +115,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from actors.logs import configure_logging
 
     configure_logging(level=args.log_level, stream=open(run_dir / "run.log", "a"))  # noqa: SIM115
+    # SIGUSR1 prints every thread's stack to stderr: how a stuck run is diagnosed (kfoundry bench
+    # sends it before stopping a run that overran its budget).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     seeds = [p.read_text() for p in args.seed_candidate]
 
     async def main(stop: asyncio.Event) -> int:

@@ -10,6 +10,7 @@ then SIGTERM, then SIGKILL to the run's process group if it does not end in time
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -63,7 +64,9 @@ class RunOptions:
     def hard_limit_s(self) -> float:
         """Wall time after which a run is killed as stuck: its budget, a drain, and start-up."""
         budget = self.seconds if self.seconds is not None else 1800.0
-        return budget + 2 * self.eval_timeout_s + 300.0
+        # a run ends within a minute of its budget (its actors are stopped at once after 20 s of
+        # draining), and a GPU run's start (NATS, CUDA, the fork servers) takes well under two
+        return budget + 180.0
 
     def command(self, problem: Problem, run_dir: Path) -> list[str]:
         cmd = [self.python, "-m", "actors.cli", "run", str(problem.path), "--run-dir", str(run_dir)]
@@ -182,6 +185,9 @@ def run_problem(
                     raise Interrupted(problem.name)
                 if time.monotonic() - started > opts.hard_limit_s():
                     killed_stuck = True
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGUSR1)  # the run dumps its threads' stacks to its console
+                    time.sleep(2.0)
                     _end(proc, opts.grace_s)
                     break
             _signal_group(proc, signal.SIGKILL)  # nothing of the run outlives it
