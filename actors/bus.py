@@ -157,8 +157,19 @@ class _Workers:
         return len(tasks)
 
     async def join(self) -> None:
+        """Wait until every handler has finished and been removed.
+
+        A task that is done stays in ``_tasks`` until its done-callback runs, which needs the
+        event loop to turn; and awaiting ``gather`` over tasks that are all done returns without
+        yielding (Python 3.12). Looping on that spun forever with the loop blocked (seen on an
+        H100: a run's evaluator drained for ever after its cancelled evaluations ended, and no
+        timeout of the process could fire). So: wait only for unfinished tasks, and let the
+        loop turn before looking again."""
         while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            pending = [task for task in self._tasks if not task.done()]
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.sleep(0)
 
 
 @dataclass
