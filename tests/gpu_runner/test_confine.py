@@ -225,8 +225,16 @@ def _name_threads() -> None:
 @needs_landlock
 def test_landlock_lets_a_worker_name_its_threads_and_nothing_else_in_proc() -> None:
     grants = landlock.Grants(read=("/usr", "/proc"), write_files=("/proc/self/task",))
-    assert _in_child(lambda: (landlock.restrict(grants), _name_threads())) == "ok"
-    refused = _in_child(lambda: (landlock.restrict(landlock.Grants(read=("/usr", "/proc"))), _name_threads()))
+
+    def named(g: landlock.Grants) -> Callable[[], None]:
+        def run() -> None:
+            landlock.restrict(g)
+            _name_threads()
+
+        return run
+
+    assert _in_child(named(grants)) == "ok"
+    refused = _in_child(named(landlock.Grants(read=("/usr", "/proc"))))
     assert refused.startswith("PermissionError"), refused
 
 
@@ -248,7 +256,8 @@ def test_read_only_view_lets_a_worker_name_its_threads_and_nothing_else_in_proc(
         pytest.skip(f"user namespaces are not permitted here: {result}")
     assert result == "ok"
     refused = _in_child(attempt(()))
-    assert refused.startswith("OSError") and "Read-only file system" in refused, refused
+    assert refused.startswith("OSError"), refused
+    assert "Read-only file system" in refused, refused
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="files owned by another user need root to make")
