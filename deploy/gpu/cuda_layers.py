@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gpu_runner.confine import fsview, landlock, policy, seccomp  # noqa: E402
-from gpu_runner.confine.namespaces import enter, maps_for  # noqa: E402
+from gpu_runner.confine import fsview, landlock, policy, seccomp
+from gpu_runner.confine.namespaces import enter, maps_for
 
 NAMES = ("/proc/self/task",)
 COLUMNS = ("names", "ptxas", "cuda", "triton", "torch")
@@ -135,7 +135,11 @@ def _measure(row: dict[str, str]) -> None:
         return
     from gpu_runner.confine.cudacheck import _triton_add
 
-    for name, fn in (("triton", _triton_add), ("torch", lambda: (torch.randn(64, 64, device="cuda") @ torch.randn(64, 64, device="cuda")).sum().item())):  # fmt: skip
+    def matmul() -> None:
+        a = torch.randn(64, 64, device="cuda")
+        (a @ a).sum().item()
+
+    for name, fn in (("triton", _triton_add), ("torch", matmul)):
         try:
             result = fn()
             row[name] = result if isinstance(result, str) else "ok"
