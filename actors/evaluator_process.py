@@ -8,7 +8,7 @@ other than the URL it connects with). Its fork servers, janitor and workers inhe
 environment, so nothing in the evaluator's process tree (what candidates run under) holds a key.
 
 The child is an actor of this process for the run: ready when it logs ``actor running``, refused
-(exit status 3, its one-line message) when the task cannot be evaluated here, asked to drain
+(its one-line message) when it ends before that (the task cannot be evaluated here), asked to drain
 with SIGTERM, stopped at once with SIGKILL, and killed with this process (``PR_SET_PDEATHSIG``).
 Its JSON log lines go to this process's log (``run.log``).
 """
@@ -119,9 +119,11 @@ class EvaluatorProcess(Actor):
                     await waiter
             await reader
             code = proc.returncode
-            if code == TaskRefused.exit_code:
+            if code and not self._ready.is_set() and not self._stop.is_set():
+                # It could not start (a refused task, strict isolation, a bad option): its one line
+                # ends the run as an in-process evaluator's refusal would.
                 said = [ln.removeprefix("kfoundry: ") for ln in last if ln.startswith("kfoundry: ")]
-                self.refused = TaskRefused(said[-1] if said else "the evaluator refused the task")
+                self.refused = TaskRefused(said[-1] if said else f"the evaluator process ended with status {code}")
                 raise self.refused
             if code not in (0, None) and not self._stop.is_set():
                 self.log.warning("evaluator process ended", exit_code=code, last=last[-5:])

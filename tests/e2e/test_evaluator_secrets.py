@@ -94,3 +94,24 @@ def _cmdline(proc: psutil.Process) -> list[str]:
         return list(proc.cmdline())
     except psutil.Error:
         return []
+
+
+@pytest.mark.timeout(240)
+def test_an_evaluator_process_refusing_the_task_ends_the_run_with_its_one_line(tmp_path: Path) -> None:
+    from tests.e2e.test_task_refused import HUGE
+
+    task = tmp_path / "huge.py"
+    task.write_text(HUGE)
+    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), OPENAI_API_KEY="sk-kf-test-refusal")
+    env.pop("NATS_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "run", str(task), "--device", "cpu", "--seconds", "60",
+         "--run-dir", str(tmp_path / "run"), "--quiet"],
+        capture_output=True, text=True, timeout=220, check=False, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("kfoundry: task needs ~"), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "evaluator started as its own process" in log
