@@ -207,14 +207,14 @@ def isolation_refusal(iso: Isolation, mode: IsolationMode) -> str | None:
     if not missing:
         return None
     notes = iso.notes()
-    lines = "\n".join(f"  {m}: {notes.get(m, 'not probed')}" for m in missing)
     if mode is IsolationMode.BEST_EFFORT:
         logger.warning("isolation_incomplete", missing=missing, notes={m: notes.get(m) for m in missing})
         return None
+    said = "; ".join(f"{m}: {notes.get(m, 'not probed').removeprefix('skipped: ')}" for m in missing)
     return (
-        "isolation is strict and these layers do not hold here, so no candidate will run:\n"
-        f"{lines}\nEnable them as each line says, or pass --isolation best-effort to run candidates "
-        "with the layers that do hold (every verdict names them)."
+        f"isolation is strict and {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not hold here, so no "
+        f"candidate will run ({said}); enable {'it' if len(missing) == 1 else 'them'} as said, or pass "
+        "--isolation best-effort to run candidates with the layers that hold (every verdict names them)"
     )
 
 
