@@ -38,6 +38,7 @@ from gpu_runner.confine.namespaces import enter, maps_for
 
 NAMES = ("/proc/self/task",)
 COLUMNS = ("names", "ptxas", "cuda", "triton", "torch")
+PARALLEL = 5
 
 
 def _ptxas() -> str | None:
@@ -147,13 +148,13 @@ def _measure(row: dict[str, str]) -> None:
             row[name] = f"{type(exc).__name__}: {exc}"[:160]
 
 
-def _row(setup: Callable[[str], None], work: str) -> dict[str, str]:
-    """Run ``setup`` then the measurements in a forked child; the child's row."""
+def _start(setup: Callable[[str], None], work: str) -> tuple[int, int]:
+    """Fork a child that runs ``setup`` then the measurements; its pid and the pipe its row comes on."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        signal.alarm(100)
+        signal.alarm(150)
         row: dict[str, str] = dict.fromkeys(COLUMNS, "not tried")
         try:
             os.environ.update({"HOME": work, "TRITON_CACHE_DIR": os.path.join(work, "triton"), "TMPDIR": work})
@@ -164,12 +165,17 @@ def _row(setup: Callable[[str], None], work: str) -> dict[str, str]:
         os.write(w, json.dumps(row).encode())
         os._exit(0)
     os.close(w)
+    return pid, r
+
+
+def _collect(pid: int, r: int) -> dict[str, str]:
     data = b""
     while chunk := os.read(r, 65536):
         data += chunk
     os.close(r)
     _, status = os.waitpid(pid, 0)
-    return json.loads(data) if data else {"setup": f"child died ({os.waitstatus_to_exitcode(status)})"}
+    row: dict[str, str] = json.loads(data) if data else {"setup": f"child died ({os.waitstatus_to_exitcode(status)})"}
+    return row
 
 
 def ns(narrow: bool = False, **plan: Any) -> Callable[[str], None]:
@@ -285,10 +291,18 @@ def main() -> int:
     width = max(len(k) for k in VARIANTS) + 2
     print("\n" + "variant".ljust(width) + "".join(c.ljust(10) for c in COLUMNS), flush=True)
     details: list[str] = []
-    for i, (name, setup) in enumerate(VARIANTS.items()):
-        work = os.path.join(base, f"v{i}")
-        os.makedirs(work, exist_ok=True)
-        row = _row(setup, work)
+    names = list(VARIANTS)
+    rows: dict[str, dict[str, str]] = {}
+    for first in range(0, len(names), PARALLEL):  # a few at once: each child is mostly torch's import
+        started = []
+        for i, name in enumerate(names[first : first + PARALLEL], start=first):
+            work = os.path.join(base, f"v{i}")
+            os.makedirs(work, exist_ok=True)
+            started.append((name, *_start(VARIANTS[name], work)))
+        for name, pid, r in started:
+            rows[name] = _collect(pid, r)
+    for name in names:
+        row = rows[name]
         cells = ["ok" if row.get(c) == "ok" else "-" if row.get(c) == "not tried" else "FAIL" for c in COLUMNS]
         print(name.ljust(width) + "".join(c.ljust(10) for c in cells), flush=True)
         errs = {k: v for k, v in row.items() if v not in ("ok", "not tried")}
