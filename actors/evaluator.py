@@ -20,7 +20,7 @@ from actors.errors import Retry, TaskRefused
 from actors.kv import get_run
 from actors.latency import EVALUATION_SECONDS
 from actors.runners import Runner
-from gpu_runner.errors import TaskTooLarge
+from gpu_runner.errors import IsolationUnavailable, TaskTooLarge
 from schemas import ActorKind, Candidate, EvalStatus, RunEnd, RunSpec, Task, subjects
 
 
@@ -56,10 +56,10 @@ class EvaluatorActor(Actor):
     async def setup(self) -> None:
         self.spec = await get_run(self.bus, self.rid)
         self.task = self.spec.task
-        await self.runner.start()
         try:
+            await self.runner.start()
             await self.runner.prepare(self.task)
-        except TaskTooLarge as exc:  # the task, not a candidate: the run says so and ends
+        except (TaskTooLarge, IsolationUnavailable) as exc:  # no candidate can run here: the run says so and ends
             self.refused = TaskRefused(str(exc))
             raise self.refused from None
         consumer = ConsumerSpec(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,11 @@ def build_actor(
         raise ConfigError(f"a {kind} actor needs --run RUN")
     if kind is ActorKind.EVALUATOR:
         from actors.evaluator import EvaluatorActor
+        from actors.evaluator_process import EvaluatorProcess, child_argv, holds_secrets
+
+        if getattr(args, "kind", None) is None and holds_secrets(os.environ):  # `kfoundry run` beside experts
+            argv = child_argv(args, run_id or "", isolation_mode(args))
+            return EvaluatorProcess(nats_url=url, run_id=run_id or "", argv=argv, actor_id=actor_id)
         from actors.runners import GpuRunner, NoopRunner, Runner
 
         runner: Runner

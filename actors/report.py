@@ -182,6 +182,34 @@ class RunReport(_Frozen):
     migrations: tuple[MigrationEvent, ...] = ()
     experiences: tuple[ExperienceUse, ...] = ()
     plots: dict[str, str] = {}
+    isolation_gaps: dict[str, str] = {}
+    """Sandbox layers that did not hold for the run's candidates (layer -> why), from the verdicts;
+    empty when every layer held or was switched off by config (``--isolation best-effort`` runs)."""
+
+
+def isolation_gaps(results: Iterable[EvalResult]) -> dict[str, str]:
+    """The sandbox layers some verdict names as skipped (not by config), with the first reason."""
+    from gpu_runner.confine.policy import LAYERS
+
+    gaps: dict[str, str] = {}
+    for result in results:
+        for check in result.checks:
+            detail = check.detail or ""
+            if check.name in LAYERS and detail.startswith("skipped") and not detail.endswith("disabled by config"):
+                gaps.setdefault(check.name, detail.removeprefix("skipped: "))
+    return dict(sorted(gaps.items()))
+
+
+def isolation_warning(report_path: Path) -> str | None:
+    """The warning a run's summary ends with when candidates ran with sandbox layers missing."""
+    try:
+        gaps = RunReport.model_validate_json(report_path.read_text()).isolation_gaps
+    except (OSError, ValueError):
+        return None
+    if not gaps:
+        return None
+    said = "; ".join(f"{k}: {v}" for k, v in gaps.items())
+    return f"warning: candidates ran without these sandbox layers (isolation best-effort): {said}"
 
 
 def _improved(child: EvalResult | None, parent: EvalResult | None) -> bool:
@@ -269,6 +297,7 @@ def build_report(
             for m in sorted(migrations, key=lambda m: m.created_at)
         ),
         experiences=_experiences(cands, results, outcomes),
+        isolation_gaps=isolation_gaps(results.values()),
     )
 
 

@@ -134,6 +134,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     raise
                 raise refused from None
             sys.stdout.write(outcome.summary(time.time() - started) + "\n")
+            from actors.report import isolation_warning
+
+            warning = isolation_warning(run_dir / "report.json")
+            if warning is not None:
+                sys.stdout.write(warning + "\n")
             return 0 if outcome.best_fitness is not None else 1
 
     return run_async(main)

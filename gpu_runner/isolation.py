@@ -207,14 +207,14 @@ def isolation_refusal(iso: Isolation, mode: IsolationMode) -> str | None:
     if not missing:
         return None
     notes = iso.notes()
-    lines = "\n".join(f"  {m}: {notes.get(m, 'not probed')}" for m in missing)
     if mode is IsolationMode.BEST_EFFORT:
         logger.warning("isolation_incomplete", missing=missing, notes={m: notes.get(m) for m in missing})
         return None
+    said = "; ".join(f"{m}: {notes.get(m, 'not probed').removeprefix('skipped: ')}" for m in missing)
     return (
-        "isolation is strict and these layers do not hold here, so no candidate will run:\n"
-        f"{lines}\nEnable them as each line says, or pass --isolation best-effort to run candidates "
-        "with the layers that do hold (every verdict names them)."
+        f"isolation is strict and {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not hold here, so no "
+        f"candidate will run ({said}); enable {'it' if len(missing) == 1 else 'them'} as said, or pass "
+        "--isolation best-effort to run candidates with the layers that hold (every verdict names them)"
     )
 
 
@@ -230,27 +230,18 @@ def _spawn_spec(iso: Isolation, home: Path, bulk: Path, extra_rw: list[str], mod
     return spec
 
 
-CUDA_NOTES = {
-    "user_namespace": "skipped: CUDA workers run without a user namespace (on an H200 machine Triton's "
-    "compiler was refused inside one: PermissionError under /opt/torch)",
-    "mount_view": "skipped: CUDA workers keep the host's mount view (on an H200 machine CUDA failed to start "
-    "under it: error 304)",
-    "landlock": "skipped: CUDA does not start under Landlock on the H200 machines seen (error 304)",
-}
+def cuda_compatible(iso: Isolation, reason: str) -> Isolation:
+    """The fallback for CUDA workers: network, PID and IPC namespaces (as root) and seccomp.
 
-
-def cuda_compatible(iso: Isolation) -> Isolation:
-    """The layers a CUDA worker can enter: network, PID and IPC namespaces (as root) and seccomp.
-
-    Measured on the GPU machine (``deploy/gpu/cuda_layers.py``, ``deploy/gpu/confine_check.py``):
-    a tmpfs over ``/tmp``, the mount view and any Landlock domain make CUDA's initialisation fail,
-    and inside a user namespace Triton's ptxas is refused; the other namespaces and the seccomp
-    filter leave CUDA and Triton working. Each layer given up is named in every verdict.
+    Used where :func:`gpu_runner.cuda_fit.fit_cuda` finds no lighter plan that CUDA works under,
+    or when asked for (``reason``). Measured on an H200 machine before the thread-name fix: these
+    layers left CUDA and Triton working there. Each layer given up is named in every verdict.
     """
     layers = iso.layers
     if layers is None:
         return iso
-    notes = {**layers.notes, **CUDA_NOTES}
+    given_up = f"skipped: CUDA workers use the fallback plan ({reason})"
+    notes = {**layers.notes, **dict.fromkeys(("user_namespace", "mount_view", "landlock"), given_up)}
     namespaces = layers.namespaces and os.geteuid() == 0
     if not namespaces:
         for name in ("network_isolation", "pid_namespace", "ipc_namespace"):

@@ -28,6 +28,7 @@ from gpu_runner.assemble import Collected, build, evaluator_fault, rejected_by_g
 from gpu_runner.compare import TrialCheck, compare_trial
 from gpu_runner.compiler import CompileOutcome, Compiler
 from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.cuda_fit import fit_cuda
 from gpu_runner.errors import (
     DeviceUnavailable,
     EvaluatorFault,
@@ -38,7 +39,6 @@ from gpu_runner.errors import (
 )
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
-from gpu_runner.isolation import cuda_compatible
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
 from gpu_runner.lease import GpuGate, renice
@@ -164,7 +164,7 @@ class EvaluationService:
             self.cfg.confine_layers(),
         )
         if self.device == "cuda":
-            self.iso = cuda_compatible(self.iso)
+            self.iso = await asyncio.to_thread(fit_cuda, self.iso, self.cfg.python)
         refusal = isolation_refusal(self.iso, self.cfg.isolation)
         if refusal is not None:
             raise IsolationUnavailable(refusal)

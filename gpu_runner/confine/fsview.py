@@ -36,6 +36,10 @@ class View:
     """Paths kept readable even beneath a hidden folder."""
     writable: tuple[str, ...]
     """The worker's own folders: the only writable places."""
+    write_files: tuple[str, ...] = ()
+    """Folders whose existing files stay writable though the tree is read-only: the worker's own
+    ``/proc/self/task`` (resolved here, by the worker), where the NVIDIA driver names its threads
+    at ``cuInit``; under a read-only ``/proc`` CUDA fails with error 304."""
 
 
 def _beneath(path: str, root: str) -> bool:
@@ -88,4 +92,14 @@ def apply(view: View) -> dict[str, str]:
             move_mount(fd, path)
         finally:
             os.close(fd)
-    return {"mount_view": f"read-only root, {len(hide)} folders hidden, {len(view.writable)} writable"}
+    for path in (os.path.realpath(p) for p in view.write_files if os.path.isdir(p)):
+        fd = open_tree(path)
+        try:
+            mount_setattr("", 0, MOUNT_ATTR_RDONLY, dirfd=fd, empty=True)
+            move_mount(fd, path)
+        finally:
+            os.close(fd)
+    what = f"read-only root, {len(hide)} folders hidden, {len(view.writable)} writable"
+    if view.write_files:
+        what += f", thread names writable ({', '.join(view.write_files)})"
+    return {"mount_view": what}

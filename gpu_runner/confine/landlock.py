@@ -68,6 +68,15 @@ class Grants:
     """Everything (private folders)."""
     devices: tuple[str, ...] = ()
     """Read, write and ioctl (GPU device files)."""
+    write_files: tuple[str, ...] = ()
+    """Write to existing files only (no create or remove): the worker's own
+    ``/proc/self/task``, where the NVIDIA driver names its threads at ``cuInit`` (refused, CUDA
+    fails with error 304). Resolved by the process that enters the domain, and held open for its
+    life: Landlock rules bind to inodes, and a procfs inode is made anew if its dentry is dropped."""
+
+
+_PINNED: list[int] = []
+"""Descriptors of procfs folders named in rules, kept open so their dentries (and inodes) stay."""
 
 
 def restrict(grants: Grants) -> dict[str, str]:
@@ -88,12 +97,14 @@ def restrict(grants: Grants) -> dict[str, str]:
         *((p, READ_DIR) for p in grants.list_only),
         *((p, fs) for p in grants.write),
         *((p, read | WRITE_FILE | IOCTL_DEV | TRUNCATE) for p in grants.devices),
+        *((p, WRITE_FILE | TRUNCATE) for p in grants.write_files),
     ]
     added = 0
     try:
         for path, rights in rules:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            pin = path in grants.write_files and path.startswith("/proc/")
+            try:  # a pinned folder stays open across the launcher's exec into the worker
+                fd = os.open(path, os.O_PATH | (0 if pin else os.O_CLOEXEC))
             except OSError:
                 continue  # absent here: nothing to allow
             try:
@@ -104,7 +115,10 @@ def restrict(grants: Grants) -> dict[str, str]:
                 check(syscall("landlock_add_rule", ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), 0), f"rule {path}")
                 added += 1
             finally:
-                os.close(fd)
+                if pin:
+                    _PINNED.append(fd)
+                else:
+                    os.close(fd)
         prctl(PR_SET_NO_NEW_PRIVS, 1, "prctl(no_new_privs)")
         check(syscall("landlock_restrict_self", ruleset, 0), "landlock_restrict_self")
     finally:
@@ -115,4 +129,6 @@ def restrict(grants: Grants) -> dict[str, str]:
         what += ", TCP bind/connect refused"
     if version >= 6:
         what += ", signals and abstract sockets scoped"
+    if grants.write_files:
+        what += f", thread names writable ({', '.join(grants.write_files)})"
     return {"landlock": what}

@@ -36,13 +36,28 @@ from gpu_runner.confine.syscalls import (
 )
 
 
+def _own_ranges(kind: str) -> list[tuple[int, int]]:
+    """The id ranges valid in the caller's user namespace (``uid`` or ``gid``): (first, count)."""
+    try:
+        with open(f"/proc/self/{kind}_map") as fh:
+            rows = [line.split() for line in fh if line.strip()]
+    except OSError:
+        return [(0, 1)]
+    return [(int(r[0]), int(r[2])) for r in rows if len(r) == 3]
+
+
 def maps_for(uid: int, gid: int, keep_uid: int | None = None, keep_gid: int | None = None) -> dict[str, str]:
-    """Id maps: the caller's ids become 0 inside; as root, the sandbox user is mapped to itself too."""
-    uid_map, gid_map = f"0 {uid} 1\n", f"0 {gid} 1\n"
-    if uid == 0 and keep_uid is not None and keep_gid is not None and keep_uid != 0:
-        uid_map += f"{keep_uid} {keep_uid} 1\n"
-        gid_map += f"{keep_gid} {keep_gid} 1\n"
-    return {"uid_map": uid_map, "gid_map": gid_map, "setgroups": "allow" if uid == 0 else "deny"}
+    """Id maps: an ordinary user's ids become 0 inside (nothing else is mapped); root maps every id
+    it has to itself, so files keep their owners inside (a toolchain owned by another uid, e.g.
+    Triton's ``ptxas`` in an image built as another user, stays executable as it is outside; only
+    mapped owners let root's capabilities apply). ``keep_uid``/``keep_gid``: the sandbox user, mapped
+    to itself (it is inside root's ranges)."""
+    if uid != 0:
+        return {"uid_map": f"0 {uid} 1\n", "gid_map": f"0 {gid} 1\n", "setgroups": "deny"}
+    uid_map = "".join(f"{first} {first} {count}\n" for first, count in _own_ranges("uid"))
+    gid_map = "".join(f"{first} {first} {count}\n" for first, count in _own_ranges("gid"))
+    del keep_uid, keep_gid  # inside root's own ranges already
+    return {"uid_map": uid_map, "gid_map": gid_map, "setgroups": "allow"}
 
 
 def mirror(pid: int) -> None:

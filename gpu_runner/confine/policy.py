@@ -28,6 +28,10 @@ ETC = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "passwd", "group", "nsswitch.conf",
     "host.conf", "hosts", "os-release", "alternatives", "gai.conf", "mime.types", "protocols", "services",
 )  # fmt: skip
+THREAD_NAMES = ("/proc/self/task",)
+"""Writable for a CUDA worker (its own threads' ``comm``): the NVIDIA driver names its threads at
+``cuInit`` and fails with error 304 (``cudaErrorOperatingSystem``) where that write is refused."""
+NVIDIA_READ = ("/etc/nvidia", "/run/nvidia-persistenced", "/var/run/nvidia-persistenced")
 DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 ENABLE_USERNS = (
     "enable unprivileged user namespaces: `sysctl -w kernel.unprivileged_userns_clone=1` (Debian/Ubuntu "
@@ -49,10 +53,10 @@ class Layers:
     seccomp: bool = False
     paths: tuple[str, ...] = ()
     maps: dict[str, str] = field(default_factory=dict)
-    cuda: bool = False
-    """Workers start CUDA: ``/tmp`` stays in their view (read-only). Seen on an H200 machine: CUDA's
-    initialisation fails (error 304) under a tmpfs over ``/tmp``; the evaluator's own folders there
-    are hidden one by one instead."""
+    keep_tmp: bool = False
+    """``/tmp`` stays in the workers' view (read-only) instead of being hidden; the evaluator's own
+    folders there are hidden one by one. Set where CUDA does not start with a private ``/tmp``
+    (:mod:`gpu_runner.cuda_fit` finds out)."""
 
     def missing(self) -> list[str]:
         """The layers that do not hold here."""
@@ -113,7 +117,7 @@ def probe(
         notes["seccomp"] = f"skipped: {found.get('seccomp')}; needs a kernel with CONFIG_SECCOMP_FILTER=y on x86_64"
     maps = maps_for(os.getuid(), os.getgid(), *(keep or (None, None))) if userns else {}
     paths = tuple(p for p in found.get("paths", []) if p.startswith("/"))
-    return Layers(notes, userns, ns_ok, landlock, seccomp, paths, maps, cuda)
+    return Layers(notes, userns, ns_ok, landlock, seccomp, paths, maps)
 
 
 def namespace_plan(layers: Layers, wanted: dict[str, bool]) -> dict[str, Any]:
@@ -146,26 +150,33 @@ def grants(layers: Layers, writable: list[str], compile_mode: bool) -> dict[str,
     private = [PROJECT_ROOT, Path(os.path.expanduser("~")).resolve(), Path.cwd().resolve()]
     tools = [p for p in tools if p in SYSTEM or not any(q.is_relative_to(Path(p).resolve()) for q in private)]
     devices = [*sorted(glob.glob("/dev/nvidia*")), "/dev/dri"]
+    gpu = not compile_mode and any(d.startswith("/dev/nvidia") for d in devices)
     return {
-        "read": read,
+        "read": [*read, *(NVIDIA_READ if gpu else ())],
         "execute": tools,
         "list_only": [str(PROJECT_ROOT)],
         "write": [*writable, *DEV_FILES[:3]],
         "devices": devices if not compile_mode else [],
+        "write_files": list(THREAD_NAMES) if gpu else [],
     }
+
+
+def _mps_pipes() -> list[str]:
+    """Where CUDA clients find an MPS control daemon (kept in a worker's view of ``/tmp``)."""
+    return [os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")]
 
 
 def view(layers: Layers, writable: list[str], hidden: list[str]) -> dict[str, list[str]]:
     """The mount view of a worker: what to hide, keep and keep writable."""
     g = grants(layers, writable, compile_mode=False)
-    keep = [p for p in g["execute"] if p not in SYSTEM]
+    keep = [p for p in g["execute"] if p not in SYSTEM] + (_mps_pipes() if g["write_files"] else [])
     home = os.path.expanduser("~")
     wanted = ["/home", "/root", "/var/tmp", "/dev/shm", "/run/user", "/mnt", "/media", "/srv", home]
-    if not layers.cuda:
+    if not layers.keep_tmp:
         wanted.append("/tmp")
     wanted += [str(PROJECT_ROOT), os.getcwd(), os.environ.get("KFOUNDRY_HOME", ""), *hidden]
     protected = [*SYSTEM, "/etc", "/proc", "/sys", "/dev"]
     hide = [
         h for h in wanted if h and not any(p == h or p.startswith(h.rstrip("/") + "/") or h == "/" for p in protected)
     ]
-    return {"hide": hide, "expose": keep, "writable": writable}
+    return {"hide": hide, "expose": keep, "writable": writable, "write_files": g["write_files"]}

@@ -49,7 +49,7 @@ def _namespaces(user: bool, cuda: bool, keep: tuple[int, int] | None) -> str:
         done = enter(plan)
         from gpu_runner.confine import fsview
 
-        if not cuda:  # CUDA workers keep /tmp in their view (see policy.Layers.cuda)
+        if not cuda:  # with CUDA, the whole view is tried by gpu_runner.cuda_fit
             fsview.apply(fsview.View(hide=("/tmp",), expose=(), writable=()))
         if cuda:
             import torch
@@ -68,11 +68,15 @@ def _namespaces(user: bool, cuda: bool, keep: tuple[int, int] | None) -> str:
 
 def _landlock_cuda() -> None:
     """CUDA started under the most permissive Landlock domain a worker could get (everything
-    readable, the GPU's device files writable): if this fails, no worker domain can work."""
+    readable, the GPU's device files and its own threads' names writable): if this fails, no worker
+    domain can work."""
     import glob
 
     devices = (*sorted(glob.glob("/dev/nvidia*")), "/dev/null")
-    landlock.restrict(landlock.Grants(read=("/",), execute=("/",), write=("/dev/null",), devices=devices))
+    grants = landlock.Grants(
+        read=("/",), execute=("/",), write=("/dev/null",), devices=devices, write_files=("/proc/self/task",)
+    )
+    landlock.restrict(grants)
     import torch
 
     torch.zeros(1, device="cuda").add_(1)

@@ -191,3 +191,92 @@ async def test_workers_started_without_a_fork_server_enter_the_same_layers(tmp_p
     if landlock.abi() >= 1:
         assert "landlock_candidate=ABI" in held
     assert "pid_namespace=own PID namespace" in held
+
+
+def _name_threads() -> None:
+    """What the NVIDIA driver does at ``cuInit``: name its threads through ``/proc/self/task``,
+    including a thread started later; other writable ``/proc`` files stay refused."""
+    errors: list[BaseException] = []
+
+    def name(tid: int) -> None:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "w") as fh:
+                fh.write("kf-named")
+        except OSError as exc:
+            errors.append(exc)
+
+    name(threading.get_native_id())
+    later = threading.Thread(target=lambda: name(threading.get_native_id()))
+    later.start()
+    later.join()
+    if errors:
+        raise errors[0]
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as fh:
+        assert fh.read().strip() == "kf-named"
+    for path in ("/proc/self/comm", "/proc/self/oom_score_adj"):
+        try:
+            with open(path, "w") as fh:
+                fh.write("500\n" if path.endswith("adj") else "outside")
+        except OSError:
+            continue
+        raise AssertionError(f"{path} was writable")
+
+
+@needs_landlock
+def test_landlock_lets_a_worker_name_its_threads_and_nothing_else_in_proc() -> None:
+    grants = landlock.Grants(read=("/usr", "/proc"), write_files=("/proc/self/task",))
+
+    def named(g: landlock.Grants) -> Callable[[], None]:
+        def run() -> None:
+            landlock.restrict(g)
+            _name_threads()
+
+        return run
+
+    assert _in_child(named(grants)) == "ok"
+    refused = _in_child(named(landlock.Grants(read=("/usr", "/proc"))))
+    assert refused.startswith("PermissionError"), refused
+
+
+def test_read_only_view_lets_a_worker_name_its_threads_and_nothing_else_in_proc(tmp_path: Path) -> None:
+    from gpu_runner.confine import fsview
+
+    plan = {"user": True, "maps": maps_for(os.getuid(), os.getgid()), "pid": True, "mount": True}
+
+    def attempt(write_files: tuple[str, ...]) -> Callable[[], None]:
+        def run() -> None:
+            enter(plan)
+            fsview.apply(fsview.View(hide=("/tmp",), expose=(), writable=(str(tmp_path),), write_files=write_files))
+            _name_threads()
+
+        return run
+
+    result = _in_child(attempt(("/proc/self/task",)))
+    if "Operation not permitted" in result and os.getuid() != 0:
+        pytest.skip(f"user namespaces are not permitted here: {result}")
+    assert result == "ok"
+    refused = _in_child(attempt(()))
+    assert refused.startswith("OSError"), refused
+    assert "Read-only file system" in refused, refused
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="files owned by another user need root to make")
+def test_root_user_namespace_keeps_file_owners_so_owner_only_tools_still_run(tmp_path: Path) -> None:
+    """A toolchain binary owned by another uid with only its owner's execute bit (how ptxas can be
+    installed in an image) runs for root outside; inside root's user namespace it must too."""
+    os.chmod(tmp_path, 0o755)
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\necho ran\n")
+    os.chown(tool, 4321, 4321)
+    os.chmod(tool, 0o744)
+    plan = {"user": True, "maps": maps_for(0, 0), "pid": True, "mount": True}
+
+    def attempt() -> None:
+        enter(plan)
+        done = subprocess.run([str(tool)], capture_output=True, text=True, timeout=10, check=False)
+        assert done.stdout == "ran\n", done
+
+    assert _in_child(attempt) == "ok"
+    narrow = {**plan, "maps": {"uid_map": "0 0 1\n", "gid_map": "0 0 1\n", "setgroups": "allow"}}
+    refused = _in_child(lambda: (enter(narrow), subprocess.run([str(tool)], check=True, timeout=10)))
+    assert refused.startswith("PermissionError"), refused

@@ -44,7 +44,24 @@ def test_strict_isolation_refuses_a_missing_layer_and_says_how_to_enable_it() ->
     assert "landlock" in refusal
     assert "CONFIG_SECURITY_LANDLOCK" in refusal
     assert "--isolation best-effort" in refusal
+    assert "\n" not in refusal
     assert isolation_refusal(_iso(notes), IsolationMode.BEST_EFFORT) is None
+
+
+def test_strict_refusal_without_user_namespaces_is_one_line_naming_the_sysctls() -> None:
+    from gpu_runner.confine.policy import ENABLE_USERNS
+
+    why = f"skipped: unshare(0x7e020000): Operation not permitted; {ENABLE_USERNS}"
+    notes = dict.fromkeys(LAYERS, why)
+    notes["landlock"] = notes["seccomp"] = "held"
+    layers = Layers(notes=notes, landlock=True, seccomp=True)
+    iso = Isolation((), notes["network_isolation"], notes["pid_namespace"], None, None, "skipped: x", layers)
+    refusal = isolation_refusal(iso, IsolationMode.STRICT)
+    assert refusal is not None
+    assert "\n" not in refusal
+    assert refusal.startswith("isolation is strict and user_namespace, network_isolation")
+    assert "kernel.unprivileged_userns_clone=1" in refusal
+    assert "kernel.apparmor_restrict_unprivileged_userns=0" in refusal
 
 
 def test_strict_isolation_accepts_layers_switched_off_by_config() -> None:

@@ -191,3 +191,29 @@ def test_report_carries_each_islands_declines_and_the_last_reason() -> None:
     assert (island.declines, island.last_decline, island.stopped) == (8, decline, StopReason.NO_PROGRESS)
     assert report.first_correct_s is None
     assert report.evaluated == 0
+
+
+def test_report_and_summary_name_the_sandbox_layers_that_did_not_hold(tmp_path: Path) -> None:
+    from actors.report import isolation_warning
+    from schemas import Check, CheckOutcome
+
+    spec = f.spec(islands=1)
+    cand = f.candidate()
+    checks = (
+        Check(name="landlock", outcome=CheckOutcome.SKIPPED, detail="skipped: Landlock is not available (ABI 0)"),
+        Check(name="seccomp", outcome=CheckOutcome.SKIPPED, detail="skipped: disabled by config"),
+        Check(name="pid_namespace", outcome=CheckOutcome.PASSED, detail="own PID namespace"),
+    )
+    result = f.correct(cand, 0.5).model_copy(update={"checks": checks})
+    report = build_report(spec, [cand, result])
+    assert report.isolation_gaps == {"landlock": "Landlock is not available (ABI 0)"}
+    write_report(report, tmp_path)
+    warning = isolation_warning(tmp_path / "report.json")
+    assert warning is not None
+    assert warning.startswith("warning: candidates ran without these sandbox layers")
+    assert "landlock: Landlock is not available" in warning
+    assert "seccomp" not in warning
+    held = build_report(spec, [cand, f.correct(cand, 0.5)])
+    assert held.isolation_gaps == {}
+    write_report(held, tmp_path)
+    assert isolation_warning(tmp_path / "report.json") is None
