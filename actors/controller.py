@@ -33,6 +33,7 @@ from actors.errors import BusError, ConfigError, TaskRefused
 from actors.kv import get_expert_config, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
+from actors.outcome import RunVerdict, best_sentence, exit_code, model_header_note, verdict_of
 from actors.progress import Progress, RunWatcher
 from actors.quota import CandidateQuota
 from schemas import (
@@ -72,14 +73,24 @@ class RunOutcome:
     run_dir: Path
     device: DeviceChoice = DeviceChoice.CUDA
     cancelled: int = 0
+    best_vs_compiled: float | None = None
+    """The best's speedup over ``torch.compile``; ``None`` when that baseline was not measured."""
+
+    @property
+    def verdict(self) -> RunVerdict:
+        """Faster than eager, correct but not faster, not timed on a GPU, or nothing correct."""
+        return verdict_of(self.best_fitness, self.device)
+
+    @property
+    def exit_code(self) -> int:
+        """``kfoundry run``'s exit status for this outcome (``actors.outcome.ExitCode``)."""
+        return exit_code(self.verdict)
 
     def summary(self, elapsed_s: float) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
-        best = (
-            f"best {self.best_fitness:.3f}x over eager ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
-            if self.best_fitness is not None
-            else "no correct candidate found"
-        )
+        best = best_sentence(self.verdict, self.best_fitness, self.best_vs_compiled)
+        if self.best_fitness is not None:
+            best += f" ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
         cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""
         line = (
             f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
@@ -394,6 +405,7 @@ class RunController:
                 run_dir=self.run_dir,
                 device=self.spec.device,
                 cancelled=len(self.cancelled),
+                best_vs_compiled=best.speedup_vs_compiled if best else None,
             )
         finally:
             actors_stop.set()
@@ -445,6 +457,8 @@ class RunController:
             )
             if self.spec.device is DeviceChoice.CPU:
                 header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
+            verdict = verdict_of(best.speedup_vs_eager, self.spec.device)
+            header += model_header_note(verdict, best.speedup_vs_eager, best.speedup_vs_compiled)
             (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
         states = {}
         for i in range(self.spec.islands):

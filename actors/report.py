@@ -21,9 +21,12 @@ from pydantic import BaseModel, ConfigDict
 from actors.evolution.errors import StateError
 from actors.evolution.island import IslandBrain
 from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
+from actors.outcome import RunVerdict, beats, verdict_of
 from schemas import (
     Candidate,
     Decline,
+    DeviceChoice,
+    DeviceKind,
     Diagnosis,
     DiagnosisCategory,
     EvalResult,
@@ -176,6 +179,12 @@ class RunReport(_Frozen):
     status_counts: dict[str, int]
     category_counts: dict[str, int]
     best: BestKernel | None = None
+    verdict: RunVerdict = RunVerdict.NO_CORRECT_CANDIDATE
+    """The best kernel against the reference (``not_faster_than_eager``: ``best_model.py`` is marked)."""
+    beats_eager: bool | None = None
+    """Whether the best is faster than eager PyTorch; ``None`` without a correct candidate."""
+    beats_compiled: bool | None = None
+    """Whether the best is faster than ``torch.compile``; ``None`` when that was not measured."""
     islands: tuple[IslandReport, ...] = ()
     credit: tuple[CreditEntry, ...] = ()
     routing: tuple[RoutingEntry, ...] = ()
@@ -236,6 +245,7 @@ def build_report(
     t0 = spec.created_at if spec is not None else min(times, default=0.0)
     run_id = spec.run_id if spec else end.run_id if end else next(iter(results.values())).run_id if results else ""
     islands = sorted(set(by_island) | {c.island for c in cands.values()} | set(statuses))
+    best = _best(cands, results)
     return RunReport(
         run_id=run_id,
         task_id=spec.task.task_id if spec else None,
@@ -249,7 +259,10 @@ def build_report(
         ),
         status_counts=dict(sorted(Counter(r.status.value for r in results.values()).items())),
         category_counts=dict(sorted(Counter(d.category.value for d in diags.values()).items())),
-        best=_best(cands, results),
+        best=best,
+        verdict=verdict_of(best.speedup_vs_eager if best else None, _device(spec, results, best)),
+        beats_eager=beats(best.speedup_vs_eager) if best else None,
+        beats_compiled=beats(best.speedup_vs_compiled) if best else None,
         islands=tuple(_island(i, by_island.get(i), statuses.get(i), results, t0) for i in islands),
         credit=tuple(
             CreditEntry(island=i, **row.model_dump(exclude={"prior_mean"}))
@@ -270,6 +283,14 @@ def build_report(
         ),
         experiences=_experiences(cands, results, outcomes),
     )
+
+
+def _device(spec: RunSpec | None, results: Mapping[str, EvalResult], best: BestKernel | None) -> DeviceChoice:
+    """The device the run timed on: its spec's, else the best result's."""
+    if spec is not None and spec.device is not DeviceChoice.AUTO:
+        return spec.device
+    info = results[best.candidate_id].device if best is not None and best.candidate_id in results else None
+    return DeviceChoice.CPU if info is not None and info.kind is DeviceKind.CPU else DeviceChoice.CUDA
 
 
 def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> BestKernel | None:

@@ -129,6 +129,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                     raise
                 raise refused from None
             sys.stdout.write(outcome.summary(time.time() - started) + "\n")
-            return 0 if outcome.best_fitness is not None else 1
+            return outcome.exit_code
 
     return run_async(main)

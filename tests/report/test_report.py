@@ -11,10 +11,14 @@ import pytest
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.island import IslandBrain
 from actors.evolution.migration import MigrationPlanner
+from actors.outcome import RunVerdict
 from actors.report import RunReport, build_report, write_report
 from schemas import (
     Decline,
     DeclineReason,
+    DeviceChoice,
+    DeviceKind,
+    DiagnosisCategory,
     EliteAnnouncement,
     ExperienceOutcome,
     Feedback,
@@ -191,3 +195,31 @@ def test_report_carries_each_islands_declines_and_the_last_reason() -> None:
     assert (island.declines, island.last_decline, island.stopped) == (8, decline, StopReason.NO_PROGRESS)
     assert report.first_correct_s is None
     assert report.evaluated == 0
+
+
+@pytest.mark.parametrize(
+    ("eager_ms", "median_ms", "kind", "verdict", "beats_eager"),
+    [
+        (1.0, 1.25, DeviceKind.CUDA, RunVerdict.NOT_FASTER_THAN_EAGER, False),
+        (1.0, 0.5, DeviceKind.CUDA, RunVerdict.FASTER_THAN_EAGER, True),
+        (1.0, 50.0, DeviceKind.CPU, RunVerdict.NOT_TIMED_ON_GPU, False),
+    ],
+)
+def test_report_says_whether_the_best_beat_eager_and_torch_compile(
+    eager_ms: float, median_ms: float, kind: DeviceKind, verdict: RunVerdict, beats_eager: bool
+) -> None:
+    cand = f.candidate()
+    result = f.correct(cand, median_ms, eager_ms=eager_ms, kind=kind)  # compiled is 0.8x of that
+    fb = f.feedback(cand, result, f.diagnosis(cand, DiagnosisCategory.SLOW_MEMORY_BOUND))
+    device = DeviceChoice.CPU if kind is DeviceKind.CPU else DeviceChoice.CUDA
+    report = build_report(f.spec(islands=1, device=device), [fb])
+    assert report.verdict is verdict
+    assert report.beats_eager is beats_eager
+    assert report.beats_compiled is (0.8 * eager_ms / median_ms > 1.0)
+    assert RunReport.model_validate_json(report.model_dump_json()).verdict is verdict
+
+
+def test_report_without_a_correct_candidate_has_no_verdict_on_speed() -> None:
+    report = build_report(f.spec(islands=1), [])
+    assert report.verdict is RunVerdict.NO_CORRECT_CANDIDATE
+    assert (report.beats_eager, report.beats_compiled) == (None, None)
