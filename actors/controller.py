@@ -30,12 +30,13 @@ import nats.errors
 from actors.base import Actor
 from actors.bus import Bus
 from actors.errors import BusError, ConfigError, TaskRefused
-from actors.kv import get_expert_config, put_expert_config, put_run
+from actors.kv import get_expert_config, list_expert_configs, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
 from actors.outcome import RunVerdict, best_sentence, exit_code, model_header_note, verdict_of
 from actors.progress import Progress, RunWatcher
 from actors.quota import CandidateQuota
+from actors.run import ALL_EXPERTS
 from schemas import (
     ActorInfo,
     ActorKind,
@@ -44,6 +45,8 @@ from schemas import (
     ControlAction,
     DeviceChoice,
     ExpertConfig,
+    ExpertKind,
+    ExpertRef,
     Message,
     Proposal,
     RunEnd,
@@ -138,10 +141,24 @@ class RunController:
 
         task = await asyncio.to_thread(with_signature, self.spec.task)
         self.spec = self.spec.model_copy(update={"task": task})
+        if getattr(self.args, "experts", None) == ALL_EXPERTS:
+            await self._add_llm_experts(bus)
         self.progress.spec = self.spec
         await bus.ensure_shared_streams()
         await bus.ensure_run_stream(self.spec.run_id)
         await put_run(bus, self.spec)
+
+    async def _add_llm_experts(self, bus: Bus) -> None:
+        """``--experts`` with no value: every configured LLM expert joins the template expert."""
+        names = {e.name for e in self.spec.experts}
+        llms = [c.name for c in await list_expert_configs(bus) if c.kind is ExpertKind.LLM and c.name not in names]
+        experts = (*self.spec.experts, *(ExpertRef(name=n) for n in llms))
+        self.spec = self.spec.model_copy(update={"experts": experts})
+        log.info("experts of the run", experts=[e.name for e in experts])
+        if not llms:
+            self._say(
+                "--experts: no LLM expert is configured (`kfoundry expert set NAME --kind llm ...`); template only"
+            )
 
     async def _expert_configs(self, bus: Bus) -> list[ExpertConfig]:
         configs = []
@@ -162,7 +179,7 @@ class RunController:
         actors.append(
             build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id, expert_config=self.llm_diagnoser)
         )
-        if self.spec.islands > 1:
+        if self.spec.islands > 1 and not self.spec.ablations.no_migration:
             actors.append(build_actor(ActorKind.MIGRATOR, a, url=self.url, run_id=run_id))
         actors += [
             build_actor(ActorKind.ISLAND, a, url=self.url, run_id=run_id, island=f"i{i}")

@@ -22,6 +22,7 @@ from actors.evolution.errors import StateError
 from actors.evolution.island import IslandBrain
 from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
 from actors.outcome import RunVerdict, beats, verdict_of
+from actors.report_experts import ExpertReport, expert_reports
 from schemas import (
     Candidate,
     Decline,
@@ -173,6 +174,8 @@ class RunReport(_Frozen):
     started_at: float | None = None
     ended_at: float | None = None
     end_reason: StopReason | None = None
+    ablations: tuple[str, ...] = ()
+    """Mechanisms this run turned off (``--no-experience``, ``--uniform-experts``, ...)."""
     evaluated: int
     first_correct_s: float | None = None
     """Seconds from the run's start to its first ``correct`` verdict; ``None`` without one."""
@@ -186,6 +189,8 @@ class RunReport(_Frozen):
     beats_compiled: bool | None = None
     """Whether the best is faster than ``torch.compile``; ``None`` when that was not measured."""
     islands: tuple[IslandReport, ...] = ()
+    experts: tuple[ExpertReport, ...] = ()
+    """Per expert: requests, declines by reason, candidates, correct ones, best fitness."""
     credit: tuple[CreditEntry, ...] = ()
     routing: tuple[RoutingEntry, ...] = ()
     migrations: tuple[MigrationEvent, ...] = ()
@@ -253,6 +258,7 @@ def build_report(
         started_at=t0,
         ended_at=end.at if end else max(times, default=None),
         end_reason=end.reason if end else None,
+        ablations=spec.ablations.active() if spec else (),
         evaluated=len(results),
         first_correct_s=min(
             (r.created_at - t0 for r in results.values() if r.status is EvalStatus.CORRECT), default=None
@@ -264,6 +270,7 @@ def build_report(
         beats_eager=beats(best.speedup_vs_eager) if best else None,
         beats_compiled=beats(best.speedup_vs_compiled) if best else None,
         islands=tuple(_island(i, by_island.get(i), statuses.get(i), results, t0) for i in islands),
+        experts=expert_reports((e.name for e in spec.experts) if spec else (), by_island.values(), cands, results),
         credit=tuple(
             CreditEntry(island=i, **row.model_dump(exclude={"prior_mean"}))
             for i in sorted(by_island)

@@ -8,11 +8,12 @@ its seed and the order of messages, and a restarted island continues from ``to_j
 - **Parent**: a fresh start, an elite (tournament or exploratory draw, ``selection.py``; more
   exploration while stagnating), or a recent failure to repair.
 - **Expert**: chosen per the parent's diagnosis by a Thompson-sampling bandit (``credit.py``).
+- **Every expert gets its share**: after a warm-up each is asked ``min_tries_per_expert`` times
+  before credit decides; a decline earns no reward (``credit.py``).
 - **Reward** of a child to its (diagnosis, expert) pair, in [0, 1]: from a clean parent, 1 if
   the child is clean and fitter by more than ``improve_eps``, 0.1 if clean but not fitter, else
   0; from a failed parent, 1 if the child is clean, 0.5 if it got further (compile → run →
-  correct answer), else 0; from no parent, 1 if clean, else 0.1 per stage reached. A decline
-  earns 0.
+  correct answer), else 0; from no parent, 1 if clean, else 0.1 per stage reached.
 - **Stagnation** (``stagnation.py``) and **budgets**: the island stops at its share of the run's
   token budget, at the wall-time limit, or when its best reaches the target fraction of
   speed-of-light; the candidate budget is the run's shared quota (``actors.quota``), which the
@@ -128,7 +129,11 @@ class IslandBrain:
         rng_seed, credit_seed = root.spawn(2)
         self.rng = np.random.default_rng(rng_seed)
         self.credit = CreditBandit(
-            experts, credit_seed, prior_strength=cfg.prior_strength, family_share=cfg.family_share
+            experts,
+            credit_seed,
+            prior_strength=cfg.prior_strength,
+            family_share=cfg.family_share,
+            min_tries=cfg.min_tries_per_expert,
         )
         ops = spec.task.signature.ops if spec.task.signature else ()
         self.archive = Archive(cfg.descriptors, island=island, task_ops=len(ops) or None)
@@ -174,7 +179,11 @@ class IslandBrain:
             fb = self._repair.pop(int(self.rng.choice(len(self._repair), p=weights / weights.sum())))
             parent, result, diagnosis = fb.candidate, fb.result, fb.diagnosis
         key = _key(diagnosis, parent is not None)
-        expert = self.credit.choose(key, suggested_role=diagnosis.suggested_expert if diagnosis else None)
+        expert = self.credit.choose(
+            key,
+            suggested_role=diagnosis.suggested_expert if diagnosis else None,
+            uniform=cfg.uniform_experts or self.spec.ablations.uniform_experts,
+        )
         role = self.credit.experts[expert].role
         if parent is not None:
             self._visits[parent.candidate_id] = self._visits.get(parent.candidate_id, 0) + 1
@@ -199,12 +208,17 @@ class IslandBrain:
         """Whether fewer than K candidates are in flight and the island has not stopped."""
         return self._stopped is None and self.in_flight < self.spec.inflight_per_island
 
-    def on_reply(self, plan: RequestPlan, proposals: int) -> None:
-        """The expert answered ``plan`` with ``proposals`` candidates (0 is a decline: reward 0)."""
+    def on_reply(self, plan: RequestPlan, proposals: int, *, decline: str | None = "unavailable") -> None:
+        """The expert answered ``plan`` with ``proposals`` candidates. None, for the reason
+        ``decline``, is a decline: counted, not a failed idea, so it earns no reward; only a
+        streak of declines rests the expert (``credit.py``). None with ``decline=None`` is a
+        request the island itself cut short (the candidate budget was spent): not counted."""
         self.in_flight = max(0, self.in_flight - plan.n + proposals)
-        if proposals == 0:
+        if proposals == 0 and decline is not None:
             self.declines += 1
-            self.credit.update(plan.key, plan.expert, 0.0)
+            self.credit.record_answer(plan.expert, decline=decline)
+        elif proposals:
+            self.credit.record_answer(plan.expert, decline=None)
 
     def forget_in_flight(self, n: int) -> None:
         """Stop counting ``n`` candidates as in flight: their feedback is not coming (e.g. they

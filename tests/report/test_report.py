@@ -223,3 +223,36 @@ def test_report_without_a_correct_candidate_has_no_verdict_on_speed() -> None:
     report = build_report(f.spec(islands=1), [])
     assert report.verdict is RunVerdict.NO_CORRECT_CANDIDATE
     assert (report.beats_eager, report.beats_compiled) == (None, None)
+
+
+def test_report_shows_each_experts_requests_declines_candidates_and_best() -> None:
+    experts = (ExpertProfile(name="template", role="template"), ExpertProfile(name="gpt", role="general"))
+    spec = f.spec(islands=1, experts=[{"name": "template"}, {"name": "gpt"}, {"name": "idle"}])
+    brain = IslandBrain("i0", spec, experts, seed=2)
+    env = Landscape(4, fail=0.3)
+    messages: list[Message] = []
+    declined = False
+    for _ in range(16):
+        plan = brain.next_request()
+        if plan.expert == "gpt" and not declined:
+            declined = True
+            brain.on_reply(plan, 0, decline="refused")
+            continue
+        fb = env.evaluate(brain, plan)
+        brain.on_feedback(fb)
+        messages.append(fb)
+    assert declined
+    report = build_report(spec, messages, {"i0": brain})
+    rows = {r.expert: r for r in report.experts}
+    assert set(rows) == {"template", "gpt", "idle"}
+    for name in ("template", "gpt"):
+        mine = [m for m in messages if isinstance(m, Feedback) and m.candidate.expert == name]
+        row = rows[name]
+        assert row.candidates == len(mine) > 0
+        assert row.correct == sum(m.result.status.value == "correct" for m in mine)
+        fits = [m.result.fitness for m in mine if m.result.fitness is not None]
+        assert row.best_fitness == (max(fits) if fits else None)
+        assert row.requests == row.candidates + row.declines
+        assert row.islands == ("i0",)
+    assert (rows["gpt"].declines, rows["gpt"].declined_by) == (1, {"refused": 1})
+    assert (rows["template"].declines, rows["idle"].requests, rows["idle"].candidates) == (0, 0, 0)
