@@ -134,11 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", type=int, default=None, help="candidate budget of every run")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--switches", default=",".join(SWITCHES), help="comma-separated switches to compare")
+    p.add_argument(
+        "--switches",
+        default=",".join(s.removeprefix("--") for s in SWITCHES),
+        help="comma-separated switches to compare, e.g. no-experience,no-migration (default: all four)",
+    )
     p.add_argument("--run-arg", action="append", default=[], help="one more `kfoundry run` argument (repeatable)")
     p.add_argument("--out", type=Path, default=Path("ablation"))
     args = p.parse_args(argv)
-    switches = [s.strip() for s in args.switches.split(",") if s.strip()]
+    switches = ["--" + s.strip().lstrip("-") for s in args.switches.split(",") if s.strip()]
     unknown = [s for s in switches if s not in SWITCHES]
     if unknown:
         p.error(f"unknown switch(es) {', '.join(unknown)}; known: {', '.join(SWITCHES)}")

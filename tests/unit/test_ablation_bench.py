@@ -49,7 +49,7 @@ def test_ablation_bench_runs_each_variant_on_the_same_problem(tmp_path: Path, mo
     out = tmp_path / "ab"
     code = main([
         "--task", "examples/quickstart.py", "--device", "cpu", "--seconds", "300", "--candidates", "3",
-        "--switches", "--no-experience", "--run-arg=--embedder", "--run-arg=hashing", "--out", str(out),
+        "--switches", "no-experience", "--run-arg=--embedder", "--run-arg=hashing", "--out", str(out),
     ])  # fmt: skip
     assert code == 0
     data = json.loads((out / "ablation.json").read_text())
