@@ -22,7 +22,13 @@ from actors.evolution.errors import StateError
 from actors.evolution.island import IslandBrain
 from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
 from actors.outcome import RunVerdict, beats, verdict_of
-from actors.report_experts import ExpertReport, expert_reports
+from actors.report_experts import (
+    ExpertReport,
+    FamilyReport,
+    expert_reports,
+    family_reports,
+    to_fraction_of_best_s,
+)
 from schemas import (
     Candidate,
     Decline,
@@ -179,6 +185,8 @@ class RunReport(_Frozen):
     evaluated: int
     first_correct_s: float | None = None
     """Seconds from the run's start to its first ``correct`` verdict; ``None`` without one."""
+    to_90pct_best_s: float | None = None
+    """Seconds from the run's start to its first clean candidate within 90% of the final best."""
     status_counts: dict[str, int]
     category_counts: dict[str, int]
     best: BestKernel | None = None
@@ -191,6 +199,8 @@ class RunReport(_Frozen):
     islands: tuple[IslandReport, ...] = ()
     experts: tuple[ExpertReport, ...] = ()
     """Per expert: requests, declines by reason, candidates, correct ones, best fitness."""
+    families: tuple[FamilyReport, ...] = ()
+    """Per kernel family: the first correct and the best candidate's fraction of speed-of-light."""
     credit: tuple[CreditEntry, ...] = ()
     routing: tuple[RoutingEntry, ...] = ()
     migrations: tuple[MigrationEvent, ...] = ()
@@ -270,6 +280,8 @@ def build_report(
         beats_eager=beats(best.speedup_vs_eager) if best else None,
         beats_compiled=beats(best.speedup_vs_compiled) if best else None,
         islands=tuple(_island(i, by_island.get(i), statuses.get(i), results, t0) for i in islands),
+        to_90pct_best_s=to_fraction_of_best_s(results.values(), t0),
+        families=family_reports(cands, results),
         experts=expert_reports((e.name for e in spec.experts) if spec else (), by_island.values(), cands, results),
         credit=tuple(
             CreditEntry(island=i, **row.model_dump(exclude={"prior_mean"}))

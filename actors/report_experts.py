@@ -1,8 +1,12 @@
-"""Per-expert lines of the run report: requests, declines (by reason), candidates, correct ones
-and the best fitness each expert reached, so that every expert shows what it earned.
+"""Per-expert and per-family lines of the run report, so that every expert and every kernel
+family shows what it earned.
 
-Requests and declines come from the islands' brains (each counts what it asked and how the
-expert answered, ``ExpertUsage``); candidates, verdicts and fitness come from the run's messages.
+- Per expert: requests, declines (by reason), candidates, correct ones, best fitness. Requests and
+  declines come from the islands' brains (``ExpertUsage``); the rest from the run's messages.
+- Per family (a template family, ``template:<family>`` from the proposal's strategy, or the expert
+  for other experts): the first correct candidate's and the best candidate's fraction of
+  speed-of-light, with their speedups.
+- The time from the run's start to 90% of its final best fitness.
 """
 
 from __future__ import annotations
@@ -89,3 +93,61 @@ def expert_reports(
         )
         for name, t in sorted(tallies.items())
     )
+
+
+class FamilyReport(BaseModel):
+    """How close to speed-of-light one kernel family started and ended."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    family: str
+    """``template:<family>`` for the template expert's kernels, else the expert's name."""
+    candidates: int
+    correct: int
+    first_sol_fraction: float | None = None
+    """The family's first correct candidate's fraction of the speed-of-light bound."""
+    first_speedup_vs_eager: float | None = None
+    best_sol_fraction: float | None = None
+    """The best fraction of speed-of-light among the family's clean candidates."""
+    best_speedup_vs_eager: float | None = None
+
+
+def family_of(cand: Candidate) -> str:
+    """A candidate's kernel family (``template:softmax`` from ``template:softmax/mutate.x``)."""
+    strategy = cand.proposal.strategy or ""
+    return strategy.split("/", 1)[0] if strategy.startswith("template:") else cand.expert
+
+
+def family_reports(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> tuple[FamilyReport, ...]:
+    """One line per family, in name order."""
+    by_family: dict[str, list[EvalResult]] = {}
+    for cid, result in results.items():
+        if cid in cands:
+            by_family.setdefault(family_of(cands[cid]), []).append(result)
+    out = []
+    for name, rows in sorted(by_family.items()):
+        correct = sorted((r for r in rows if r.status is EvalStatus.CORRECT), key=lambda r: r.created_at)
+        first = correct[0] if correct else None
+        timed = [(r.sol.fraction, r) for r in rows if r.clean and r.sol is not None and r.sol.fraction is not None]
+        best = max(timed, key=lambda fr: fr[0])[1] if timed else None
+        out.append(
+            FamilyReport(
+                family=name,
+                candidates=len(rows),
+                correct=len(correct),
+                first_sol_fraction=first.sol.fraction if first is not None and first.sol is not None else None,
+                first_speedup_vs_eager=first.speedup_vs_eager if first is not None else None,
+                best_sol_fraction=best.sol.fraction if best is not None and best.sol is not None else None,
+                best_speedup_vs_eager=best.speedup_vs_eager if best is not None else None,
+            )
+        )
+    return tuple(out)
+
+
+def to_fraction_of_best_s(results: Iterable[EvalResult], t0: float, fraction: float = 0.9) -> float | None:
+    """Seconds from ``t0`` to the first clean result within ``fraction`` of the final best fitness."""
+    clean = sorted((r for r in results if r.fitness is not None), key=lambda r: r.created_at)
+    if not clean:
+        return None
+    final = max(r.fitness or 0.0 for r in clean)
+    return next(r.created_at - t0 for r in clean if (r.fitness or 0.0) >= fraction * final)

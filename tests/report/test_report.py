@@ -14,6 +14,7 @@ from actors.evolution.migration import MigrationPlanner
 from actors.outcome import RunVerdict
 from actors.report import RunReport, build_report, write_report
 from schemas import (
+    Candidate,
     Decline,
     DeclineReason,
     DeviceChoice,
@@ -256,3 +257,38 @@ def test_report_shows_each_experts_requests_declines_candidates_and_best() -> No
         assert row.islands == ("i0",)
     assert (rows["gpt"].declines, rows["gpt"].declined_by) == (1, {"refused": 1})
     assert (rows["template"].declines, rows["idle"].requests, rows["idle"].candidates) == (0, 0, 0)
+
+
+def _family_candidate(strategy: str, expert: str = "template") -> Candidate:
+    cand = f.candidate(expert=expert)
+    return cand.model_copy(update={"proposal": cand.proposal.model_copy(update={"strategy": strategy})})
+
+
+def test_report_gives_each_family_its_first_and_best_fraction_of_speed_of_light() -> None:
+    spec = f.spec(islands=1)  # created at t = 1000
+    steps = [  # (strategy, expert, median ms, at); the bound is 0.1 ms, eager 1 ms
+        ("template:softmax/default", "template", 0.5, 1010.0),  # first correct: 20% of SOL, 2x
+        ("template:softmax/mutate.slow.memory_bound", "template", 0.125, 1020.0),  # best: 80%, 8x
+        ("template:softmax/mutate.random", "template", 0.25, 1030.0),
+        ("template:gemm/default", "template", 0.2, 1015.0),
+        ("fusion/idea", "gpt", 1.0, 1040.0),
+    ]
+    messages: list[Message] = []
+    for strategy, expert, median, at in steps:
+        cand = _family_candidate(strategy, expert)
+        result = f.correct(cand, median, at=at)
+        messages.append(f.feedback(cand, result, f.diagnosis(cand, DiagnosisCategory.SLOW_MEMORY_BOUND)))
+    broken = _family_candidate("template:softmax/mutate.random")
+    messages.append(f.feedback(broken, f.failed(broken), f.diagnosis(broken, DiagnosisCategory.COMPILE_TYPE)))
+    report = build_report(spec, messages)
+    families = {r.family: r for r in report.families}
+    assert set(families) == {"template:softmax", "template:gemm", "gpt"}
+    soft = families["template:softmax"]
+    assert (soft.candidates, soft.correct) == (4, 3)
+    assert soft.first_sol_fraction == pytest.approx(0.2)
+    assert soft.first_speedup_vs_eager == pytest.approx(2.0)
+    assert soft.best_sol_fraction == pytest.approx(0.8)
+    assert soft.best_speedup_vs_eager == pytest.approx(8.0)
+    assert families["template:gemm"].first_sol_fraction == families["template:gemm"].best_sol_fraction
+    # Final best 8x at t = 20 s: nothing earlier reached 90% of it.
+    assert report.to_90pct_best_s == pytest.approx(20.0)
