@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
+from actors.evolution.headroom import family_of
 from actors.evolution.island import IslandBrain
 from schemas import Candidate, EvalResult, EvalStatus
 
@@ -110,12 +111,6 @@ class FamilyReport(BaseModel):
     best_sol_fraction: float | None = None
     """The best fraction of speed-of-light among the family's clean candidates."""
     best_speedup_vs_eager: float | None = None
-
-
-def family_of(cand: Candidate) -> str:
-    """A candidate's kernel family (``template:softmax`` from ``template:softmax/mutate.x``)."""
-    strategy = cand.proposal.strategy or ""
-    return strategy.split("/", 1)[0] if strategy.startswith("template:") else cand.expert
 
 
 def family_reports(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> tuple[FamilyReport, ...]:
