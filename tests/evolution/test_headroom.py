@@ -23,7 +23,8 @@ def _cand(block: int, strategy: str = "template:gelu/default") -> Candidate:
 
 def _brain(elites: list[tuple[int, float, float, str]], **config: object) -> tuple[IslandBrain, dict[int, str]]:
     """A brain whose archive holds one elite per (block, median ms, fraction of SOL, strategy)."""
-    brain = IslandBrain("i0", f.spec(target_sol_fraction=1.0), EXPERTS, seed=4, config=IslandConfig(**config))
+    config_ = IslandConfig.model_validate(config)
+    brain = IslandBrain("i0", f.spec(target_sol_fraction=1.0), EXPERTS, seed=4, config=config_)
     ids = {}
     for block, median, sol, strategy in elites:
         cand = _cand(block, strategy)
@@ -107,4 +108,5 @@ def test_gains_are_measured_from_feedback_per_family_and_diagnosis() -> None:
     brain.on_feedback(f.feedback(child, f.correct(child, 0.2), diagnosis))  # twice as fast as its parent
     assert family_of(child) == "template:gelu"
     stats = brain.headroom.stats["template:gelu|slow.memory_bound"]
-    assert (stats.n, stats.gain) == (1, pytest.approx(1.0))
+    assert stats.n == 1
+    assert stats.gain == pytest.approx(1.0)
