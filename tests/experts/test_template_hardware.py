@@ -127,6 +127,8 @@ def test_first_configurations_follow_the_gpu_and_the_cpu_fallback_changes_nothin
     fitted = default_params(gemm, H100)
     assert math.ceil(256 / fitted.mm_block_m) * math.ceil(512 / fitted.mm_block_n) >= 64
     assert fitted.mm_block_m * fitted.mm_block_n < shapes_only.mm_block_m * shapes_only.mm_block_n
+    assert (fitted.mm_precision, shapes_only.mm_precision) == ("tf32x3", "ieee")  # tensor cores pay on H100
+    assert (H100.tf32x3_pays, A100.tf32x3_pays, CPU_FALLBACK.tf32x3_pays) == (True, True, False)
     rows = plan_of(SOFTMAX.format(rows=64, cols=32768))
     assert default_params(rows, H100).row_block_m == 1
     big = default_params(plan_of(SCALE.format(numel=1 << 22, dtype="float32")), H100)

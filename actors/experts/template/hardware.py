@@ -11,8 +11,10 @@ GPU at all, :data:`CPU_FALLBACK` (which still gives sensible tiles).
 The families ask it for starting points only (``tuning.default_params``): matrix tiles that give
 every SM work (:meth:`GpuModel.mm_tiles`), rows per program that keep every SM busy when rows are
 few and long (:meth:`GpuModel.rows_per_program`), a vector width of 16 bytes
-(:meth:`GpuModel.vector_width`), and pipelining stages that fit shared memory
-(:meth:`GpuModel.stages_that_fit`).
+(:meth:`GpuModel.vector_width`), pipelining stages that fit shared memory
+(:meth:`GpuModel.stages_that_fit`), and the three-pass TF32 dot for fp32 products where tensor
+cores make it pay (:attr:`GpuModel.tf32x3_pays`; a candidate the precision check rejects is
+repaired back to ``ieee`` by the ``incorrect.precision`` mutation).
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ class GpuModel:
         """Pipelining stages whose A and B tiles fit in shared memory (at least 1)."""
         per_stage = (bm * bk + bk * bn) * dtype_bytes
         return max(1, min(most, self.smem_per_block // max(1, per_stage)))
+
+    @property
+    def tf32x3_pays(self) -> bool:
+        """Whether three TF32 tensor-core passes (fp32-accurate: the float64-based precision check
+        judges them like any kernel) beat the fp32 CUDA cores with room to spare."""
+        return self.is_gpu and self.tf32_tflops >= 4.5 * self.fp32_tflops
 
     def elementwise_warps(self, numel: int, ept: int) -> int:
         """Warps per elementwise program: 8 when there is work for two programs per SM at that

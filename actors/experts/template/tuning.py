@@ -121,6 +121,8 @@ def _fit_to(hw: GpuModel, plan: Plan, kernels: list[Kernel]) -> dict[str, object
             stages = hw.stages_that_fit(bm, bn, 32, _dtype_bytes(plan, kernel.mm), most=3)
             warps = 8 if bm * bn >= 128 * 128 else 4
             values.update(mm_block_m=bm, mm_block_n=bn, mm_block_k=32, mm_warps=warps, mm_stages=stages)
+            if hw.tf32x3_pays and _dtype_bytes(plan, kernel.mm) == 4:
+                values["mm_precision"] = "tf32x3"
     return values
 
 
