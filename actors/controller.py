@@ -31,11 +31,13 @@ import nats.errors
 from actors.base import Actor
 from actors.bus import Bus
 from actors.errors import BusError, ConfigError, TaskRefused
-from actors.kv import get_expert_config, put_expert_config, put_run
+from actors.kv import get_expert_config, list_expert_configs, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
+from actors.outcome import RunVerdict, best_sentence, exit_code, model_header_note, verdict_of
 from actors.progress import Progress, RunWatcher
 from actors.quota import CandidateQuota
+from actors.run import ALL_EXPERTS
 from schemas import (
     ActorInfo,
     ActorKind,
@@ -45,6 +47,8 @@ from schemas import (
     ControlAction,
     DeviceChoice,
     ExpertConfig,
+    ExpertKind,
+    ExpertRef,
     Message,
     Proposal,
     RunEnd,
@@ -78,14 +82,24 @@ class RunOutcome:
     run_dir: Path
     device: DeviceChoice = DeviceChoice.CUDA
     cancelled: int = 0
+    best_vs_compiled: float | None = None
+    """The best's speedup over ``torch.compile``; ``None`` when that baseline was not measured."""
+
+    @property
+    def verdict(self) -> RunVerdict:
+        """Faster than eager, correct but not faster, not timed on a GPU, or nothing correct."""
+        return verdict_of(self.best_fitness, self.device)
+
+    @property
+    def exit_code(self) -> int:
+        """``kfoundry run``'s exit status for this outcome (``actors.outcome.ExitCode``)."""
+        return exit_code(self.verdict)
 
     def summary(self, elapsed_s: float) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
-        best = (
-            f"best {self.best_fitness:.3f}x over eager ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
-            if self.best_fitness is not None
-            else "no correct candidate found"
-        )
+        best = best_sentence(self.verdict, self.best_fitness, self.best_vs_compiled)
+        if self.best_fitness is not None:
+            best += f" ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
         cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""
         line = (
             f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
@@ -133,10 +147,24 @@ class RunController:
 
         task = await asyncio.to_thread(with_signature, self.spec.task)
         self.spec = self.spec.model_copy(update={"task": task})
+        if getattr(self.args, "experts", None) == ALL_EXPERTS:
+            await self._add_llm_experts(bus)
         self.progress.spec = self.spec
         await bus.ensure_shared_streams()
         await bus.ensure_run_stream(self.spec.run_id)
         await put_run(bus, self.spec)
+
+    async def _add_llm_experts(self, bus: Bus) -> None:
+        """``--experts`` with no value: every configured LLM expert joins the template expert."""
+        names = {e.name for e in self.spec.experts}
+        llms = [c.name for c in await list_expert_configs(bus) if c.kind is ExpertKind.LLM and c.name not in names]
+        experts = (*self.spec.experts, *(ExpertRef(name=n) for n in llms))
+        self.spec = self.spec.model_copy(update={"experts": experts})
+        log.info("experts of the run", experts=[e.name for e in experts])
+        if not llms:
+            self._say(
+                "--experts: no LLM expert is configured (`kfoundry expert set NAME --kind llm ...`); template only"
+            )
 
     async def _expert_configs(self, bus: Bus) -> list[ExpertConfig]:
         configs = []
@@ -157,7 +185,7 @@ class RunController:
         actors.append(
             build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id, expert_config=self.llm_diagnoser)
         )
-        if self.spec.islands > 1:
+        if self.spec.islands > 1 and not self.spec.ablations.no_migration:
             actors.append(build_actor(ActorKind.MIGRATOR, a, url=self.url, run_id=run_id))
         actors += [
             build_actor(ActorKind.ISLAND, a, url=self.url, run_id=run_id, island=f"i{i}")
@@ -426,6 +454,7 @@ class RunController:
                 run_dir=self.run_dir,
                 device=self.spec.device,
                 cancelled=len(self.cancelled),
+                best_vs_compiled=best.speedup_vs_compiled if best else None,
             )
         finally:
             actors_stop.set()
@@ -476,6 +505,8 @@ class RunController:
             )
             if self.spec.device is DeviceChoice.CPU:
                 header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
+            verdict = verdict_of(best.speedup_vs_eager, self.spec.device)
+            header += model_header_note(verdict, best.speedup_vs_eager, best.speedup_vs_compiled)
             (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
         states = {}
         for i in range(self.spec.islands):

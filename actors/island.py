@@ -153,7 +153,8 @@ class IslandActor(Actor):
         else:
             island_config = IslandConfig(n_per_request=self.per_request)
             self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed, config=island_config)
-        for role in {p.role for p in profiles if p.name in self._llm}:
+        meta_roles = set() if self.spec.ablations.no_meta_prompt else {p.role for p in profiles if p.name in self._llm}
+        for role in meta_roles:
             text = await load_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role))
             seed = self.spec.seed * 7919 + zlib.crc32(f"{self.name}/{role}".encode())
             self._prompts[role] = (
@@ -242,6 +243,8 @@ class IslandActor(Actor):
     async def _retrieve(self, plan: RequestPlan) -> tuple[ExperienceHit, ...]:
         """Experiences for a plan. Answers are cached per diagnosis category for a few seconds:
         the library changes slowly next to the rate at which a fast island asks."""
+        if self.spec.ablations.no_experience:
+            return ()
         key = plan.diagnosis.category.value if plan.diagnosis else ""
         cached = self._retrieved.get(key)
         if cached is not None and time.monotonic() - cached[0] < self.retrieve_ttl_s:
@@ -323,10 +326,22 @@ class IslandActor(Actor):
             async with self._lock:
                 if reply is not None:
                     self.brain.record_tokens(reply.tokens.total)
-                self.brain.on_reply(plan, published)
+                self.brain.on_reply(plan, published, decline=self._decline_reason(reply, published, plan.n))
                 self._planning -= plan.n
             self._empty_streak = 0 if published else self._empty_streak + 1
             self._wake.set()
+
+    @staticmethod
+    def _decline_reason(reply: GenerateReply | None, published: int, asked: int) -> str | None:
+        """Why a request put no candidate in flight (``None``: it did, or the candidate budget,
+        not the expert, cut it short)."""
+        if published:
+            return None
+        if reply is None:
+            return "unavailable"
+        if reply.decline is not None:
+            return reply.decline.reason.value
+        return None if reply.proposals[:asked] else "no_proposal"
 
     # -- feedback and migrants ----------------------------------------------------------------
 
@@ -429,6 +444,9 @@ class IslandActor(Actor):
         await save_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role), text.decode())
 
     async def on_migration(self, migration: Migration, delivery: Delivery) -> None:
+        if self.spec.ablations.no_migration:
+            self.log.info("migrants refused: migration is off for this run", source=migration.source_island)
+            return
         async with self._lock:
             accepted = self.brain.on_migrants(migration)
         self.log.info(

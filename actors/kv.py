@@ -102,6 +102,17 @@ async def get_expert_config(bus: Bus, name: str) -> ExpertConfig | None:
     return ExpertConfig.model_validate_json(entry.value) if entry.value else None
 
 
+async def list_expert_configs(bus: Bus) -> list[ExpertConfig]:
+    """Every stored expert configuration, by name."""
+    kv = await bucket(bus, subjects.EXPERTS_BUCKET)
+    try:
+        names = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return []
+    configs = [await get_expert_config(bus, name) for name in sorted(names)]
+    return [c for c in configs if c is not None]
+
+
 async def save_text(bus: Bus, bucket_name: str, key: str, text: str) -> None:
     """Save a state blob (an island's brain, evolved prompts)."""
     kv = await bucket(bus, bucket_name)

@@ -38,6 +38,8 @@ class MigratorActor(Actor):
         self.sent = 0
         self._timer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self.disabled = False
+        """The run turned migration off (``RunSpec.ablations.no_migration``): nothing is sent."""
         self.present: set[str] = set()
         """Islands that announced themselves (an ``IslandStatus``): the only destinations."""
 
@@ -53,6 +55,9 @@ class MigratorActor(Actor):
 
     async def setup(self) -> None:
         spec = await get_run(self.bus, self.rid)
+        self.disabled = spec.ablations.no_migration
+        if self.disabled:
+            self.log.info("migration is turned off for this run (--no-migration): no elites will be sent")
         saved = await load_text(self.bus, subjects.ARCHIVE_BUCKET, self._key)
         if saved is not None:
             self._planner = MigrationPlanner.from_json(saved)
@@ -95,6 +100,8 @@ class MigratorActor(Actor):
                 await self._send(self.planner.due(time.time(), self.present))
 
     async def _send(self, migrations: list[Migration]) -> None:
+        if self.disabled:
+            return
         for migration in migrations:
             await self.bus.publish_durable(
                 subjects.migrants(self.rid, migration.dest_island), migration, msg_id=migration.migration_id

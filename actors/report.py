@@ -21,9 +21,19 @@ from pydantic import BaseModel, ConfigDict
 from actors.evolution.errors import StateError
 from actors.evolution.island import IslandBrain
 from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
+from actors.outcome import RunVerdict, beats, verdict_of
+from actors.report_experts import (
+    ExpertReport,
+    FamilyReport,
+    expert_reports,
+    family_reports,
+    to_fraction_of_best_s,
+)
 from schemas import (
     Candidate,
     Decline,
+    DeviceChoice,
+    DeviceKind,
     Diagnosis,
     DiagnosisCategory,
     EvalResult,
@@ -170,13 +180,27 @@ class RunReport(_Frozen):
     started_at: float | None = None
     ended_at: float | None = None
     end_reason: StopReason | None = None
+    ablations: tuple[str, ...] = ()
+    """Mechanisms this run turned off (``--no-experience``, ``--uniform-experts``, ...)."""
     evaluated: int
     first_correct_s: float | None = None
     """Seconds from the run's start to its first ``correct`` verdict; ``None`` without one."""
+    to_90pct_best_s: float | None = None
+    """Seconds from the run's start to its first clean candidate within 90% of the final best."""
     status_counts: dict[str, int]
     category_counts: dict[str, int]
     best: BestKernel | None = None
+    verdict: RunVerdict = RunVerdict.NO_CORRECT_CANDIDATE
+    """The best kernel against the reference (``not_faster_than_eager``: ``best_model.py`` is marked)."""
+    beats_eager: bool | None = None
+    """Whether the best is faster than eager PyTorch; ``None`` without a correct candidate."""
+    beats_compiled: bool | None = None
+    """Whether the best is faster than ``torch.compile``; ``None`` when that was not measured."""
     islands: tuple[IslandReport, ...] = ()
+    experts: tuple[ExpertReport, ...] = ()
+    """Per expert: requests, declines by reason, candidates, correct ones, best fitness."""
+    families: tuple[FamilyReport, ...] = ()
+    """Per kernel family: the first correct and the best candidate's fraction of speed-of-light."""
     credit: tuple[CreditEntry, ...] = ()
     routing: tuple[RoutingEntry, ...] = ()
     migrations: tuple[MigrationEvent, ...] = ()
@@ -264,6 +288,7 @@ def build_report(
     t0 = spec.created_at if spec is not None else min(times, default=0.0)
     run_id = spec.run_id if spec else end.run_id if end else next(iter(results.values())).run_id if results else ""
     islands = sorted(set(by_island) | {c.island for c in cands.values()} | set(statuses))
+    best = _best(cands, results)
     return RunReport(
         run_id=run_id,
         task_id=spec.task.task_id if spec else None,
@@ -271,14 +296,21 @@ def build_report(
         started_at=t0,
         ended_at=end.at if end else max(times, default=None),
         end_reason=end.reason if end else None,
+        ablations=spec.ablations.active() if spec else (),
         evaluated=len(results),
         first_correct_s=min(
             (r.created_at - t0 for r in results.values() if r.status is EvalStatus.CORRECT), default=None
         ),
         status_counts=dict(sorted(Counter(r.status.value for r in results.values()).items())),
         category_counts=dict(sorted(Counter(d.category.value for d in diags.values()).items())),
-        best=_best(cands, results),
+        best=best,
+        verdict=verdict_of(best.speedup_vs_eager if best else None, _device(spec, results, best)),
+        beats_eager=beats(best.speedup_vs_eager) if best else None,
+        beats_compiled=beats(best.speedup_vs_compiled) if best else None,
         islands=tuple(_island(i, by_island.get(i), statuses.get(i), results, t0) for i in islands),
+        to_90pct_best_s=to_fraction_of_best_s(results.values(), t0),
+        families=family_reports(cands, results),
+        experts=expert_reports((e.name for e in spec.experts) if spec else (), by_island.values(), cands, results),
         credit=tuple(
             CreditEntry(island=i, **row.model_dump(exclude={"prior_mean"}))
             for i in sorted(by_island)
@@ -299,6 +331,14 @@ def build_report(
         experiences=_experiences(cands, results, outcomes),
         isolation_gaps=isolation_gaps(results.values()),
     )
+
+
+def _device(spec: RunSpec | None, results: Mapping[str, EvalResult], best: BestKernel | None) -> DeviceChoice:
+    """The device the run timed on: its spec's, else the best result's."""
+    if spec is not None and spec.device is not DeviceChoice.AUTO:
+        return spec.device
+    info = results[best.candidate_id].device if best is not None and best.candidate_id in results else None
+    return DeviceChoice.CPU if info is not None and info.kind is DeviceKind.CPU else DeviceChoice.CUDA
 
 
 def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> BestKernel | None:

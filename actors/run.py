@@ -22,8 +22,22 @@ import time
 from pathlib import Path
 
 from actors.errors import ConfigError
-from schemas import Budget, DeviceChoice, ExpertRef, KernelLanguage, MigrationPolicy, MigrationReason, RunSpec, Task
+from schemas import (
+    Ablations,
+    Budget,
+    DeviceChoice,
+    ExpertRef,
+    KernelLanguage,
+    MigrationPolicy,
+    MigrationReason,
+    RunSpec,
+    Task,
+)
 from schemas.task import missing_reference_names
+
+ALL_EXPERTS = "+llm"
+"""``--experts`` given with no value: the template expert plus every configured LLM expert (the
+controller adds those from the ``kf_experts`` bucket when it registers the run)."""
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +49,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidates", type=int, default=None, help="budget: candidates evaluated (default 16 cpu / 200)")
     p.add_argument("--seconds", type=float, default=None, help="budget: wall-clock seconds (default 600 / 1800)")
     p.add_argument("--tokens", type=int, default=None, help="budget: LLM tokens")
-    p.add_argument("--experts", default=None, help="comma-separated expert names (default: template plus any LLM)")
+    p.add_argument(
+        "--experts",
+        nargs="?",
+        const=ALL_EXPERTS,
+        default=None,
+        help="comma-separated expert names (default: template); with no value: the template expert plus every "
+        "configured LLM expert (`kfoundry expert set`)",
+    )
     p.add_argument("--language", choices=["triton", "cuda"], default="triton")
     p.add_argument("--migration", choices=["ring", "random"], default="ring")
     p.add_argument("--migration-interval", type=float, default=10.0, help="seconds between migrations")
@@ -46,6 +67,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", default=None, help="run id (default: random)")
     p.add_argument("--run-dir", type=Path, default=None, help="where to write results (default runs/<run-id>)")
     p.add_argument("--seed-candidate", type=Path, action="append", default=[], help="a starting ModelNew file")
+    ablate = p.add_argument_group("ablations", "turn one mechanism off, to measure what it earns (bench/ablation.py)")
+    ablate.add_argument("--no-experience", action="store_true", help="islands retrieve no experiences")
+    ablate.add_argument(
+        "--uniform-experts", action="store_true", help="choose experts uniformly: no diagnosis routing, no credit"
+    )
+    ablate.add_argument("--no-migration", action="store_true", help="no elites move between islands")
+    ablate.add_argument("--no-meta-prompt", action="store_true", help="LLM experts get no evolved meta-prompt")
     p.add_argument("--no-local-actors", action="store_true", help="start no actors here: only control the run")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--log-level", default="info")
@@ -70,7 +98,8 @@ def check_task_source(path: Path) -> str:
 def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice) -> RunSpec:
     """The run's spec from the command line, with defaults suited to the device."""
     on_cpu = device is DeviceChoice.CPU
-    experts = [e.strip() for e in args.experts.split(",")] if args.experts else ["template"]
+    named = args.experts if args.experts and args.experts != ALL_EXPERTS else None
+    experts = [e.strip() for e in named.split(",")] if named else ["template"]
     budget = Budget(
         wall_s=args.seconds or (600.0 if on_cpu else 1800.0),
         candidates=args.candidates or (16 if on_cpu else 200),
@@ -86,6 +115,12 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice) -> R
         language=KernelLanguage(args.language),
         experts=tuple(ExpertRef(name=e) for e in experts),
         migration=MigrationPolicy(topology=MigrationReason(args.migration), interval_s=args.migration_interval),
+        ablations=Ablations(
+            no_experience=getattr(args, "no_experience", False),
+            uniform_experts=getattr(args, "uniform_experts", False),
+            no_migration=getattr(args, "no_migration", False),
+            no_meta_prompt=getattr(args, "no_meta_prompt", False),
+        ),
         target_sol_fraction=args.target_sol,
         eval_timeout_s=args.eval_timeout,
         seed=args.seed,
@@ -139,6 +174,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             warning = isolation_warning(run_dir / "report.json")
             if warning is not None:
                 sys.stdout.write(warning + "\n")
-            return 0 if outcome.best_fitness is not None else 1
+            return outcome.exit_code
 
     return run_async(main)

@@ -50,7 +50,7 @@ from schemas.evaluation import (
 )
 from schemas.evolution import Elite, EliteAnnouncement, EvalOutcome, Feedback, IslandStatus, Migration, RunEnd
 from schemas.experience import Experience, ExperienceHit, ExperienceHits, ExperienceOutcome, ExperienceQuery
-from schemas.task import Budget, ExpertRef, MigrationPolicy, RunSpec, Task, TaskSignature, TensorSpec
+from schemas.task import Ablations, Budget, ExpertRef, MigrationPolicy, RunSpec, Task, TaskSignature, TensorSpec
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.model_fields["type"].default: cls
@@ -103,6 +103,7 @@ def decode_any(data: bytes | str) -> Message:
 __all__ = [
     "MESSAGE_TYPES",
     "SCHEMA_VERSION",
+    "Ablations",
     "ActorInfo",
     "ActorKind",
     "ActorState",

@@ -105,6 +105,24 @@ class Budget(Model):
         return self
 
 
+class Ablations(Model):
+    """Mechanisms a run turns off, one at a time, to measure what each earns (``bench/ablation.py``)."""
+
+    no_experience: bool = False
+    """Islands ask the experience library nothing: no ``kf.exp.query`` request, no experience shown."""
+    uniform_experts: bool = False
+    """Islands choose experts uniformly at random: no diagnosis routing, no learned credit."""
+    no_migration: bool = False
+    """No elites move between islands (no migrator is started; a migrator or island of the run
+    sends or accepts none)."""
+    no_meta_prompt: bool = False
+    """LLM experts get no evolved meta-prompt section (and none is evolved)."""
+
+    def active(self) -> tuple[str, ...]:
+        """The names of the switches that are on."""
+        return tuple(name for name in type(self).model_fields if getattr(self, name))
+
+
 class MigrationPolicy(Model):
     """How elites move between islands."""
 
@@ -150,6 +168,8 @@ class RunSpec(Message):
     """Experts the islands may call."""
     migration: MigrationPolicy = MigrationPolicy()
     """Migration between islands."""
+    ablations: Ablations = Ablations()
+    """Mechanisms turned off for this run (all on by default)."""
     target_sol_fraction: float = Field(default=0.9, gt=0, le=1)
     """Stop once the best candidate reaches this fraction of the speed-of-light bound."""
     eval_timeout_s: float = Field(default=180.0, gt=0)

@@ -9,6 +9,14 @@ diagnoser suggested, and from the expert's weight in the run spec. Evidence is s
 family: a pair borrows ``family_share`` of what the same expert earned on sibling categories, so a
 new category does not start from nothing. Draws come from the bandit's own seeded generator, and
 the whole state (counts and generator) serialises to JSON.
+
+Every expert gets its share: once the island has made two requests per expert, one answered
+fewer than ``min_tries`` times is asked before the posterior decides (so an LLM expert beside a
+template expert that wins early is still tried). A decline (refused, no code, unreachable) is
+not a failed idea and earns no reward: it is counted in the expert's :class:`ExpertUsage`, and
+only a streak of declines rests the expert for a growing number of choices (``2 ** (streak -
+1)``, at most ``MAX_REST``). ``uniform=True`` (the ``--uniform-experts`` ablation) ignores
+diagnosis, prior and credit and draws uniformly.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 """Preferred roles per category (or family), best first. ``refine`` is the key of a parent that
 came without a diagnosis (a foreign elite)."""
 
+MAX_REST = 16
+"""Most choices an expert rests after a streak of declines."""
 _RANK_WEIGHT = (1.0, 0.6, 0.4, 0.25, 0.15)
 _UNLISTED = 0.1
 _SUGGESTED = 0.9
@@ -96,6 +106,28 @@ class Arm(BaseModel):
     """Sum of rewards."""
 
 
+class ExpertUsage(BaseModel):
+    """How often an island asked one expert and how it answered."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: int = 0
+    """Requests sent to it."""
+    declines: int = 0
+    """Requests it answered with no candidate (or did not answer)."""
+    declined_by: dict[str, int] = Field(default_factory=dict)
+    """Declines per reason (``DeclineReason`` value, ``unavailable`` when it did not answer)."""
+    streak: int = 0
+    """Declines in a row, up to now."""
+    rest: int = 0
+    """Choices it still sits out after its latest streak of declines."""
+
+    @property
+    def answered(self) -> int:
+        """Requests answered with candidates."""
+        return self.requests - self.declines
+
+
 class CreditRow(BaseModel):
     """One line of the credit table."""
 
@@ -132,6 +164,10 @@ class CreditState(BaseModel):
     """Pseudo-observations behind the prior."""
     family_share: float
     """Share of sibling-category evidence borrowed."""
+    min_tries: int = 0
+    """Answered requests each expert gets before the posterior decides."""
+    usage: dict[str, ExpertUsage] = Field(default_factory=dict)
+    """expert → requests and declines."""
 
 
 class CreditBandit:
@@ -144,6 +180,7 @@ class CreditBandit:
         *,
         prior_strength: float = 2.0,
         family_share: float = 0.5,
+        min_tries: int = 0,
     ) -> None:
         if not experts:
             raise PolicyConfigError("experts", [], "at least one expert is needed")
@@ -155,7 +192,11 @@ class CreditBandit:
         self.rng = np.random.default_rng(seed)
         self.prior_strength = prior_strength
         self.family_share = family_share
+        if min_tries < 0:
+            raise PolicyConfigError("min_tries", min_tries, "must be >= 0")
+        self.min_tries = min_tries
         self.arms: dict[str, dict[str, Arm]] = {}
+        self.usage: dict[str, ExpertUsage] = {}
 
     def prior(self, key: str, expert: str, suggested_role: str | None = None) -> tuple[float, float]:
         """Beta prior (alpha, beta) of a pair, from the routing table and the expert's weight."""
@@ -182,11 +223,45 @@ class CreditBandit:
         b += (own.pulls - own.reward) + self.family_share * (sib_pulls - sib_reward)
         return a, b
 
-    def choose(self, key: str, *, suggested_role: str | None = None, exclude: Sequence[str] = ()) -> str:
-        """Thompson sampling: the expert whose posterior draw is highest."""
-        names = [n for n in self.experts if n not in exclude] or list(self.experts)
-        draws = [self.rng.beta(*self.posterior(key, n, suggested_role)) for n in names]
-        return names[int(np.argmax(draws))]
+    def choose(
+        self, key: str, *, suggested_role: str | None = None, exclude: Sequence[str] = (), uniform: bool = False
+    ) -> str:
+        """The expert for the next request (counted as asked): a resting expert sits out, one
+        not yet tried ``min_tries`` times goes first (after a warm-up), else the highest posterior draw (Thompson
+        sampling); ``uniform`` draws uniformly among those not resting."""
+        allowed = [n for n in self.experts if n not in exclude] or list(self.experts)
+        awake = [n for n in allowed if self.usage_of(n).rest == 0] or allowed
+        for name in allowed:
+            usage = self.usage_of(name)
+            usage.rest = max(0, usage.rest - 1)
+        asked = sum(u.requests for u in self.usage.values())
+        warm = asked >= 2 * len(self.experts)  # the first requests follow the routing prior
+        untried = [n for n in awake if warm and self.usage_of(n).answered < self.min_tries]
+        if uniform or untried:
+            pool = awake if uniform else untried
+            name = pool[int(self.rng.integers(len(pool)))]
+        else:
+            draws = [self.rng.beta(*self.posterior(key, n, suggested_role)) for n in awake]
+            name = awake[int(np.argmax(draws))]
+        self.usage_of(name).requests += 1
+        return name
+
+    def usage_of(self, expert: str) -> ExpertUsage:
+        """The requests and declines of one expert (created on first use)."""
+        return self.usage.setdefault(expert, ExpertUsage())
+
+    def record_answer(self, expert: str, *, decline: str | None) -> None:
+        """An expert answered a request: with candidates (``decline`` None) or with none, for the
+        reason given. A decline earns no reward; a streak of them rests the expert."""
+        usage = self.usage_of(expert)
+        if decline is None:
+            usage.streak = 0
+            return
+        usage.declines += 1
+        usage.declined_by[decline] = usage.declined_by.get(decline, 0) + 1
+        usage.streak += 1
+        if usage.streak >= 2:
+            usage.rest = min(MAX_REST, 2 ** (usage.streak - 1))
 
     def update(self, key: str, expert: str, reward: float) -> None:
         """Record one outcome (reward clipped to [0, 1]); an unknown expert joins as ``general``."""
@@ -237,12 +312,21 @@ class CreditBandit:
             rng=dict(self.rng.bit_generator.state),
             prior_strength=self.prior_strength,
             family_share=self.family_share,
+            min_tries=self.min_tries,
+            usage={n: u.model_copy(deep=True) for n, u in self.usage.items()},
         )
 
     @classmethod
     def from_state(cls, state: CreditState) -> CreditBandit:
         """Rebuild a bandit that continues exactly where ``state`` was taken."""
-        bandit = cls(state.experts, 0, prior_strength=state.prior_strength, family_share=state.family_share)
+        bandit = cls(
+            state.experts,
+            0,
+            prior_strength=state.prior_strength,
+            family_share=state.family_share,
+            min_tries=state.min_tries,
+        )
         bandit.rng.bit_generator.state = state.rng
+        bandit.usage = {n: u.model_copy(deep=True) for n, u in state.usage.items()}
         bandit.arms = {k: {n: a.model_copy() for n, a in v.items()} for k, v in state.arms.items()}
         return bandit

@@ -8,11 +8,15 @@ its seed and the order of messages, and a restarted island continues from ``to_j
 - **Parent**: a fresh start, an elite (tournament or exploratory draw, ``selection.py``; more
   exploration while stagnating), or a recent failure to repair.
 - **Expert**: chosen per the parent's diagnosis by a Thompson-sampling bandit (``credit.py``).
+- **Every expert gets its share**: after a warm-up each is asked ``min_tries_per_expert`` times
+  before credit decides; a decline earns no reward (``credit.py``).
 - **Reward** of a child to its (diagnosis, expert) pair, in [0, 1]: from a clean parent, 1 if
   the child is clean and fitter by more than ``improve_eps``, 0.1 if clean but not fitter, else
   0; from a failed parent, 1 if the child is clean, 0.5 if it got further (compile → run →
-  correct answer), else 0; from no parent, 1 if clean, else 0.1 per stage reached. A decline
-  earns 0.
+  correct answer), else 0; from no parent, 1 if clean, else 0.1 per stage reached.
+- **Headroom** (``headroom.py``): parents are drawn in proportion to their gap to speed-of-light
+  times the gain their family's mutations measurably earned; an elite within ``near_sol`` of the
+  target is no longer refined, and when all are, the island asks for fresh (different) plans.
 - **Stagnation** (``stagnation.py``) and **budgets**: the island stops at its share of the run's
   token budget, at the wall-time limit, or when its best reaches the target fraction of
   speed-of-light; the candidate budget is the run's shared quota (``actors.quota``), which the
@@ -27,11 +31,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from actors.evolution.archive import AddStatus, Archive, ArchiveState
 from actors.evolution.credit import CreditBandit, CreditRow, CreditState, ExpertProfile, routing_key
 from actors.evolution.errors import StateError, WrongIsland
+from actors.evolution.headroom import Headroom, family_of
 from actors.evolution.plans import (
     FeedbackOutcome,
     FitnessPoint,
@@ -105,6 +110,7 @@ class BrainState(BaseModel):
     plans: int
     declines: int
     stopped: StopReason | None
+    headroom: Headroom = Field(default_factory=Headroom)
 
 
 def _key(diagnosis: Diagnosis | None, has_parent: bool) -> str:
@@ -128,7 +134,11 @@ class IslandBrain:
         rng_seed, credit_seed = root.spawn(2)
         self.rng = np.random.default_rng(rng_seed)
         self.credit = CreditBandit(
-            experts, credit_seed, prior_strength=cfg.prior_strength, family_share=cfg.family_share
+            experts,
+            credit_seed,
+            prior_strength=cfg.prior_strength,
+            family_share=cfg.family_share,
+            min_tries=cfg.min_tries_per_expert,
         )
         ops = spec.task.signature.ops if spec.task.signature else ()
         self.archive = Archive(cfg.descriptors, island=island, task_ops=len(ops) or None)
@@ -136,6 +146,7 @@ class IslandBrain:
         self.stagnation = StagnationDetector(
             window=cfg.stagnation_window, seconds=cfg.stagnation_seconds, eps=cfg.stagnation_eps
         )
+        self.headroom = Headroom(near_sol=cfg.near_sol)
         self._repair: list[Feedback] = []
         self._outcomes: dict[str, EvalOutcome] = {}
         self._visits: dict[str, int] = {}
@@ -151,6 +162,8 @@ class IslandBrain:
         cfg = self.config
         stagnating = self.stagnation.is_stagnating(None)
         elites = self.archive.elites()
+        target = self.spec.target_sol_fraction
+        open_elites = [e for e in elites if not self.headroom.done(e, target)] if cfg.headroom else elites
         u = float(self.rng.random())
         parent: Candidate | None = None
         result: EvalResult | None = None
@@ -162,11 +175,14 @@ class IslandBrain:
             fresh = min(1.0, cfg.fresh * (2 if stagnating else 1))
             if u < repair:
                 source = ParentSource.REPAIR
-            elif u < repair + fresh:
+            elif u < repair + fresh or not open_elites:  # every elite near speed-of-light: other plans
                 source = ParentSource.FRESH
             else:
                 exploit = cfg.stagnant_exploit if stagnating else cfg.exploit
-                elite, pick = self.selector.select(elites, self.rng, visits=self._visits, exploit=exploit)
+                worth = [self.headroom.weight(e) for e in open_elites] if cfg.headroom else None
+                elite, pick = self.selector.select(
+                    open_elites, self.rng, visits=self._visits, exploit=exploit, worth=worth
+                )
                 source = ParentSource.EXPLOIT if pick is Pick.EXPLOIT else ParentSource.EXPLORE
                 parent, result, diagnosis = elite.candidate, elite.result, elite.diagnosis
         if source is ParentSource.REPAIR:
@@ -174,7 +190,11 @@ class IslandBrain:
             fb = self._repair.pop(int(self.rng.choice(len(self._repair), p=weights / weights.sum())))
             parent, result, diagnosis = fb.candidate, fb.result, fb.diagnosis
         key = _key(diagnosis, parent is not None)
-        expert = self.credit.choose(key, suggested_role=diagnosis.suggested_expert if diagnosis else None)
+        expert = self.credit.choose(
+            key,
+            suggested_role=diagnosis.suggested_expert if diagnosis else None,
+            uniform=cfg.uniform_experts or self.spec.ablations.uniform_experts,
+        )
         role = self.credit.experts[expert].role
         if parent is not None:
             self._visits[parent.candidate_id] = self._visits.get(parent.candidate_id, 0) + 1
@@ -199,12 +219,17 @@ class IslandBrain:
         """Whether fewer than K candidates are in flight and the island has not stopped."""
         return self._stopped is None and self.in_flight < self.spec.inflight_per_island
 
-    def on_reply(self, plan: RequestPlan, proposals: int) -> None:
-        """The expert answered ``plan`` with ``proposals`` candidates (0 is a decline: reward 0)."""
+    def on_reply(self, plan: RequestPlan, proposals: int, *, decline: str | None = "unavailable") -> None:
+        """The expert answered ``plan`` with ``proposals`` candidates. None, for the reason
+        ``decline``, is a decline: counted, not a failed idea, so it earns no reward; only a
+        streak of declines rests the expert (``credit.py``). None with ``decline=None`` is a
+        request the island itself cut short (the candidate budget was spent): not counted."""
         self.in_flight = max(0, self.in_flight - plan.n + proposals)
-        if proposals == 0:
+        if proposals == 0 and decline is not None:
             self.declines += 1
-            self.credit.update(plan.key, plan.expert, 0.0)
+            self.credit.record_answer(plan.expert, decline=decline)
+        elif proposals:
+            self.credit.record_answer(plan.expert, decline=None)
 
     def forget_in_flight(self, n: int) -> None:
         """Stop counting ``n`` candidates as in flight: their feedback is not coming (e.g. they
@@ -238,6 +263,9 @@ class IslandBrain:
             key=_key(cand.diagnosis, cand.parent_id is not None), expert=cand.expert, value=self._reward(fb)
         )
         self.credit.update(reward.key, reward.expert, reward.value)
+        parent = self._outcomes.get(cand.parent_id) if cand.parent_id else None
+        if parent is not None:
+            self.headroom.observe(family_of(cand), reward.key, parent.fitness, res.fitness)
         self._outcomes[cid] = EvalOutcome.of(res)
         if not res.clean:
             self._repair = [*self._repair, fb][-self.config.repair_pool :]
@@ -374,6 +402,7 @@ class IslandBrain:
             plans=self.plans,
             declines=self.declines,
             stopped=self._stopped,
+            headroom=self.headroom.model_copy(deep=True),
         ).model_dump_json()
 
     @classmethod
@@ -391,4 +420,5 @@ class IslandBrain:
         brain._seen, brain._history = set(state.seen), list(state.history)
         brain.evaluated, brain.in_flight, brain.tokens_used = state.evaluated, state.in_flight, state.tokens_used
         brain.plans, brain.declines, brain._stopped = state.plans, state.declines, state.stopped
+        brain.headroom = state.headroom.model_copy(deep=True)
         return brain

@@ -69,6 +69,14 @@ class IslandConfig(BaseModel):
     """Share of a sibling category's evidence the bandit borrows."""
     n_per_request: int = Field(default=1, ge=1, le=64)
     """Candidates asked of an expert per request."""
+    min_tries_per_expert: int = Field(default=2, ge=0)
+    """Answered requests every expert of the run gets on this island before credit decides."""
+    uniform_experts: bool = False
+    """Choose experts uniformly, ignoring diagnosis routing and credit (an ablation)."""
+    headroom: bool = True
+    """Weight parents by gap to speed-of-light × measured gain, and stop refining elites near it."""
+    near_sol: float = Field(default=0.03, ge=0, le=1)
+    """An elite this close to the target fraction of speed-of-light is no longer refined."""
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 The run gets its own session (so a crash, or a signal meant for it, stays with it), its output
 goes to ``<run_dir>/console.log``, its process tree's memory is sampled while it lives, and the
 outcome is read from what ``kfoundry run`` leaves: ``report.json`` and its exit status (0 a
-correct candidate, 1 none, 2 a bad task or option, 3 a task refused as too large for this
-machine; anything else a crash). A stop request (SIGINT to the bench) is passed on as SIGINT,
-then SIGTERM, then SIGKILL to the run's process group if it does not end in time.
+correct candidate faster than eager, 4 correct but not faster, 1 none, 2 a bad task or option, 3 a
+task refused as too large for this machine; anything else a crash). A stop request (SIGINT to the
+bench) is passed on as SIGINT, then SIGTERM, then SIGKILL to the run's process group if it does not end in time.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ EXIT_NO_CORRECT = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
 """``kfoundry`` exit status for a task the evaluator refuses (too large for this machine)."""
+EXIT_NOT_FASTER = 4
+"""``kfoundry`` exit status for correct kernels none of which beat eager PyTorch."""
 EVALUATOR_ERROR = "evaluator_error"
 """The verdict of a candidate the evaluator could not judge (its own fault, not the candidate's)."""
 
@@ -124,7 +126,7 @@ def classify(
         assert last is not None
         total = sum(i.declines for i in report.islands)
         return ProblemStatus.DECLINED, f"experts declined {total} request(s): {last.reason}: {last.detail}", report
-    if exit_code not in (0, EXIT_NO_CORRECT):
+    if exit_code not in (0, EXIT_NO_CORRECT, EXIT_NOT_FASTER):
         return ProblemStatus.TASK_ERROR, f"{_tail_message(console)} ({_exit_text(exit_code)})", report
     return ProblemStatus.NO_CORRECT, f"no candidate was evaluated (run ended: {report.end_reason})", report
 

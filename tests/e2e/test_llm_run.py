@@ -1,5 +1,7 @@
 """A run with an LLM expert (a real OpenAI-compatible server on loopback) beside the template
-expert: the LLM's candidates are evaluated and its failures diagnosed, and the run goes on."""
+expert, chosen by ``--experts`` with no value: the LLM is asked again after it declined, its
+candidates are evaluated and its failures diagnosed, the report counts what each expert did, and
+the run goes on."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from actors.nats_server import ServerInfo
+from actors.nats_server import ServerInfo, start_server, stop_server
 from tests.experts.llm_server import BROKEN_MODELNEW, GOOD_MODELNEW, REFERENCE_SOURCE, Chat, ScriptedLLMServer, answer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +29,25 @@ async def _kfoundry(*args: str, env: dict[str, str], timeout: float) -> tuple[in
     return int(proc.returncode or 0), out.decode(), err.decode()
 
 
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[ServerInfo]:
+    """A server of this test alone: ``--experts`` with no value takes every LLM expert configured
+    on it, and the session's server holds other tests' configurations."""
+    info = start_server(tmp_path / "nats")
+    try:
+        yield info
+    finally:
+        stop_server(info.pid)
+
+
 @pytest.mark.timeout(500)
-async def test_llm_expert_takes_part_and_its_failures_are_diagnosed(nats_server: ServerInfo, tmp_path: Path) -> None:
+async def test_llm_expert_takes_part_and_its_failures_are_diagnosed(own_nats: ServerInfo, tmp_path: Path) -> None:
+    nats_server = own_nats
     task = tmp_path / "gelu_scale.py"
     task.write_text(REFERENCE_SOURCE)
     env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), KF_TEST_LLM_KEY="sk-e2e-secret-7c1d")
     async with ScriptedLLMServer() as llm:
+        llm.push(Chat(("",), refusal="I can't assist with this request."))  # its first answer: a decline
         for _ in range(12):
             llm.push(Chat((answer(BROKEN_MODELNEW),)), Chat((answer(GOOD_MODELNEW),)))
         rc, out, err = await _kfoundry(
@@ -42,13 +58,14 @@ async def test_llm_expert_takes_part_and_its_failures_are_diagnosed(nats_server:
         assert rc == 0, err
         run_dir = tmp_path / "run"
         rc, out, err = await _kfoundry(
-            "run", str(task), "--nats", nats_server.url, "--device", "cpu", "--experts", "template,llm",
+            "run", str(task), "--nats", nats_server.url, "--device", "cpu", "--experts",
             "--islands", "1", "--inflight", "2", "--candidates", "8", "--seconds", "400", "--embedder", "hashing",
             "--run-dir", str(run_dir), "--run-id", "llmrun",
             env=env, timeout=480,
         )  # fmt: skip
         assert rc == 0, out + err[-4000:]
         requests = llm.completions
+    assert len(requests) >= 2, "the LLM expert was not asked again after its decline"
     assert requests, "the LLM expert was never asked"
     assert all(r.headers.get("Authorization") == "Bearer sk-e2e-secret-7c1d" for r in requests)
     report = json.loads((run_dir / "report.json").read_text())
@@ -64,3 +81,11 @@ async def test_llm_expert_takes_part_and_its_failures_are_diagnosed(nats_server:
     # The key never reached the run's records.
     assert "sk-e2e-secret-7c1d" not in (run_dir / "run.log").read_text()
     assert "sk-e2e-secret-7c1d" not in (run_dir / "report.json").read_text()
+    # Each expert's line: the LLM's decline is counted by reason, and it still delivered.
+    experts = {row["expert"]: row for row in report["experts"]}
+    assert set(experts) == {"template", "llm"}, experts
+    assert experts["llm"]["declined_by"] == {"refused": 1}, experts["llm"]
+    assert experts["llm"]["correct"] >= 1, experts["llm"]
+    # A request cut short by the candidate budget or the run's end is neither a decline nor a candidate.
+    assert experts["llm"]["requests"] >= experts["llm"]["declines"] + experts["llm"]["candidates"], experts["llm"]
+    assert experts["template"]["candidates"] >= 1, experts["template"]

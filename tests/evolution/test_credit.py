@@ -21,8 +21,8 @@ EXPERTS = (
 MEM = DiagnosisCategory.SLOW_MEMORY_BOUND.value
 
 
-def _choices(bandit: CreditBandit, key: str, n: int, **kw: str) -> Counter[str]:
-    return Counter(bandit.choose(key, **kw) for _ in range(n))
+def _choices(bandit: CreditBandit, key: str, n: int, suggested_role: str | None = None) -> Counter[str]:
+    return Counter(bandit.choose(key, suggested_role=suggested_role) for _ in range(n))
 
 
 def test_without_evidence_the_routing_table_decides_most_choices() -> None:

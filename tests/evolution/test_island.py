@@ -8,7 +8,7 @@ import pytest
 
 from actors.diagnosis.rules import RuleDiagnoser
 from actors.evolution.archive import AddStatus
-from actors.evolution.credit import START, ExpertProfile
+from actors.evolution.credit import START, CreditBandit, ExpertProfile
 from actors.evolution.errors import WrongIsland
 from actors.evolution.island import IslandBrain, IslandConfig, ParentSource, RequestPlan
 from schemas import (
@@ -157,11 +157,12 @@ def test_in_flight_counts_requests_replies_and_feedback() -> None:
     a, b = brain.next_request(), brain.next_request()
     assert not brain.wants_request()
     assert brain.in_flight == 2
-    brain.on_reply(a, 0)  # declined: nothing in flight for it, and the expert earns 0
+    brain.on_reply(a, 0, decline="refused")  # declined: nothing in flight for it; no reward either way
     assert brain.wants_request()
     assert brain.declines == 1
     assert brain.status().declines == 1  # the report reads it from the island's last status
-    assert next(r for r in brain.credit_table() if r.expert == a.expert).mean_reward == 0.0
+    assert not [r for r in brain.credit_table() if r.expert == a.expert]  # a decline is not a failed idea
+    assert brain.credit.usage_of(a.expert).declined_by == {"refused": 1}
     brain.on_reply(b, 1)
     assert brain.in_flight == 1
 
@@ -254,3 +255,88 @@ def test_brain_restored_from_json_continues_identically() -> None:
     assert [e.candidate.proposal.params for e in restored.archive.elites()] == [
         e.candidate.proposal.params for e in brain.archive.elites()
     ]
+
+
+LLM_AND_TEMPLATE = (ExpertProfile(name="template", role="template"), ExpertProfile(name="gpt", role="general"))
+
+
+def _asked(brain: IslandBrain, env: Landscape, steps: int, *, declines: int = 0) -> list[str]:
+    """Run ``steps`` requests; the LLM declines its first ``declines`` requests of them."""
+    asked = []
+    for _ in range(steps):
+        plan = brain.next_request()
+        asked.append(plan.expert)
+        if plan.expert == "gpt" and declines > 0:
+            declines -= 1
+            brain.on_reply(plan, 0, decline="no_code")
+            continue
+        brain.on_feedback(env.evaluate(brain, plan))
+    return asked
+
+
+def test_an_llm_expert_that_declined_once_is_asked_again_on_every_island() -> None:
+    spec = f.spec(islands=2)
+    for island in ("i0", "i1"):
+        brain = IslandBrain(island, spec, LLM_AND_TEMPLATE, seed=5)
+        env = Landscape(3, fail=0.0)
+        asked = _asked(brain, env, 30, declines=1)
+        first = asked.index("gpt")
+        assert asked[first + 1 :].count("gpt") >= 2, (island, asked)
+        usage = brain.credit.usage_of("gpt")
+        assert (usage.requests, usage.declines) == (asked.count("gpt"), 1)
+        # The decline entered no credit row: the LLM's pulls are only its evaluated candidates.
+        assert sum(r.pulls for r in brain.credit_table() if r.expert == "gpt") == usage.answered
+
+
+def test_the_template_expert_winning_early_does_not_starve_an_llm_expert() -> None:
+    """With a routing prior that favours the template expert, every island still asks the LLM
+    expert its minimum number of times early in its run; without the guarantee some do not."""
+    spec = f.spec(islands=3)
+    short: dict[int, int] = {}
+    for tries in (2, 0):
+        short[tries] = 0
+        for seed in range(12):
+            for island in ("i0", "i1", "i2"):
+                config = IslandConfig(min_tries_per_expert=tries)
+                brain = IslandBrain(island, spec, LLM_AND_TEMPLATE, seed=seed, config=config)
+                short[tries] += _asked(brain, Landscape(seed, fail=0.0), 8).count("gpt") < 2
+    assert short[2] == 0
+    assert short[0] > 0  # the guarantee is what gives the LLM its share
+
+
+def test_a_streak_of_declines_rests_the_expert_for_growing_spells_and_an_answer_ends_it() -> None:
+    bandit = CreditBandit(LLM_AND_TEMPLATE, 0, min_tries=0)
+    bandit.record_answer("gpt", decline="refused")
+    assert bandit.usage_of("gpt").rest == 0  # one decline: asked as usual
+    bandit.record_answer("gpt", decline="refused")
+    assert bandit.usage_of("gpt").rest == 2
+    assert [bandit.choose(START) for _ in range(2)] == ["template", "template"]
+    bandit.record_answer("gpt", decline="no_code")
+    assert bandit.usage_of("gpt").rest == 4
+    bandit.record_answer("gpt", decline=None)
+    assert bandit.usage_of("gpt").streak == 0
+    assert bandit.usage_of("gpt").declined_by == {"refused": 2, "no_code": 1}
+    restored = CreditBandit.from_state(bandit.state())
+    assert restored.usage_of("gpt") == bandit.usage_of("gpt")
+    assert restored.min_tries == bandit.min_tries
+
+
+@pytest.mark.parametrize("switch", ["config", "run_spec"])
+def test_uniform_experts_ignore_the_diagnosis_routing(switch: str) -> None:
+    routed, uniform = Counter[str](), Counter[str]()
+    on = (
+        (IslandConfig(uniform_experts=True), f.spec())
+        if switch == "config"
+        else (IslandConfig(), f.spec(ablations={"uniform_experts": True}))
+    )
+    for seed in range(60):
+        for (config, spec), seen in (((IslandConfig(), f.spec()), routed), (on, uniform)):
+            brain = IslandBrain("i0", spec, EXPERTS, seed=seed, config=config)
+            cand = f.candidate()
+            diag = f.diagnosis(cand, DiagnosisCategory.COMPILE_TYPE, None)
+            brain.on_feedback(f.feedback(cand, f.failed(cand), diag))
+            plan = brain.next_request()
+            if plan.source is ParentSource.REPAIR:
+                seen[plan.expert] += 1
+    assert routed["fix"] > 2 * max(routed["mem"], routed["fuse"], 1)  # repair is routed to the repair role
+    assert max(uniform.values()) < 2.5 * min(uniform[e.name] for e in EXPERTS)

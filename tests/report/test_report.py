@@ -11,10 +11,15 @@ import pytest
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.island import IslandBrain
 from actors.evolution.migration import MigrationPlanner
+from actors.outcome import RunVerdict
 from actors.report import RunReport, build_report, write_report
 from schemas import (
+    Candidate,
     Decline,
     DeclineReason,
+    DeviceChoice,
+    DeviceKind,
+    DiagnosisCategory,
     EliteAnnouncement,
     ExperienceOutcome,
     Feedback,
@@ -217,3 +222,99 @@ def test_report_and_summary_name_the_sandbox_layers_that_did_not_hold(tmp_path: 
     assert held.isolation_gaps == {}
     write_report(held, tmp_path)
     assert isolation_warning(tmp_path / "report.json") is None
+
+
+@pytest.mark.parametrize(
+    ("eager_ms", "median_ms", "kind", "verdict", "beats_eager"),
+    [
+        (1.0, 1.25, DeviceKind.CUDA, RunVerdict.NOT_FASTER_THAN_EAGER, False),
+        (1.0, 0.5, DeviceKind.CUDA, RunVerdict.FASTER_THAN_EAGER, True),
+        (1.0, 50.0, DeviceKind.CPU, RunVerdict.NOT_TIMED_ON_GPU, False),
+    ],
+)
+def test_report_says_whether_the_best_beat_eager_and_torch_compile(
+    eager_ms: float, median_ms: float, kind: DeviceKind, verdict: RunVerdict, beats_eager: bool
+) -> None:
+    cand = f.candidate()
+    result = f.correct(cand, median_ms, eager_ms=eager_ms, kind=kind)  # compiled is 0.8x of that
+    fb = f.feedback(cand, result, f.diagnosis(cand, DiagnosisCategory.SLOW_MEMORY_BOUND))
+    device = DeviceChoice.CPU if kind is DeviceKind.CPU else DeviceChoice.CUDA
+    report = build_report(f.spec(islands=1, device=device), [fb])
+    assert report.verdict is verdict
+    assert report.beats_eager is beats_eager
+    assert report.beats_compiled is (0.8 * eager_ms / median_ms > 1.0)
+    assert RunReport.model_validate_json(report.model_dump_json()).verdict is verdict
+
+
+def test_report_without_a_correct_candidate_has_no_verdict_on_speed() -> None:
+    report = build_report(f.spec(islands=1), [])
+    assert report.verdict is RunVerdict.NO_CORRECT_CANDIDATE
+    assert (report.beats_eager, report.beats_compiled) == (None, None)
+
+
+def test_report_shows_each_experts_requests_declines_candidates_and_best() -> None:
+    experts = (ExpertProfile(name="template", role="template"), ExpertProfile(name="gpt", role="general"))
+    spec = f.spec(islands=1, experts=[{"name": "template"}, {"name": "gpt"}, {"name": "idle"}])
+    brain = IslandBrain("i0", spec, experts, seed=2)
+    env = Landscape(4, fail=0.3)
+    messages: list[Message] = []
+    declined = False
+    for _ in range(16):
+        plan = brain.next_request()
+        if plan.expert == "gpt" and not declined:
+            declined = True
+            brain.on_reply(plan, 0, decline="refused")
+            continue
+        fb = env.evaluate(brain, plan)
+        brain.on_feedback(fb)
+        messages.append(fb)
+    assert declined
+    report = build_report(spec, messages, {"i0": brain})
+    rows = {r.expert: r for r in report.experts}
+    assert set(rows) == {"template", "gpt", "idle"}
+    for name in ("template", "gpt"):
+        mine = [m for m in messages if isinstance(m, Feedback) and m.candidate.expert == name]
+        row = rows[name]
+        assert row.candidates == len(mine) > 0
+        assert row.correct == sum(m.result.status.value == "correct" for m in mine)
+        fits = [m.result.fitness for m in mine if m.result.fitness is not None]
+        assert row.best_fitness == (max(fits) if fits else None)
+        assert row.requests == row.candidates + row.declines
+        assert row.islands == ("i0",)
+    assert (rows["gpt"].declines, rows["gpt"].declined_by) == (1, {"refused": 1})
+    assert (rows["template"].declines, rows["idle"].requests, rows["idle"].candidates) == (0, 0, 0)
+
+
+def _family_candidate(strategy: str, expert: str = "template") -> Candidate:
+    cand = f.candidate(expert=expert)
+    return cand.model_copy(update={"proposal": cand.proposal.model_copy(update={"strategy": strategy})})
+
+
+def test_report_gives_each_family_its_first_and_best_fraction_of_speed_of_light() -> None:
+    spec = f.spec(islands=1)  # created at t = 1000
+    steps = [  # (strategy, expert, median ms, at); the bound is 0.1 ms, eager 1 ms
+        ("template:softmax/default", "template", 0.5, 1010.0),  # first correct: 20% of SOL, 2x
+        ("template:softmax/mutate.slow.memory_bound", "template", 0.125, 1020.0),  # best: 80%, 8x
+        ("template:softmax/mutate.random", "template", 0.25, 1030.0),
+        ("template:gemm/default", "template", 0.2, 1015.0),
+        ("fusion/idea", "gpt", 1.0, 1040.0),
+    ]
+    messages: list[Message] = []
+    for strategy, expert, median, at in steps:
+        cand = _family_candidate(strategy, expert)
+        result = f.correct(cand, median, at=at)
+        messages.append(f.feedback(cand, result, f.diagnosis(cand, DiagnosisCategory.SLOW_MEMORY_BOUND)))
+    broken = _family_candidate("template:softmax/mutate.random")
+    messages.append(f.feedback(broken, f.failed(broken), f.diagnosis(broken, DiagnosisCategory.COMPILE_TYPE)))
+    report = build_report(spec, messages)
+    families = {r.family: r for r in report.families}
+    assert set(families) == {"template:softmax", "template:gemm", "gpt"}
+    soft = families["template:softmax"]
+    assert (soft.candidates, soft.correct) == (4, 3)
+    assert soft.first_sol_fraction == pytest.approx(0.2)
+    assert soft.first_speedup_vs_eager == pytest.approx(2.0)
+    assert soft.best_sol_fraction == pytest.approx(0.8)
+    assert soft.best_speedup_vs_eager == pytest.approx(8.0)
+    assert families["template:gemm"].first_sol_fraction == families["template:gemm"].best_sol_fraction
+    # Final best 8x at t = 20 s: nothing earlier reached 90% of it.
+    assert report.to_90pct_best_s == pytest.approx(20.0)

@@ -1,34 +1,83 @@
-"""The line ``kfoundry run`` ends with: a CPU run says its timings are not speedups."""
+"""The line ``kfoundry run`` ends with and its exit status: a CPU run says its timings are not
+speedups, and a GPU run whose best is not faster than eager says so plainly."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from actors.controller import RunOutcome
+from actors.outcome import ExitCode, RunVerdict, model_header_note
 from schemas import DeviceChoice, StopReason
 
 
-def _outcome(device: DeviceChoice) -> RunOutcome:
+def _outcome(device: DeviceChoice, best: float | None = 0.014, compiled: float | None = None) -> RunOutcome:
     return RunOutcome(
         run_id="r1",
         reason=StopReason.CANDIDATES,
         evaluated=4,
         statuses={"correct": 4},
-        best_fitness=0.014,
-        best_candidate_id="c1",
+        best_fitness=best,
+        best_candidate_id="c1" if best is not None else None,
         run_dir=Path("runs/r1"),
         device=device,
+        best_vs_compiled=compiled,
     )
 
 
 def test_cpu_run_summary_says_interpreter_timings_are_not_speedups() -> None:
-    text = _outcome(DeviceChoice.CPU).summary(12.0)
+    outcome = _outcome(DeviceChoice.CPU)
+    text = outcome.summary(12.0)
     assert "best 0.014x over eager" in text
     assert "not speedups" in text
     assert "GPU" in text
+    assert outcome.verdict is RunVerdict.NOT_TIMED_ON_GPU
+    assert outcome.exit_code == ExitCode.FASTER
+    assert outcome.exit_code == 0
 
 
-def test_gpu_run_summary_has_no_cpu_caveat() -> None:
-    text = _outcome(DeviceChoice.CUDA).summary(12.0)
-    assert "best 0.014x over eager" in text
+def test_gpu_run_whose_best_is_slower_than_eager_says_so_and_exits_4() -> None:
+    outcome = _outcome(DeviceChoice.CUDA, best=0.845, compiled=0.84)
+    text = outcome.summary(12.0)
+    assert "no candidate beat eager PyTorch; the best was 0.845x" in text
+    assert "slower than torch.compile (0.840x)" in text
+    assert "over eager" not in text
     assert "not speedups" not in text
+    assert outcome.verdict is RunVerdict.NOT_FASTER_THAN_EAGER
+    assert outcome.exit_code == 4
+
+
+def test_gpu_run_faster_than_eager_exits_0_and_compares_with_torch_compile() -> None:
+    slower = _outcome(DeviceChoice.CUDA, best=1.15, compiled=0.98)
+    assert "best 1.150x over eager; slower than torch.compile (0.980x)" in slower.summary(5.0)
+    assert slower.exit_code == 0
+    faster = _outcome(DeviceChoice.CUDA, best=1.15, compiled=1.14)
+    assert "best 1.150x over eager; 1.140x over torch.compile" in faster.summary(5.0)
+    unmeasured = _outcome(DeviceChoice.CUDA, best=1.15, compiled=None)
+    assert "torch.compile" not in unmeasured.summary(5.0)
+
+
+def test_run_without_a_correct_candidate_exits_1() -> None:
+    outcome = _outcome(DeviceChoice.CUDA, best=None)
+    assert "no correct candidate found" in outcome.summary(3.0)
+    assert outcome.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("verdict", "eager", "compiled", "marks"),
+    [
+        (RunVerdict.NOT_FASTER_THAN_EAGER, 0.85, 0.7, ("NOT FASTER", "0.850x", "slower than torch.compile (0.700x)")),
+        (RunVerdict.FASTER_THAN_EAGER, 1.2, 0.9, ("slower than torch.compile (0.900x)",)),
+        (RunVerdict.FASTER_THAN_EAGER, 1.2, 1.1, ()),
+        (RunVerdict.NOT_TIMED_ON_GPU, 0.01, 0.01, ()),
+    ],
+)
+def test_best_model_header_marks_a_kernel_slower_than_a_measured_baseline(
+    verdict: RunVerdict, eager: float, compiled: float, marks: tuple[str, ...]
+) -> None:
+    note = model_header_note(verdict, eager, compiled)
+    for mark in marks:
+        assert mark in note
+    assert all(line.startswith("# ") for line in note.splitlines())
+    assert bool(note) == bool(marks)

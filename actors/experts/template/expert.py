@@ -24,6 +24,7 @@ import numpy as np
 import structlog
 
 from actors.experts.template.errors import InvalidParams
+from actors.experts.template.hardware import detect
 from actors.experts.template.ir import Plan, Unsupported
 from actors.experts.template.isolate import analyse_in_child
 from actors.experts.template.params import TemplateParams, params_from_source
@@ -213,8 +214,9 @@ class TemplateExpert:
                     seen.add(child)
                     chosen.append((child, move, _changes(parent, child)))
         else:
-            default = default_params(plan)
-            chosen.append((default, "default", "default configuration for the traced shapes"))
+            hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
+            default = default_params(plan, hw)
+            chosen.append((default, "default", f"default configuration for the traced shapes on {hw.name}"))
             learned = _from_experience(request.experiences, plan)
             starts = [default]
             if learned is not None and learned != default:

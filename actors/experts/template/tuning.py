@@ -15,7 +15,8 @@ import numpy as np
 
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import InvalidParams
-from actors.experts.template.fuse import KernelKind, schedule
+from actors.experts.template.fuse import Kernel, KernelKind, schedule
+from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import ConvSpec, Plan
 from actors.experts.template.params import ONE_PASS_MAX_TILE, SPACE, TemplateParams
 from schemas.enums import DiagnosisCategory
@@ -49,8 +50,9 @@ _TILES = (
 _SHRINK = (*_TILES, "mm_stages", "conv_stages", "row_stages", "row_one_pass")
 
 
-def default_params(plan: Plan) -> TemplateParams:
-    """A good first configuration for the plan's shapes."""
+def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
+    """A good first configuration for the plan's shapes; with a model of the target GPU, the
+    sizes that fill it (``hardware.py``)."""
     values: dict[str, object] = {}
     sched = schedule(plan, TemplateParams())
     seen: set[KernelKind] = set()
@@ -92,7 +94,36 @@ def default_params(plan: Plan) -> TemplateParams:
                 values.update(mm_block_m=128, mm_block_n=128, mm_block_k=32, mm_warps=8, mm_stages=3)
             else:
                 values.update(mm_block_m=64, mm_block_n=64, mm_block_k=32, mm_warps=4, mm_stages=3)
+    if hw is not None and hw.is_gpu:
+        values.update(_fit_to(hw, plan, sched.kernels))
     return TemplateParams.from_dict(values)
+
+
+def _dtype_bytes(plan: Plan, node: int) -> int:
+    dtype = plan.nodes[node].dtype if node >= 0 else "float32"
+    return 2 if dtype in ("float16", "bfloat16") else 8 if dtype == "float64" else 4
+
+
+def _fit_to(hw: GpuModel, plan: Plan, kernels: list[Kernel]) -> dict[str, object]:
+    """First sizes from the GPU model, per kernel kind (the first kernel of each kind decides)."""
+    values: dict[str, object] = {}
+    for kernel in kernels:
+        if kernel.kind is KernelKind.PW and "pw_ept" not in values:
+            ept = hw.vector_width(_dtype_bytes(plan, kernel.nodes[-1] if kernel.nodes else -1))
+            values.update(pw_ept=ept, pw_warps=hw.elementwise_warps(kernel.numel, ept))
+        elif kernel.kind is KernelKind.ROW and kernel.inner == 1 and "row_block_m" not in values:
+            rows = kernel.numel // max(1, kernel.reduced)
+            values["row_block_m"] = hw.rows_per_program(rows, next_pow2(kernel.reduced))
+        elif kernel.kind is KernelKind.MM and "mm_block_m" not in values:
+            node = plan.nodes[kernel.mm]
+            m, n = node.shape[-2], node.shape[-1]
+            bm, bn = hw.mm_tiles(m, n, max(1, kernel.numel // (m * n)))
+            stages = hw.stages_that_fit(bm, bn, 32, _dtype_bytes(plan, kernel.mm), most=3)
+            warps = 8 if bm * bn >= 128 * 128 else 4
+            values.update(mm_block_m=bm, mm_block_n=bn, mm_block_k=32, mm_warps=warps, mm_stages=stages)
+            if hw.tf32x3_pays and _dtype_bytes(plan, kernel.mm) == 4:
+                values["mm_precision"] = "tf32x3"
+    return values
 
 
 def _conv_defaults(plan: Plan, conv: int) -> dict[str, object]:

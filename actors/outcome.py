@@ -1,0 +1,104 @@
+"""The verdict of a run on its best kernel: faster than eager PyTorch, correct but not faster, not
+timed on a GPU, or no correct candidate; with the exit status and the plain sentence for each.
+
+``kfoundry run`` exits with :func:`exit_code` of the verdict (see the README's table), writes the
+verdict into ``report.json`` and, when the best is not faster than the reference, marks
+``best_model.py`` with :func:`model_header_note`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+from schemas import DeviceChoice
+
+
+class RunVerdict(StrEnum):
+    """What the run's best kernel is worth against the reference."""
+
+    FASTER_THAN_EAGER = "faster_than_eager"
+    """A correct kernel faster than eager PyTorch, timed on a GPU."""
+    NOT_FASTER_THAN_EAGER = "not_faster_than_eager"
+    """Correct kernels only, none faster than eager PyTorch on a GPU: keep the reference."""
+    NOT_TIMED_ON_GPU = "not_timed_on_gpu"
+    """Correct kernels timed on the CPU (Triton's interpreter): correctness only, no speedup."""
+    NO_CORRECT_CANDIDATE = "no_correct_candidate"
+    """No candidate passed the checks."""
+
+
+class ExitCode(IntEnum):
+    """``kfoundry run``'s exit status."""
+
+    FASTER = 0
+    """A correct kernel faster than eager (on the CPU: a correct kernel; its timings are not speedups)."""
+    NO_CORRECT = 1
+    """No correct candidate."""
+    USAGE = 2
+    """A bad task, option or configuration (one ``kfoundry:`` line says which)."""
+    REFUSED = 3
+    """The evaluator refused the task (too large for this machine)."""
+    NOT_FASTER = 4
+    """Correct kernels, none faster than eager PyTorch on the GPU."""
+    INTERRUPTED = 130
+    """Stopped by Ctrl-C."""
+
+
+_EXIT = {
+    RunVerdict.FASTER_THAN_EAGER: ExitCode.FASTER,
+    RunVerdict.NOT_TIMED_ON_GPU: ExitCode.FASTER,
+    RunVerdict.NOT_FASTER_THAN_EAGER: ExitCode.NOT_FASTER,
+    RunVerdict.NO_CORRECT_CANDIDATE: ExitCode.NO_CORRECT,
+}
+
+
+def verdict_of(speedup_vs_eager: float | None, device: DeviceChoice) -> RunVerdict:
+    """The verdict on a best kernel with this speedup over eager (``None``: no correct candidate)."""
+    if speedup_vs_eager is None:
+        return RunVerdict.NO_CORRECT_CANDIDATE
+    if device is DeviceChoice.CPU:
+        return RunVerdict.NOT_TIMED_ON_GPU
+    return RunVerdict.FASTER_THAN_EAGER if speedup_vs_eager > 1.0 else RunVerdict.NOT_FASTER_THAN_EAGER
+
+
+def beats(speedup: float | None) -> bool | None:
+    """Whether a speedup means faster than its baseline; ``None`` when it was not measured."""
+    return None if speedup is None else speedup > 1.0
+
+
+def exit_code(verdict: RunVerdict) -> int:
+    """The exit status of a run that ended with this verdict."""
+    return int(_EXIT[verdict])
+
+
+def compiled_clause(speedup_vs_compiled: float | None) -> str:
+    """How the best compares with ``torch.compile`` (empty when that baseline was not measured)."""
+    if speedup_vs_compiled is None:
+        return ""
+    if speedup_vs_compiled > 1.0:
+        return f"; {speedup_vs_compiled:.3f}x over torch.compile"
+    return f"; slower than torch.compile ({speedup_vs_compiled:.3f}x)"
+
+
+def best_sentence(verdict: RunVerdict, speedup_vs_eager: float | None, speedup_vs_compiled: float | None) -> str:
+    """The plain sentence on the best kernel that the run's summary line carries."""
+    if verdict is RunVerdict.NO_CORRECT_CANDIDATE or speedup_vs_eager is None:
+        return "no correct candidate found"
+    if verdict is RunVerdict.NOT_FASTER_THAN_EAGER:
+        return (
+            f"no candidate beat eager PyTorch; the best was {speedup_vs_eager:.3f}x"
+            f"{compiled_clause(speedup_vs_compiled)} (keep the reference)"
+        )
+    return f"best {speedup_vs_eager:.3f}x over eager{compiled_clause(speedup_vs_compiled)}"
+
+
+def model_header_note(verdict: RunVerdict, speedup_vs_eager: float | None, speedup_vs_compiled: float | None) -> str:
+    """Comment lines that mark ``best_model.py`` when it is slower than a measured baseline."""
+    lines = []
+    if verdict is RunVerdict.NOT_FASTER_THAN_EAGER and speedup_vs_eager is not None:
+        lines.append(
+            f"# NOT FASTER: no candidate beat eager PyTorch (best {speedup_vs_eager:.3f}x); "
+            "the reference is faster, this file is kept for inspection\n"
+        )
+    if verdict is not RunVerdict.NOT_TIMED_ON_GPU and speedup_vs_compiled is not None and speedup_vs_compiled <= 1.0:
+        lines.append(f"# slower than torch.compile ({speedup_vs_compiled:.3f}x)\n")
+    return "".join(lines)
