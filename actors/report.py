@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from actors.evolution.errors import StateError
 from actors.evolution.island import IslandBrain
 from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
+from actors.gpu_usage import GpuUsage, gpu_usage
 from schemas import (
     Candidate,
     Decline,
@@ -181,6 +182,9 @@ class RunReport(_Frozen):
     routing: tuple[RoutingEntry, ...] = ()
     migrations: tuple[MigrationEvent, ...] = ()
     experiences: tuple[ExperienceUse, ...] = ()
+    gpus: tuple[GpuUsage, ...] = ()
+    """Per GPU (or unpinned evaluator): verdicts, candidates per second and busy fraction over the
+    run's evaluation window (``actors.gpu_usage``)."""
     plots: dict[str, str] = {}
 
 
@@ -269,6 +273,7 @@ def build_report(
             for m in sorted(migrations, key=lambda m: m.created_at)
         ),
         experiences=_experiences(cands, results, outcomes),
+        gpus=gpu_usage(results.values()),
     )
 
 
