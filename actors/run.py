@@ -141,6 +141,11 @@ def run_gpus(args: argparse.Namespace, device: DeviceChoice) -> list[Gpu]:
     if args.no_local_actors or args.runner != "gpu" or (device is DeviceChoice.CPU and selection is None):
         return []
     visible = list_gpus()
+    if device is DeviceChoice.CPU and visible:  # --device auto chose the CPU: torch cannot use the GPUs
+        raise ConfigError(
+            f"--gpus {chosen}: nvidia-smi lists {len(visible)} GPU(s) but torch here sees no CUDA device "
+            "(a CPU-only torch build, or a driver it cannot use)"
+        )
     if selection is None and not visible:
         return []
     if args.evaluators is not None:

@@ -157,3 +157,24 @@ def test_a_hand_started_evaluator_refuses_a_gpu_another_evaluator_holds(fake_smi
     assert "kfoundry: --gpu 7: there is no GPU 7; 4 GPU(s) visible here" in missing.stderr
     assert on_cpu.returncode == 2
     assert "--gpu 0 and --device cpu" in on_cpu.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_run_refuses_a_gpu_another_evaluator_holds_before_it_starts_anything(
+    fake_smi: FakeSmi, tmp_path: Path
+) -> None:
+    fake_smi(four_h200())
+    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"))
+    env.pop("NATS_URL", None)
+    with claim_gpu(list_gpus()[1], run_id="first-run"):
+        run_dir = str(tmp_path / "r")
+        taken = _cli("run", str(QUICKSTART), "--device", "cuda", "--gpus", "0,1", "--run-dir", run_dir, env=env)
+    twice = _cli("run", str(QUICKSTART), "--gpus", "0,0", env=env)
+    assert taken.returncode == 2, taken.stderr[-2000:]
+    assert taken.stderr.strip().splitlines()[-1].startswith("kfoundry: GPU 1 (NVIDIA H200, GPU-00000001")
+    assert not (tmp_path / "r").exists()  # nothing started, no run directory
+    assert not (tmp_path / "home" / "nats").exists()  # no server started either
+    assert twice.returncode == 2
+    assert twice.stderr.strip() == "kfoundry: --gpus 0,0: GPU 0 is listed twice (one evaluator per GPU)"
+    # GPU 0 claimed by the refused run was given back with it.
+    claim_gpu(list_gpus()[0]).release()
