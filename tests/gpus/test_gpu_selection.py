@@ -136,3 +136,17 @@ def test_the_machines_gpus_come_from_nvidia_smi_under_cuda_visible_devices(fake_
     pinned = list_gpus({"CUDA_VISIBLE_DEVICES": "3,1"})
     assert [g.uuid[:12] for g in pinned] == ["GPU-00000003", "GPU-00000001"]
     assert list_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_the_runner_detects_the_gpu_it_is_pinned_to(fake_smi: FakeSmi) -> None:
+    from gpu_runner.probe import detect_cuda
+
+    folder = fake_smi(four_h200())
+    # An nvidia-smi that answers -i GPU-00000002… with an H100 and anything else with an H200.
+    (folder / "nvidia-smi").write_text(
+        '#!/bin/sh\ncase "$2" in GPU-00000002*) echo "9.0, NVIDIA H100";; *) echo "9.0, NVIDIA H200";; esac\n'
+    )
+    assert detect_cuda() == {"backend": "cuda", "arch": 90, "warp": 32, "name": "NVIDIA H200"}
+    pinned = detect_cuda("GPU-00000002-aaaa-bbbb-cccc-dddddddddddd")
+    assert pinned is not None
+    assert pinned["name"] == "NVIDIA H100"
