@@ -231,22 +231,29 @@ def build_actor(
 
 
 def hand_started_gpu(kind: ActorKind, args: argparse.Namespace) -> tuple[GpuClaim | None, int]:
-    """``--gpu K``: the claim on that GPU and how many GPUs share this machine (one evaluator
-    each is assumed: compile workers are the cores shared between them)."""
+    """The GPU a hand-started evaluator claims, and how many GPUs share this machine (one
+    evaluator each is assumed: compile workers are the cores shared between them).
+
+    ``--gpu K`` claims GPU K. Without it, an evaluator on CUDA claims the GPU it would use anyway
+    (the first visible one), so it cannot share a GPU with another evaluator unnoticed."""
     index: int | None = getattr(args, "gpu", None)
-    if index is None:
-        return None, 1
     if kind is not ActorKind.EVALUATOR:
-        raise ConfigError(f"--gpu {index}: only evaluator actors use a GPU")
-    if args.device == DeviceChoice.CPU.value:
+        if index is not None:
+            raise ConfigError(f"--gpu {index}: only evaluator actors use a GPU")
+        return None, 1
+    if index is not None and args.device == DeviceChoice.CPU.value:
         raise ConfigError(f"--gpu {index} and --device cpu: the CPU has no GPU index; drop one")
-    if args.runner != "gpu":
+    if index is not None and args.runner != "gpu":
         raise ConfigError(f"--gpu {index}: the {args.runner} runner uses no GPU")
+    if args.runner != "gpu" or args.device == DeviceChoice.CPU.value:
+        return None, 1
     from actors.gpu_claim import claim_gpu
     from actors.gpus import list_gpus, select_one
 
     gpus = list_gpus()
-    return claim_gpu(select_one(index, gpus), run_id=args.run or ""), len(gpus)
+    if index is None and not gpus:
+        return None, 1  # the CPU (auto), or a GPU nvidia-smi cannot list: as before
+    return claim_gpu(select_one(index or 0, gpus), run_id=args.run or ""), len(gpus)
 
 
 def cmd_actor(args: argparse.Namespace) -> int:

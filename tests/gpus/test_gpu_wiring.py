@@ -178,3 +178,24 @@ def test_a_run_refuses_a_gpu_another_evaluator_holds_before_it_starts_anything(
     assert twice.stderr.strip() == "kfoundry: --gpus 0,0: GPU 0 is listed twice (one evaluator per GPU)"
     # GPU 0 claimed by the refused run was given back with it.
     claim_gpu(list_gpus()[0]).release()
+
+
+def test_a_hand_started_evaluator_without_gpu_claims_the_first_visible_one(fake_smi: FakeSmi) -> None:
+    from actors.launch import hand_started_gpu
+
+    fake_smi(four_h200())
+    parse = build_parser().parse_args
+    claim, here = hand_started_gpu(ActorKind.EVALUATOR, parse(["actor", "evaluator", "--run", "r"]))
+    assert claim is not None
+    try:
+        assert (claim.gpu.index, here) == (0, 4)
+        with pytest.raises(ConfigError) as err:
+            hand_started_gpu(ActorKind.EVALUATOR, parse(["actor", "evaluator", "--run", "r", "--gpu", "0"]))
+        assert "GPU 0 (NVIDIA H200" in str(err.value)
+    finally:
+        claim.release()
+    on_cpu = parse(["actor", "evaluator", "--run", "r", "--device", "cpu"])
+    assert hand_started_gpu(ActorKind.EVALUATOR, on_cpu) == (None, 1)
+    with pytest.raises(ConfigError) as err:
+        hand_started_gpu(ActorKind.ISLAND, parse(["actor", "island", "--run", "r", "--gpu", "1"]))
+    assert "only evaluator actors use a GPU" in str(err.value)
