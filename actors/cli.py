@@ -200,6 +200,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from actors.gpu_usage import live_rows, usage_table
     from actors.observe import consumer_lag, discover
 
     async def main(stop: asyncio.Event) -> int:
@@ -239,6 +240,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{s.get('received', 0):>7} {s.get('processed', 0):>7} {s.get('errors', 0):>5} "
                 f"{s.get('dead_lettered', 0):>4} {s.get('in_flight', 0):>4}"
             )
+        usage = live_rows((r.actor_id, r.metadata.get("host", "?"), r.stats) for r in rows if r.kind == "evaluator")
+        if any(u.gpu is not None for u in usage):
+            _out("")
+            _out("GPUs (each evaluator since it began taking candidates):")
+            for line in usage_table(usage):
+                _out(line)
         if lags:
             _out("")
             _out(f"{'STREAM':<24} {'CONSUMER':<20} {'PENDING':>8} {'UNACKED':>8} {'REDELIV':>8} {'WAITING':>8}")

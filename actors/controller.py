@@ -22,9 +22,10 @@ import asyncio
 import contextlib
 import faulthandler
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import nats.errors
 
@@ -57,6 +58,9 @@ from schemas import (
     decode_any,
     subjects,
 )
+
+if TYPE_CHECKING:
+    from actors.gpu_claim import GpuClaim
 
 log = get_logger(__name__)
 ACTOR_STOP_S = 20.0
@@ -128,8 +132,11 @@ class RunController:
         args: argparse.Namespace,
         seeds: list[str] | None = None,
         progress: TextIO | None = None,
+        gpu_claims: Sequence[GpuClaim] = (),
     ) -> None:
         self.spec = spec
+        self.gpu_claims = tuple(gpu_claims)
+        """GPUs claimed for this run's local evaluators, one evaluator each (none: ``--evaluators`` unpinned)."""
         self.url = url
         self.run_dir = run_dir
         self.args = args
@@ -181,7 +188,16 @@ class RunController:
         a = self.args
         actors: list[Actor] = [build_actor(ActorKind.CURATOR, a, url=self.url, run_id=None)]
         actors += [build_actor(ActorKind.EXPERT, a, url=self.url, run_id=None, expert_config=c) for c in configs]
-        actors += [build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id) for _ in range(a.evaluators)]
+        if self.gpu_claims:
+            n = len(self.gpu_claims)
+            actors += [
+                build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id, gpu_claim=c, gpus_here=n)
+                for c in self.gpu_claims
+            ]
+        else:
+            actors += [
+                build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id) for _ in range(a.evaluators or 1)
+            ]
         actors.append(
             build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id, expert_config=self.llm_diagnoser)
         )
@@ -395,6 +411,9 @@ class RunController:
                 self.out.write(f"run {self.spec.run_id}: task {self.spec.task.name} on {self.spec.device}, ")
                 self.out.write(f"{self.spec.islands} islands, NATS {self.url}, results in {self.run_dir}\n")
                 self.out.write(f"watch it: kfoundry tap --run {self.spec.run_id} --nats {self.url}\n")
+                if self.gpu_claims and not self.args.no_local_actors:
+                    gpus = ", ".join(f"{c.gpu.index} ({c.gpu.name})" for c in self.gpu_claims)
+                    self.out.write(f"evaluators: one per GPU on GPU {gpus}\n")
             if not self.args.no_local_actors:
                 configs = await self._expert_configs(bus)
                 if self.args.llm_diagnoser:

@@ -52,6 +52,10 @@ class EvaluatorActor(Actor):
         self.refused: TaskRefused | None = None
         """Set when the task cannot be evaluated on this machine (the run ends at once, exit 3)."""
         self.cancelled = 0
+        self.gpu_busy_s = 0.0
+        """Seconds the GPU was held for this evaluator's candidates (their ``stages.gpu_s``)."""
+        self.serving_since: float | None = None
+        """When it began taking candidates (wall clock): the window of its throughput and busy fraction."""
 
     async def setup(self) -> None:
         self.spec = await get_run(self.bus, self.rid)
@@ -71,6 +75,7 @@ class EvaluatorActor(Actor):
             batch=self.concurrency,
         )
         await self.bus.consume(consumer, Candidate, self.handle, concurrency=self.concurrency)
+        self.serving_since = time.time()
 
     async def handle(self, candidate: Candidate, delivery: Delivery) -> None:
         """Evaluate one candidate and store its result before the candidate is acked."""
@@ -97,6 +102,7 @@ class EvaluatorActor(Actor):
                 msg_id=f"result-{candidate.candidate_id}",
             )
             self.evaluated += 1
+            self.gpu_busy_s += result.stages.gpu_s or 0.0
             self.log.info(
                 "evaluated",
                 island=candidate.island,
@@ -115,7 +121,16 @@ class EvaluatorActor(Actor):
         await super()._on_run_end(end, delivery)
 
     def extra_stats(self) -> dict[str, float | int | str | None]:
-        return {"evaluated": self.evaluated, "cancelled": self.cancelled}
+        gpu = getattr(self.runner, "gpu", None)
+        serving = time.time() - self.serving_since if self.serving_since is not None else None
+        return {
+            "evaluated": self.evaluated,
+            "cancelled": self.cancelled,
+            "gpu": gpu.index if gpu is not None else None,
+            "gpu_name": gpu.name if gpu is not None else None,
+            "gpu_busy_s": round(self.gpu_busy_s, 3),
+            "serving_s": round(serving, 3) if serving is not None else None,
+        }
 
     async def teardown(self) -> None:
         await self.runner.aclose()

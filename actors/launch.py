@@ -12,11 +12,14 @@ import asyncio
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.base import Actor
 from actors.errors import ConfigError
 from schemas import ActorKind, DeviceChoice, ExpertConfig, ExpertKind
+
+if TYPE_CHECKING:
+    from actors.gpu_claim import GpuClaim
 
 
 async def run_actors(actors: Sequence[Actor], stop: asyncio.Event) -> None:
@@ -92,6 +95,14 @@ def add_actor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="SECONDS",
         help="wait this long for the run to be registered (default 600; 0: fail at once)",
     )
+    p.add_argument(
+        "--gpu",
+        type=int,
+        default=None,
+        metavar="K",
+        help="evaluator actors: evaluate on GPU K alone (numbered as CUDA numbers this machine's visible GPUs); "
+        "claims it so no second evaluator times candidates there",
+    )
     add_actor_options(p)
     _add_nats(p, connect_timeout=None)
     p.set_defaults(func=cmd_actor)
@@ -139,8 +150,13 @@ def build_actor(
     island: str | None = None,
     expert_config: ExpertConfig | None = None,
     actor_id: str | None = None,
+    gpu_claim: GpuClaim | None = None,
+    gpus_here: int = 1,
 ) -> Actor:
-    """One actor of ``kind`` configured from command-line options."""
+    """One actor of ``kind`` configured from command-line options.
+
+    An evaluator with ``gpu_claim`` evaluates on that GPU alone, with its share of the machine
+    (``gpus_here`` evaluators, one per GPU): the cores for compiles, the host memory for its plan."""
     version = getattr(args, "version", None)
     concurrency = getattr(args, "concurrency", None)
     if kind is not ActorKind.EXPERT and kind is not ActorKind.CURATOR and not run_id:
@@ -158,7 +174,18 @@ def build_actor(
         if args.runner == "noop":
             runner = NoopRunner(args.noop_delay)
         else:
-            runner = GpuRunner(device=DeviceChoice(args.device), spares=args.spares, isolation=isolation_mode(args))
+            sizing: dict[str, Any] = {}
+            device = DeviceChoice(args.device)
+            if gpu_claim is not None:
+                from actors.gpus import compile_workers_per_gpu
+
+                device = DeviceChoice.CUDA
+                sizing = {
+                    "claim": gpu_claim,
+                    "compile_workers": compile_workers_per_gpu(gpus_here),
+                    "host_memory_share": 1.0 / gpus_here,
+                }
+            runner = GpuRunner(device=device, spares=args.spares, isolation=isolation_mode(args), **sizing)
         return EvaluatorActor(
             nats_url=url,
             run_id=run_id or "",
@@ -209,6 +236,32 @@ def build_actor(
     raise ConfigError(f"actor kind {kind} cannot be started on its own")
 
 
+def hand_started_gpu(kind: ActorKind, args: argparse.Namespace) -> tuple[GpuClaim | None, int]:
+    """The GPU a hand-started evaluator claims, and how many GPUs share this machine (one
+    evaluator each is assumed: compile workers are the cores shared between them).
+
+    ``--gpu K`` claims GPU K. Without it, an evaluator on CUDA claims the GPU it would use anyway
+    (the first visible one), so it cannot share a GPU with another evaluator unnoticed."""
+    index: int | None = getattr(args, "gpu", None)
+    if kind is not ActorKind.EVALUATOR:
+        if index is not None:
+            raise ConfigError(f"--gpu {index}: only evaluator actors use a GPU")
+        return None, 1
+    if index is not None and args.device == DeviceChoice.CPU.value:
+        raise ConfigError(f"--gpu {index} and --device cpu: the CPU has no GPU index; drop one")
+    if index is not None and args.runner != "gpu":
+        raise ConfigError(f"--gpu {index}: the {args.runner} runner uses no GPU")
+    if args.runner != "gpu" or args.device == DeviceChoice.CPU.value:
+        return None, 1
+    from actors.gpu_claim import claim_gpu
+    from actors.gpus import list_gpus, select_one
+
+    gpus = list_gpus()
+    if index is None and not gpus:
+        return None, 1  # the CPU (auto), or a GPU nvidia-smi cannot list: as before
+    return claim_gpu(select_one(index or 0, gpus), run_id=args.run or ""), len(gpus)
+
+
 def cmd_actor(args: argparse.Namespace) -> int:
     from actors.cli import nats_url, run_async
     from actors.kv import get_expert_config
@@ -218,6 +271,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
     kind = ActorKind(args.kind)
     if args.wait_for_run < 0:
         raise ConfigError(f"--wait-for-run must be >= 0 seconds, got {args.wait_for_run:g}")
+    claim, gpus_here = hand_started_gpu(kind, args)  # before anything starts: a taken GPU is one line
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
@@ -240,7 +294,15 @@ def cmd_actor(args: argparse.Namespace) -> int:
                 if config is None and kind is ActorKind.DIAGNOSER:
                     raise ConfigError(f"--llm-diagnoser {wanted}: no expert configuration stored under that name")
             actor = build_actor(
-                kind, args, url=url, run_id=args.run, island=args.island, expert_config=config, actor_id=args.actor_id
+                kind,
+                args,
+                url=url,
+                run_id=args.run,
+                island=args.island,
+                expert_config=config,
+                actor_id=args.actor_id,
+                gpu_claim=claim,
+                gpus_here=gpus_here,
             )
             actor.wait_for_run_s = args.wait_for_run
             if args.metrics_port:

@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.bus import MSG_ID_HEADER, Bus
+from actors.gpu_usage import gpu_usage, progress_part
 from actors.logs import get_logger
 from schemas import EvalResult, IslandStatus, RunSpec, StopReason, subjects
 
@@ -93,9 +94,10 @@ class Progress:
         total = f"/{budget.candidates}" if budget.candidates else ""
         best = f"{self.best.fitness:.3g}x ({self.best.island})" if self.best and self.best.fitness else "-"
         counts = " ".join(f"{k}={v}" for k, v in sorted(self.statuses.items()))
+        gpus = progress_part(gpu_usage(self.results.values()))
         return (
             f"[{self.elapsed:6.0f}s] evaluated {self.evaluated}{total}  best {best}  "
-            f"in flight {len(self.in_flight)}  {counts}"
+            f"in flight {len(self.in_flight)}  {counts}" + (f"  {gpus}" if gpus else "")
         )
 
     def missing_islands(self) -> list[str]:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from actors.evolution.errors import StateError
 from actors.evolution.island import IslandBrain
 from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
+from actors.gpu_usage import GpuUsage, gpu_usage
 from actors.outcome import RunVerdict, beats, verdict_of
 from actors.report_experts import (
     ExpertReport,
@@ -205,6 +206,9 @@ class RunReport(_Frozen):
     routing: tuple[RoutingEntry, ...] = ()
     migrations: tuple[MigrationEvent, ...] = ()
     experiences: tuple[ExperienceUse, ...] = ()
+    gpus: tuple[GpuUsage, ...] = ()
+    """Per GPU (or unpinned evaluator): verdicts, candidates per second and busy fraction over the
+    run's evaluation window (``actors.gpu_usage``)."""
     plots: dict[str, str] = {}
     isolation_gaps: dict[str, str] = {}
     """Sandbox layers that did not hold for the run's candidates (layer -> why), from the verdicts;
@@ -330,6 +334,7 @@ def build_report(
         ),
         experiences=_experiences(cands, results, outcomes),
         isolation_gaps=isolation_gaps(results.values()),
+        gpus=gpu_usage(results.values()),
     )
 
 

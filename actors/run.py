@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from actors.errors import ConfigError
 from schemas import (
@@ -39,13 +40,22 @@ ALL_EXPERTS = "+llm"
 """``--experts`` given with no value: the template expert plus every configured LLM expert (the
 controller adds those from the ``kf_experts`` bucket when it registers the run)."""
 
+if TYPE_CHECKING:
+    from actors.gpu_claim import GpuClaim
+    from actors.gpus import Gpu
+
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from actors.cli import _add_nats
 
     p.add_argument("task", type=Path, help="KernelBench-format reference (class Model, get_inputs, get_init_inputs)")
     p.add_argument("--islands", type=int, default=2, help="number of islands (default 2)")
-    p.add_argument("--inflight", type=int, default=2, help="candidates each island keeps in flight (default 2)")
+    p.add_argument(
+        "--inflight",
+        type=int,
+        default=None,
+        help="candidates each island keeps in flight (default 2, more with several GPUs: enough to keep each busy)",
+    )
     p.add_argument("--candidates", type=int, default=None, help="budget: candidates evaluated (default 16 cpu / 200)")
     p.add_argument("--seconds", type=float, default=None, help="budget: wall-clock seconds (default 600 / 1800)")
     p.add_argument("--tokens", type=int, default=None, help="budget: LLM tokens")
@@ -62,7 +72,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--migration-interval", type=float, default=10.0, help="seconds between migrations")
     p.add_argument("--target-sol", type=float, default=0.9, help="stop at this fraction of speed-of-light")
     p.add_argument("--eval-timeout", type=float, default=180.0, help="bound on one candidate's evaluation")
-    p.add_argument("--evaluators", type=int, default=1, help="evaluator actors in this process")
+    p.add_argument(
+        "--evaluators",
+        type=int,
+        default=None,
+        help="evaluator actors in this process on the CPU (default 1); on GPUs there is one per GPU (--gpus)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=None,
+        metavar="all|N|I,J",
+        help="GPUs to evaluate on, one evaluator each: all (default: every visible GPU), the first N, or the "
+        "listed indices (one alone: 3,)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-id", default=None, help="run id (default: random)")
     p.add_argument("--run-dir", type=Path, default=None, help="where to write results (default runs/<run-id>)")
@@ -95,8 +117,9 @@ def check_task_source(path: Path) -> str:
     return source
 
 
-def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice) -> RunSpec:
-    """The run's spec from the command line, with defaults suited to the device."""
+def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice, *, evaluators: int = 1) -> RunSpec:
+    """The run's spec from the command line, with defaults suited to the device and to the number
+    of local evaluators (each island keeps enough in flight to keep every GPU busy)."""
     on_cpu = device is DeviceChoice.CPU
     named = args.experts if args.experts and args.experts != ALL_EXPERTS else None
     experts = [e.strip() for e in named.split(",")] if named else ["template"]
@@ -109,7 +132,8 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice) -> R
     return RunSpec(
         task=Task.from_source(args.task.stem, source),
         islands=args.islands,
-        inflight_per_island=args.inflight,
+        inflight_per_island=args.inflight
+        or default_inflight(args.islands, evaluators, getattr(args, "eval_concurrency", None) or 2),
         budget=budget,
         device=device,
         language=KernelLanguage(args.language),
@@ -137,13 +161,67 @@ def resolve_device(choice: str) -> DeviceChoice:
     return DeviceChoice.CUDA if torch.cuda.is_available() else DeviceChoice.CPU
 
 
+def run_gpus(args: argparse.Namespace, device: DeviceChoice) -> list[Gpu]:
+    """The GPUs the run's local evaluators use, one evaluator each.
+
+    On the CPU, with no local actors, or with the noop runner: none (``--evaluators`` evaluators,
+    not pinned). On CUDA: ``--gpus`` (default all visible); where ``nvidia-smi`` lists no GPU
+    although torch sees one, one evaluator as before, not pinned, unless ``--gpus`` was given."""
+    from actors.gpus import list_gpus, parse_selection, select_gpus
+
+    chosen: str | None = args.gpus
+    if chosen is not None and args.device == DeviceChoice.CPU.value:
+        raise ConfigError(f"--gpus {chosen} and --device cpu: the CPU evaluates alone; drop one")
+    selection = parse_selection(chosen) if chosen is not None else None
+    if args.evaluators is not None and args.evaluators < 1:
+        raise ConfigError(f"--evaluators must be >= 1, got {args.evaluators}")
+    if args.no_local_actors or args.runner != "gpu" or (device is DeviceChoice.CPU and selection is None):
+        return []
+    visible = list_gpus()
+    if device is DeviceChoice.CPU and visible:  # --device auto chose the CPU: torch cannot use the GPUs
+        raise ConfigError(
+            f"--gpus {chosen}: nvidia-smi lists {len(visible)} GPU(s) but torch here sees no CUDA device "
+            "(a CPU-only torch build, or a driver it cannot use)"
+        )
+    if selection is None and not visible:
+        return []
+    if args.evaluators is not None:
+        raise ConfigError(
+            f"--evaluators {args.evaluators}: on GPUs there is one evaluator per GPU; choose them with --gpus"
+        )
+    return select_gpus(selection or parse_selection("all"), visible)
+
+
+def claim_all(gpus: list[Gpu], run_id: str) -> list[GpuClaim]:
+    """Claim every GPU of ``gpus`` for this run (all or none: a taken one is a one-line error)."""
+    from actors.gpu_claim import claim_gpu
+
+    claims: list[GpuClaim] = []
+    try:
+        for gpu in gpus:
+            claims.append(claim_gpu(gpu, run_id=run_id))
+    except BaseException:
+        for claim in claims:
+            claim.release()
+        raise
+    return claims
+
+
+def default_inflight(islands: int, evaluators: int, concurrency: int = 2) -> int:
+    """Candidates each island keeps in flight by default: twice what the evaluators judge at once
+    (compiles then overlap runs), shared by the islands; 2 at least (one evaluator, two islands: 2)."""
+    return max(2, -(-2 * evaluators * concurrency // max(1, islands)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from actors.cli import nats_url, run_async
     from actors.controller import RunController, refusal_in
 
     source = check_task_source(args.task)
     device = resolve_device(args.device)
-    spec = build_spec(args, source, device)
+    gpus = run_gpus(args, device)
+    spec = build_spec(args, source, device, evaluators=len(gpus) or 1)
+    claims = claim_all(gpus, spec.run_id)
     run_dir = args.run_dir or Path("runs") / spec.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -158,7 +236,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
             controller = RunController(
-                spec=spec, url=url, run_dir=run_dir, args=args, seeds=seeds, progress=None if args.quiet else sys.stderr
+                spec=spec,
+                url=url,
+                run_dir=run_dir,
+                args=args,
+                seeds=seeds,
+                progress=None if args.quiet else sys.stderr,
+                gpu_claims=claims,
             )
             started = time.time()
             try:

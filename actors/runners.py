@@ -8,10 +8,15 @@ every result it returns, which is flagged for review and so can never become an 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from schemas import Candidate, DeviceChoice, EvalResult, EvalStatus, KernelLanguage, StageTimes, Task
+from schemas import Candidate, DeviceChoice, DeviceKind, EvalResult, EvalStatus, KernelLanguage, StageTimes, Task
+
+if TYPE_CHECKING:
+    from actors.gpu_claim import GpuClaim
+    from actors.gpus import Gpu
 
 
 class Runner(Protocol):
@@ -77,7 +82,11 @@ class NoopRunner:
 
 
 class GpuRunner:
-    """The honest evaluator: ``gpu_runner.EvaluationService`` (sandboxed, pre-warmed workers)."""
+    """The honest evaluator: ``gpu_runner.EvaluationService`` (sandboxed, pre-warmed workers).
+
+    With ``claim`` (one GPU of several, held by this process: :mod:`actors.gpu_claim`) its workers
+    see that GPU alone, its results name it, and the claim is released when the runner closes.
+    """
 
     def __init__(
         self,
@@ -87,19 +96,27 @@ class GpuRunner:
         spares: int = 2,
         max_concurrent_runs: int = 1,
         isolation: str = "best-effort",
+        claim: GpuClaim | None = None,
+        compile_workers: int | None = None,
+        host_memory_share: float = 1.0,
     ) -> None:
         from gpu_runner.config import IsolationMode
         from gpu_runner.service import EvaluationService, RunnerConfig
 
         self.timeout_s = timeout_s
-        self.service = EvaluationService(
-            RunnerConfig(
-                device=device,
-                spares=spares,
-                max_concurrent_runs=max_concurrent_runs,
-                isolation=IsolationMode(isolation),
-            )
+        self.claim = claim
+        self.gpu: Gpu | None = claim.gpu if claim is not None else None
+        config = RunnerConfig(
+            device=device,
+            spares=spares,
+            max_concurrent_runs=max_concurrent_runs,
+            isolation=IsolationMode(isolation),
+            gpu=self.gpu.uuid if self.gpu is not None else None,
+            host_memory_share=host_memory_share,
         )
+        if compile_workers is not None:
+            config = dataclasses.replace(config, compile_workers=compile_workers)
+        self.service = EvaluationService(config)
 
     async def start(self) -> None:
         await self.service.start()
@@ -124,7 +141,20 @@ class GpuRunner:
             attempt=attempt,
             evaluator=evaluator,
         )
-        return await self.service.evaluate(job)
+        result = await self.service.evaluate(job)
+        return stamp_gpu(result, self.gpu)
 
     async def aclose(self) -> None:
-        await self.service.aclose()
+        try:
+            await self.service.aclose()
+        finally:
+            if self.claim is not None:
+                self.claim.release()
+
+
+def stamp_gpu(result: EvalResult, gpu: Gpu | None) -> EvalResult:
+    """``result`` naming the GPU that evaluated it (unchanged without one, or on the CPU)."""
+    if gpu is None or result.device is None or result.device.kind is not DeviceKind.CUDA:
+        return result
+    device = result.device.model_copy(update={"gpu_index": gpu.index})
+    return result.model_copy(update={"device": device})

@@ -72,6 +72,12 @@ class RunnerConfig:
     """Run processes executing candidates at once (per GPU); timing wants 1."""
     compile_workers: int = os.cpu_count() or 1
     """Compile processes at once."""
+    gpu: str | None = None
+    """The one GPU this service's workers may see (a ``CUDA_VISIBLE_DEVICES`` entry, ideally the
+    ``GPU-…`` UUID); ``None``: whatever this process sees. One service per GPU on a machine with several."""
+    host_memory_share: float = 1.0
+    """Share of the host's available memory this service plans with (``1/n`` when ``n`` services,
+    one per GPU, share the host)."""
     cache_dir: Path | None = None
     """Content-hash compile cache; ``None`` is :func:`default_cache_dir`."""
     work_dir: Path | None = None
@@ -165,6 +171,12 @@ class RunnerConfig:
             ("spares", self.spares >= 0, "must be >= 0"),
             ("max_concurrent_runs", self.max_concurrent_runs >= 1, "must be >= 1"),
             ("compile_workers", self.compile_workers >= 1, "must be >= 1"),
+            (
+                "gpu",
+                self.gpu is None or (bool(self.gpu.strip()) and "," not in self.gpu and self.gpu == self.gpu.strip()),
+                "must name exactly one GPU (an index or a GPU-UUID)",
+            ),
+            ("host_memory_share", 0 < self.host_memory_share <= 1, "must be in (0, 1]"),
             ("trials", self.trials >= 5, "must be >= 5 (fresh-seed trials the candidate cannot predict)"),
             ("precision_factor", self.precision_factor >= 1.0, "must be >= 1"),
             ("timing_target_rel_err", 0 < self.timing_target_rel_err < 1, "must be in (0, 1)"),
@@ -221,6 +233,13 @@ class RunnerConfig:
             "seccomp": self.seccomp,
             "strict": self.isolation is IsolationMode.STRICT,
         }
+
+    def worker_device_env(self) -> dict[str, str]:
+        """What pins a worker to :attr:`gpu`: add it to every GPU worker's environment (and the fork
+        server's) before CUDA starts in it. Empty when no GPU is chosen or on the CPU."""
+        if self.gpu is None or self.device is DeviceChoice.CPU:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": self.gpu}
 
     def resolved_cache_dir(self) -> Path:
         """The compile cache directory in use."""

@@ -107,7 +107,8 @@ class RunPool:
         self.iso = iso
         self.device = device
         self.base = base
-        self.env = env
+        self.env = {**env, **cfg.worker_device_env()}
+        """Every run worker's (and so the judge's) extra environment, pinned to ``cfg.gpu``."""
         self.idle: list[Spare] = []
         self.starting = 0
         self.reference_source: str | None = None
@@ -182,7 +183,7 @@ class RunPool:
             device=self.device,
             max_trials=self.cfg.trials,
             max_spares=self.cfg.spares,
-            host_available=int(psutil.virtual_memory().available),
+            host_available=int(psutil.virtual_memory().available * self.cfg.host_memory_share),
             device_verdict_bytes=self.cfg.device_verdict_bytes,
             large_bytes=self.cfg.in_place_bytes,
         )

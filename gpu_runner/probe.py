@@ -14,14 +14,16 @@ from gpu_runner.errors import InvalidReference
 from schemas.task import missing_reference_names
 
 
-def detect_cuda() -> dict[str, Any] | None:
-    """The first GPU's compute capability and name, via ``nvidia-smi`` (no CUDA context here)."""
+def detect_cuda(gpu: str | None = None) -> dict[str, Any] | None:
+    """The compute capability and name of ``gpu`` (an index or ``GPU-`` UUID, as in
+    ``RunnerConfig.gpu``), or of the first GPU, via ``nvidia-smi`` (no CUDA context here)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
+    select = ["-i", gpu] if gpu is not None else []
     try:
         out = subprocess.run(
-            [exe, "--query-gpu=compute_cap,name", "--format=csv,noheader"],
+            [exe, *select, "--query-gpu=compute_cap,name", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,

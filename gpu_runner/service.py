@@ -150,7 +150,7 @@ class EvaluationService:
 
     async def start(self) -> None:
         """Probe the device and the sandbox, and start the spares."""
-        target = await asyncio.to_thread(detect_cuda)
+        target = await asyncio.to_thread(detect_cuda, self.cfg.gpu)
         if self.cfg.device is DeviceChoice.CUDA and target is None:
             raise DeviceUnavailable("cuda", "nvidia-smi finds no GPU")
         self.device = "cuda" if target is not None and self.cfg.device is not DeviceChoice.CPU else "cpu"
@@ -215,7 +215,7 @@ class EvaluationService:
             {k: target[k] for k in ("backend", "arch", "warp")} if self.device == "cuda" and target else None
         )
         if self.cfg.fork_server:
-            self.runs.forks = self._fork_server("run", nice_prefix, env)
+            self.runs.forks = self._fork_server("run", nice_prefix, {**env, **self.cfg.worker_device_env()})
             self.compiler.forks = self._fork_server("compile", nice_prefix, self.compiler.env("forkserver-compile"))
         self.compiler.refill()
         self.runs.refill()

@@ -162,6 +162,9 @@ class DeviceInfo(Model):
     """Host name of the evaluating machine."""
     triton_interpreter: bool = False
     """Whether Triton ran under its CPU interpreter."""
+    gpu_index: int | None = Field(default=None, ge=0)
+    """Which GPU of the evaluating machine (numbered as ``kfoundry run --gpus`` numbers them) ran the
+    candidate; ``None`` on the CPU or for an evaluator not pinned to one GPU."""
 
 
 class StageTimes(Model):

@@ -308,10 +308,12 @@ def test_out_of_memory_within_the_plan_is_the_evaluators_fault_not_the_candidate
     oom = {"stage": "timing", "etype": "OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 6.00 GiB"}
     within = {**oom, "device_reserved": 40 * gib, "device_requested": 6 * gib}
     status, summary, _ = error_status(within, planned_bytes=50 * gib)
-    assert status is EvalStatus.EVALUATOR_ERROR and "within the memory plan" in summary
+    assert status is EvalStatus.EVALUATOR_ERROR
+    assert "within the memory plan" in summary
     beyond = {**oom, "device_reserved": 48 * gib, "device_requested": 6 * gib}
     status, summary, finding = error_status(beyond, planned_bytes=50 * gib)
-    assert status is EvalStatus.RUNTIME_ERROR and "54.0 GiB needed of 50.0 GiB planned" in summary
+    assert status is EvalStatus.RUNTIME_ERROR
+    assert "54.0 GiB needed of 50.0 GiB planned" in summary
     assert finding is not None
     # without a plan (the CPU, or a process that reported nothing) the candidate's process is blamed
     assert error_status(within)[0] is EvalStatus.RUNTIME_ERROR
