@@ -445,6 +445,10 @@ class RunController:
             )
             if self.spec.device is DeviceChoice.CPU:
                 header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
+            if best.torch_ops:
+                header += (
+                    f"# left to PyTorch (the reference's own ops, --torch-ops reference): {', '.join(best.torch_ops)}\n"
+                )
             (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
         states = {}
         for i in range(self.spec.islands):

@@ -20,7 +20,17 @@ import time
 from pathlib import Path
 
 from actors.errors import ConfigError
-from schemas import Budget, DeviceChoice, ExpertRef, KernelLanguage, MigrationPolicy, MigrationReason, RunSpec, Task
+from schemas import (
+    Budget,
+    DeviceChoice,
+    ExpertRef,
+    KernelLanguage,
+    MigrationPolicy,
+    MigrationReason,
+    RunSpec,
+    Task,
+    TorchOpsPolicy,
+)
 from schemas.task import missing_reference_names
 
 
@@ -39,6 +49,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--migration-interval", type=float, default=10.0, help="seconds between migrations")
     p.add_argument("--target-sol", type=float, default=0.9, help="stop at this fraction of speed-of-light")
     p.add_argument("--eval-timeout", type=float, default=180.0, help="bound on one candidate's evaluation")
+    p.add_argument(
+        "--torch-ops",
+        choices=[p.value for p in TorchOpsPolicy],
+        default=TorchOpsPolicy.FORBID.value,
+        help="forbid (default): every op is a kernel; reference: a candidate may leave the reference's own ops "
+        "to PyTorch (the report lists them)",
+    )
     p.add_argument("--evaluators", type=int, default=1, help="evaluator actors in this process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-id", default=None, help="run id (default: random)")
@@ -86,6 +103,7 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice) -> R
         migration=MigrationPolicy(topology=MigrationReason(args.migration), interval_s=args.migration_interval),
         target_sol_fraction=args.target_sol,
         eval_timeout_s=args.eval_timeout,
+        torch_ops=TorchOpsPolicy(args.torch_ops),
         seed=args.seed,
         **kwargs,
     )

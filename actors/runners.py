@@ -11,7 +11,16 @@ import asyncio
 import time
 from typing import Protocol
 
-from schemas import Candidate, DeviceChoice, EvalResult, EvalStatus, KernelLanguage, StageTimes, Task
+from schemas import (
+    Candidate,
+    DeviceChoice,
+    EvalResult,
+    EvalStatus,
+    KernelLanguage,
+    StageTimes,
+    Task,
+    TorchOpsPolicy,
+)
 
 
 class Runner(Protocol):
@@ -26,7 +35,14 @@ class Runner(Protocol):
         ...
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         """The verdict on one candidate, bounded by ``timeout_s`` (the run's ``eval_timeout_s``;
         ``None``: the runner's own default)."""
@@ -54,7 +70,14 @@ class NoopRunner:
         return None
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         started = time.perf_counter()
         if self.delay_s:
@@ -108,7 +131,14 @@ class GpuRunner:
         await self.service.prepare(task.source)
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         from gpu_runner.service import EvalJob
 
@@ -123,6 +153,7 @@ class GpuRunner:
             task_id=candidate.task_id,
             attempt=attempt,
             evaluator=evaluator,
+            torch_ops=torch_ops,
         )
         return await self.service.evaluate(job)
 
