@@ -40,6 +40,9 @@ class NodeKind(StrEnum):
     SCAN = "scan"
     """An inclusive scan (``op`` ``sum`` or ``prod``) of ``args[0]`` along ``dims`` (one dim);
     ``attrs[0]`` is 1.0 for a reversed scan (from the end)."""
+    TORCH = "torch"
+    """A reference op left to PyTorch (run policy ``reference``): ``path`` is the call as a Python
+    expression with ``{i}`` standing for the i-th tensor of ``args``."""
     POOL = "pool"
     """A window pooling (``op`` ``max`` or ``avg``) over the trailing dims of ``args[0]``; ``attrs``
     hold its :class:`PoolSpec`."""

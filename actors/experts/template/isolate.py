@@ -24,8 +24,8 @@ _ROOT = Path(__file__).resolve().parents[3]
 _KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 
 
-async def analyse_in_child(source: str, timeout: float = 180.0) -> Plan | Unsupported:
-    """``analyse(source)`` in a child process; a child that fails or times out is a decline."""
+async def analyse_in_child(source: str, timeout: float = 180.0, keep_torch: bool = False) -> Plan | Unsupported:
+    """``analyse(source, keep_torch)`` in a child process; a child that fails or times out is a decline."""
     env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
     env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -33,6 +33,7 @@ async def analyse_in_child(source: str, timeout: float = 180.0) -> Plan | Unsupp
         sys.executable,
         "-m",
         "actors.experts.template.isolate",
+        *(["--keep-torch"] if keep_torch else []),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -63,7 +64,7 @@ def main() -> int:
 
     source = sys.stdin.read()
     with contextlib.redirect_stdout(sys.stderr):  # the reference may print; stdout carries the answer
-        result = analyse(source)
+        result = analyse(source, keep_torch="--keep-torch" in sys.argv[1:])
     if isinstance(result, Unsupported):
         payload: dict[str, object] = {"unsupported": result.detail, "op": result.op}
     else:

@@ -19,6 +19,7 @@ from torch import fx
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
+from actors.experts.template.keep_torch import keep
 from actors.experts.template.spellings import REQUIRED, Spec, resolve
 from actors.experts.template.trace import Traced
 
@@ -75,8 +76,10 @@ def _has_tensor(value: Any) -> bool:
 class Lowerer:
     """Walks the FX graph once, building nodes."""
 
-    def __init__(self, traced: Traced) -> None:
+    def __init__(self, traced: Traced, keep_torch_source: str | None = None) -> None:
         self.traced = traced
+        self.keep_torch_source = keep_torch_source
+        """The reference's source when ops the templates do not cover may stay PyTorch calls."""
         self.nodes: list[Node] = []
         self.env: dict[fx.Node, Any] = {}
         self.ops: list[str] = []
@@ -226,12 +229,13 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
-            if traced.dtype not in (torch.float32, torch.bool):
+            kept = self.keep_torch_source is not None and traced.dtype == torch.int64
+            if traced.dtype not in (torch.float32, torch.bool) and not kept:
                 raise UnsupportedGraph(
                     f"input {fxn.target} is {traced.dtype}; only float32 (and bool masks) is covered"
                 )
             index = sum(1 for n in self.env if n.op == "placeholder")
-            dtype = "bool" if traced.dtype == torch.bool else "float32"
+            dtype = str(traced.dtype).removeprefix("torch.")
             return self.add(NodeKind.INPUT, tuple(traced.shape), index=index, dtype=dtype)
         if fxn.op == "get_attr":
             if str(fxn.target) not in self.param_paths:
@@ -245,6 +249,14 @@ class Lowerer:
             ):
                 return traced
             raise UnsupportedGraph(f"a non-tensor value of type {type(traced).__name__} in forward")
+        if self.keep_torch_source is None:
+            return self._covered(fxn, traced)
+        try:
+            return self._covered(fxn, traced)
+        except UnsupportedGraph:
+            return keep(self, fxn, traced, self.keep_torch_source)
+
+    def _covered(self, fxn: fx.Node, traced: Any) -> object:
         module = self.traced.root.get_submodule(str(fxn.target)) if fxn.op == "call_module" else None
         spec = resolve(fxn, module)
         if spec is None:
