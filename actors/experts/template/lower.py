@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
+from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
@@ -71,6 +73,14 @@ def _has_tensor(value: Any) -> bool:
     if isinstance(value, tuple | list):
         return any(_has_tensor(v) for v in value)
     return False
+
+
+@dataclass(frozen=True)
+class _Uncovered:
+    """An FX node the templates do not cover; reading it declines with its reason (a pattern such
+    as explicit attention may consume it without reading it)."""
+
+    error: UnsupportedGraph
 
 
 class Lowerer:
@@ -217,7 +227,10 @@ class Lowerer:
 
     def _arg(self, value: Any) -> Any:
         if isinstance(value, fx.Node):
-            return self.env[value]
+            found = self.env[value]
+            if isinstance(found, _Uncovered):
+                raise found.error
+            return found
         if isinstance(value, tuple | list):
             return type(value)(self._arg(v) for v in value)
         if isinstance(value, dict):
@@ -249,12 +262,12 @@ class Lowerer:
             ):
                 return traced
             raise UnsupportedGraph(f"a non-tensor value of type {type(traced).__name__} in forward")
-        if self.keep_torch_source is None:
-            return self._covered(fxn, traced)
         try:
             return self._covered(fxn, traced)
-        except UnsupportedGraph:
-            return keep(self, fxn, traced, self.keep_torch_source)
+        except UnsupportedGraph as exc:
+            if self.keep_torch_source is not None:
+                return keep(self, fxn, traced, self.keep_torch_source)
+            return _Uncovered(exc)  # declines only if something that is computed reads it
 
     def _covered(self, fxn: fx.Node, traced: Any) -> object:
         module = self.traced.root.get_submodule(str(fxn.target)) if fxn.op == "call_module" else None
@@ -262,6 +275,11 @@ class Lowerer:
         if spec is None:
             what = _describe(fxn) + (f" ({type(module).__name__})" if module is not None else "")
             raise UnsupportedGraph(f"{what} is not covered by the templates", op=what)
+        if spec.canon == "matmul":
+            attention = explicit_attention(self, fxn)
+            if attention is not None:
+                self.ops.append("attention")
+                return attention
         args = [self._arg(a) for a in fxn.args]
         kwargs = {k: self._arg(v) for k, v in fxn.kwargs.items()}
         bound = _bind(spec, args, kwargs, module)

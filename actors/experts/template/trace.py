@@ -31,6 +31,8 @@ class Traced:
     values: dict[fx.Node, Any]
     root: torch.nn.Module
     arg_names: tuple[str, ...]
+    source: str | None = None
+    """The reference's source (the explicit attention pattern reads how a mask buffer is built)."""
 
 
 class _Recorder(fx.Interpreter):
@@ -112,7 +114,7 @@ def trace_reference(source: str) -> Traced:
         raise UnsupportedGraph(f"forward takes {len(names)} arguments but get_inputs() gives {len(inputs)}")
     if any(n.startswith("*") for n in names):
         raise UnsupportedGraph("forward with *args is not covered")
-    return Traced(graph_module=gm, values=recorder.values, root=model, arg_names=names)
+    return Traced(graph_module=gm, values=recorder.values, root=model, arg_names=names, source=source)
 
 
 class _SuperRewriter(ast.NodeTransformer):
