@@ -243,7 +243,8 @@ class Lowerer:
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
             kept = self.keep_torch_source is not None and traced.dtype == torch.int64
-            if traced.dtype not in (torch.float32, torch.bool) and not kept:
+            half = traced.dtype in (torch.float16, torch.bfloat16)  # attention reads them; else declined
+            if traced.dtype not in (torch.float32, torch.bool) and not kept and not half:
                 raise UnsupportedGraph(
                     f"input {fxn.target} is {traced.dtype}; only float32 (and bool masks) is covered"
                 )
