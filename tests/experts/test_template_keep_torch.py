@@ -1,6 +1,6 @@
 """Whole graphs split between kernels and the reference's own PyTorch calls (``--torch-ops reference``).
 
-A GPT-style block written for these tests (``tasks/gpt_block.py``): declined whole under
+A GPT-style block written for these tests (``tests/data/gpt_block.py``): declined whole under
 ``forbid``, rendered as kernels plus kept PyTorch calls under ``reference``, admitted by the gate
 only under ``reference``, and correct against PyTorch under the Triton interpreter.
 """
@@ -18,7 +18,7 @@ from gpu_runner.gate import check_candidate
 from schemas import GenerateRequest, Severity, Task, TorchOpsPolicy
 from tests.experts.template_cases import HEAD, _model
 
-GPT_BLOCK = (Path(__file__).parent / "tasks" / "gpt_block.py").read_text()
+GPT_BLOCK = (Path(__file__).parents[1] / "data" / "gpt_block.py").read_text()
 P = TorchOpsPolicy
 
 

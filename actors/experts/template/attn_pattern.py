@@ -145,6 +145,8 @@ def explicit_attention(lw: Lowerer, fxn: fx.Node) -> NodeRef | None:
     swap = {int(perm[1]["dim0"]) % max(ranks, 1), int(perm[1]["dim1"]) % max(ranks, 1)}
     if ranks < 2 or swap != {ranks - 2, ranks - 1}:
         return None
+    if not (isinstance(q, fx.Node) and isinstance(k, fx.Node) and isinstance(v, fx.Node)):
+        return None
     values = {"query": lw.env.get(q), "key": lw.env.get(k), "value": lw.env.get(v)}
     if not all(isinstance(t, NodeRef) for t in values.values()):
         return None

@@ -1,1 +1,0 @@
-"""Whole-model reference tasks of the template expert's tests (KernelBench format, written here)."""
