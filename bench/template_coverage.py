@@ -32,6 +32,7 @@ from pathlib import Path
 import structlog
 
 from actors.experts.template import Plan, Unsupported, analyse, default_params, render
+from actors.experts.template.ir import KeepTorch
 from bench.template_bench import evaluate_cli
 
 DEV: dict[int, tuple[int, ...]] = {
@@ -95,8 +96,8 @@ def problem_files(root: Path, level: int, numbers: tuple[int, ...]) -> list[Path
 
 def _plan(source: str, torch_ops: str) -> Plan | Unsupported:
     plan = analyse(source)
-    if torch_ops == "reference" and not isinstance(plan, Plan):
-        return analyse(source, keep_torch=True)
+    if not isinstance(plan, Plan):  # as the expert does: data movement may stay PyTorch under any policy
+        return analyse(source, KeepTorch.ALL if torch_ops == "reference" else KeepTorch.LAYOUT)
     return plan
 
 

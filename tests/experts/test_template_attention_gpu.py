@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from actors.experts.template import Plan, analyse, default_params, mutate, render
+from actors.experts.template.ir import KeepTorch
 from tests.experts.template_attn_cases import ATTN_CASES
 from tests.experts.template_cases import Case
 from tests.experts.test_template_attention import _HALF_BODIES, _half_source
@@ -33,7 +34,7 @@ def _needs_cuda() -> None:
         pytest.skip("needs a CUDA GPU")
 
 
-def _plan(source: str, keep_torch: bool = False) -> Plan:
+def _plan(source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan:
     plan = analyse(source, keep_torch=keep_torch)
     assert isinstance(plan, Plan), plan
     return plan
@@ -71,7 +72,7 @@ def test_split_gpt_block_matches_pytorch_on_the_gpu(
         .replace("n_embd = 12", f"n_embd = {embd}")
         .replace("n_head = 3", f"n_head = {heads}")
     )
-    plan = _plan(source, keep_torch=True)
+    plan = _plan(source, KeepTorch.ALL)
     assert "attn" in plan.template.split("+")
     first = default_params(plan)
     for params in (first, mutate(plan, first, np.random.default_rng(5), diagnosis=None)):

@@ -24,7 +24,7 @@ import numpy as np
 import structlog
 
 from actors.experts.template.errors import InvalidParams
-from actors.experts.template.ir import Plan, Unsupported
+from actors.experts.template.ir import KeepTorch, Plan, Unsupported
 from actors.experts.template.isolate import analyse_in_child
 from actors.experts.template.params import TemplateParams, params_from_source
 from actors.experts.template.render import analyse, render
@@ -123,7 +123,7 @@ class TemplateExpert:
         self.max_variants = max_variants
         self.analysis = AnalysisMode(analysis)
         self.analysis_timeout_s = analysis_timeout_s
-        self._plans: OrderedDict[tuple[str, bool], Plan | Unsupported] = OrderedDict()
+        self._plans: OrderedDict[tuple[str, KeepTorch], Plan | Unsupported] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._requests = self._proposals = self._declines = self._traced = self._errors = 0
 
@@ -136,14 +136,14 @@ class TemplateExpert:
         self._plans.clear()
         self._locks.clear()
 
-    async def plan_for(self, task_id: str, source: str, keep_torch: bool = False) -> Plan | Unsupported:
+    async def plan_for(self, task_id: str, source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan | Unsupported:
         """The plan of a task, traced once per ``task_id`` (child process or worker thread).
 
-        With ``keep_torch`` (run policy ``--torch-ops reference``) a reference the templates do not
-        cover entirely gets a split plan: kernels for what they cover, the reference's own
-        PyTorch calls for the rest.
+        With ``keep_torch`` a reference the templates do not cover entirely gets a split plan:
+        kernels for what they cover, the reference's own PyTorch calls for the rest (``LAYOUT``:
+        data movement only; ``ALL``: run policy ``--torch-ops reference``).
         """
-        if keep_torch:
+        if keep_torch is not KeepTorch.NONE:
             whole = await self.plan_for(task_id, source)
             if isinstance(whole, Plan):
                 return whole
@@ -175,7 +175,8 @@ class TemplateExpert:
         if request.language is not KernelLanguage.TRITON:
             return self._decline(request, started, f"the template expert writes Triton, not {request.language}")
         try:
-            keep_torch = request.torch_ops is TorchOpsPolicy.REFERENCE
+            reference = request.torch_ops is TorchOpsPolicy.REFERENCE
+            keep_torch = KeepTorch.ALL if reference else KeepTorch.LAYOUT
             plan = await self.plan_for(request.task.task_id, request.task.source, keep_torch)
             if isinstance(plan, Unsupported):
                 log.info("template.decline", detail=plan.detail)

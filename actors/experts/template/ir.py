@@ -15,6 +15,18 @@ from enum import StrEnum
 from typing import Any
 
 
+class KeepTorch(StrEnum):
+    """Which reference ops the templates do not cover may stay PyTorch calls between kernels."""
+
+    NONE = "none"
+    """None: a reference with an uncovered op is declined."""
+    LAYOUT = "layout"
+    """Only data movement (views, transposes, splits, slicing, ``contiguous``): allowed under every
+    run policy (the evaluator admits views and copies)."""
+    ALL = "all"
+    """Any op the reference calls (run policy ``--torch-ops reference``)."""
+
+
 class NodeKind(StrEnum):
     """What a node of the plan is."""
 

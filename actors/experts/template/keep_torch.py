@@ -39,6 +39,35 @@ _NAMESPACES = (
 )
 
 
+LAYOUT_METHODS = frozenset(
+    {
+        "view", "reshape", "permute", "transpose", "t", "contiguous", "flatten", "unflatten", "squeeze",
+        "unsqueeze", "split", "chunk", "unbind", "narrow", "movedim", "swapaxes", "expand", "expand_as", "view_as",
+    }
+)  # fmt: skip
+"""Tensor methods that only move or re-address data (the evaluator admits them under ``forbid``)."""
+_LAYOUT_FUNCTIONS = {getattr(torch, name): name for name in LAYOUT_METHODS if callable(getattr(torch, name, None))}
+
+
+def _plain_index(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or isinstance(i, int | slice) for i in items)
+
+
+def is_layout(fxn: fx.Node) -> bool:
+    """Whether an FX node only moves or re-addresses data (kept as a method call under any policy)."""
+    if fxn.op == "call_method":
+        return str(fxn.target) in LAYOUT_METHODS
+    if fxn.op != "call_function":
+        return False
+    if fxn.target is operator.getitem:
+        return len(fxn.args) == 2 and _plain_index(fxn.args[1])
+    try:
+        return fxn.target in _LAYOUT_FUNCTIONS
+    except TypeError:  # an unhashable target
+        return False
+
+
 def _function_name(target: Any, source: str) -> str:
     """A qualified name for a torch function, spelled the way the reference spells it."""
     name = getattr(target, "__name__", None)
@@ -83,7 +112,7 @@ class _Spelling:
 
     def arg(self, value: Any) -> str:
         if isinstance(value, fx.Node):
-            value = self.lw.env[value]
+            value = self.lw._arg(value)  # an uncovered operand declines with its own reason
         if isinstance(value, NodeRef):
             return self.slot(value)
         if isinstance(value, TupleRef):
@@ -108,6 +137,10 @@ def _expression(lw: Lowerer, fxn: fx.Node, source: str) -> tuple[str, list[int]]
     elif fxn.op == "call_method":
         receiver, *rest = fxn.args
         text = f"{sp.arg(receiver)}.{target}({sp.call(tuple(rest), dict(fxn.kwargs))})"
+    elif fxn.op == "call_function" and is_layout(fxn) and target in _LAYOUT_FUNCTIONS:
+        receiver, *rest = fxn.args
+        name = _LAYOUT_FUNCTIONS[target]
+        text = f"{sp.arg(receiver)}.{name}({sp.call(tuple(rest), dict(fxn.kwargs))})"  # the method spelling
     elif target is operator.getitem:
         text = f"{sp.arg(fxn.args[0])}[{sp.arg(fxn.args[1])}]"
     elif target in _BINARY and len(fxn.args) == 2:

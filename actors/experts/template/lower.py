@@ -20,8 +20,8 @@ from torch import fx
 from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
-from actors.experts.template.keep_torch import keep
+from actors.experts.template.ir import EW_OPS, KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.keep_torch import is_layout, keep
 from actors.experts.template.spellings import REQUIRED, Spec, resolve
 from actors.experts.template.trace import Traced
 
@@ -86,10 +86,10 @@ class _Uncovered:
 class Lowerer:
     """Walks the FX graph once, building nodes."""
 
-    def __init__(self, traced: Traced, keep_torch_source: str | None = None) -> None:
+    def __init__(self, traced: Traced, keep_torch: KeepTorch = KeepTorch.NONE) -> None:
         self.traced = traced
-        self.keep_torch_source = keep_torch_source
-        """The reference's source when ops the templates do not cover may stay PyTorch calls."""
+        self.keep_torch = keep_torch
+        """Which ops the templates do not cover may stay the reference's PyTorch calls."""
         self.nodes: list[Node] = []
         self.env: dict[fx.Node, Any] = {}
         self.ops: list[str] = []
@@ -242,7 +242,7 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
-            kept = self.keep_torch_source is not None and traced.dtype == torch.int64
+            kept = self.keep_torch is KeepTorch.ALL and traced.dtype == torch.int64
             half = traced.dtype in (torch.float16, torch.bfloat16)  # attention reads them; else declined
             if traced.dtype not in (torch.float32, torch.bool) and not kept and not half:
                 raise UnsupportedGraph(
@@ -266,8 +266,8 @@ class Lowerer:
         try:
             return self._covered(fxn, traced)
         except UnsupportedGraph as exc:
-            if self.keep_torch_source is not None:
-                return keep(self, fxn, traced, self.keep_torch_source)
+            if self.keep_torch is KeepTorch.ALL or (self.keep_torch is KeepTorch.LAYOUT and is_layout(fxn)):
+                return keep(self, fxn, traced, self.traced.source or "")
             return _Uncovered(exc)  # declines only if something that is computed reads it
 
     def _covered(self, fxn: fx.Node, traced: Any) -> object:

@@ -16,7 +16,7 @@ from actors.experts.template.emit import Launch, write_kernel
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import helpers_source
 from actors.experts.template.fuse import KernelKind, Schedule, base_of, schedule
-from actors.experts.template.ir import NodeKind, Plan, Unsupported
+from actors.experts.template.ir import KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
 from actors.experts.template.trace import init_source, trace_reference
@@ -24,19 +24,20 @@ from actors.experts.template.trace import init_source, trace_reference
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
 
 
-def analyse(reference_source: str, keep_torch: bool = False) -> Plan | Unsupported:
+def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan | Unsupported:
     """Trace a KernelBench-format reference and map it onto the templates.
 
     Executes the reference's module code, ``get_init_inputs``, ``Model(...)`` and ``forward``
     on meta tensors: call it off the event loop. Returns :class:`Unsupported` (a decline) for
     anything the templates do not cover, including references that fail to load. With
-    ``keep_torch`` (run policy ``--torch-ops reference``) an op the templates do not cover stays
-    the reference's own PyTorch call between the kernels, as long as some kernel is left.
+    ``keep_torch`` an op the templates do not cover stays the reference's own PyTorch call between
+    the kernels (``LAYOUT``: data movement only, any policy; ``ALL``: run policy ``--torch-ops
+    reference``), as long as some kernel is left.
     """
     try:
         traced = trace_reference(reference_source)
         init_text, prelude = init_source(reference_source)
-        lowerer = Lowerer(traced, reference_source if keep_torch else None)
+        lowerer = Lowerer(traced, KeepTorch(keep_torch))
         output = lowerer.lower()
         plan = Plan(
             nodes=tuple(lowerer.nodes),
