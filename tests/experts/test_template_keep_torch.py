@@ -31,6 +31,9 @@ MHA_BLOCK = HEAD + _model(
     "torch.rand(2, 12, 5)",
     "12, 3",
 )
+RESHAPED_TRANSPOSE = HEAD + _model(
+    "", "", "x", "return torch.relu(x).transpose(-1, -2).contiguous().view(2, -1) * 2.0", "torch.rand(2, 3, 5)", ""
+)
 P = TorchOpsPolicy
 
 
@@ -74,10 +77,18 @@ def test_block_with_uncovered_compute_is_split_only_under_reference() -> None:
     assert _rejected(source, MHA_BLOCK, P.FORBID)
 
 
+def test_reshape_of_a_transpose_stays_a_pytorch_view_between_kernels() -> None:
+    assert isinstance(analyse(RESHAPED_TRANSPOSE), Unsupported)
+    plan = _plan(RESHAPED_TRANSPOSE, KeepTorch.LAYOUT)
+    assert plan.template == "pw+torch+pw"
+    assert ".transpose(-1, -2).contiguous().view(2, -1)" in render(plan, default_params(plan))
+
+
 @pytest.mark.timeout(300)
 def test_split_blocks_match_pytorch_under_the_interpreter(tmp_path: Path) -> None:
     jobs: list[dict[str, object]] = []
-    for reference, keep in ((GPT_BLOCK, KeepTorch.LAYOUT), (MHA_BLOCK, KeepTorch.ALL)):
+    cases = ((GPT_BLOCK, KeepTorch.LAYOUT), (MHA_BLOCK, KeepTorch.ALL), (RESHAPED_TRANSPOSE, KeepTorch.LAYOUT))
+    for reference, keep in cases:
         plan = _plan(reference, keep)
         candidate = render(plan, default_params(plan))
         jobs.append({"reference": reference, "candidate": candidate, "seeds": [3, 4], "atol": 1e-4, "rtol": 1e-4})

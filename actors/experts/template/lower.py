@@ -168,6 +168,8 @@ class Lowerer:
             raise UnsupportedGraph(f"a view from {self.shape(src)} to {shape} changes the element count")
         if tuple(shape) == self.shape(src):
             return src
+        if self._transposed(src):
+            raise UnsupportedGraph("a reshape of a transposed tensor is not covered")
         return self.add(NodeKind.VIEW, shape, args=(src.id,), dtype=self.node(src).dtype)
 
     def perm(self, src: NodeRef) -> NodeRef:

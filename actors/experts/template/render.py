@@ -133,7 +133,7 @@ def _torch_call(plan: Plan, sched: Schedule, nid: int) -> str:
         if plan.nodes[base].shape != plan.nodes[src].shape:
             expr += f".view({plan.nodes[src].shape!r})"
         if transposed:
-            expr += ".transpose(-1, -2)"
+            expr += ".transpose(-1, -2).contiguous()"  # values as the reference's; any view of it works
         operands.append(expr)
     return f"_b{nid} = ({node.path.format(*operands)}).contiguous()"
 
