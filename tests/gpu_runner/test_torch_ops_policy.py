@@ -124,3 +124,14 @@ def test_torch_ops_option_lands_in_the_run_spec_and_defaults_to_forbid() -> None
     for argv, want in (([], P.FORBID), (["--torch-ops", "reference"], P.REFERENCE)):
         args = build_parser().parse_args(["run", str(task), *argv])
         assert build_spec(args, task.read_text(), DeviceChoice.CPU).torch_ops is want
+
+
+def test_run_policy_reaches_the_experts_request() -> None:
+    from actors.evolution.plans import ParentSource, RequestPlan
+    from schemas import RunSpec, Task
+
+    task = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+    spec = RunSpec(task=Task.from_source("q", task.read_text()), torch_ops=P.REFERENCE)
+    plan = RequestPlan("p", "i0", "template", "", "start", ParentSource.FRESH, None, None, None, "", 0, 1)
+    assert plan.request(spec).torch_ops is P.REFERENCE
+    assert plan.request(spec.model_copy(update={"torch_ops": P.FORBID})).torch_ops is P.FORBID
