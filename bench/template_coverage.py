@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", type=Path, help="a KernelBench checkout (holding level1, level2, ...)")
     parser.add_argument("--level", type=int, choices=sorted(DEV), required=True)
     parser.add_argument("--problems", nargs="*", default=["dev"], help="'dev' (default), 'all' or problem numbers")
-    parser.add_argument("--check", action="store_true", help="evaluate shrunk candidates on the CPU")
+    parser.add_argument("--check", action="store_true", help="evaluate the first candidate (see --device)")
     parser.add_argument("--factor", type=int, default=32, help="divide sizes above 32 by this for --check")
     parser.add_argument("--above", type=int, default=32, help="for --check: shrink sizes above this")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on one evaluation")
