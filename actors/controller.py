@@ -526,6 +526,10 @@ class RunController:
                 header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
             verdict = verdict_of(best.speedup_vs_eager, self.spec.device)
             header += model_header_note(verdict, best.speedup_vs_eager, best.speedup_vs_compiled)
+            if best.torch_ops:
+                header += (
+                    f"# left to PyTorch (the reference's own ops, --torch-ops reference): {', '.join(best.torch_ops)}\n"
+                )
             (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
         states = {}
         for i in range(self.spec.islands):

@@ -89,6 +89,7 @@ class EvaluatorActor(Actor):
                 attempt=delivery.num_delivered,
                 evaluator=self.actor_id,
                 timeout_s=self.spec.eval_timeout_s,
+                torch_ops=self.spec.torch_ops,
             )
             EVALUATION_SECONDS.labels(self.rid, result.status.value).observe(time.perf_counter() - started)
             if result.status is EvalStatus.EVALUATOR_ERROR and delivery.num_delivered < self.max_deliver:

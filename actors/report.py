@@ -85,6 +85,8 @@ class BestKernel(_Frozen):
     language: KernelLanguage
     source: str
     lineage: tuple[LineageStep, ...]
+    torch_ops: tuple[str, ...] = ()
+    """Operations the kernel leaves to PyTorch (the reference's own; run policy ``reference``)."""
 
 
 class FitnessSample(_Frozen):
@@ -381,6 +383,7 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
         language=cand.proposal.language,
         source=cand.proposal.source,
         lineage=tuple(steps),
+        torch_ops=top.torch_ops,
     )
 
 

@@ -33,6 +33,7 @@ from schemas import (
     MigrationReason,
     RunSpec,
     Task,
+    TorchOpsPolicy,
 )
 from schemas.task import missing_reference_names
 
@@ -84,6 +85,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="all|N|I,J",
         help="GPUs to evaluate on, one evaluator each: all (default: every visible GPU), the first N, or the "
         "listed indices (one alone: 3,)",
+    )
+    p.add_argument(
+        "--torch-ops",
+        choices=[p.value for p in TorchOpsPolicy],
+        default=TorchOpsPolicy.FORBID.value,
+        help="forbid (default): every op is a kernel; reference: a candidate may leave the reference's own ops "
+        "to PyTorch (the report lists them)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-id", default=None, help="run id (default: random)")
@@ -147,6 +155,7 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice, *, e
         ),
         target_sol_fraction=args.target_sol,
         eval_timeout_s=args.eval_timeout,
+        torch_ops=TorchOpsPolicy(args.torch_ops),
         seed=args.seed,
         **kwargs,
     )

@@ -12,7 +12,17 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from schemas import Candidate, DeviceChoice, DeviceKind, EvalResult, EvalStatus, KernelLanguage, StageTimes, Task
+from schemas import (
+    Candidate,
+    DeviceChoice,
+    DeviceKind,
+    EvalResult,
+    EvalStatus,
+    KernelLanguage,
+    StageTimes,
+    Task,
+    TorchOpsPolicy,
+)
 
 if TYPE_CHECKING:
     from actors.gpu_claim import GpuClaim
@@ -31,7 +41,14 @@ class Runner(Protocol):
         ...
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         """The verdict on one candidate, bounded by ``timeout_s`` (the run's ``eval_timeout_s``;
         ``None``: the runner's own default)."""
@@ -59,7 +76,14 @@ class NoopRunner:
         return None
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         started = time.perf_counter()
         if self.delay_s:
@@ -125,7 +149,14 @@ class GpuRunner:
         await self.service.prepare(task.source)
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         from gpu_runner.service import EvalJob
 
@@ -140,6 +171,7 @@ class GpuRunner:
             task_id=candidate.task_id,
             attempt=attempt,
             evaluator=evaluator,
+            torch_ops=torch_ops,
         )
         result = await self.service.evaluate(job)
         return stamp_gpu(result, self.gpu)

@@ -121,13 +121,15 @@ def _outcome(label: str, result: EvalResult | dict[str, object], wall: float) ->
     )
 
 
-def evaluate_cli(reference: Path, candidate: str, device: str, timeout: float, workdir: Path, label: str) -> Outcome:
-    """One ``python -m gpu_runner`` evaluation (a fresh evaluator process)."""
+def evaluate_cli(
+    reference: Path, candidate: str, device: str, timeout: float, workdir: Path, label: str, torch_ops: str = "forbid"
+) -> Outcome:
+    """One ``python -m gpu_runner`` evaluation (a fresh evaluator process) under the run policy ``torch_ops``."""
     path = workdir / f"cand_{reference.stem}_{len(list(workdir.glob('cand_*')))}.py"
     path.write_text(candidate, encoding="utf-8")
     started = time.perf_counter()
     cmd = [sys.executable, "-m", "gpu_runner", str(reference), str(path), "--device", device, "--json"]
-    cmd += ["--timeout", str(timeout)]
+    cmd += ["--timeout", str(timeout), "--torch-ops", torch_ops]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=ROOT, check=False)
     except subprocess.TimeoutExpired:

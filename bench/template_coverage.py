@@ -6,11 +6,16 @@ use, or the decline with its reason. ``--check`` also shrinks the problem's modu
 memory (batch sizes to 2, other sizes above 32 divided by ``--factor``), renders the first
 candidate for the shrunk reference and evaluates it through the real evaluator on the CPU
 (``python -m gpu_runner ... --device cpu``, exactly ``kfoundry eval``), so every "generated"
-row can be confirmed correct without a GPU.
+row can be confirmed correct without a GPU. ``--check --device cuda`` evaluates the first
+candidate at the published size on the GPU instead and prints its family, verdict and speedup
+over eager. ``--torch-ops reference`` plans as ``kfoundry run --torch-ops reference`` does: ops
+the templates do not cover stay the reference's own PyTorch calls between the kernels.
 Nothing of the checkout is copied anywhere but a temporary folder that is removed afterwards.
 
     python -m bench.template_coverage ~/kb/KernelBench --level 1
     python -m bench.template_coverage ~/kb/KernelBench --level 2 --check --problems 2 4 6
+    python -m bench.template_coverage ~/kb/KernelBench --level 1 --check --device cuda
+    python -m bench.template_coverage ~/kb/KernelBench --level 3 --check --torch-ops reference
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from pathlib import Path
 
 import structlog
 
-from actors.experts.template import Plan, analyse, default_params, render
+from actors.experts.template import Plan, Unsupported, analyse, default_params, render
+from actors.experts.template.ir import KeepTorch
 from bench.template_bench import evaluate_cli
 
 DEV: dict[int, tuple[int, ...]] = {
@@ -88,10 +94,17 @@ def problem_files(root: Path, level: int, numbers: tuple[int, ...]) -> list[Path
     return [by_number[n] for n in numbers]
 
 
-def cover(path: Path, check: bool, factor: int, above: int, timeout: float, workdir: Path) -> Row:
-    """Analyse (and optionally check) one problem."""
-    source = path.read_text(encoding="utf-8")
+def _plan(source: str, torch_ops: str) -> Plan | Unsupported:
     plan = analyse(source)
+    if not isinstance(plan, Plan):  # as the expert does: data movement may stay PyTorch under any policy
+        return analyse(source, KeepTorch.ALL if torch_ops == "reference" else KeepTorch.LAYOUT)
+    return plan
+
+
+def cover(path: Path, args: argparse.Namespace, workdir: Path) -> Row:
+    """Analyse (and with ``args.check`` evaluate) one problem."""
+    source = path.read_text(encoding="utf-8")
+    plan = _plan(source, args.torch_ops)
     if not isinstance(plan, Plan):
         return Row(path.stem, False, plan.detail)
     try:
@@ -99,17 +112,23 @@ def cover(path: Path, check: bool, factor: int, above: int, timeout: float, work
     except Exception as exc:  # noqa: BLE001 - a rendering failure is this row's finding
         return Row(path.stem, False, f"render failed: {type(exc).__name__}: {exc}")
     row = Row(path.stem, True, plan.template)
-    if not check:
+    if not args.check:
         return row
-    small = shrink_sizes(source, factor, above)
-    small_plan = analyse(small)
+    on_gpu = args.device == "cuda"
+    small = source if on_gpu else shrink_sizes(source, args.factor, args.above)
+    small_plan = plan if on_gpu else _plan(small, args.torch_ops)
     if not isinstance(small_plan, Plan):
         row.check = f"not checked: the shrunk problem is declined ({small_plan.detail})"
         return row
     reference = workdir / f"ref_{path.stem}.py"
     reference.write_text(small, encoding="utf-8")
-    outcome = evaluate_cli(reference, render(small_plan, default_params(small_plan)), "cpu", timeout, workdir, "first")
+    candidate = render(small_plan, default_params(small_plan))
+    outcome = evaluate_cli(reference, candidate, args.device, args.timeout, workdir, "first", args.torch_ops)
     row.check = outcome.status if outcome.status == "correct" else f"{outcome.status}: {outcome.summary}"
+    if outcome.speedup_vs_eager is not None:
+        row.check += f", {outcome.speedup_vs_eager:.2f}x eager"
+        if outcome.speedup_vs_compiled is not None:
+            row.check += f", {outcome.speedup_vs_compiled:.2f}x torch.compile"
     return row
 
 
@@ -119,10 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", type=Path, help="a KernelBench checkout (holding level1, level2, ...)")
     parser.add_argument("--level", type=int, choices=sorted(DEV), required=True)
     parser.add_argument("--problems", nargs="*", default=["dev"], help="'dev' (default), 'all' or problem numbers")
-    parser.add_argument("--check", action="store_true", help="evaluate shrunk candidates on the CPU")
+    parser.add_argument("--check", action="store_true", help="evaluate the first candidate (see --device)")
     parser.add_argument("--factor", type=int, default=32, help="divide sizes above 32 by this for --check")
     parser.add_argument("--above", type=int, default=32, help="for --check: shrink sizes above this")
-    parser.add_argument("--timeout", type=float, default=300.0, help="bound on one CPU evaluation")
+    parser.add_argument("--timeout", type=float, default=300.0, help="bound on one evaluation")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="for --check: cpu (shrunk sizes, Triton interpreter) or cuda (published sizes, timed)",
+    )
+    parser.add_argument(
+        "--torch-ops", choices=["forbid", "reference"], default="forbid", help="the run policy to plan and judge under"
+    )
     args = parser.parse_args(argv)
     structlog.configure(
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
@@ -139,16 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kf-coverage-") as tmp:
         for path in problem_files(root, args.level, numbers):
-            row = cover(path, args.check, args.factor, args.above, args.timeout, Path(tmp))
+            row = cover(path, args, Path(tmp))
             rows.append(row)
             verdict = "generated" if row.generated else "declined"
             extra = f" | check: {row.check}" if row.check else ""
             print(f"{row.problem:70s} {verdict:9s} {row.detail[:160]}{extra}", flush=True)
     done = sum(r.generated for r in rows)
-    checked = sum(r.check == "correct" for r in rows)
+    checked = sum(r.check.startswith("correct") for r in rows)
     summary = f"\nlevel {args.level}: generated {done}/{len(rows)}"
     if args.check:
-        summary += f", correct on the CPU {checked}/{done}"
+        summary += f", correct on {args.device} {checked}/{done}"
     print(summary + f" ({time.perf_counter() - started:.0f} s)")
     return 0
 

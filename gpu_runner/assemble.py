@@ -16,6 +16,7 @@ from gpu_runner.verdict import (
     checks_from_infos,
     error_status,
     guard_finding,
+    kept_ops,
     profile_findings,
     runtime_findings,
     truncate,
@@ -130,9 +131,12 @@ def build(c: Collected) -> EvalResult:
     assert c.reference is not None
     own_names = set(c.gate.triton_kernels) | set(c.gate.cuda_kernels)
     infos = rec.trial_infos
-    checks += checks_from_infos(infos, rec.trial_checks, _expected(c))
-    findings += runtime_findings(infos, own_names)
-    findings += profile_findings(rec.profile, own_names)
+    admitted = c.gate.admitted_aten_ops
+    checks += checks_from_infos(infos, rec.trial_checks, _expected(c), admitted)
+    findings += runtime_findings(infos, own_names, admitted)
+    torch_ops = (*c.gate.torch_ops_kept, *kept_ops(infos, admitted))
+    common["torch_ops"] = torch_ops
+    findings += profile_findings(rec.profile, own_names, bool(torch_ops))
     profile = _profile(rec, infos)
     corr = _correctness(c) if rec.trial_checks else None
     if rec.error is not None:

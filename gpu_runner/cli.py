@@ -21,7 +21,7 @@ from gpu_runner.config import EvalJob, IsolationMode, RunnerConfig
 from gpu_runner.errors import RunnerError
 from gpu_runner.probe import validate_reference
 from gpu_runner.service import EvaluationService
-from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage
+from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage, TorchOpsPolicy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
         default=IsolationMode.BEST_EFFORT.value,
         help="strict: refuse to run the candidate unless every confinement layer holds here; "
         "best-effort (default): run it with the layers that hold (the result names them)",
+    )
+    parser.add_argument(
+        "--torch-ops",
+        choices=[p.value for p in TorchOpsPolicy],
+        default=TorchOpsPolicy.FORBID.value,
+        help="forbid (default): every compute op must be the candidate's kernel; reference: the reference's own "
+        "ops may stay in PyTorch",
     )
     parser.add_argument("--json", action="store_true", help="print the EvalResult as one JSON object")
     parser.add_argument("--verbose", action="store_true", help="log progress to stderr")
@@ -72,7 +79,14 @@ def _language(source: str) -> KernelLanguage:
     return KernelLanguage.CUDA if "load_inline" in source else KernelLanguage.TRITON
 
 
-async def _evaluate(reference: str, candidate: str, device: str, timeout: float, isolation: str) -> EvalResult:
+async def _evaluate(
+    reference: str,
+    candidate: str,
+    device: str,
+    timeout: float,
+    isolation: str,
+    torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+) -> EvalResult:
     validate_reference(reference)
     config = RunnerConfig(
         device=DeviceChoice(device),
@@ -92,6 +106,7 @@ async def _evaluate(reference: str, candidate: str, device: str, timeout: float,
             timeout_s=timeout,
             task_id=service.task_id(reference),
             candidate_id="cli",
+            torch_ops=torch_ops,
         )
         return await service.evaluate(job)
     finally:
@@ -138,6 +153,8 @@ def summary_text(result: EvalResult) -> str:
     for chk in result.checks:
         if chk.outcome is not CheckOutcome.PASSED:
             lines.append(f"check {chk.name}: {chk.outcome.value}" + (f" ({chk.detail})" if chk.detail else ""))
+    if result.torch_ops:
+        lines.append(f"left to PyTorch (the reference's own ops): {', '.join(result.torch_ops)}")
     lines.extend(f"review: {r}" for r in result.review)
     return "\n".join(lines) + "\n"
 
@@ -161,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"kfoundry eval: error: cannot read {path}: {exc.strerror or exc}\n")
             return 2
     try:
-        result = asyncio.run(_evaluate(sources[0], sources[1], args.device, args.timeout, args.isolation))
+        result = asyncio.run(
+            _evaluate(sources[0], sources[1], args.device, args.timeout, args.isolation, TorchOpsPolicy(args.torch_ops))
+        )
     except RunnerError as exc:
         sys.stderr.write(f"kfoundry eval: error: {exc}\n")
         return 1

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpu_runner.errors import ConfigError
-from schemas import DeviceChoice, KernelLanguage
+from schemas import DeviceChoice, KernelLanguage, TorchOpsPolicy
 
 GIB = 1 << 30
 
@@ -278,6 +278,8 @@ class EvalJob:
     evaluator: str = ""
     extra: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Free-form labels carried into logs."""
+    torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID
+    """The run's policy for PyTorch ops a candidate may keep (the reference's own, or none)."""
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:

@@ -13,7 +13,7 @@ import ast
 from dataclasses import dataclass
 
 from gpu_runner import gate_tables as T
-from schemas import CheatRule, Finding, Severity
+from schemas import CheatRule, Finding, Severity, TorchOpsPolicy
 
 R = CheatRule
 REFERENCE_NAMES = ("Model", "get_inputs", "get_init_inputs")
@@ -28,6 +28,10 @@ class GateReport:
     cuda_kernels: tuple[str, ...] = ()
     uses_load_inline: bool = False
     syntax_error: str | None = None
+    torch_ops_kept: tuple[str, ...] = ()
+    """Torch operations the candidate leaves to PyTorch that the run's ``reference`` policy admitted."""
+    admitted_aten_ops: frozenset[str] = frozenset()
+    """Aten compute ops its forward may dispatch (the reference's own, under ``reference``)."""
 
     @property
     def rejected(self) -> bool:
@@ -53,19 +57,29 @@ def reference_globals(reference_source: str) -> dict[str, str]:
     return out
 
 
-def check_candidate(source: str, reference_source: str) -> GateReport:
-    """Run every static rule over ``source``; ``reference_source`` tells which names it may not redefine."""
+def check_candidate(
+    source: str, reference_source: str, torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID
+) -> GateReport:
+    """Run every static rule over ``source``; ``reference_source`` tells which names it may not
+    redefine and, under the ``reference`` policy, which torch operations it may leave to PyTorch."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         return GateReport(findings=(), syntax_error=f"line {exc.lineno}: {exc.msg}")
     gate = _Gate(tree, reference_globals(reference_source))
     gate.run()
+    findings, kept, admitted = tuple(gate.findings), tuple[str, ...](), frozenset[str]()
+    if torch_ops is TorchOpsPolicy.REFERENCE:
+        from gpu_runner.gate_policy import admit_reference_ops
+
+        findings, kept, admitted = admit_reference_ops(findings, gate.compute_keys, reference_source)
     return GateReport(
-        findings=tuple(gate.findings),
+        findings=findings,
         triton_kernels=tuple(sorted(gate.triton_kernels)),
         cuda_kernels=tuple(sorted(gate.cuda_kernels)),
         uses_load_inline=gate.uses_load_inline,
+        torch_ops_kept=kept,
+        admitted_aten_ops=admitted,
     )
 
 
@@ -93,7 +107,9 @@ class _Gate:
         self.aliases: dict[str, str] = {}
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
         self.classes: dict[str, ast.ClassDef] = {}
-        self.module_attrs: set[str] = set()
+        self.module_attrs: dict[str, str] = {}
+        self.compute_keys: dict[int, str] = {}
+        """Index in ``findings`` of a torch-compute finding -> the operation's name."""
         self.triton_kernels: set[str] = set()
         self.cuda_kernels: set[str] = set()
         self.uses_load_inline = False
@@ -106,6 +122,12 @@ class _Gate:
             return
         self.seen.add(key)
         self.findings.append(Finding(rule=rule, severity=severity, message=message, line=line, col=col))
+
+    def add_compute(self, node: ast.AST, op: str, message: str) -> None:
+        before = len(self.findings)
+        self.add(R.TORCH_COMPUTE, node, message)
+        if len(self.findings) > before:
+            self.compute_keys[before] = op
 
     # ---- name resolution -------------------------------------------------------------------------
     def qual(self, node: ast.AST) -> str | None:
@@ -172,7 +194,7 @@ class _Gate:
                 if name.startswith("torch.nn.") and not name.startswith(("torch.nn.Parameter", "torch.nn.init")):
                     for target in node.targets:
                         if isinstance(target, ast.Attribute):
-                            self.module_attrs.add(target.attr)
+                            self.module_attrs[target.attr] = name
 
     def mark_forward_path(self) -> None:
         roots = [f for name in ("forward", "__call__") for f in self.functions.get(name, [])]
@@ -327,17 +349,15 @@ class _Gate:
     def check_forward(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for node in ast.walk(fn):
             if isinstance(node, ast.BinOp | ast.AugAssign) and isinstance(node.op, ast.MatMult):
-                self.add(R.TORCH_COMPUTE, node, f"uses @ (a torch matmul) in {fn.name}")
+                self.add_compute(node, "@", f"uses @ (a torch matmul) in {fn.name}")
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
             qual = self.qual(func) or ""
             if qual.startswith("torch.") and qual not in T.ALLOWED_TORCH_CALLS:
                 if not qual.startswith(("torch.cuda.", "torch.ops.")) and not qual.endswith(".apply"):
-                    self.add(R.TORCH_COMPUTE, node, f"calls {qual} in {fn.name} (a torch op, not a kernel)")
+                    self.add_compute(node, qual, f"calls {qual} in {fn.name} (a torch op, not a kernel)")
             elif isinstance(func, ast.Attribute) and not qual:
-                if func.attr in T.COMPUTE_METHODS:
-                    self.add(R.TORCH_COMPUTE, node, f"calls .{func.attr}() in {fn.name} (a torch op, not a kernel)")
                 owner = func.value
                 if (
                     isinstance(owner, ast.Attribute)
@@ -346,7 +366,12 @@ class _Gate:
                     and owner.attr in self.module_attrs
                     and func.attr in ("forward", "__call__")
                 ) or (isinstance(owner, ast.Name) and owner.id == "self" and func.attr in self.module_attrs):
-                    self.add(R.TORCH_COMPUTE, node, f"calls the torch module self.{func.attr} in {fn.name}")
+                    attr = owner.attr if isinstance(owner, ast.Attribute) else func.attr
+                    self.add_compute(node, self.module_attrs[attr], f"calls the torch module self.{attr} in {fn.name}")
+                elif func.attr in T.COMPUTE_METHODS:
+                    self.add_compute(
+                        node, f".{func.attr}", f"calls .{func.attr}() in {fn.name} (a torch op, not a kernel)"
+                    )
 
     def check_try(self, node: ast.Try) -> None:
         in_forward = any(

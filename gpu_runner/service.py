@@ -279,7 +279,7 @@ class EvaluationService:
         started = time.perf_counter()
         validate_reference(job.reference_source)
         phase.to("gate")
-        gate = await asyncio.to_thread(check_candidate, job.candidate_source, job.reference_source)
+        gate = await asyncio.to_thread(check_candidate, job.candidate_source, job.reference_source, job.torch_ops)
         gate_s = time.perf_counter() - started
         rejected = gate.rejected
         gate_check = Check(
@@ -428,6 +428,7 @@ class EvaluationService:
                 "device_verdict": device_verdict,
                 "poison_bytes": plan.poison_bytes if plan is not None else None,
                 "in_place_bytes": self.cfg.in_place_bytes,
+                "admitted_aten_ops": sorted(c.gate.admitted_aten_ops),
             }
         )
         biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)

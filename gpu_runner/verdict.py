@@ -58,8 +58,21 @@ def exit_description(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
-def runtime_findings(infos: list[dict[str, Any]], own_names: set[str]) -> list[Finding]:
-    """Reject-level findings from the worker's per-trial observations."""
+def forbidden_ops(info: dict[str, Any], admitted: frozenset[str]) -> dict[str, int]:
+    """A trial's foreign aten ops that the run's policy does not admit."""
+    return {k: v for k, v in (info.get("foreign_ops") or {}).items() if k not in admitted}
+
+
+def kept_ops(infos: list[dict[str, Any]], admitted: frozenset[str]) -> tuple[str, ...]:
+    """Aten ops the trials left to PyTorch that the policy admitted (``aten.<name>``)."""
+    return tuple(sorted({f"aten.{k}" for i in infos for k in (i.get("foreign_ops") or {}) if k in admitted}))
+
+
+def runtime_findings(
+    infos: list[dict[str, Any]], own_names: set[str], admitted: frozenset[str] = frozenset()
+) -> list[Finding]:
+    """Reject-level findings from the worker's per-trial observations (``admitted``: aten ops the
+    run's policy lets the forward leave to PyTorch)."""
     out: list[Finding] = []
     for info in infos:
         t = info.get("trial", "?")
@@ -87,8 +100,17 @@ def runtime_findings(infos: list[dict[str, Any]], own_names: set[str]) -> list[F
                     message=f"trial {t}: none of the candidate's own kernels ran during forward",
                 )
             )
-        if info.get("foreign_ops"):
-            ops = ", ".join(f"aten.{k} x{v}" for k, v in sorted(info["foreign_ops"].items()))
+        if admitted and admitted <= set(info.get("foreign_ops") or {}):
+            out.append(
+                Finding(
+                    rule=R.TORCH_COMPUTE,
+                    severity=Severity.REJECT,
+                    message=f"trial {t}: every compute op of the reference ran in PyTorch "
+                    f"({', '.join(sorted(admitted))}): its own kernels did none of the work",
+                )
+            )
+        if forbidden := forbidden_ops(info, admitted):
+            ops = ", ".join(f"aten.{k} x{v}" for k, v in sorted(forbidden.items()))
             out.append(
                 Finding(
                     rule=R.TORCH_COMPUTE,
@@ -140,8 +162,9 @@ def runtime_findings(infos: list[dict[str, Any]], own_names: set[str]) -> list[F
     return out
 
 
-def profile_findings(profile: dict[str, Any] | None, own_names: set[str]) -> list[Finding]:
-    """Review flags for device kernels the candidate did not define (vendor libraries, torch)."""
+def profile_findings(profile: dict[str, Any] | None, own_names: set[str], torch_kept: bool = False) -> list[Finding]:
+    """Review flags for device kernels the candidate did not define (vendor libraries, torch);
+    ``info`` only when the run's policy admitted torch ops that the candidate kept."""
     if not profile or not profile.get("kernels") or not own_names:
         return []
     foreign = sorted({k for k in profile["kernels"] if not any(n in k for n in own_names) and not FOREIGN_OK.search(k)})
@@ -150,8 +173,9 @@ def profile_findings(profile: dict[str, Any] | None, own_names: set[str]) -> lis
     return [
         Finding(
             rule=R.TORCH_COMPUTE,
-            severity=Severity.REVIEW,
-            message=f"kernels not defined by the candidate ran in forward: {foreign[:5]}",
+            severity=Severity.INFO if torch_kept else Severity.REVIEW,
+            message=f"kernels not defined by the candidate ran in forward: {foreign[:5]}"
+            + (" (torch ops the run's policy admits)" if torch_kept else ""),
         )
     ]
 
@@ -223,7 +247,9 @@ def error_status(error: dict[str, Any], planned_bytes: int | None = None) -> tup
     return EvalStatus.RUNTIME_ERROR, f"runtime_error: {etype} in {stage}: {first}", None
 
 
-def checks_from_infos(infos: list[dict[str, Any]], trials: list[TrialCheck], expected: int) -> list[Check]:
+def checks_from_infos(
+    infos: list[dict[str, Any]], trials: list[TrialCheck], expected: int, admitted: frozenset[str] = frozenset()
+) -> list[Check]:
     """Named checks summarising the trials."""
 
     def check(name: str, failed: bool, detail: str | None = None) -> Check:
@@ -235,7 +261,7 @@ def checks_from_infos(infos: list[dict[str, Any]], trials: list[TrialCheck], exp
     return [
         check("output_type", any(i.get("bad_types") or not i.get("devices_ok", True) for i in infos)),
         check("kernels_launched", any(n == 0 for n in launches), f"own launches per forward: {launches}"),
-        check("no_torch_compute", any(i.get("foreign_ops") for i in infos)),
+        check("no_torch_compute", any(forbidden_ops(i, admitted) for i in infos)),
         check("inputs_unchanged", any(i.get("mutated") for i in infos)),
         check("outputs_not_aliased", any(i.get("aliased") for i in infos)),
         check("no_deferred_outputs", any(i.get("deferred") for i in infos)),

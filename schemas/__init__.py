@@ -35,6 +35,7 @@ from schemas.enums import (
     Severity,
     StopReason,
     TimerKind,
+    TorchOpsPolicy,
 )
 from schemas.evaluation import (
     Baselines,
@@ -165,6 +166,7 @@ __all__ = [
     "TimingStats",
     "Token",
     "TokenUsage",
+    "TorchOpsPolicy",
     "UnknownMessageType",
     "decode_any",
     "new_id",

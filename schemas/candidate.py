@@ -8,7 +8,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from schemas.base import Message, Model, Token, new_id, now
 from schemas.diagnosis import Diagnosis
-from schemas.enums import DeclineReason, ExpertKind, KernelLanguage
+from schemas.enums import DeclineReason, ExpertKind, KernelLanguage, TorchOpsPolicy
 from schemas.evaluation import EvalResult
 from schemas.experience import ExperienceHit
 from schemas.task import Task
@@ -88,6 +88,8 @@ class GenerateRequest(Message):
     """Seed for the expert's random choices (template mutation, sampling seed)."""
     token_budget: int | None = Field(default=None, ge=0)
     """Tokens the expert may spend on this request; ``None`` is the expert's own limit."""
+    torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID
+    """The run's policy: whether a candidate may leave some of the reference's own operations to PyTorch."""
 
 
 class GenerateReply(Message):

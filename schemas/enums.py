@@ -37,6 +37,16 @@ class DeviceChoice(StrEnum):
     CUDA = "cuda"
 
 
+class TorchOpsPolicy(StrEnum):
+    """Which PyTorch operations a candidate's forward may leave to PyTorch (a run-level policy)."""
+
+    FORBID = "forbid"
+    """None: every compute operation must be the candidate's own kernel."""
+    REFERENCE = "reference"
+    """The operations the reference itself calls (same functions, same aten ops), nothing else;
+    at least one of the candidate's own kernels must still run."""
+
+
 class TimerKind(StrEnum):
     """The clock behind a timing."""
 

@@ -225,6 +225,9 @@ class EvalResult(Message):
     """Speed-of-light bound and the fraction of it reached."""
     profile: Profile | None = None
     """Kernel launches and memory of the candidate's forward."""
+    torch_ops: tuple[str, ...] = ()
+    """Operations the candidate left to PyTorch (admitted by the run's ``reference`` policy because
+    the reference calls them): the gate's names (``torch.nn.Conv2d``) and the aten ops that ran."""
     review: tuple[str, ...] = ()
     """Reasons a person should look before this result is trusted; non-empty means no elite."""
     device: DeviceInfo | None = None

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from schemas.base import Message, Model, Token, new_id, now
-from schemas.enums import DeviceChoice, KernelLanguage, MigrationReason
+from schemas.enums import DeviceChoice, KernelLanguage, MigrationReason, TorchOpsPolicy
 
 
 class TensorSpec(Model):
@@ -176,5 +176,7 @@ class RunSpec(Message):
     """Bound on one candidate's whole evaluation."""
     seed: int = 0
     """Seed of every random choice of the run's policies."""
+    torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID
+    """Which PyTorch operations a candidate may leave to PyTorch: none, or the reference's own."""
     created_at: float = Field(default_factory=now)
     """When the run was created (seconds since the epoch)."""

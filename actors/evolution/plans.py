@@ -120,6 +120,7 @@ class RequestPlan:
             n=self.n,
             seed=self.seed,
             token_budget=token_budget,
+            torch_ops=spec.torch_ops,
         )
 
     def candidate(

@@ -16,6 +16,7 @@ from schemas import (
     Task,
     TimerKind,
     TimingStats,
+    TorchOpsPolicy,
 )
 
 
@@ -58,7 +59,14 @@ class ScriptedRunner:
         return None
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         await asyncio.sleep(self.delay_s)
         self.count += 1

@@ -10,7 +10,7 @@ from actors.cli import build_parser
 from actors.evaluator import EvaluatorActor
 from actors.run import build_spec, check_task_source
 from actors.runners import NoopRunner
-from schemas import Candidate, DeviceChoice, EvalResult, Task, subjects
+from schemas import Candidate, DeviceChoice, EvalResult, Task, TorchOpsPolicy, subjects
 from tests.bus.helpers import collect, publish_candidates, register_run
 
 
@@ -22,10 +22,19 @@ class RecordingRunner(NoopRunner):
         self.timeouts: list[float | None] = []
 
     async def evaluate(
-        self, task: Task, candidate: Candidate, *, attempt: int, evaluator: str, timeout_s: float | None = None
+        self,
+        task: Task,
+        candidate: Candidate,
+        *,
+        attempt: int,
+        evaluator: str,
+        timeout_s: float | None = None,
+        torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     ) -> EvalResult:
         self.timeouts.append(timeout_s)
-        return await super().evaluate(task, candidate, attempt=attempt, evaluator=evaluator, timeout_s=timeout_s)
+        return await super().evaluate(
+            task, candidate, attempt=attempt, evaluator=evaluator, timeout_s=timeout_s, torch_ops=torch_ops
+        )
 
 
 def test_eval_timeout_option_lands_in_the_run_spec() -> None:

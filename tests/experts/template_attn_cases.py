@@ -1,4 +1,5 @@
-"""Attention references for the template expert's tests: ``scaled_dot_product_attention``.
+"""Attention references for the template expert's tests: ``scaled_dot_product_attention`` and the
+explicit ``softmax(Q @ K^T * scale [causal mask]) @ V`` pattern in its common spellings.
 
 Non-causal and causal, default and explicit scale, head dims and sequence lengths that are not
 powers of two nor multiples of the tiles, cross-attention (more keys than queries), a value
@@ -28,6 +29,44 @@ ATTN_CASES: tuple[Case, ...] = (
             "",
         ),
         ({"L": 45, "S": 45, "D": 17, "E": 33},),
+    ),
+    Case(
+        "explicit_softmax_qk_scaled_v",
+        _model(
+            "",
+            "",
+            "q, k, v",
+            "return torch.softmax(torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1)), dim=-1) @ v",
+            _QKV,
+            "",
+        ),
+        ({"L": 19, "S": 45, "D": 12, "E": 7},),
+    ),
+    Case(
+        "explicit_causal_tril_buffer_dropout0",
+        _model(
+            ", n",
+            'self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))\nself.drop = nn.Dropout(0.0)',
+            "q, k, v",
+            "T = q.size(2)\natt = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))\n"
+            "att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))\n"
+            "return self.drop(F.softmax(att, dim=-1)) @ v",
+            _QKV,
+            "$L",
+        ),
+        ({"L": 29, "S": 29, "D": 20, "E": 9},),
+    ),
+    Case(
+        "explicit_module_softmax_bmm_3d",
+        _model(
+            "",
+            "self.softmax = nn.Softmax(dim=2)",
+            "q, k, v",
+            "return torch.bmm(self.softmax(0.25 * torch.bmm(q, k.transpose(1, 2))), v)",
+            "torch.rand(3, $L, $D), torch.rand(3, $S, $D), torch.rand(3, $S, $E)",
+            "",
+        ),
+        ({"L": 33, "S": 21, "D": 16, "E": 5},),
     ),
 )
 """Every attention problem the tests render and check."""

@@ -6,10 +6,12 @@ Every reference of ``template_attn_cases`` at each of its sizes, in the variants
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from actors.experts.template import Unsupported, analyse
-from actors.experts.template.interp_check import Verdict
+from actors.experts.template import Plan, Unsupported, analyse, default_params, render
+from actors.experts.template.interp_check import Verdict, check_in_subprocess
 from tests.experts.template_attn_cases import ATTN_CASES
 from tests.experts.template_cases import HEAD, _model
 from tests.experts.template_interp import assert_all_correct, interp_verdicts
@@ -42,5 +44,65 @@ def test_attention_kernels_match_pytorch_under_the_interpreter(
 def test_uncovered_attention_is_declined_with_its_reason(body: str, reason: str) -> None:
     inputs = "torch.rand(2, 4, 8), torch.rand(2, 4, 8), torch.rand(2, 4, 8), torch.rand(4, 4)"
     result = analyse(HEAD + _model("", "", "q, k, v, m", body, inputs, ""))
+    assert isinstance(result, Unsupported)
+    assert reason in result.detail
+
+
+_HALF_BODIES = (
+    "return F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+    "return torch.softmax(q @ k.transpose(-2, -1) * 0.3, dim=-1) @ v",
+)
+
+
+def _half_source(dtype: str, body: str) -> str:
+    qkv = ", ".join(f"torch.rand(2, 3, {n}, {d}, dtype=torch.{dtype})" for n, d in ((37, 20), (37, 20), (37, 12)))
+    return HEAD + _model("", "", "q, k, v", body, qkv, "")
+
+
+def test_half_attention_matches_pytorch_under_the_interpreter(tmp_path: Path) -> None:
+    jobs: list[dict[str, object]] = []
+    for dtype in ("float16", "bfloat16"):
+        for body in _HALF_BODIES:
+            plan = analyse(_half_source(dtype, body))
+            assert isinstance(plan, Plan), plan
+            assert plan.template == "attn"
+            assert plan.nodes[plan.output].dtype == dtype
+            source = render(plan, default_params(plan))
+            assert ".to(tl.float32)" in source  # half operands widened: float32 math, half stored
+            jobs.append(
+                {"reference": _half_source(dtype, body), "candidate": source, "seeds": [1], "atol": 1e-2, "rtol": 1e-2}
+            )
+    verdicts = check_in_subprocess(jobs, tmp_path, timeout=280)
+    assert all(v.ok for v in verdicts), [v.detail for v in verdicts]
+    for v in verdicts:
+        assert v.err_vs_fp64 is not None
+        assert v.ref_err_vs_fp64 is not None
+        assert v.err_vs_fp64 <= 4 * v.ref_err_vs_fp64
+
+
+def test_half_operands_outside_attention_are_declined() -> None:
+    result = analyse(_half_source("float16", "return F.scaled_dot_product_attention(q, k, v) * 2.0"))
+    assert isinstance(result, Unsupported)
+    assert "float32" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("mask_buffer", "between", "reason"),
+    [
+        ("torch.triu(torch.ones(n, n)).view(1, 1, n, n)", "", "masked_fill"),
+        ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "att = F.dropout(att, 0.2)\n", "masked_fill"),
+    ],
+)
+def test_explicit_attention_with_another_mask_or_a_random_dropout_is_declined(
+    mask_buffer: str, between: str, reason: str
+) -> None:
+    body = (
+        "att = (q @ k.transpose(-2, -1)) * 0.5\n"
+        "att = att.masked_fill(self.bias[:, :, :8, :8] == 0, float('-inf'))\n"
+        f"att = F.softmax(att, dim=-1)\n{between}return att @ v"
+    )
+    qkv = "torch.rand(2, 3, 8, 4), torch.rand(2, 3, 8, 4), torch.rand(2, 3, 8, 4)"
+    source = HEAD + _model(", n", f'self.register_buffer("bias", {mask_buffer})', "q, k, v", body, qkv, "8")
+    result = analyse(source)
     assert isinstance(result, Unsupported)
     assert reason in result.detail

@@ -30,7 +30,11 @@ if TYPE_CHECKING:
 
 def lower_sdpa(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     """One ``ATTN`` node for ``scaled_dot_product_attention``."""
-    q, k, v = (lw.tensor(b[n], "scaled_dot_product_attention") for n in ("query", "key", "value"))
+    dtype = _dtype(lw, [b[n] for n in ("query", "key", "value")])
+    if dtype == "float32":
+        q, k, v = (lw.tensor(b[n], "scaled_dot_product_attention") for n in ("query", "key", "value"))
+    else:
+        q, k, v = b["query"], b["key"], b["value"]
     if b.get("attn_mask") is not None:
         raise UnsupportedGraph("scaled_dot_product_attention with an attn_mask is not covered")
     dropout = b.get("dropout_p", 0.0)
@@ -47,7 +51,20 @@ def lower_sdpa(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
         raise UnsupportedGraph(f"attention scale={scale!r} is not a number")
     out = (*qs[:-1], vs[-1])
     causal = bool(b.get("is_causal", False))
-    return lw.add(NodeKind.ATTN, out, args=(q.id, k.id, v.id), attrs=(float(scale), float(causal)))
+    return lw.add(NodeKind.ATTN, out, args=(q.id, k.id, v.id), attrs=(float(scale), float(causal)), dtype=dtype)
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def _dtype(lw: Lowerer, operands: list[Any]) -> str:
+    """The common dtype of q, k and v: float32, or one half type (computed in float32, stored half)."""
+    if not all(isinstance(t, NodeRef) for t in operands):
+        raise UnsupportedGraph("scaled_dot_product_attention of a non-tensor operand")
+    dtypes = {lw.node(t).dtype for t in operands}
+    if len(dtypes) == 1 and dtypes <= {"float32", *_HALF}:
+        return dtypes.pop()
+    raise UnsupportedGraph(f"attention of {sorted(dtypes)} operands is not covered (float32, float16, bfloat16)")
 
 
 class AttentionWriter(Writer):
@@ -70,6 +87,8 @@ class AttentionWriter(Writer):
         self.lk, self.dv = ks[-2], vs[-1]
         self.scale, self.causal = node.attrs[0], bool(node.attrs[1])
         self.ndt = math.ceil(self.dv / params.attn_block_d)
+        self.widen = "" if node.dtype == "float32" else ".to(tl.float32)"
+        """Half operands are widened on load: products, softmax and sums run in float32."""
 
     def space(self, row: bool) -> IndexSpace:
         return IndexSpace(lin="lin", mask="cmask")
@@ -106,12 +125,12 @@ class AttentionWriter(Writer):
         e(
             inner,
             f"q = tl.load({pq} + (bh * {lq} + rm[:, None]) * {d} + rk[None, :], "
-            "mask=mmask[:, None] & kmask[None, :], other=0.0)",
+            "mask=mmask[:, None] & kmask[None, :], other=0.0)" + self.widen,
         )
         e(
             inner,
             f"kt = tl.load({pk} + (bh * {lk} + rn[None, :]) * {d} + rk[:, None], "
-            "mask=kmask[:, None] & nmask[None, :], other=0.0)",
+            "mask=kmask[:, None] & nmask[None, :], other=0.0)" + self.widen,
         )
         e(inner, f'qk = tl.dot(q, kt, qk, input_precision="{p.attn_precision}")')
         valid = "nmask[None, :] & (rn[None, :] <= rm[:, None])" if self.causal else "nmask[None, :]"
@@ -124,7 +143,7 @@ class AttentionWriter(Writer):
         e(
             loop,
             f"v = tl.load({pv} + (bh * {lk} + rn[:, None]) * {dv} + rd[None, :], "
-            "mask=nmask[:, None] & dmask[None, :], other=0.0)",
+            "mask=nmask[:, None] & dmask[None, :], other=0.0)" + self.widen,
         )
         e(loop, f'acc = tl.dot(pr, v, acc * alpha[:, None], input_precision="{p.attn_precision}")')
         e(loop, "m_i = m_new")

@@ -25,7 +25,7 @@ import structlog
 
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.hardware import detect
-from actors.experts.template.ir import Plan, Unsupported
+from actors.experts.template.ir import KeepTorch, Plan, Unsupported
 from actors.experts.template.isolate import analyse_in_child
 from actors.experts.template.params import TemplateParams, params_from_source
 from actors.experts.template.render import analyse, render
@@ -40,6 +40,7 @@ from schemas import (
     GenerateRequest,
     KernelLanguage,
     Proposal,
+    TorchOpsPolicy,
 )
 
 _log = structlog.get_logger(__name__)
@@ -123,7 +124,7 @@ class TemplateExpert:
         self.max_variants = max_variants
         self.analysis = AnalysisMode(analysis)
         self.analysis_timeout_s = analysis_timeout_s
-        self._plans: OrderedDict[str, Plan | Unsupported] = OrderedDict()
+        self._plans: OrderedDict[tuple[str, KeepTorch], Plan | Unsupported] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._requests = self._proposals = self._declines = self._traced = self._errors = 0
 
@@ -136,25 +137,35 @@ class TemplateExpert:
         self._plans.clear()
         self._locks.clear()
 
-    async def plan_for(self, task_id: str, source: str) -> Plan | Unsupported:
-        """The plan of a task, traced once per ``task_id`` (child process or worker thread)."""
-        cached = self._plans.get(task_id)
+    async def plan_for(self, task_id: str, source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan | Unsupported:
+        """The plan of a task, traced once per ``task_id`` (child process or worker thread).
+
+        With ``keep_torch`` a reference the templates do not cover entirely gets a split plan:
+        kernels for what they cover, the reference's own PyTorch calls for the rest (``LAYOUT``:
+        data movement only; ``ALL``: run policy ``--torch-ops reference``).
+        """
+        if keep_torch is not KeepTorch.NONE:
+            whole = await self.plan_for(task_id, source)
+            if isinstance(whole, Plan):
+                return whole
+        key = (task_id, keep_torch)
+        cached = self._plans.get(key)
         if cached is not None:
-            self._plans.move_to_end(task_id)
+            self._plans.move_to_end(key)
             return cached
-        lock = self._locks.setdefault(task_id, asyncio.Lock())
+        lock = self._locks.setdefault(f"{task_id}:{keep_torch}", asyncio.Lock())
         async with lock:
-            cached = self._plans.get(task_id)
+            cached = self._plans.get(key)
             if cached is None:
                 if self.analysis is AnalysisMode.PROCESS:
-                    cached = await analyse_in_child(source, self.analysis_timeout_s)
+                    cached = await analyse_in_child(source, self.analysis_timeout_s, keep_torch)
                 else:
-                    cached = await asyncio.to_thread(analyse, source)
+                    cached = await asyncio.to_thread(analyse, source, keep_torch)
                 self._traced += 1
-                self._plans[task_id] = cached
+                self._plans[key] = cached
                 while len(self._plans) > _PLAN_CACHE:
-                    old, _ = self._plans.popitem(last=False)
-                    self._locks.pop(old, None)
+                    (old, kept), _ = self._plans.popitem(last=False)
+                    self._locks.pop(f"{old}:{kept}", None)
         return cached
 
     async def generate(self, request: GenerateRequest) -> GenerateReply:
@@ -165,7 +176,9 @@ class TemplateExpert:
         if request.language is not KernelLanguage.TRITON:
             return self._decline(request, started, f"the template expert writes Triton, not {request.language}")
         try:
-            plan = await self.plan_for(request.task.task_id, request.task.source)
+            reference = request.torch_ops is TorchOpsPolicy.REFERENCE
+            keep_torch = KeepTorch.ALL if reference else KeepTorch.LAYOUT
+            plan = await self.plan_for(request.task.task_id, request.task.source, keep_torch)
             if isinstance(plan, Unsupported):
                 log.info("template.decline", detail=plan.detail)
                 return self._decline(request, started, plan.detail)

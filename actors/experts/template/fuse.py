@@ -32,6 +32,8 @@ class KernelKind(StrEnum):
     POOL = "pool"
     SCAN = "scan"
     ATTN = "attn"
+    TORCH = "torch"
+    """Not a kernel: a reference op left to PyTorch between kernels (its value always stored)."""
 
 
 @dataclass
@@ -143,6 +145,13 @@ class _Builder:
                 kernel = self.new(kind, node.numel)
                 kernel.mm = node.id
                 self.join(kernel, node.id)
+            elif node.kind is NodeKind.TORCH:
+                for arg in node.tensor_args():
+                    self.export(arg)
+                kernel = self.new(KernelKind.TORCH, node.numel)
+                kernel.mm = node.id
+                self.join(kernel, node.id)
+                self.export(node.id)
             elif node.kind is NodeKind.RED:
                 self._red(node)
             else:
@@ -153,7 +162,7 @@ class _Builder:
     def _view(self, node: Node) -> None:
         src = node.tensor_args()[0]
         k = self.kernel_of.get(src)
-        if k is None:
+        if k is None or self.kernels[k].kind is KernelKind.TORCH:
             return  # a view of a materialised tensor: addressed through its base
         kernel = self.kernels[k]
         self.join(kernel, node.id, elem=src in kernel.elem or kernel.kind is not KernelKind.ROW)
@@ -227,6 +236,8 @@ class _Builder:
 
     def _fits(self, kernel: Kernel, node: Node, mine: list[int]) -> bool | None:
         """The level (True: element) at which ``node`` joins ``kernel``, or None if it cannot."""
+        if kernel.kind is KernelKind.TORCH:
+            return None
         if kernel.kind is KernelKind.PW:
             return True if node.numel == kernel.numel else None
         if kernel.kind in (KernelKind.MM, KernelKind.CONV, KernelKind.POOL, KernelKind.SCAN, KernelKind.ATTN):
@@ -279,7 +290,7 @@ def _check_addressable(sched: Schedule) -> None:
     for kernel in sched.kernels:
         for nid in kernel.nodes:
             node = plan.nodes[nid]
-            if node.kind is NodeKind.MM:
+            if node.kind in (NodeKind.MM, NodeKind.TORCH):
                 for arg in node.tensor_args():
                     base_of(plan, arg, sched.is_exported)
                 continue

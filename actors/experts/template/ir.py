@@ -15,6 +15,18 @@ from enum import StrEnum
 from typing import Any
 
 
+class KeepTorch(StrEnum):
+    """Which reference ops the templates do not cover may stay PyTorch calls between kernels."""
+
+    NONE = "none"
+    """None: a reference with an uncovered op is declined."""
+    LAYOUT = "layout"
+    """Only data movement (views, transposes, splits, slicing, ``contiguous``): allowed under every
+    run policy (the evaluator admits views and copies)."""
+    ALL = "all"
+    """Any op the reference calls (run policy ``--torch-ops reference``)."""
+
+
 class NodeKind(StrEnum):
     """What a node of the plan is."""
 
@@ -40,6 +52,9 @@ class NodeKind(StrEnum):
     SCAN = "scan"
     """An inclusive scan (``op`` ``sum`` or ``prod``) of ``args[0]`` along ``dims`` (one dim);
     ``attrs[0]`` is 1.0 for a reversed scan (from the end)."""
+    TORCH = "torch"
+    """A reference op left to PyTorch (run policy ``reference``): ``path`` is the call as a Python
+    expression with ``{i}`` standing for the i-th tensor of ``args``."""
     POOL = "pool"
     """A window pooling (``op`` ``max`` or ``avg``) over the trailing dims of ``args[0]``; ``attrs``
     hold its :class:`PoolSpec`."""

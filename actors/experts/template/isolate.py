@@ -18,14 +18,16 @@ import sys
 from pathlib import Path
 
 from actors.childenv import child_pythonpath
-from actors.experts.template.ir import Plan, Unsupported, plan_from_dict, plan_to_dict
+from actors.experts.template.ir import KeepTorch, Plan, Unsupported, plan_from_dict, plan_to_dict
 
 _ROOT = Path(__file__).resolve().parents[3]
 _KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 
 
-async def analyse_in_child(source: str, timeout: float = 180.0) -> Plan | Unsupported:
-    """``analyse(source)`` in a child process; a child that fails or times out is a decline."""
+async def analyse_in_child(
+    source: str, timeout: float = 180.0, keep_torch: KeepTorch = KeepTorch.NONE
+) -> Plan | Unsupported:
+    """``analyse(source, keep_torch)`` in a child process; a child that fails or times out is a decline."""
     env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
     env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -33,6 +35,7 @@ async def analyse_in_child(source: str, timeout: float = 180.0) -> Plan | Unsupp
         sys.executable,
         "-m",
         "actors.experts.template.isolate",
+        f"--keep-torch={KeepTorch(keep_torch).value}",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -63,7 +66,8 @@ def main() -> int:
 
     source = sys.stdin.read()
     with contextlib.redirect_stdout(sys.stderr):  # the reference may print; stdout carries the answer
-        result = analyse(source)
+        flags = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--keep-torch=")]
+        result = analyse(source, KeepTorch(flags[-1]) if flags else KeepTorch.NONE)
     if isinstance(result, Unsupported):
         payload: dict[str, object] = {"unsupported": result.detail, "op": result.op}
     else:

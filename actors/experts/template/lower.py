@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
+from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
+from actors.experts.template.ir import EW_OPS, KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.keep_torch import is_layout, keep
 from actors.experts.template.spellings import REQUIRED, Spec, resolve
 from actors.experts.template.trace import Traced
 
@@ -72,11 +75,21 @@ def _has_tensor(value: Any) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class _Uncovered:
+    """An FX node the templates do not cover; reading it declines with its reason (a pattern such
+    as explicit attention may consume it without reading it)."""
+
+    error: UnsupportedGraph
+
+
 class Lowerer:
     """Walks the FX graph once, building nodes."""
 
-    def __init__(self, traced: Traced) -> None:
+    def __init__(self, traced: Traced, keep_torch: KeepTorch = KeepTorch.NONE) -> None:
         self.traced = traced
+        self.keep_torch = keep_torch
+        """Which ops the templates do not cover may stay the reference's PyTorch calls."""
         self.nodes: list[Node] = []
         self.env: dict[fx.Node, Any] = {}
         self.ops: list[str] = []
@@ -155,6 +168,8 @@ class Lowerer:
             raise UnsupportedGraph(f"a view from {self.shape(src)} to {shape} changes the element count")
         if tuple(shape) == self.shape(src):
             return src
+        if self._transposed(src):
+            raise UnsupportedGraph("a reshape of a transposed tensor is not covered")
         return self.add(NodeKind.VIEW, shape, args=(src.id,), dtype=self.node(src).dtype)
 
     def perm(self, src: NodeRef) -> NodeRef:
@@ -214,7 +229,10 @@ class Lowerer:
 
     def _arg(self, value: Any) -> Any:
         if isinstance(value, fx.Node):
-            return self.env[value]
+            found = self.env[value]
+            if isinstance(found, _Uncovered):
+                raise found.error
+            return found
         if isinstance(value, tuple | list):
             return type(value)(self._arg(v) for v in value)
         if isinstance(value, dict):
@@ -226,12 +244,14 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
-            if traced.dtype not in (torch.float32, torch.bool):
+            kept = self.keep_torch is KeepTorch.ALL and traced.dtype == torch.int64
+            half = traced.dtype in (torch.float16, torch.bfloat16)  # attention reads them; else declined
+            if traced.dtype not in (torch.float32, torch.bool) and not kept and not half:
                 raise UnsupportedGraph(
                     f"input {fxn.target} is {traced.dtype}; only float32 (and bool masks) is covered"
                 )
             index = sum(1 for n in self.env if n.op == "placeholder")
-            dtype = "bool" if traced.dtype == torch.bool else "float32"
+            dtype = str(traced.dtype).removeprefix("torch.")
             return self.add(NodeKind.INPUT, tuple(traced.shape), index=index, dtype=dtype)
         if fxn.op == "get_attr":
             if str(fxn.target) not in self.param_paths:
@@ -245,11 +265,24 @@ class Lowerer:
             ):
                 return traced
             raise UnsupportedGraph(f"a non-tensor value of type {type(traced).__name__} in forward")
+        try:
+            return self._covered(fxn, traced)
+        except UnsupportedGraph as exc:
+            if self.keep_torch is KeepTorch.ALL or (self.keep_torch is KeepTorch.LAYOUT and is_layout(fxn)):
+                return keep(self, fxn, traced, self.traced.source or "")
+            return _Uncovered(exc)  # declines only if something that is computed reads it
+
+    def _covered(self, fxn: fx.Node, traced: Any) -> object:
         module = self.traced.root.get_submodule(str(fxn.target)) if fxn.op == "call_module" else None
         spec = resolve(fxn, module)
         if spec is None:
             what = _describe(fxn) + (f" ({type(module).__name__})" if module is not None else "")
             raise UnsupportedGraph(f"{what} is not covered by the templates", op=what)
+        if spec.canon == "matmul":
+            attention = explicit_attention(self, fxn)
+            if attention is not None:
+                self.ops.append("attention")
+                return attention
         args = [self._arg(a) for a in fxn.args]
         kwargs = {k: self._arg(v) for k, v in fxn.kwargs.items()}
         bound = _bind(spec, args, kwargs, module)

@@ -15,8 +15,8 @@ from dataclasses import replace
 from actors.experts.template.emit import Launch, write_kernel
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import helpers_source
-from actors.experts.template.fuse import Schedule, base_of, schedule
-from actors.experts.template.ir import NodeKind, Plan, Unsupported
+from actors.experts.template.fuse import KernelKind, Schedule, base_of, schedule
+from actors.experts.template.ir import KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
 from actors.experts.template.trace import init_source, trace_reference
@@ -24,17 +24,20 @@ from actors.experts.template.trace import init_source, trace_reference
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
 
 
-def analyse(reference_source: str) -> Plan | Unsupported:
+def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan | Unsupported:
     """Trace a KernelBench-format reference and map it onto the templates.
 
     Executes the reference's module code, ``get_init_inputs``, ``Model(...)`` and ``forward``
     on meta tensors: call it off the event loop. Returns :class:`Unsupported` (a decline) for
-    anything the templates do not cover, including references that fail to load.
+    anything the templates do not cover, including references that fail to load. With
+    ``keep_torch`` an op the templates do not cover stays the reference's own PyTorch call between
+    the kernels (``LAYOUT``: data movement only, any policy; ``ALL``: run policy ``--torch-ops
+    reference``), as long as some kernel is left.
     """
     try:
         traced = trace_reference(reference_source)
         init_text, prelude = init_source(reference_source)
-        lowerer = Lowerer(traced)
+        lowerer = Lowerer(traced, KeepTorch(keep_torch))
         output = lowerer.lower()
         plan = Plan(
             nodes=tuple(lowerer.nodes),
@@ -56,6 +59,8 @@ def analyse(reference_source: str) -> Plan | Unsupported:
                 if (epilogue, prologue) == (True, True):
                     raise
                 continue
+            if all(k.kind is KernelKind.TORCH for k in sched.kernels):
+                raise UnsupportedGraph("every op would stay in PyTorch: nothing is left for a kernel")
             shape = tuple((k.kind.value, len(k.nodes)) for k in sched.kernels)
             if not template:
                 template = "+".join(k.kind.value for k in sched.kernels)
@@ -79,11 +84,17 @@ def render(plan: Plan, params: TemplateParams) -> str:
 
 def _render(plan: Plan, params: TemplateParams, sched: Schedule) -> str:
     used: set[str] = set()
-    launches = [write_kernel(sched, kernel, params, used) for kernel in sched.kernels]
+    launches = [
+        None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, used)
+        for kernel in sched.kernels
+    ]
+    kernels = [launch for launch in launches if launch is not None]
     parts = [
         header(plan.template, params),
         f'"""ModelNew from Kernel Foundry\'s template expert ({plan.template}: '
-        f"{len(launches)} Triton kernel{'s' if len(launches) != 1 else ''}).",
+        f"{len(kernels)} Triton kernel{'s' if len(kernels) != 1 else ''}"
+        + (f", {len(launches) - len(kernels)} op(s) left to PyTorch" if len(kernels) < len(launches) else "")
+        + ").",
         "",
         "Specialised to the reference's input shapes; forward checks them. Ops: "
         + ", ".join(dict.fromkeys(plan.ops))
@@ -97,20 +108,37 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule) -> str:
     standard = set(parts)
     parts.extend(line for line in plan.prelude_source.splitlines() if line not in standard)
     parts.append(helpers_source(used))
-    for launch in launches:
+    for launch in kernels:
         parts.extend(["", launch.source, ""])
     parts.append(_model(plan, sched, launches))
     return "\n".join(parts) + "\n"
 
 
-def _attr_path(path: str) -> str:
+def attr_path(path: str) -> str:
+    """``self.<path>`` as Python, with list indices (``layers.0`` -> ``self.layers[0]``)."""
     expr = "self"
     for part in path.split("."):
         expr += f".{part}" if part.isidentifier() else f"[{int(part)}]" if part.isdigit() else f"[{part!r}]"
     return expr
 
 
-def _model(plan: Plan, sched: Schedule, launches: list[Launch]) -> str:
+def _torch_call(plan: Plan, sched: Schedule, nid: int) -> str:
+    """``_bN = (<the reference's call>).contiguous()`` for a node left to PyTorch."""
+    node = plan.nodes[nid]
+    operands = []
+    for arg in node.tensor_args():
+        base, transposed = base_of(plan, arg, sched.is_exported)
+        src = plan.nodes[arg].tensor_args()[0] if transposed else arg
+        expr = f"_b{base}"
+        if plan.nodes[base].shape != plan.nodes[src].shape:
+            expr += f".view({plan.nodes[src].shape!r})"
+        if transposed:
+            expr += ".transpose(-1, -2).contiguous()"  # values as the reference's; any view of it works
+        operands.append(expr)
+    return f"_b{nid} = ({node.path.format(*operands)}).contiguous()"
+
+
+def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
     inputs = plan.inputs
     names = plan.arg_names
     lines = ["class ModelNew(nn.Module):", textwrap.indent(plan.init_source, "    "), ""]
@@ -122,7 +150,10 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch]) -> str:
             f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n"
             f'    raise ValueError("this ModelNew was generated for {name} of shape {tuple(node.shape)} {node.dtype}")'
         )
-    used_bases = {b for launch in launches for b in launch.pointers}
+    used_bases = {b for launch in launches if launch is not None for b in launch.pointers}
+    for kernel in sched.kernels:
+        if kernel.kind is KernelKind.TORCH:
+            used_bases.update(base_of(plan, a, sched.is_exported)[0] for a in plan.nodes[kernel.mm].tensor_args())
     device = None
     for node in inputs:
         if node.id in used_bases:
@@ -130,11 +161,14 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch]) -> str:
             device = device or f"_b{node.id}.device"
     for node in plan.nodes:
         if node.kind is NodeKind.PARAM and node.id in used_bases:
-            body.append(f"_b{node.id} = {_attr_path(node.path)}.contiguous()")
+            body.append(f"_b{node.id} = {attr_path(node.path)}.contiguous()")
             device = device or f"_b{node.id}.device"
     if device is None:
         raise UnsupportedGraph("forward reads no tensor")
     for kernel, launch in zip(sched.kernels, launches, strict=True):
+        if launch is None:
+            body.append(_torch_call(plan, sched, kernel.mm))
+            continue
         for nid in kernel.exports:
             node = plan.nodes[nid]
             body.append(f"_b{nid} = torch.empty({tuple(node.shape)!r}, device={device}, dtype=torch.{node.dtype})")

@@ -31,6 +31,8 @@ class Traced:
     values: dict[fx.Node, Any]
     root: torch.nn.Module
     arg_names: tuple[str, ...]
+    source: str | None = None
+    """The reference's source (the explicit attention pattern reads how a mask buffer is built)."""
 
 
 class _Recorder(fx.Interpreter):
@@ -60,6 +62,26 @@ def load_namespace(source: str) -> dict[str, Any]:
     return namespace
 
 
+def _trace_with_sizes(model: torch.nn.Module, inputs: list[Any]) -> fx.GraphModule:
+    """Trace ``forward`` with every proxy carrying its meta value, so ``x.size()``, ``x.shape``
+    and ``math.sqrt(k.size(-1))`` are plain numbers and buffers (``self.bias[:, :, :T, :T]``) are
+    graph nodes, not constants baked from meta tensors."""
+    import inspect
+    import warnings
+
+    from torch.fx.experimental.meta_tracer import MetaTracer
+
+    names = list(inspect.signature(model.forward).parameters)
+    if len(names) != len(inputs):
+        raise UnsupportedGraph(f"forward takes {len(names)} arguments but get_inputs() gives {len(inputs)}")
+    tracer = MetaTracer()
+    tracer.proxy_buffer_attributes = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a value it could not compute: fall back to the plain tracer
+        graph = tracer.trace(model, meta_args=dict(zip(names, inputs, strict=True)))
+    return fx.GraphModule(tracer.root, graph)
+
+
 def trace_reference(source: str) -> Traced:
     """Build the reference on the meta device, trace ``forward`` and record every value."""
     namespace = load_namespace(source)
@@ -76,9 +98,12 @@ def trace_reference(source: str) -> Traced:
         if not isinstance(value, torch.Tensor):
             raise UnsupportedGraph(f"input {i} of get_inputs() is a {type(value).__name__}, not a tensor")
     try:
-        gm = fx.symbolic_trace(model)
-    except Exception as exc:  # data-dependent control flow
-        raise UnsupportedGraph(f"torch.fx could not trace forward: {type(exc).__name__}: {exc}") from exc
+        gm = _trace_with_sizes(model, inputs)
+    except Exception:  # noqa: BLE001 - the shape-aware tracer is stricter: the plain one decides
+        try:
+            gm = fx.symbolic_trace(model)
+        except Exception as exc:  # data-dependent control flow
+            raise UnsupportedGraph(f"torch.fx could not trace forward: {type(exc).__name__}: {exc}") from exc
     recorder = _Recorder(gm)
     try:
         recorder.run(*inputs)
@@ -89,7 +114,7 @@ def trace_reference(source: str) -> Traced:
         raise UnsupportedGraph(f"forward takes {len(names)} arguments but get_inputs() gives {len(inputs)}")
     if any(n.startswith("*") for n in names):
         raise UnsupportedGraph("forward with *args is not covered")
-    return Traced(graph_module=gm, values=recorder.values, root=model, arg_names=names)
+    return Traced(graph_module=gm, values=recorder.values, root=model, arg_names=names, source=source)
 
 
 class _SuperRewriter(ast.NodeTransformer):

@@ -1,0 +1,176 @@
+"""Leaving a reference op the templates do not cover to PyTorch (run policy ``--torch-ops reference``).
+
+An FX node the lowerer cannot map becomes a ``TORCH`` plan node: the same call the reference
+makes (its own submodule ``self.attn(...)``, the same ``torch``/``F`` function, the same tensor
+method or operator), written as a Python expression over the plan's tensors. ``render`` puts it
+between the kernels as ``_bN = (<expr>).contiguous()``; the gate admits it because the reference
+calls it. Only calls that read at least one tensor are kept (a constructor would build on the
+wrong device); device arguments and values the expression cannot spell decline.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
+
+if TYPE_CHECKING:
+    from actors.experts.template.lower import Lowerer
+
+_BINARY = {
+    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/", operator.floordiv: "//",
+    operator.matmul: "@", operator.pow: "**", operator.mod: "%", operator.eq: "==", operator.ne: "!=",
+    operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=", operator.and_: "&",
+    operator.or_: "|", operator.xor: "^",
+}  # fmt: skip
+_UNARY = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
+_NAMESPACES = (
+    ("torch.nn.functional", torch.nn.functional),
+    ("torch", torch),
+    ("torch.special", torch.special),
+    ("torch.linalg", torch.linalg),
+    ("torch.fft", torch.fft),
+)
+
+
+LAYOUT_METHODS = frozenset(
+    {
+        "view", "reshape", "permute", "transpose", "t", "contiguous", "flatten", "unflatten", "squeeze",
+        "unsqueeze", "split", "chunk", "unbind", "narrow", "movedim", "swapaxes", "expand", "expand_as", "view_as",
+    }
+)  # fmt: skip
+"""Tensor methods that only move or re-address data (the evaluator admits them under ``forbid``)."""
+_LAYOUT_FUNCTIONS = {getattr(torch, name): name for name in LAYOUT_METHODS if callable(getattr(torch, name, None))}
+
+
+def _plain_index(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or isinstance(i, int | slice) for i in items)
+
+
+def is_layout(fxn: fx.Node) -> bool:
+    """Whether an FX node only moves or re-addresses data (kept as a method call under any policy)."""
+    if fxn.op == "call_method":
+        return str(fxn.target) in LAYOUT_METHODS
+    if fxn.op != "call_function":
+        return False
+    if fxn.target is operator.getitem:
+        return len(fxn.args) == 2 and _plain_index(fxn.args[1])
+    try:
+        return fxn.target in _LAYOUT_FUNCTIONS
+    except TypeError:  # an unhashable target
+        return False
+
+
+def _function_name(target: Any, source: str) -> str:
+    """A qualified name for a torch function, spelled the way the reference spells it."""
+    name = getattr(target, "__name__", None)
+    if not isinstance(name, str):
+        raise UnsupportedGraph(f"function {target!r} cannot be named", op=str(target))
+    found = [qual for qual, mod in _NAMESPACES if getattr(mod, name, None) is target]
+    if not found:
+        raise UnsupportedGraph(f"function {name} is not a torch function", op=name)
+    for qual in found:  # prefer the namespace the reference writes (``torch.relu`` vs ``F.relu``)
+        short = {"torch.nn.functional": "F"}.get(qual, qual)
+        if f"{short}.{name}(" in source or f"{qual}.{name}(" in source:
+            return f"{qual}.{name}"
+    return f"{found[0]}.{name}"
+
+
+def _literal(value: Any) -> str:
+    if value is None or isinstance(value, bool | int | str):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
+    if isinstance(value, slice):
+        return f"slice({_literal(value.start)}, {_literal(value.stop)}, {_literal(value.step)})"
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, tuple | list | torch.Size):
+        inner = ", ".join(_literal(v) for v in value)
+        return f"({inner},)" if isinstance(value, tuple | torch.Size) else f"[{inner}]"
+    raise UnsupportedGraph(f"a {type(value).__name__} argument cannot be passed to a PyTorch op here")
+
+
+class _Spelling:
+    """Turns lowered arguments into expression text with ``{i}`` slots for tensors."""
+
+    def __init__(self, lw: Lowerer) -> None:
+        self.lw = lw
+        self.tensors: list[int] = []
+
+    def slot(self, ref: NodeRef) -> str:
+        if ref.id not in self.tensors:
+            self.tensors.append(ref.id)
+        return "{" + str(self.tensors.index(ref.id)) + "}"
+
+    def arg(self, value: Any) -> str:
+        if isinstance(value, fx.Node):
+            value = self.lw._arg(value)  # an uncovered operand declines with its own reason
+        if isinstance(value, NodeRef):
+            return self.slot(value)
+        if isinstance(value, TupleRef):
+            return "(" + "".join(self.slot(r) + ", " for r in value.items) + ")"
+        if isinstance(value, tuple | list) and any(isinstance(v, fx.Node) for v in value):
+            inner = ", ".join(self.arg(v) for v in value)
+            return f"({inner},)" if isinstance(value, tuple) else f"[{inner}]"
+        return _literal(value)
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        parts = [self.arg(a) for a in args] + [f"{k}={self.arg(v)}" for k, v in kwargs.items()]
+        return ", ".join(parts)
+
+
+def _expression(lw: Lowerer, fxn: fx.Node, source: str) -> tuple[str, list[int]]:
+    sp = _Spelling(lw)
+    target = fxn.target
+    if fxn.op == "call_module":
+        from actors.experts.template.render import attr_path
+
+        text = f"{attr_path(str(target))}({sp.call(tuple(fxn.args), dict(fxn.kwargs))})"
+    elif fxn.op == "call_method":
+        receiver, *rest = fxn.args
+        text = f"{sp.arg(receiver)}.{target}({sp.call(tuple(rest), dict(fxn.kwargs))})"
+    elif fxn.op == "call_function" and is_layout(fxn) and target in _LAYOUT_FUNCTIONS:
+        receiver, *rest = fxn.args
+        name = _LAYOUT_FUNCTIONS[target]
+        text = f"{sp.arg(receiver)}.{name}({sp.call(tuple(rest), dict(fxn.kwargs))})"  # the method spelling
+    elif target is operator.getitem:
+        text = f"{sp.arg(fxn.args[0])}[{sp.arg(fxn.args[1])}]"
+    elif target in _BINARY and len(fxn.args) == 2:
+        text = f"({sp.arg(fxn.args[0])} {_BINARY[target]} {sp.arg(fxn.args[1])})"
+    elif target in _UNARY and len(fxn.args) == 1:
+        text = f"({_UNARY[target]}{sp.arg(fxn.args[0])})"
+    else:
+        text = f"{_function_name(target, source)}({sp.call(tuple(fxn.args), dict(fxn.kwargs))})"
+    if not sp.tensors:
+        raise UnsupportedGraph(f"{fxn.name} reads no tensor of the forward: not kept in PyTorch", op=fxn.name)
+    return text, sp.tensors
+
+
+def _dtype(value: torch.Tensor) -> str:
+    name = str(value.dtype).removeprefix("torch.")
+    if name not in ("float32", "bool", "int64"):
+        raise UnsupportedGraph(f"a kept PyTorch op returning {name} is not covered")
+    return name
+
+
+def keep(lw: Lowerer, fxn: fx.Node, traced: Any, source: str) -> object:
+    """The ``TORCH`` node(s) for ``fxn``: one per tensor it returns (a tuple becomes a ``TupleRef``)."""
+    text, tensors = _expression(lw, fxn, source)
+    lw.ops.append(f"torch:{fxn.target if isinstance(fxn.target, str) else getattr(fxn.target, '__name__', '?')}")
+    if isinstance(traced, torch.Tensor):
+        return lw.add(NodeKind.TORCH, tuple(traced.shape), dtype=_dtype(traced), args=tuple(tensors), path=text)
+    if isinstance(traced, tuple | list) and traced and all(isinstance(t, torch.Tensor) for t in traced):
+        items = tuple(
+            lw.add(NodeKind.TORCH, tuple(t.shape), dtype=_dtype(t), args=tuple(tensors), path=f"({text})[{i}]")
+            for i, t in enumerate(traced)
+        )
+        return TupleRef(items)
+    raise UnsupportedGraph(f"{fxn.name} returns a {type(traced).__name__}: not kept in PyTorch", op=fxn.name)

@@ -1,0 +1,112 @@
+"""Whole graphs split between kernels and the reference's own PyTorch calls.
+
+Data movement the templates do not cover (``split``, a head transpose, slicing) stays a PyTorch
+call under every run policy (the evaluator admits views and copies); compute they do not cover
+(``nn.MultiheadAttention``, ``masked_fill``) only under ``--torch-ops reference``. Checked on a
+GPT-style block written for these tests (``tests/data/gpt_block.py``) and a multi-head attention
+block: what the gate says under each policy, correctness under the Triton interpreter, and the
+expert's answers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.experts.template import Plan, Unsupported, analyse, default_params, render
+from actors.experts.template.expert import AnalysisMode, TemplateExpert
+from actors.experts.template.interp_check import check_in_subprocess
+from actors.experts.template.ir import KeepTorch
+from gpu_runner.gate import check_candidate
+from schemas import GenerateRequest, Severity, Task, TorchOpsPolicy
+from tests.experts.template_cases import HEAD, _model
+
+GPT_BLOCK = (Path(__file__).parents[1] / "data" / "gpt_block.py").read_text()
+MHA_BLOCK = HEAD + _model(
+    ", e, h",
+    "self.attn = nn.MultiheadAttention(e, h)\nself.norm = nn.LayerNorm(e)",
+    "x",
+    "x = x.permute(2, 0, 1)\na, _ = self.attn(x, x, x)\nreturn torch.relu(self.norm(a + x)).permute(1, 2, 0)",
+    "torch.rand(2, 12, 5)",
+    "12, 3",
+)
+RESHAPED_TRANSPOSE = HEAD + _model(
+    "", "", "x", "return torch.relu(x).transpose(-1, -2).contiguous().view(2, -1) * 2.0", "torch.rand(2, 3, 5)", ""
+)
+P = TorchOpsPolicy
+
+
+def _plan(source: str, keep: KeepTorch) -> Plan:
+    plan = analyse(source, keep)
+    assert isinstance(plan, Plan), plan
+    return plan
+
+
+def _rejected(source: str, reference: str, policy: TorchOpsPolicy) -> list[str]:
+    report = check_candidate(source, reference, policy)
+    return [f.message for f in report.findings if f.severity is Severity.REJECT]
+
+
+def test_block_whose_uncovered_ops_move_data_is_split_under_any_policy() -> None:
+    whole = analyse(GPT_BLOCK)
+    assert isinstance(whole, Unsupported)
+    assert "not covered" in whole.detail
+    plan = _plan(GPT_BLOCK, KeepTorch.LAYOUT)
+    kinds = plan.template.split("+")
+    assert "torch" in kinds
+    assert "attn" in kinds  # the explicit causal softmax attention is one flash-style kernel
+    assert kinds.count("mm") >= 3  # qkv, output projection and the MLP stay kernels
+    source = render(plan, default_params(plan))
+    assert "self.c_attn(" not in source
+    assert ".split(" in source
+    assert ".masked_fill(" not in source
+    assert _rejected(source, GPT_BLOCK, P.FORBID) == []
+
+
+def test_block_with_uncovered_compute_is_split_only_under_reference() -> None:
+    declined = analyse(MHA_BLOCK, KeepTorch.LAYOUT)
+    assert isinstance(declined, Unsupported)
+    assert "MultiheadAttention" in declined.detail
+    plan = _plan(MHA_BLOCK, KeepTorch.ALL)
+    source = render(plan, default_params(plan))
+    assert "(self.attn(_b1, _b1, _b1))[0]" in source
+    report = check_candidate(source, MHA_BLOCK, P.REFERENCE)
+    assert not report.rejected, [f.message for f in report.findings]
+    assert report.torch_ops_kept == ("torch.nn.MultiheadAttention",)
+    assert _rejected(source, MHA_BLOCK, P.FORBID)
+
+
+def test_reshape_of_a_transpose_stays_a_pytorch_view_between_kernels() -> None:
+    assert isinstance(analyse(RESHAPED_TRANSPOSE), Unsupported)
+    plan = _plan(RESHAPED_TRANSPOSE, KeepTorch.LAYOUT)
+    assert plan.template == "pw+torch+pw"
+    assert ".transpose(-1, -2).contiguous().view(2, -1)" in render(plan, default_params(plan))
+
+
+@pytest.mark.timeout(300)
+def test_split_blocks_match_pytorch_under_the_interpreter(tmp_path: Path) -> None:
+    jobs: list[dict[str, object]] = []
+    cases = ((GPT_BLOCK, KeepTorch.LAYOUT), (MHA_BLOCK, KeepTorch.ALL), (RESHAPED_TRANSPOSE, KeepTorch.LAYOUT))
+    for reference, keep in cases:
+        plan = _plan(reference, keep)
+        candidate = render(plan, default_params(plan))
+        jobs.append({"reference": reference, "candidate": candidate, "seeds": [3, 4], "atol": 1e-4, "rtol": 1e-4})
+    verdicts = check_in_subprocess(jobs, tmp_path, timeout=280)
+    assert all(v.ok for v in verdicts), [v.detail for v in verdicts]
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_expert_keeps_compute_in_pytorch_only_when_the_run_allows_it() -> None:
+    expert = TemplateExpert(analysis=AnalysisMode.THREAD)
+    gpt = await expert.generate(GenerateRequest(run_id="r", island="i0", task=Task.from_source("gpt", GPT_BLOCK)))
+    assert gpt.decline is None
+    assert all("torch" in p.strategy for p in gpt.proposals)
+    mha = Task.from_source("mha", MHA_BLOCK)
+    declined = await expert.generate(GenerateRequest(run_id="r", island="i0", task=mha))
+    assert declined.decline is not None
+    assert "MultiheadAttention" in declined.decline.detail
+    reply = await expert.generate(GenerateRequest(run_id="r", island="i0", task=mha, torch_ops=P.REFERENCE, n=2))
+    assert reply.decline is None
+    assert len(reply.proposals) == 2
