@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 N = 12
 
 
-async def _diagnose_all(bus: Bus, run: RunSpec) -> tuple[DiagnoserActor, list[Feedback]]:
+async def _diagnose_all(bus: Bus, url: str, run: RunSpec) -> tuple[DiagnoserActor, list[Feedback]]:
     await publish_candidates(bus, run, range(N))
     for i in range(N):
         cand = candidate(run, i)
@@ -33,7 +33,7 @@ async def _diagnose_all(bus: Bus, run: RunSpec) -> tuple[DiagnoserActor, list[Fe
             summary=f"result {i}",
         )
         await bus.publish_durable(subjects.results(run.run_id, cand.island), result, msg_id=f"result-{i}")
-    actor = DiagnoserActor(nats_url=bus.nc.connected_url.geturl(), run_id=run.run_id, diagnose=RuleDiagnose())  # type: ignore[union-attr]
+    actor = DiagnoserActor(nats_url=url, run_id=run.run_id, diagnose=RuleDiagnose())
     task = asyncio.create_task(actor.run())
     try:
         stream = subjects.run_stream(run.run_id)
@@ -41,7 +41,7 @@ async def _diagnose_all(bus: Bus, run: RunSpec) -> tuple[DiagnoserActor, list[Fe
     finally:
         actor.request_stop("test over")
         await asyncio.wait_for(task, 30)
-    return actor, feedback  # type: ignore[return-value]
+    return actor, feedback
 
 
 def _check(run: RunSpec, feedback: list[Feedback]) -> None:
@@ -61,7 +61,7 @@ async def test_diagnoser_feeds_back_every_result_with_the_candidate_it_judged(na
         await bus.ensure_run_stream(run_id)
         run = RunSpec(run_id=run_id, task=Task.from_source("relu", REFERENCE))
         await put_run(bus, run)
-        actor, feedback = await _diagnose_all(bus, run)
+        actor, feedback = await _diagnose_all(bus, nats_url, run)
     finally:
         await bus.close()
     _check(run, feedback)
@@ -85,7 +85,7 @@ async def test_diagnoser_reads_candidates_from_a_run_stream_without_direct_gets(
         )
         run = RunSpec(run_id=run_id, task=Task.from_source("relu", REFERENCE))
         await put_run(bus, run)
-        actor, feedback = await _diagnose_all(bus, run)
+        actor, feedback = await _diagnose_all(bus, nats_url, run)
     finally:
         await bus.close()
     _check(run, feedback)
