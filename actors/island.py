@@ -462,17 +462,18 @@ class IslandActor(Actor):
 
     async def _save(self, *, force: bool = False) -> None:
         """Save the brain at most every ``save_every_s`` (and always when forced). The state grows
-        with the island's history, so a save that takes long spaces the next ones out: saving never
-        takes more than about 1/20 of the island's time."""
+        with the island's history, so when encoding it takes long the next saves are spaced out:
+        encoding never takes more than about 1/20 of the island's time."""
         if not force and time.monotonic() - self._last_save < self._save_gap_s:
             return
-        started = time.monotonic()
-        self._last_save = started  # concurrent feedbacks do not start a second save meanwhile
+        self._last_save = time.monotonic()  # concurrent feedbacks do not start a second save meanwhile
         async with self._lock:
+            started = time.perf_counter()
             text = self.brain.to_json()
+            encoding_s = time.perf_counter() - started
         await save_text(self.bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.rid, self.name), text)
         self._last_save = time.monotonic()
-        self._save_gap_s = max(self.save_every_s, 20.0 * (self._last_save - started))
+        self._save_gap_s = max(self.save_every_s, 20.0 * encoding_s)
 
     def drain_timeout(self) -> float:
         return self.spec.eval_timeout_s + 60.0 if self._spec is not None else 600.0
