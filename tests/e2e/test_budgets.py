@@ -119,17 +119,17 @@ async def test_counts_survive_a_nats_restart_in_the_middle(restartable: Restarta
 
 @pytest.mark.timeout(180)
 async def test_wall_budget_ends_on_time_and_cancels_what_is_in_flight(nats_url: str, tmp_path: Path) -> None:
-    # Evaluations take 60 s: none can finish before the 25 s deadline (startup included). Two
+    # Evaluations take 60 s: none can finish before the 40 s deadline (startup included). Two
     # seed candidates are in flight from the start.
     seed = tmp_path / "seed.py"
     seed.write_text("class ModelNew: ...\n")
     controller = _controller(
-        nats_url, tmp_path, "--islands", "2", "--inflight", "2", "--candidates", "1000", "--seconds", "25",
+        nats_url, tmp_path, "--islands", "2", "--inflight", "2", "--candidates", "1000", "--seconds", "40",
         "--noop-delay", "60", "--eval-timeout", "120", "--seed-candidate", str(seed), "--seed-candidate", str(seed),
     )  # fmt: skip
     outcome = await _run(controller, 120)
     assert outcome.reason is StopReason.WALL_TIME
-    deadline = controller.spec.created_at + 25
+    deadline = controller.spec.created_at + 40
     messages = await _stream(nats_url, controller.spec.run_id)
     (end,) = _of(messages, RunEnd)
     assert end.at - deadline < 3.0, f"the run ended {end.at - deadline:.1f} s after its deadline"  # type: ignore[attr-defined]
