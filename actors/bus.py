@@ -712,7 +712,8 @@ class Bus:
             await self.js.update_stream(config)
 
     async def ensure_run_stream(self, run_id: str, *, max_age_s: float = 7 * 24 * 3600) -> None:
-        """The run's event log: every ``kf.<run>.>`` subject, kept for ``max_age_s``."""
+        """The run's event log: every ``kf.<run>.>`` subject, kept for ``max_age_s``, with direct
+        gets (a message by subject without the JSON and base64 of the stream API)."""
         await self.ensure_stream(
             StreamConfig(
                 name=subjects.run_stream(run_id),
@@ -722,6 +723,7 @@ class Bus:
                 max_age=max_age_s,
                 duplicate_window=15 * 60,
                 num_replicas=self.replicas(),
+                allow_direct=True,  # diagnosers read each candidate by subject (a direct get)
             )
         )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import nats.errors
 import nats.js.errors
 import structlog
 
@@ -78,6 +79,8 @@ class DiagnoserActor(Actor):
         self.diagnose = diagnose
         self.concurrency = concurrency
         self.diagnosed = 0
+        self._direct = True
+        """Whether the run stream answers direct gets (see :meth:`candidate`)."""
 
     async def setup(self) -> None:
         consumer = ConsumerSpec(
@@ -91,13 +94,21 @@ class DiagnoserActor(Actor):
         await self.bus.consume(consumer, EvalResult, self.handle, concurrency=self.concurrency)
 
     async def candidate(self, result: EvalResult) -> Candidate:
-        """Fetch the candidate of a result from the run stream."""
+        """Fetch the candidate of a result from the run stream: a direct get by subject, or the
+        stream API's get where the stream does not allow direct gets (made by an older version)."""
         subject = subjects.candidates(self.rid, result.island, result.candidate_id)
+        stream = subjects.run_stream(self.rid)
         try:
-            raw = await self.bus.js.get_last_msg(subjects.run_stream(self.rid), subject)
+            try:
+                raw = await self.bus.js.get_last_msg(stream, subject, direct=self._direct)
+            except nats.errors.NoRespondersError:
+                self._direct = False
+                self.log.info("run stream has no direct gets: reading candidates through the stream API")
+                raw = await self.bus.js.get_last_msg(stream, subject)
         except nats.js.errors.NotFoundError as exc:
             raise Retry(f"candidate {result.candidate_id} not found in the run stream yet", 1.0) from exc
-        assert raw.data is not None
+        if raw.data is None:
+            raise Retry(f"candidate {result.candidate_id} read back empty from the run stream", 1.0)
         return Candidate.model_validate_json(raw.data)
 
     async def handle(self, result: EvalResult, delivery: Delivery) -> None:

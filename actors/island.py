@@ -101,6 +101,9 @@ class IslandActor(Actor):
         self._requests: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
         self._last_save = 0.0
+        self._save_gap_s = save_every_s
+        """Seconds between saves: ``save_every_s``, longer when a save is slow (see ``_save``)."""
+        self._said_stagnating = False
         self._stopped_announced = False
         self._planning = 0
         self._outstanding: dict[str, float] = {}
@@ -368,9 +371,11 @@ class IslandActor(Actor):
             await asyncio.gather(*publishing)
             if (
                 outcome.improved_best
-                or outcome.stagnating
+                or outcome.stagnating != self._said_stagnating
                 or time.monotonic() - self._last_status >= self.status_every_s
             ):
+                # A new best and a change of stagnation go out at once (the migrator acts on the
+                # rising edge); otherwise at most one status per ``status_every_s``.
                 await self._publish_status()
             await self._save()
             self.log.info(
@@ -461,6 +466,7 @@ class IslandActor(Actor):
     async def _publish_status(self, stopped: StopReason | None = None) -> None:
         self._last_status = time.monotonic()
         status = self.brain.status()
+        self._said_stagnating = status.stagnating
         stopped = stopped or (StopReason.NO_PROGRESS if self._gave_up else None)
         if stopped is not None and status.stopped is None:
             status = status.model_copy(update={"stopped": stopped})
@@ -473,12 +479,19 @@ class IslandActor(Actor):
         )
 
     async def _save(self, *, force: bool = False) -> None:
-        if not force and time.monotonic() - self._last_save < self.save_every_s:
+        """Save the brain at most every ``save_every_s`` (and always when forced). The state grows
+        with the island's history, so when encoding it takes long the next saves are spaced out:
+        encoding never takes more than about 1/20 of the island's time."""
+        if not force and time.monotonic() - self._last_save < self._save_gap_s:
             return
+        self._last_save = time.monotonic()  # concurrent feedbacks do not start a second save meanwhile
         async with self._lock:
+            started = time.perf_counter()
             text = self.brain.to_json()
+            encoding_s = time.perf_counter() - started
         await save_text(self.bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.rid, self.name), text)
         self._last_save = time.monotonic()
+        self._save_gap_s = max(self.save_every_s, 20.0 * encoding_s)
 
     def drain_timeout(self) -> float:
         return self.spec.eval_timeout_s + 60.0 if self._spec is not None else 600.0

@@ -33,7 +33,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from actors.bus import Bus, ConsumerSpec, Delivery
 from actors.nats_server import ServerInfo, start_server, stop_server
-from bench.loop_bench import run_noop_loop
+from bench.loop_bench import describe, run_noop_loop
 from schemas import (
     Candidate,
     Control,
@@ -226,8 +226,8 @@ async def bench_hop(url: str, n: int, concurrency: int = 64) -> dict[str, float]
     return {"typed_per_s": max(typed), "raw_per_s": max(raw)}
 
 
-async def bench_loop(url: str, candidates: int, islands: int, inflight: int) -> dict[str, float]:
-    return await run_noop_loop(url, candidates=candidates, islands=islands, inflight=inflight)
+async def bench_loop(url: str, candidates: int, islands: int, inflight: int, server_pid: int) -> dict[str, float]:
+    return await run_noop_loop(url, candidates=candidates, islands=islands, inflight=inflight, server_pid=server_pid)
 
 
 def main() -> int:
@@ -246,7 +246,11 @@ def main() -> int:
             hop = asyncio.run(bench_hop(info.url, n_hop))
             loop = None
             if not args.skip_loop:
-                loop = asyncio.run(bench_loop(info.url, candidates=500 if args.quick else 3000, islands=4, inflight=64))
+                loop = asyncio.run(
+                    bench_loop(
+                        info.url, candidates=500 if args.quick else 3000, islands=4, inflight=64, server_pid=info.pid
+                    )
+                )
         finally:
             stop_server(info.pid)
     rows = [
@@ -259,12 +263,7 @@ def main() -> int:
     for name, typed, raw, ratio in rows:
         out.write(f"{name:<32} {typed:>12.2f} {raw:>12.2f} {ratio:>8.2f}x\n")
     if loop is not None:
-        out.write(
-            f"\nwhole loop, no-op evaluators: {loop['candidates']:.0f} candidates in {loop['seconds']:.2f} s = "
-            f"{loop['per_s']:.0f} candidates/s ({loop['islands']:.0f} islands, {loop['inflight']:.0f} in flight each); "
-            f"this process used {loop['cpu_fraction']:.0%} of one core; every actor stopped within "
-            f"{loop['slowest_stop_s']:.1f} s of the stop request\n"
-        )
+        out.write("\n" + describe(loop) + "\n")
     return 0
 
 

@@ -44,7 +44,10 @@ def own_nats(tmp_path: Path) -> Iterator[ServerInfo]:
 async def test_llm_expert_takes_part_and_its_failures_are_diagnosed(own_nats: ServerInfo, tmp_path: Path) -> None:
     nats_server = own_nats
     task = tmp_path / "gelu_scale.py"
-    task.write_text(REFERENCE_SOURCE)
+    # The expert tests' reference at a smaller size: the same kernels and the same masked tail
+    # (1023 is no multiple of a block), a sixty-fourth of the interpreter's work per call.
+    assert "batch_size = 16\ndim = 16383\n" in REFERENCE_SOURCE
+    task.write_text(REFERENCE_SOURCE.replace("batch_size = 16\ndim = 16383\n", "batch_size = 4\ndim = 1023\n"))
     env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), KF_TEST_LLM_KEY="sk-e2e-secret-7c1d")
     async with ScriptedLLMServer() as llm:
         llm.push(Chat(("",), refusal="I can't assist with this request."))  # its first answer: a decline

@@ -48,6 +48,8 @@ def test_run_refuses_a_task_that_cannot_fit_with_what_it_needs(tmp_path: Path) -
             "60",
             "--run-dir",
             str(tmp_path / "run"),
+            "--embedder",  # the curator's embedder plays no part in a refusal
+            "hashing",
             "--quiet",
         ],
         capture_output=True,
