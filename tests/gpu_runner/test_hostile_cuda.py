@@ -33,30 +33,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu_runner.test_hostile_native import _chars, _evaluate, _processes_beneath, _scenario, _uid
-
-HEADER = r"""
-#include <torch/extension.h>
-#include <unistd.h>
-#include <fcntl.h>
-#include <sys/syscall.h>
-#include <string>
-#include <vector>
-
-static std::string S(const std::vector<int>& v) { std::string s; for (int c : v) s.push_back((char)c); return s; }
-static long sc(long n, long a=0, long b=0, long c=0, long d=0) { return syscall(n, a, b, c, d); }
-static std::string slurp(const std::string& p) {
-    long fd = sc(257, AT_FDCWD, (long)p.c_str(), O_RDONLY, 0);
-    if (fd < 0) return "";
-    std::string out; char buf[4096]; long n;
-    while ((n = sc(0, fd, (long)buf, sizeof buf)) > 0) out.append(buf, n);
-    sc(3, fd); return out;
-}
-static void drop(const std::string& p, const std::string& data) {
-    long fd = sc(257, AT_FDCWD, (long)p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0666);
-    if (fd >= 0) { sc(1, fd, (long)data.data(), (long)data.size()); sc(3, fd); }
-}
-"""
+from tests.gpu_runner.test_hostile_native import (
+    SYSCALL_HELPERS as HEADER,
+)
+from tests.gpu_runner.test_hostile_native import (
+    _chars,
+    _evaluate,
+    _processes_beneath,
+    _scenario,
+    _uid,
+)
 
 PROBES = {
     "read_secret": r"""

@@ -27,7 +27,7 @@ from tests.gpu_runner.conftest import REFERENCES
 AS_USER = Path(__file__).parent / "as_user.sh"
 SHM_KEY = 0x4B460001
 
-CPP = r"""
+SYSCALL_HELPERS = r"""
 #include <torch/extension.h>
 #include <unistd.h>
 #include <fcntl.h>
@@ -48,7 +48,13 @@ static void drop(const std::string& p, const std::string& data) {
     long fd = sc(257, AT_FDCWD, (long)p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0666);
     if (fd >= 0) { sc(1, fd, (long)data.data(), (long)data.size()); sc(3, fd); }
 }
+"""
+"""C++ helpers of the native probes: raw-syscall file reads and writes, strings built from character codes
+(a gate reading source text sees no path or word)."""
 
+CPP = (
+    SYSCALL_HELPERS
+    + r"""
 void probe() {
     const std::string loot = S({LOOT}), token = S({TOKEN}), marker = S({MARKER});
     std::string secret = slurp(S({SECRET}));
@@ -100,6 +106,7 @@ torch::Tensor add_relu(torch::Tensor x, torch::Tensor y) {
 }
 #endif
 """
+)
 
 WRAPPER = '''
 import torch
