@@ -248,3 +248,18 @@ def test_a_run_process_killed_by_a_signal_is_a_crash() -> None:
     d = RULES.diagnose(res)
     assert d.category is C.RUNTIME_CRASH
     assert "killed by SIGSEGV" in d.summary
+
+
+def test_every_diagnosis_category_outside_the_rejections_has_its_own_hint_and_role() -> None:
+    """A category added to the taxonomy without advice would reach the experts as the generic
+    anti-cheat sentence (the fallback meant for ``rejected.*`` only)."""
+    from actors.diagnosis.hints import hints_for, suggested_role
+    from schemas import DiagnosisCategory
+
+    generic = hints_for(DiagnosisCategory("rejected.other"))
+    for category in DiagnosisCategory:
+        hints = hints_for(category)
+        assert hints, category
+        assert suggested_role(category), category
+        if category.family != "rejected":
+            assert hints != generic, f"{category.value} has no hint of its own"
