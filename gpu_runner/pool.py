@@ -229,6 +229,7 @@ class RunPool:
             "flops": self.flops.get(task_key(reference_source)),
             "device_verdict": device_verdict,
             "inputs_on_device": on_device,
+            "in_place_bytes": self.cfg.in_place_bytes,
         }
         data = ReferenceData(judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device)
         await spare.worker.send(msg)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.memplan import LARGE_BYTES
 from gpu_runner.worker_common import (
     Channel,
     Laps,
@@ -282,8 +283,12 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
     del shipments
 
     if channel.bulk_dir:  # pre-faulted and page-locked now, while the spare waits, not in the GPU window
+        # ... unless they are gigabytes: then page-locking costs more than the pageable copy it
+        # saves (an 8 GB-output spare spent 14 s making its two slots, on the critical path when
+        # the plan allows no spare ahead), so the files are only mapped.
+        large = prepared.out_nbytes > int(msg.get("in_place_bytes", LARGE_BYTES))
         try:
-            prepared.slots = OutputSlots(channel.bulk_dir, ref_outputs, device)
+            prepared.slots = OutputSlots(channel.bulk_dir, ref_outputs, device, prefault=not large)
         except (OSError, RuntimeError, ValueError) as exc:  # the trials then pack and send as before
             log(f"output slots unavailable: {type(exc).__name__}: {exc}")
         laps.lap("slots_s")
