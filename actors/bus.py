@@ -767,8 +767,11 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        # Every pull loop stops fetching at once (each may be inside a fetch of up to 0.5 s), then
+        # each lets its in-hand messages ack or nak: side by side, not one consumer after another.
         for consumer in self._consumers:
-            await consumer.stop()
+            consumer.stopping.set()
+        await asyncio.gather(*(consumer.stop() for consumer in self._consumers))
         for core in self._core:
             with contextlib.suppress(nats.errors.Error):
                 await core.sub.drain()  # type: ignore[no-untyped-call]
