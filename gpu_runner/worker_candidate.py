@@ -198,6 +198,12 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
     channel.send("done", jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
 
 
+def _large_bytes(msg: dict[str, Any]) -> int:
+    """Bytes per trial above which this process copies neither inputs nor outputs (the job's
+    ``in_place_bytes``, :data:`gpu_runner.memplan.LARGE_BYTES` by default)."""
+    return int(msg.get("in_place_bytes", LARGE_BYTES))
+
+
 def _memory_at_oom(exc: BaseException, device: torch.device) -> dict[str, Any]:
     """What this process held from the device when it ran out of memory, and what it asked for
     (the parent compares them with the memory plan to tell whose fault it was)."""
@@ -235,9 +241,8 @@ def _trials(
     # Large inputs are used in place (their checksums before and after show a mutation), and
     # large outputs are fingerprinted at return instead of copied (a changed fingerprint after the
     # device is idle shows deferred work): either copy would be gigabytes the GPU may not have.
-    large = int(msg.get("in_place_bytes", LARGE_BYTES))
-    in_place = prepared.in_nbytes > large
-    by_sum = prepared.out_nbytes > large
+    in_place = prepared.in_nbytes > _large_bytes(msg)
+    by_sum = prepared.out_nbytes > _large_bytes(msg)
     work = (
         list(prepared.trials[0])
         if in_place
@@ -399,7 +404,7 @@ def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], 
     log.recording = True
     rotation = Rotation(
         prepared.trials,
-        copy=prepared.in_nbytes <= int(msg.get("in_place_bytes", LARGE_BYTES)) or len(prepared.trials) < 2,
+        copy=prepared.in_nbytes <= _large_bytes(msg) or len(prepared.trials) < 2,
     )
     result = run_timing(timed, rotation, prepared.device, msg["timing"])
     log.recording = False

@@ -44,8 +44,9 @@ def _fake() -> Iterator[None]:
         yield
 
 
-def measured_sizes(ns: dict[str, Any], mode: str) -> dict[str, Any]:
-    """Bytes of one trial's inputs and outputs, the parameters and the largest tensor, by ``mode``."""
+def measured_sizes(ns: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[Any]]:
+    """Bytes of one trial's inputs and outputs, the parameters and the largest tensor, by ``mode``;
+    and the inputs themselves (storage-less tensors: their shapes, strides and dtypes)."""
     init_args = list(ns["get_init_inputs"]())
     with _meta() if mode == "meta" else _fake():
         model = ns["Model"](*init_args)
@@ -57,13 +58,14 @@ def measured_sizes(ns: dict[str, Any], mode: str) -> dict[str, Any]:
     in_bytes, in_big = _nbytes(inputs)
     out_bytes, out_big = _nbytes(flatten_outputs(out))
     params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
-    return {
+    sizes = {
         "input_bytes": in_bytes,
         "output_bytes": out_bytes,
         "param_bytes": params,
         "largest_tensor_bytes": max(in_big, out_big),
         "method": mode,
     }
+    return sizes, inputs
 
 
 def measure(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -77,7 +79,7 @@ def measure(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
         errors = []
         for mode in ("meta", "fake"):
             try:
-                info = measured_sizes(ns, mode)
+                info, _ = measured_sizes(ns, mode)
                 break
             except Exception as exc:  # noqa: BLE001 - the next mode, or an unknown size, recorded
                 errors.append(f"{mode}: {type(exc).__name__}: {exc}"[:200])
