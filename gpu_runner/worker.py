@@ -75,17 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize(device)
         laps.lap("cuda_init_s")
         try:  # build or load Triton's driver module now, not on a candidate's first launch
-            from triton.runtime import driver
+            # Before the sandbox forbids starting programs. Without it an 8 GB candidate, whose
+            # task had no torch.compile baseline to do it first, failed at its first launch with
+            # PermissionError even though its kernel was compiled ahead of time.
+            from gpu_runner.triton_warm import warm_triton_driver
 
-            target = driver.active.get_current_target()
-            getattr(driver.active, "utils", None)
-            # The backend's hash (part of every kernel's cache key) runs `ptxas --version` once per
-            # process: here, before the sandbox forbids starting programs. Without it an 8 GB
-            # candidate, whose task had no torch.compile baseline to do it first, failed at its
-            # first launch with PermissionError even though its kernel was compiled ahead of time.
-            from triton.compiler.compiler import make_backend
-
-            make_backend(target).hash()
+            warm_triton_driver()
         except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
             log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
         laps.lap("triton_driver_s")

@@ -1,6 +1,6 @@
 """Which confinement step breaks CUDA here, and whether each fix holds: one table, each row a forked child.
 
-    python3 deploy/gpu/cuda_layers.py            (about 1-2 minutes; as root and as a user)
+    python3 deploy/gpu/cuda_layers.py [--fit-only]   (about 1-2 minutes; as root and as a user)
 
 Per variant: can the process name its threads through /proc/self/task (what the NVIDIA driver does
 at cuInit), does CUDA start, does a Triton kernel compile (ptxas runs) and launch, does a torch
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,13 +135,17 @@ def _measure(row: dict[str, str]) -> None:
     except BaseException as exc:  # noqa: BLE001 - the row shows the error
         row["cuda"] = f"{type(exc).__name__}: {exc}"[:160]
         return
-    from gpu_runner.confine.cudacheck import _triton_add
+    from gpu_runner.confine.cudacheck import _add_one_kernel, _triton_build, _triton_launch
+
+    def triton_add() -> str:
+        _triton_build(_add_one_kernel())
+        return _triton_launch()
 
     def matmul() -> None:
         a = torch.randn(64, 64, device="cuda")
         (a @ a).sum().item()
 
-    for name, fn in (("triton", _triton_add), ("torch", matmul)):
+    for name, fn in (("triton", triton_add), ("torch", matmul)):
         try:
             result = fn()
             row[name] = result if isinstance(result, str) else "ok"
@@ -158,6 +163,7 @@ def _start(setup: Callable[[str], None], work: str) -> tuple[int, int]:
         row: dict[str, str] = dict.fromkeys(COLUMNS, "not tried")
         try:
             os.environ.update({"HOME": work, "TRITON_CACHE_DIR": os.path.join(work, "triton"), "TMPDIR": work})
+            tempfile.tempdir = work  # the parent may have fixed it to /tmp already
             setup(work)
             _measure(row)
         except BaseException as exc:  # noqa: BLE001
@@ -275,10 +281,15 @@ def fit() -> None:
         print(f"fit: not tried ({exc})")
         return
     iso = probe_isolation(True, True, None, sys.executable, cuda=True)
+    started = time.monotonic()
     found = check(iso, sys.executable)
-    print(f"\nfull worker plan (cuda_fit.check): {failure(found) or 'every step ok'}")
-    print(f"  layers reported: {json.dumps(found.get('layers', {}))[:600]}")
+    took = time.monotonic() - started
+    print(f"\nfull worker plan (cuda_fit.check, {took:.1f} s): {failure(found) or 'every step ok'}")
+    print(f"  steps: {json.dumps({k: v for k, v in found.items() if k != 'layers'})[:3000]}")
+    print(f"  layers reported: {json.dumps(found.get('layers', {}))[:1500]}")
+    started = time.monotonic()
     fitted = fit_cuda(iso, sys.executable)
+    print(f"  fit_cuda took {time.monotonic() - started:.1f} s")
     assert fitted.layers is not None
     for name, note in sorted(fitted.layers.notes.items()):
         print(f"  {name}: {note[:200]}")
@@ -286,6 +297,9 @@ def fit() -> None:
 
 def main() -> int:
     header()
+    if "--fit-only" in sys.argv[1:]:
+        fit()
+        return 0
     base = tempfile.mkdtemp(prefix="kf-cuda-layers-")
     os.chmod(base, 0o755)
     width = max(len(k) for k in VARIANTS) + 2

@@ -1,10 +1,12 @@
 """Whether CUDA, Triton and torch work inside one confinement plan: ``python -m gpu_runner.confine.cudacheck PLAN``.
 
 Run by :mod:`gpu_runner.cuda_fit` as a throw-away worker: it enters the plan's namespaces, view
-and Landlock domain exactly as a run worker does at spawn, starts CUDA, applies the candidate's
-confinement (the user drop, no capabilities, the candidate's Landlock domain, seccomp), then
-compiles and launches a Triton kernel (``ptxas`` runs) and a torch operation. Prints one JSON
-object: per step ``ok`` or the error, and what each layer reported.
+and Landlock domain exactly as a run worker does at spawn, starts CUDA, builds what a run worker
+builds before its sandbox (Triton's driver module, its backend hash) and what the compile stage
+builds for it (a Triton kernel and its launcher, into the cache: ``ptxas`` and the C compiler
+run), applies the candidate's confinement (the user drop, no capabilities, the candidate's Landlock
+domain, seccomp), then launches that kernel from the cache and runs a torch operation. Prints one
+JSON object: per step ``ok`` or the error, and what each layer reported.
 """
 
 from __future__ import annotations
@@ -19,9 +21,7 @@ from gpu_runner.confine.launch import spawn_confined
 STEPS = ("cuda", "confine", "triton", "torch")
 
 
-def _triton_add() -> str:
-    """Compile (``ptxas``) and launch a Triton kernel; 'ok' or what went wrong."""
-    import torch
+def _add_one_kernel() -> Any:
     import triton
     import triton.language as tl
 
@@ -31,8 +31,32 @@ def _triton_add() -> str:
         mask = offs < n
         tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1.0, mask=mask)
 
+    return add_one
+
+
+def _triton_build(kernel: Any) -> None:
+    """What a run worker does before its candidate's sandbox: Triton's driver module and backend
+    hash (:func:`gpu_runner.triton_warm.warm_triton_driver`); and what the compile stage does for
+    it in another process: the kernel and its host launcher built into the cache (``ptxas`` and the
+    C compiler run). A first launch here does both."""
+    import torch
+
+    from gpu_runner.triton_warm import warm_triton_driver
+
+    warm_triton_driver()
     x = torch.zeros(1000, device="cuda")
-    add_one[(4,)](x, 1000, block=256)
+    kernel[(4,)](x, 1000, block=256)
+    torch.cuda.synchronize()
+
+
+def _triton_launch() -> str:
+    """A kernel of the same source as a fresh function, as the candidate's module defines it in a
+    run worker: its cubin and launcher come from the cache on disk (nothing is compiled), its
+    module loads and it runs, all under the candidate's confinement."""
+    import torch
+
+    x = torch.zeros(1000, device="cuda")
+    _add_one_kernel()[(4,)](x, 1000, block=256)
     torch.cuda.synchronize()
     return "ok" if float(x.sum()) == 1000.0 else f"wrong result {float(x.sum())}"
 
@@ -61,6 +85,7 @@ def check(plan: dict[str, Any]) -> dict[str, Any]:
 
         torch.zeros(1, device="cuda").add_(1)
         torch.cuda.synchronize()
+        _triton_build(_add_one_kernel())
 
     def confine() -> None:
         from gpu_runner.worker_candidate import confine as candidate_confine
@@ -73,7 +98,7 @@ def check(plan: dict[str, Any]) -> dict[str, Any]:
         a = torch.randn(64, 64, device="cuda")
         (a @ a).sum().item()
 
-    for name, fn in (("cuda", cuda), ("confine", confine), ("triton", _triton_add), ("torch", torch_op)):
+    for name, fn in (("cuda", cuda), ("confine", confine), ("triton", _triton_launch), ("torch", torch_op)):
         if not _attempt(name, fn, out):
             break
     return out
