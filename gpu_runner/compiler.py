@@ -280,6 +280,8 @@ class Compiler:
         tmp.mkdir(parents=True)
         triton_src = worker.dir / "triton"
         if triton_src.exists():
+            # Its group files still name this worker's folder: the run worker's copy is relocated
+            # where it lands (gpu_runner.triton_cache).
             shutil.copytree(triton_src, tmp / "triton", symlinks=False, ignore_dangling_symlinks=True)
         ext: dict[str, str] = {}
         for item in header.get("built", []):

@@ -33,6 +33,7 @@ from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.memplan import Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.sandbox import Isolation, Worker, await_ready, bulk_root, spawn_worker
+from gpu_runner.triton_cache import copy_tree
 
 logger = structlog.get_logger(__name__)
 _names = count()
@@ -407,7 +408,7 @@ class RunPool:
         self.seeding.add(task)
         seed = self.base / (f"triton-seed-{task}" if task else "triton-seed")
         try:
-            await asyncio.to_thread(shutil.copytree, source, seed, dirs_exist_ok=True)
+            await asyncio.to_thread(copy_tree, source, seed)
             self.seeds[task] = seed
         except OSError as exc:
             logger.warning("triton_seed_failed", error=str(exc)[:300])

@@ -44,6 +44,7 @@ from gpu_runner.isolation import probe_isolation as probe_isolation
 from gpu_runner.isolation import unreachable_by_others as unreachable_by_others
 from gpu_runner.isolation import without_user as without_user
 from gpu_runner.protocol import Blob, FrameError, encode_frame, read_bulk, read_frame, widen_pipe
+from gpu_runner.triton_cache import copy_tree
 
 logger = structlog.get_logger(__name__)
 
@@ -339,7 +340,7 @@ async def spawn_worker(
     home = make_private_dir(base, name, iso.uid, iso.gid)
     for sub, tree in (seed or {}).items():
         if tree.exists():
-            await asyncio.to_thread(shutil.copytree, tree, home / sub, dirs_exist_ok=True)
+            await asyncio.to_thread(copy_tree, tree, home / sub)
     bulk, bulk_fd = make_bulk_dir(base, name, iso.uid, iso.gid)
     env = worker_env({**extra_env, "KF_BULK_DIR": str(bulk)}, home)
     log_path = home.parent / f"{name}.log"

@@ -60,6 +60,7 @@ from gpu_runner.sandbox import (
     without_user,
     worker_env,
 )
+from gpu_runner.triton_cache import copy_tree
 from gpu_runner.verdict import RunRecord, exit_description
 from schemas import Check, CheckOutcome, DeviceChoice, EvalResult, Severity, StageTimes
 
@@ -759,7 +760,7 @@ class EvaluationService:
             # Triton's cache is content-addressed: a file already there (e.g. the launcher the
             # reference's own kernel loaded) is identical, and overwriting a loaded shared
             # library in place crashes the process that has it mapped. Copy only what is new.
-            shutil.copytree(triton_dir, worker.dir / "triton", dirs_exist_ok=True, copy_function=_copy_if_absent)
+            copy_tree(triton_dir, worker.dir / "triton", copy_function=_copy_if_absent)
         manifest: dict[str, str] = {}
         for key, so in c.compile.ext_manifest.items():
             dst = worker.dir / "prebuilt" / key / Path(so).name
