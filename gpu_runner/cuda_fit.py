@@ -9,14 +9,23 @@ tries each given-up layer again on its own, so only the ones that break CUDA her
 Each layer dropped is named, with the error it caused, in the notes every verdict carries. Where
 nothing passes, :func:`gpu_runner.isolation.cuda_compatible` is the fallback.
 
-``KFOUNDRY_CUDA_CONFINE=compatible`` skips the trial and uses that fallback directly.
+``KFOUNDRY_CUDA_CONFINE=compatible`` skips the trial and uses that fallback directly. A fit found
+by a trial is remembered in ``memo`` (the evaluator's cache folder), keyed by everything the trial
+depended on (the plan asked for, the kernel, the NVIDIA driver and GPUs, torch, Triton and the
+interpreter), so later evaluators on the same machine start without the trial (about 5 s and a
+CUDA process on an H100); ``KFOUNDRY_CUDA_CONFINE=retry`` tries again and renews it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
+import hashlib
+import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -130,16 +139,103 @@ def _key(iso: Isolation, python: str) -> str:
     return json.dumps([python, iso.uid, sorted(iso.wanted.items()), sorted(layers.notes.items())])
 
 
-def fit_cuda(iso: Isolation, python: str, trial: Callable[[Isolation], dict[str, Any]] | None = None) -> Isolation:
+def _machine() -> dict[str, str]:
+    """What a fit depends on besides the plan: the kernel, the driver, the GPUs, torch and Triton."""
+    facts = {"kernel": platform.release(), "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            facts["driver"] = f.readline().strip()
+    except OSError:
+        facts["driver"] = "unknown"
+    gpus = []
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        with contextlib.suppress(OSError), open(info) as f:
+            gpus += [line.split(":", 1)[1].strip() for line in f if line.startswith("Model:")]
+    facts["gpus"] = ",".join(gpus)
+    for dist in ("torch", "triton"):
+        try:
+            facts[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            facts[dist] = "absent"
+    return facts
+
+
+def _memo_path(memo: Path, iso: Isolation, python: str) -> Path:
+    digest = hashlib.sha256(json.dumps([_key(iso, python), _machine()], sort_keys=True).encode()).hexdigest()
+    return memo / f"{digest[:32]}.json"
+
+
+def _remember(path: Path, iso: Isolation, fitted: Isolation, fallback: str | None) -> None:
+    layers = fitted.layers
+    assert layers is not None
+    record = {
+        "fallback": fallback,
+        "keep_tmp": layers.keep_tmp,
+        "landlock": layers.landlock,
+        "mount": fitted.wanted.get("mount", True),
+        "userns": layers.userns,
+        "notes": layers.notes,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError as exc:  # the next evaluator tries again; nothing else depends on it
+        logger.warning("cuda_fit_not_remembered", path=str(path), error=str(exc))
+
+
+def _recall(path: Path, iso: Isolation) -> Isolation | None:
+    try:
+        record = json.loads(path.read_text())
+        if record["fallback"] is not None:
+            return cuda_compatible(iso, str(record["fallback"]))
+        fitted = _layers(
+            iso,
+            keep_tmp=bool(record["keep_tmp"]),
+            landlock=bool(record["landlock"]),
+            notes={str(k): str(v) for k, v in dict(record["notes"]).items()},
+        )
+        if not record["userns"]:
+            fitted = _no_userns(fitted)
+        if not record["mount"]:
+            fitted = _no_view(fitted)
+        return fitted
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or unreadable: the trial decides
+
+
+def fit_cuda(
+    iso: Isolation,
+    python: str,
+    trial: Callable[[Isolation], dict[str, Any]] | None = None,
+    memo: Path | None = None,
+) -> Isolation:
     """The strongest confinement under which CUDA, Triton and torch work here (blocking)."""
     if iso.layers is None:
         return iso
-    if os.environ.get(ENV_SWITCH, "probe") == "compatible":
+    switch = os.environ.get(ENV_SWITCH, "probe")
+    if switch == "compatible":
         return cuda_compatible(iso, f"{ENV_SWITCH}=compatible")
     key = _key(iso, python)
     if key in _FITTED:
         return _FITTED[key]
-    attempt = trial or (lambda candidate: check(candidate, python))
+    path = _memo_path(memo, iso, python) if memo is not None else None
+    if path is not None and switch != "retry":
+        recalled = _recall(path, iso)
+        if recalled is not None:
+            logger.info("cuda_confinement_recalled", path=str(path))
+            _FITTED[key] = recalled
+            return recalled
+    fitted, fallback = _fit(iso, trial or (lambda candidate: check(candidate, python)))
+    if path is not None:
+        _remember(path, iso, fitted, fallback)
+    _FITTED[key] = fitted
+    return fitted
+
+
+def _fit(iso: Isolation, attempt: Callable[[Isolation], dict[str, Any]]) -> tuple[Isolation, str | None]:
+    """The trials: the fitted plan, and the fallback's reason where nothing lighter worked."""
     current, why = iso, failure(attempt(iso))
     dropped: list[tuple[str, Drop, str]] = []
     for name, drop in _ladder(iso):
@@ -150,9 +246,8 @@ def fit_cuda(iso: Isolation, python: str, trial: Callable[[Isolation], dict[str,
         why = failure(attempt(current))
     if why is not None:
         logger.warning("cuda_confinement_fallback", error=why)
-        fitted = cuda_compatible(iso, f"CUDA failed under every lighter plan tried here (last: {why[:200]})")
-        _FITTED[key] = fitted
-        return fitted
+        reason = f"CUDA failed under every lighter plan tried here (last: {why[:200]})"
+        return cuda_compatible(iso, reason), reason
     # Only the layer dropped last is known to matter alone; each earlier one is tried again.
     kept: list[str] = []
     for name, _, _ in dropped[:-1]:
@@ -176,5 +271,4 @@ def fit_cuda(iso: Isolation, python: str, trial: Callable[[Isolation], dict[str,
             current = _note(current, name, f"skipped: {reason}")
     if dropped:
         logger.warning("cuda_confinement_reduced", dropped=[n for n, _, _ in dropped if n not in kept])
-    _FITTED[key] = current
-    return current
+    return current, None

@@ -165,7 +165,9 @@ class EvaluationService:
             self.cfg.confine_layers(),
         )
         if self.device == "cuda":
-            self.iso = await asyncio.to_thread(fit_cuda, self.iso, self.cfg.python)
+            self.iso = await asyncio.to_thread(
+                fit_cuda, self.iso, self.cfg.python, None, self.cfg.resolved_cache_dir() / "cuda_fit"
+            )
         refusal = isolation_refusal(self.iso, self.cfg.isolation)
         if refusal is not None:
             raise IsolationUnavailable(refusal)

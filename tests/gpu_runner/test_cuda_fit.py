@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,6 +92,51 @@ def test_when_nothing_lighter_works_the_compatible_fallback_names_why(probed: Is
     assert not fitted.layers.userns
     assert "fallback plan" in fitted.layers.notes["landlock"]
     assert "no device" in fitted.layers.notes["landlock"]
+
+
+@pytest.mark.parametrize("breaks", [(), ("landlock",), ("private /tmp",), ("landlock", "mount_view", "user_namespace")])
+def test_a_remembered_fit_is_used_by_the_next_evaluator_without_a_trial(
+    probed: Isolation, tmp_path: Path, breaks: tuple[str, ...]
+) -> None:
+    memo = tmp_path / "cuda_fit"
+    trial = _breaks_under(*breaks)
+    first = fit_cuda(probed, sys.executable, trial, memo)
+    assert trial.seen
+    cuda_fit._FITTED.clear()  # another evaluator process
+
+    def no_trial(iso: Isolation) -> dict[str, Any]:
+        raise AssertionError("the remembered fit should have been used")
+
+    assert fit_cuda(probed, sys.executable, no_trial, memo) == first
+
+
+def test_a_remembered_fallback_is_recalled_with_its_reason(probed: Isolation, tmp_path: Path) -> None:
+    def broken(iso: Isolation) -> dict[str, Any]:
+        return {"spawn": "ok", "cuda": "RuntimeError: no device"}
+
+    first = fit_cuda(probed, sys.executable, broken, tmp_path)
+    cuda_fit._FITTED.clear()
+    again = fit_cuda(probed, sys.executable, _breaks_under(), tmp_path)
+    assert again == first
+    assert "no device" in again.layers.notes["landlock"]  # type: ignore[union-attr]
+
+
+def test_a_changed_machine_or_the_retry_switch_tries_again(
+    probed: Isolation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fit_cuda(probed, sys.executable, _breaks_under("landlock"), tmp_path)
+    cuda_fit._FITTED.clear()
+    facts = cuda_fit._machine()
+    monkeypatch.setattr(cuda_fit, "_machine", lambda: {**facts, "driver": "another driver"})
+    trial = _breaks_under()
+    fitted = fit_cuda(probed, sys.executable, trial, tmp_path)
+    assert trial.seen
+    assert fitted.layers.landlock == probed.layers.landlock  # type: ignore[union-attr]
+    cuda_fit._FITTED.clear()
+    monkeypatch.setenv(cuda_fit.ENV_SWITCH, "retry")
+    retried = _breaks_under("landlock")
+    assert not fit_cuda(probed, sys.executable, retried, tmp_path).layers.landlock  # type: ignore[union-attr]
+    assert retried.seen
 
 
 def test_the_switch_skips_the_trial(probed: Isolation, monkeypatch: pytest.MonkeyPatch) -> None:
