@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,10 +128,10 @@ def test_split_k_first_candidate_is_more_accurate_than_one_long_sum_and_clears_t
     assert split_v.err_vs_fp64 < 0.6 * plain_v.err_vs_fp64, (split_v, plain_v)
 
 
-def _variant_jobs(source: str, base: dict[str, object]) -> tuple[list[dict[str, object]], list[str]]:
+def _variant_jobs(source: str, base: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     plan = plan_of(source)
     first = default_params(plan).with_changes(**base)
-    jobs: list[dict[str, object]] = []
+    jobs: list[dict[str, Any]] = []
     labels: list[str] = []
     for split, persistent, tma in itertools.product((1, 4), (False, True), (False, True)):
         params = first.with_changes(mm_split_k=split, mm_persistent=persistent, mm_tma=tma)
@@ -150,7 +151,7 @@ def test_every_gemm_variant_with_a_fused_epilogue_is_correct_in_the_interpreter(
         # B transposed (nn.Linear layout): no TMA descriptor for it, plain loads instead.
         EPILOGUE.format(n=24, product="x @ w.t()", x_shape="20, 64", w_shape="24, 64"),
     ]
-    jobs: list[dict[str, object]] = []
+    jobs: list[dict[str, Any]] = []
     labels: list[str] = []
     for i, source in enumerate(cases):
         more, names = _variant_jobs(source, small)
