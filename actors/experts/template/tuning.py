@@ -4,7 +4,8 @@
 larger matmul tiles for larger products). ``mutate`` steps one to three of the parameters that
 matter for the plan to a neighbouring value; the diagnosis decides which parameters and which
 direction (launch-bound: fuse and enlarge; memory-bound: vector width, block sizes, one pass;
-compute-bound: matmul tiles, stages and dot precision; out of resources: smaller and fewer).
+compute-bound: matmul tiles, stages and dot precision; latency-bound: split-K, persistence, stages
+and warps; out of resources: smaller and fewer).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ _HOPPER = ("mm_split_k", "mm_persistent", "mm_tma")
 _CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
 _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
 _COMPUTE_ALL = (*_COMPUTE, *_HOPPER, *_CONV, *_ATTN)
+_LATENCY = (*_HOPPER, "mm_stages", "mm_warps", "conv_stages", "attn_stages", "row_stages", "row_warps", "pw_warps")
+"""Parameters that change how much work is in flight (profiled latency-bound)."""
 _TILES = (
     "conv_block_m",
     "conv_block_n",
@@ -220,6 +223,8 @@ def _choices(
         return tuple(n for n in relevant if n in _MEMORY) or relevant, 0, forced
     if diagnosis is DiagnosisCategory.SLOW_COMPUTE_BOUND:
         return tuple(n for n in relevant if n in _COMPUTE_ALL) or relevant, 0, forced
+    if diagnosis is DiagnosisCategory.SLOW_LATENCY_BOUND:
+        return tuple(n for n in relevant if n in _LATENCY) or relevant, 0, forced
     if diagnosis in (
         DiagnosisCategory.COMPILE_RESOURCES,
         DiagnosisCategory.COMPILE_TIMEOUT,
