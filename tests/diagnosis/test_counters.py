@@ -15,12 +15,14 @@ import pytest
 
 from actors.diagnosis.counters import METRICS, Bound, CountersUnreadable, bound_of, describe, parse_ncu_csv
 from actors.diagnosis.rules import RuleDiagnoser
+from actors.experts.llm.prompts import build_messages
 from actors.experts.template import default_params, mutate
 from gpu_runner.counters_step import with_counters
 from gpu_runner.ncu import ProfileFailed, ncu_command, profile_counters
-from schemas import CheckOutcome, DeviceKind, HardwareCounters, Profile
+from schemas import CheckOutcome, DeviceKind, ExpertConfig, ExpertKind, GenerateRequest, HardwareCounters, Profile, Task
 from schemas import DiagnosisCategory as C
 from tests.evolution import factories as f
+from tests.experts.llm_server import REFERENCE_SOURCE
 from tests.experts.template_interp import plan_of
 from tests.experts.test_template_gemm_variants import LONG_K
 
@@ -156,3 +158,19 @@ def test_only_correct_gpu_candidates_short_of_speed_of_light_are_profiled(
     assert out.profile is not None
     assert out.profile.counters is not None
     assert out.profile.kernel_launches == 1  # the rest of the profile is kept
+
+
+def test_llm_prompts_name_the_gpu_its_limits_and_the_parents_counters() -> None:
+    cand = f.candidate()
+    result = f.correct(cand, median_ms=0.25, bound_ms=0.1)
+    device = result.device.model_copy(update={"name": "NVIDIA H100 80GB HBM3"}) if result.device else None
+    profile = Profile(kernel_launches=1, counters=_read("ncu_latency_bound.csv"))
+    result = result.model_copy(update={"device": device, "profile": profile})
+    req = GenerateRequest(
+        run_id="r", island="i", task=Task.from_source("t", REFERENCE_SOURCE), parent=cand, parent_result=result
+    )
+    config = ExpertConfig(name="llm", kind=ExpertKind.LLM, base_url="http://127.0.0.1:9/v1", model="m", role="tiling")
+    user = build_messages(req, config)[1]["content"]
+    assert "## Target device\nH100: 132 SMs, 3350 GB/s DRAM, 227 KB shared memory per block" in user
+    assert "top warp stalls: long_scoreboard" in user
+    assert "achieved occupancy 14%" in user

@@ -101,6 +101,17 @@ class GpuModel:
         judges them like any kernel) beat the fp32 CUDA cores with room to spare."""
         return self.is_gpu and self.tf32_tflops >= 4.5 * self.fp32_tflops
 
+    def limits_text(self) -> str:
+        """The device and its limits in one line (LLM prompts name the GPU they write for)."""
+        if not self.is_gpu:
+            return "no GPU visible: kernels run under Triton's CPU interpreter (timings are not speedups)"
+        return (
+            f"{self.name}: {self.sm_count} SMs, {self.dram_gbps:.0f} GB/s DRAM, "
+            f"{self.smem_per_block // 1024} KB shared memory per block, {self.l2_bytes >> 20} MB L2, "
+            f"{self.max_threads_per_sm} threads per SM; dense peaks fp32 {self.fp32_tflops:g}, "
+            f"TF32 {self.tf32_tflops:g}, bf16 {self.bf16_tflops:g} TFLOP/s"
+        )
+
     def elementwise_warps(self, numel: int, ept: int) -> int:
         """Warps per elementwise program: 8 when there is work for two programs per SM at that
         size, fewer for small tensors so that every SM still gets a program."""
