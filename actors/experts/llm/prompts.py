@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from actors.diagnosis.counters import describe
 from actors.experts.llm.redact import shorten
-from actors.experts.template.hardware import detect
 from schemas import (
     Diagnosis,
     EvalResult,
@@ -160,6 +159,10 @@ def _task_section(request: GenerateRequest) -> str:
 
 def _device_section(request: GenerateRequest) -> str:
     """The GPU the candidate is evaluated on and its limits (the parent's device, else this machine's)."""
+    # Imported here: the template package imports torch, which an island (importing this module
+    # through the LLM expert) must not pay for.
+    from actors.experts.template.hardware import detect
+
     device = request.parent_result.device if request.parent_result is not None else None
     return "## Target device\n" + detect(device.name if device is not None else None).limits_text()
 
