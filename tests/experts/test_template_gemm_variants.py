@@ -22,7 +22,9 @@ from actors.experts.template import emit_mm as emit_mm_module
 from actors.experts.template.emit_mm import effective_split
 from actors.experts.template.hardware import CPU_FALLBACK, TABLE, GpuModel
 from actors.experts.template.interp_check import check_in_subprocess
+from bench import gemm_variants
 from gpu_runner.config import DEFAULT_PRECISION_FLOORS, RunnerConfig
+from gpu_runner.gate import check_candidate
 from tests.experts.template_interp import plan_of
 
 H100, H200, A100 = TABLE["H100"], TABLE["H200"], TABLE["A100"]
@@ -228,3 +230,17 @@ def test_split_k_first_candidate_passes_the_evaluators_precision_check(tmp_path:
     assert result["status"] == "correct", result.get("correctness")
     corr = result["correctness"]
     assert corr["err_vs_fp64"] <= _precision_bar(corr["ref_err_vs_fp64"])
+
+
+def test_the_variants_bench_writes_candidates_the_static_gate_accepts(tmp_path: Path) -> None:
+    reference = tmp_path / "ref.py"
+    reference.write_text(L1_6_SCALED)
+    assert gemm_variants.main([str(reference), str(tmp_path / "out"), "--gpu", "H100"]) == 0
+    written = sorted(p.stem for p in (tmp_path / "out").glob("*.py"))
+    assert written == ["first", "ieee", "no_split", "persistent", "persistent_tma", "tma"]
+    for name in written:
+        report = check_candidate((tmp_path / "out" / f"{name}.py").read_text(), L1_6_SCALED)
+        assert report.syntax_error is None
+        assert not report.findings, (name, report.findings)
+    assert "_part" in (tmp_path / "out" / "first.py").read_text()  # split-K on the H100 model
+    assert "_part" not in (tmp_path / "out" / "no_split.py").read_text()
