@@ -1,7 +1,7 @@
 """``kfoundry eval`` / ``python -m gpu_runner``: one honest evaluation from the command line.
 
 ``REFERENCE.py CANDIDATE.py [--device cpu|cuda|auto] [--timeout SECONDS] [--isolation strict|best-effort]
-[--json]``. With
+[--profile-counters] [--json]``. With
 ``--json`` stdout carries exactly one JSON object (the :class:`schemas.EvalResult`); logs go to
 stderr. Exit status 0 whenever an evaluation completed, whatever its verdict; 2 for bad
 arguments or unreadable files; 1 when the evaluator itself could not run.
@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 
 from gpu_runner.config import EvalJob, IsolationMode, RunnerConfig
+from gpu_runner.counters_step import with_counters
 from gpu_runner.errors import RunnerError
 from gpu_runner.probe import validate_reference
 from gpu_runner.service import EvaluationService
@@ -51,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         default=TorchOpsPolicy.FORBID.value,
         help="forbid (default): every compute op must be the candidate's kernel; reference: the reference's own "
         "ops may stay in PyTorch",
+    )
+    parser.add_argument(
+        "--profile-counters",
+        action="store_true",
+        help="on a GPU with Nsight Compute (ncu) on PATH, profile a correct candidate short of speed-of-light "
+        "(DRAM and SM throughput, occupancy, warp stalls) in the worker's confinement; slow (seconds to minutes)",
     )
     parser.add_argument("--json", action="store_true", help="print the EvalResult as one JSON object")
     parser.add_argument("--verbose", action="store_true", help="log progress to stderr")
@@ -86,6 +93,7 @@ async def _evaluate(
     timeout: float,
     isolation: str,
     torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+    profile_counters: bool = False,
 ) -> EvalResult:
     validate_reference(reference)
     config = RunnerConfig(
@@ -108,7 +116,10 @@ async def _evaluate(
             candidate_id="cli",
             torch_ops=torch_ops,
         )
-        return await service.evaluate(job)
+        result = await service.evaluate(job)
+        if profile_counters:
+            result = await with_counters(result, reference, candidate, service.iso)
+        return result
     finally:
         await service.aclose()
 
@@ -179,7 +190,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         result = asyncio.run(
-            _evaluate(sources[0], sources[1], args.device, args.timeout, args.isolation, TorchOpsPolicy(args.torch_ops))
+            _evaluate(
+                sources[0],
+                sources[1],
+                args.device,
+                args.timeout,
+                args.isolation,
+                TorchOpsPolicy(args.torch_ops),
+                args.profile_counters,
+            )
         )
     except RunnerError as exc:
         sys.stderr.write(f"kfoundry eval: error: {exc}\n")

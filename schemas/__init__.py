@@ -44,9 +44,11 @@ from schemas.evaluation import (
     DeviceInfo,
     EvalResult,
     Finding,
+    HardwareCounters,
     Profile,
     SpeedOfLight,
     StageTimes,
+    StallShare,
     TimingStats,
 )
 from schemas.evolution import Elite, EliteAnnouncement, EvalOutcome, Feedback, IslandStatus, Migration, RunEnd
@@ -143,6 +145,7 @@ __all__ = [
     "Finding",
     "GenerateReply",
     "GenerateRequest",
+    "HardwareCounters",
     "IslandStatus",
     "KernelLanguage",
     "Message",
@@ -158,6 +161,7 @@ __all__ = [
     "Severity",
     "SpeedOfLight",
     "StageTimes",
+    "StallShare",
     "StopReason",
     "Task",
     "TaskSignature",

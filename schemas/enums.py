@@ -174,6 +174,9 @@ class DiagnosisCategory(StrEnum):
     SLOW_LAUNCH_BOUND = "slow.launch_bound"
     SLOW_MEMORY_BOUND = "slow.memory_bound"
     SLOW_COMPUTE_BOUND = "slow.compute_bound"
+    SLOW_LATENCY_BOUND = "slow.latency_bound"
+    """Neither DRAM nor the SMs are busy (profiler counters): warps wait (memory latency, barriers,
+    too few warps in flight); more parallelism or more loads in flight, not fewer bytes or FLOPs."""
     SLOW_FAR_FROM_SOL = "slow.far_from_sol"
     AT_SOL = "at_sol"
 

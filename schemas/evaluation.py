@@ -128,6 +128,35 @@ class SpeedOfLight(Model):
     """bound_ms / candidate median (1.0 is at the bound); ``None`` without a timing."""
 
 
+class StallShare(Model):
+    """One warp-stall reason and its share of all stall cycles sampled."""
+
+    reason: str
+    """Nsight Compute's name for it (``long_scoreboard``, ``barrier``, ``math_pipe_throttle`` ...)."""
+    share: float = Field(ge=0.0, le=1.0)
+    """Fraction of the stalls of the profiled kernels, weighted by each kernel's duration."""
+
+
+class HardwareCounters(Model):
+    """Counters measured by a profiler on the candidate's own kernels (one forward), weighted by
+    each kernel's duration; ``None`` where the profiler did not report the metric."""
+
+    tool: str
+    """The profiler (``ncu``) and its version where known."""
+    kernels: int = Field(ge=0)
+    """Kernel launches profiled."""
+    duration_ms: float | None = None
+    """Their total duration as the profiler measured it (serialised: longer than a timed run)."""
+    dram_throughput_pct: float | None = None
+    """DRAM throughput, % of the sustained peak."""
+    sm_throughput_pct: float | None = None
+    """SM throughput (the busiest pipe or unit), % of the sustained peak."""
+    achieved_occupancy_pct: float | None = None
+    """Active warps, % of the most an SM can hold."""
+    stalls: tuple[StallShare, ...] = ()
+    """Top warp-stall reasons, largest first."""
+
+
 class Profile(Model):
     """What the candidate launched during one forward."""
 
@@ -139,6 +168,8 @@ class Profile(Model):
     """Names of the kernels launched (first few)."""
     peak_memory_bytes: int | None = None
     """Peak device memory during the candidate's forward."""
+    counters: HardwareCounters | None = None
+    """Profiler counters of a slow correct candidate (opt-in: ``--profile-counters``)."""
 
 
 class DeviceInfo(Model):

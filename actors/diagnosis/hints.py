@@ -25,6 +25,7 @@ _ROLE: Mapping[C, str] = MappingProxyType(
         C.SLOW_LAUNCH_BOUND: "fusion",
         C.SLOW_MEMORY_BOUND: "memory",
         C.SLOW_COMPUTE_BOUND: "tiling",
+        C.SLOW_LATENCY_BOUND: "tiling",
         C.SLOW_FAR_FROM_SOL: "algorithm",
         C.AT_SOL: "tiling",
     }
@@ -128,6 +129,11 @@ _HINTS: Mapping[C, tuple[str, ...]] = MappingProxyType(
         C.SLOW_COMPUTE_BOUND: (
             "Arithmetic limits speed: tile for reuse (BLOCK_M/N/K), tune num_warps and num_stages, "
             "group programs (GROUP_M) for cache reuse.",
+        ),
+        C.SLOW_LATENCY_BOUND: (
+            "Warps wait and neither DRAM nor the SMs are busy: put more work in flight (more programs: "
+            "smaller tiles or split-K; more pipelining stages; fewer registers per thread for occupancy) "
+            "and shorten dependency chains (long_scoreboard: loads; barrier: fewer synchronisations).",
         ),
         C.SLOW_FAR_FROM_SOL: (
             "Far from the bound: change the algorithm (one pass instead of several, a blocked "

@@ -4,7 +4,8 @@ Failures are read from their logs (``actors.diagnosis.logparse``), refusals from
 findings, wrong answers from the correctness evidence (shape, NaN/Inf, errors at the edges,
 errors everywhere, small errors above the bar, results that change between runs), and correct
 candidates from measurement: launch-bound when launch overhead explains a large share of the time,
-at speed-of-light when the fraction of the bound reaches a threshold, otherwise memory- or
+at speed-of-light when the fraction of the bound reaches a threshold, then (when the evaluator
+profiled it) memory-, compute- or latency-bound by its hardware counters, otherwise memory- or
 compute-bound by the limiter of the bound, or far from it. Pure and synchronous: the diagnoser
 actor calls it per result.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from actors.diagnosis.counters import Bound, bound_of, describe
 from actors.diagnosis.errors import DiagnoserConfigError
 from actors.diagnosis.hints import hints_for, rule_hint, suggested_role
 from actors.diagnosis.logparse import LogFinding, parse_log
@@ -327,6 +329,27 @@ class RuleDiagnoser:
 
     # correct: where the time goes -----------------------------------------------------------
 
+    @staticmethod
+    def _counted(result: EvalResult, ev: tuple[str, ...], distance: float | None) -> _Reading | None:
+        """A slow candidate read from its profiler counters, when it was profiled."""
+        counters = result.profile.counters if result.profile is not None else None
+        bound = bound_of(counters) if counters is not None else None
+        if counters is None or bound is None:
+            return None
+        category = {
+            Bound.MEMORY: C.SLOW_MEMORY_BOUND,
+            Bound.COMPUTE: C.SLOW_COMPUTE_BOUND,
+            Bound.LATENCY: C.SLOW_LATENCY_BOUND,
+        }[bound]
+        stall = f" (most stalls: {counters.stalls[0].reason})" if counters.stalls else ""
+        return _Reading(
+            category,
+            f"{bound.value.capitalize()}-bound by the profiler's counters{stall}.",
+            (*ev, *describe(counters)),
+            sol_distance=distance,
+            confidence=0.9,
+        )
+
     def _speed(self, result: EvalResult) -> _Reading:
         cfg = self.config
         sol, timing, profile = result.sol, result.timing, result.profile
@@ -363,6 +386,9 @@ class RuleDiagnoser:
                     (f"Fuse the {launches} kernels into fewer launches.",),
                     sol_distance=distance,
                 )
+        counted = self._counted(result, ev, distance)
+        if counted is not None:
+            return counted
         if fraction is None:
             return _Reading(
                 C.SLOW_FAR_FROM_SOL,

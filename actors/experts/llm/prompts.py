@@ -11,6 +11,7 @@ the job for this request (first version, repair, or speed-up).
 
 from __future__ import annotations
 
+from actors.diagnosis.counters import describe
 from actors.experts.llm.redact import shorten
 from schemas import (
     Diagnosis,
@@ -116,7 +117,7 @@ def build_messages(request: GenerateRequest, config: ExpertConfig, role: str | N
     role = role or config.role
     if role not in ROLES:
         raise KeyError(f"unknown role {role!r}")
-    parts = [_task_section(request)]
+    parts = [_task_section(request), _device_section(request)]
     if request.parent is not None:
         parts.append(
             f"## Current candidate (the parent, generation {request.parent.generation}, "
@@ -156,6 +157,16 @@ def _task_section(request: GenerateRequest) -> str:
     return text
 
 
+def _device_section(request: GenerateRequest) -> str:
+    """The GPU the candidate is evaluated on and its limits (the parent's device, else this machine's)."""
+    # Imported here: the template package imports torch, which an island (importing this module
+    # through the LLM expert) must not pay for.
+    from actors.experts.template.hardware import detect
+
+    device = request.parent_result.device if request.parent_result is not None else None
+    return "## Target device\n" + detect(device.name if device is not None else None).limits_text()
+
+
 def result_section(result: EvalResult) -> str:
     """The parent's evaluation: verdict, numbers, findings and (shortened) logs."""
     lines = [f"## Its evaluation: {result.status.value}", result.summary]
@@ -169,6 +180,8 @@ def result_section(result: EvalResult) -> str:
         lines.append(f"- reaches {result.sol.fraction:.1%} of speed-of-light ({result.sol.limiter}-bound)")
     if result.profile is not None and result.profile.kernel_launches is not None:
         lines.append(f"- {result.profile.kernel_launches} kernel launches per forward")
+    if result.profile is not None and result.profile.counters is not None:
+        lines.extend(f"- {line}" for line in describe(result.profile.counters))
     corr = result.correctness
     if corr is not None and corr.passed_trials < corr.trials:
         lines.append(f"- correctness: {corr.passed_trials}/{corr.trials} trials passed")

@@ -1,4 +1,4 @@
-"""Writing kernels: the shared value/load machinery, and the elementwise and matmul templates.
+"""Writing kernels: the shared value/load machinery, and the elementwise template.
 
 A :class:`Writer` emits one ``@triton.jit`` function. Values are computed into variables once
 per scope (a loop body is a scope); operands that live outside the kernel are loaded through an
@@ -204,6 +204,20 @@ class Launch:
     constexprs: dict[str, int]
     num_warps: int
     num_stages: int
+    grid_exprs: tuple[str, ...] = ()
+    """When set, the grid as forward-side expressions (a persistent kernel's ``min(SMs, tiles)``)."""
+    lead_args: tuple[str, ...] = ()
+    """Forward-side names passed before the tensor pointers (work buffers, tensor descriptors)."""
+    setup: tuple[str, ...] = ()
+    """Forward lines run before this launch (work buffers, tensor descriptors, device checks)."""
+    pre: tuple[Launch, ...] = ()
+    """Launches that run before this one and after ``setup`` (a split-K product's partial tiles)."""
+    imports: tuple[str, ...] = ()
+    """Module-level import lines the kernel's forward needs."""
+    reads: tuple[int, ...] = ()
+    """Tensors (bases) that ``setup`` reads beside the pointers."""
+    tail_args: tuple[str, ...] = ()
+    """Forward-side keyword arguments passed after the block sizes (``TMA=...``)."""
 
 
 class PointwiseWriter(Writer):
@@ -236,126 +250,13 @@ class PointwiseWriter(Writer):
         )
 
 
-class MatmulWriter(Writer):
-    """Tiled matrix product with a grouped launch order and a fused elementwise epilogue."""
-
-    def __init__(self, sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> None:
-        super().__init__(sched, kernel, params, used)
-        node = self.plan.nodes[kernel.mm]
-        a, b = node.tensor_args()
-        self.a = _operand(sched, a)
-        self.b = _operand(sched, b)
-        self.m, self.k = self.a.rows, self.a.cols
-        self.n = self.b.cols
-        batch = math.prod(node.shape[:-2])
-        self.flatten = batch > 1 and self.a.batch > 1 and self.b.batch == 1 and not self.a.transposed
-        if self.flatten:
-            self.m *= batch
-            batch = 1
-        self.batch = batch
-        self.out_shape = node.shape
-
-    def space(self, row: bool) -> IndexSpace:
-        rank = len(self.out_shape)
-        rows = "rg" if self.batch > 1 else "rm"
-        return IndexSpace(
-            lin="lin",
-            mask="cmask",
-            shape=self.out_shape,
-            fast={(rank - 1, rank): "rn[None, :]", (0, rank - 1): f"{rows}[:, None]"},
-        )
-
-    def broadcast_row(self, var: str) -> str:
-        return var
-
-    def write(self) -> Launch:
-        p = self.params
-        s = Scope(indent="    ")
-        pa, pb = self.pointer(self.a.base), self.pointer(self.b.base)
-        m, n, k = self.m, self.n, self.k
-        sab = self.a.batch_stride if self.a.batch > 1 else 0
-        sbb = self.b.batch_stride if self.b.batch > 1 else 0
-        start = len(self.lines)
-        e = self.emit
-        e(s, f"pid = {self.pid(0)}")
-        e(s, f"bid = {self.pid(1)}")
-        e(s, f"npm = {math.ceil(m / p.mm_block_m)}")
-        e(s, f"npn = {math.ceil(n / p.mm_block_n)}")
-        e(s, "group = GROUP_M * npn")
-        e(s, "first = (pid // group) * GROUP_M")
-        e(s, "gsize = tl.minimum(npm - first, GROUP_M)")
-        e(s, "pid_m = first + (pid % group) % gsize")
-        e(s, "pid_n = (pid % group) // gsize")
-        e(s, "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
-        e(s, "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
-        e(s, "rk = tl.arange(0, BLOCK_K)")
-        e(s, f"a_ptrs = {pa} + bid * {sab} + rm[:, None] * {self.a.row_stride} + rk[None, :] * {self.a.col_stride}")
-        e(s, f"b_ptrs = {pb} + bid * {sbb} + rk[:, None] * {self.b.row_stride} + rn[None, :] * {self.b.col_stride}")
-        e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-        e(s, f"for k0 in range(0, {k}, BLOCK_K):")
-        e(s, f"    a = tl.load(a_ptrs, mask=(rm[:, None] < {m}) & (rk[None, :] < {k} - k0), other=0.0)")
-        e(s, f"    b = tl.load(b_ptrs, mask=(rk[:, None] < {k} - k0) & (rn[None, :] < {n}), other=0.0)")
-        e(s, f'    acc = tl.dot(a, b, acc, input_precision="{p.mm_precision}")')
-        e(s, f"    a_ptrs += BLOCK_K * {self.a.col_stride}")
-        e(s, f"    b_ptrs += BLOCK_K * {self.b.row_stride}")
-        e(s, f"cmask = (rm[:, None] < {m}) & (rn[None, :] < {n})")
-        if self.batch > 1:
-            e(s, f"rg = bid * {m} + rm")
-            e(s, f"lin = rg[:, None] * {n} + rn[None, :]")
-        else:
-            e(s, f"lin = rm[:, None] * {n} + rn[None, :]")
-        s.memo[("v", self.kernel.mm)] = "acc"
-        for nid in self.kernel.exports:
-            self.store(s, nid, row=False)
-        body = self.lines[start:]
-        src = ["@triton.jit", self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"]), *body]
-        return Launch(
-            source="\n".join(src),
-            name=self.kernel.name,
-            pointers=self.pointers,
-            grid=(math.ceil(m / p.mm_block_m) * math.ceil(n / p.mm_block_n), self.batch),
-            constexprs={
-                "BLOCK_M": p.mm_block_m,
-                "BLOCK_N": p.mm_block_n,
-                "BLOCK_K": p.mm_block_k,
-                "GROUP_M": p.mm_group_m,
-            },
-            num_warps=p.mm_warps,
-            num_stages=p.mm_stages,
-        )
-
-
-@dataclass(frozen=True)
-class Operand:
-    """A matrix operand addressed by strides over a contiguous base tensor."""
-
-    base: int
-    transposed: bool
-    rows: int
-    cols: int
-    row_stride: int
-    col_stride: int
-    batch: int
-    batch_stride: int
-
-
-def _operand(sched: Schedule, nid: int) -> Operand:
-    plan = sched.plan
-    base, transposed = base_of(plan, nid, sched.is_exported)
-    node = plan.nodes[nid]
-    stored = plan.nodes[node.tensor_args()[0]].shape if transposed else node.shape
-    r, c = stored[-2], stored[-1]
-    batch = math.prod(stored[:-2])
-    if transposed:
-        return Operand(base, True, c, r, 1, c, batch, r * c)
-    return Operand(base, False, r, c, c, 1, batch, r * c)
-
-
 def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> Launch:
     """Emit one kernel of the schedule with the template of its kind."""
     if kernel.kind is KernelKind.PW:
         return PointwiseWriter(sched, kernel, params, used).write()
     if kernel.kind is KernelKind.MM:
+        from actors.experts.template.emit_mm import MatmulWriter
+
         return MatmulWriter(sched, kernel, params, used).write()
     if kernel.kind is KernelKind.CONV:
         from actors.experts.template.emit_conv import ConvWriter

@@ -12,7 +12,8 @@ The families ask it for starting points only (``tuning.default_params``): matrix
 every SM work (:meth:`GpuModel.mm_tiles`), rows per program that keep every SM busy when rows are
 few and long (:meth:`GpuModel.rows_per_program`), a vector width of 16 bytes
 (:meth:`GpuModel.vector_width`), pipelining stages that fit shared memory
-(:meth:`GpuModel.stages_that_fit`), and the three-pass TF32 dot for fp32 products where tensor
+(:meth:`GpuModel.stages_that_fit`), split-K when the tiles of a long-K product cannot fill the
+machine (:meth:`GpuModel.split_k`), and the three-pass TF32 dot for fp32 products where tensor
 cores make it pay (:attr:`GpuModel.tf32x3_pays`; a candidate the precision check rejects is
 repaired back to ``ieee`` by the ``incorrect.precision`` mutation).
 """
@@ -28,6 +29,10 @@ from dataclasses import dataclass, replace
 from actors.logs import get_logger
 
 log = get_logger(__name__)
+
+
+SPLIT_STEPS = 512
+"""Most ``BLOCK_K`` steps one program's sequential fp32 sum should take before K is split."""
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,35 @@ class GpuModel:
         per_stage = (bm * bk + bk * bn) * dtype_bytes
         return max(1, min(most, self.smem_per_block // max(1, per_stage)))
 
+    def split_k(self, m: int, n: int, k: int, tile: tuple[int, int, int]) -> int:
+        """Slices of K for one (m x k) @ (k x n) product in ``tile`` = (BLOCK_M, BLOCK_N, BLOCK_K):
+        1 when the tiles alone fill every SM or K is short; else a power of two (at most 128)
+        that gives every SM two programs and leaves each slice at most ``SPLIT_STEPS`` K steps,
+        since one long sequential fp32 sum is what loses accuracy (KernelBench L1-6)."""
+        bm, bn, bk = tile
+        tiles = math.ceil(m / bm) * math.ceil(n / bn)
+        steps = math.ceil(k / bk)
+        if tiles >= self.sm_count or steps <= SPLIT_STEPS:
+            return 1
+        want = max(math.ceil(2 * self.sm_count / tiles), math.ceil(steps / SPLIT_STEPS))
+        return min(128, 1 << (want - 1).bit_length())
+
     @property
     def tf32x3_pays(self) -> bool:
         """Whether three TF32 tensor-core passes (fp32-accurate: the float64-based precision check
         judges them like any kernel) beat the fp32 CUDA cores with room to spare."""
         return self.is_gpu and self.tf32_tflops >= 4.5 * self.fp32_tflops
+
+    def limits_text(self) -> str:
+        """The device and its limits in one line (LLM prompts name the GPU they write for)."""
+        if not self.is_gpu:
+            return "no GPU visible: kernels run under Triton's CPU interpreter (timings are not speedups)"
+        return (
+            f"{self.name}: {self.sm_count} SMs, {self.dram_gbps:.0f} GB/s DRAM, "
+            f"{self.smem_per_block // 1024} KB shared memory per block, {self.l2_bytes >> 20} MB L2, "
+            f"{self.max_threads_per_sm} threads per SM; dense peaks fp32 {self.fp32_tflops:g}, "
+            f"TF32 {self.tf32_tflops:g}, bf16 {self.bf16_tflops:g} TFLOP/s"
+        )
 
     def elementwise_warps(self, numel: int, ept: int) -> int:
         """Warps per elementwise program: 8 when there is work for two programs per SM at that

@@ -5,7 +5,7 @@ kernel ``row_*``, every matrix-product kernel ``mm_*``, every convolution ``conv
 fusion switches. Every value in
 the space renders a correct kernel; the space only changes speed (and, for ``mm_precision``,
 which fp32-accurate dot algorithm runs: ``ieee`` or the three-pass ``tf32x3``; likewise
-``conv_precision``).
+``conv_precision``; ``mm_split_k`` also changes the order of the fp32 sums, towards more accurate).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ SPACE: dict[str, tuple[object, ...]] = {
     "mm_warps": (1, 2, 4, 8, 16),
     "mm_stages": (1, 2, 3, 4, 5),
     "mm_precision": ("ieee", "tf32x3"),
+    "mm_split_k": (1, 2, 4, 8, 16, 32, 64, 128),
+    "mm_persistent": (False, True),
+    "mm_tma": (False, True),
     "conv_block_m": (16, 32, 64, 128, 256),
     "conv_block_n": (16, 32, 64, 128),
     "conv_block_k": (16, 32, 64),
@@ -94,6 +97,15 @@ class TemplateParams:
     """Software-pipelining stages of the K loop."""
     mm_precision: str = "ieee"
     """``tl.dot`` input precision for fp32: ``ieee`` or ``tf32x3`` (three TF32 passes)."""
+    mm_split_k: int = 1
+    """Slices of K, each a program's partial tile written to an fp32 work buffer, then summed as a
+    tree in a fixed order by a second kernel that applies the epilogue (fills the machine when
+    M x N is small, and shortens every sequential fp32 sum). Clamped where K or the buffer is small."""
+    mm_persistent: bool = False
+    """One program per SM looping over the tiles in the grouped order (else one program per tile)."""
+    mm_tma: bool = False
+    """Load A and B tiles through tensor descriptors (TMA) where Triton has them, the device is
+    compute capability 9 or newer and the strides are 16-byte aligned; else plain loads."""
     conv_block_m: int = 64
     """Output positions (batch x spatial) per convolution program."""
     conv_block_n: int = 32

@@ -106,10 +106,12 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule) -> str:
         "import triton.language as tl",
     ]
     standard = set(parts)
+    parts.extend(dict.fromkeys(line for launch in kernels for line in launch.imports))
     parts.extend(line for line in plan.prelude_source.splitlines() if line not in standard)
     parts.append(helpers_source(used))
     for launch in kernels:
-        parts.extend(["", launch.source, ""])
+        for stage in (*launch.pre, launch):
+            parts.extend(["", stage.source, ""])
     parts.append(_model(plan, sched, launches))
     return "\n".join(parts) + "\n"
 
@@ -138,6 +140,15 @@ def _torch_call(plan: Plan, sched: Schedule, nid: int) -> str:
     return f"_b{nid} = ({node.path.format(*operands)}).contiguous()"
 
 
+def _launch_line(launch: Launch) -> str:
+    """``name[grid](args)`` for one kernel launch in ``forward``."""
+    args = [*launch.lead_args, *(f"_b{b}" for b in launch.pointers)]
+    args += [f"{k}={v}" for k, v in launch.constexprs.items()]
+    args += [*launch.tail_args, f"num_warps={launch.num_warps}", f"num_stages={launch.num_stages}"]
+    grid = f"({', '.join(launch.grid_exprs)},)" if launch.grid_exprs else repr(tuple(launch.grid))
+    return f"{launch.name}[{grid}]({', '.join(args)})"
+
+
 def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
     inputs = plan.inputs
     names = plan.arg_names
@@ -150,7 +161,13 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
             f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n"
             f'    raise ValueError("this ModelNew was generated for {name} of shape {tuple(node.shape)} {node.dtype}")'
         )
-    used_bases = {b for launch in launches if launch is not None for b in launch.pointers}
+    used_bases = {
+        b
+        for launch in launches
+        if launch is not None
+        for stage in (*launch.pre, launch)
+        for b in (*stage.pointers, *stage.reads)
+    }
     for kernel in sched.kernels:
         if kernel.kind is KernelKind.TORCH:
             used_bases.update(base_of(plan, a, sched.is_exported)[0] for a in plan.nodes[kernel.mm].tensor_args())
@@ -172,10 +189,8 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
         for nid in kernel.exports:
             node = plan.nodes[nid]
             body.append(f"_b{nid} = torch.empty({tuple(node.shape)!r}, device={device}, dtype=torch.{node.dtype})")
-        args = [f"_b{b}" for b in launch.pointers]
-        args += [f"{k}={v}" for k, v in launch.constexprs.items()]
-        args += [f"num_warps={launch.num_warps}", f"num_stages={launch.num_stages}"]
-        body.append(f"{launch.name}[{tuple(launch.grid)!r}]({', '.join(args)})")
+        body.extend(launch.setup)
+        body.extend(_launch_line(stage) for stage in (*launch.pre, launch))
     out, _ = base_of(plan, plan.output, sched.is_exported)
     if out == plan.output:
         body.append(f"return _b{out}")

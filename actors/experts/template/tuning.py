@@ -4,7 +4,8 @@
 larger matmul tiles for larger products). ``mutate`` steps one to three of the parameters that
 matter for the plan to a neighbouring value; the diagnosis decides which parameters and which
 direction (launch-bound: fuse and enlarge; memory-bound: vector width, block sizes, one pass;
-compute-bound: matmul tiles, stages and dot precision; out of resources: smaller and fewer).
+compute-bound: matmul tiles, stages and dot precision; latency-bound: split-K, persistence, stages
+and warps; out of resources: smaller and fewer).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import math
 
 import numpy as np
 
+from actors.experts.template.emit_mm import MIN_STEPS_PER_SLICE, effective_split, mm_shape
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import InvalidParams
-from actors.experts.template.fuse import Kernel, KernelKind, schedule
+from actors.experts.template.fuse import KernelKind, Schedule, schedule
 from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import ConvSpec, Plan
 from actors.experts.template.params import ONE_PASS_MAX_TILE, SPACE, TemplateParams
@@ -32,9 +34,13 @@ _MEMORY = (
     "row_stages",
 )
 _COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
+_HOPPER = ("mm_split_k", "mm_persistent", "mm_tma")
+"""Matmul schedule variants; relevant only to single (or flattened) products (``relevant_params``)."""
 _CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
 _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
-_COMPUTE_ALL = (*_COMPUTE, *_CONV, *_ATTN)
+_COMPUTE_ALL = (*_COMPUTE, *_HOPPER, *_CONV, *_ATTN)
+_LATENCY = (*_HOPPER, "mm_stages", "mm_warps", "conv_stages", "attn_stages", "row_stages", "row_warps", "pw_warps")
+"""Parameters that change how much work is in flight (profiled latency-bound)."""
 _TILES = (
     "conv_block_m",
     "conv_block_n",
@@ -95,7 +101,7 @@ def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
             else:
                 values.update(mm_block_m=64, mm_block_n=64, mm_block_k=32, mm_warps=4, mm_stages=3)
     if hw is not None and hw.is_gpu:
-        values.update(_fit_to(hw, plan, sched.kernels))
+        values.update(_fit_to(hw, plan, sched))
     return TemplateParams.from_dict(values)
 
 
@@ -104,10 +110,10 @@ def _dtype_bytes(plan: Plan, node: int) -> int:
     return 2 if dtype in ("float16", "bfloat16") else 8 if dtype == "float64" else 4
 
 
-def _fit_to(hw: GpuModel, plan: Plan, kernels: list[Kernel]) -> dict[str, object]:
+def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
     """First sizes from the GPU model, per kernel kind (the first kernel of each kind decides)."""
     values: dict[str, object] = {}
-    for kernel in kernels:
+    for kernel in sched.kernels:
         if kernel.kind is KernelKind.PW and "pw_ept" not in values:
             ept = hw.vector_width(_dtype_bytes(plan, kernel.nodes[-1] if kernel.nodes else -1))
             values.update(pw_ept=ept, pw_warps=hw.elementwise_warps(kernel.numel, ept))
@@ -118,6 +124,11 @@ def _fit_to(hw: GpuModel, plan: Plan, kernels: list[Kernel]) -> dict[str, object
             node = plan.nodes[kernel.mm]
             m, n = node.shape[-2], node.shape[-1]
             bm, bn = hw.mm_tiles(m, n, max(1, kernel.numel // (m * n)))
+            shape = mm_shape(sched, kernel)
+            split = hw.split_k(shape.m, shape.n, shape.k, (64, 64, 32)) if shape.batch == 1 else 1
+            if split > 1:  # few tiles, long K: 64x64 tiles over slices of K fill the machine
+                bm, bn = 64, 64
+                values["mm_split_k"] = effective_split(split, shape.m, shape.n, shape.k, 32)
             stages = hw.stages_that_fit(bm, bn, 32, _dtype_bytes(plan, kernel.mm), most=3)
             warps = 8 if bm * bn >= 128 * 128 else 4
             values.update(mm_block_m=bm, mm_block_n=bn, mm_block_k=32, mm_warps=warps, mm_stages=stages)
@@ -152,11 +163,17 @@ def _scan_defaults(plan: Plan, scan: int) -> dict[str, object]:
 def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     """The parameters that change the rendered kernels of ``plan`` under ``params``."""
     names: list[str] = []
-    for kernel in schedule(plan, params).kernels:
+    schedule_of = schedule(plan, params)
+    for kernel in schedule_of.kernels:
         if kernel.kind in (KernelKind.PW, KernelKind.POOL):
             names += ["pw_warps", "pw_ept"]
         elif kernel.kind is KernelKind.MM:
             names += list(_COMPUTE)
+            shape = mm_shape(schedule_of, kernel)
+            if shape.batch == 1:
+                names += ["mm_persistent", "mm_tma"]
+                if math.ceil(shape.k / params.mm_block_k) >= 2 * MIN_STEPS_PER_SLICE:
+                    names.append("mm_split_k")
         elif kernel.kind is KernelKind.CONV:
             names += list(_CONV)
         elif kernel.kind is KernelKind.ATTN:
@@ -206,6 +223,8 @@ def _choices(
         return tuple(n for n in relevant if n in _MEMORY) or relevant, 0, forced
     if diagnosis is DiagnosisCategory.SLOW_COMPUTE_BOUND:
         return tuple(n for n in relevant if n in _COMPUTE_ALL) or relevant, 0, forced
+    if diagnosis is DiagnosisCategory.SLOW_LATENCY_BOUND:
+        return tuple(n for n in relevant if n in _LATENCY) or relevant, 0, forced
     if diagnosis in (
         DiagnosisCategory.COMPILE_RESOURCES,
         DiagnosisCategory.COMPILE_TIMEOUT,
