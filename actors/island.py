@@ -77,8 +77,9 @@ class IslandActor(Actor):
         retrieve_ttl_s: float = 5.0,
         drain_wait_s: float = 2.0,
         feedback_concurrency: int = 8,
+        version: str | None = None,
     ) -> None:
-        super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id)
+        super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id, version=version)
         self.name = island
         self.retrieve_k = retrieve_k
         self.save_every_s = save_every_s

@@ -157,6 +157,24 @@ def build_actor(
 
     An evaluator with ``gpu_claim`` evaluates on that GPU alone, with its share of the machine
     (``gpus_here`` evaluators, one per GPU): the cores for compiles, the host memory for its plan."""
+    actor = _build(kind, args, url, run_id, island, expert_config, actor_id, gpu_claim, gpus_here)
+    wait_for_run: float | None = getattr(args, "wait_for_run", None)  # `kfoundry actor` only
+    if wait_for_run is not None:
+        actor.wait_for_run_s = wait_for_run
+    return actor
+
+
+def _build(
+    kind: ActorKind,
+    args: argparse.Namespace,
+    url: str,
+    run_id: str | None,
+    island: str | None,
+    expert_config: ExpertConfig | None,
+    actor_id: str | None,
+    gpu_claim: GpuClaim | None,
+    gpus_here: int,
+) -> Actor:
     version = getattr(args, "version", None)
     concurrency = getattr(args, "concurrency", None)
     if kind is not ActorKind.EXPERT and kind is not ActorKind.CURATOR and not run_id:
@@ -185,6 +203,9 @@ def build_actor(
                     "compile_workers": compile_workers_per_gpu(gpus_here),
                     "host_memory_share": 1.0 / gpus_here,
                 }
+            eval_timeout = getattr(args, "eval_timeout", None)  # `kfoundry run` only; the spec's bound wins
+            if eval_timeout is not None:
+                sizing["timeout_s"] = eval_timeout
             runner = GpuRunner(device=device, spares=args.spares, isolation=isolation_mode(args), **sizing)
         return EvaluatorActor(
             nats_url=url,
@@ -193,6 +214,7 @@ def build_actor(
             concurrency=args.eval_concurrency or concurrency or 2,
             ack_wait_s=args.ack_wait,
             actor_id=actor_id,
+            version=version,
         )
     if kind is ActorKind.DIAGNOSER:
         from actors.diagnoser import DiagnoserActor, RuleDiagnose
@@ -220,18 +242,33 @@ def build_actor(
 
         if not island:
             raise ConfigError("an island actor needs --island ID")
+        more = {} if concurrency is None else {"feedback_concurrency": concurrency}
         return IslandActor(
-            nats_url=url, run_id=run_id or "", island=island, actor_id=actor_id, per_request=args.per_request
+            nats_url=url,
+            run_id=run_id or "",
+            island=island,
+            actor_id=actor_id,
+            per_request=args.per_request,
+            version=version,
+            **more,
         )
     if kind is ActorKind.MIGRATOR:
         from actors.migrator import MigratorActor
 
-        return MigratorActor(nats_url=url, run_id=run_id or "", actor_id=actor_id)
+        if concurrency is not None:
+            raise ConfigError(f"--concurrency {concurrency}: a migrator handles one island status at a time")
+        return MigratorActor(nats_url=url, run_id=run_id or "", actor_id=actor_id, version=version)
     if kind is ActorKind.CURATOR:
         from actors.curator import CuratorActor
 
+        more = {} if concurrency is None else {"concurrency": concurrency}
         return CuratorActor(
-            nats_url=url, directory=args.library_dir, embedder=args.embedder, actor_id=actor_id, version=version
+            nats_url=url,
+            directory=args.library_dir,
+            embedder=args.embedder,
+            actor_id=actor_id,
+            version=version,
+            **more,
         )
     raise ConfigError(f"actor kind {kind} cannot be started on its own")
 
@@ -304,7 +341,6 @@ def cmd_actor(args: argparse.Namespace) -> int:
                 gpu_claim=claim,
                 gpus_here=gpus_here,
             )
-            actor.wait_for_run_s = args.wait_for_run
             if args.metrics_port:
                 from actors.metrics import serve_metrics
 
