@@ -204,8 +204,8 @@ class RunController:
         if self.spec.islands > 1 and not self.spec.ablations.no_migration:
             actors.append(build_actor(ActorKind.MIGRATOR, a, url=self.url, run_id=run_id))
         actors += [
-            build_actor(ActorKind.ISLAND, a, url=self.url, run_id=run_id, island=f"i{i}")
-            for i in range(self.spec.islands)
+            build_actor(ActorKind.ISLAND, a, url=self.url, run_id=run_id, island=island)
+            for island in self.spec.island_names()
         ]
         return actors
 
@@ -215,7 +215,7 @@ class RunController:
             if not await quota.take():
                 log.warning("seed candidates beyond the candidate budget not published", seeds=len(self.seeds) - i)
                 break
-            island = f"i{i % self.spec.islands}"
+            island = self.spec.island_names()[i % self.spec.islands]
             cand = Candidate(
                 run_id=self.spec.run_id,
                 island=island,
@@ -532,10 +532,10 @@ class RunController:
                 )
             (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
         states = {}
-        for i in range(self.spec.islands):
-            text = await load_text(bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.spec.run_id, f"i{i}"))
+        for island in self.spec.island_names():
+            text = await load_text(bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.spec.run_id, island))
             if text is not None:
-                states[f"i{i}"] = text
+                states[island] = text
         from actors.report import build_report, write_report
 
         report = await asyncio.to_thread(build_report, self.spec, messages, states)

@@ -135,7 +135,7 @@ class IslandActor(Actor):
 
     async def setup(self) -> None:
         self._spec = await get_run(self.bus, self.rid)
-        expected = [f"i{i}" for i in range(self.spec.islands)]
+        expected = self.spec.island_names()
         if self.name not in expected:
             raise ConfigError(
                 f"island {self.name!r} is not one of run {self.rid}'s islands ({', '.join(expected)}); "
@@ -275,8 +275,8 @@ class IslandActor(Actor):
         try:
             with structlog.contextvars.bound_contextvars(island=self.name, plan=plan.plan_id, expert=plan.expert):
                 hits = await self._retrieve(plan)
-                budget = self.spec.budget.tokens
-                remaining = max(0, budget // self.spec.islands - self.brain.tokens_used) if budget else None
+                share = self.spec.island_limits(self.name).tokens
+                remaining = None if share is None else max(0, share - self.brain.tokens_used)
                 meta = ""
                 evolver = self._prompts.get(plan.role) if plan.expert in self._llm else None
                 if evolver is not None:

@@ -51,7 +51,18 @@ from schemas.evaluation import (
 )
 from schemas.evolution import Elite, EliteAnnouncement, EvalOutcome, Feedback, IslandStatus, Migration, RunEnd
 from schemas.experience import Experience, ExperienceHit, ExperienceHits, ExperienceOutcome, ExperienceQuery
-from schemas.task import Ablations, Budget, ExpertRef, MigrationPolicy, RunSpec, Task, TaskSignature, TensorSpec
+from schemas.task import (
+    Ablations,
+    Budget,
+    ExpertRef,
+    IslandLimits,
+    MigrationPolicy,
+    RunSpec,
+    Task,
+    TaskSignature,
+    TensorSpec,
+    split_evenly,
+)
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.model_fields["type"].default: cls
@@ -143,6 +154,7 @@ __all__ = [
     "Finding",
     "GenerateReply",
     "GenerateRequest",
+    "IslandLimits",
     "IslandStatus",
     "KernelLanguage",
     "Message",
@@ -171,4 +183,5 @@ __all__ = [
     "decode_any",
     "new_id",
     "now",
+    "split_evenly",
 ]

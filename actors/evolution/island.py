@@ -25,7 +25,6 @@ its seed and the order of messages, and a restarted island continues from ``to_j
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -334,13 +333,13 @@ class IslandBrain:
         """Why the island must stop now, if it must (sticky once set)."""
         if self._stopped is not None:
             return self._stopped
-        budget, share = self.spec.budget, self.spec.islands
+        limits = self.spec.island_limits(self.island)
         best = self.archive.best()
         if best is not None and best.sol_fraction is not None and best.sol_fraction >= self.spec.target_sol_fraction:
             self._stopped = StopReason.SPEED_OF_LIGHT
-        elif budget.tokens is not None and self.tokens_used >= math.ceil(budget.tokens / share):
+        elif limits.tokens is not None and self.tokens_used >= limits.tokens:
             self._stopped = StopReason.TOKENS
-        elif budget.wall_s is not None and now - self.spec.created_at >= budget.wall_s:
+        elif self.spec.past_deadline(now):
             self._stopped = StopReason.WALL_TIME
         return self._stopped
 
