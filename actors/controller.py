@@ -17,7 +17,6 @@ recorded the same way.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import faulthandler
@@ -35,10 +34,10 @@ from actors.errors import BusError, ConfigError, TaskRefused
 from actors.kv import get_expert_config, list_expert_configs, put_expert_config, put_run
 from actors.launch import build_actor, default_expert_config, run_actors
 from actors.logs import get_logger
+from actors.options import RunOptions
 from actors.outcome import RunVerdict, best_sentence, exit_code, model_header_note, verdict_of
 from actors.progress import Progress, RunWatcher
 from actors.quota import CandidateQuota
-from actors.run import ALL_EXPERTS
 from schemas import (
     ActorInfo,
     ActorKind,
@@ -129,7 +128,7 @@ class RunController:
         spec: RunSpec,
         url: str,
         run_dir: Path,
-        args: argparse.Namespace,
+        options: RunOptions,
         seeds: list[str] | None = None,
         progress: TextIO | None = None,
         gpu_claims: Sequence[GpuClaim] = (),
@@ -139,7 +138,7 @@ class RunController:
         """GPUs claimed for this run's local evaluators, one evaluator each (none: ``--evaluators`` unpinned)."""
         self.url = url
         self.run_dir = run_dir
-        self.args = args
+        self.options = options
         self.seeds = seeds or []
         self.out = progress
         self.progress = Progress(spec)
@@ -147,14 +146,14 @@ class RunController:
         self.llm_diagnoser: ExpertConfig | None = None
         self.watcher: RunWatcher | None = None
         self.cancelled: tuple[str, ...] = ()
-        self.connect_timeout: float | None = getattr(args, "connect_timeout", 5.0)
+        self.connect_timeout: float | None = options.connect_timeout_s
 
     async def _setup(self, bus: Bus) -> None:
         from actors.signature import with_signature
 
         task = await asyncio.to_thread(with_signature, self.spec.task)
         self.spec = self.spec.model_copy(update={"task": task})
-        if getattr(self.args, "experts", None) == ALL_EXPERTS:
+        if self.options.all_llm_experts:
             await self._add_llm_experts(bus)
         self.progress.spec = self.spec
         await bus.ensure_shared_streams()
@@ -185,7 +184,7 @@ class RunController:
 
     def _local_actors(self, configs: list[ExpertConfig]) -> list[Actor]:
         run_id = self.spec.run_id
-        a = self.args
+        a = self.options.actors
         actors: list[Actor] = [build_actor(ActorKind.CURATOR, a, url=self.url, run_id=None)]
         actors += [build_actor(ActorKind.EXPERT, a, url=self.url, run_id=None, expert_config=c) for c in configs]
         if self.gpu_claims:
@@ -196,7 +195,8 @@ class RunController:
             ]
         else:
             actors += [
-                build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id) for _ in range(a.evaluators or 1)
+                build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id)
+                for _ in range(self.options.evaluators or 1)
             ]
         actors.append(
             build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id, expert_config=self.llm_diagnoser)
@@ -411,15 +411,16 @@ class RunController:
                 self.out.write(f"run {self.spec.run_id}: task {self.spec.task.name} on {self.spec.device}, ")
                 self.out.write(f"{self.spec.islands} islands, NATS {self.url}, results in {self.run_dir}\n")
                 self.out.write(f"watch it: kfoundry tap --run {self.spec.run_id} --nats {self.url}\n")
-                if self.gpu_claims and not self.args.no_local_actors:
+                if self.gpu_claims and self.options.local_actors:
                     gpus = ", ".join(f"{c.gpu.index} ({c.gpu.name})" for c in self.gpu_claims)
                     self.out.write(f"evaluators: one per GPU on GPU {gpus}\n")
-            if not self.args.no_local_actors:
+            if self.options.local_actors:
                 configs = await self._expert_configs(bus)
-                if self.args.llm_diagnoser:
-                    self.llm_diagnoser = await get_expert_config(bus, self.args.llm_diagnoser)
+                wanted = self.options.actors.llm_diagnoser
+                if wanted:
+                    self.llm_diagnoser = await get_expert_config(bus, wanted)
                     if self.llm_diagnoser is None:
-                        raise ConfigError(f"--llm-diagnoser {self.args.llm_diagnoser}: no such expert configuration")
+                        raise ConfigError(f"--llm-diagnoser {wanted}: no such expert configuration")
                 self.actors = self._local_actors(configs)
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
                 # Actors that start slowly do not hold the run past its deadline.

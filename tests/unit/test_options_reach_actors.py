@@ -16,6 +16,7 @@ from actors.evaluator_process import child_argv
 from actors.expert import ExpertActor
 from actors.island import IslandActor
 from actors.launch import build_actor
+from actors.options import ActorOptions
 from actors.run import build_spec
 from actors.runners import GpuRunner, NoopRunner
 from gpu_runner.config import IsolationMode
@@ -30,8 +31,9 @@ URL = "nats://127.0.0.1:1"
 def _actor(kind: str, *flags: str, expert_config: ExpertConfig | None = None):  # type: ignore[no-untyped-def]
     """``kfoundry actor KIND FLAGS`` built as the command builds it (not started)."""
     args = build_parser().parse_args(["actor", kind, "--run", "r1", "--island", "i0", *flags])
+    options = ActorOptions.from_args(args)
     return build_actor(
-        ActorKind(kind), args, url=URL, run_id=args.run, island=args.island, expert_config=expert_config,
+        ActorKind(kind), options, url=URL, run_id=args.run, island=args.island, expert_config=expert_config,
         actor_id=args.actor_id,
     )  # fmt: skip
 
@@ -151,7 +153,7 @@ def test_llm_diagnoser_configuration_reaches_the_diagnoser() -> None:
 
 def test_eval_timeout_option_of_a_run_reaches_the_gpu_runner_it_builds() -> None:
     args = _run_args("--device", "cpu", "--eval-timeout", "42.5")
-    actor = build_actor(ActorKind.EVALUATOR, args, url=URL, run_id="r1")
+    actor = build_actor(ActorKind.EVALUATOR, ActorOptions.from_args(args), url=URL, run_id="r1")
     assert _gpu_runner(actor).timeout_s == 42.5
     assert build_spec(args, TASK.read_text(), DeviceChoice.CPU).eval_timeout_s == 42.5
 
@@ -161,7 +163,7 @@ def test_options_of_a_run_reach_its_evaluator_in_its_own_process() -> None:
         "--device", "cpu", "--runner", "noop", "--noop-delay", "0.5", "--ack-wait", "9", "--spares", "3",
         "--eval-concurrency", "4", "--log-level", "debug",
     )  # fmt: skip
-    child = build_parser().parse_args(["actor", "evaluator", *child_argv(args, "r1", "strict")])
+    child = build_parser().parse_args(["actor", "evaluator", *child_argv(ActorOptions.from_args(args), "r1", "strict")])
     for option in ("device", "runner", "noop_delay", "ack_wait", "spares", "eval_concurrency", "log_level"):
         assert str(getattr(child, option)) == str(getattr(args, option)), option
     assert (child.run, child.isolation) == ("r1", "strict")
