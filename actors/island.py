@@ -28,8 +28,8 @@ from actors.bus import ConsumerSpec, Delivery
 from actors.errors import BusError, ConfigError
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.island import IslandBrain
+from actors.evolution.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.evolution.plans import IslandConfig, RequestPlan
-from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.kv import get_expert_config, get_run, load_text, save_text
 from actors.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
 from actors.quota import CandidateQuota

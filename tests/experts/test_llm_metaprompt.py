@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from actors.experts.llm.directives import DIRECTIVES, SHARED_DIRECTIVES
-from actors.experts.llm.metaprompt import (
+from actors.evolution.directives import DIRECTIVES, SHARED_DIRECTIVES
+from actors.evolution.metaprompt import (
     EvolutionSettings,
     MetaPromptEvolver,
     RolePool,
@@ -18,7 +18,7 @@ from actors.experts.llm.metaprompt import (
     seed_sections,
     strategy_tag,
 )
-from actors.experts.llm.prompts import ROLES
+from actors.llm.prompts import ROLES
 from schemas import EvalStatus, Experience, TaskSignature
 
 pytestmark = pytest.mark.timeout(10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.experts.llm.prompts import CONTRACT, MAX_EXPERIENCES, ROLES, SOURCE_LIMIT, build_messages, system_prompt
+from actors.llm.prompts import CONTRACT, MAX_EXPERIENCES, ROLES, SOURCE_LIMIT, build_messages, system_prompt
 from schemas import (
     Candidate,
     EvalResult,

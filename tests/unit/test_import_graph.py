@@ -5,6 +5,8 @@ no cycle."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,18 @@ def test_the_command_line_modules_sit_above_the_controller_and_the_launcher() ->
     below = {"actors.controller", "actors.launch", "actors.options", "actors.process"}
     for module in below:
         assert not graph[module] & {"actors.cli", "actors.run", "actors.actor_command"}, module
+
+
+def test_an_island_process_never_loads_the_openai_sdk() -> None:
+    code = (
+        "import sys, actors.island, actors.evolution.metaprompt\n"
+        "loaded = sorted(m for m in sys.modules if m == 'openai' or m.startswith(('actors.llm', 'actors.experts')))\n"
+        "print(','.join(loaded))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, cwd=ROOT)
+    assert out.stdout.strip() == ""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, actors.llm.client; print('openai' in sys.modules)"],
+        capture_output=True, text=True, timeout=60, check=True, cwd=ROOT,
+    )  # fmt: skip
+    assert loaded.stdout.strip() == "True"  # the check above can see the SDK when it is loaded

@@ -11,7 +11,7 @@ the job for this request (first version, repair, or speed-up).
 
 from __future__ import annotations
 
-from actors.experts.llm.redact import shorten
+from actors.llm.redact import shorten
 from schemas import (
     Diagnosis,
     EvalResult,

@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from actors.experts.llm.directives import DIRECTIVES, SHARED_DIRECTIVES
+from actors.evolution.directives import DIRECTIVES, SHARED_DIRECTIVES
 from schemas import Experience, Model
 
 _ID = re.compile(r"^mp-[0-9a-f]{12}$")
