@@ -47,6 +47,7 @@ from schemas import (
     GenerateReply,
     Message,
     Migration,
+    Role,
     RunSpec,
     StopReason,
     TaskSignature,
@@ -145,11 +146,14 @@ class IslandActor(Actor):
         profiles = []
         for ref in self.spec.experts:
             config = await get_expert_config(self.bus, ref.name)
-            role = config.role if config else "template"
             if config is not None and config.kind is ExpertKind.LLM:
                 self._llm.add(ref.name)
             self._timeouts[ref.name] = (config.timeout_s * (config.max_retries + 1) + 10) if config else 120.0
-            profiles.append(ExpertProfile(name=ref.name, role=role, weight=ref.weight))
+            profiles.append(
+                ExpertProfile.from_config(config, ref.weight)
+                if config is not None
+                else ExpertProfile(name=ref.name, role=Role.TEMPLATE, weight=ref.weight)
+            )
         saved = await load_text(self.bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.rid, self.name))
         if saved is not None:
             self._brain = IslandBrain.from_json(saved, self.spec)

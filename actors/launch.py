@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from actors.base import Actor
 from actors.errors import ConfigError
 from actors.options import ActorOptions, RunnerKind, isolation_mode
-from schemas import ActorKind, DeviceChoice, ExpertConfig, ExpertKind
+from schemas import ActorKind, DeviceChoice, ExpertConfig, ExpertKind, Role
 
 if TYPE_CHECKING:
     from actors.gpu_claim import GpuClaim
@@ -51,7 +51,7 @@ def default_expert_config(name: str) -> ExpertConfig:
             f"no configuration stored for expert {name!r}; store one with `kfoundry expert set {name} --kind llm "
             "--base-url URL --model MODEL --api-key-env VAR`"
         )
-    return ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role="template")
+    return ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role=Role.TEMPLATE)
 
 
 def build_actor(

@@ -19,6 +19,7 @@ from schemas import (
     ExperienceHit,
     GenerateRequest,
     Proposal,
+    Role,
     RunSpec,
 )
 
@@ -86,7 +87,7 @@ class RequestPlan:
     plan_id: str
     island: str
     expert: str
-    role: str
+    role: Role
     key: str
     """Routing key the expert was chosen under (the parent's diagnosis category, or start)."""
     source: ParentSource
@@ -182,7 +183,7 @@ class FitnessPoint(BaseModel):
     migrant: bool = False
 
 
-def instructions_for(role: str, source: ParentSource, diagnosis: Diagnosis | None) -> str:
+def instructions_for(role: Role, source: ParentSource, diagnosis: Diagnosis | None) -> str:
     """Plain-language instructions for the expert, from the role and the parent's diagnosis."""
     lines = [f"Role: {role}."]
     if source is ParentSource.FRESH:

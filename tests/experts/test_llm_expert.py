@@ -25,6 +25,7 @@ from schemas import (
     ExperienceHit,
     KernelLanguage,
     Proposal,
+    Role,
     TaskSignature,
 )
 from tests.experts.llm_server import (
@@ -48,7 +49,7 @@ async def server() -> AsyncIterator[ScriptedLLMServer]:
 
 
 async def test_good_reply_becomes_a_proposal_with_role_and_section(server: ScriptedLLMServer) -> None:
-    evolver = MetaPromptEvolver("fusion", seed=1)
+    evolver = MetaPromptEvolver(Role.FUSION, seed=1)
     section = evolver.choose()
     server.push(Chat((answer(GOOD_MODELNEW),), prompt_tokens=900, completion_tokens=300))
     expert = LLMExpert(expert_config(server), retry=FAST_RETRY, instance_id="inst-1")
@@ -71,7 +72,7 @@ async def test_good_reply_becomes_a_proposal_with_role_and_section(server: Scrip
 
 
 async def test_proposal_outcome_credits_the_meta_prompt_section(server: ScriptedLLMServer) -> None:
-    evolver = MetaPromptEvolver("fusion", seed=3)
+    evolver = MetaPromptEvolver(Role.FUSION, seed=3)
     section = evolver.choose()
     server.push(Chat((answer(GOOD_MODELNEW),)))
     expert = LLMExpert(expert_config(server), retry=FAST_RETRY)
@@ -122,7 +123,7 @@ async def test_prompt_carries_task_parent_diagnosis_experiences_and_meta_prompt(
         description="made the block size a constexpr and masked the tail",
         source_excerpt="BLOCK: tl.constexpr",
     )
-    meta = MetaPromptEvolver("repair", seed=0).choose().text
+    meta = MetaPromptEvolver(Role.REPAIR, seed=0).choose().text
     server.push(Chat((answer(GOOD_MODELNEW),)))
     expert = LLMExpert(expert_config(server, role="repair"), retry=FAST_RETRY)
     reply = await expert.generate(

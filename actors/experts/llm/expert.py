@@ -40,6 +40,7 @@ from schemas import (
     GenerateReply,
     GenerateRequest,
     Proposal,
+    Role,
     TokenUsage,
 )
 
@@ -166,8 +167,9 @@ class LLMExpert:
     async def _generate(self, binding: _Binding, request: GenerateRequest, started: float) -> GenerateReply:
         cfg = binding.config
         section_id = section_id_for_text(request.meta_prompt) if request.meta_prompt.strip() else None
-        strategy = strategy_tag(cfg.role, section_id)
-        messages = build_messages(request, cfg, cfg.role)
+        role = Role(cfg.role)  # checked against the known roles when the binding was made
+        strategy = strategy_tag(role, section_id)
+        messages = build_messages(request, cfg, role)
         outcome = _Outcome()
         decline: Decline | None = None
         try:
