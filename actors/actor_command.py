@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from actors.actor_kinds import ACTOR_KINDS
 from actors.errors import ConfigError
 from actors.launch import build_actor, run_actors
 from actors.options import ActorOptions, EmbedderKind, RunnerKind
@@ -62,7 +63,7 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
 
 def add_actor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("actor", help="start one actor process that joins a run")
-    p.add_argument("kind", choices=[k.value for k in ActorKind if k is not ActorKind.CONTROLLER])
+    p.add_argument("kind", choices=[k.value for k in ACTOR_KINDS])
     p.add_argument("--run", help="run to join (all kinds except expert and curator)")
     p.add_argument("--island", help="island id (island actors)")
     p.add_argument("--name", default="template", help="expert name (expert actors)")

@@ -312,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_options(p)
     p.set_defaults(func=cmd_drain)
 
+    from actors.experts.registry import EXPERT_KINDS
+    from schemas import Role
+
     p = sub.add_parser("expert", help="show or change an expert's configuration (KV; taken up live)")
     esub = p.add_subparsers(dest="expert_cmd", required=True)
     show = esub.add_parser("show")
@@ -320,8 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_expert)
     setp = esub.add_parser("set")
     setp.add_argument("name")
-    setp.add_argument("--kind", choices=["template", "llm"])
-    setp.add_argument("--role")
+    setp.add_argument("--kind", choices=[k.value for k in EXPERT_KINDS])
+    setp.add_argument("--role", choices=[r.value for r in Role if r is not Role.TEMPLATE])
     setp.add_argument("--base-url")
     setp.add_argument("--model")
     setp.add_argument("--api-key-env", help="name of the environment variable holding the key")

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import nats.errors
 
+from actors.actor_kinds import default_expert_config
 from actors.base import Actor
 from actors.bus import Bus
 from actors.errors import BusError, ConfigError, TaskRefused
 from actors.kv import get_expert_config, list_expert_configs, put_expert_config, put_run
-from actors.launch import build_actor, default_expert_config, run_actors
+from actors.launch import build_actor, run_actors
 from actors.logs import get_logger
 from actors.options import RunOptions
 from actors.outcome import RunVerdict, best_sentence, exit_code, model_header_note, verdict_of
