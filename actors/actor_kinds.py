@@ -120,7 +120,7 @@ def _diagnoser(ctx: BuildContext) -> Actor:
 
 
 def _expert(ctx: BuildContext) -> Actor:
-    from actors.expert import ExpertActor
+    from actors.expert_actor import ExpertActor
 
     config = ctx.expert_config or default_expert_config(ctx.options.expert_name)
     return ExpertActor(
@@ -133,7 +133,7 @@ def _expert(ctx: BuildContext) -> Actor:
 
 
 def _island(ctx: BuildContext) -> Actor:
-    from actors.island import IslandActor
+    from actors.island_actor import IslandActor
 
     if not ctx.island:
         raise ConfigError("an island actor needs --island ID")

@@ -31,8 +31,8 @@ from actors.bus import Bus
 from actors.curator import CuratorActor
 from actors.diagnoser import DiagnoserActor, RuleDiagnose
 from actors.evaluator import EvaluatorActor
-from actors.expert import ExpertActor
-from actors.island import IslandActor
+from actors.expert_actor import ExpertActor
+from actors.island_actor import IslandActor
 from actors.kv import put_expert_config, put_run
 from actors.launch import run_actors
 from actors.migrator import MigratorActor

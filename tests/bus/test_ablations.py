@@ -12,10 +12,10 @@ import pytest
 
 from actors.bus import Bus
 from actors.evaluator import EvaluatorActor
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
-from actors.evolution.island import IslandBrain
-from actors.expert import ExpertActor
-from actors.island import IslandActor
+from actors.expert_actor import ExpertActor
+from actors.island_actor import IslandActor
 from actors.kv import put_expert_config
 from actors.migrator import MigratorActor
 from actors.runners import NoopRunner

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
+from actors.evolution.brain import IslandBrain, IslandConfig, ParentSource
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.headroom import Headroom, family_of
-from actors.evolution.island import IslandBrain, IslandConfig, ParentSource
 from schemas import Candidate, DiagnosisCategory, Role
 from tests.evolution import factories as f
 

@@ -8,9 +8,9 @@ import pytest
 
 from actors.diagnosis.rules import RuleDiagnoser
 from actors.evolution.archive import AddStatus
+from actors.evolution.brain import IslandBrain, IslandConfig, ParentSource, RequestPlan
 from actors.evolution.credit import START, CreditBandit, ExpertProfile
 from actors.evolution.errors import WrongIsland
-from actors.evolution.island import IslandBrain, IslandConfig, ParentSource, RequestPlan
 from schemas import (
     Budget,
     DiagnosisCategory,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.errors import PolicyConfigError
-from actors.evolution.island import IslandBrain
 from actors.evolution.migration import MigrationPlanner, choose_migrants, ring_next
 from schemas import Elite, EliteAnnouncement, IslandStatus, MigrationPolicy, MigrationReason, Role
 from tests.evolution import factories as f

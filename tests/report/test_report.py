@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
-from actors.evolution.island import IslandBrain
 from actors.evolution.migration import MigrationPlanner
 from actors.outcome import RunVerdict
 from actors.report import RunReport, build_report, write_report

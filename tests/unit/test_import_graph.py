@@ -140,7 +140,7 @@ def test_the_command_line_modules_sit_above_the_controller_and_the_launcher() ->
 
 def test_an_island_process_never_loads_the_openai_sdk() -> None:
     code = (
-        "import sys, actors.island, actors.evolution.metaprompt\n"
+        "import sys, actors.island_actor, actors.evolution.metaprompt\n"
         "loaded = sorted(m for m in sys.modules if m == 'openai' or m.startswith(('actors.llm', 'actors.experts')))\n"
         "print(','.join(loaded))\n"
     )

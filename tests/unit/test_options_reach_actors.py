@@ -13,8 +13,8 @@ from actors.diagnoser import DiagnoserActor, RuleDiagnose
 from actors.errors import ConfigError
 from actors.evaluator import EvaluatorActor
 from actors.evaluator_process import child_argv
-from actors.expert import ExpertActor
-from actors.island import IslandActor
+from actors.expert_actor import ExpertActor
+from actors.island_actor import IslandActor
 from actors.launch import build_actor
 from actors.options import ActorOptions
 from actors.run import build_spec

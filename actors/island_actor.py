@@ -11,7 +11,7 @@ Writes: ``kf.<run>.cand.<island>.<candidate>`` (``Candidate``), ``kf.<run>.elite
         the credit table and the history survive a restart.
 
 The policy (archive, parent selection, expert credit, stagnation, budgets) is
-``actors.evolution.island.IslandBrain``; this actor moves messages and keeps K in flight.
+``actors.evolution.brain.IslandBrain``; this actor moves messages and keeps K in flight.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import structlog
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
 from actors.errors import BusError, ConfigError
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
-from actors.evolution.island import IslandBrain
 from actors.evolution.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.evolution.plans import IslandConfig, RequestPlan
 from actors.kv import get_expert_config, get_run, load_text, save_text

@@ -18,18 +18,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from actors.evolution.brain import IslandBrain
 from actors.evolution.errors import StateError
-from actors.evolution.island import IslandBrain
-from actors.evolution.plots import plot_credit, plot_fitness, plot_heatmaps
 from actors.gpu_usage import GpuUsage, gpu_usage
 from actors.outcome import RunVerdict, beats, verdict_of
-from actors.report_experts import (
+from actors.report.experts import (
     ExpertReport,
     FamilyReport,
     expert_reports,
     family_reports,
     to_fraction_of_best_s,
 )
+from actors.report.plots import plot_credit, plot_fitness, plot_heatmaps
 from schemas import (
     Candidate,
     Decline,
