@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from actors.actor_kinds import BuildContext, actor_kind_entry
 from actors.base import Actor
 from actors.errors import ConfigError
-from actors.options import ActorOptions
-from schemas import ActorKind, ExpertConfig
+from actors.options import ActorOptions, RunOptions
+from schemas import ActorKind, ExpertConfig, RunSpec
 
 if TYPE_CHECKING:
     from actors.gpu_claim import GpuClaim
@@ -69,3 +69,31 @@ def build_actor(
     if options.wait_for_run_s is not None:
         actor.wait_for_run_s = options.wait_for_run_s
     return actor
+
+
+def run_local_actors(
+    spec: RunSpec,
+    options: RunOptions,
+    url: str,
+    expert_configs: Sequence[ExpertConfig],
+    llm_diagnoser: ExpertConfig | None,
+    gpu_claims: Sequence[GpuClaim],
+) -> list[Actor]:
+    """The actors ``kfoundry run`` starts in its own process: a curator, the run's experts, one
+    evaluator per claimed GPU (else ``options.evaluators``), a diagnoser, a migrator when islands
+    exchange elites, and the islands."""
+    run_id, a = spec.run_id, options.actors
+    actors: list[Actor] = [build_actor(ActorKind.CURATOR, a, url=url, run_id=None)]
+    actors += [build_actor(ActorKind.EXPERT, a, url=url, run_id=None, expert_config=c) for c in expert_configs]
+    if gpu_claims:
+        n = len(gpu_claims)
+        actors += [
+            build_actor(ActorKind.EVALUATOR, a, url=url, run_id=run_id, gpu_claim=c, gpus_here=n) for c in gpu_claims
+        ]
+    else:
+        actors += [build_actor(ActorKind.EVALUATOR, a, url=url, run_id=run_id) for _ in range(options.evaluators or 1)]
+    actors.append(build_actor(ActorKind.DIAGNOSER, a, url=url, run_id=run_id, expert_config=llm_diagnoser))
+    if spec.islands > 1 and not spec.ablations.no_migration:
+        actors.append(build_actor(ActorKind.MIGRATOR, a, url=url, run_id=run_id))
+    actors += [build_actor(ActorKind.ISLAND, a, url=url, run_id=run_id, island=i) for i in spec.island_names()]
+    return actors

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from actors.actor_command import add_actor_options
-from actors.controller import RunController, refusal_in
-from actors.errors import ConfigError
+from actors.controller import RunController
+from actors.errors import ConfigError, refusal_in
 from actors.options import ALL_EXPERTS, RunOptions
 from actors.process import add_nats_options, nats_url, run_async
 from schemas import (

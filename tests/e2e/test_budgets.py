@@ -13,8 +13,9 @@ import pytest
 
 from actors.bus import Bus
 from actors.cli import build_parser
-from actors.controller import RunController, RunOutcome
+from actors.controller import RunController
 from actors.options import RunOptions
+from actors.outcome import RunOutcome
 from actors.quota import CandidateQuota
 from actors.run import build_spec, check_task_source
 from schemas import Candidate, DeviceChoice, EvalResult, Message, RunEnd, StopReason, decode_any, subjects

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.actor_kinds import default_expert_config
 from actors.cli import build_parser
 from actors.curator import CuratorActor
 from actors.diagnoser import DiagnoserActor, RuleDiagnose
@@ -15,8 +16,9 @@ from actors.evaluator import EvaluatorActor
 from actors.evaluator_process import child_argv
 from actors.expert_actor import ExpertActor
 from actors.island_actor import IslandActor
-from actors.launch import build_actor
-from actors.options import ActorOptions
+from actors.launch import build_actor, run_local_actors
+from actors.migrator import MigratorActor
+from actors.options import ActorOptions, RunOptions
 from actors.run import build_spec
 from actors.runners import GpuRunner, NoopRunner
 from gpu_runner.config import IsolationMode
@@ -167,3 +169,34 @@ def test_options_of_a_run_reach_its_evaluator_in_its_own_process() -> None:
     for option in ("device", "runner", "noop_delay", "ack_wait", "spares", "eval_concurrency", "log_level"):
         assert str(getattr(child, option)) == str(getattr(args, option)), option
     assert (child.run, child.isolation) == ("r1", "strict")
+
+
+def _local(*flags: str) -> list[object]:
+    args = _run_args("--device", "cpu", "--runner", "noop", "--embedder", "hashing", *flags)
+    spec = build_spec(args, TASK.read_text(), DeviceChoice.CPU)
+    configs = [default_expert_config("template")]
+    return list(run_local_actors(spec, RunOptions.from_args(args), URL, configs, None, []))
+
+
+def test_evaluators_option_of_a_run_sets_how_many_evaluators_it_starts() -> None:
+    assert sum(isinstance(a, EvaluatorActor) for a in _local("--evaluators", "3")) == 3
+    assert sum(isinstance(a, EvaluatorActor) for a in _local()) == 1
+
+
+def test_islands_and_no_migration_options_of_a_run_set_the_islands_and_migrator_it_starts() -> None:
+    actors = _local("--islands", "3")
+    assert [a.name for a in actors if isinstance(a, IslandActor)] == ["i0", "i1", "i2"]
+    assert any(isinstance(a, MigratorActor) for a in actors)
+    assert not any(isinstance(a, MigratorActor) for a in _local("--islands", "3", "--no-migration"))
+
+
+def test_run_options_reach_the_controller() -> None:
+    options = RunOptions.from_args(_run_args("--no-local-actors", "--experts", "--connect-timeout", "7"))
+    assert (options.local_actors, options.all_llm_experts, options.connect_timeout_s) == (False, True, 7.0)
+    assert RunOptions.from_args(_run_args()).local_actors
+
+
+def test_per_request_option_of_a_run_reaches_its_islands() -> None:
+    islands = [a for a in _local("--per-request", "2") if isinstance(a, IslandActor)]
+    assert islands
+    assert {a.per_request for a in islands} == {2}
