@@ -146,11 +146,17 @@ class ExpertRequests:
         return published
 
     async def _generate(self, plan: RequestPlan, hits: tuple[ExperienceHit, ...]) -> GenerateReply | None:
-        meta = ""
+        section = None
         if plan.expert in self.llm_experts:
             async with self.lock:
-                meta = self.brain.prompts.section_for(plan.role)
-        request = plan.request(self.spec, experiences=hits, meta_prompt=meta, token_budget=self.brain.tokens_left())
+                section = self.brain.prompts.section_for(plan.role)
+        request = plan.request(
+            self.spec,
+            experiences=hits,
+            meta_prompt=section.text if section is not None else "",
+            meta_prompt_section=section.section_id if section is not None else None,
+            token_budget=self.brain.tokens_left(),
+        )
         asked = time.perf_counter()
         reply: GenerateReply | None = None
         try:

@@ -104,6 +104,7 @@ class RequestPlan:
         *,
         experiences: Sequence[ExperienceHit] = (),
         meta_prompt: str = "",
+        meta_prompt_section: str | None = None,
         token_budget: int | None = None,
     ) -> GenerateRequest:
         """The ``GenerateRequest`` for this plan."""
@@ -118,6 +119,7 @@ class RequestPlan:
             experiences=tuple(experiences),
             instructions=self.instructions,
             meta_prompt=meta_prompt,
+            meta_prompt_section=meta_prompt_section,
             n=self.n,
             seed=self.seed,
             token_budget=token_budget,

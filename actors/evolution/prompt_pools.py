@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 
-from actors.evolution.metaprompt import MetaPromptEvolver, parse_strategy
+from actors.evolution.metaprompt import MetaPromptEvolver, PromptSection, parse_strategy
 from schemas import Experience, Role
 
 
@@ -29,10 +29,10 @@ class PromptPools:
         seed = self.seed * 7919 + zlib.crc32(f"{self.island}/{role}".encode())
         self.pools[role] = MetaPromptEvolver.from_json(saved) if saved else MetaPromptEvolver(role, seed=seed % 2**32)
 
-    def section_for(self, role: Role) -> str:
-        """The meta-prompt section for the next request of ``role`` ("" for a role without a pool)."""
+    def section_for(self, role: Role) -> PromptSection | None:
+        """The meta-prompt section for the next request of ``role`` (``None``: a role without a pool)."""
         pool = self.pools.get(role)
-        return pool.choose().text if pool is not None else ""
+        return pool.choose() if pool is not None else None
 
     def credit(self, record: Experience) -> tuple[Role, str] | None:
         """Credit the section ``record``'s candidate was made with; returns the pool to save (its

@@ -78,9 +78,10 @@ def test_a_feedback_yields_its_experience_record_and_the_outcome_of_the_experien
 def test_prompt_pools_credit_only_sections_of_their_own_roles() -> None:
     pools = PromptPools("run1", "i0", seed=3)
     pools.add(Role.FUSION, None)
-    text = pools.section_for(Role.FUSION)
-    assert text
-    assert pools.section_for(Role.MEMORY) == ""
+    chosen = pools.section_for(Role.FUSION)
+    assert chosen is not None
+    assert chosen.text
+    assert pools.section_for(Role.MEMORY) is None
     section = pools.pools[Role.FUSION].sections[0].section_id
     cand = f.candidate(expert="gpt")
     fb = f.feedback(cand, f.correct(cand, 0.5), f.diagnosis(cand, DiagnosisCategory.AT_SOL))

@@ -86,6 +86,16 @@ async def test_proposal_outcome_credits_the_meta_prompt_section(server: Scripted
     assert credited.mean > 0.5
 
 
+async def test_proposal_strategy_carries_the_section_id_the_request_names(server: ScriptedLLMServer) -> None:
+    first, second = MetaPromptEvolver(Role.FUSION, seed=3).sections[:2]
+    server.push(Chat((answer(GOOD_MODELNEW),)))
+    expert = LLMExpert(expert_config(server), retry=FAST_RETRY)
+    request = generate_request(meta_prompt=first.text, meta_prompt_section=second.section_id)
+    reply = await expert.generate(request)
+    await expert.aclose()
+    assert parse_strategy(reply.proposals[0].strategy) == ("fusion", second.section_id)
+
+
 async def test_prompt_carries_task_parent_diagnosis_experiences_and_meta_prompt(server: ScriptedLLMServer) -> None:
     parent = Candidate(
         run_id="run1",

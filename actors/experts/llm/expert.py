@@ -166,7 +166,9 @@ class LLMExpert:
 
     async def _generate(self, binding: _Binding, request: GenerateRequest, started: float) -> GenerateReply:
         cfg = binding.config
-        section_id = section_id_for_text(request.meta_prompt) if request.meta_prompt.strip() else None
+        section_id = request.meta_prompt_section or (
+            section_id_for_text(request.meta_prompt) if request.meta_prompt.strip() else None
+        )
         role = Role(cfg.role)  # checked against the known roles when the binding was made
         strategy = strategy_tag(role, section_id)
         messages = build_messages(request, cfg, role)
