@@ -21,115 +21,13 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import sys
-import threading
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TextIO
 
+from actors.actor_command import add_actor_parser
 from actors.errors import KfError, TaskRefused
-
-Out = TextIO
-
-
-def _out(text: str, stream: Out | None = None) -> None:
-    (stream or sys.stdout).write(text + "\n")
-    (stream or sys.stdout).flush()
-
-
-@contextlib.contextmanager
-def nats_url(arg: str | None) -> Iterator[str]:
-    """The server to use: ``--nats``, else ``NATS_URL``, else the embedded server."""
-    url = arg or os.environ.get("NATS_URL")
-    if url:
-        yield url
-        return
-    from actors.nats_server import EmbeddedServer
-
-    server = EmbeddedServer()
-    url = server.acquire()
-    try:
-        yield url
-    finally:
-        server.release()
-
-
-def _add_nats(p: argparse.ArgumentParser, *, connect_timeout: float | None = 5.0) -> None:
-    """``--nats`` and ``--connect-timeout`` (one-shot commands give up after a few seconds; a
-    long-running actor, ``connect_timeout=None``, keeps trying until stopped)."""
-    p.add_argument("--nats", help="NATS server URL(s), comma-separated (default: $NATS_URL, else embedded)")
-    default = "keep trying, one log line per attempt" if connect_timeout is None else f"{connect_timeout:g}"
-    p.add_argument(
-        "--connect-timeout",
-        type=_positive_seconds,
-        default=connect_timeout,
-        metavar="SECONDS",
-        help=f"give up on an unreachable or lost NATS server after this long (default: {default})",
-    )
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return value
-
-
-_ABORT_GRACE_S = 3.0
-_EXIT_GRACE_S = 15.0
-"""Longest the event loop's teardown may take once a command has its exit status."""
-
-
-def _exit_now(code: int) -> None:
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
-
-
-def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
-    """Run ``main`` with the first SIGINT/SIGTERM turned into a graceful stop event and a second
-    one into a stop at once (``main`` is cancelled). Interrupted by SIGINT, the exit status is 130."""
-
-    async def wrapper() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        received: list[signal.Signals] = []
-
-        def on_signal(sig: signal.Signals) -> None:
-            received.append(sig)
-            if len(received) == 1:
-                stop.set()
-            elif len(received) == 2 and task is not None:
-                _out(f"kfoundry: second {sig.name}: stopping at once", sys.stderr)
-                task.cancel()  # the command records what it can (a run: its end) within a moment
-                # Work in threads (a compile, a trace) cannot be cancelled: do not wait for it.
-                timer = threading.Timer(_ABORT_GRACE_S, _exit_now, args=(130 if signal.SIGINT in received else 143,))
-                timer.daemon = True
-                timer.start()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
-        try:
-            code = await main(stop)
-        except asyncio.CancelledError:
-            if len(received) < 2:
-                raise
-            code = 1
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-        final = 130 if signal.SIGINT in received else code
-        # The command's work is done (a run's results are written): the event loop's own teardown
-        # (tasks still being cancelled, threads of the default executor) must not hold the process.
-        timer = threading.Timer(_EXIT_GRACE_S, _exit_now, args=(final,))
-        timer.daemon = True
-        timer.start()
-        return final
-
-    return asyncio.run(wrapper())
+from actors.process import add_nats_options, nats_url, run_async
+from actors.process import say as _out
+from actors.run import add_run_parser
 
 
 async def _connect(url: str, name: str, args: argparse.Namespace, stop: asyncio.Event):  # type: ignore[no-untyped-def]
@@ -375,8 +273,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kfoundry", description="Kernel Foundry: faster GPU kernels by evolution")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from actors.launch import add_actor_parser, add_run_parser
-
     add_run_parser(sub)
     add_actor_parser(sub)
     from actors.kbench.bench import add_bench_parser
@@ -392,20 +288,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--type", action="append", help="only messages of this type (repeatable), e.g. eval_result")
     p.add_argument("--replies", action="store_true", help="also show request replies (_INBOX.>)")
     p.add_argument("--count", type=int, help="stop after this many messages")
-    _add_nats(p)
+    add_nats_options(p)
     p.set_defaults(func=cmd_tap)
 
     p = sub.add_parser("dlq", help="list dead letters (messages given up on) with reasons and subjects")
     p.add_argument("--run", help="only this run's dead letters")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_nats(p)
+    add_nats_options(p)
     p.set_defaults(func=cmd_dlq)
 
     p = sub.add_parser("status", help="list live actors and consumer lag")
     p.add_argument("--run", help="only this run")
     p.add_argument("--wait", type=float, default=0.5, help="seconds to collect replies (default 0.5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_nats(p)
+    add_nats_options(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("drain", help="remove one actor gracefully")
@@ -413,19 +309,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="drained from the command line")
     p.add_argument("--wait", action="store_true", help="wait until the actor has left")
     p.add_argument("--timeout", type=float, default=60.0)
-    _add_nats(p)
+    add_nats_options(p)
     p.set_defaults(func=cmd_drain)
+
+    from actors.experts.registry import EXPERT_KINDS
+    from schemas import Role
 
     p = sub.add_parser("expert", help="show or change an expert's configuration (KV; taken up live)")
     esub = p.add_subparsers(dest="expert_cmd", required=True)
     show = esub.add_parser("show")
     show.add_argument("name")
-    _add_nats(show)
+    add_nats_options(show)
     show.set_defaults(func=cmd_expert)
     setp = esub.add_parser("set")
     setp.add_argument("name")
-    setp.add_argument("--kind", choices=["template", "llm"])
-    setp.add_argument("--role")
+    setp.add_argument("--kind", choices=[k.value for k in EXPERT_KINDS])
+    setp.add_argument("--role", choices=[r.value for r in Role if r is not Role.TEMPLATE])
     setp.add_argument("--base-url")
     setp.add_argument("--model")
     setp.add_argument("--api-key-env", help="name of the environment variable holding the key")
@@ -435,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     setp.add_argument("--concurrency", type=int)
     setp.add_argument("--token-budget", type=int)
     setp.add_argument("--language", choices=["triton", "cuda"])
-    _add_nats(setp)
+    add_nats_options(setp)
     setp.set_defaults(func=cmd_expert)
 
     p = sub.add_parser("server", help="the embedded NATS server")

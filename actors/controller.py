@@ -17,45 +17,39 @@ recorded the same way.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import faulthandler
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import nats.errors
 
+from actors.actor_kinds import default_expert_config
 from actors.base import Actor
 from actors.bus import Bus
-from actors.errors import BusError, ConfigError, TaskRefused
+from actors.errors import BusError, ConfigError
 from actors.kv import get_expert_config, list_expert_configs, put_expert_config, put_run
-from actors.launch import build_actor, default_expert_config, run_actors
+from actors.launch import run_actors, run_local_actors
 from actors.logs import get_logger
-from actors.outcome import RunVerdict, best_sentence, exit_code, model_header_note, verdict_of
+from actors.options import RunOptions
+from actors.outcome import RunOutcome
 from actors.progress import Progress, RunWatcher
-from actors.quota import CandidateQuota
-from actors.run import ALL_EXPERTS
+from actors.run_stream import publish_seeds, write_results
 from schemas import (
     ActorInfo,
     ActorKind,
     ActorState,
-    Candidate,
     Control,
     ControlAction,
-    DeviceChoice,
     ExpertConfig,
     ExpertKind,
     ExpertRef,
-    Message,
-    Proposal,
     RunEnd,
     RunSpec,
     StopReason,
-    decode_any,
     subjects,
 )
 
@@ -73,53 +67,6 @@ MISSING_GRACE_S = 30.0
 (it names them earlier, at its first result)."""
 
 
-@dataclass
-class RunOutcome:
-    """What a run achieved."""
-
-    run_id: str
-    reason: StopReason
-    evaluated: int
-    statuses: dict[str, int]
-    best_fitness: float | None
-    best_candidate_id: str | None
-    run_dir: Path
-    device: DeviceChoice = DeviceChoice.CUDA
-    cancelled: int = 0
-    best_vs_compiled: float | None = None
-    """The best's speedup over ``torch.compile``; ``None`` when that baseline was not measured."""
-
-    @property
-    def verdict(self) -> RunVerdict:
-        """Faster than eager, correct but not faster, not timed on a GPU, or nothing correct."""
-        return verdict_of(self.best_fitness, self.device)
-
-    @property
-    def exit_code(self) -> int:
-        """``kfoundry run``'s exit status for this outcome (``actors.outcome.ExitCode``)."""
-        return exit_code(self.verdict)
-
-    def summary(self, elapsed_s: float) -> str:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
-        best = best_sentence(self.verdict, self.best_fitness, self.best_vs_compiled)
-        if self.best_fitness is not None:
-            best += f" ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
-        cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""
-        line = (
-            f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
-            f"({counts}){cancelled}; {best}; report in {self.run_dir / 'report.json'}"
-        )
-        if self.device is DeviceChoice.CPU:
-            line += f"\n{CPU_TIMINGS_NOTE}"
-        return line
-
-
-CPU_TIMINGS_NOTE = (
-    "note: this run timed kernels on the CPU (Triton's interpreter, eager PyTorch as the baseline): it checks "
-    "correctness and shows the loop working; its timings are not speedups. Speedups are measured on a GPU."
-)
-
-
 class RunController:
     """Runs one run end to end (see the module docstring)."""
 
@@ -129,7 +76,7 @@ class RunController:
         spec: RunSpec,
         url: str,
         run_dir: Path,
-        args: argparse.Namespace,
+        options: RunOptions,
         seeds: list[str] | None = None,
         progress: TextIO | None = None,
         gpu_claims: Sequence[GpuClaim] = (),
@@ -139,7 +86,7 @@ class RunController:
         """GPUs claimed for this run's local evaluators, one evaluator each (none: ``--evaluators`` unpinned)."""
         self.url = url
         self.run_dir = run_dir
-        self.args = args
+        self.options = options
         self.seeds = seeds or []
         self.out = progress
         self.progress = Progress(spec)
@@ -147,14 +94,14 @@ class RunController:
         self.llm_diagnoser: ExpertConfig | None = None
         self.watcher: RunWatcher | None = None
         self.cancelled: tuple[str, ...] = ()
-        self.connect_timeout: float | None = getattr(args, "connect_timeout", 5.0)
+        self.connect_timeout: float | None = options.connect_timeout_s
 
     async def _setup(self, bus: Bus) -> None:
         from actors.signature import with_signature
 
         task = await asyncio.to_thread(with_signature, self.spec.task)
         self.spec = self.spec.model_copy(update={"task": task})
-        if getattr(self.args, "experts", None) == ALL_EXPERTS:
+        if self.options.all_llm_experts:
             await self._add_llm_experts(bus)
         self.progress.spec = self.spec
         await bus.ensure_shared_streams()
@@ -182,50 +129,6 @@ class RunController:
                 await put_expert_config(bus, config)
             configs.append(config)
         return configs
-
-    def _local_actors(self, configs: list[ExpertConfig]) -> list[Actor]:
-        run_id = self.spec.run_id
-        a = self.args
-        actors: list[Actor] = [build_actor(ActorKind.CURATOR, a, url=self.url, run_id=None)]
-        actors += [build_actor(ActorKind.EXPERT, a, url=self.url, run_id=None, expert_config=c) for c in configs]
-        if self.gpu_claims:
-            n = len(self.gpu_claims)
-            actors += [
-                build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id, gpu_claim=c, gpus_here=n)
-                for c in self.gpu_claims
-            ]
-        else:
-            actors += [
-                build_actor(ActorKind.EVALUATOR, a, url=self.url, run_id=run_id) for _ in range(a.evaluators or 1)
-            ]
-        actors.append(
-            build_actor(ActorKind.DIAGNOSER, a, url=self.url, run_id=run_id, expert_config=self.llm_diagnoser)
-        )
-        if self.spec.islands > 1 and not self.spec.ablations.no_migration:
-            actors.append(build_actor(ActorKind.MIGRATOR, a, url=self.url, run_id=run_id))
-        actors += [
-            build_actor(ActorKind.ISLAND, a, url=self.url, run_id=run_id, island=f"i{i}")
-            for i in range(self.spec.islands)
-        ]
-        return actors
-
-    async def _publish_seeds(self, bus: Bus) -> None:
-        quota = CandidateQuota(bus, self.spec.run_id, self.spec.budget.candidates)
-        for i, source in enumerate(self.seeds):
-            if not await quota.take():
-                log.warning("seed candidates beyond the candidate budget not published", seeds=len(self.seeds) - i)
-                break
-            island = f"i{i % self.spec.islands}"
-            cand = Candidate(
-                run_id=self.spec.run_id,
-                island=island,
-                task_id=self.spec.task.task_id,
-                expert="user",
-                proposal=Proposal(source=source, language=self.spec.language, strategy="seed", description="seed"),
-            )
-            await bus.publish_durable(
-                subjects.candidates(self.spec.run_id, island, cand.candidate_id), cand, msg_id=cand.candidate_id
-            )
 
     def _show(self, final: bool = False) -> None:
         if self.out is None:
@@ -411,16 +314,19 @@ class RunController:
                 self.out.write(f"run {self.spec.run_id}: task {self.spec.task.name} on {self.spec.device}, ")
                 self.out.write(f"{self.spec.islands} islands, NATS {self.url}, results in {self.run_dir}\n")
                 self.out.write(f"watch it: kfoundry tap --run {self.spec.run_id} --nats {self.url}\n")
-                if self.gpu_claims and not self.args.no_local_actors:
+                if self.gpu_claims and self.options.local_actors:
                     gpus = ", ".join(f"{c.gpu.index} ({c.gpu.name})" for c in self.gpu_claims)
                     self.out.write(f"evaluators: one per GPU on GPU {gpus}\n")
-            if not self.args.no_local_actors:
+            if self.options.local_actors:
                 configs = await self._expert_configs(bus)
-                if self.args.llm_diagnoser:
-                    self.llm_diagnoser = await get_expert_config(bus, self.args.llm_diagnoser)
+                wanted = self.options.actors.llm_diagnoser
+                if wanted:
+                    self.llm_diagnoser = await get_expert_config(bus, wanted)
                     if self.llm_diagnoser is None:
-                        raise ConfigError(f"--llm-diagnoser {self.args.llm_diagnoser}: no such expert configuration")
-                self.actors = self._local_actors(configs)
+                        raise ConfigError(f"--llm-diagnoser {wanted}: no such expert configuration")
+                self.actors = run_local_actors(
+                    self.spec, self.options, self.url, configs, self.llm_diagnoser, self.gpu_claims
+                )
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
                 # Actors that start slowly do not hold the run past its deadline.
                 deadline = self.progress.deadline
@@ -432,7 +338,7 @@ class RunController:
                 if refused is not None:  # the task cannot be evaluated here: stop everything at once
                     aborted = True
                     raise refused
-            await self._publish_seeds(bus)
+            await publish_seeds(bus, self.spec, self.seeds)
             try:
                 reason = await self._wait_for_end(stop, actors_task)
                 log.info("run ending", reason=str(reason), evaluated=self.progress.evaluated)
@@ -461,7 +367,7 @@ class RunController:
             await self.watcher.stop()
             self._show(final=True)
             log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
-            await self._write_results(bus)
+            await write_results(bus, self.spec, self.progress.best, self.run_dir)
             best = self.progress.best
             return RunOutcome(
                 run_id=self.spec.run_id,
@@ -484,72 +390,3 @@ class RunController:
             if self.watcher is not None:
                 await self.watcher.stop()
             await bus.close()
-
-    async def _replay(self, bus: Bus) -> list[Message]:
-        """Every message of the run stream, in order."""
-        stream = subjects.run_stream(self.spec.run_id)
-        info = await bus.js.stream_info(stream)
-        last = int(info.state.last_seq)
-        out: list[Message] = []
-        if last == 0:
-            return out
-        sub = await bus.js.subscribe(subjects.run_all(self.spec.run_id), stream=stream, ordered_consumer=True)
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=10.0)
-                with contextlib.suppress(ValueError):
-                    out.append(decode_any(msg.data))
-                if int(msg.metadata.sequence.stream) >= last:
-                    break
-        finally:
-            await sub.unsubscribe()
-        return out
-
-    async def _write_results(self, bus: Bus) -> None:
-        from actors.kv import load_text
-
-        messages = await self._replay(bus)
-        best = self.progress.best
-        if best is not None:
-            subject = subjects.candidates(self.spec.run_id, best.island, best.candidate_id)
-            raw = await bus.js.get_last_msg(subjects.run_stream(self.spec.run_id), subject)
-            cand = Candidate.model_validate_json(raw.data or b"")
-            device = best.device.name if best.device else "?"
-            median = f"{best.timing.median_ms:.4f} ms" if best.timing else "?"
-            vs_compiled = f", {best.speedup_vs_compiled:.3f}x over torch.compile" if best.speedup_vs_compiled else ""
-            header = (
-                f"# Kernel Foundry run {self.spec.run_id}: best candidate {cand.candidate_id}\n"
-                f"# {best.speedup_vs_eager:.3f}x over eager PyTorch{vs_compiled} on {device} (median {median})\n"
-                f"# expert {cand.expert}, strategy {cand.proposal.strategy or '-'}, generation {cand.generation}\n"
-            )
-            if self.spec.device is DeviceChoice.CPU:
-                header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
-            verdict = verdict_of(best.speedup_vs_eager, self.spec.device)
-            header += model_header_note(verdict, best.speedup_vs_eager, best.speedup_vs_compiled)
-            if best.torch_ops:
-                header += (
-                    f"# left to PyTorch (the reference's own ops, --torch-ops reference): {', '.join(best.torch_ops)}\n"
-                )
-            (self.run_dir / "best_model.py").write_text(header + cand.proposal.source)
-        states = {}
-        for i in range(self.spec.islands):
-            text = await load_text(bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.spec.run_id, f"i{i}"))
-            if text is not None:
-                states[f"i{i}"] = text
-        from actors.report import build_report, write_report
-
-        report = await asyncio.to_thread(build_report, self.spec, messages, states)
-        await asyncio.to_thread(write_report, report, self.run_dir)
-        log.info("results written", run_dir=str(self.run_dir), messages=len(messages))
-
-
-def refusal_in(exc: BaseException | None) -> TaskRefused | None:
-    """The :class:`TaskRefused` inside ``exc`` (however deep in exception groups), if any."""
-    if isinstance(exc, TaskRefused):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = refusal_in(inner)
-            if found is not None:
-                return found
-    return None

@@ -43,8 +43,11 @@ class CuratorActor(Actor):
         snapshot_every_s: float = 30.0,
         actor_id: str | None = None,
         version: str | None = None,
+        concurrency: int = 4,
     ) -> None:
         super().__init__(nats_url=nats_url, run_id=None, actor_id=actor_id, version=version)
+        self.concurrency = concurrency
+        """Experience queries answered at once."""
         self.directory = directory or kfoundry_home() / "experience"
         self.prefer = embedder
         self.snapshot_every_s = snapshot_every_s
@@ -94,7 +97,7 @@ class CuratorActor(Actor):
             request_type=ExperienceQuery,
             handler=self.query,
             queue_group="kf-curator",
-            concurrency=4,
+            concurrency=self.concurrency,
         )
 
     async def _on_record(self, msg: Msg) -> None:

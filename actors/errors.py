@@ -77,3 +77,15 @@ class Drop(HandlerSignal):
 
 class Poison(HandlerSignal):
     """The message can never be handled: dead-letter it with this reason and term it."""
+
+
+def refusal_in(exc: BaseException | None) -> TaskRefused | None:
+    """The :class:`TaskRefused` inside ``exc`` (however deep in exception groups), if any."""
+    if isinstance(exc, TaskRefused):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = refusal_in(inner)
+            if found is not None:
+                return found
+    return None

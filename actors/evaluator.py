@@ -40,8 +40,9 @@ class EvaluatorActor(Actor):
         ack_wait_s: float = 30.0,
         max_deliver: int = 3,
         actor_id: str | None = None,
+        version: str | None = None,
     ) -> None:
-        super().__init__(nats_url=nats_url, run_id=run_id, actor_id=actor_id)
+        super().__init__(nats_url=nats_url, run_id=run_id, actor_id=actor_id, version=version)
         self.runner = runner
         self.concurrency = concurrency
         self.ack_wait_s = ack_wait_s

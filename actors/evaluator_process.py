@@ -15,7 +15,6 @@ Its JSON log lines go to this process's log (``run.log``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import ctypes
@@ -30,6 +29,7 @@ from collections.abc import Mapping
 from actors.base import Actor
 from actors.childenv import child_pythonpath
 from actors.errors import TaskRefused
+from actors.options import ActorOptions
 from schemas import ActorKind, ActorState
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|CREDS|AUTH|COOKIE|SESSION|NKEY", re.IGNORECASE)
@@ -139,12 +139,12 @@ class EvaluatorProcess(Actor):
             self._stopped.set()
 
 
-def child_argv(args: argparse.Namespace, run_id: str, isolation: str) -> list[str]:
+def child_argv(options: ActorOptions, run_id: str, isolation: str) -> list[str]:
     """The ``kfoundry actor evaluator`` options that reproduce this run's evaluator."""
-    argv = ["--run", run_id, "--device", str(args.device), "--runner", str(args.runner)]
-    argv += ["--noop-delay", str(args.noop_delay), "--ack-wait", str(args.ack_wait), "--spares", str(args.spares)]
-    argv += ["--isolation", isolation, "--log-level", str(getattr(args, "log_level", "info"))]
-    concurrency = args.eval_concurrency or getattr(args, "concurrency", None)
+    argv = ["--run", run_id, "--device", str(options.device), "--runner", str(options.runner)]
+    argv += ["--noop-delay", str(options.noop_delay_s), "--ack-wait", str(options.ack_wait_s)]
+    argv += ["--spares", str(options.spares), "--isolation", str(isolation), "--log-level", options.log_level]
+    concurrency = options.eval_concurrency or options.concurrency
     if concurrency:
         argv += ["--eval-concurrency", str(concurrency)]
     return argv

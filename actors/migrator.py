@@ -31,8 +31,16 @@ class MigratorActor(Actor):
     kind = ActorKind.MIGRATOR
     description = "Moves elites between islands (ring, random, on stagnation)"
 
-    def __init__(self, *, nats_url: str, run_id: str, tick_s: float = 0.5, actor_id: str | None = None) -> None:
-        super().__init__(nats_url=nats_url, run_id=run_id, actor_id=actor_id)
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        run_id: str,
+        tick_s: float = 0.5,
+        actor_id: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        super().__init__(nats_url=nats_url, run_id=run_id, actor_id=actor_id, version=version)
         self.tick_s = tick_s
         self._planner: MigrationPlanner | None = None
         self.sent = 0

@@ -3,14 +3,17 @@ timed on a GPU, or no correct candidate; with the exit status and the plain sent
 
 ``kfoundry run`` exits with :func:`exit_code` of the verdict (see the README's table), writes the
 verdict into ``report.json`` and, when the best is not faster than the reference, marks
-``best_model.py`` with :func:`model_header_note`.
+``best_model.py`` with :func:`model_header_note`; ``RunOutcome`` is what a run achieved, with its
+one-line summary.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum, StrEnum
+from pathlib import Path
 
-from schemas import DeviceChoice
+from schemas import DeviceChoice, StopReason
 
 
 class RunVerdict(StrEnum):
@@ -102,3 +105,50 @@ def model_header_note(verdict: RunVerdict, speedup_vs_eager: float | None, speed
     if verdict is not RunVerdict.NOT_TIMED_ON_GPU and speedup_vs_compiled is not None and speedup_vs_compiled <= 1.0:
         lines.append(f"# slower than torch.compile ({speedup_vs_compiled:.3f}x)\n")
     return "".join(lines)
+
+
+@dataclass
+class RunOutcome:
+    """What a run achieved."""
+
+    run_id: str
+    reason: StopReason
+    evaluated: int
+    statuses: dict[str, int]
+    best_fitness: float | None
+    best_candidate_id: str | None
+    run_dir: Path
+    device: DeviceChoice = DeviceChoice.CUDA
+    cancelled: int = 0
+    best_vs_compiled: float | None = None
+    """The best's speedup over ``torch.compile``; ``None`` when that baseline was not measured."""
+
+    @property
+    def verdict(self) -> RunVerdict:
+        """Faster than eager, correct but not faster, not timed on a GPU, or nothing correct."""
+        return verdict_of(self.best_fitness, self.device)
+
+    @property
+    def exit_code(self) -> int:
+        """``kfoundry run``'s exit status for this outcome (``actors.outcome.ExitCode``)."""
+        return exit_code(self.verdict)
+
+    def summary(self, elapsed_s: float) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
+        best = best_sentence(self.verdict, self.best_fitness, self.best_vs_compiled)
+        if self.best_fitness is not None:
+            best += f" ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
+        cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""
+        line = (
+            f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
+            f"({counts}){cancelled}; {best}; report in {self.run_dir / 'report.json'}"
+        )
+        if self.device is DeviceChoice.CPU:
+            line += f"\n{CPU_TIMINGS_NOTE}"
+        return line
+
+
+CPU_TIMINGS_NOTE = (
+    "note: this run timed kernels on the CPU (Triton's interpreter, eager PyTorch as the baseline): it checks "
+    "correctness and shows the loop working; its timings are not speedups. Speedups are measured on a GPU."
+)

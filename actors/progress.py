@@ -11,7 +11,7 @@ nothing and counts nothing twice (the consumer resumes where its acknowledgement
 - ``kf.<run>.status.<island>`` (``IslandStatus``): in flight, tokens, islands that stopped.
 
 ``Progress.stop_reason`` is the run's budget: candidates evaluated, the deadline
-(``RunSpec.created_at + wall_s``), tokens, speed-of-light, or every island stopped with nothing
+(``RunSpec.deadline``), tokens, speed-of-light, or every island stopped with nothing
 left in flight.
 """
 
@@ -61,8 +61,7 @@ class Progress:
 
     @property
     def deadline(self) -> float | None:
-        wall = self.spec.budget.wall_s
-        return None if wall is None else self.spec.created_at + wall
+        return self.spec.deadline
 
     @property
     def elapsed(self) -> float:
@@ -102,14 +101,13 @@ class Progress:
 
     def missing_islands(self) -> list[str]:
         """Islands the run expects (``i0`` … ``i<N-1>``) that have not announced themselves."""
-        return [f"i{i}" for i in range(self.spec.islands) if f"i{i}" not in self.islands]
+        return [i for i in self.spec.island_names() if i not in self.islands]
 
     def stop_reason(self, now: float | None = None) -> StopReason | None:
         budget = self.spec.budget
         if budget.candidates is not None and self.evaluated >= budget.candidates:
             return StopReason.CANDIDATES
-        deadline = self.deadline
-        if deadline is not None and (now or time.time()) >= deadline:
+        if self.spec.past_deadline(now or time.time()):
             return StopReason.WALL_TIME
         tokens = sum(s.tokens_used for s in self.islands.values())
         if budget.tokens is not None and tokens >= budget.tokens:

@@ -22,7 +22,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actors.errors import ConfigError
+from actors.actor_command import add_actor_options
+from actors.controller import RunController
+from actors.errors import ConfigError, refusal_in
+from actors.options import ALL_EXPERTS, RunOptions
+from actors.process import add_nats_options, nats_url, run_async
 from schemas import (
     Ablations,
     Budget,
@@ -37,18 +41,20 @@ from schemas import (
 )
 from schemas.task import missing_reference_names
 
-ALL_EXPERTS = "+llm"
-"""``--experts`` given with no value: the template expert plus every configured LLM expert (the
-controller adds those from the ``kf_experts`` bucket when it registers the run)."""
-
 if TYPE_CHECKING:
     from actors.gpu_claim import GpuClaim
     from actors.gpus import Gpu
 
 
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from actors.cli import _add_nats
+def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``kfoundry run`` and its options."""
+    p = sub.add_parser("run", help="run the whole loop on a KernelBench-format task")
+    add_run_arguments(p)
+    add_actor_options(p)
+    p.set_defaults(func=cmd_run)
 
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("task", type=Path, help="KernelBench-format reference (class Model, get_inputs, get_init_inputs)")
     p.add_argument("--islands", type=int, default=2, help="number of islands (default 2)")
     p.add_argument(
@@ -107,7 +113,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-local-actors", action="store_true", help="start no actors here: only control the run")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--log-level", default="info")
-    _add_nats(p)
+    add_nats_options(p)
 
 
 def check_task_source(path: Path) -> str:
@@ -223,9 +229,7 @@ def default_inflight(islands: int, evaluators: int, concurrency: int = 2) -> int
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from actors.cli import nats_url, run_async
-    from actors.controller import RunController, refusal_in
-
+    options = RunOptions.from_args(args)
     source = check_task_source(args.task)
     device = resolve_device(args.device)
     gpus = run_gpus(args, device)
@@ -248,7 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 spec=spec,
                 url=url,
                 run_dir=run_dir,
-                args=args,
+                options=options,
                 seeds=seeds,
                 progress=None if args.quiet else sys.stderr,
                 gpu_claims=claims,

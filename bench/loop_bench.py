@@ -25,15 +25,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from actors.actor_kinds import default_expert_config
 from actors.base import Actor
 from actors.bus import Bus
 from actors.curator import CuratorActor
 from actors.diagnoser import DiagnoserActor, RuleDiagnose
 from actors.evaluator import EvaluatorActor
-from actors.expert import ExpertActor
-from actors.island import IslandActor
+from actors.expert_actor import ExpertActor
+from actors.island_actor import IslandActor
 from actors.kv import put_expert_config, put_run
-from actors.launch import default_expert_config, run_actors
+from actors.launch import run_actors
 from actors.migrator import MigratorActor
 from actors.nats_server import start_server, stop_server
 from actors.runners import NoopRunner

@@ -32,6 +32,7 @@ from schemas.enums import (
     ExpertKind,
     KernelLanguage,
     MigrationReason,
+    Role,
     Severity,
     StopReason,
     TimerKind,
@@ -53,7 +54,18 @@ from schemas.evaluation import (
 )
 from schemas.evolution import Elite, EliteAnnouncement, EvalOutcome, Feedback, IslandStatus, Migration, RunEnd
 from schemas.experience import Experience, ExperienceHit, ExperienceHits, ExperienceOutcome, ExperienceQuery
-from schemas.task import Ablations, Budget, ExpertRef, MigrationPolicy, RunSpec, Task, TaskSignature, TensorSpec
+from schemas.task import (
+    Ablations,
+    Budget,
+    ExpertRef,
+    IslandLimits,
+    MigrationPolicy,
+    RunSpec,
+    Task,
+    TaskSignature,
+    TensorSpec,
+    split_evenly,
+)
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.model_fields["type"].default: cls
@@ -146,6 +158,7 @@ __all__ = [
     "GenerateReply",
     "GenerateRequest",
     "HardwareCounters",
+    "IslandLimits",
     "IslandStatus",
     "KernelLanguage",
     "Message",
@@ -156,6 +169,7 @@ __all__ = [
     "ParamValue",
     "Profile",
     "Proposal",
+    "Role",
     "RunEnd",
     "RunSpec",
     "Severity",
@@ -175,4 +189,5 @@ __all__ = [
     "decode_any",
     "new_id",
     "now",
+    "split_evenly",
 ]

@@ -82,6 +82,10 @@ class GenerateRequest(Message):
     """Extra instructions from the island (e.g. the role to play)."""
     meta_prompt: str = ""
     """Prompt section evolved by the run (LLM experts include it verbatim)."""
+    meta_prompt_section: str | None = None
+    """Id of the section in ``meta_prompt``: the expert tags its proposals' strategy with it, so
+    the island credits the section with their outcomes; ``None``: no section (or an older island:
+    the expert then derives the id from the text)."""
     n: int = Field(default=1, ge=1, le=64)
     """Candidates wanted."""
     seed: int = 0

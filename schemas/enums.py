@@ -207,6 +207,27 @@ class DeclineReason(StrEnum):
     INVALID_REQUEST = "invalid_request"
 
 
+class Role(StrEnum):
+    """What an expert specialises in: the LLM prompt role, and what routing and credit choose by.
+
+    Wire fields that carry a role (``ExpertConfig.role``, ``Diagnosis.suggested_expert``) keep
+    plain strings; code reads them as a ``Role``."""
+
+    TEMPLATE = "template"
+    """The offline template expert (no prompt role)."""
+    MEMORY = "memory"
+    FUSION = "fusion"
+    TILING = "tiling"
+    ALGORITHM = "algorithm"
+    REPAIR = "repair"
+    GENERAL = "general"
+
+    @classmethod
+    def of(cls, value: str | None) -> Role | None:
+        """``value`` as a role, or ``None`` when it names none."""
+        return cls._value2member_map_.get(value or "")  # type: ignore[return-value]
+
+
 class ExpertKind(StrEnum):
     """The implementation behind an expert name."""
 

@@ -180,3 +180,62 @@ class RunSpec(Message):
     """Which PyTorch operations a candidate may leave to PyTorch: none, or the reference's own."""
     created_at: float = Field(default_factory=now)
     """When the run was created (seconds since the epoch)."""
+
+    # -- the run's limits: the one place that computes them --------------------------------
+
+    def island_names(self) -> tuple[str, ...]:
+        """The run's islands: ``i0`` … ``i<islands-1>``."""
+        return tuple(f"i{i}" for i in range(self.islands))
+
+    def island_index(self, island: str) -> int:
+        """The position of ``island`` among the run's islands; a clear error for any other name."""
+        names = self.island_names()
+        if island not in names:
+            raise ValueError(f"island {island!r} is not one of run {self.run_id}'s islands ({', '.join(names)})")
+        return names.index(island)
+
+    @property
+    def deadline(self) -> float | None:
+        """When the run's wall-clock budget ends (seconds since the epoch), for every actor alike;
+        ``None`` without one."""
+        wall = self.budget.wall_s
+        return None if wall is None else self.created_at + wall
+
+    def past_deadline(self, now: float) -> bool:
+        """Whether ``now`` (seconds since the epoch) is at or past the deadline."""
+        deadline = self.deadline
+        return deadline is not None and now >= deadline
+
+    def island_limits(self, island: str) -> IslandLimits:
+        """``island``'s share of the run's budget (see :func:`split_evenly`)."""
+        index = self.island_index(island)
+        budget = self.budget
+
+        def share(total: int | None) -> int | None:
+            return None if total is None else split_evenly(total, self.islands)[index]
+
+        return IslandLimits(candidates=share(budget.candidates), tokens=share(budget.tokens), deadline=self.deadline)
+
+
+class IslandLimits(Model):
+    """One island's share of its run's limits (computed by ``RunSpec.island_limits``)."""
+
+    candidates: int | None
+    """Its fair share of the candidate budget (the run's quota, ``actors.quota``, stays shared:
+    an island may issue more when others issue fewer); ``None``: no candidate budget."""
+    tokens: int | None
+    """LLM tokens this island may spend; ``None``: no token budget."""
+    deadline: float | None
+    """The run's deadline (seconds since the epoch): islands run side by side, so each has all of it."""
+
+
+def split_evenly(total: int, parts: int) -> tuple[int, ...]:
+    """``total`` split into ``parts`` whole shares, the one rounding rule of a run's limits: every
+    share is ``total // parts``, and the first ``total % parts`` get one more. The shares sum to
+    ``total``, differ by at most one, and none is 0 when ``total >= parts``."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    base, extra = divmod(total, parts)
+    return tuple(base + (1 if i < extra else 0) for i in range(parts))

@@ -21,10 +21,10 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from actors.experts.llm.client import ChatClient, RetryPolicy, estimate_tokens
-from actors.experts.llm.errors import EndpointError
-from actors.experts.llm.prompts import ROLES, diagnosis_section, result_section
-from actors.experts.llm.redact import shorten
+from actors.llm.client import ChatClient, RetryPolicy, estimate_tokens
+from actors.llm.errors import EndpointError
+from actors.llm.prompts import ROLES, diagnosis_section, result_section
+from actors.llm.redact import shorten
 from schemas import Candidate, Diagnosis, DiagnosisCategory, EvalResult, ExpertConfig
 
 log = structlog.get_logger(__name__)

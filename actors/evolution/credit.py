@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from actors.evolution.errors import PolicyConfigError
-from schemas import Diagnosis, DiagnosisCategory, ExpertConfig, ExpertKind
+from schemas import Diagnosis, DiagnosisCategory, ExpertConfig, ExpertKind, Role
 
 START = "start"
 """Routing key of a request without a parent."""
@@ -83,7 +83,7 @@ class ExpertProfile(BaseModel):
 
     name: str = Field(min_length=1)
     """Service name (``kf.expert.<name>.generate``)."""
-    role: str = "general"
+    role: Role = Role.GENERAL
     """Speciality (``ExpertConfig.role``; ``template`` for the template expert)."""
     weight: float = Field(default=1.0, gt=0)
     """Prior weight from the run spec (``ExpertRef.weight``)."""
@@ -91,7 +91,10 @@ class ExpertProfile(BaseModel):
     @classmethod
     def from_config(cls, config: ExpertConfig, weight: float = 1.0) -> ExpertProfile:
         """The profile of a configured expert (the template expert's role is ``template``)."""
-        role = "template" if config.kind is ExpertKind.TEMPLATE else config.role
+        role = Role.TEMPLATE if config.kind is ExpertKind.TEMPLATE else Role.of(config.role)
+        if role is None:
+            known = ", ".join(r.value for r in Role)
+            raise ValueError(f"expert {config.name!r}: unknown role {config.role!r} (known: {known})")
         return cls(name=config.name, role=role, weight=weight)
 
 

@@ -19,6 +19,7 @@ from schemas import (
     ExperienceHit,
     GenerateRequest,
     Proposal,
+    Role,
     RunSpec,
 )
 
@@ -86,7 +87,7 @@ class RequestPlan:
     plan_id: str
     island: str
     expert: str
-    role: str
+    role: Role
     key: str
     """Routing key the expert was chosen under (the parent's diagnosis category, or start)."""
     source: ParentSource
@@ -103,6 +104,7 @@ class RequestPlan:
         *,
         experiences: Sequence[ExperienceHit] = (),
         meta_prompt: str = "",
+        meta_prompt_section: str | None = None,
         token_budget: int | None = None,
     ) -> GenerateRequest:
         """The ``GenerateRequest`` for this plan."""
@@ -117,6 +119,7 @@ class RequestPlan:
             experiences=tuple(experiences),
             instructions=self.instructions,
             meta_prompt=meta_prompt,
+            meta_prompt_section=meta_prompt_section,
             n=self.n,
             seed=self.seed,
             token_budget=token_budget,
@@ -182,7 +185,7 @@ class FitnessPoint(BaseModel):
     migrant: bool = False
 
 
-def instructions_for(role: str, source: ParentSource, diagnosis: Diagnosis | None) -> str:
+def instructions_for(role: Role, source: ParentSource, diagnosis: Diagnosis | None) -> str:
     """Plain-language instructions for the expert, from the role and the parent's diagnosis."""
     lines = [f"Role: {role}."]
     if source is ParentSource.FRESH:

@@ -12,10 +12,10 @@ import pytest
 
 from actors.bus import Bus
 from actors.evaluator import EvaluatorActor
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
-from actors.evolution.island import IslandBrain
-from actors.expert import ExpertActor
-from actors.island import IslandActor
+from actors.expert_actor import ExpertActor
+from actors.island_actor import IslandActor
 from actors.kv import put_expert_config
 from actors.migrator import MigratorActor
 from actors.runners import NoopRunner
@@ -30,6 +30,7 @@ from schemas import (
     GenerateRequest,
     IslandStatus,
     MigrationPolicy,
+    Role,
     RunEnd,
     StopReason,
     subjects,
@@ -64,9 +65,9 @@ async def _island_run(
     name = "rec" + uuid.uuid4().hex[:8]
     bus = await Bus.connect(nats_url, name="test", actor_id=f"test-{run_id}")
     config = (
-        ExpertConfig(name=name, kind=ExpertKind.LLM, role="fusion", base_url="http://127.0.0.1:9/v1", model="m")
+        ExpertConfig(name=name, kind=ExpertKind.LLM, role=Role.FUSION, base_url="http://127.0.0.1:9/v1", model="m")
         if llm
-        else ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role="template")
+        else ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role=Role.TEMPLATE)
     )
     await put_expert_config(bus, config)
     await register_run(
@@ -151,7 +152,7 @@ async def _migrator_run(
     task = asyncio.create_task(migrator.run())
     try:
         await migrator.wait_ready()
-        brain = IslandBrain("i0", f.spec(islands=2), [ExpertProfile(name="template", role="template")], seed=0)
+        brain = IslandBrain("i0", f.spec(islands=2), [ExpertProfile(name="template", role=Role.TEMPLATE)], seed=0)
         elite = brain.on_feedback(Landscape(0, fail=0.0).evaluate(brain, brain.next_request())).elite
         assert elite is not None
         ann = EliteAnnouncement(run_id=run_id, elite=elite, island_best=True)

@@ -21,8 +21,8 @@ from actors.bus import Bus
 from actors.curator import CuratorActor
 from actors.diagnoser import DiagnoserActor, RuleDiagnose
 from actors.evaluator import EvaluatorActor
-from actors.expert import ExpertActor
-from actors.island import IslandActor
+from actors.expert_actor import ExpertActor
+from actors.island_actor import IslandActor
 from actors.kv import put_expert_config
 from actors.migrator import MigratorActor
 from actors.nats_server import find_binary

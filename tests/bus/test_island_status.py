@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from actors.bus import Bus
-from actors.island import IslandActor
+from actors.island_actor import IslandActor
 from schemas import (
     Diagnosis,
     DiagnosisCategory,

@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.bus import Bus
 from actors.evaluator import EvaluatorActor
-from actors.expert import ExpertActor
-from actors.island import IslandActor
+from actors.expert_actor import ExpertActor
+from actors.island_actor import IslandActor
 from actors.metrics import serve_metrics
 from actors.runners import NoopRunner
 from schemas import (

@@ -15,8 +15,8 @@ import pytest
 
 from actors.diagnosis.counters import METRICS, Bound, CountersUnreadable, bound_of, describe, parse_ncu_csv
 from actors.diagnosis.rules import RuleDiagnoser
-from actors.experts.llm.prompts import build_messages
 from actors.experts.template import default_params, mutate
+from actors.llm.prompts import build_messages
 from gpu_runner.counters_step import with_counters
 from gpu_runner.ncu import ProfileFailed, ncu_command, profile_counters
 from schemas import CheckOutcome, DeviceKind, ExpertConfig, ExpertKind, GenerateRequest, HardwareCounters, Profile, Task

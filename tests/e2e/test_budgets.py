@@ -13,7 +13,9 @@ import pytest
 
 from actors.bus import Bus
 from actors.cli import build_parser
-from actors.controller import RunController, RunOutcome
+from actors.controller import RunController
+from actors.options import RunOptions
+from actors.outcome import RunOutcome
 from actors.quota import CandidateQuota
 from actors.run import build_spec, check_task_source
 from schemas import Candidate, DeviceChoice, EvalResult, Message, RunEnd, StopReason, decode_any, subjects
@@ -30,7 +32,7 @@ def _controller(url: str, tmp_path: Path, *options: str) -> RunController:
     )  # fmt: skip
     spec = build_spec(args, check_task_source(args.task), DeviceChoice.CPU)
     seeds = [p.read_text() for p in args.seed_candidate]
-    return RunController(spec=spec, url=url, run_dir=tmp_path / "run", args=args, seeds=seeds)
+    return RunController(spec=spec, url=url, run_dir=tmp_path / "run", options=RunOptions.from_args(args), seeds=seeds)
 
 
 async def _stream(url: str, run_id: str) -> list[Message]:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from actors.diagnosis.rules import RuleDiagnoser
-from actors.evolution.island import IslandBrain, RequestPlan
+from actors.evolution.brain import IslandBrain, RequestPlan
 from schemas import EvalResult, EvalStatus, Feedback, KernelLanguage, Proposal
 from tests.evolution import factories as f
 

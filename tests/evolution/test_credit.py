@@ -10,13 +10,13 @@ import pytest
 
 from actors.evolution.credit import START, CreditBandit, ExpertProfile, routing_key
 from actors.evolution.errors import PolicyConfigError
-from schemas import DiagnosisCategory, ExpertConfig, ExpertKind
+from schemas import DiagnosisCategory, ExpertConfig, ExpertKind, Role
 
 EXPERTS = (
-    ExpertProfile(name="template", role="template"),
-    ExpertProfile(name="mem", role="memory"),
-    ExpertProfile(name="fuse", role="fusion"),
-    ExpertProfile(name="fix", role="repair"),
+    ExpertProfile(name="template", role=Role.TEMPLATE),
+    ExpertProfile(name="mem", role=Role.MEMORY),
+    ExpertProfile(name="fuse", role=Role.FUSION),
+    ExpertProfile(name="fix", role=Role.REPAIR),
 )
 MEM = DiagnosisCategory.SLOW_MEMORY_BOUND.value
 
@@ -65,7 +65,7 @@ def test_suggested_role_of_the_diagnosis_raises_the_prior() -> None:
     bandit = CreditBandit(EXPERTS, seed=0)
     key = DiagnosisCategory.INCORRECT_PRECISION.value
     plain = bandit.prior(key, "mem")
-    suggested = bandit.prior(key, "mem", suggested_role="memory")
+    suggested = bandit.prior(key, "mem", suggested_role=Role.MEMORY)
     assert suggested[0] / sum(suggested) > plain[0] / sum(plain)
 
 
@@ -109,7 +109,7 @@ def test_bad_settings_are_refused() -> None:
 
 
 def test_profile_from_config_gives_the_template_expert_its_own_role() -> None:
-    template = ExpertConfig(name="tmpl", kind=ExpertKind.TEMPLATE, role="general")
-    llm = ExpertConfig(name="gpt", kind=ExpertKind.LLM, role="memory", base_url="http://127.0.0.1:1/v1", model="m")
+    template = ExpertConfig(name="tmpl", kind=ExpertKind.TEMPLATE, role=Role.GENERAL)
+    llm = ExpertConfig(name="gpt", kind=ExpertKind.LLM, role=Role.MEMORY, base_url="http://127.0.0.1:1/v1", model="m")
     assert ExpertProfile.from_config(template).role == "template"
-    assert ExpertProfile.from_config(llm, weight=2.0) == ExpertProfile(name="gpt", role="memory", weight=2.0)
+    assert ExpertProfile.from_config(llm, weight=2.0) == ExpertProfile(name="gpt", role=Role.MEMORY, weight=2.0)

@@ -7,13 +7,13 @@ from collections import Counter
 
 import pytest
 
+from actors.evolution.brain import IslandBrain, IslandConfig, ParentSource
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.headroom import Headroom, family_of
-from actors.evolution.island import IslandBrain, IslandConfig, ParentSource
-from schemas import Candidate, DiagnosisCategory
+from schemas import Candidate, DiagnosisCategory, Role
 from tests.evolution import factories as f
 
-EXPERTS = (ExpertProfile(name="template", role="template"),)
+EXPERTS = (ExpertProfile(name="template", role=Role.TEMPLATE),)
 
 
 def _cand(block: int, strategy: str = "template:gelu/default") -> Candidate:

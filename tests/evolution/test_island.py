@@ -8,9 +8,9 @@ import pytest
 
 from actors.diagnosis.rules import RuleDiagnoser
 from actors.evolution.archive import AddStatus
+from actors.evolution.brain import IslandBrain, IslandConfig, ParentSource, RequestPlan
 from actors.evolution.credit import START, CreditBandit, ExpertProfile
 from actors.evolution.errors import WrongIsland
-from actors.evolution.island import IslandBrain, IslandConfig, ParentSource, RequestPlan
 from schemas import (
     Budget,
     DiagnosisCategory,
@@ -18,16 +18,17 @@ from schemas import (
     Feedback,
     KernelLanguage,
     Proposal,
+    Role,
     StopReason,
 )
 from tests.evolution import factories as f
 from tests.evolution.landscape import Landscape
 
 EXPERTS = (
-    ExpertProfile(name="template", role="template"),
-    ExpertProfile(name="mem", role="memory"),
-    ExpertProfile(name="fuse", role="fusion"),
-    ExpertProfile(name="fix", role="repair"),
+    ExpertProfile(name="template", role=Role.TEMPLATE),
+    ExpertProfile(name="mem", role=Role.MEMORY),
+    ExpertProfile(name="fuse", role=Role.FUSION),
+    ExpertProfile(name="fix", role=Role.REPAIR),
 )
 DIAGNOSER = RuleDiagnoser()
 
@@ -257,7 +258,7 @@ def test_brain_restored_from_json_continues_identically() -> None:
     ]
 
 
-LLM_AND_TEMPLATE = (ExpertProfile(name="template", role="template"), ExpertProfile(name="gpt", role="general"))
+LLM_AND_TEMPLATE = (ExpertProfile(name="template", role=Role.TEMPLATE), ExpertProfile(name="gpt", role=Role.GENERAL))
 
 
 def _asked(brain: IslandBrain, env: Landscape, steps: int, *, declines: int = 0) -> list[str]:

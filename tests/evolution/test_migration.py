@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.errors import PolicyConfigError
-from actors.evolution.island import IslandBrain
 from actors.evolution.migration import MigrationPlanner, choose_migrants, ring_next
-from schemas import Elite, EliteAnnouncement, IslandStatus, MigrationPolicy, MigrationReason
+from schemas import Elite, EliteAnnouncement, IslandStatus, MigrationPolicy, MigrationReason, Role
 from tests.evolution import factories as f
 
 ISLANDS = ("i0", "i1", "i2")
@@ -93,7 +93,7 @@ def test_migrants_keep_lineage_and_enter_the_receiving_archive() -> None:
     _announce(planner, elite)
     planner.due(0.0)
     (m,) = planner.due(5.0)
-    receiver = IslandBrain("i1", spec, [ExpertProfile(name="template", role="template")], seed=0)
+    receiver = IslandBrain("i1", spec, [ExpertProfile(name="template", role=Role.TEMPLATE)], seed=0)
     assert receiver.on_migrants(m) == 1
     held = receiver.archive.elites()[0]
     assert held.candidate.lineage == elite.candidate.lineage

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import SecretStr
 
-from actors.experts.llm.client import RetryPolicy
+from actors.llm.client import RetryPolicy
 from schemas import ExpertConfig, ExpertKind, GenerateRequest, Task
 
 MODEL = "scripted-model"

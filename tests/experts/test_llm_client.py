@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import SecretStr
 
-from actors.experts.llm.client import ChatClient, Endpoint, RetryPolicy
-from actors.experts.llm.errors import EndpointRejected, EndpointTimeout, MalformedReply, RateLimited
-from actors.experts.llm.limiter import EndpointLimiter, endpoint_limiter
+from actors.llm.client import ChatClient, Endpoint, RetryPolicy
+from actors.llm.errors import EndpointRejected, EndpointTimeout, MalformedReply, RateLimited
+from actors.llm.limiter import EndpointLimiter, endpoint_limiter
 from tests.experts.llm_server import Chat, Raw, ScriptedLLMServer, Status
 
 pytestmark = pytest.mark.timeout(20)

@@ -10,7 +10,7 @@ import pytest
 from pydantic import SecretStr
 
 from actors.diagnosis.llm_diagnoser import LLMDiagnoser, parse_verdict
-from actors.experts.llm.client import RetryPolicy
+from actors.llm.client import RetryPolicy
 from schemas import (
     Candidate,
     CheatRule,

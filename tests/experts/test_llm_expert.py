@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from actors.errors import ConfigError
+from actors.evolution.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.experts.base import Expert
-from actors.experts.llm import LLMExpert, MetaPromptEvolver, parse_strategy
-from actors.experts.llm.errors import MissingApiKey, UnknownRole
+from actors.experts.llm import LLMExpert
 from actors.experts.llm.expert import MIN_COMPLETION_TOKENS
+from actors.llm.errors import MissingApiKey, UnknownRole
 from schemas import (
     Candidate,
     DeclineReason,
@@ -24,6 +25,7 @@ from schemas import (
     ExperienceHit,
     KernelLanguage,
     Proposal,
+    Role,
     TaskSignature,
 )
 from tests.experts.llm_server import (
@@ -47,7 +49,7 @@ async def server() -> AsyncIterator[ScriptedLLMServer]:
 
 
 async def test_good_reply_becomes_a_proposal_with_role_and_section(server: ScriptedLLMServer) -> None:
-    evolver = MetaPromptEvolver("fusion", seed=1)
+    evolver = MetaPromptEvolver(Role.FUSION, seed=1)
     section = evolver.choose()
     server.push(Chat((answer(GOOD_MODELNEW),), prompt_tokens=900, completion_tokens=300))
     expert = LLMExpert(expert_config(server), retry=FAST_RETRY, instance_id="inst-1")
@@ -70,7 +72,7 @@ async def test_good_reply_becomes_a_proposal_with_role_and_section(server: Scrip
 
 
 async def test_proposal_outcome_credits_the_meta_prompt_section(server: ScriptedLLMServer) -> None:
-    evolver = MetaPromptEvolver("fusion", seed=3)
+    evolver = MetaPromptEvolver(Role.FUSION, seed=3)
     section = evolver.choose()
     server.push(Chat((answer(GOOD_MODELNEW),)))
     expert = LLMExpert(expert_config(server), retry=FAST_RETRY)
@@ -82,6 +84,16 @@ async def test_proposal_outcome_credits_the_meta_prompt_section(server: Scripted
     credited = {s.section_id: s for s in evolver.sections}[section.section_id]
     assert credited.uses == 1
     assert credited.mean > 0.5
+
+
+async def test_proposal_strategy_carries_the_section_id_the_request_names(server: ScriptedLLMServer) -> None:
+    first, second = MetaPromptEvolver(Role.FUSION, seed=3).sections[:2]
+    server.push(Chat((answer(GOOD_MODELNEW),)))
+    expert = LLMExpert(expert_config(server), retry=FAST_RETRY)
+    request = generate_request(meta_prompt=first.text, meta_prompt_section=second.section_id)
+    reply = await expert.generate(request)
+    await expert.aclose()
+    assert parse_strategy(reply.proposals[0].strategy) == ("fusion", second.section_id)
 
 
 async def test_prompt_carries_task_parent_diagnosis_experiences_and_meta_prompt(server: ScriptedLLMServer) -> None:
@@ -121,7 +133,7 @@ async def test_prompt_carries_task_parent_diagnosis_experiences_and_meta_prompt(
         description="made the block size a constexpr and masked the tail",
         source_excerpt="BLOCK: tl.constexpr",
     )
-    meta = MetaPromptEvolver("repair", seed=0).choose().text
+    meta = MetaPromptEvolver(Role.REPAIR, seed=0).choose().text
     server.push(Chat((answer(GOOD_MODELNEW),)))
     expert = LLMExpert(expert_config(server, role="repair"), retry=FAST_RETRY)
     reply = await expert.generate(

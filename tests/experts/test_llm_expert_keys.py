@@ -11,7 +11,7 @@ import structlog
 
 from actors.errors import ConfigError
 from actors.experts.llm import LLMExpert
-from actors.experts.llm.errors import MissingApiKey
+from actors.llm.errors import MissingApiKey
 from schemas import ExpertConfig, ExpertKind
 from tests.experts.llm_server import (
     FAST_RETRY,

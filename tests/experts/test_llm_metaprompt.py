@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from actors.experts.llm.directives import DIRECTIVES, SHARED_DIRECTIVES
-from actors.experts.llm.metaprompt import (
+from actors.evolution.directives import DIRECTIVES, SHARED_DIRECTIVES
+from actors.evolution.metaprompt import (
     EvolutionSettings,
     MetaPromptEvolver,
     RolePool,
@@ -18,8 +18,8 @@ from actors.experts.llm.metaprompt import (
     seed_sections,
     strategy_tag,
 )
-from actors.experts.llm.prompts import ROLES
-from schemas import EvalStatus, Experience, TaskSignature
+from actors.llm.prompts import ROLES
+from schemas import EvalStatus, Experience, Role, TaskSignature
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -45,7 +45,7 @@ def test_every_role_has_directives_and_seed_sections() -> None:
 
 
 def test_section_ids_are_content_hashes_shared_with_the_expert() -> None:
-    evolver = MetaPromptEvolver("memory", seed=0)
+    evolver = MetaPromptEvolver(Role.MEMORY, seed=0)
     for section in evolver.sections:
         assert section.section_id == section_id_for_text(section.text)
         assert section.text.startswith("- ")
@@ -57,8 +57,8 @@ def test_section_ids_are_content_hashes_shared_with_the_expert() -> None:
 
 def test_strategy_tags_round_trip() -> None:
     sid = section_id_for_text("- x")
-    assert parse_strategy(strategy_tag("tiling", sid)) == ("tiling", sid)
-    assert parse_strategy(strategy_tag("tiling", None)) == ("tiling", None)
+    assert parse_strategy(strategy_tag(Role.TILING, sid)) == ("tiling", sid)
+    assert parse_strategy(strategy_tag(Role.TILING, None)) == ("tiling", None)
     assert parse_strategy("elementwise/fuse-3") == ("elementwise/fuse-3", None)
 
 
@@ -73,14 +73,14 @@ def test_reward_is_monotone_and_bounded() -> None:
 
 
 def test_same_seed_same_outcomes_give_the_same_evolution() -> None:
-    a, b, c = (MetaPromptEvolver("fusion", seed=s) for s in (4, 4, 5))
+    a, b, c = (MetaPromptEvolver(Role.FUSION, seed=s) for s in (4, 4, 5))
     assert drive(a, 60) == drive(b, 60)
     assert a.to_json() == b.to_json()
-    assert drive(c, 60) != drive(MetaPromptEvolver("fusion", seed=4), 60)
+    assert drive(c, 60) != drive(MetaPromptEvolver(Role.FUSION, seed=4), 60)
 
 
 def test_thompson_choice_concentrates_on_the_section_that_pays() -> None:
-    evolver = MetaPromptEvolver("tiling", seed=2, settings=EvolutionSettings(evolve_every=1000))
+    evolver = MetaPromptEvolver(Role.TILING, seed=2, settings=EvolutionSettings(evolve_every=1000))
     good = evolver.sections[1].section_id
     chosen = drive(evolver, 120, good=good)
     late = chosen[60:]
@@ -92,14 +92,14 @@ def test_thompson_choice_concentrates_on_the_section_that_pays() -> None:
 
 def test_breeding_makes_new_sections_from_the_library_and_respects_the_cap() -> None:
     settings = EvolutionSettings(population_cap=5, evolve_every=3, min_uses=2)
-    evolver = MetaPromptEvolver("algorithm", seed=9, settings=settings)
+    evolver = MetaPromptEvolver(Role.ALGORITHM, seed=9, settings=settings)
     good = evolver.sections[0].section_id
     drive(evolver, 150, good=good)
     sections = evolver.sections
     assert len(sections) <= settings.population_cap
     bred = [s for s in sections if s.origin in (SectionOrigin.MUTATION, SectionOrigin.CROSSOVER)]
     assert bred, "150 outcomes at evolve_every=3 bred nothing"
-    library = set(DIRECTIVES["algorithm"]) | set(SHARED_DIRECTIVES)
+    library = set(DIRECTIVES[Role.ALGORITHM]) | set(SHARED_DIRECTIVES)
     for section in sections:
         assert set(section.directives) <= library
         assert 1 <= len(section.directives) <= settings.max_directives
@@ -110,7 +110,7 @@ def test_breeding_makes_new_sections_from_the_library_and_respects_the_cap() -> 
 
 
 def test_breeding_records_parents() -> None:
-    evolver = MetaPromptEvolver("repair", seed=1, settings=EvolutionSettings(evolve_every=4, min_uses=1))
+    evolver = MetaPromptEvolver(Role.REPAIR, seed=1, settings=EvolutionSettings(evolve_every=4, min_uses=1))
     children = []
     for _ in range(40):
         section = evolver.choose()
@@ -126,7 +126,7 @@ def test_breeding_records_parents() -> None:
 
 def test_state_round_trips_through_json_and_continues_the_same_stream() -> None:
     settings = EvolutionSettings(evolve_every=5)
-    straight = MetaPromptEvolver("general", seed=12, settings=settings)
+    straight = MetaPromptEvolver(Role.GENERAL, seed=12, settings=settings)
     drive(straight, 30)
     saved = straight.to_json()
     json.loads(saved)  # plain JSON, as stored in the kf_prompts bucket
@@ -137,7 +137,7 @@ def test_state_round_trips_through_json_and_continues_the_same_stream() -> None:
 
 
 def test_record_experience_credits_by_strategy_tag() -> None:
-    evolver = MetaPromptEvolver("memory", seed=0)
+    evolver = MetaPromptEvolver(Role.MEMORY, seed=0)
     section = evolver.sections[2]
 
     def experience(strategy: str, child: float | None) -> Experience:
@@ -154,8 +154,8 @@ def test_record_experience_credits_by_strategy_tag() -> None:
             description="wider loads",
         )
 
-    evolver.record_experience(experience(strategy_tag("memory", section.section_id), 1.5))
-    evolver.record_experience(experience(strategy_tag("fusion", section.section_id), 9.0))  # other role
+    evolver.record_experience(experience(strategy_tag(Role.MEMORY, section.section_id), 1.5))
+    evolver.record_experience(experience(strategy_tag(Role.FUSION, section.section_id), 9.0))  # other role
     evolver.record_experience(experience("memory", 9.0))  # no section named
     credited = {s.section_id: s for s in evolver.sections}[section.section_id]
     assert credited.uses == 1
@@ -165,4 +165,4 @@ def test_record_experience_credits_by_strategy_tag() -> None:
 
 def test_unknown_role_is_refused() -> None:
     with pytest.raises(KeyError, match="unknown role 'poetry'"):
-        MetaPromptEvolver("poetry")
+        MetaPromptEvolver("poetry")  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.experts.llm.prompts import CONTRACT, MAX_EXPERIENCES, ROLES, SOURCE_LIMIT, build_messages, system_prompt
+from actors.llm.prompts import CONTRACT, MAX_EXPERIENCES, ROLES, SOURCE_LIMIT, build_messages, system_prompt
 from schemas import (
     Candidate,
     EvalResult,
@@ -16,6 +16,7 @@ from schemas import (
     GenerateRequest,
     KernelLanguage,
     Proposal,
+    Role,
     Task,
     TaskSignature,
     TensorSpec,
@@ -75,7 +76,7 @@ def test_slow_parent_asks_for_speed_and_shows_the_numbers() -> None:
         speedup_vs_eager=1.31,
         speedup_vs_compiled=0.87,
     )
-    _, user = build_messages(request(parent=parent, parent_result=result), CONFIG, "memory")
+    _, user = build_messages(request(parent=parent, parent_result=result), CONFIG, Role.MEMORY)
     text = user["content"]
     assert "Make the current candidate faster" in text
     assert "speedup vs eager PyTorch: 1.310x" in text
@@ -103,4 +104,4 @@ def test_long_sources_are_shortened_and_experiences_capped() -> None:
 
 def test_unknown_role_is_refused() -> None:
     with pytest.raises(KeyError, match="unknown role 'poetry'"):
-        build_messages(request(), CONFIG, "poetry")
+        build_messages(request(), CONFIG, "poetry")  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actors.cli import build_parser
-from actors.launch import isolation_mode
+from actors.options import ActorOptions, isolation_mode
 from gpu_runner.config import IsolationMode, RunnerConfig
 from gpu_runner.confine.policy import LAYERS, Layers
 from gpu_runner.errors import ConfigError
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(30)
     ],
 )
 def test_isolation_is_strict_whenever_candidates_may_come_from_an_llm(argv: list[str], expected: str) -> None:
-    assert isolation_mode(build_parser().parse_args(argv)) == expected
+    assert isolation_mode(ActorOptions.from_args(build_parser().parse_args(argv))) == expected
 
 
 def _iso(notes: dict[str, str]) -> Isolation:

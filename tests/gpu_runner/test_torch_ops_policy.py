@@ -13,7 +13,7 @@ from gpu_runner.aten_policy import ReferenceTraceError, reference_aten_ops
 from gpu_runner.gate import check_candidate
 from gpu_runner.gate_policy import forward_torch_ops
 from gpu_runner.service import EvaluationService
-from schemas import CheatRule, DeviceChoice, EvalStatus, Severity, TorchOpsPolicy
+from schemas import CheatRule, DeviceChoice, EvalStatus, Role, Severity, TorchOpsPolicy
 from tests.gpu_runner.conftest import candidate, fast_config, job, reference
 
 P = TorchOpsPolicy
@@ -132,6 +132,6 @@ def test_run_policy_reaches_the_experts_request() -> None:
 
     task = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
     spec = RunSpec(task=Task.from_source("q", task.read_text()), torch_ops=P.REFERENCE)
-    plan = RequestPlan("p", "i0", "template", "", "start", ParentSource.FRESH, None, None, None, "", 0, 1)
+    plan = RequestPlan("p", "i0", "template", Role.TEMPLATE, "start", ParentSource.FRESH, None, None, None, "", 0, 1)
     assert plan.request(spec).torch_ops is P.REFERENCE
     assert plan.request(spec.model_copy(update={"torch_ops": P.FORBID})).torch_ops is P.FORBID

@@ -17,6 +17,7 @@ from actors.evaluator import EvaluatorActor
 from actors.gpu_claim import claim_gpu
 from actors.gpus import Gpu, list_gpus
 from actors.launch import build_actor
+from actors.options import ActorOptions
 from actors.run import run_gpus
 from actors.runners import GpuRunner, stamp_gpu
 from gpu_runner.config import RunnerConfig
@@ -78,7 +79,14 @@ def test_a_claimed_evaluator_gets_its_share_of_the_machine_and_a_pinned_pool(fak
     gpu = list_gpus()[2]
     args = build_parser().parse_args(["actor", "evaluator", "--run", "r1", "--isolation", "best-effort"])
     with claim_gpu(gpu, run_id="r1") as claim:
-        actor = build_actor(ActorKind.EVALUATOR, args, url="nats://x:1", run_id="r1", gpu_claim=claim, gpus_here=4)
+        actor = build_actor(
+            ActorKind.EVALUATOR,
+            ActorOptions.from_args(args),
+            url="nats://x:1",
+            run_id="r1",
+            gpu_claim=claim,
+            gpus_here=4,
+        )
         assert isinstance(actor, EvaluatorActor)
         runner = actor.runner
         assert isinstance(runner, GpuRunner)
@@ -95,7 +103,7 @@ def test_a_claimed_evaluator_gets_its_share_of_the_machine_and_a_pinned_pool(fak
 
 def test_an_unpinned_evaluator_is_built_as_before() -> None:
     args = build_parser().parse_args(["actor", "evaluator", "--run", "r1", "--device", "cpu"])
-    actor = build_actor(ActorKind.EVALUATOR, args, url="nats://x:1", run_id="r1")
+    actor = build_actor(ActorKind.EVALUATOR, ActorOptions.from_args(args), url="nats://x:1", run_id="r1")
     assert isinstance(actor, EvaluatorActor)
     assert isinstance(actor.runner, GpuRunner)
     assert actor.runner.service.cfg.gpu is None
@@ -181,7 +189,7 @@ def test_a_run_refuses_a_gpu_another_evaluator_holds_before_it_starts_anything(
 
 
 def test_a_hand_started_evaluator_without_gpu_claims_the_first_visible_one(fake_smi: FakeSmi) -> None:
-    from actors.launch import hand_started_gpu
+    from actors.actor_command import hand_started_gpu
 
     fake_smi(four_h200())
     parse = build_parser().parse_args

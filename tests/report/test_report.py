@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
-from actors.evolution.island import IslandBrain
 from actors.evolution.migration import MigrationPlanner
 from actors.outcome import RunVerdict
 from actors.report import RunReport, build_report, write_report
@@ -28,6 +28,7 @@ from schemas import (
     Migration,
     MigrationPolicy,
     MigrationReason,
+    Role,
     RunEnd,
     StopReason,
 )
@@ -35,9 +36,9 @@ from tests.evolution import factories as f
 from tests.evolution.landscape import Landscape
 
 EXPERTS = (
-    ExpertProfile(name="template", role="template"),
-    ExpertProfile(name="mem", role="memory"),
-    ExpertProfile(name="fix", role="repair"),
+    ExpertProfile(name="template", role=Role.TEMPLATE),
+    ExpertProfile(name="mem", role=Role.MEMORY),
+    ExpertProfile(name="fix", role=Role.REPAIR),
 )
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -253,7 +254,7 @@ def test_report_without_a_correct_candidate_has_no_verdict_on_speed() -> None:
 
 
 def test_report_shows_each_experts_requests_declines_candidates_and_best() -> None:
-    experts = (ExpertProfile(name="template", role="template"), ExpertProfile(name="gpt", role="general"))
+    experts = (ExpertProfile(name="template", role=Role.TEMPLATE), ExpertProfile(name="gpt", role=Role.GENERAL))
     spec = f.spec(islands=1, experts=[{"name": "template"}, {"name": "gpt"}, {"name": "idle"}])
     brain = IslandBrain("i0", spec, experts, seed=2)
     env = Landscape(4, fail=0.3)

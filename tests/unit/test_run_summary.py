@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.controller import RunOutcome
-from actors.outcome import ExitCode, RunVerdict, model_header_note
+from actors.outcome import ExitCode, RunOutcome, RunVerdict, model_header_note
 from schemas import DeviceChoice, StopReason
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from actors.cli import build_parser
+from actors.options import ALL_EXPERTS
 from actors.report import build_report
-from actors.run import ALL_EXPERTS, build_spec
+from actors.run import build_spec
 from schemas import DeviceChoice
 
 TASK = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"

@@ -1,7 +1,7 @@
 """The LLM expert: answers a ``GenerateRequest`` through any OpenAI-compatible endpoint.
 
 It satisfies :class:`actors.experts.base.Expert`. A request becomes chat messages
-(:mod:`~actors.experts.llm.prompts`), one call asks for ``request.n`` choices (endpoints that
+(:mod:`~actors.llm.prompts`), one call asks for ``request.n`` choices (endpoints that
 ignore ``n`` get one extra call per missing candidate), and every choice's text is searched for
 complete ``ModelNew`` sources (:mod:`~actors.experts.llm.extract`). Each source becomes a
 ``Proposal`` whose strategy names the role and the meta-prompt section
@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 import structlog
 
 from actors.errors import ConfigError
-from actors.experts.llm.client import ChatClient, ChatResult, RetryPolicy, estimate_tokens
-from actors.experts.llm.errors import BudgetExhausted, EndpointError, EndpointTimeout, UnknownRole
+from actors.evolution.metaprompt import section_id_for_text, strategy_tag
 from actors.experts.llm.extract import ExtractOutcome, extract
-from actors.experts.llm.metaprompt import section_id_for_text, strategy_tag
-from actors.experts.llm.prompts import ROLES, build_messages
-from actors.experts.llm.redact import shorten
+from actors.llm.client import ChatClient, ChatResult, RetryPolicy, estimate_tokens
+from actors.llm.errors import BudgetExhausted, EndpointError, EndpointTimeout, UnknownRole
+from actors.llm.prompts import ROLES, build_messages
+from actors.llm.redact import shorten
 from schemas import (
     Decline,
     DeclineReason,
@@ -40,6 +40,7 @@ from schemas import (
     GenerateReply,
     GenerateRequest,
     Proposal,
+    Role,
     TokenUsage,
 )
 
@@ -165,9 +166,12 @@ class LLMExpert:
 
     async def _generate(self, binding: _Binding, request: GenerateRequest, started: float) -> GenerateReply:
         cfg = binding.config
-        section_id = section_id_for_text(request.meta_prompt) if request.meta_prompt.strip() else None
-        strategy = strategy_tag(cfg.role, section_id)
-        messages = build_messages(request, cfg, cfg.role)
+        section_id = request.meta_prompt_section or (
+            section_id_for_text(request.meta_prompt) if request.meta_prompt.strip() else None
+        )
+        role = Role(cfg.role)  # checked against the known roles when the binding was made
+        strategy = strategy_tag(role, section_id)
+        messages = build_messages(request, cfg, role)
         outcome = _Outcome()
         decline: Decline | None = None
         try:

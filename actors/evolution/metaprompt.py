@@ -25,8 +25,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from actors.experts.llm.directives import DIRECTIVES, SHARED_DIRECTIVES
-from schemas import Experience, Model
+from actors.evolution.directives import DIRECTIVES, SHARED_DIRECTIVES
+from schemas import Experience, Model, Role
 
 _ID = re.compile(r"^mp-[0-9a-f]{12}$")
 
@@ -36,7 +36,7 @@ def section_id_for_text(text: str) -> str:
     return "mp-" + hashlib.sha256(text.strip().encode()).hexdigest()[:12]
 
 
-def strategy_tag(role: str, section_id: str | None) -> str:
+def strategy_tag(role: Role, section_id: str | None) -> str:
     """The strategy string of a proposal: ``<role>/<section id>``, or the role alone."""
     return f"{role}/{section_id}" if section_id else role
 
@@ -76,7 +76,7 @@ class PromptSection(Model):
 
     section_id: str
     """Content hash of ``text`` (see :func:`section_id_for_text`)."""
-    role: str
+    role: Role
     """The role it serves."""
     directives: tuple[str, ...] = Field(min_length=1)
     """Its directives, in order of emphasis."""
@@ -106,7 +106,7 @@ class PromptSection(Model):
         return self.alpha / (self.alpha + self.beta)
 
     @classmethod
-    def make(cls, role: str, directives: tuple[str, ...], origin: SectionOrigin, **fields: object) -> PromptSection:
+    def make(cls, role: Role, directives: tuple[str, ...], origin: SectionOrigin, **fields: object) -> PromptSection:
         """A section whose id is the hash of its text."""
         return cls.model_validate(
             {
@@ -150,7 +150,7 @@ class RolePool(Model):
 
     version: Literal[1] = 1
     """Format version."""
-    role: str
+    role: Role
     """The role."""
     sections: tuple[PromptSection, ...] = Field(min_length=1)
     """The population."""
@@ -165,7 +165,7 @@ class RolePool(Model):
 class MetaPromptEvolver:
     """Chooses, credits and breeds the prompt sections of one role."""
 
-    def __init__(self, role: str, *, seed: int = 0, settings: EvolutionSettings | None = None) -> None:
+    def __init__(self, role: Role, *, seed: int = 0, settings: EvolutionSettings | None = None) -> None:
         if role not in DIRECTIVES:
             raise KeyError(f"unknown role {role!r}; known roles: {', '.join(DIRECTIVES)}")
         self.role = role
@@ -359,7 +359,7 @@ class MetaPromptEvolver:
             del self._sections[worst.section_id]
 
 
-def seed_sections(role: str) -> list[tuple[str, ...]]:
+def seed_sections(role: Role) -> list[tuple[str, ...]]:
     """The starting sections of a role: disjoint slices of its directive library."""
     library = DIRECTIVES[role]
     return [tuple(library[i : i + 3]) for i in range(0, len(library), 3) if library[i : i + 3]]

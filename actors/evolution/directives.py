@@ -6,8 +6,10 @@ any role's sections by mutation. Directives are short imperative sentences an LL
 
 from __future__ import annotations
 
-DIRECTIVES: dict[str, tuple[str, ...]] = {
-    "memory": (
+from schemas import Role
+
+DIRECTIVES: dict[Role, tuple[str, ...]] = {
+    Role.MEMORY: (
         "Read every input element exactly once and write every output element exactly once.",
         "Make consecutive threads touch consecutive addresses; transpose through shared memory if needed.",
         "Load and store with the widest vector width the alignment allows.",
@@ -18,7 +20,7 @@ DIRECTIVES: dict[str, tuple[str, ...]] = {
         "Count the bytes the kernel moves and compare with the minimum the task needs; remove the excess.",
         "Avoid materialising broadcast tensors; index the smaller operand directly.",
     ),
-    "fusion": (
+    Role.FUSION: (
         "Fuse the whole elementwise chain into one kernel; never launch a kernel per op.",
         "Fold bias, activation, scaling and residual into the epilogue of the main kernel.",
         "Compute a reduction and the elementwise work that consumes it in the same program.",
@@ -29,7 +31,7 @@ DIRECTIVES: dict[str, tuple[str, ...]] = {
         "Merge consecutive reshapes and views into index arithmetic inside the kernel.",
         "Precompute constant transforms of parameters once in __init__, not per forward.",
     ),
-    "tiling": (
+    Role.TILING: (
         "Choose block sizes that divide the common problem sizes and mask the remainder.",
         "Use num_warps 4 for small tiles and 8 for tiles of 128x128 and above.",
         "Use num_stages 3 or 4 to pipeline loads in loops over K.",
@@ -40,7 +42,7 @@ DIRECTIVES: dict[str, tuple[str, ...]] = {
         "For a few long reductions, split each across programs and combine them in a second pass.",
         "Pick BLOCK as the next power of two of the row length when rows hold a few thousand elements.",
     ),
-    "algorithm": (
+    Role.ALGORITHM: (
         "Use an online (single-pass) softmax or logsumexp: running max and rescaled running sum.",
         "Compute mean and variance in one pass with Welford's update instead of two passes.",
         "Reassociate scalings and additions so they happen on the smaller tensor.",
@@ -51,7 +53,7 @@ DIRECTIVES: dict[str, tuple[str, ...]] = {
         "Turn a matmul with a tiny inner dimension into fused multiply-adds in one elementwise kernel.",
         "Keep accuracy at float32 rounding: never accumulate in half precision.",
     ),
-    "repair": (
+    Role.REPAIR: (
         "Find the root cause in the evidence before changing anything; quote the failing line to yourself.",
         "Check every mask: offsets < n on loads and stores, other= values neutral for the reduction.",
         "Check index arithmetic against the strides of the actual tensors, including batch dimensions.",
@@ -62,7 +64,7 @@ DIRECTIVES: dict[str, tuple[str, ...]] = {
         "When results are off by small amounts, accumulate in float32 and compare the order of operations.",
         "Keep the parts of the candidate that work; change the smallest thing that fixes the failure.",
     ),
-    "general": (
+    Role.GENERAL: (
         "State which resource limits this kernel (bandwidth, compute, launches) and optimise for that.",
         "Fuse what the reference runs as separate ops into as few kernels as possible.",
         "Mask every edge: the problem sizes are often not powers of two.",

@@ -25,18 +25,17 @@ its seed and the order of messages, and a restarted island continues from ``to_j
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-from actors.evolution.archive import AddStatus, Archive, ArchiveState
-from actors.evolution.credit import CreditBandit, CreditRow, CreditState, ExpertProfile, routing_key
+from actors.evolution.archive import AddStatus, Archive
+from actors.evolution.brain_state import BrainState
+from actors.evolution.credit import CreditBandit, CreditRow, ExpertProfile, routing_key
 from actors.evolution.errors import StateError, WrongIsland
 from actors.evolution.headroom import Headroom, family_of
+from actors.evolution.ledger import InFlightLedger, RetrievalCache
 from actors.evolution.plans import (
     FeedbackOutcome,
     FitnessPoint,
@@ -46,6 +45,8 @@ from actors.evolution.plans import (
     Reward,
     instructions_for,
 )
+from actors.evolution.prompt_pools import PromptPools
+from actors.evolution.reward import reward_of
 from actors.evolution.selection import ParentSelector, Pick
 from actors.evolution.stagnation import StagnationDetector
 from schemas import (
@@ -77,40 +78,6 @@ __all__ = [
 
 REFINE = "refine"
 """Routing key of a request whose parent has no diagnosis (a foreign elite)."""
-_STAGE = {
-    EvalStatus.COMPILE_ERROR: 0,
-    EvalStatus.RUNTIME_ERROR: 1,
-    EvalStatus.TIMEOUT: 1,
-    EvalStatus.EVALUATOR_ERROR: 0,
-}
-_STAGE |= {EvalStatus.REJECTED: 1, EvalStatus.INCORRECT: 2, EvalStatus.CORRECT: 2}
-
-
-class BrainState(BaseModel):
-    """The serialised brain."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: int = 1
-    island: str
-    seed: int
-    config: IslandConfig
-    archive: ArchiveState
-    credit: CreditState
-    stagnation: StagnationDetector
-    rng: dict[str, Any]
-    repair: list[Feedback]
-    outcomes: dict[str, EvalOutcome]
-    visits: dict[str, int]
-    seen: list[str]
-    history: list[FitnessPoint]
-    evaluated: int
-    in_flight: int
-    tokens_used: int
-    plans: int
-    declines: int
-    stopped: StopReason | None
-    headroom: Headroom = Field(default_factory=Headroom)
 
 
 def _key(diagnosis: Diagnosis | None, has_parent: bool) -> str:
@@ -154,6 +121,9 @@ class IslandBrain:
         self._history: list[FitnessPoint] = []
         self.evaluated = self.in_flight = self.tokens_used = self.plans = self.declines = 0
         self._stopped: StopReason | None = None
+        self.ledger = InFlightLedger()  # not saved: after a restart, what it held expires in time
+        self.retrieved = RetrievalCache()
+        self.prompts = PromptPools(spec.run_id, island, spec.seed)  # saved per role by the actor
 
     # requests -------------------------------------------------------------------------------
 
@@ -240,6 +210,23 @@ class IslandBrain:
         """Add LLM tokens spent by this island's requests."""
         self.tokens_used += max(0, n)
 
+    def tokens_left(self) -> int | None:
+        """LLM tokens left of this island's share of the run's budget (``None``: no budget)."""
+        share = self.spec.island_limits(self.island).tokens
+        return None if share is None else max(0, share - self.tokens_used)
+
+    def expire_lost(self, now: float) -> list[str]:
+        """Give up on candidates whose feedback is overdue (see ``InFlightLedger.overdue``): four
+        evaluation timeouts and a minute after they were published; returns them."""
+        lost = self.ledger.overdue(now, self.spec.eval_timeout_s * 4 + 60.0, self.in_flight)
+        self.forget_in_flight(len(lost))
+        return lost
+
+    def parent_fitness(self, fb: Feedback) -> float | None:
+        """The fitness of the parent of ``fb``'s candidate, where the island knows it."""
+        parent = self.outcome_of(fb.candidate.parent_id) if fb.candidate.parent_id else None
+        return parent.fitness if parent else None
+
     # feedback and migrants ------------------------------------------------------------------
 
     def on_feedback(self, fb: Feedback) -> FeedbackOutcome:
@@ -285,21 +272,9 @@ class IslandBrain:
         return FeedbackOutcome(cid, status, elite, improved, reward, stagnating)
 
     def _reward(self, fb: Feedback) -> float:
-        child = fb.result
-        stage = 3 if child.clean else _STAGE[child.status]
         parent_id = fb.candidate.parent_id
         parent = self._outcomes.get(parent_id) if parent_id else None
-        if parent_id is None:
-            return 1.0 if child.clean else 0.1 * stage
-        if parent is None:
-            return 0.5 if child.clean else 0.0
-        if parent.fitness is not None:
-            if child.fitness is not None and child.fitness > parent.fitness * (1.0 + self.config.improve_eps):
-                return 1.0
-            return 0.1 if child.clean else 0.0
-        if child.clean:
-            return 1.0
-        return 0.5 if stage > _STAGE[EvalStatus(parent.status)] else 0.0
+        return reward_of(fb.result, parent_id, parent, self.config.improve_eps)
 
     def on_migrants(self, m: Migration) -> int:
         """Offer migrants to the archive with their measured results; returns how many entered."""
@@ -334,13 +309,13 @@ class IslandBrain:
         """Why the island must stop now, if it must (sticky once set)."""
         if self._stopped is not None:
             return self._stopped
-        budget, share = self.spec.budget, self.spec.islands
+        limits = self.spec.island_limits(self.island)
         best = self.archive.best()
         if best is not None and best.sol_fraction is not None and best.sol_fraction >= self.spec.target_sol_fraction:
             self._stopped = StopReason.SPEED_OF_LIGHT
-        elif budget.tokens is not None and self.tokens_used >= math.ceil(budget.tokens / share):
+        elif limits.tokens is not None and self.tokens_used >= limits.tokens:
             self._stopped = StopReason.TOKENS
-        elif budget.wall_s is not None and now - self.spec.created_at >= budget.wall_s:
+        elif self.spec.past_deadline(now):
             self._stopped = StopReason.WALL_TIME
         return self._stopped
 

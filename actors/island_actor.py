@@ -2,16 +2,17 @@
 
 Reads:  ``kf.<run>.feedback.<island>`` (``Feedback``) and ``kf.<run>.migrant.<island>``
         (``Migration``) through this island's own durable consumers (nothing is lost across an
-        island restart); ``kf.exp.query`` (``ExperienceQuery`` → ``ExperienceHits``) and
-        ``kf.expert.<name>.generate`` (``GenerateRequest`` → ``GenerateReply``) by request.
-Writes: ``kf.<run>.cand.<island>.<candidate>`` (``Candidate``), ``kf.<run>.elite.<island>``
-        (``EliteAnnouncement``), ``kf.<run>.status.<island>`` (``IslandStatus``) into the run
-        stream; ``kf.exp.record`` (``Experience``) and ``kf.exp.outcome`` (``ExperienceOutcome``)
-        into the experience stream; its brain to the ``kf_archives`` KV bucket, so the archive,
-        the credit table and the history survive a restart.
+        island restart).
+Writes: ``kf.<run>.elite.<island>`` (``EliteAnnouncement``) and ``kf.<run>.status.<island>``
+        (``IslandStatus``) into the run stream; ``kf.exp.record`` (``Experience``) and
+        ``kf.exp.outcome`` (``ExperienceOutcome``) into the experience stream; its brain to the
+        ``kf_archives`` KV bucket and its meta-prompt pools to ``kf_prompts``, so the archive,
+        the credit table, the history and the prompts survive a restart.
 
-The policy (archive, parent selection, expert credit, stagnation, budgets) is
-``actors.evolution.island.IslandBrain``; this actor moves messages and keeps K in flight.
+It keeps K candidates in flight: the requests to the curator and the experts, and the candidates
+they yield, are ``actors.island_requests``. Every decision and all bookkeeping (archive, parents,
+credit, stagnation, budgets, candidates in flight, retrieval cache, meta-prompts, experience
+records) is the brain's: ``actors.evolution.brain.IslandBrain``. This actor moves messages.
 """
 
 from __future__ import annotations
@@ -19,41 +20,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import zlib
 
 import structlog
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
-from actors.errors import BusError, ConfigError
+from actors.errors import ConfigError
+from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
-from actors.evolution.island import IslandBrain
+from actors.evolution.ledger import experience_of
 from actors.evolution.plans import IslandConfig, RequestPlan
-from actors.experts.llm.metaprompt import MetaPromptEvolver, parse_strategy
+from actors.island_requests import ExpertRequests
 from actors.kv import get_expert_config, get_run, load_text, save_text
-from actors.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
 from actors.quota import CandidateQuota
 from schemas import (
     ActorKind,
-    Decline,
     EliteAnnouncement,
     Experience,
-    ExperienceHit,
-    ExperienceHits,
-    ExperienceOutcome,
-    ExperienceQuery,
     ExpertKind,
     Feedback,
-    GenerateReply,
     Message,
     Migration,
+    Role,
     RunSpec,
     StopReason,
-    TaskSignature,
     subjects,
 )
-
-_EXCERPT = 4000
 
 
 class IslandActor(Actor):
@@ -77,8 +69,9 @@ class IslandActor(Actor):
         retrieve_ttl_s: float = 5.0,
         drain_wait_s: float = 2.0,
         feedback_concurrency: int = 8,
+        version: str | None = None,
     ) -> None:
-        super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id)
+        super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id, version=version)
         self.name = island
         self.retrieve_k = retrieve_k
         self.save_every_s = save_every_s
@@ -88,7 +81,6 @@ class IslandActor(Actor):
         self.retrieve_ttl_s = retrieve_ttl_s
         self.drain_wait_s = drain_wait_s
         self.feedback_concurrency = feedback_concurrency
-        self._retrieved: dict[str, tuple[float, tuple[ExperienceHit, ...]]] = {}
         self._last_status = 0.0
         self._spec: RunSpec | None = None
         self._quota: CandidateQuota | None = None
@@ -97,7 +89,6 @@ class IslandActor(Actor):
         self._timeouts: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._prompts: dict[str, MetaPromptEvolver] = {}
         self._requests: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
         self._last_save = 0.0
@@ -105,14 +96,9 @@ class IslandActor(Actor):
         """Seconds between saves: ``save_every_s``, longer when a save is slow (see ``_save``)."""
         self._said_stagnating = False
         self._stopped_announced = False
-        self._planning = 0
-        self._outstanding: dict[str, float] = {}
-        """Published candidates awaiting feedback, with when they were published."""
-        self._last_feedback = time.monotonic()
         self._empty_streak = 0
         self._gave_up = False
-        self._last_decline: Decline | None = None
-        self.published = 0
+        self._expert_requests: ExpertRequests | None = None
 
     @property
     def spec(self) -> RunSpec:
@@ -134,7 +120,7 @@ class IslandActor(Actor):
 
     async def setup(self) -> None:
         self._spec = await get_run(self.bus, self.rid)
-        expected = [f"i{i}" for i in range(self.spec.islands)]
+        expected = self.spec.island_names()
         if self.name not in expected:
             raise ConfigError(
                 f"island {self.name!r} is not one of run {self.rid}'s islands ({', '.join(expected)}); "
@@ -144,11 +130,14 @@ class IslandActor(Actor):
         profiles = []
         for ref in self.spec.experts:
             config = await get_expert_config(self.bus, ref.name)
-            role = config.role if config else "template"
             if config is not None and config.kind is ExpertKind.LLM:
                 self._llm.add(ref.name)
             self._timeouts[ref.name] = (config.timeout_s * (config.max_retries + 1) + 10) if config else 120.0
-            profiles.append(ExpertProfile(name=ref.name, role=role, weight=ref.weight))
+            profiles.append(
+                ExpertProfile.from_config(config, ref.weight)
+                if config is not None
+                else ExpertProfile(name=ref.name, role=Role.TEMPLATE, weight=ref.weight)
+            )
         saved = await load_text(self.bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(self.rid, self.name))
         if saved is not None:
             self._brain = IslandBrain.from_json(saved, self.spec)
@@ -156,13 +145,24 @@ class IslandActor(Actor):
         else:
             island_config = IslandConfig(n_per_request=self.per_request)
             self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed, config=island_config)
+        self._expert_requests = ExpertRequests(
+            bus=self.bus,
+            spec=self.spec,
+            brain=self.brain,
+            quota=self.quota,
+            lock=self._lock,
+            island=self.name,
+            llm_experts=self._llm,
+            timeouts=self._timeouts,
+            retrieve_k=self.retrieve_k,
+            log=self.log,
+        )
+        self.brain.ledger.last_feedback = time.monotonic()
+        self.brain.retrieved.ttl_s = self.retrieve_ttl_s
         meta_roles = set() if self.spec.ablations.no_meta_prompt else {p.role for p in profiles if p.name in self._llm}
         for role in meta_roles:
-            text = await load_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role))
-            seed = self.spec.seed * 7919 + zlib.crc32(f"{self.name}/{role}".encode())
-            self._prompts[role] = (
-                MetaPromptEvolver.from_json(text) if text else MetaPromptEvolver(role, seed=seed % 2**32)
-            )
+            prompts = self.brain.prompts
+            prompts.add(role, await load_text(self.bus, subjects.PROMPTS_BUCKET, prompts.key(role)))
         stream = subjects.run_stream(self.rid)
         await self.bus.consume(
             ConsumerSpec(
@@ -203,7 +203,8 @@ class IslandActor(Actor):
                 if self._empty_streak >= self.give_up_after and self.brain.evaluated == 0 and not self._requests:
                     self._gave_up = True
             async with self._lock:
-                self._expire_lost()
+                if lost := self.brain.expire_lost(time.monotonic()):
+                    self.log.warning("feedback overdue, slots released", candidates=lost)
                 if self.quota.exhausted:
                     self.brain.stop(StopReason.CANDIDATES)
                 stopped = self.brain.budget_exhausted(time.time())
@@ -225,136 +226,33 @@ class IslandActor(Actor):
                     await self._wake.wait()
             self._wake.clear()
 
-    def _expire_lost(self) -> None:
-        """Give up on candidates whose feedback is overdue (dead-lettered, or published before a
-        restart and lost): otherwise they would hold slots of K for ever."""
-        horizon = self.spec.eval_timeout_s * 4 + 60.0
-        now = time.monotonic()
-        lost = [cid for cid, at in self._outstanding.items() if now - at > horizon]
-        for cid in lost:
-            del self._outstanding[cid]
-        untracked = self.brain.in_flight - len(self._outstanding) - self._planning
-        if now - self._last_feedback > horizon and untracked > 0:
-            lost.extend(["(from before a restart)"] * untracked)
-        if lost:
-            self.log.warning("feedback overdue, slots released", candidates=lost)
-            self.brain.forget_in_flight(len(lost))
+    @property
+    def expert_requests(self) -> ExpertRequests:
+        if self._expert_requests is None:
+            raise RuntimeError("island used before setup")
+        return self._expert_requests
 
-    def _signature(self) -> TaskSignature:
-        return self.spec.task.signature or TaskSignature()
-
-    async def _retrieve(self, plan: RequestPlan) -> tuple[ExperienceHit, ...]:
-        """Experiences for a plan. Answers are cached per diagnosis category for a few seconds:
-        the library changes slowly next to the rate at which a fast island asks."""
-        if self.spec.ablations.no_experience:
-            return ()
-        key = plan.diagnosis.category.value if plan.diagnosis else ""
-        cached = self._retrieved.get(key)
-        if cached is not None and time.monotonic() - cached[0] < self.retrieve_ttl_s:
-            return cached[1]
-        query = ExperienceQuery(
-            signature=self._signature(),
-            diagnosis=plan.diagnosis.category if plan.diagnosis else None,
-            text=plan.diagnosis.summary if plan.diagnosis else "first kernel for this task",
-            # A fresh start looks wider: the expert takes the best configuration among the hits.
-            k=self.retrieve_k if plan.parent is not None else 2 * self.retrieve_k,
-        )
-        try:
-            hits = await self.bus.request(subjects.EXPERIENCE_QUERY, query, ExperienceHits, timeout=5.0)
-        except BusError as exc:
-            self.log.warning("no experiences retrieved", error=str(exc))
-            return ()
-        self._retrieved[key] = (time.monotonic(), hits.hits)
-        return hits.hits
+    @property
+    def published(self) -> int:
+        """Candidates this island published."""
+        return self._expert_requests.published if self._expert_requests is not None else 0
 
     async def _request(self, plan: RequestPlan) -> None:
         published = 0
-        reply: GenerateReply | None = None
-        self._planning += plan.n
         try:
-            with structlog.contextvars.bound_contextvars(island=self.name, plan=plan.plan_id, expert=plan.expert):
-                hits = await self._retrieve(plan)
-                budget = self.spec.budget.tokens
-                remaining = max(0, budget // self.spec.islands - self.brain.tokens_used) if budget else None
-                meta = ""
-                evolver = self._prompts.get(plan.role) if plan.expert in self._llm else None
-                if evolver is not None:
-                    async with self._lock:
-                        meta = evolver.choose().text
-                request = plan.request(self.spec, experiences=hits, meta_prompt=meta, token_budget=remaining)
-                asked = time.perf_counter()
-                try:
-                    reply = await self.bus.request(
-                        subjects.expert_generate(plan.expert),
-                        request,
-                        GenerateReply,
-                        timeout=self._timeouts.get(plan.expert, 120.0),
-                    )
-                except BusError as exc:
-                    self.log.warning("expert unavailable", error=str(exc))
-                answer = (
-                    ReplyOutcome.UNAVAILABLE
-                    if reply is None
-                    else ReplyOutcome.DECLINE
-                    if reply.decline is not None
-                    else ReplyOutcome.PROPOSALS
-                )
-                EXPERT_REPLY_SECONDS.labels(self.rid, plan.expert, answer.value).observe(time.perf_counter() - asked)
-                if reply is not None:
-                    if reply.decline is not None:
-                        self.log.info("expert declined", reason=str(reply.decline.reason), detail=reply.decline.detail)
-                        self._last_decline = reply.decline
-                    ids = tuple(h.experience.experience_id for h in hits)
-                    for proposal in reply.proposals[: plan.n]:
-                        if not await self.quota.take():
-                            break  # the run's candidate budget is spent: nothing more is issued
-                        cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
-                        await self.bus.publish_durable(
-                            subjects.candidates(self.rid, self.name, cand.candidate_id), cand, msg_id=cand.candidate_id
-                        )
-                        published += 1
-                        self._outstanding[cand.candidate_id] = time.monotonic()
-                        self.log.info(
-                            "proposal",
-                            candidate=cand.candidate_id,
-                            parent=cand.parent_id,
-                            expert=cand.expert,
-                            strategy=proposal.strategy,
-                            experiences=len(ids),
-                        )
-                    self.published += published
+            published = await self.expert_requests.ask(plan)
         finally:
-            # Whatever happened (a decline, an error, a cancel during drain), the brain learns how
-            # many candidates this plan really put in flight.
-            async with self._lock:
-                if reply is not None:
-                    self.brain.record_tokens(reply.tokens.total)
-                self.brain.on_reply(plan, published, decline=self._decline_reason(reply, published, plan.n))
-                self._planning -= plan.n
             self._empty_streak = 0 if published else self._empty_streak + 1
             self._wake.set()
-
-    @staticmethod
-    def _decline_reason(reply: GenerateReply | None, published: int, asked: int) -> str | None:
-        """Why a request put no candidate in flight (``None``: it did, or the candidate budget,
-        not the expert, cut it short)."""
-        if published:
-            return None
-        if reply is None:
-            return "unavailable"
-        if reply.decline is not None:
-            return reply.decline.reason.value
-        return None if reply.proposals[:asked] else "no_proposal"
 
     # -- feedback and migrants ----------------------------------------------------------------
 
     async def on_feedback(self, fb: Feedback, delivery: Delivery) -> None:
         with structlog.contextvars.bound_contextvars(island=self.name, candidate=fb.candidate.candidate_id):
             async with self._lock:
-                parent = self._parent_fitness(fb)
+                parent = self.brain.parent_fitness(fb)
                 outcome = self.brain.on_feedback(fb)
-                self._outstanding.pop(fb.candidate.candidate_id, None)
-                self._last_feedback = time.monotonic()
+                self.brain.ledger.answered(fb.candidate.candidate_id, time.monotonic())
             if outcome.duplicate:
                 return
             self._wake.set()  # a slot of K is free: the next request need not wait for the publishing below
@@ -388,45 +286,10 @@ class IslandActor(Actor):
             )
             self._wake.set()
 
-    def _parent_fitness(self, fb: Feedback) -> float | None:
-        parent = fb.candidate.parent_id
-        if parent is None:
-            return None
-        outcome = self.brain.outcome_of(parent)
-        return outcome.fitness if outcome else None
-
     async def _record_experience(self, fb: Feedback, parent_fitness: float | None) -> None:
-        cand, result = fb.candidate, fb.result
-        child = result.fitness
-        record = Experience(
-            experience_id=f"exp-{cand.candidate_id}",
-            run_id=self.rid,
-            task_id=cand.task_id,
-            signature=self._signature(),
-            candidate_id=cand.candidate_id,
-            parent_id=cand.parent_id,
-            diagnosis=cand.diagnosis.category if cand.diagnosis else None,
-            expert=cand.expert,
-            strategy=cand.proposal.strategy,
-            status=result.status,
-            parent_fitness=parent_fitness,
-            child_fitness=child,
-            description=(cand.proposal.description or cand.proposal.strategy or "candidate")[:500]
-            + f" -> {result.status.value}: {fb.diagnosis.summary}"[:300],
-            params=dict(cand.proposal.params),
-            source_excerpt=cand.proposal.source[:_EXCERPT],
-        )
+        record, outcome = experience_of(fb, self.expert_requests.signature, parent_fitness)
         publishing = [self._publish(subjects.EXPERIENCE_RECORD, record, record.experience_id)]
-        if cand.experience_ids:
-            improved = child is not None and (parent_fitness is None or child > parent_fitness)
-            delta = None if child is None and parent_fitness is None else (child or 0.0) - (parent_fitness or 0.0)
-            outcome = ExperienceOutcome(
-                outcome_id=f"out-{cand.candidate_id}",
-                experience_ids=cand.experience_ids,
-                candidate_id=cand.candidate_id,
-                improved=improved,
-                delta=delta,
-            )
+        if outcome is not None:
             publishing.append(self._publish(subjects.EXPERIENCE_OUTCOME, outcome, outcome.outcome_id))
         await asyncio.gather(*publishing)
         await self._credit_prompt(record)
@@ -434,19 +297,16 @@ class IslandActor(Actor):
     async def _publish(self, subject: str, message: Message, msg_id: str) -> None:
         await self.bus.publish_durable(subject, message, msg_id=msg_id)
 
-    def _prompt_key(self, role: str) -> str:
-        return f"{self.rid}.{self.name}.{role}"
-
     async def _credit_prompt(self, record: Experience) -> None:
-        """Credit the meta-prompt section an LLM candidate was made with (co-evolution)."""
-        role, section = parse_strategy(record.strategy)
-        evolver = self._prompts.get(role)
-        if evolver is None or section is None or record.expert not in self._llm:
+        """Credit the meta-prompt section an LLM candidate was made with (co-evolution), and save
+        its pool."""
+        if record.expert not in self._llm:
             return
         async with self._lock:
-            evolver.record_experience(record)
-            text = evolver.to_json()
-        await save_text(self.bus, subjects.PROMPTS_BUCKET, self._prompt_key(role), text.decode())
+            credited = self.brain.prompts.credit(record)
+        if credited is not None:
+            role, text = credited
+            await save_text(self.bus, subjects.PROMPTS_BUCKET, self.brain.prompts.key(role), text)
 
     async def on_migration(self, migration: Migration, delivery: Delivery) -> None:
         if self.spec.ablations.no_migration:
@@ -470,8 +330,8 @@ class IslandActor(Actor):
         stopped = stopped or (StopReason.NO_PROGRESS if self._gave_up else None)
         if stopped is not None and status.stopped is None:
             status = status.model_copy(update={"stopped": stopped})
-        if self._last_decline is not None:
-            status = status.model_copy(update={"last_decline": self._last_decline})
+        if self.expert_requests.last_decline is not None:
+            status = status.model_copy(update={"last_decline": self.expert_requests.last_decline})
         await self.bus.publish_durable(
             subjects.island_status(self.rid, self.name),
             status,

@@ -1,7 +1,7 @@
 """Errors of the LLM experts and their chat client.
 
 Every message here is written by this package from fields it controls; text that came from an
-endpoint passes through :func:`actors.experts.llm.secrets.redact` first, so no message, log line
+endpoint passes through :func:`actors.llm.redact.redact` first, so no message, log line
 or reply built from these errors can carry an API key.
 """
 

@@ -12,7 +12,7 @@ the job for this request (first version, repair, or speed-up).
 from __future__ import annotations
 
 from actors.diagnosis.counters import describe
-from actors.experts.llm.redact import shorten
+from actors.llm.redact import shorten
 from schemas import (
     Diagnosis,
     EvalResult,
@@ -20,34 +20,35 @@ from schemas import (
     ExpertConfig,
     GenerateRequest,
     KernelLanguage,
+    Role,
 )
 
-ROLES: dict[str, str] = {
-    "memory": (
+ROLES: dict[Role, str] = {
+    Role.MEMORY: (
         "You specialise in memory access: coalesced and vectorised loads and stores, reading each "
         "byte once, keeping reused data in registers or shared memory, avoiding intermediate tensors "
         "in global memory, choosing layouts and strides that keep every warp's accesses contiguous."
     ),
-    "fusion": (
+    Role.FUSION: (
         "You specialise in fusion: merging chains of elementwise ops, reductions, normalisations and "
         "matmul epilogues into as few kernels as possible, so intermediates never leave registers "
         "and launch overhead disappears."
     ),
-    "tiling": (
+    Role.TILING: (
         "You specialise in tiling and parallelism: block sizes, num_warps, num_stages, grid shape, "
         "work per program, occupancy, split-K and persistent kernels, matched to the problem sizes."
     ),
-    "algorithm": (
+    Role.ALGORITHM: (
         "You specialise in algorithmic rewrites: mathematically equivalent formulations that do less "
         "work or move fewer bytes (online softmax, single-pass statistics, reassociation, exploiting "
         "structure in the reference), without losing accuracy beyond float32 rounding."
     ),
-    "repair": (
+    Role.REPAIR: (
         "You specialise in repairing broken kernels: reading compiler and runtime errors and "
         "correctness evidence, finding the root cause (masking, indexing, shapes, dtypes, races, "
         "numerical stability) and fixing it with the smallest change that keeps the design."
     ),
-    "general": ("You write fast, correct GPU kernels and choose whatever optimisation the evidence calls for."),
+    Role.GENERAL: ("You write fast, correct GPU kernels and choose whatever optimisation the evidence calls for."),
 }
 """Speciality text per role."""
 
@@ -104,19 +105,20 @@ MAX_EXPERIENCES = 6
 
 def role_names() -> tuple[str, ...]:
     """The roles an LLM expert may play."""
-    return tuple(ROLES)
+    return tuple(r.value for r in ROLES)
 
 
-def system_prompt(role: str, language: KernelLanguage) -> str:
+def system_prompt(role: Role, language: KernelLanguage) -> str:
     """The system message for a role and a kernel language."""
     return _SYSTEM.format(role=ROLES[role], language=_LANGUAGE[language], contract=CONTRACT)
 
 
-def build_messages(request: GenerateRequest, config: ExpertConfig, role: str | None = None) -> list[dict[str, str]]:
+def build_messages(request: GenerateRequest, config: ExpertConfig, role: Role | None = None) -> list[dict[str, str]]:
     """The chat messages for a request: a system message and one user message."""
-    role = role or config.role
-    if role not in ROLES:
-        raise KeyError(f"unknown role {role!r}")
+    named = role or config.role
+    role = Role.of(named)
+    if role is None or role not in ROLES:
+        raise KeyError(f"unknown role {named!r}")
     parts = [_task_section(request), _device_section(request)]
     if request.parent is not None:
         parts.append(
@@ -233,7 +235,7 @@ def _experience_section(hits: tuple[ExperienceHit, ...]) -> str:
     return "\n".join(lines)
 
 
-def _job_section(request: GenerateRequest, role: str) -> str:
+def _job_section(request: GenerateRequest, role: Role) -> str:
     lang = "Triton" if request.language is KernelLanguage.TRITON else "CUDA (load_inline)"
     diag = request.diagnosis
     status = request.parent_result.status.value if request.parent_result is not None else None
@@ -248,7 +250,7 @@ def _job_section(request: GenerateRequest, role: str) -> str:
         job = f"The current candidate failed ({status}). Fix it, keeping what works."
     else:
         job = f"Make the current candidate faster while keeping it correct, in {lang}."
-    if role == "repair" and request.parent is not None:
+    if role is Role.REPAIR and request.parent is not None:
         job += " Prefer the smallest change that removes the root cause."
     if request.n > 1:
         job += " Each answer you give is evaluated separately: make them genuinely different."

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
+from actors.evolution.brain import IslandBrain
 from actors.evolution.headroom import family_of
-from actors.evolution.island import IslandBrain
 from schemas import Candidate, EvalResult, EvalStatus
 
 

@@ -19,28 +19,17 @@ import structlog
 
 from actors.base import Actor
 from actors.experts.base import Expert
+from actors.experts.registry import build_expert
 from actors.kv import bucket
 from schemas import (
     ActorKind,
     Decline,
     DeclineReason,
     ExpertConfig,
-    ExpertKind,
     GenerateReply,
     GenerateRequest,
     subjects,
 )
-
-
-def build_expert(config: ExpertConfig) -> Expert:
-    """The implementation behind an expert configuration."""
-    if config.kind is ExpertKind.TEMPLATE:
-        from actors.experts.template.expert import TemplateExpert
-
-        return TemplateExpert(config.name)
-    from actors.experts.llm.expert import LLMExpert
-
-    return LLMExpert(config)
 
 
 class ExpertActor(Actor):

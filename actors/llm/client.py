@@ -5,7 +5,7 @@ timeout scope; retries with exponential backoff and seeded jitter on 408/409/429
 connection errors and timeouts, honouring ``Retry-After`` / ``retry-after-ms``; a concurrency
 limit shared by every client of the same ``base_url`` in the process (:mod:`.limiter`); and a
 typed parse of the reply (``usage`` read when reported, estimated from characters when not).
-Failures raise the typed errors of :mod:`actors.experts.llm.errors`, whose text never carries
+Failures raise the typed errors of :mod:`actors.llm.errors`, whose text never carries
 the key. The LLM experts and the LLM diagnoser both use it.
 """
 
@@ -25,7 +25,7 @@ import openai
 import structlog
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
-from actors.experts.llm.errors import (
+from actors.llm.errors import (
     EndpointError,
     EndpointRejected,
     EndpointTimeout,
@@ -33,8 +33,8 @@ from actors.experts.llm.errors import (
     MissingApiKey,
     RateLimited,
 )
-from actors.experts.llm.limiter import endpoint_limiter
-from actors.experts.llm.redact import redact, safe_url, shorten
+from actors.llm.limiter import endpoint_limiter
+from actors.llm.redact import redact, safe_url, shorten
 from schemas import ExpertConfig, TokenUsage
 
 log = structlog.get_logger(__name__)

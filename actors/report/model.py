@@ -1,0 +1,181 @@
+"""The run report's types: what ``report.json`` holds (built by ``actors.report.build``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from actors.gpu_usage import GpuUsage
+from actors.outcome import RunVerdict
+from actors.report.experts import ExpertReport, FamilyReport
+from schemas import (
+    Decline,
+    DiagnosisCategory,
+    KernelLanguage,
+    MigrationReason,
+    StopReason,
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LineageStep(_Frozen):
+    """One ancestor of the best kernel (oldest first), or the kernel itself (last)."""
+
+    candidate_id: str
+    island: str | None = None
+    expert: str | None = None
+    strategy: str | None = None
+    generation: int | None = None
+    answered: DiagnosisCategory | None = None
+    """The parent's diagnosis this step answered."""
+    status: str | None = None
+    fitness: float | None = None
+    description: str | None = None
+
+
+class BestKernel(_Frozen):
+    """The fittest clean candidate of the run."""
+
+    candidate_id: str
+    island: str
+    expert: str
+    fitness: float
+    speedup_vs_eager: float | None = None
+    speedup_vs_compiled: float | None = None
+    median_ms: float | None = None
+    sol_fraction: float | None = None
+    language: KernelLanguage
+    source: str
+    lineage: tuple[LineageStep, ...]
+    torch_ops: tuple[str, ...] = ()
+    """Operations the kernel leaves to PyTorch (the reference's own; run policy ``reference``)."""
+
+
+class FitnessSample(_Frozen):
+    """The island after one feedback (or accepted migrant)."""
+
+    t: float
+    """Seconds since the run started."""
+    candidate_id: str
+    status: str
+    fitness: float | None = None
+    best: float | None = None
+    migrant: bool = False
+    expert: str = ""
+    """Expert that produced the candidate (``user`` for a seed candidate)."""
+
+
+class ArchiveMap(_Frozen):
+    """An island's archive projected on the two descriptors it spreads over most (best fitness
+    per cell, over the other descriptors)."""
+
+    x: str
+    y: str
+    x_labels: tuple[str, ...]
+    y_labels: tuple[str, ...]
+    grid: tuple[tuple[float | None, ...], ...]
+    elites: int
+    coverage: float
+
+
+class IslandReport(_Frozen):
+    """One island's course."""
+
+    island: str
+    evaluated: int
+    best_fitness: float | None = None
+    stopped: StopReason | None = None
+    declines: int = 0
+    """Requests its experts declined (answered with no candidate)."""
+    last_decline: Decline | None = None
+    """The island's most recent decline: why no candidate came."""
+    fitness: tuple[FitnessSample, ...] = ()
+    archive: ArchiveMap | None = None
+
+
+class CreditEntry(_Frozen):
+    """Credit one island learned for a (diagnosis, expert) pair."""
+
+    island: str
+    key: str
+    expert: str
+    role: str
+    pulls: int
+    mean_reward: float | None = None
+    posterior_mean: float
+
+
+class RoutingEntry(_Frozen):
+    """Requests answered under one diagnosis by one expert, and what they earned."""
+
+    answered: str
+    """The parent's diagnosis category (``start`` for fresh candidates)."""
+    expert: str
+    candidates: int
+    clean: int
+    improved: int
+    """Children fitter than their parent (or clean, for a failed or absent parent)."""
+
+
+class MigrationEvent(_Frozen):
+    migration_id: str
+    source: str
+    dest: str
+    reason: MigrationReason
+    candidate_ids: tuple[str, ...]
+    t: float
+
+
+class ExperienceUse(_Frozen):
+    """One experience shown to experts, with the outcomes of the candidates it informed."""
+
+    experience_id: str
+    candidates: tuple[str, ...]
+    improved: int
+    not_improved: int
+    mean_delta: float | None = None
+
+
+class RunReport(_Frozen):
+    """Everything ``write_report`` writes (``report.json``)."""
+
+    run_id: str
+    task_id: str | None = None
+    task_name: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    end_reason: StopReason | None = None
+    ablations: tuple[str, ...] = ()
+    """Mechanisms this run turned off (``--no-experience``, ``--uniform-experts``, ...)."""
+    evaluated: int
+    first_correct_s: float | None = None
+    """Seconds from the run's start to its first ``correct`` verdict; ``None`` without one."""
+    to_90pct_best_s: float | None = None
+    """Seconds from the run's start to its first clean candidate within 90% of the final best."""
+    status_counts: dict[str, int]
+    category_counts: dict[str, int]
+    best: BestKernel | None = None
+    verdict: RunVerdict = RunVerdict.NO_CORRECT_CANDIDATE
+    """The best kernel against the reference (``not_faster_than_eager``: ``best_model.py`` is marked)."""
+    beats_eager: bool | None = None
+    """Whether the best is faster than eager PyTorch; ``None`` without a correct candidate."""
+    beats_compiled: bool | None = None
+    """Whether the best is faster than ``torch.compile``; ``None`` when that was not measured."""
+    islands: tuple[IslandReport, ...] = ()
+    experts: tuple[ExpertReport, ...] = ()
+    """Per expert: requests, declines by reason, candidates, correct ones, best fitness."""
+    families: tuple[FamilyReport, ...] = ()
+    """Per kernel family: the first correct and the best candidate's fraction of speed-of-light."""
+    credit: tuple[CreditEntry, ...] = ()
+    routing: tuple[RoutingEntry, ...] = ()
+    migrations: tuple[MigrationEvent, ...] = ()
+    experiences: tuple[ExperienceUse, ...] = ()
+    gpus: tuple[GpuUsage, ...] = ()
+    """Per GPU (or unpinned evaluator): verdicts, candidates per second and busy fraction over the
+    run's evaluation window (``actors.gpu_usage``)."""
+    plots: dict[str, str] = {}
+    isolation_gaps: dict[str, str] = {}
+    """Sandbox layers that did not hold for the run's candidates (layer -> why), from the verdicts;
+    empty when every layer held or was switched off by config (``--isolation best-effort`` runs)."""

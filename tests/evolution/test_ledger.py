@@ -1,0 +1,97 @@
+"""The island's bookkeeping, owned by its brain: candidates in flight and overdue, the retrieval
+cache, token shares, experience records and meta-prompt pools."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actors.evolution.brain import IslandBrain
+from actors.evolution.credit import ExpertProfile
+from actors.evolution.ledger import RESTARTED, InFlightLedger, RetrievalCache, experience_of
+from actors.evolution.metaprompt import strategy_tag
+from actors.evolution.prompt_pools import PromptPools
+from schemas import Budget, DiagnosisCategory, EvalStatus, Role, TaskSignature
+from tests.evolution import factories as f
+
+pytestmark = pytest.mark.timeout(30)
+
+EXPERTS = (ExpertProfile(name="template", role=Role.TEMPLATE),)
+
+
+def test_overdue_candidates_are_forgotten_and_the_rest_kept() -> None:
+    ledger = InFlightLedger(last_feedback=0.0)
+    ledger.published("old", 10.0)
+    ledger.published("new", 95.0)
+    assert ledger.overdue(now=100.0, horizon_s=50.0, in_flight=2) == ["old"]
+    assert set(ledger.outstanding) == {"new"}
+    ledger.answered("new", 101.0)
+    assert ledger.outstanding == {}
+    assert ledger.last_feedback == 101.0
+
+
+def test_candidates_in_flight_from_before_a_restart_expire_once_feedback_has_been_silent_long() -> None:
+    ledger = InFlightLedger(last_feedback=100.0)
+    ledger.planning = 1
+    assert ledger.overdue(now=120.0, horizon_s=50.0, in_flight=4) == []  # feedback is recent
+    assert ledger.overdue(now=200.0, horizon_s=50.0, in_flight=4) == [RESTARTED] * 3  # one is being planned
+
+
+def test_the_retrieval_cache_answers_within_its_lifetime_only() -> None:
+    cache = RetrievalCache(ttl_s=5.0)
+    assert cache.get("slow.memory_bound", 0.0) is None
+    cache.put("slow.memory_bound", (), 10.0)
+    assert cache.get("slow.memory_bound", 14.9) == ()
+    assert cache.get("slow.memory_bound", 15.0) is None
+
+
+def test_the_brain_gives_each_island_its_token_share_and_expires_lost_candidates() -> None:
+    spec = f.spec(islands=3, budget=Budget(tokens=10, wall_s=60.0), eval_timeout_s=10.0)
+    brains = [IslandBrain(i, spec, EXPERTS, seed=0) for i in spec.island_names()]
+    assert [b.tokens_left() for b in brains] == [4, 3, 3]
+    brains[0].record_tokens(3)
+    assert brains[0].tokens_left() == 1
+    brain = brains[1]
+    brain.in_flight = 2
+    brain.ledger.published("c1", 0.0)
+    brain.ledger.published("c2", 90.0)
+    assert brain.expire_lost(now=101.0) == ["c1"]  # horizon: 4 timeouts + 60 s = 100 s
+    assert brain.in_flight == 1
+
+
+def test_a_feedback_yields_its_experience_record_and_the_outcome_of_the_experiences_it_used() -> None:
+    parent = f.candidate()
+    child = f.candidate(parent=parent).model_copy(update={"experience_ids": ("exp-a", "exp-b")})
+    fb = f.feedback(child, f.correct(child, 0.5), f.diagnosis(child, DiagnosisCategory.SLOW_MEMORY_BOUND))
+    record, outcome = experience_of(fb, TaskSignature(), parent_fitness=1.5)
+    assert record.experience_id == f"exp-{child.candidate_id}"
+    assert record.status is EvalStatus.CORRECT
+    assert record.parent_fitness == 1.5
+    assert outcome is not None
+    assert outcome.experience_ids == ("exp-a", "exp-b")
+    assert outcome.improved == (fb.result.fitness is not None and fb.result.fitness > 1.5)
+    no_experiences = f.feedback(parent, f.correct(parent, 0.5), f.diagnosis(parent, DiagnosisCategory.AT_SOL))
+    assert experience_of(no_experiences, TaskSignature(), None)[1] is None
+
+
+def test_prompt_pools_credit_only_sections_of_their_own_roles() -> None:
+    pools = PromptPools("run1", "i0", seed=3)
+    pools.add(Role.FUSION, None)
+    chosen = pools.section_for(Role.FUSION)
+    assert chosen is not None
+    assert chosen.text
+    assert pools.section_for(Role.MEMORY) is None
+    section = pools.pools[Role.FUSION].sections[0].section_id
+    cand = f.candidate(expert="gpt")
+    fb = f.feedback(cand, f.correct(cand, 0.5), f.diagnosis(cand, DiagnosisCategory.AT_SOL))
+    record, _ = experience_of(fb, TaskSignature(), None)
+    assert pools.credit(record) is None  # strategy "test": made with no section
+    credited = pools.credit(record.model_copy(update={"strategy": strategy_tag(Role.FUSION, section)}))
+    assert credited is not None
+    role, saved = credited
+    assert role is Role.FUSION
+    assert pools.key(role) == "run1.i0.fusion"
+    restored = PromptPools("run1", "i0", seed=3)
+    restored.add(Role.FUSION, saved)
+    assert json.loads(restored.pools[Role.FUSION].to_json()) == json.loads(saved)
