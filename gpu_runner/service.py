@@ -61,7 +61,7 @@ from gpu_runner.sandbox import (
     worker_env,
 )
 from gpu_runner.verdict import RunRecord, exit_description
-from schemas import Check, CheckOutcome, DeviceChoice, EvalResult, Severity, StageTimes
+from schemas import Check, CheckName, CheckOutcome, DeviceChoice, EvalResult, Severity, StageTimes
 
 __all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
 logger = structlog.get_logger(__name__)
@@ -283,7 +283,7 @@ class EvaluationService:
         gate_s = time.perf_counter() - started
         rejected = gate.rejected
         gate_check = Check(
-            name="static_gate",
+            name=CheckName.STATIC_GATE,
             outcome=CheckOutcome.FAILED if rejected or gate.syntax_error else CheckOutcome.PASSED,
             detail=gate.syntax_error
             or f"{len(gate.findings)} finding(s)" + ("" if self.cfg.enforce_gate else " (not enforced)"),
@@ -320,7 +320,7 @@ class EvaluationService:
         )
         c.checks.append(
             Check(
-                name="compile",
+                name=CheckName.COMPILE,
                 outcome=CheckOutcome.PASSED if c.compile.ok else CheckOutcome.FAILED,
                 detail=("cache hit; " if c.compile.cache_hit else "") + (c.compile.aot or ""),
             )
@@ -353,7 +353,7 @@ class EvaluationService:
         t_run = time.perf_counter()
         detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
         outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
-        c.checks.append(Check(name="warm_worker", outcome=outcome, detail=detail))
+        c.checks.append(Check(name=CheckName.WARM_WORKER, outcome=outcome, detail=detail))
         try:
             waited = await self._run(spare, c, max(0.01, budget), phase)
         except EvaluatorFault as exc:
@@ -383,7 +383,11 @@ class EvaluationService:
         manifest = await asyncio.to_thread(self._stage_files, spare, c)
         profiled, why = profile_kernels(self.device, c.job.candidate_source, manifest, self.cfg.enforce_gate)
         c.checks.append(
-            Check(name="kernel_profile", outcome=CheckOutcome.PASSED if profiled else CheckOutcome.SKIPPED, detail=why)
+            Check(
+                name=CheckName.KERNEL_PROFILE,
+                outcome=CheckOutcome.PASSED if profiled else CheckOutcome.SKIPPED,
+                detail=why,
+            )
         )
         dtype = spare.reference.info.get("out_dtype", "float32")
         atol, rtol = self.cfg.tolerances.get(dtype, (0.0, 0.0))
@@ -545,15 +549,15 @@ class EvaluationService:
     def _priority(self, worker: Worker) -> Check:
         """Give the worker about to be timed the CPU back from the niceness every worker starts with."""
         if not self.cfg.worker_nice:
-            return Check(name="priority", outcome=CheckOutcome.SKIPPED, detail="skipped: worker_nice is 0")
+            return Check(name=CheckName.PRIORITY, outcome=CheckOutcome.SKIPPED, detail="skipped: worker_nice is 0")
         error = renice(worker.pid, 0)
         if error is not None:
             detail = (
                 f"skipped: cannot raise the priority ({error.strerror}); all workers at nice {self.cfg.worker_nice}"
             )
-            return Check(name="priority", outcome=CheckOutcome.SKIPPED, detail=detail)
+            return Check(name=CheckName.PRIORITY, outcome=CheckOutcome.SKIPPED, detail=detail)
         return Check(
-            name="priority",
+            name=CheckName.PRIORITY,
             outcome=CheckOutcome.PASSED,
             detail=f"nice 0 while timed; starting, preparing and compiling workers at nice {self.cfg.worker_nice}",
         )
@@ -598,7 +602,7 @@ class EvaluationService:
             record.sandbox = dict(header.get("checks", {}))
             c.checks.append(
                 Check(
-                    name="sandbox_limits",
+                    name=CheckName.SANDBOX_LIMITS,
                     outcome=CheckOutcome.PASSED,
                     detail=", ".join(f"{k}={v}" for k, v in record.sandbox.items()),
                 )

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.service import EvaluationService
-from schemas import CheatRule, DeviceChoice, EvalResult, EvalStatus
+from schemas import CheatRule, CheckName, DeviceChoice, EvalResult, EvalStatus
 from tests.gpu_runner.conftest import fast_config, job
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -174,6 +174,8 @@ def check_verdict(result: EvalResult, c: Case) -> None:
     if c.rule is not None:
         rules = {f.rule for f in result.findings}
         assert c.rule in rules, f"{c.name}: {c.rule.value} not among {sorted(r.value for r in rules)}"
+    unknown = [ch.name for ch in result.checks if CheckName.parse(ch.name) is None]
+    assert unknown == [], f"{c.name}: checks the diagnosis cannot name: {unknown}"
     dumped = result.model_dump_json()
     assert SECRET not in dumped, f"{c.name}: the evaluator's secret reached the result"
     assert result.device is None or result.device.kind.value in ("cpu", "cuda")
