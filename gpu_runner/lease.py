@@ -2,7 +2,7 @@
 
 A candidate's timing must not overlap any other GPU work of ours, or its numbers (and the
 baselines timed beside it) are disturbed. bench/gpu_interference.py measured on an H200 what
-another process's activity does to a ~50 us kernel timed the way ``gpu_runner.timing`` does:
+another process's activity does to a ~50 us kernel timed the way ``gpu_runner.sandboxed.timing`` does:
 host-to-device copies moved the median by 0.9% and the 99th percentile by 12%, a 1 GB allocation
 the median by 2%; a CUDA context start, Triton's driver load and CUPTI's start moved neither. So
 the GPU steps of a worker run under a lease from the parent's :class:`GpuGate`:

@@ -41,7 +41,7 @@ MAX_SPARE_FAILURES = 3
 
 
 ON_DEVICE_INPUT_BYTES = 256 << 20
-"""Inputs at least this large are drawn on the GPU itself (see ``worker_reference.make_inputs``)."""
+"""Inputs at least this large are drawn on the GPU itself (see ``gpu_runner.sandboxed.reference.make_inputs``)."""
 
 
 def task_key(reference_source: str) -> str:

@@ -377,7 +377,7 @@ async def spawn_worker(
                 "-X",
                 "faulthandler",  # a crash of the run process leaves its Python stack in the log
                 "-m",
-                "gpu_runner.worker",
+                "gpu_runner.sandboxed.worker",
                 "--mode",
                 mode,
                 "--device",

@@ -63,7 +63,7 @@ def check(plan: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.synchronize()
 
     def confine() -> None:
-        from gpu_runner.worker_candidate import confine as candidate_confine
+        from gpu_runner.sandboxed.candidate import confine as candidate_confine
 
         out["layers"] = candidate_confine({**plan["sandbox"], "strict": True})
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import Channel, checksum, flatten_outputs, sync
-from gpu_runner.worker_reference import (
+from gpu_runner.sandboxed.common import Channel, checksum, flatten_outputs, sync
+from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
     ReferenceFault,
     as_double,

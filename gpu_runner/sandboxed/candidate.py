@@ -1,6 +1,6 @@
 """The worker's candidate stage: enter the sandbox, import the candidate, run trials, time it.
 
-Order matters: the reference outputs were already shipped (``worker_reference``); now the
+Order matters: the reference outputs were already shipped (``gpu_runner.sandboxed.reference``); now the
 process drops its limits and privileges, installs the launch hooks, waits for the parent's GPU
 grant (``go``), and only then imports the candidate. Every trial refills the same input buffers
 with a new trial's data (a cache keyed on the pointer goes stale), hands the allocator NaN-filled
@@ -20,11 +20,9 @@ from typing import Any
 import psutil
 import torch
 
-from gpu_runner.hooks import CANDIDATE_MODULE, DispatchRecorder, LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.memplan import LARGE_BYTES
 from gpu_runner.protocol import read_frame
-from gpu_runner.timing import Rotation, Timed, run_timing
-from gpu_runner.worker_common import (
+from gpu_runner.sandboxed.common import (
     Channel,
     Laps,
     checksum,
@@ -37,7 +35,15 @@ from gpu_runner.worker_common import (
     storage_ptrs,
     sync,
 )
-from gpu_runner.worker_reference import Prepared, load_module
+from gpu_runner.sandboxed.hooks import (
+    CANDIDATE_MODULE,
+    DispatchRecorder,
+    LaunchLog,
+    install_ext_loader,
+    install_triton_hooks,
+)
+from gpu_runner.sandboxed.reference import Prepared, load_module
+from gpu_runner.sandboxed.timing import Rotation, Timed, run_timing
 
 
 def enter_sandbox(sb: dict[str, Any], device: torch.device) -> dict[str, str]:

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from gpu_runner.hooks import LaunchLog, install_ext_loader, install_triton_hooks
-from gpu_runner.worker_candidate import enter_sandbox, import_candidate
-from gpu_runner.worker_common import Channel, describe_exception
-from gpu_runner.worker_measure import measured_sizes
-from gpu_runner.worker_reference import REFERENCE_FILENAME, load_module, make_inputs
+from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
+from gpu_runner.sandboxed.common import Channel, describe_exception
+from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
+from gpu_runner.sandboxed.measure import measured_sizes
+from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module, make_inputs
 
 
 class _CompileOnlyDriver:

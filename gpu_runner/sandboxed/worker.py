@@ -1,4 +1,4 @@
-"""Entry point of a sandboxed worker: ``python -m gpu_runner.worker --mode run|compile ...``.
+"""Entry point of a sandboxed worker: ``python -m gpu_runner.sandboxed.worker --mode run|compile ...``.
 
 A worker is single-use. It imports torch (and Triton), initialises the device, reports
 ``ready`` and then blocks on its pipe. A run worker may be ``prepare``d for a task (reference
@@ -19,7 +19,8 @@ def preload(mode: str, device: str) -> None:
     """Import what a worker of ``mode`` needs, without starting any device (a fork server calls it once)."""
     import torch
 
-    from gpu_runner import protocol, worker_common  # noqa: F401
+    from gpu_runner import protocol  # noqa: F401
+    from gpu_runner.sandboxed import common
 
     try:
         import triton  # imported now so a candidate's import costs nothing on the critical path
@@ -31,21 +32,21 @@ def preload(mode: str, device: str) -> None:
         import torch.utils.cpp_extension  # the extension loader's (setuptools): not on a job's path
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 
-        from gpu_runner import worker_candidate, worker_reference  # noqa: F401
+        from gpu_runner.sandboxed import candidate, reference  # noqa: F401
 
         if device == "cuda":
             try:  # torch.compile's machinery, imported now rather than inside the GPU lease later
                 import torch._dynamo
                 import torch._inductor.compile_fx  # noqa: F401
             except Exception as exc:  # noqa: BLE001 - the compiled baseline then pays the import; recorded
-                worker_common.log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
+                common.log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
     else:
-        from gpu_runner import compile_stage  # noqa: F401
+        from gpu_runner.sandboxed import compiling  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one worker until its single job is done or the parent goes away."""
-    parser = argparse.ArgumentParser(prog="gpu_runner.worker")
+    parser = argparse.ArgumentParser(prog="gpu_runner.sandboxed.worker")
     parser.add_argument("--mode", choices=("run", "compile"), required=True)
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--in-fd", type=int, required=True)
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpu_runner.protocol import FrameError, read_frame
-    from gpu_runner.worker_common import Channel, Laps, describe_exception, device_info, log, peaks
+    from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, device_info, log, peaks
 
     channel = Channel(args.in_fd, args.out_fd, os.environ.get("KF_BULK_DIR") or None)
     import_s = time.perf_counter() - started
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         op = msg.get("op")
         if op == "prepare":
-            from gpu_runner.worker_reference import ReferenceFault, prepare
+            from gpu_runner.sandboxed.reference import ReferenceFault, prepare
 
             t0 = time.perf_counter()
             try:
@@ -116,15 +117,15 @@ def main(argv: list[str] | None = None) -> int:
                 break
             channel.send("prepare_time", seconds=time.perf_counter() - t0)
         elif op == "judge":  # a judge takes comparisons until the parent closes its pipe
-            from gpu_runner.worker_judge import judge
+            from gpu_runner.sandboxed.judging import judge
 
             judge(msg, device, channel)
         elif op == "measure":
-            from gpu_runner.worker_measure import measure
+            from gpu_runner.sandboxed.measure import measure
 
             channel.send("measured", **measure(msg, device))  # the worker may then be prepared
         elif op == "job":
-            from gpu_runner.worker_candidate import run_job
+            from gpu_runner.sandboxed.candidate import run_job
 
             if prepared is None:
                 channel.send("error", stage="protocol", etype="ProtocolError", message="job before prepare")
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             run_job(prepared, msg, channel)
             break
         elif op == "compile":
-            from gpu_runner.compile_stage import compile_job
+            from gpu_runner.sandboxed.compiling import compile_job
 
             compile_job(msg, channel)
             break

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gpu_runner.memplan import LARGE_BYTES
-from gpu_runner.worker_common import (
+from gpu_runner.sandboxed.common import (
     Channel,
     Laps,
     OutputSlots,

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import flatten_outputs
-from gpu_runner.worker_reference import REFERENCE_FILENAME, load_module
+from gpu_runner.sandboxed.common import flatten_outputs
+from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module
 
 
 def _nbytes(values: list[Any]) -> tuple[int, int]:
