@@ -19,6 +19,7 @@ import structlog
 
 from gpu_runner.compare import TrialCheck, decide, scan_from_wire
 from gpu_runner.errors import EvaluatorFault
+from gpu_runner.frames import Op, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.sandbox import Worker
 
@@ -49,13 +50,13 @@ class Judge:
             lease = GpuLease(self.gate, worker, self.nice)
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    await worker.send({"op": "judge", **job})
+                    await worker.send(op_frame(Op.JUDGE, **job))
                     while True:
                         header, _ = await worker.recv(1 << 20)
                         kind = header.get("kind")
                         if await lease.handle(kind):
                             continue
-                        if kind == "judged":
+                        if kind is Report.JUDGED:
                             break
                         raise EvaluatorFault(f"the judge sent {kind!r} while comparing")
             except (TimeoutError, asyncio.IncompleteReadError, OSError) as exc:

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpu_runner.frames import Op, Report, op_frame
+
 
 def renice(pgid: int, value: int) -> OSError | None:
     """Set the niceness of a worker's whole process group (every thread); the error if refused."""
@@ -176,13 +178,13 @@ class GpuLease:
 
     async def handle(self, kind: object) -> bool:
         """Act on a lease frame; False for any other frame."""
-        if kind == "gpu_acquire" and not self.held:
+        if kind == Report.GPU_ACQUIRE and not self.held:
             await self.gate.acquire_shared()
             self.held, self.granted = True, time.perf_counter()
             self._renice(0)
-            await self.worker.send({"op": "gpu_granted"})
+            await self.worker.send(op_frame(Op.GPU_GRANTED))
             return True
-        if kind == "gpu_release" and self.held:
+        if kind == Report.GPU_RELEASE and self.held:
             await self.drop()
             return True
         return False

@@ -38,7 +38,9 @@ from gpu_runner.errors import (
     WorkerStartError,
 )
 from gpu_runner.forkserver import ForkServer
+from gpu_runner.frames import Op, Report, op_frame
 from gpu_runner.gate import check_candidate
+from gpu_runner.isolation import sandbox_settings
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
 from gpu_runner.lease import GpuGate, renice
@@ -50,7 +52,6 @@ from gpu_runner.sandbox import (
     Worker,
     bulk_root,
     chown_tree,
-    confinement,
     isolation_refusal,
     jit_exec,
     make_private_dir,
@@ -409,31 +410,22 @@ class EvaluationService:
         c.trials = len(spare.reference.seeds) or None
         c.planned_bytes = plan.device_per_candidate if plan is not None and plan.device_per_candidate else None
         worker.keep_bulk = device_verdict
-        sandbox = {
-            "cwd": str(worker.dir),
-            "data_bytes": self.cfg.host_memory_limit_bytes,
-            "fsize_bytes": self.cfg.max_file_bytes,
-            "nproc": self.cfg.max_processes,
-            "uid": self.iso.uid,
-            "gid": self.iso.gid,
-            "mem_fraction": self.cfg.device_memory_fraction,
-            **confinement(self.iso, worker.dir, worker.bulk, "run", jit_exec(self.device, c.compile)),
-        }
+        sandbox = sandbox_settings(self.cfg, self.iso, worker.dir, worker.bulk, "run", jit_exec(self.device, c.compile))
         await worker.send(
-            {
-                "op": "job",
-                "candidate_path": str(worker.dir / "candidate.py"),
-                "ext_manifest": manifest,
-                "sandbox": sandbox,
-                "atol": atol,
-                "rtol": rtol,
-                "timing": timing_cfg,
-                "profile_kernels": profiled,
-                "device_verdict": device_verdict,
-                "poison_bytes": plan.poison_bytes if plan is not None else None,
-                "in_place_bytes": self.cfg.in_place_bytes,
-                "admitted_aten_ops": sorted(c.gate.admitted_aten_ops),
-            }
+            op_frame(
+                Op.JOB,
+                candidate_path=str(worker.dir / "candidate.py"),
+                ext_manifest=manifest,
+                sandbox=dict(sandbox),
+                atol=atol,
+                rtol=rtol,
+                timing=timing_cfg,
+                profile_kernels=profiled,
+                device_verdict=device_verdict,
+                poison_bytes=plan.poison_bytes if plan is not None else None,
+                in_place_bytes=self.cfg.in_place_bytes,
+                admitted_aten_ops=sorted(c.gate.admitted_aten_ops),
+            )
         )
         biggest = max((a.size for outs in spare.reference.outputs for a in outs), default=1)
         for metas in spare.reference.metas:
@@ -445,7 +437,7 @@ class EvaluationService:
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(budget):
-                armed = await self._collect(worker, c, spare, max_blob, until=("armed",))
+                armed = await self._collect(worker, c, spare, max_blob, until=(Report.ARMED,))
             marks["armed"] = time.perf_counter() - t0
             budget -= time.perf_counter() - t0
             if armed:
@@ -460,10 +452,12 @@ class EvaluationService:
                     t_go = time.perf_counter()
                     c.checks.append(self._priority(worker))
                     try:
-                        await worker.send({"op": "go"})
+                        await worker.send(op_frame(Op.GO))
                         async with asyncio.timeout(max(0.01, budget)) as window:
-                            reached = await self._collect(worker, c, spare, max_blob, until=("trials_done", "measured"))
-                            if reached == "trials_done":
+                            reached = await self._collect(
+                                worker, c, spare, max_blob, until=(Report.TRIALS_DONE, Report.MEASURED)
+                            )
+                            if reached is Report.TRIALS_DONE:
                                 marks["trials_done"] = time.perf_counter() - t0
                                 t_up = time.perf_counter()
                                 # Waiting for spares to leave the GPU is queueing, not the candidate's
@@ -476,8 +470,8 @@ class EvaluationService:
                                 waited += upgrade_wait
                                 window.reschedule((deadline or 0.0) + upgrade_wait)
                                 marks["exclusive"] = time.perf_counter() - t0
-                                await worker.send({"op": "time"})
-                                reached = await self._collect(worker, c, spare, max_blob, until=("measured",))
+                                await worker.send(op_frame(Op.TIME))
+                                reached = await self._collect(worker, c, spare, max_blob, until=(Report.MEASURED,))
                         budget -= time.perf_counter() - t_go - upgrade_wait
                         marks["measured"] = time.perf_counter() - t0
                         stage = "measured"
@@ -563,8 +557,8 @@ class EvaluationService:
         )
 
     async def _collect(
-        self, worker: Worker, c: Collected, spare: Spare, max_blob: int, until: tuple[str, ...]
-    ) -> str | None:
+        self, worker: Worker, c: Collected, spare: Spare, max_blob: int, until: tuple[Report, ...]
+    ) -> Report | None:
         """Absorb frames until one of the kinds ``until`` arrives (that kind) or the worker is done,
         failed or gone (None)."""
         assert c.record is not None
@@ -575,11 +569,11 @@ class EvaluationService:
                 await worker.proc.wait()
                 c.record.died = exit_description(worker.proc.returncode)
                 return None
-            kind = header.get("kind")
+            kind = header["kind"]
             if kind in until:
-                return str(kind)
+                return kind  # type: ignore[no-any-return]
             blobs: list[Blob] = []
-            if later is not None and kind != "trial":  # only trial outputs wait
+            if later is not None and kind is not Report.TRIAL:  # only trial outputs wait
                 blobs, later = await asyncio.wrap_future(later), None
             if not await self._absorb(header, blobs, c, spare, later):
                 return None
@@ -595,10 +589,10 @@ class EvaluationService:
         record, ref = c.record, spare.reference
         assert record is not None
         assert ref is not None
-        kind = header.get("kind")
-        if kind in ("sandbox", "done"):
+        kind = header["kind"]
+        if kind in (Report.SANDBOX, Report.DONE):
             record.phases.update(_numbers(header.get("phases")))
-        if kind == "sandbox":
+        if kind is Report.SANDBOX:
             record.sandbox = dict(header.get("checks", {}))
             c.checks.append(
                 Check(
@@ -607,7 +601,7 @@ class EvaluationService:
                     detail=", ".join(f"{k}={v}" for k, v in record.sandbox.items()),
                 )
             )
-        elif kind == "trial":
+        elif kind is Report.TRIAL:
             t = int(header["trial"])
             if not ref.judged and not 0 <= t < len(ref.outputs):
                 raise FrameError(f"trial {t} does not exist")
@@ -626,16 +620,16 @@ class EvaluationService:
             )
             c.compares.append(asyncio.create_task(compare))
             record.trial_infos.append({"trial": t, **header.get("info", {})})
-        elif kind == "memory":
+        elif kind is Report.MEMORY:
             record.memory_peak = int(header.get("peak_bytes", 0))
-        elif kind == "profile":
+        elif kind is Report.PROFILE:
             record.profile = header
-        elif kind == "timing":
+        elif kind is Report.TIMING:
             record.timing = header
-        elif kind == "error":
+        elif kind is Report.ERROR:
             record.error = header
             return False
-        elif kind == "done":
+        elif kind is Report.DONE:
             record.done = header
             return False
         return True

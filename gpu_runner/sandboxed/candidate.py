@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 import torch
 
+from gpu_runner.frames import Op, Report
 from gpu_runner.memplan import LARGE_BYTES
-from gpu_runner.protocol import read_frame
 from gpu_runner.sandboxed.common import (
     Channel,
     Laps,
@@ -157,12 +157,11 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
     sandbox = enter_sandbox(msg["sandbox"], device)
     threads0, children0 = threading.active_count(), _children()
     laps.lap("sandbox_s")
-    channel.send("sandbox", checks=sandbox, phases=laps.seconds)
+    channel.send(Report.SANDBOX, checks=sandbox, phases=laps.seconds)
     # Nothing of the candidate runs before the parent grants the GPU: its import and constructor
     # may launch work too, which must not overlap another candidate's timing.
-    channel.send("armed")
-    go, _ = read_frame(channel.in_fd)
-    if go.get("op") != "go":
+    channel.send(Report.ARMED)
+    if channel.next_op() is not Op.GO:
         return
     laps = Laps()  # from here: the GPU window
     stage = "import"
@@ -172,7 +171,7 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         stage = "init"
         model_new = ns.get("ModelNew")
         if model_new is None:
-            channel.send("error", stage="missing_model", etype="NameError", message="no ModelNew", traceback="")
+            channel.send(Report.ERROR, stage="missing_model", etype="NameError", message="no ModelNew", traceback="")
             return
         torch.manual_seed(prepared.init_seed)
         cand = model_new(*prepared.candidate_init_args)
@@ -184,9 +183,8 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         ok = _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
         if ok:
             # The trials ran beside spares' work; the timing waits until the GPU is ours alone.
-            channel.send("trials_done")
-            nxt, _ = read_frame(channel.in_fd)
-            if nxt.get("op") != "time":
+            channel.send(Report.TRIALS_DONE)
+            if channel.next_op() is not Op.TIME:
                 return
             laps.lap("exclusive_wait_s")
             stage = "timing"
@@ -197,11 +195,11 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
             _profile(cand, prepared, channel)
             sync(device)
             laps.lap("profile_s")
-        channel.send("measured")  # the parent may give the GPU to the next candidate now
+        channel.send(Report.MEASURED)  # the parent may give the GPU to the next candidate now
     except BaseException as exc:  # noqa: BLE001 - whatever the candidate raised is the verdict's evidence
-        channel.send("error", stage=stage, **describe_exception(exc), **_memory_at_oom(exc, device))
+        channel.send(Report.ERROR, stage=stage, **describe_exception(exc), **_memory_at_oom(exc, device))
         return
-    channel.send("done", jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
+    channel.send(Report.DONE, jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
 
 
 def _large_bytes(msg: dict[str, Any]) -> int:
@@ -324,10 +322,10 @@ def _trials(
         if filled is None:
             metas, blobs = pack(snapshot)
             laps.lap("trial_pack_s")
-            channel.send("trial", blobs=blobs, trial=t, tensors=metas, info=info)
+            channel.send(Report.TRIAL, blobs=blobs, trial=t, tensors=metas, info=info)
         else:
             laps.lap("trial_pack_s")
-            channel.send_bulk("trial", filled[1], trial=t, tensors=filled[0], info=info)
+            channel.send_bulk(Report.TRIAL, filled[1], trial=t, tensors=filled[0], info=info)
         laps.lap("trial_send_s")
         violation = (
             info["bad_types"]
@@ -345,7 +343,7 @@ def _trials(
             break
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - base_mem
-        channel.send("memory", peak_bytes=int(peak))
+        channel.send(Report.MEMORY, peak_bytes=int(peak))
     laps.lap("trial_memory_s")
     return all_ok
 
@@ -379,9 +377,9 @@ def _profile(cand: Any, prepared: Prepared, channel: Channel) -> None:
             cand(*inputs)
             sync(prepared.device)
         names = [e.name for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA"]
-        channel.send("profile", kernels=names[:64], launches=len(names) or None)
+        channel.send(Report.PROFILE, kernels=names[:64], launches=len(names) or None)
     except RuntimeError as exc:
-        channel.send("profile", kernels=[], launches=None, error=str(exc)[:500])
+        channel.send(Report.PROFILE, kernels=[], launches=None, error=str(exc)[:500])
 
 
 def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], channel: Channel) -> None:
@@ -417,4 +415,4 @@ def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], 
     result["recheck"] = recheck
     result["own_launches"] = log.own_launches
     result["candidate_calls"] = timed[0].calls
-    channel.send("timing", **result)
+    channel.send(Report.TIMING, **result)

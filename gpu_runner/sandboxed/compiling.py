@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.frames import Report
 from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
 from gpu_runner.sandboxed.common import Channel, describe_exception
 from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
@@ -120,7 +121,7 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
         ns = import_candidate(msg["candidate_path"])
     except BaseException as exc:  # noqa: BLE001 - a failing import is the compile verdict
         channel.send(
-            "compiled",
+            Report.COMPILED,
             ok=False,
             stage="import",
             built=built,
@@ -143,7 +144,7 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
         except BaseException as exc:  # noqa: BLE001 - a Triton compile error is a verdict; others mean JIT later
             if _is_compile_error(exc):
                 channel.send(
-                    "compiled",
+                    Report.COMPILED,
                     ok=False,
                     stage="triton",
                     built=built,
@@ -154,4 +155,4 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
                 )
                 return
             aot = f"partial: the forward needs a device ({type(exc).__name__}); the run process compiles the rest"
-    channel.send("compiled", ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started)
+    channel.send(Report.COMPILED, ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.frames import Report
 from gpu_runner.sandboxed.common import Channel, checksum, flatten_outputs, sync
 from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
@@ -228,10 +229,10 @@ def judge(msg: dict[str, Any], device: torch.device, channel: Channel) -> None:
             del outs, residuals
             sync(device)
     except (OSError, ValueError, RuntimeError, KeyError, ReferenceFault) as exc:
-        channel.send("judged", error=f"{type(exc).__name__}: {exc}"[:1000], results=results)
+        channel.send(Report.JUDGED, error=f"{type(exc).__name__}: {exc}"[:1000], results=results)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    channel.send("judged", results=results, has_residual=has_residual, fp64_error=fp64_error)
+    channel.send(Report.JUDGED, results=results, has_residual=has_residual, fp64_error=fp64_error)

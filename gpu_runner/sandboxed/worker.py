@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     import torch
 
+    from gpu_runner.frames import Op, Report, decode_op
     from gpu_runner.protocol import FrameError, read_frame
     from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, device_info, log, peaks
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
         laps.lap("triton_driver_s")
     channel.send(
-        "ready",
+        Report.READY,
         device=device_info(device, interpreter),
         peaks=peaks(device) if args.mode == "run" else None,
         import_torch_s=import_s,
@@ -103,36 +104,36 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:
             msg, _blobs = read_frame(args.in_fd)
+            op = decode_op(msg)
         except (FrameError, EOFError, OSError):
             break
-        op = msg.get("op")
-        if op == "prepare":
+        if op is Op.PREPARE:
             from gpu_runner.sandboxed.reference import ReferenceFault, prepare
 
             t0 = time.perf_counter()
             try:
                 prepared = prepare(msg, device, channel)
             except ReferenceFault as exc:
-                channel.send("reference_error", **describe_exception(exc))
+                channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
                 break
-            channel.send("prepare_time", seconds=time.perf_counter() - t0)
-        elif op == "judge":  # a judge takes comparisons until the parent closes its pipe
+            channel.send(Report.PREPARE_TIME, seconds=time.perf_counter() - t0)
+        elif op is Op.JUDGE:  # a judge takes comparisons until the parent closes its pipe
             from gpu_runner.sandboxed.judging import judge
 
             judge(msg, device, channel)
-        elif op == "measure":
+        elif op is Op.MEASURE:
             from gpu_runner.sandboxed.measure import measure
 
-            channel.send("measured", **measure(msg, device))  # the worker may then be prepared
-        elif op == "job":
+            channel.send(Report.MEASURED, **measure(msg, device))  # the worker may then be prepared
+        elif op is Op.JOB:
             from gpu_runner.sandboxed.candidate import run_job
 
             if prepared is None:
-                channel.send("error", stage="protocol", etype="ProtocolError", message="job before prepare")
+                channel.send(Report.ERROR, stage="protocol", etype="ProtocolError", message="job before prepare")
                 break
             run_job(prepared, msg, channel)
             break
-        elif op == "compile":
+        elif op is Op.COMPILE:
             from gpu_runner.sandboxed.compiling import compile_job
 
             compile_job(msg, channel)
