@@ -15,6 +15,7 @@ the sandbox.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypedDict
 
@@ -25,7 +26,15 @@ _OPT_NUM = (int, float, type(None))
 _OPT_INT = (int, type(None))
 _OPT_DICT = (dict, type(None))
 
-Fields = Mapping[str, tuple[type, ...] | type]
+
+@dataclass(frozen=True)
+class ListOf:
+    """A JSON array whose every item decodes to ``item``."""
+
+    item: type
+
+
+Fields = Mapping[str, tuple[type, ...] | type | ListOf]
 """Field name -> the Python type(s) its JSON value decodes to."""
 
 
@@ -141,21 +150,21 @@ OP_FIELDS: dict[Op, Fields] = {
 REPORT_FIELDS: dict[Report, Fields] = {
     Report.READY: {"device": dict, "pid": int, "phases": dict},
     Report.PREPARED: {"out_metas": list, "phases": dict},
-    Report.REFERENCE: {"trial": int, "n_outputs": int, "tensors": list},
+    Report.REFERENCE: {"trial": int, "n_outputs": int, "tensors": ListOf(dict)},
     Report.REFERENCE_ERROR: {"etype": str, "message": str},
     Report.PREPARE_TIME: {"seconds": _NUM},
     Report.MEASURED: {},
     Report.SANDBOX: {"checks": dict, "phases": dict},
     Report.ARMED: {},
-    Report.TRIAL: {"trial": int, "tensors": list, "info": dict},
+    Report.TRIAL: {"trial": int, "tensors": ListOf(dict), "info": dict},
     Report.TRIALS_DONE: {},
     Report.MEMORY: {"peak_bytes": int},
-    Report.PROFILE: {"kernels": list},
+    Report.PROFILE: {"kernels": ListOf(str)},
     Report.TIMING: {},
     Report.DONE: {"phases": dict},
     Report.ERROR: {"stage": str, "etype": str, "message": str},
     Report.COMPILED: {"ok": bool},
-    Report.JUDGED: {"results": list},
+    Report.JUDGED: {"results": ListOf(dict)},
     Report.GPU_ACQUIRE: {},
     Report.GPU_RELEASE: {},
 }
@@ -167,6 +176,10 @@ def _check(what: str, header: Mapping[str, Any], fields: Fields, exact: bool) ->
         if name not in header:
             raise FrameError(f"{what} has no {name!r}")
         value = header[name]
+        if isinstance(types, ListOf):
+            if not isinstance(value, list) or not all(isinstance(x, types.item) for x in value):
+                raise FrameError(f"{what}: {name!r} is not a list of {types.item.__name__}")
+            continue
         if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
             raise FrameError(f"{what}: {name!r} is a bool")  # JSON true is no number
         if not isinstance(value, types):

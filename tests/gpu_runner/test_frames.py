@@ -39,6 +39,7 @@ def test_a_report_read_from_a_pipe_comes_back_as_its_kind() -> None:
         ({"kind": "trial", "trial": "0", "tensors": [], "info": {}}, "'trial' is a str"),
         ({"kind": "trial", "trial": True, "tensors": [], "info": {}}, "'trial' is a bool"),
         ({"kind": "memory", "peak_bytes": 1.5}, "'peak_bytes' is a float"),
+        ({"kind": "trial", "trial": 0, "tensors": [7], "info": {}}, "'tensors' is not a list of dict"),
         ({"kind": "error", "stage": "forward", "etype": "X"}, "has no 'message'"),
     ],
 )

@@ -12,7 +12,7 @@ from gpu_runner.compare import TrialCheck, compare_trial, speed_of_light, timing
 from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, EvalJob, RunnerConfig
 from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
-from gpu_runner.service import profile_kernels
+from gpu_runner.run_stage import profile_kernels
 from gpu_runner.stats import median_rel_stderr
 from gpu_runner.verdict import guard_finding
 from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
