@@ -85,6 +85,22 @@ class EvaluationService:
 
     async def start(self) -> None:
         """Probe the device and the sandbox, and start the spares."""
+        target, nice_prefix = await self._probe()
+        cache = await self._make_folders()
+        await self._start_pools(target, nice_prefix, cache)
+        assert self.iso is not None
+        logger.info(
+            "evaluator_started",
+            device=self.device,
+            network=self.iso.network,
+            pids=self.iso.pids,
+            user=self.iso.user,
+            layers=self.iso.notes(),
+            spares=self.cfg.spares,
+        )
+
+    async def _probe(self) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+        """The device and the isolation this machine grants: (the GPU found, the ``nice`` prefix of workers)."""
         target = await asyncio.to_thread(detect_cuda, self.cfg.gpu)
         if self.cfg.device is DeviceChoice.CUDA and target is None:
             raise DeviceUnavailable("cuda", "nvidia-smi finds no GPU")
@@ -108,6 +124,11 @@ class EvaluationService:
         if self.cfg.worker_nice and nice:
             nice_prefix = (nice, "-n", str(self.cfg.worker_nice))
             self.iso = dataclasses.replace(self.iso, prefix=(*nice_prefix, *self.iso.prefix))
+        return target, nice_prefix
+
+    async def _make_folders(self) -> Path:
+        """The service's working folders, watched by a janitor, hidden from workers; returns the cache folder."""
+        assert self.iso is not None
         if self.cfg.work_dir is not None:
             self.base = Path(self.cfg.work_dir)
             self.base.mkdir(parents=True, exist_ok=True)
@@ -134,6 +155,12 @@ class EvaluationService:
             blocked = unreachable_by_others(self.base)
             if blocked is not None:
                 self.iso = without_user(self.iso, f"the sandbox user cannot reach {blocked}")
+        return cache
+
+    async def _start_pools(self, target: dict[str, Any] | None, nice_prefix: tuple[str, ...], cache: Path) -> None:
+        """The run and compile pools (and their fork servers), and the run stage."""
+        assert self.iso is not None
+        assert self.base is not None
         env = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
@@ -155,15 +182,6 @@ class EvaluationService:
         self._stage = RunStage(self.cfg, self.iso, self.device, self.gpu, self.runs, self._background)
         self.compiler.refill()
         self.runs.refill()
-        logger.info(
-            "evaluator_started",
-            device=self.device,
-            network=self.iso.network,
-            pids=self.iso.pids,
-            user=self.iso.user,
-            layers=self.iso.notes(),
-            spares=self.cfg.spares,
-        )
 
     def _fork_server(self, mode: str, nice_prefix: tuple[str, ...], env: dict[str, str]) -> ForkServer:
         """Start (in the background) the fork server for workers of ``mode``."""
@@ -223,59 +241,21 @@ class EvaluationService:
 
     async def _evaluate(self, job: EvalJob, phase: Phase) -> EvalResult:
         runs = self._require()
-        assert self.compiler is not None
         started = time.perf_counter()
         validate_reference(job.reference_source)
-        phase.to("gate")
-        gate = await asyncio.to_thread(check_candidate, job.candidate_source, job.reference_source, job.torch_ops)
-        gate_s = time.perf_counter() - started
-        rejected = gate.rejected
-        gate_check = Check(
-            name=CheckName.STATIC_GATE,
-            outcome=CheckOutcome.FAILED if rejected or gate.syntax_error else CheckOutcome.PASSED,
-            detail=gate.syntax_error
-            or f"{len(gate.findings)} finding(s)" + ("" if self.cfg.enforce_gate else " (not enforced)"),
-        )
-        c = Collected(job=job, cfg=self.cfg, gate=gate, checks=[gate_check, *self._isolation_checks()])
-        # The device this evaluator runs candidates on, also for a verdict reached before any run
-        # (its own worker's report replaces it when the candidate runs).
-        c.device = runs.last_ready.get("device") or self.described
-        c.stages = StageTimes(gate_s=gate_s)
+        c = await self._gate(job, phase, started)
+        gate = c.gate
         if gate.syntax_error:
-            c.compile = CompileOutcome(
-                ok=False, needed=False, error={"etype": "SyntaxError", "stage": "parse", "message": gate.syntax_error}
-            )
+            error = {"etype": "SyntaxError", "stage": "parse", "message": gate.syntax_error}
+            c.compile = CompileOutcome(ok=False, needed=False, error=error)
             return self._finish(c, started)
-        if rejected and self.cfg.enforce_gate:
+        if gate.rejected and self.cfg.enforce_gate:
             first = next(f for f in gate.findings if f.severity is Severity.REJECT)
             where = f" (line {first.line})" if first.line else ""
             return self._finish(
                 c, started, rejected_by_gate(c, f"rejected: {first.rule.value}: {first.message}{where}")
             )
-        budget = job.timeout_s - (time.perf_counter() - started)
-        t_compile = time.perf_counter()
-        try:
-            async with asyncio.timeout(max(0.01, budget)):
-                phase.to("compile")
-                c.compile = await self.compiler.compile(
-                    job.candidate_source, job.reference_source, gate, min(self.cfg.compile_timeout_s, budget)
-                )
-        except TimeoutError:
-            c.timed_out = f"the compile stage exceeded the {job.timeout_s:g} s timeout"
-            return self._finish(c, started)
-        c.stages = StageTimes(
-            gate_s=gate_s, compile_s=time.perf_counter() - t_compile, compile_cache_hit=c.compile.cache_hit
-        )
-        c.checks.append(
-            Check(
-                name=CheckName.COMPILE,
-                outcome=CheckOutcome.PASSED if c.compile.ok else CheckOutcome.FAILED,
-                detail=("cache hit; " if c.compile.cache_hit else "") + (c.compile.aot or ""),
-            )
-        )
-        if not c.compile.ok:
-            if c.compile.timed_out:
-                c.compile.error.setdefault("stage", "compile")
+        if not await self._compile(c, started, phase):
             return self._finish(c, started)
         budget = job.timeout_s - (time.perf_counter() - started)
         # Waiting for a prepared worker (the evaluator's start-up, a cold start, the reference's
@@ -287,6 +267,55 @@ class EvaluationService:
                 # The plan fits one evaluation at a time (prepare, run, judge): the next waits.
                 await serial.enter_async_context(self._one_at_a_time)
             return await self._acquire_and_run(runs, c, started, budget, phase)
+
+    async def _gate(self, job: EvalJob, phase: Phase, started: float) -> Collected:
+        """The static gate's report, and the evaluation's first checks (the gate's and the isolation's)."""
+        phase.to("gate")
+        gate = await asyncio.to_thread(check_candidate, job.candidate_source, job.reference_source, job.torch_ops)
+        gate_s = time.perf_counter() - started
+        gate_check = Check(
+            name=CheckName.STATIC_GATE,
+            outcome=CheckOutcome.FAILED if gate.rejected or gate.syntax_error else CheckOutcome.PASSED,
+            detail=gate.syntax_error
+            or f"{len(gate.findings)} finding(s)" + ("" if self.cfg.enforce_gate else " (not enforced)"),
+        )
+        c = Collected(job=job, cfg=self.cfg, gate=gate, checks=[gate_check, *self._isolation_checks()])
+        # The device this evaluator runs candidates on, also for a verdict reached before any run
+        # (its own worker's report replaces it when the candidate runs).
+        c.device = self._require().last_ready.get("device") or self.described
+        c.stages = StageTimes(gate_s=gate_s)
+        return c
+
+    async def _compile(self, c: Collected, started: float, phase: Phase) -> bool:
+        """Compile the candidate within the job's time left; whether it may run."""
+        assert self.compiler is not None
+        job = c.job
+        budget = job.timeout_s - (time.perf_counter() - started)
+        t_compile = time.perf_counter()
+        try:
+            async with asyncio.timeout(max(0.01, budget)):
+                phase.to("compile")
+                c.compile = await self.compiler.compile(
+                    job.candidate_source, job.reference_source, c.gate, min(self.cfg.compile_timeout_s, budget)
+                )
+        except TimeoutError:
+            c.timed_out = f"the compile stage exceeded the {job.timeout_s:g} s timeout"
+            return False
+        c.stages = c.stages.model_copy(
+            update={"compile_s": time.perf_counter() - t_compile, "compile_cache_hit": c.compile.cache_hit}
+        )
+        c.checks.append(
+            Check(
+                name=CheckName.COMPILE,
+                outcome=CheckOutcome.PASSED if c.compile.ok else CheckOutcome.FAILED,
+                detail=("cache hit; " if c.compile.cache_hit else "") + (c.compile.aot or ""),
+            )
+        )
+        if c.compile.ok:
+            return True
+        if c.compile.timed_out:
+            c.compile.error.setdefault("stage", "compile")
+        return False
 
     async def _acquire_and_run(
         self, runs: RunPool, c: Collected, started: float, budget: float, phase: Phase
