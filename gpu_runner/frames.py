@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any, NewType, TypedDict
 
 from gpu_runner.protocol import FrameError
 
@@ -36,6 +36,10 @@ class ListOf:
 
 Fields = Mapping[str, tuple[type, ...] | type | ListOf]
 """Field name -> the Python type(s) its JSON value decodes to."""
+
+
+OpFrame = NewType("OpFrame", dict[str, Any])
+"""The header of an op built (and checked) by :func:`op_frame`: the only thing a worker is sent."""
 
 
 class Op(StrEnum):
@@ -190,10 +194,10 @@ def _check(what: str, header: Mapping[str, Any], fields: Fields, exact: bool) ->
             raise FrameError(f"{what} has undeclared fields {extra}")
 
 
-def op_frame(op: Op, **fields: Any) -> dict[str, Any]:
+def op_frame(op: Op, **fields: Any) -> OpFrame:
     """The header of one op, checked against its declaration (a parent bug fails here, loudly)."""
     _check(f"op {op.value}", fields, OP_FIELDS[op], exact=True)
-    return {"op": op.value, **fields}
+    return OpFrame({"op": op.value, **fields})
 
 
 def decode_op(header: Mapping[str, Any]) -> Op:

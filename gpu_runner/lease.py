@@ -31,9 +31,9 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from gpu_runner.frames import Op, Report, op_frame
+from gpu_runner.frames import Op, OpFrame, Report, op_frame
 
 
 def renice(pgid: int, value: int) -> OSError | None:
@@ -154,7 +154,7 @@ class _Peer(Protocol):
     @property
     def pid(self) -> int: ...
 
-    async def send(self, header: dict[str, Any]) -> None: ...
+    async def send(self, header: OpFrame) -> None: ...
 
 
 @dataclass

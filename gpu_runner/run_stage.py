@@ -23,7 +23,7 @@ import structlog
 from gpu_runner.assemble import Collected
 from gpu_runner.compare import TrialCheck
 from gpu_runner.config import RunnerConfig
-from gpu_runner.frames import Op, Report, op_frame
+from gpu_runner.frames import Op, OpFrame, Report, op_frame
 from gpu_runner.isolation import Isolation, jit_exec, sandbox_settings
 from gpu_runner.judge import Judge
 from gpu_runner.judged_trials import judge_trials
@@ -185,7 +185,7 @@ class RunStage:
 
     def _job_op(
         self, spare: Spare, c: Collected, manifest: dict[str, str], profiled: bool, poison: int | None
-    ) -> dict[str, Any]:
+    ) -> OpFrame:
         """The ``job`` op: the candidate, its sandbox, tolerances and the timing settings."""
         assert spare.reference is not None
         worker = spare.worker

@@ -32,7 +32,7 @@ import structlog
 
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
-from gpu_runner.frames import Report, decode_report
+from gpu_runner.frames import OpFrame, Report, decode_report
 from gpu_runner.isolation import (  # re-exported: the pools and the service import them from here
     PROJECT_ROOT,
     _spawn_spec,
@@ -176,7 +176,8 @@ class Worker:
         """The worker's process id (and process group: it leads its own session)."""
         return self.proc.pid
 
-    async def send(self, header: dict[str, Any]) -> None:
+    async def send(self, header: OpFrame) -> None:
+        """Send one op (built by :func:`gpu_runner.frames.op_frame`)."""
         self.writer.write(encode_frame(header))
 
     async def recv(self, max_blob: int, defer_bulk: bool = False) -> tuple[dict[str, Any], list[Blob]]:
