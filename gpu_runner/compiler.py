@@ -28,7 +28,7 @@ import structlog
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import ForkServer
-from gpu_runner.frames import Op, Report, op_frame
+from gpu_runner.frames import CompileOp, Op, Report, op_frame
 from gpu_runner.gate import GateReport
 from gpu_runner.isolation import sandbox_settings
 from gpu_runner.protocol import FrameError
@@ -253,12 +253,14 @@ class Compiler:
         await worker.send(
             op_frame(
                 Op.COMPILE,
-                candidate_path=str(path),
-                reference_source=reference,
-                build_root=str(worker.dir / "ext"),
-                target=self.target if self.device == "cuda" else None,
-                triton_kernels=list(gate.triton_kernels),
-                sandbox=dict(sandbox),
+                CompileOp(
+                    candidate_path=str(path),
+                    reference_source=reference,
+                    build_root=str(worker.dir / "ext"),
+                    target=self.target if self.device == "cuda" else None,
+                    triton_kernels=list(gate.triton_kernels),
+                    sandbox=sandbox,
+                ),
             )
         )
         async with asyncio.timeout(timeout_s):

@@ -18,6 +18,7 @@ from typing import Any
 from gpu_runner.compare import TrialCheck
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import EvaluatorFault
+from gpu_runner.frames import JudgeOp
 from gpu_runner.judge import Judge
 from gpu_runner.pool import ReferenceData
 from gpu_runner.protocol import take_bulk
@@ -51,14 +52,14 @@ async def judge_trials(
     try:
         for t, header in pending:
             outputs = await _take_outputs(cfg, worker, t, header, ref, dst, max_blob)
-            job = {
-                "reference_source": reference_source,
-                "init_seed": ref.init_seed,
-                "seed": ref.seeds[t],
-                "on_device": ref.on_device,
-                "input_sums": ref.input_sums[t],
-                "outputs": outputs,
-            }
+            job = JudgeOp(
+                reference_source=reference_source,
+                init_seed=ref.init_seed,
+                seed=ref.seeds[t],
+                on_device=ref.on_device,
+                input_sums=ref.input_sums[t],
+                outputs=outputs,
+            )
             tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
             metas = list(header["tensors"])
             checks.append(await judge.trial(job, metas, ref.metas[t], tolerances, floors, cfg.precision_factor))

@@ -29,7 +29,7 @@ import structlog
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
-from gpu_runner.frames import Op, Report, op_frame
+from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.memplan import Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
@@ -170,7 +170,7 @@ class RunPool:
         key = task_key(reference_source)
         try:
             async with asyncio.timeout(self.cfg.worker_start_timeout_s):
-                await worker.send(op_frame(Op.MEASURE, reference_source=reference_source))
+                await worker.send(op_frame(Op.MEASURE, MeasureOp(reference_source=reference_source)))
                 header, _ = await worker.recv(1 << 20)
         except asyncio.IncompleteReadError:
             raise WorkerStartError(
@@ -223,14 +223,16 @@ class RunPool:
         on_device = self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_INPUT_BYTES
         msg = op_frame(
             Op.PREPARE,
-            reference_source=reference_source,
-            init_seed=init_seed,
-            trial_seeds=seeds,
-            compiled_baseline=self.compiled_baseline(),
-            flops=self.flops.get(task_key(reference_source)),
-            device_verdict=device_verdict,
-            inputs_on_device=on_device,
-            in_place_bytes=self.cfg.in_place_bytes,
+            PrepareOp(
+                reference_source=reference_source,
+                init_seed=init_seed,
+                trial_seeds=seeds,
+                compiled_baseline=self.compiled_baseline(),
+                flops=self.flops.get(task_key(reference_source)),
+                device_verdict=device_verdict,
+                inputs_on_device=on_device,
+                in_place_bytes=self.cfg.in_place_bytes,
+            ),
         )
         data = ReferenceData(judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device)
         await spare.worker.send(msg)

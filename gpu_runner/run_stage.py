@@ -23,7 +23,7 @@ import structlog
 from gpu_runner.assemble import Collected
 from gpu_runner.compare import TrialCheck
 from gpu_runner.config import RunnerConfig
-from gpu_runner.frames import Op, OpFrame, Report, op_frame
+from gpu_runner.frames import JobOp, Op, OpFrame, Report, op_frame
 from gpu_runner.isolation import Isolation, jit_exec, sandbox_settings
 from gpu_runner.judge import Judge
 from gpu_runner.judged_trials import judge_trials
@@ -194,17 +194,19 @@ class RunStage:
         sandbox = sandbox_settings(self.cfg, self.iso, worker.dir, worker.bulk, "run", exec_ok)
         return op_frame(
             Op.JOB,
-            candidate_path=str(worker.dir / "candidate.py"),
-            ext_manifest=manifest,
-            sandbox=dict(sandbox),
-            atol=atol,
-            rtol=rtol,
-            timing={k: getattr(self.cfg, k) for k in TIMING_SETTINGS},
-            profile_kernels=profiled,
-            device_verdict=spare.reference.judged,
-            poison_bytes=poison,
-            in_place_bytes=self.cfg.in_place_bytes,
-            admitted_aten_ops=sorted(c.gate.admitted_aten_ops),
+            JobOp(
+                candidate_path=str(worker.dir / "candidate.py"),
+                ext_manifest=manifest,
+                sandbox=sandbox,
+                atol=atol,
+                rtol=rtol,
+                timing={k: getattr(self.cfg, k) for k in TIMING_SETTINGS},
+                profile_kernels=profiled,
+                device_verdict=spare.reference.judged,
+                poison_bytes=poison,
+                in_place_bytes=self.cfg.in_place_bytes,
+                admitted_aten_ops=sorted(c.gate.admitted_aten_ops),
+            ),
         )
 
     async def _drive(self, w: _Window) -> None:

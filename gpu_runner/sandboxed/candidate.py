@@ -15,12 +15,13 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
 import torch
 
-from gpu_runner.frames import Op, Report
+from gpu_runner.frames import JobOp, Op, Report
 from gpu_runner.memplan import LARGE_BYTES
 from gpu_runner.sandboxed.common import (
     Channel,
@@ -46,7 +47,7 @@ from gpu_runner.sandboxed.reference import Prepared, load_module
 from gpu_runner.sandboxed.timing import Rotation, Timed, run_timing
 
 
-def enter_sandbox(sb: dict[str, Any], device: torch.device) -> dict[str, str]:
+def enter_sandbox(sb: Mapping[str, Any], device: torch.device) -> dict[str, str]:
     """Apply resource limits, the private cwd, the device-memory cap and the user drop; report each."""
     done: dict[str, str] = {}
     limits = {
@@ -71,7 +72,7 @@ def enter_sandbox(sb: dict[str, Any], device: torch.device) -> dict[str, str]:
     return done
 
 
-def confine(sb: dict[str, Any]) -> dict[str, str]:
+def confine(sb: Mapping[str, Any]) -> dict[str, str]:
     """The last steps before a candidate runs, in order: the user drop, no capabilities left, the
     candidate's Landlock domain (its thread and later ones), the seccomp filter (every thread). The
     namespaces, filesystem view and the worker's Landlock domain were entered at spawn
@@ -138,7 +139,7 @@ def _children() -> int:
         return 0
 
 
-def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
+def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
     """Evaluate one candidate against the prepared reference; every outcome goes to the parent."""
     device = prepared.device
     laps = Laps()
@@ -202,7 +203,7 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
     channel.send(Report.DONE, jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
 
 
-def _large_bytes(msg: dict[str, Any]) -> int:
+def _large_bytes(msg: JobOp) -> int:
     """Bytes per trial above which this process copies neither inputs nor outputs (the job's
     ``in_place_bytes``, :data:`gpu_runner.memplan.LARGE_BYTES` by default)."""
     return int(msg.get("in_place_bytes", LARGE_BYTES))
@@ -223,7 +224,7 @@ def _memory_at_oom(exc: BaseException, device: torch.device) -> dict[str, Any]:
     return {"device_reserved": int(torch.cuda.memory_reserved(device)), "device_requested": asked}
 
 
-def _private(msg: dict[str, Any], name: str) -> Any:
+def _private(msg: JobOp, name: str) -> Any:
     from pathlib import Path
 
     return Path(msg["sandbox"]["cwd"]) / name
@@ -233,7 +234,7 @@ def _trials(
     prepared: Prepared,
     cand: Any,
     log: LaunchLog,
-    msg: dict[str, Any],
+    msg: JobOp,
     channel: Channel,
     threads0: int,
     children0: int,
@@ -382,7 +383,7 @@ def _profile(cand: Any, prepared: Prepared, channel: Channel) -> None:
         channel.send(Report.PROFILE, kernels=[], launches=None, error=str(exc)[:500])
 
 
-def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], channel: Channel) -> None:
+def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: JobOp, channel: Channel) -> None:
     atol, rtol = msg["atol"], msg["rtol"]
     recheck = {"checked": 0, "failed": 0}
 

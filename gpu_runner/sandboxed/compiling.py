@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpu_runner.frames import Report
+from gpu_runner.frames import CompileOp, Report
 from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
 from gpu_runner.sandboxed.common import Channel, describe_exception
 from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
@@ -93,7 +93,7 @@ def _shaped_inputs(reference_source: str) -> tuple[dict[str, Any], list[Any], in
     return ref, inputs, extra
 
 
-def compile_job(msg: dict[str, Any], channel: Channel) -> None:
+def compile_job(msg: CompileOp, channel: Channel) -> None:
     """Build the candidate's extensions and (with a target) its Triton kernels; report what happened."""
     started = time.perf_counter()
     log = LaunchLog()
@@ -107,7 +107,7 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
         driver.set_active(_CompileOnlyDriver(GPUTarget(target["backend"], int(target["arch"]), int(target["warp"]))))
         install_triton_hooks(log, compile_only=True, compiled=kernels)
     install_ext_loader(log, "compile", {}, Path(msg["build_root"]), built)
-    sandbox = dict(msg["sandbox"])
+    sandbox: dict[str, Any] = dict(msg["sandbox"])
     shaped: tuple[dict[str, Any], list[Any], int] | None = None
     aot = "not attempted: no Triton kernels or no GPU target"
     if target and msg.get("triton_kernels"):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gpu_runner.frames import Report
+from gpu_runner.frames import PrepareOp, Report
 from gpu_runner.memplan import LARGE_BYTES
 from gpu_runner.sandboxed.common import (
     Channel,
@@ -174,7 +174,7 @@ def _tensors(out: object, what: str) -> list[torch.Tensor]:
     return [t.detach() for t in items if isinstance(t, torch.Tensor)]
 
 
-def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prepared:
+def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
     """Build the reference for ``msg``'s seeds and ship its outputs; raises :class:`ReferenceFault`."""
     try:
         ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")

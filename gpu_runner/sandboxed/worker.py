@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import time
+from typing import cast
 
 
 def preload(mode: str, device: str) -> None:
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     import torch
 
-    from gpu_runner.frames import Op, Report, decode_op
+    from gpu_runner.frames import CompileOp, JobOp, JudgeOp, MeasureOp, Op, PrepareOp, Report, decode_op
     from gpu_runner.protocol import FrameError, read_frame
     from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, device_info, log, peaks
 
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
             t0 = time.perf_counter()
             try:
-                prepared = prepare(msg, device, channel)
+                prepared = prepare(cast(PrepareOp, msg), device, channel)
             except ReferenceFault as exc:
                 channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
                 break
@@ -120,23 +121,23 @@ def main(argv: list[str] | None = None) -> int:
         elif op is Op.JUDGE:  # a judge takes comparisons until the parent closes its pipe
             from gpu_runner.sandboxed.judging import judge
 
-            judge(msg, device, channel)
+            judge(cast(JudgeOp, msg), device, channel)
         elif op is Op.MEASURE:
             from gpu_runner.sandboxed.measure import measure
 
-            channel.send(Report.MEASURED, **measure(msg, device))  # the worker may then be prepared
+            channel.send(Report.MEASURED, **measure(cast(MeasureOp, msg), device))  # the worker may then be prepared
         elif op is Op.JOB:
             from gpu_runner.sandboxed.candidate import run_job
 
             if prepared is None:
                 channel.send(Report.ERROR, stage="protocol", etype="ProtocolError", message="job before prepare")
                 break
-            run_job(prepared, msg, channel)
+            run_job(prepared, cast(JobOp, msg), channel)
             break
         elif op is Op.COMPILE:
             from gpu_runner.sandboxed.compiling import compile_job
 
-            compile_job(msg, channel)
+            compile_job(cast(CompileOp, msg), channel)
             break
         else:
             break

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpu_runner.config import RunnerConfig
-from gpu_runner.frames import Op, Report, decode_op, decode_report, op_frame
+from gpu_runner.frames import MeasureOp, Op, Report, decode_op, decode_report, op_frame
 from gpu_runner.isolation import Isolation, sandbox_settings
 from gpu_runner.protocol import FrameError, read_frame, write_frame
 
@@ -36,10 +36,10 @@ def test_a_report_read_from_a_pipe_comes_back_as_its_kind() -> None:
         ({"kind": "trial_done"}, "unknown report kind"),
         ({"op": "go"}, "unknown report kind"),
         ({"kind": "trial", "tensors": [], "info": {}}, "has no 'trial'"),
-        ({"kind": "trial", "trial": "0", "tensors": [], "info": {}}, "'trial' is a str"),
-        ({"kind": "trial", "trial": True, "tensors": [], "info": {}}, "'trial' is a bool"),
-        ({"kind": "memory", "peak_bytes": 1.5}, "'peak_bytes' is a float"),
-        ({"kind": "trial", "trial": 0, "tensors": [7], "info": {}}, "'tensors' is not a list of dict"),
+        ({"kind": "trial", "trial": "0", "tensors": [], "info": {}}, "'trial' is not int (str)"),
+        ({"kind": "trial", "trial": True, "tensors": [], "info": {}}, "'trial' is not int (bool)"),
+        ({"kind": "memory", "peak_bytes": 1.5}, "'peak_bytes' is not int (float)"),
+        ({"kind": "trial", "trial": 0, "tensors": [7], "info": {}}, "'tensors' is not list[dict[str, Any]] (list)"),
         ({"kind": "error", "stage": "forward", "etype": "X"}, "has no 'message'"),
     ],
 )
@@ -57,13 +57,13 @@ def test_the_parent_cannot_build_an_op_with_a_missing_or_undeclared_field() -> N
     with pytest.raises(FrameError) as missing:
         op_frame(Op.MEASURE)
     with pytest.raises(FrameError) as extra:
-        op_frame(Op.GO, trial=1)
+        op_frame(Op.GO, {"trial": 1})
     assert "has no 'reference_source'" in str(missing.value)
     assert "undeclared fields ['trial']" in str(extra.value)
 
 
 def test_an_op_the_parent_built_is_read_back_by_the_worker() -> None:
-    frame = _through_pipe(op_frame(Op.MEASURE, reference_source="x = 1"))
+    frame = _through_pipe(op_frame(Op.MEASURE, MeasureOp(reference_source="x = 1")))
     assert decode_op(frame) is Op.MEASURE
     with pytest.raises(FrameError, match="unknown op"):
         decode_op({"op": "exec"})
