@@ -110,6 +110,8 @@ class _Window:
     stage: str = "start"
     waited: float = 0.0
     held: float | None = None
+    exclusive: bool = False
+    """Whether the run holds the GPU alone (the timing), not the candidate lease."""
     tree: list[int] | None = None
     marks: dict[str, float] = field(default_factory=dict)
 
@@ -221,22 +223,20 @@ class RunStage:
         t_wait = time.perf_counter()
         w.phase.to("gpu_wait")
         await self.gpu.acquire_candidate()
-        exclusive = False
         try:
             w.phase.to("gpu")
             w.waited = time.perf_counter() - t_wait
-            exclusive = await self._on_gpu(w)
+            await self._on_gpu(w)
         finally:
-            await asyncio.shield(self.gpu.release(exclusive=exclusive, candidate=not exclusive))
+            await asyncio.shield(self.gpu.release(exclusive=w.exclusive, candidate=not w.exclusive))
 
-    async def _on_gpu(self, w: _Window) -> bool:
-        """Trials, timing and the end of the worker's reports under the GPU lease; whether it became exclusive."""
+    async def _on_gpu(self, w: _Window) -> None:
+        """Trials, timing and the end of the worker's reports under the GPU lease."""
         t_go = time.perf_counter()
         w.c.checks.append(self._priority(w.worker))
-        exclusive = False
         try:
             await w.worker.send(op_frame(Op.GO))
-            reached, exclusive, upgrade_wait = await self._trials_then_timing(w)
+            reached, upgrade_wait = await self._trials_then_timing(w)
             w.budget -= time.perf_counter() - t_go - upgrade_wait
             w.mark("measured")
             w.stage = "measured"
@@ -252,14 +252,13 @@ class RunStage:
             w.held = time.perf_counter() - t_go
             w.phase.to("verdict")
             w.mark("killed")
-        return exclusive
 
-    async def _trials_then_timing(self, w: _Window) -> tuple[Report | None, bool, float]:
-        """Trials on the shared lease, then timing on the exclusive one: (last report, exclusive, upgrade wait)."""
+    async def _trials_then_timing(self, w: _Window) -> tuple[Report | None, float]:
+        """Trials on the shared lease, then timing on the exclusive one: (last report, seconds waited to upgrade)."""
         async with asyncio.timeout(max(0.01, w.budget)) as window:
             reached = await w.reader.until(Report.TRIALS_DONE, Report.MEASURED)
             if reached is not Report.TRIALS_DONE:
-                return reached, False, 0.0
+                return reached, 0.0
             w.mark("trials_done")
             t_up = time.perf_counter()
             # Waiting for spares to leave the GPU is queueing, not the candidate's time: no
@@ -267,12 +266,13 @@ class RunStage:
             deadline = window.when()
             window.reschedule(None)
             await self.gpu.upgrade()  # the timing has the GPU alone
+            w.exclusive = True
             upgrade_wait = time.perf_counter() - t_up
             w.waited += upgrade_wait
             window.reschedule((deadline or 0.0) + upgrade_wait)
             w.mark("exclusive")
             await w.worker.send(op_frame(Op.TIME))
-            return await w.reader.until(Report.MEASURED), True, upgrade_wait
+            return await w.reader.until(Report.MEASURED), upgrade_wait
 
     def _end_worker(self, w: _Window) -> None:
         """Kill the worker (if the GPU window did not) and reap it unless the judge still needs its files."""

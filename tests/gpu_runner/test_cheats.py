@@ -206,6 +206,19 @@ async def test_runtime_layers_hold_without_gate_cpu(cpu_ungated: EvaluationServi
     check_verdict(await cpu_ungated.evaluate(job("add_relu", c.name, timeout_s=c.timeout_s)), c)
 
 
+async def test_a_timeout_while_timed_gives_the_exclusive_gpu_lease_back(cpu_gated: EvaluationService) -> None:
+    """A candidate that hangs once it holds the GPU alone: the lease it upgraded to is released as
+    exclusive, so the next candidate still gets the GPU."""
+    hung = await cpu_gated.evaluate(job("add_relu", "hang_in_timing", timeout_s=8.0))
+    assert hung.status is S.TIMEOUT
+    assert hung.correctness is not None
+    assert hung.correctness.passed_trials == hung.correctness.trials  # it hung in the timing
+    gate = cpu_gated.gpu
+    assert (gate.exclusive_holders, gate.candidate_holders) == (0, 0)
+    honest = await cpu_gated.evaluate(job("add_relu", "honest_add_relu", timeout_s=60.0))
+    assert honest.status is S.CORRECT, honest.summary
+
+
 async def test_honest_matmul_with_parameters_passes_cpu(cpu_gated: EvaluationService) -> None:
     result = await cpu_gated.evaluate(job("linear_relu", "honest_linear_relu"))
     check_verdict(result, case("honest_linear_relu", S.CORRECT))
