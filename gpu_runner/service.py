@@ -4,8 +4,8 @@
 the run of another. A candidate runs from ``go`` to ``measured`` under the GPU leases of
 :mod:`gpu_runner.lease` (``max_concurrent_runs`` candidates at most): a candidate lease for its
 import, construction and trials, which spares preparing references may share, then the exclusive
-lease for its timing. Time spent queueing for a compile slot or the GPU does not count against a
-job's ``timeout_s``; everything else does.
+lease for its timing (:mod:`gpu_runner.run_stage`). Time spent queueing for a compile slot or
+the GPU does not count against a job's ``timeout_s``; everything else does.
 """
 
 from __future__ import annotations
