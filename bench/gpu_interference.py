@@ -3,7 +3,7 @@
     python bench/gpu_interference.py [--seconds-per-action 6] [--procs 4]
 
 A timer process times one memory-bound kernel (an add over 16M float32, about 50 us on an H200)
-the way ``gpu_runner.timing`` does: L2 flush, a device-side spin before the start event, events
+the way ``gpu_runner.sandboxed.timing`` does: L2 flush, a device-side spin before the start event, events
 around the call. Meanwhile batches of helper processes perform one action each (a CUDA context
 start, CUPTI start, host<->device copies, small kernels, ``torch.compile``...), and print the
 monotonic-clock window of that action. Every timed sample is assigned to the action whose window

@@ -2,7 +2,7 @@
 
 Layers: a static gate (:mod:`gpu_runner.gate`), a compile stage in CPU-only sandboxed processes
 behind a content-hash cache (:mod:`gpu_runner.compiler`), execution in pre-warmed single-use
-sandboxed workers (:mod:`gpu_runner.pool`, :mod:`gpu_runner.worker`), and a trusted verdict in
+sandboxed workers (:mod:`gpu_runner.pool`, :mod:`gpu_runner.sandboxed.worker`), and a trusted verdict in
 the parent (:mod:`gpu_runner.compare`, :mod:`gpu_runner.assemble`). Entry points:
 :class:`gpu_runner.service.EvaluationService` and ``python -m gpu_runner`` (:mod:`gpu_runner.cli`).
 

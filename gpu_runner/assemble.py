@@ -25,6 +25,7 @@ from schemas import (
     Baselines,
     CheatRule,
     Check,
+    CheckName,
     CheckOutcome,
     DeviceInfo,
     EvalResult,
@@ -211,7 +212,7 @@ def _timed(
     recheck = timing.get("recheck", {})
     checks.append(
         Check(
-            name="timed_outputs_rechecked",
+            name=CheckName.TIMED_OUTPUTS_RECHECKED,
             outcome=CheckOutcome.FAILED if recheck.get("failed") else CheckOutcome.PASSED,
             detail=f"{recheck.get('failed', 0)} wrong of {recheck.get('checked', 0)} timed calls",
         )
@@ -221,7 +222,7 @@ def _timed(
     launches_ok = timing.get("own_launches", 0) >= per_call * calls_made
     checks.append(
         Check(
-            name="timed_launches",
+            name=CheckName.TIMED_LAUNCHES,
             outcome=CheckOutcome.PASSED if launches_ok else CheckOutcome.FAILED,
             detail=f"{timing.get('own_launches', 0)} own launches in {calls_made} timed calls",
         )
@@ -240,7 +241,7 @@ def _timed(
     findings += [guard] if guard else []
     checks.append(
         Check(
-            name="l2_flush",
+            name=CheckName.L2_FLUSH,
             outcome=CheckOutcome.PASSED if timing.get("flush_bytes") else CheckOutcome.SKIPPED,
             detail=f"{timing.get('flush_bytes', 0)} bytes before every timed call"
             if timing.get("flush_bytes")
@@ -249,13 +250,14 @@ def _timed(
     )
     checks.append(
         Check(
-            name="persisting_l2_reset", outcome=CheckOutcome.PASSED if timing.get("l2_reset") else CheckOutcome.SKIPPED
+            name=CheckName.PERSISTING_L2_RESET,
+            outcome=CheckOutcome.PASSED if timing.get("l2_reset") else CheckOutcome.SKIPPED,
         )
     )
     compiled_error = None if compiled else (ref.info.get("compiled_error") or "disabled (torch.compile baseline off)")
     checks.append(
         Check(
-            name="compiled_baseline",
+            name=CheckName.COMPILED_BASELINE,
             outcome=CheckOutcome.PASSED if compiled else CheckOutcome.SKIPPED,
             detail=None if compiled else compiled_error,
         )
@@ -273,7 +275,7 @@ def _timed(
         review.append(msg)
     checks.append(
         Check(
-            name="speed_of_light",
+            name=CheckName.SPEED_OF_LIGHT,
             outcome=CheckOutcome.PASSED if sol else CheckOutcome.SKIPPED,
             detail=f"{sol.fraction:.3f} of the bound" if sol and sol.fraction else "no bound",
         )

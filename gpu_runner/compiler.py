@@ -28,9 +28,11 @@ import structlog
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import ForkServer
+from gpu_runner.frames import CompileOp, Op, Report, op_frame
 from gpu_runner.gate import GateReport
+from gpu_runner.isolation import sandbox_settings
 from gpu_runner.protocol import FrameError
-from gpu_runner.sandbox import Isolation, Worker, await_ready, chown_tree, confinement, spawn_worker
+from gpu_runner.sandbox import Isolation, Worker, await_ready, chown_tree, spawn_worker
 
 logger = structlog.get_logger(__name__)
 _names = count()
@@ -247,33 +249,25 @@ class Compiler:
         path.write_text(candidate)
         (worker.dir / "ext").mkdir(exist_ok=True)
         chown_tree(worker.dir, self.iso.uid, self.iso.gid)
+        sandbox = sandbox_settings(self.cfg, self.iso, worker.dir, worker.bulk, "compile", True)
         await worker.send(
-            {
-                "op": "compile",
-                "candidate_path": str(path),
-                "reference_source": reference,
-                "build_root": str(worker.dir / "ext"),
-                "target": self.target if self.device == "cuda" else None,
-                "triton_kernels": list(gate.triton_kernels),
-                "sandbox": self.sandbox(worker),
-            }
+            op_frame(
+                Op.COMPILE,
+                CompileOp(
+                    candidate_path=str(path),
+                    reference_source=reference,
+                    build_root=str(worker.dir / "ext"),
+                    target=self.target if self.device == "cuda" else None,
+                    triton_kernels=list(gate.triton_kernels),
+                    sandbox=sandbox,
+                ),
+            )
         )
         async with asyncio.timeout(timeout_s):
             while True:
                 header, _ = await worker.recv(1 << 20)
-                if header.get("kind") == "compiled":
+                if header["kind"] is Report.COMPILED:
                     return header
-
-    def sandbox(self, worker: Worker) -> dict[str, Any]:
-        return {
-            "cwd": str(worker.dir),
-            "data_bytes": self.cfg.host_memory_limit_bytes,
-            "fsize_bytes": self.cfg.max_file_bytes,
-            "nproc": self.cfg.max_processes,
-            "uid": self.iso.uid,
-            "gid": self.iso.gid,
-            **confinement(self.iso, worker.dir, worker.bulk, "compile", True),
-        }
 
     def _store(self, worker: Worker, header: dict[str, Any], entry: Path, seconds: float) -> CompileOutcome:
         tmp = entry.parent / f".tmp-{secrets.token_hex(6)}"

@@ -93,7 +93,7 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         faulthandler.enable()  # a crash leaves its Python stack in the log
         import importlib
 
-        module = req.get("module", "gpu_runner.worker")
+        module = req.get("module", "gpu_runner.sandboxed.worker")
         sys.argv = [module, *req["argv"]]
         code = importlib.import_module(module).main(req["argv"])
     except BaseException as exc:  # noqa: BLE001 - the log is the only place left to say it
@@ -126,7 +126,7 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 def serve(sock: socket.socket, mode: str, device: str) -> int:
     """Preload, then fork a worker per request until the parent closes the socket."""
     started = time.perf_counter()
-    from gpu_runner import worker
+    from gpu_runner.sandboxed import worker
 
     worker.preload(mode, device)
     nvml_released = _release_nvml()
@@ -396,7 +396,7 @@ class ForkServer:
         return self.alive
 
     async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: tuple[int, int, int],
-                    confine: dict[str, Any], module: str = "gpu_runner.worker") -> ForkedProcess:  # fmt: skip
+                    confine: dict[str, Any], module: str = "gpu_runner.sandboxed.worker") -> ForkedProcess:  # fmt: skip
         """Fork a worker running ``module.main(argv)``; ``fds`` are its pipe ends (in, out, on
         :data:`WORKER_FDS` there) and its log, all left open here."""
         if not await self.wait_ready():

@@ -22,9 +22,10 @@ from typing import Any
 
 import structlog
 
-from gpu_runner.config import IsolationMode
+from gpu_runner.config import IsolationMode, RunnerConfig
 from gpu_runner.confine import policy
 from gpu_runner.confine.policy import Layers
+from gpu_runner.frames import SandboxSettings
 
 logger = structlog.get_logger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -189,6 +190,25 @@ def confinement(iso: Isolation, home: Path, bulk: Path | None, mode: str, exec_o
     if layers.seccomp:
         out["seccomp"] = "compile" if mode == "compile" else "run_exec" if exec_ok else "run"
     return out
+
+
+def sandbox_settings(
+    cfg: RunnerConfig, iso: Isolation, home: Path, bulk: Path | None, mode: str, exec_ok: bool
+) -> SandboxSettings:
+    """The ``sandbox`` a compile (``mode="compile"``) or run worker enters before a candidate:
+    its folder, resource limits, user, device memory share (run only) and confinement."""
+    settings = SandboxSettings(
+        cwd=str(home),
+        data_bytes=cfg.host_memory_limit_bytes,
+        fsize_bytes=cfg.max_file_bytes,
+        nproc=cfg.max_processes,
+        uid=iso.uid,
+        gid=iso.gid,
+    )
+    if mode == "run":
+        settings["mem_fraction"] = cfg.device_memory_fraction
+    settings.update(confinement(iso, home, bulk, mode, exec_ok))  # type: ignore[typeddict-item]
+    return settings
 
 
 def jit_exec(device: str, compile_outcome: Any) -> bool:

@@ -19,6 +19,7 @@ import structlog
 
 from gpu_runner.compare import TrialCheck, decide, scan_from_wire
 from gpu_runner.errors import EvaluatorFault
+from gpu_runner.frames import JudgeOp, Op, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.sandbox import Worker
 
@@ -42,20 +43,20 @@ class Judge:
             self.worker = await self._start()
         return self.worker
 
-    async def _ask(self, job: dict[str, Any]) -> dict[str, Any]:
+    async def _ask(self, job: JudgeOp) -> dict[str, Any]:
         """Send one trial's job to the judge worker; its ``judged`` frame."""
         async with self.lock:
             worker = await self._worker()
             lease = GpuLease(self.gate, worker, self.nice)
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    await worker.send({"op": "judge", **job})
+                    await worker.send(op_frame(Op.JUDGE, job))
                     while True:
                         header, _ = await worker.recv(1 << 20)
                         kind = header.get("kind")
                         if await lease.handle(kind):
                             continue
-                        if kind == "judged":
+                        if kind is Report.JUDGED:
                             break
                         raise EvaluatorFault(f"the judge sent {kind!r} while comparing")
             except (TimeoutError, asyncio.IncompleteReadError, OSError) as exc:
@@ -72,7 +73,7 @@ class Judge:
 
     async def trial(
         self,
-        job: dict[str, Any],
+        job: JudgeOp,
         cand_meta: list[dict[str, Any]],
         ref_meta: list[dict[str, Any]],
         tolerances: dict[str, tuple[float, float]],

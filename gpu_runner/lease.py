@@ -2,7 +2,7 @@
 
 A candidate's timing must not overlap any other GPU work of ours, or its numbers (and the
 baselines timed beside it) are disturbed. bench/gpu_interference.py measured on an H200 what
-another process's activity does to a ~50 us kernel timed the way ``gpu_runner.timing`` does:
+another process's activity does to a ~50 us kernel timed the way ``gpu_runner.sandboxed.timing`` does:
 host-to-device copies moved the median by 0.9% and the 99th percentile by 12%, a 1 GB allocation
 the median by 2%; a CUDA context start, Triton's driver load and CUPTI's start moved neither. So
 the GPU steps of a worker run under a lease from the parent's :class:`GpuGate`:
@@ -31,7 +31,9 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+from gpu_runner.frames import Op, OpFrame, Report, op_frame
 
 
 def renice(pgid: int, value: int) -> OSError | None:
@@ -152,7 +154,7 @@ class _Peer(Protocol):
     @property
     def pid(self) -> int: ...
 
-    async def send(self, header: dict[str, Any]) -> None: ...
+    async def send(self, header: OpFrame) -> None: ...
 
 
 @dataclass
@@ -176,13 +178,13 @@ class GpuLease:
 
     async def handle(self, kind: object) -> bool:
         """Act on a lease frame; False for any other frame."""
-        if kind == "gpu_acquire" and not self.held:
+        if kind == Report.GPU_ACQUIRE and not self.held:
             await self.gate.acquire_shared()
             self.held, self.granted = True, time.perf_counter()
             self._renice(0)
-            await self.worker.send({"op": "gpu_granted"})
+            await self.worker.send(op_frame(Op.GPU_GRANTED))
             return True
-        if kind == "gpu_release" and self.held:
+        if kind == Report.GPU_RELEASE and self.held:
             await self.drop()
             return True
         return False

@@ -39,12 +39,12 @@ JUDGE_CHUNK_ELEMENTS = 1 << 26
 """Elements the judge compares per step (64M: 2 GB of float64 temporaries at most, 3 arrays wide)."""
 LARGE_BYTES = 1 << 30
 """Above this many bytes per trial, a running candidate's process makes no copies: inputs are used
-in place and timed from the trials' own buffers (:class:`gpu_runner.timing.Rotation`), outputs are
+in place and timed from the trials' own buffers (:class:`gpu_runner.sandboxed.timing.Rotation`), outputs are
 fingerprinted instead of snapshotted (each copy of a 6 GB tensor was the difference between fitting
 the GPU and not)."""
 WORK_BYTES = 512 << 20
 """Fixed scratch of a running candidate's process: the quick check's float64 pieces
-(:data:`gpu_runner.worker_common.CLOSE_CHUNK_ELEMENTS`) and the L2 flush buffer."""
+(:data:`gpu_runner.sandboxed.common.CLOSE_CHUNK_ELEMENTS`) and the L2 flush buffer."""
 SAFETY = 1.15
 """Factor on the summed device needs before they are compared with the budget."""
 MIN_TRIALS = 2

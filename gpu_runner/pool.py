@@ -29,6 +29,7 @@ import structlog
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
+from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.memplan import Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
@@ -42,7 +43,7 @@ MAX_SPARE_FAILURES = 3
 
 
 ON_DEVICE_INPUT_BYTES = 256 << 20
-"""Inputs at least this large are drawn on the GPU itself (see ``worker_reference.make_inputs``)."""
+"""Inputs at least this large are drawn on the GPU itself (see ``gpu_runner.sandboxed.reference.make_inputs``)."""
 
 
 def task_key(reference_source: str) -> str:
@@ -170,13 +171,13 @@ class RunPool:
         key = task_key(reference_source)
         try:
             async with asyncio.timeout(self.cfg.worker_start_timeout_s):
-                await worker.send({"op": "measure", "reference_source": reference_source})
+                await worker.send(op_frame(Op.MEASURE, MeasureOp(reference_source=reference_source)))
                 header, _ = await worker.recv(1 << 20)
         except asyncio.IncompleteReadError:
             raise WorkerStartError(
                 "run", "the worker died while measuring the task", worker.log_text()[-3000:]
             ) from None
-        if header.get("kind") != "measured":
+        if header["kind"] is not Report.MEASURED:
             raise ProtocolError(f"unexpected {header.get('kind')!r} while measuring the task")
         fp = Footprint.from_wire(header)
         made = plan(
@@ -221,17 +222,19 @@ class RunPool:
         device_verdict = self.plan is not None and self.plan.device_verdict
         init_seed = secrets.randbits(62)
         on_device = self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_INPUT_BYTES
-        msg = {
-            "op": "prepare",
-            "reference_source": reference_source,
-            "init_seed": init_seed,
-            "trial_seeds": seeds,
-            "compiled_baseline": self.compiled_baseline(),
-            "flops": self.flops.get(task_key(reference_source)),
-            "device_verdict": device_verdict,
-            "inputs_on_device": on_device,
-            "in_place_bytes": self.cfg.in_place_bytes,
-        }
+        msg = op_frame(
+            Op.PREPARE,
+            PrepareOp(
+                reference_source=reference_source,
+                init_seed=init_seed,
+                trial_seeds=seeds,
+                compiled_baseline=self.compiled_baseline(),
+                flops=self.flops.get(task_key(reference_source)),
+                device_verdict=device_verdict,
+                inputs_on_device=on_device,
+                in_place_bytes=self.cfg.in_place_bytes,
+            ),
+        )
         data = ReferenceData(judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device)
         await spare.worker.send(msg)
         try:
@@ -269,25 +272,25 @@ class RunPool:
                     kind = header.get("kind")
                     if await lease.handle(kind):
                         continue
-                    if kind == "reference" and data.judged:
+                    if kind is Report.REFERENCE and data.judged:
                         raise ProtocolError("a judged task's spare shipped reference outputs")
-                    if kind == "reference":
+                    if kind is Report.REFERENCE:
                         arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
                         n = int(header["n_outputs"])
                         data.outputs.append(arrays[:n])
                         data.dtypes.append([str(m["dtype"]) for m in header["tensors"][:n]])
                         data.residuals.append(arrays[n:] if header.get("fp64_error") is None else None)
                         data.fp64_error = data.fp64_error or header.get("fp64_error")
-                    elif kind == "prepared":
+                    elif kind is Report.PREPARED:
                         data.info = header
                         if data.judged:
                             data.input_sums = [list(x) for x in header.get("input_sums") or []]
                             data.metas = [list(x) for x in header.get("out_metas") or []]
                             if len(data.input_sums) != len(data.seeds) or len(data.metas) != len(data.seeds):
                                 raise ProtocolError("the spare reported checksums or outputs for other trials")
-                    elif kind == "prepare_time":  # the last frame of a preparation
+                    elif kind is Report.PREPARE_TIME:  # the last frame of a preparation
                         break
-                    elif kind == "reference_error":
+                    elif kind is Report.REFERENCE_ERROR:
                         raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
                     else:
                         raise ProtocolError(f"unexpected {kind!r} while preparing")

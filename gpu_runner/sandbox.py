@@ -32,6 +32,7 @@ import structlog
 
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
+from gpu_runner.frames import OpFrame, Report, decode_report
 from gpu_runner.isolation import (  # re-exported: the pools and the service import them from here
     PROJECT_ROOT,
     _spawn_spec,
@@ -176,7 +177,8 @@ class Worker:
         """The worker's process id (and process group: it leads its own session)."""
         return self.proc.pid
 
-    async def send(self, header: dict[str, Any]) -> None:
+    async def send(self, header: OpFrame) -> None:
+        """Send one op (built by :func:`gpu_runner.frames.op_frame`)."""
         self.writer.write(encode_frame(header))
 
     async def recv(self, max_blob: int, defer_bulk: bool = False) -> tuple[dict[str, Any], list[Blob]]:
@@ -193,9 +195,11 @@ class Worker:
         bulk_fd = self.bulk_fd if self.bulk_fd >= 0 else None
         self.reading = _READERS.submit(read_frame, self.rfd, max_blob, self.stop, bulk_fd, defer_bulk)
         try:
-            return await asyncio.wrap_future(self.reading)
+            header, blobs = await asyncio.wrap_future(self.reading)
         except EOFError:
             raise asyncio.IncompleteReadError(b"", None) from None
+        decode_report(header)
+        return header, blobs
 
     async def recv_deferring_bulk(self, max_blob: int) -> tuple[dict[str, Any], Future[list[Blob]] | None]:
         """The next frame, its bulk files (if any) read in the background: the future of their blobs.
@@ -378,7 +382,7 @@ async def spawn_worker(
                 "-X",
                 "faulthandler",  # a crash of the run process leaves its Python stack in the log
                 "-m",
-                "gpu_runner.worker",
+                "gpu_runner.sandboxed.worker",
                 "--mode",
                 mode,
                 "--device",
@@ -433,7 +437,7 @@ async def await_ready(worker: Worker, timeout_s: float) -> dict[str, Any]:
     except (TimeoutError, asyncio.IncompleteReadError, FrameError) as exc:
         why = f"no ready signal ({type(exc).__name__})"
     else:
-        why = "" if header.get("kind") == "ready" else f"expected ready, got {header.get('kind')!r}"
+        why = "" if header["kind"] is Report.READY else f"expected ready, got {header['kind']!r}"
     if worker.forks is not None:
         worker.forks.worker_started(not why, why)
     if why:

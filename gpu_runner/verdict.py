@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_runner.compare import TrialCheck
-from schemas import CheatRule, Check, CheckOutcome, EvalStatus, Finding, Severity
+from schemas import CheatRule, Check, CheckName, CheckOutcome, EvalStatus, Finding, Severity
 
 R = CheatRule
 FOREIGN_OK = re.compile(r"memset|memcpy|fill|copy", re.IGNORECASE)
@@ -187,7 +187,9 @@ def guard_finding(
     calls = timing.get("callables", {})
     cand_wall, eager_wall = calls.get("candidate", {}).get("wall"), calls.get("eager", {}).get("wall")
     if not cand_wall or not eager_wall or "candidate" not in medians or "eager" not in medians:
-        return None, Check(name="deferred_work_guard", outcome=CheckOutcome.SKIPPED, detail="no wall-clock guard here")
+        return None, Check(
+            name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.SKIPPED, detail="no wall-clock guard here"
+        )
     cand_w = sorted(cand_wall)[len(cand_wall) // 2]
     eager_w = sorted(eager_wall)[len(eager_wall) // 2]
     eager_host = max(0.0, eager_w - medians["eager"])
@@ -207,8 +209,8 @@ def guard_finding(
         finding = Finding(
             rule=R.DEFERRED_WORK, severity=Severity.REJECT, message=f"work outside the timed stream: {detail}"
         )
-        return finding, Check(name="deferred_work_guard", outcome=CheckOutcome.FAILED, detail=detail)
-    return None, Check(name="deferred_work_guard", outcome=CheckOutcome.PASSED, detail=detail)
+        return finding, Check(name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.FAILED, detail=detail)
+    return None, Check(name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.PASSED, detail=detail)
 
 
 def error_status(error: dict[str, Any], planned_bytes: int | None = None) -> tuple[EvalStatus, str, Finding | None]:
@@ -252,23 +254,23 @@ def checks_from_infos(
 ) -> list[Check]:
     """Named checks summarising the trials."""
 
-    def check(name: str, failed: bool, detail: str | None = None) -> Check:
+    def check(name: CheckName, failed: bool, detail: str | None = None) -> Check:
         if not infos:
             return Check(name=name, outcome=CheckOutcome.SKIPPED, detail="no trial completed")
         return Check(name=name, outcome=CheckOutcome.FAILED if failed else CheckOutcome.PASSED, detail=detail)
 
     launches = [i.get("own_launches", 0) for i in infos]
     return [
-        check("output_type", any(i.get("bad_types") or not i.get("devices_ok", True) for i in infos)),
-        check("kernels_launched", any(n == 0 for n in launches), f"own launches per forward: {launches}"),
-        check("no_torch_compute", any(forbidden_ops(i, admitted) for i in infos)),
-        check("inputs_unchanged", any(i.get("mutated") for i in infos)),
-        check("outputs_not_aliased", any(i.get("aliased") for i in infos)),
-        check("no_deferred_outputs", any(i.get("deferred") for i in infos)),
-        check("no_threads_left", any(i.get("threads", 0) > 0 for i in infos)),
-        check("no_child_processes", any(i.get("children", 0) > 0 for i in infos)),
+        check(CheckName.OUTPUT_TYPE, any(i.get("bad_types") or not i.get("devices_ok", True) for i in infos)),
+        check(CheckName.KERNELS_LAUNCHED, any(n == 0 for n in launches), f"own launches per forward: {launches}"),
+        check(CheckName.NO_TORCH_COMPUTE, any(forbidden_ops(i, admitted) for i in infos)),
+        check(CheckName.INPUTS_UNCHANGED, any(i.get("mutated") for i in infos)),
+        check(CheckName.OUTPUTS_NOT_ALIASED, any(i.get("aliased") for i in infos)),
+        check(CheckName.NO_DEFERRED_OUTPUTS, any(i.get("deferred") for i in infos)),
+        check(CheckName.NO_THREADS_LEFT, any(i.get("threads", 0) > 0 for i in infos)),
+        check(CheckName.NO_CHILD_PROCESSES, any(i.get("children", 0) > 0 for i in infos)),
         check(
-            "correctness",
+            CheckName.CORRECTNESS,
             any(not t.ok for t in trials) or len(trials) < expected,
             f"{sum(t.ok for t in trials)}/{expected} trials passed"
             + next((f"; first failure: {t.category}" for t in trials if not t.ok), ""),

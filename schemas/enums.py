@@ -69,6 +69,50 @@ class CheckOutcome(StrEnum):
     SKIPPED = "skipped"
 
 
+class CheckName(StrEnum):
+    """The name of a check the evaluator reports (``Check.name``); diagnosis rules match on these."""
+
+    STATIC_GATE = "static_gate"
+    COMPILE = "compile"
+    WARM_WORKER = "warm_worker"
+    KERNEL_PROFILE = "kernel_profile"
+    SANDBOX_LIMITS = "sandbox_limits"
+    PRIORITY = "priority"
+    OUTPUT_TYPE = "output_type"
+    KERNELS_LAUNCHED = "kernels_launched"
+    NO_TORCH_COMPUTE = "no_torch_compute"
+    INPUTS_UNCHANGED = "inputs_unchanged"
+    OUTPUTS_NOT_ALIASED = "outputs_not_aliased"
+    NO_DEFERRED_OUTPUTS = "no_deferred_outputs"
+    NO_THREADS_LEFT = "no_threads_left"
+    NO_CHILD_PROCESSES = "no_child_processes"
+    CORRECTNESS = "correctness"
+    TIMED_OUTPUTS_RECHECKED = "timed_outputs_rechecked"
+    TIMED_LAUNCHES = "timed_launches"
+    DEFERRED_WORK_GUARD = "deferred_work_guard"
+    L2_FLUSH = "l2_flush"
+    PERSISTING_L2_RESET = "persisting_l2_reset"
+    COMPILED_BASELINE = "compiled_baseline"
+    SPEED_OF_LIGHT = "speed_of_light"
+    NETWORK_ISOLATION = "network_isolation"
+    """The isolation layers, one check each (``gpu_runner.confine``)."""
+    PID_NAMESPACE = "pid_namespace"
+    IPC_NAMESPACE = "ipc_namespace"
+    MOUNT_VIEW = "mount_view"
+    USER_NAMESPACE = "user_namespace"
+    LANDLOCK = "landlock"
+    SECCOMP = "seccomp"
+    SANDBOX_USER = "sandbox_user"
+
+    @classmethod
+    def parse(cls, name: str) -> CheckName | None:
+        """The member named ``name``, or None for a name this version does not know."""
+        try:
+            return cls(name)
+        except ValueError:
+            return None
+
+
 class Severity(StrEnum):
     """What a finding of the anti-cheat layers does to the verdict."""
 

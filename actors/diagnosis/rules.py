@@ -21,6 +21,7 @@ from actors.diagnosis.hints import hints_for, rule_hint, suggested_role
 from actors.diagnosis.logparse import LogFinding, parse_log
 from schemas import (
     Candidate,
+    CheckName,
     CheckOutcome,
     Correctness,
     DeviceKind,
@@ -32,16 +33,16 @@ from schemas import (
 from schemas import DiagnosisCategory as C
 
 _SHAPE_WORDS = ("shape", "outputs, the reference returns", "number of outputs")
-_FAILED_CHECK_RULES: tuple[tuple[str, C], ...] = (
-    ("launch", C.REJECTED_NO_KERNEL_LAUNCHED),
-    ("unchanged", C.REJECTED_INPUT_MUTATED),
-    ("mutat", C.REJECTED_INPUT_MUTATED),
-    ("alias", C.REJECTED_OUTPUT_ALIASES_INPUT),
-    ("defer", C.REJECTED_DEFERRED_WORK),
-    ("wall", C.REJECTED_DEFERRED_WORK),
-    ("plausib", C.REJECTED_IMPLAUSIBLE_SPEED),
-    ("type", C.REJECTED_OUTPUT_TYPE),
-)
+_FAILED_CHECK_CATEGORIES: dict[CheckName, C] = {
+    CheckName.KERNELS_LAUNCHED: C.REJECTED_NO_KERNEL_LAUNCHED,
+    CheckName.TIMED_LAUNCHES: C.REJECTED_NO_KERNEL_LAUNCHED,
+    CheckName.INPUTS_UNCHANGED: C.REJECTED_INPUT_MUTATED,
+    CheckName.OUTPUTS_NOT_ALIASED: C.REJECTED_OUTPUT_ALIASES_INPUT,
+    CheckName.NO_DEFERRED_OUTPUTS: C.REJECTED_DEFERRED_WORK,
+    CheckName.DEFERRED_WORK_GUARD: C.REJECTED_DEFERRED_WORK,
+    CheckName.OUTPUT_TYPE: C.REJECTED_OUTPUT_TYPE,
+}
+"""The category a refusal gets from the first failed check that names one (a refusal without findings)."""
 
 
 @dataclass(frozen=True)
@@ -214,11 +215,12 @@ class RuleDiagnoser:
             )
         failed = [c for c in result.checks if c.outcome is CheckOutcome.FAILED]
         for check in failed:
-            for token, category in _FAILED_CHECK_RULES:
-                if token in check.name.lower():
-                    return _Reading(
-                        category, result.summary, (f"check {check.name} failed: {check.detail or ''}",), confidence=0.7
-                    )
+            name = CheckName.parse(check.name)
+            category = _FAILED_CHECK_CATEGORIES.get(name) if name is not None else None
+            if category is not None:
+                return _Reading(
+                    category, result.summary, (f"check {check.name} failed: {check.detail or ''}",), confidence=0.7
+                )
         evidence = tuple(f"check {c.name} failed: {c.detail or ''}" for c in failed) or (result.summary,)
         return _Reading(C.REJECTED_OTHER, result.summary, evidence, confidence=0.5)
 
@@ -236,9 +238,7 @@ class RuleDiagnoser:
         cfg = self.config
         corr = result.correctness
         failed = [c for c in result.checks if c.outcome is CheckOutcome.FAILED]
-        details = " ".join(
-            x for x in [*(f"{c.name} {c.detail or ''}" for c in failed), corr.detail if corr and corr.detail else ""]
-        )
+        details = " ".join(x for x in [*(c.detail or "" for c in failed), corr.detail if corr and corr.detail else ""])
         low = details.lower()
         evidence = [result.summary, *(f"check {c.name} failed: {c.detail or ''}" for c in failed)]
         if corr is not None:
@@ -250,7 +250,7 @@ class RuleDiagnoser:
         errs = (corr.max_abs_err, corr.max_rel_err, corr.err_vs_fp64)
         if any(e is not None and not math.isfinite(e) for e in errs) or "nan" in low or "inf " in low:
             return _Reading(C.INCORRECT_NAN_INF, "The output contains NaN or Inf.", ev)
-        if any(k in c.name.lower() for c in failed for k in ("shape", "count")) or any(k in low for k in _SHAPE_WORDS):
+        if any(k in low for k in _SHAPE_WORDS):
             return _Reading(C.INCORRECT_SHAPE, "The output has the wrong shape or count.", ev)
         if "dtype" in low:
             return _Reading(

@@ -36,12 +36,12 @@ def _add_one_kernel() -> Any:
 
 def _triton_build(kernel: Any) -> None:
     """What a run worker does before its candidate's sandbox: Triton's driver module and backend
-    hash (:func:`gpu_runner.triton_warm.warm_triton_driver`); and what the compile stage does for
+    hash (:func:`gpu_runner.sandboxed.triton_warm.warm_triton_driver`); and what the compile stage does for
     it in another process: the kernel and its host launcher built into the cache (``ptxas`` and the
     C compiler run). A first launch here does both."""
     import torch
 
-    from gpu_runner.triton_warm import warm_triton_driver
+    from gpu_runner.sandboxed.triton_warm import warm_triton_driver
 
     warm_triton_driver()
     x = torch.zeros(1000, device="cuda")
@@ -88,7 +88,7 @@ def check(plan: dict[str, Any]) -> dict[str, Any]:
         _triton_build(_add_one_kernel())
 
     def confine() -> None:
-        from gpu_runner.worker_candidate import confine as candidate_confine
+        from gpu_runner.sandboxed.candidate import confine as candidate_confine
 
         out["layers"] = candidate_confine({**plan["sandbox"], "strict": True})
 

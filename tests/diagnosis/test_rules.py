@@ -12,6 +12,7 @@ from actors.diagnosis.rules import RuleConfig, RuleDiagnoser
 from schemas import (
     CheatRule,
     Check,
+    CheckName,
     CheckOutcome,
     Correctness,
     DeviceKind,
@@ -104,6 +105,24 @@ def test_rejection_without_findings_is_read_from_failed_checks_or_marked_other()
     assert by_check.category is C.REJECTED_NO_KERNEL_LAUNCHED
     assert bare.category is C.REJECTED_OTHER
     assert bare.confidence < by_check.confidence
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (CheckName.TIMED_LAUNCHES, C.REJECTED_NO_KERNEL_LAUNCHED),
+        (CheckName.INPUTS_UNCHANGED, C.REJECTED_INPUT_MUTATED),
+        (CheckName.OUTPUTS_NOT_ALIASED, C.REJECTED_OUTPUT_ALIASES_INPUT),
+        (CheckName.DEFERRED_WORK_GUARD, C.REJECTED_DEFERRED_WORK),
+        (CheckName.OUTPUT_TYPE, C.REJECTED_OUTPUT_TYPE),
+        (CheckName.NO_THREADS_LEFT, C.REJECTED_OTHER),
+        ("launch_type_alias", C.REJECTED_OTHER),
+    ],
+)
+def test_rejection_category_comes_from_the_failed_checks_name_not_its_spelling(name: str, expected: C) -> None:
+    check = Check(name=name, outcome=CheckOutcome.FAILED, detail="failed")
+    d = RULES.diagnose(f.failed(f.candidate(), EvalStatus.REJECTED, checks=(check,)))
+    assert d.category is expected
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.service import EvaluationService
-from schemas import CheatRule, DeviceChoice, EvalResult, EvalStatus
+from schemas import CheatRule, CheckName, DeviceChoice, EvalResult, EvalStatus
 from tests.gpu_runner.conftest import fast_config, job
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -174,6 +174,8 @@ def check_verdict(result: EvalResult, c: Case) -> None:
     if c.rule is not None:
         rules = {f.rule for f in result.findings}
         assert c.rule in rules, f"{c.name}: {c.rule.value} not among {sorted(r.value for r in rules)}"
+    unknown = [ch.name for ch in result.checks if CheckName.parse(ch.name) is None]
+    assert unknown == [], f"{c.name}: checks the diagnosis cannot name: {unknown}"
     dumped = result.model_dump_json()
     assert SECRET not in dumped, f"{c.name}: the evaluator's secret reached the result"
     assert result.device is None or result.device.kind.value in ("cpu", "cuda")
@@ -202,6 +204,19 @@ async def test_cheat_verdict_cpu(cpu_gated: EvaluationService, c: Case) -> None:
 @pytest.mark.parametrize("c", [c for c in UNGATED if c.cpu], ids=lambda c: c.name)
 async def test_runtime_layers_hold_without_gate_cpu(cpu_ungated: EvaluationService, c: Case) -> None:
     check_verdict(await cpu_ungated.evaluate(job("add_relu", c.name, timeout_s=c.timeout_s)), c)
+
+
+async def test_a_timeout_while_timed_gives_the_exclusive_gpu_lease_back(cpu_gated: EvaluationService) -> None:
+    """A candidate that hangs once it holds the GPU alone: the lease it upgraded to is released as
+    exclusive, so the next candidate still gets the GPU."""
+    hung = await cpu_gated.evaluate(job("add_relu", "hang_in_timing", timeout_s=8.0))
+    assert hung.status is S.TIMEOUT
+    assert hung.correctness is not None
+    assert hung.correctness.passed_trials == hung.correctness.trials  # it hung in the timing
+    gate = cpu_gated.gpu
+    assert (gate.exclusive_holders, gate.candidate_holders) == (0, 0)
+    honest = await cpu_gated.evaluate(job("add_relu", "honest_add_relu", timeout_s=60.0))
+    assert honest.status is S.CORRECT, honest.summary
 
 
 async def test_honest_matmul_with_parameters_passes_cpu(cpu_gated: EvaluationService) -> None:

@@ -12,7 +12,7 @@ from gpu_runner.compare import TrialCheck, compare_trial, speed_of_light, timing
 from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, EvalJob, RunnerConfig
 from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
-from gpu_runner.service import profile_kernels
+from gpu_runner.run_stage import profile_kernels
 from gpu_runner.stats import median_rel_stderr
 from gpu_runner.verdict import guard_finding
 from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
@@ -157,7 +157,7 @@ def test_timing_stops_on_the_medians_precision_despite_outliers() -> None:
 
     import torch
 
-    from gpu_runner.timing import Rotation, Timed, run_timing
+    from gpu_runner.sandboxed.timing import Rotation, Timed, run_timing
 
     calls = {"n": 0}
 
@@ -239,7 +239,7 @@ def test_output_slots_carry_a_trials_outputs_as_bulk_files(tmp_path: Path) -> No
     import torch
 
     from gpu_runner.protocol import read_bulk
-    from gpu_runner.worker_common import OutputSlots, pack
+    from gpu_runner.sandboxed.common import OutputSlots, pack
 
     refs = [
         [torch.zeros(3, 5), torch.zeros(7, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int64), torch.zeros(0)]
@@ -282,7 +282,7 @@ def test_kernel_profile_only_where_launch_hooks_cannot_see() -> None:
 def test_worker_quick_check_sees_a_fault_in_any_piece(transposed: bool) -> None:
     import torch
 
-    from gpu_runner.worker_common import close_enough
+    from gpu_runner.sandboxed.common import close_enough
 
     ref = torch.randn(37, 53, dtype=torch.float32)
     out = ref + 1e-7

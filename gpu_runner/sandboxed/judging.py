@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import Channel, checksum, flatten_outputs, sync
-from gpu_runner.worker_reference import (
+from gpu_runner.frames import JudgeOp, Report
+from gpu_runner.sandboxed.common import Channel, checksum, flatten_outputs, sync
+from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
     ReferenceFault,
     as_double,
@@ -172,9 +173,7 @@ def judge_output(
 _MODULES: dict[int, dict[str, Any]] = {}
 
 
-def _truth(
-    msg: dict[str, Any], device: torch.device
-) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None]:
+def _truth(msg: JudgeOp, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None]:
     """The reference's outputs for the trial's seed and their float64 residuals (None: no float64 run)."""
     source = str(msg["reference_source"])
     ns = _MODULES.get(hash(source))
@@ -211,7 +210,7 @@ def _truth(
     return outs, residuals, fp64_error
 
 
-def judge(msg: dict[str, Any], device: torch.device, channel: Channel) -> None:
+def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
     """One trial: the truth, then every output compared, under the parent's GPU lease; one ``judged`` frame."""
     results: list[dict[str, Any]] = []
     has_residual: list[bool] = []
@@ -228,10 +227,10 @@ def judge(msg: dict[str, Any], device: torch.device, channel: Channel) -> None:
             del outs, residuals
             sync(device)
     except (OSError, ValueError, RuntimeError, KeyError, ReferenceFault) as exc:
-        channel.send("judged", error=f"{type(exc).__name__}: {exc}"[:1000], results=results)
+        channel.send(Report.JUDGED, error=f"{type(exc).__name__}: {exc}"[:1000], results=results)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    channel.send("judged", results=results, has_residual=has_residual, fp64_error=fp64_error)
+    channel.send(Report.JUDGED, results=results, has_residual=has_residual, fp64_error=fp64_error)

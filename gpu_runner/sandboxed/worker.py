@@ -1,4 +1,4 @@
-"""Entry point of a sandboxed worker: ``python -m gpu_runner.worker --mode run|compile ...``.
+"""Entry point of a sandboxed worker: ``python -m gpu_runner.sandboxed.worker --mode run|compile ...``.
 
 A worker is single-use. It imports torch (and Triton), initialises the device, reports
 ``ready`` and then blocks on its pipe. A run worker may be ``prepare``d for a task (reference
@@ -13,13 +13,15 @@ import argparse
 import os
 import sys
 import time
+from typing import cast
 
 
 def preload(mode: str, device: str) -> None:
     """Import what a worker of ``mode`` needs, without starting any device (a fork server calls it once)."""
     import torch
 
-    from gpu_runner import protocol, worker_common  # noqa: F401
+    from gpu_runner import protocol  # noqa: F401
+    from gpu_runner.sandboxed import common
 
     try:
         import triton  # imported now so a candidate's import costs nothing on the critical path
@@ -31,21 +33,21 @@ def preload(mode: str, device: str) -> None:
         import torch.utils.cpp_extension  # the extension loader's (setuptools): not on a job's path
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 
-        from gpu_runner import worker_candidate, worker_reference  # noqa: F401
+        from gpu_runner.sandboxed import candidate, reference  # noqa: F401
 
         if device == "cuda":
             try:  # torch.compile's machinery, imported now rather than inside the GPU lease later
                 import torch._dynamo
                 import torch._inductor.compile_fx  # noqa: F401
             except Exception as exc:  # noqa: BLE001 - the compiled baseline then pays the import; recorded
-                worker_common.log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
+                common.log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
     else:
-        from gpu_runner import compile_stage  # noqa: F401
+        from gpu_runner.sandboxed import compiling  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one worker until its single job is done or the parent goes away."""
-    parser = argparse.ArgumentParser(prog="gpu_runner.worker")
+    parser = argparse.ArgumentParser(prog="gpu_runner.sandboxed.worker")
     parser.add_argument("--mode", choices=("run", "compile"), required=True)
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--in-fd", type=int, required=True)
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     import torch
 
+    from gpu_runner.frames import CompileOp, JobOp, JudgeOp, MeasureOp, Op, PrepareOp, Report, decode_op
     from gpu_runner.protocol import FrameError, read_frame
-    from gpu_runner.worker_common import Channel, Laps, describe_exception, device_info, log, peaks
+    from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, device_info, log, peaks
 
     channel = Channel(args.in_fd, args.out_fd, os.environ.get("KF_BULK_DIR") or None)
     import_s = time.perf_counter() - started
@@ -78,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
             # Before the sandbox forbids starting programs. Without it an 8 GB candidate, whose
             # task had no torch.compile baseline to do it first, failed at its first launch with
             # PermissionError even though its kernel was compiled ahead of time.
-            from gpu_runner.triton_warm import warm_triton_driver
+            from gpu_runner.sandboxed.triton_warm import warm_triton_driver
 
             warm_triton_driver()
         except Exception as exc:  # noqa: BLE001 - without it the first launch pays the build; recorded
             log(f"triton driver warm-up failed: {type(exc).__name__}: {exc}")
         laps.lap("triton_driver_s")
     channel.send(
-        "ready",
+        Report.READY,
         device=device_info(device, interpreter),
         peaks=peaks(device) if args.mode == "run" else None,
         import_torch_s=import_s,
@@ -97,39 +100,39 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:
             msg, _blobs = read_frame(args.in_fd)
+            op = decode_op(msg)
         except (FrameError, EOFError, OSError):
             break
-        op = msg.get("op")
-        if op == "prepare":
-            from gpu_runner.worker_reference import ReferenceFault, prepare
+        if op is Op.PREPARE:
+            from gpu_runner.sandboxed.reference import ReferenceFault, prepare
 
             t0 = time.perf_counter()
             try:
-                prepared = prepare(msg, device, channel)
+                prepared = prepare(cast(PrepareOp, msg), device, channel)
             except ReferenceFault as exc:
-                channel.send("reference_error", **describe_exception(exc))
+                channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
                 break
-            channel.send("prepare_time", seconds=time.perf_counter() - t0)
-        elif op == "judge":  # a judge takes comparisons until the parent closes its pipe
-            from gpu_runner.worker_judge import judge
+            channel.send(Report.PREPARE_TIME, seconds=time.perf_counter() - t0)
+        elif op is Op.JUDGE:  # a judge takes comparisons until the parent closes its pipe
+            from gpu_runner.sandboxed.judging import judge
 
-            judge(msg, device, channel)
-        elif op == "measure":
-            from gpu_runner.worker_measure import measure
+            judge(cast(JudgeOp, msg), device, channel)
+        elif op is Op.MEASURE:
+            from gpu_runner.sandboxed.measure import measure
 
-            channel.send("measured", **measure(msg, device))  # the worker may then be prepared
-        elif op == "job":
-            from gpu_runner.worker_candidate import run_job
+            channel.send(Report.MEASURED, **measure(cast(MeasureOp, msg), device))  # the worker may then be prepared
+        elif op is Op.JOB:
+            from gpu_runner.sandboxed.candidate import run_job
 
             if prepared is None:
-                channel.send("error", stage="protocol", etype="ProtocolError", message="job before prepare")
+                channel.send(Report.ERROR, stage="protocol", etype="ProtocolError", message="job before prepare")
                 break
-            run_job(prepared, msg, channel)
+            run_job(prepared, cast(JobOp, msg), channel)
             break
-        elif op == "compile":
-            from gpu_runner.compile_stage import compile_job
+        elif op is Op.COMPILE:
+            from gpu_runner.sandboxed.compiling import compile_job
 
-            compile_job(msg, channel)
+            compile_job(cast(CompileOp, msg), channel)
             break
         else:
             break

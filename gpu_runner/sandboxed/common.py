@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.frames import Op, Report, decode_op
 from gpu_runner.probe import cpu_name
 from gpu_runner.protocol import (
     BULK_MIN_BYTES,
@@ -50,11 +51,16 @@ class Channel:
         self.gpu_held = False
         """Whether this process holds the parent's (shared) GPU lease now."""
 
-    def send_bulk(self, kind: str, bulk: list[dict[str, Any]], **fields: Any) -> None:
+    def next_op(self) -> Op:
+        """Wait for the parent's next op (its fields checked against :data:`gpu_runner.frames.OP_FIELDS`)."""
+        header, _ = read_frame(self.in_fd)
+        return decode_op(header)
+
+    def send_bulk(self, kind: Report, bulk: list[dict[str, Any]], **fields: Any) -> None:
         """A frame whose tensors already lie in bulk files (see :class:`OutputSlots`)."""
         write_frame(self.out_fd, {"kind": kind, **fields, "bulk": bulk})
 
-    def send(self, kind: str, *, blobs: Sequence[Blob] = (), **fields: Any) -> None:
+    def send(self, kind: Report, *, blobs: Sequence[Blob] = (), **fields: Any) -> None:
         header: dict[str, Any] = {"kind": kind, **fields}
         if self.bulk_dir and sum(memoryview(b).nbytes for b in blobs) > BULK_MIN_BYTES:
             self.seq += 1
@@ -75,10 +81,10 @@ class Channel:
         """Wait for the parent's (shared) GPU lease; a no-op on the CPU or while held."""
         if device.type != "cuda" or self.gpu_held:
             return
-        self.send("gpu_acquire")
-        reply, _ = read_frame(self.in_fd)
-        if reply.get("op") != "gpu_granted":
-            raise RuntimeError(f"expected the GPU lease, got {reply.get('op')!r}")
+        self.send(Report.GPU_ACQUIRE)
+        op = self.next_op()
+        if op is not Op.GPU_GRANTED:
+            raise RuntimeError(f"expected the GPU lease, got {op.value!r}")
         self.gpu_held = True
 
     def release_gpu(self, device: torch.device) -> None:
@@ -86,7 +92,7 @@ class Channel:
         if not self.gpu_held:
             return
         sync(device)
-        self.send("gpu_release")
+        self.send(Report.GPU_RELEASE)
         self.gpu_held = False
 
 

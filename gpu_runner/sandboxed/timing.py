@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from gpu_runner.sandboxed.common import log, sync
 from gpu_runner.stats import median_rel_stderr
-from gpu_runner.worker_common import log, sync
 
 
 @dataclass

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from gpu_runner.worker_common import flatten_outputs
-from gpu_runner.worker_reference import REFERENCE_FILENAME, load_module
+from gpu_runner.frames import MeasureOp
+from gpu_runner.sandboxed.common import flatten_outputs
+from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module
 
 
 def _nbytes(values: list[Any]) -> tuple[int, int]:
@@ -68,7 +69,7 @@ def measured_sizes(ns: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[
     return sizes, inputs
 
 
-def measure(msg: dict[str, Any], device: torch.device) -> dict[str, Any]:
+def measure(msg: MeasureOp, device: torch.device) -> dict[str, Any]:
     """The ``measured`` frame's fields: sizes (or ``method: unknown: why``) and the device's free memory."""
     info: dict[str, Any] = {}
     try:

@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from gpu_runner.hooks import LaunchLog, install_ext_loader, install_triton_hooks
-from gpu_runner.worker_candidate import enter_sandbox, import_candidate
-from gpu_runner.worker_common import Channel, describe_exception
-from gpu_runner.worker_measure import measured_sizes
-from gpu_runner.worker_reference import REFERENCE_FILENAME, load_module, make_inputs
+from gpu_runner.frames import CompileOp, Report
+from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
+from gpu_runner.sandboxed.common import Channel, describe_exception
+from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
+from gpu_runner.sandboxed.measure import measured_sizes
+from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module, make_inputs
 
 
 class _CompileOnlyDriver:
@@ -92,7 +93,7 @@ def _shaped_inputs(reference_source: str) -> tuple[dict[str, Any], list[Any], in
     return ref, inputs, extra
 
 
-def compile_job(msg: dict[str, Any], channel: Channel) -> None:
+def compile_job(msg: CompileOp, channel: Channel) -> None:
     """Build the candidate's extensions and (with a target) its Triton kernels; report what happened."""
     started = time.perf_counter()
     log = LaunchLog()
@@ -106,7 +107,7 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
         driver.set_active(_CompileOnlyDriver(GPUTarget(target["backend"], int(target["arch"]), int(target["warp"]))))
         install_triton_hooks(log, compile_only=True, compiled=kernels)
     install_ext_loader(log, "compile", {}, Path(msg["build_root"]), built)
-    sandbox = dict(msg["sandbox"])
+    sandbox: dict[str, Any] = dict(msg["sandbox"])
     shaped: tuple[dict[str, Any], list[Any], int] | None = None
     aot = "not attempted: no Triton kernels or no GPU target"
     if target and msg.get("triton_kernels"):
@@ -120,7 +121,7 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
         ns = import_candidate(msg["candidate_path"])
     except BaseException as exc:  # noqa: BLE001 - a failing import is the compile verdict
         channel.send(
-            "compiled",
+            Report.COMPILED,
             ok=False,
             stage="import",
             built=built,
@@ -143,7 +144,7 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
         except BaseException as exc:  # noqa: BLE001 - a Triton compile error is a verdict; others mean JIT later
             if _is_compile_error(exc):
                 channel.send(
-                    "compiled",
+                    Report.COMPILED,
                     ok=False,
                     stage="triton",
                     built=built,
@@ -154,4 +155,4 @@ def compile_job(msg: dict[str, Any], channel: Channel) -> None:
                 )
                 return
             aot = f"partial: the forward needs a device ({type(exc).__name__}); the run process compiles the rest"
-    channel.send("compiled", ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started)
+    channel.send(Report.COMPILED, ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started)

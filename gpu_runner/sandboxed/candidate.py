@@ -1,6 +1,6 @@
 """The worker's candidate stage: enter the sandbox, import the candidate, run trials, time it.
 
-Order matters: the reference outputs were already shipped (``worker_reference``); now the
+Order matters: the reference outputs were already shipped (``gpu_runner.sandboxed.reference``); now the
 process drops its limits and privileges, installs the launch hooks, waits for the parent's GPU
 grant (``go``), and only then imports the candidate. Every trial refills the same input buffers
 with a new trial's data (a cache keyed on the pointer goes stale), hands the allocator NaN-filled
@@ -15,16 +15,15 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
 import torch
 
-from gpu_runner.hooks import CANDIDATE_MODULE, DispatchRecorder, LaunchLog, install_ext_loader, install_triton_hooks
+from gpu_runner.frames import JobOp, Op, Report
 from gpu_runner.memplan import LARGE_BYTES
-from gpu_runner.protocol import read_frame
-from gpu_runner.timing import Rotation, Timed, run_timing
-from gpu_runner.worker_common import (
+from gpu_runner.sandboxed.common import (
     Channel,
     Laps,
     checksum,
@@ -37,10 +36,18 @@ from gpu_runner.worker_common import (
     storage_ptrs,
     sync,
 )
-from gpu_runner.worker_reference import Prepared, load_module
+from gpu_runner.sandboxed.hooks import (
+    CANDIDATE_MODULE,
+    DispatchRecorder,
+    LaunchLog,
+    install_ext_loader,
+    install_triton_hooks,
+)
+from gpu_runner.sandboxed.reference import Prepared, load_module
+from gpu_runner.sandboxed.timing import Rotation, Timed, run_timing
 
 
-def enter_sandbox(sb: dict[str, Any], device: torch.device) -> dict[str, str]:
+def enter_sandbox(sb: Mapping[str, Any], device: torch.device) -> dict[str, str]:
     """Apply resource limits, the private cwd, the device-memory cap and the user drop; report each."""
     done: dict[str, str] = {}
     limits = {
@@ -65,7 +72,7 @@ def enter_sandbox(sb: dict[str, Any], device: torch.device) -> dict[str, str]:
     return done
 
 
-def confine(sb: dict[str, Any]) -> dict[str, str]:
+def confine(sb: Mapping[str, Any]) -> dict[str, str]:
     """The last steps before a candidate runs, in order: the user drop, no capabilities left, the
     candidate's Landlock domain (its thread and later ones), the seccomp filter (every thread). The
     namespaces, filesystem view and the worker's Landlock domain were entered at spawn
@@ -132,7 +139,7 @@ def _children() -> int:
         return 0
 
 
-def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
+def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
     """Evaluate one candidate against the prepared reference; every outcome goes to the parent."""
     device = prepared.device
     laps = Laps()
@@ -151,12 +158,11 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
     sandbox = enter_sandbox(msg["sandbox"], device)
     threads0, children0 = threading.active_count(), _children()
     laps.lap("sandbox_s")
-    channel.send("sandbox", checks=sandbox, phases=laps.seconds)
+    channel.send(Report.SANDBOX, checks=sandbox, phases=laps.seconds)
     # Nothing of the candidate runs before the parent grants the GPU: its import and constructor
     # may launch work too, which must not overlap another candidate's timing.
-    channel.send("armed")
-    go, _ = read_frame(channel.in_fd)
-    if go.get("op") != "go":
+    channel.send(Report.ARMED)
+    if channel.next_op() is not Op.GO:
         return
     laps = Laps()  # from here: the GPU window
     stage = "import"
@@ -166,7 +172,7 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         stage = "init"
         model_new = ns.get("ModelNew")
         if model_new is None:
-            channel.send("error", stage="missing_model", etype="NameError", message="no ModelNew", traceback="")
+            channel.send(Report.ERROR, stage="missing_model", etype="NameError", message="no ModelNew", traceback="")
             return
         torch.manual_seed(prepared.init_seed)
         cand = model_new(*prepared.candidate_init_args)
@@ -178,9 +184,8 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
         ok = _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
         if ok:
             # The trials ran beside spares' work; the timing waits until the GPU is ours alone.
-            channel.send("trials_done")
-            nxt, _ = read_frame(channel.in_fd)
-            if nxt.get("op") != "time":
+            channel.send(Report.TRIALS_DONE)
+            if channel.next_op() is not Op.TIME:
                 return
             laps.lap("exclusive_wait_s")
             stage = "timing"
@@ -191,14 +196,14 @@ def run_job(prepared: Prepared, msg: dict[str, Any], channel: Channel) -> None:
             _profile(cand, prepared, channel)
             sync(device)
             laps.lap("profile_s")
-        channel.send("measured")  # the parent may give the GPU to the next candidate now
+        channel.send(Report.MEASURED)  # the parent may give the GPU to the next candidate now
     except BaseException as exc:  # noqa: BLE001 - whatever the candidate raised is the verdict's evidence
-        channel.send("error", stage=stage, **describe_exception(exc), **_memory_at_oom(exc, device))
+        channel.send(Report.ERROR, stage=stage, **describe_exception(exc), **_memory_at_oom(exc, device))
         return
-    channel.send("done", jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
+    channel.send(Report.DONE, jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
 
 
-def _large_bytes(msg: dict[str, Any]) -> int:
+def _large_bytes(msg: JobOp) -> int:
     """Bytes per trial above which this process copies neither inputs nor outputs (the job's
     ``in_place_bytes``, :data:`gpu_runner.memplan.LARGE_BYTES` by default)."""
     return int(msg.get("in_place_bytes", LARGE_BYTES))
@@ -219,7 +224,7 @@ def _memory_at_oom(exc: BaseException, device: torch.device) -> dict[str, Any]:
     return {"device_reserved": int(torch.cuda.memory_reserved(device)), "device_requested": asked}
 
 
-def _private(msg: dict[str, Any], name: str) -> Any:
+def _private(msg: JobOp, name: str) -> Any:
     from pathlib import Path
 
     return Path(msg["sandbox"]["cwd"]) / name
@@ -229,7 +234,7 @@ def _trials(
     prepared: Prepared,
     cand: Any,
     log: LaunchLog,
-    msg: dict[str, Any],
+    msg: JobOp,
     channel: Channel,
     threads0: int,
     children0: int,
@@ -318,10 +323,10 @@ def _trials(
         if filled is None:
             metas, blobs = pack(snapshot)
             laps.lap("trial_pack_s")
-            channel.send("trial", blobs=blobs, trial=t, tensors=metas, info=info)
+            channel.send(Report.TRIAL, blobs=blobs, trial=t, tensors=metas, info=info)
         else:
             laps.lap("trial_pack_s")
-            channel.send_bulk("trial", filled[1], trial=t, tensors=filled[0], info=info)
+            channel.send_bulk(Report.TRIAL, filled[1], trial=t, tensors=filled[0], info=info)
         laps.lap("trial_send_s")
         violation = (
             info["bad_types"]
@@ -339,7 +344,7 @@ def _trials(
             break
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - base_mem
-        channel.send("memory", peak_bytes=int(peak))
+        channel.send(Report.MEMORY, peak_bytes=int(peak))
     laps.lap("trial_memory_s")
     return all_ok
 
@@ -373,12 +378,12 @@ def _profile(cand: Any, prepared: Prepared, channel: Channel) -> None:
             cand(*inputs)
             sync(prepared.device)
         names = [e.name for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA"]
-        channel.send("profile", kernels=names[:64], launches=len(names) or None)
+        channel.send(Report.PROFILE, kernels=names[:64], launches=len(names) or None)
     except RuntimeError as exc:
-        channel.send("profile", kernels=[], launches=None, error=str(exc)[:500])
+        channel.send(Report.PROFILE, kernels=[], launches=None, error=str(exc)[:500])
 
 
-def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], channel: Channel) -> None:
+def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: JobOp, channel: Channel) -> None:
     atol, rtol = msg["atol"], msg["rtol"]
     recheck = {"checked": 0, "failed": 0}
 
@@ -411,4 +416,4 @@ def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: dict[str, Any], 
     result["recheck"] = recheck
     result["own_launches"] = log.own_launches
     result["candidate_calls"] = timed[0].calls
-    channel.send("timing", **result)
+    channel.send(Report.TIMING, **result)

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from gpu_runner.frames import PrepareOp, Report
 from gpu_runner.memplan import LARGE_BYTES
-from gpu_runner.worker_common import (
+from gpu_runner.sandboxed.common import (
     Channel,
     Laps,
     OutputSlots,
@@ -119,10 +120,14 @@ def ship(
     for t, n_outputs, fp64_error, filled, host in frames:
         if filled is not None:
             metas, refs = filled
-            channel.send_bulk("reference", refs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
+            channel.send_bulk(
+                Report.REFERENCE, refs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error
+            )
         else:
             metas, blobs = pack(host)
-            channel.send("reference", blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error)
+            channel.send(
+                Report.REFERENCE, blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error
+            )
     if slots is not None:
         slots.release()
     laps.lap("ship_s")
@@ -169,7 +174,7 @@ def _tensors(out: object, what: str) -> list[torch.Tensor]:
     return [t.detach() for t in items if isinstance(t, torch.Tensor)]
 
 
-def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prepared:
+def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
     """Build the reference for ``msg``'s seeds and ship its outputs; raises :class:`ReferenceFault`."""
     try:
         ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")
@@ -296,7 +301,7 @@ def prepare(msg: dict[str, Any], device: torch.device, channel: Channel) -> Prep
         torch.cuda.empty_cache()
     params = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
     channel.send(
-        "prepared",
+        Report.PREPARED,
         flops=flops,
         bytes_moved=prepared.in_nbytes + prepared.out_nbytes + params,
         out_dtype=str(ref_outputs[0][0].dtype).removeprefix("torch."),

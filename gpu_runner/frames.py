@@ -1,0 +1,334 @@
+"""The frames the evaluator and its workers exchange: one definition of each, read by both sides.
+
+A frame's header is a JSON object (:mod:`gpu_runner.protocol` carries it and its tensors). The
+parent sends *ops* (``{"op": ...}``) and a worker answers with *reports* (``{"kind": ...}``).
+Each op and each report has its fields declared here once, as a ``TypedDict`` (:data:`OPS`,
+:data:`REPORTS`): mypy checks both sides against it, and the same declaration is checked at run
+time. The parent builds every op with :func:`op_frame`, which refuses a missing, unknown or
+mistyped field, and the worker reads it back with :func:`decode_op`. The parent reads every
+report through :func:`decode_report`: a worker runs candidate code, so an unknown kind or a
+declared field that is missing or of the wrong type is a :class:`~gpu_runner.protocol.FrameError`,
+never a guess. Reports may carry more fields than they declare (measurements for the logs and
+the verdict, which the parent reads defensively). Stdlib only: workers import it before the
+sandbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from types import UnionType
+from typing import Any, NewType, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
+
+from gpu_runner.protocol import FrameError
+
+OpFrame = NewType("OpFrame", dict[str, Any])
+"""The header of an op built (and checked) by :func:`op_frame`: the only thing a worker is sent."""
+
+
+class Op(StrEnum):
+    """What the parent asks of a worker (the ``op`` of a frame it sends)."""
+
+    PREPARE = "prepare"
+    """Run worker: load the task's reference and ship its outputs for every trial."""
+    JOB = "job"
+    """Run worker: stage one candidate in the sandbox (then ``go`` and ``time``)."""
+    GO = "go"
+    """Run worker: the GPU lease is held; run the correctness trials."""
+    TIME = "time"
+    """Run worker: the GPU is exclusive now; time the candidate and the baselines."""
+    MEASURE = "measure"
+    """Run worker: report the task's sizes and FLOPs before any preparation."""
+    COMPILE = "compile"
+    """Compile worker: build one candidate's kernels ahead of time, in the sandbox."""
+    JUDGE = "judge"
+    """Judge worker: compare one trial's output files with the reference, on the device."""
+    GPU_GRANTED = "gpu_granted"
+    """Any worker: the shared GPU lease it asked for (``gpu_acquire``) is granted."""
+
+
+class Report(StrEnum):
+    """What a worker tells the parent (the ``kind`` of a frame it sends)."""
+
+    READY = "ready"
+    PREPARED = "prepared"
+    REFERENCE = "reference"
+    REFERENCE_ERROR = "reference_error"
+    PREPARE_TIME = "prepare_time"
+    MEASURED = "measured"
+    """From a measuring worker: the task's sizes; from a run worker: timing is over."""
+    SANDBOX = "sandbox"
+    ARMED = "armed"
+    TRIAL = "trial"
+    TRIALS_DONE = "trials_done"
+    MEMORY = "memory"
+    PROFILE = "profile"
+    TIMING = "timing"
+    DONE = "done"
+    ERROR = "error"
+    COMPILED = "compiled"
+    JUDGED = "judged"
+    GPU_ACQUIRE = "gpu_acquire"
+    GPU_RELEASE = "gpu_release"
+
+
+class SandboxSettings(TypedDict, total=False):
+    """What a worker applies to itself before it imports a candidate (the ``sandbox`` of a
+    ``job`` or ``compile``), built once by :func:`gpu_runner.isolation.sandbox_settings`."""
+
+    cwd: str
+    data_bytes: int
+    fsize_bytes: int
+    nproc: int
+    uid: int | None
+    gid: int | None
+    mem_fraction: float
+    strict: bool
+    landlock: dict[str, list[str]]
+    seccomp: str
+
+
+class PrepareOp(TypedDict):
+    """``prepare``: the task's reference, and the seeds of every trial (the candidate never sees them)."""
+
+    reference_source: str
+    init_seed: int
+    trial_seeds: list[int]
+    compiled_baseline: bool
+    flops: float | None
+    device_verdict: bool
+    inputs_on_device: bool
+    in_place_bytes: int
+
+
+class JobOp(TypedDict):
+    """``job``: one candidate, the sandbox it runs in, its tolerances and the timing settings."""
+
+    candidate_path: str
+    ext_manifest: dict[str, str]
+    sandbox: SandboxSettings
+    atol: float
+    rtol: float
+    timing: dict[str, float]
+    profile_kernels: bool
+    device_verdict: bool
+    poison_bytes: int | None
+    in_place_bytes: int
+    admitted_aten_ops: list[str]
+
+
+class MeasureOp(TypedDict):
+    """``measure``: the task whose sizes and FLOPs to report."""
+
+    reference_source: str
+
+
+class CompileOp(TypedDict):
+    """``compile``: one candidate to build ahead of time, in the sandbox, on the CPU."""
+
+    candidate_path: str
+    reference_source: str
+    build_root: str
+    target: dict[str, Any] | None
+    triton_kernels: list[str]
+    sandbox: SandboxSettings
+
+
+class JudgeOp(TypedDict):
+    """``judge``: the trial to rebuild the reference for, and the candidate's output files to compare."""
+
+    reference_source: str
+    init_seed: int
+    seed: int
+    on_device: bool
+    input_sums: list[int | None]
+    outputs: list[dict[str, Any]]
+
+
+class NoFields(TypedDict):
+    """An op or report that is its name alone."""
+
+
+class ReadyReport(TypedDict):
+    device: dict[str, Any]
+    pid: int
+    phases: dict[str, float]
+
+
+class PreparedReport(TypedDict):
+    out_metas: list[list[dict[str, Any]]]
+    phases: dict[str, float]
+
+
+class ReferenceReport(TypedDict):
+    trial: int
+    n_outputs: int
+    tensors: list[dict[str, Any]]
+
+
+class ReferenceErrorReport(TypedDict):
+    """The reference failed to load or run (the task is refused)."""
+
+    etype: str
+    message: str
+
+
+class PrepareTimeReport(TypedDict):
+    seconds: float
+
+
+class SandboxReport(TypedDict):
+    checks: dict[str, Any]
+    phases: dict[str, float]
+
+
+class TrialReport(TypedDict):
+    trial: int
+    tensors: list[dict[str, Any]]
+    info: dict[str, Any]
+
+
+class MemoryReport(TypedDict):
+    peak_bytes: int
+
+
+class ProfileReport(TypedDict):
+    kernels: list[str]
+
+
+class DoneReport(TypedDict):
+    phases: dict[str, float]
+
+
+class CompiledReport(TypedDict):
+    ok: bool
+
+
+class JudgedReport(TypedDict):
+    results: list[dict[str, Any]]
+
+
+class RunErrorReport(TypedDict):
+    """The worker's job failed: in which stage, with which exception."""
+
+    stage: str
+    etype: str
+    message: str
+
+
+OPS: dict[Op, type[Any]] = {
+    Op.PREPARE: PrepareOp,
+    Op.JOB: JobOp,
+    Op.GO: NoFields,
+    Op.TIME: NoFields,
+    Op.MEASURE: MeasureOp,
+    Op.COMPILE: CompileOp,
+    Op.JUDGE: JudgeOp,
+    Op.GPU_GRANTED: NoFields,
+}
+"""Every op's fields: the parent sends exactly these."""
+
+REPORTS: dict[Report, type[Any]] = {
+    Report.READY: ReadyReport,
+    Report.PREPARED: PreparedReport,
+    Report.REFERENCE: ReferenceReport,
+    Report.REFERENCE_ERROR: ReferenceErrorReport,
+    Report.PREPARE_TIME: PrepareTimeReport,
+    Report.MEASURED: NoFields,
+    Report.SANDBOX: SandboxReport,
+    Report.ARMED: NoFields,
+    Report.TRIAL: TrialReport,
+    Report.TRIALS_DONE: NoFields,
+    Report.MEMORY: MemoryReport,
+    Report.PROFILE: ProfileReport,
+    Report.TIMING: NoFields,
+    Report.DONE: DoneReport,
+    Report.ERROR: RunErrorReport,
+    Report.COMPILED: CompiledReport,
+    Report.JUDGED: JudgedReport,
+    Report.GPU_ACQUIRE: NoFields,
+    Report.GPU_RELEASE: NoFields,
+}
+"""The fields each report must carry, as the parent reads them (it may carry more: measurements for
+the logs and the verdict, which the parent reads defensively)."""
+
+
+def _accepts(value: object, hint: Any) -> bool:
+    """Whether a decoded JSON value fits a field's annotation (containers one level deep)."""
+    origin = get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (Union, UnionType):
+        return any(_accepts(value, arg) for arg in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):  # JSON true is no number
+        return hint is bool
+    if hint is float:
+        return isinstance(value, int | float)
+    if origin is list:
+        (item,) = get_args(hint)
+        return isinstance(value, list) and all(_accepts(x, item) for x in value)
+    if origin is dict or is_typeddict(hint):
+        return isinstance(value, dict)
+    return isinstance(value, hint)
+
+
+_FIELDS: dict[type[Any], tuple[dict[str, Any], frozenset[str]]] = {}
+
+
+def _fields(body: type[Any]) -> tuple[dict[str, Any], frozenset[str]]:
+    """A TypedDict's field annotations and its required keys (resolved once)."""
+    if body not in _FIELDS:
+        _FIELDS[body] = get_type_hints(body), frozenset(body.__required_keys__)
+    return _FIELDS[body]
+
+
+def _check(what: str, header: Mapping[str, Any], body: type[Any], exact: bool) -> None:
+    hints, required = _fields(body)
+    for name, hint in hints.items():
+        if name not in header:
+            if name in required:
+                raise FrameError(f"{what} has no {name!r}")
+            continue
+        if not _accepts(header[name], hint):
+            raise FrameError(f"{what}: {name!r} is not {_spell(hint)} ({type(header[name]).__name__})")
+    if exact:
+        extra = sorted(set(header) - set(hints) - {"op", "blobs"})
+        if extra:
+            raise FrameError(f"{what} has undeclared fields {extra}")
+
+
+def _spell(hint: Any) -> str:
+    return str(hint).replace("typing.", "") if get_args(hint) else str(getattr(hint, "__name__", hint))
+
+
+def op_frame(op: Op, body: Mapping[str, Any] | None = None) -> OpFrame:
+    """The header of one op from its fields (the op's TypedDict), checked against its declaration:
+    a parent bug fails here, loudly."""
+    fields = dict(body or {})
+    _check(f"op {op.value}", fields, OPS[op], exact=True)
+    return OpFrame({"op": op.value, **fields})
+
+
+def decode_op(header: Mapping[str, Any]) -> Op:
+    """The op of a frame the parent sent, its fields checked; :class:`FrameError` if it is not one."""
+    try:
+        op = Op(str(header.get("op")))
+    except ValueError:
+        raise FrameError(f"unknown op {header.get('op')!r}") from None
+    _check(f"op {op.value}", header, OPS[op], exact=True)
+    return op
+
+
+def decode_report(header: dict[str, Any]) -> Report:
+    """The kind of a frame a worker sent, its declared fields checked; :class:`FrameError` if it is not one.
+
+    The header's ``kind`` becomes the :class:`Report` member (equal to its string)."""
+    try:
+        kind = Report(str(header.get("kind")))
+    except ValueError:
+        raise FrameError(f"unknown report kind {str(header.get('kind'))[:40]!r}") from None
+    _check(f"{kind.value} report", header, REPORTS[kind], exact=False)
+    header["kind"] = kind
+    return kind

@@ -1,0 +1,96 @@
+"""Trials judged on the device: each trial's output files taken out of the dead worker's reach, then judged.
+
+For tasks whose plan keeps the verdict on the GPU (``device_verdict``), a run worker leaves its
+trials' outputs as bulk files. Once its whole process tree is gone (a killed process's DMA may
+still be landing while the kernel tears it down), each file is moved into a folder of the
+parent's (:func:`gpu_runner.protocol.take_bulk`) and the :class:`~gpu_runner.judge.Judge`
+compares it with the reference it rebuilds from the trial's seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from gpu_runner.compare import TrialCheck
+from gpu_runner.config import RunnerConfig
+from gpu_runner.errors import EvaluatorFault
+from gpu_runner.frames import JudgeOp
+from gpu_runner.judge import Judge
+from gpu_runner.pool import ReferenceData
+from gpu_runner.protocol import take_bulk
+from gpu_runner.sandbox import Worker, wait_gone
+
+
+def _shapes(metas: list[dict[str, Any]]) -> list[tuple[object, list[Any]]]:
+    return [(m.get("dtype"), list(m.get("shape", []))) for m in metas]
+
+
+async def judge_trials(
+    judge: Judge,
+    cfg: RunnerConfig,
+    worker: Worker,
+    tree: list[int],
+    pending: list[tuple[int, dict[str, Any]]],
+    ref: ReferenceData,
+    reference_source: str,
+    max_blob: int,
+    verdict_root: Path,
+    checks: list[TrialCheck],
+) -> None:
+    """Add to ``checks`` those of the ``pending`` trials (trial, report header), once nothing of the
+    candidate runs. Raises :class:`~gpu_runner.protocol.FrameError` for a report whose files are not
+    what it announced (``checks`` then holds the trials judged before it)."""
+    await worker.proc.wait()
+    await asyncio.to_thread(wait_gone, tree, 30.0)
+    ref.files = verdict_root / worker.dir.name
+    ref.files.mkdir(mode=0o700)
+    dst = os.open(ref.files, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for t, header in pending:
+            outputs = await _take_outputs(cfg, worker, t, header, ref, dst, max_blob)
+            job = JudgeOp(
+                reference_source=reference_source,
+                init_seed=ref.init_seed,
+                seed=ref.seeds[t],
+                on_device=ref.on_device,
+                input_sums=ref.input_sums[t],
+                outputs=outputs,
+            )
+            tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
+            metas = list(header["tensors"])
+            checks.append(await judge.trial(job, metas, ref.metas[t], tolerances, floors, cfg.precision_factor))
+            for out in outputs:  # each trial's files go as soon as they are judged
+                with contextlib.suppress(OSError):
+                    os.unlink(out["cand"])
+    finally:
+        os.close(dst)
+
+
+async def _take_outputs(
+    cfg: RunnerConfig, worker: Worker, t: int, header: dict[str, Any], ref: ReferenceData, dst: int, max_blob: int
+) -> list[dict[str, Any]]:
+    """Move trial ``t``'s output files into ``dst``; what the judge needs of each (none if the shapes differ)."""
+    assert ref.files is not None
+    ref_metas = ref.metas[t]
+    if _shapes(list(header["tensors"])) != _shapes(ref_metas):
+        return []  # the judge's decision stops at the difference without reading anything
+    if "bulk" not in header:
+        raise EvaluatorFault(f"trial {t}'s outputs did not come as files")
+    names = await asyncio.to_thread(take_bulk, worker.bulk_fd, header["bulk"], dst, f"c{t}_", max_blob)
+    outputs: list[dict[str, Any]] = []
+    for name, meta in zip(names, ref_metas, strict=True):
+        tol = cfg.tolerances.get(str(meta.get("dtype")))
+        outputs.append(
+            {
+                "cand": str(ref.files / name),
+                "dtype": str(meta.get("dtype")),
+                "atol": tol[0] if tol else 0.0,
+                "rtol": tol[1] if tol else 0.0,
+                "exact": tol is None,
+            }
+        )
+    return outputs

@@ -1,0 +1,156 @@
+"""Reading a run worker's reports into the candidate's record: trials compared in threads, the rest kept.
+
+The parent's side of the frames a run worker sends between ``job`` and its exit (see
+:mod:`gpu_runner.frames`): the sandbox it entered, each trial's outputs (compared with the
+reference's in a thread pool while the worker goes on, or left for the judge when the task's
+outputs are judged on the device), memory, profile, timing, an error or the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_runner.assemble import Collected
+from gpu_runner.compare import TrialCheck, compare_trial
+from gpu_runner.config import RunnerConfig
+from gpu_runner.frames import Report
+from gpu_runner.pool import Spare, decode_outputs
+from gpu_runner.protocol import Blob, FrameError
+from gpu_runner.sandbox import Worker
+from gpu_runner.verdict import RunRecord, exit_description
+from schemas import Check, CheckName, CheckOutcome
+
+_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(4, (os.cpu_count() or 2) // 4)), thread_name_prefix="kf-compare")
+"""Output comparisons (tens to hundreds of ms of numpy each) run here, not in the event loop's
+default executor, so a burst of them cannot queue the short steps on a candidate's path (the
+gate, staging files, storing a compile) behind it, nor take every core from the compilers."""
+
+
+def _numbers(value: object, limit: int = 16) -> dict[str, float]:
+    """A worker's ``{name: seconds}`` for the logs: only numbers, a few, short names (the worker
+    may have run a candidate that rewrote what it sends)."""
+    if not isinstance(value, dict):
+        return {}
+    out = {str(k)[:40]: round(float(v), 4) for k, v in value.items() if isinstance(v, int | float)}
+    return dict(list(out.items())[:limit])
+
+
+@dataclass
+class ReportReader:
+    """Absorbs one run worker's reports into ``c`` (its record, checks and pending comparisons)."""
+
+    cfg: RunnerConfig
+    worker: Worker
+    c: Collected
+    spare: Spare
+    max_blob: int
+
+    @property
+    def record(self) -> RunRecord:
+        """The run's record (made before the job is sent)."""
+        assert self.c.record is not None
+        return self.c.record
+
+    async def until(self, *until: Report) -> Report | None:
+        """Absorb frames until one of the kinds ``until`` arrives (that kind) or the worker is done,
+        failed or gone (None)."""
+        worker, c = self.worker, self.c
+        assert c.record is not None
+        while True:
+            try:
+                header, later = await worker.recv_deferring_bulk(self.max_blob)
+            except asyncio.IncompleteReadError:
+                await worker.proc.wait()
+                c.record.died = exit_description(worker.proc.returncode)
+                return None
+            kind = header["kind"]
+            if kind in until:
+                return kind  # type: ignore[no-any-return]
+            blobs: list[Blob] = []
+            if later is not None and kind is not Report.TRIAL:  # only trial outputs wait
+                blobs, later = await asyncio.wrap_future(later), None
+            if not await self._absorb(header, blobs, later):
+                return None
+
+    async def _absorb(self, header: dict[str, Any], blobs: list[Blob], later: Future[list[Blob]] | None) -> bool:
+        """Keep one report; False once the worker has said its last word (an error or done)."""
+        record, kind = self.record, header["kind"]
+        if kind in (Report.SANDBOX, Report.DONE):
+            record.phases.update(_numbers(header.get("phases")))
+        if kind is Report.SANDBOX:
+            record.sandbox = dict(header["checks"])
+            detail = ", ".join(f"{k}={v}" for k, v in record.sandbox.items())
+            self.c.checks.append(Check(name=CheckName.SANDBOX_LIMITS, outcome=CheckOutcome.PASSED, detail=detail))
+        elif kind is Report.TRIAL:
+            self._trial(header, blobs, later)
+        elif kind is Report.MEMORY:
+            record.memory_peak = int(header["peak_bytes"])
+        elif kind is Report.PROFILE:
+            record.profile = header
+        elif kind is Report.TIMING:
+            record.timing = header
+        elif kind is Report.ERROR:
+            record.error = header
+        elif kind is Report.DONE:
+            record.done = header
+        return kind not in (Report.ERROR, Report.DONE)
+
+    def _trial(self, header: dict[str, Any], blobs: list[Blob], later: Future[list[Blob]] | None) -> None:
+        """One trial's outputs: left for the judge, or compared with the reference's in a thread."""
+        ref, c = self.spare.reference, self.c
+        assert ref is not None
+        t = int(header["trial"])
+        if not 0 <= t < (len(ref.metas) if ref.judged else len(ref.outputs)):
+            raise FrameError(f"trial {t} does not exist")
+        self.record.trial_infos.append({"trial": t, **header["info"]})
+        if ref.judged:  # judged on the GPU once the worker is gone
+            c.pending.append((t, header))
+            return
+        dtypes = [str(m.get("dtype")) for m in header["tensors"]]
+        residuals = ref.residuals[t] if t < len(ref.residuals) else None
+        # Read (bulk files) and compared in threads while the worker goes on, and after the GPU is
+        # released: the run stage gathers every comparison before the verdict.
+        compare = self._compare(header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times)
+        c.compares.append(asyncio.create_task(compare))
+
+    async def _compare(
+        self,
+        header: dict[str, Any],
+        blobs: list[Blob],
+        later: Future[list[Blob]] | None,
+        dtypes: list[str],
+        ref_outputs: list[Any],
+        ref_dtypes: list[str],
+        residuals: list[Any] | None,
+        timings: list[tuple[float, float, float]],
+    ) -> TrialCheck:
+        t0 = time.perf_counter()
+        if later is not None:
+            blobs = await asyncio.wrap_future(later)
+        cand = decode_outputs(header, blobs)
+        t_read = time.perf_counter()
+        began: list[float] = []
+
+        def run() -> TrialCheck:
+            began.append(time.perf_counter())
+            return compare_trial(
+                cand,
+                dtypes,
+                ref_outputs,
+                ref_dtypes,
+                residuals,
+                dict(self.cfg.tolerances),
+                dict(self.cfg.precision_floors),
+                self.cfg.precision_factor,
+            )
+
+        check = await asyncio.get_running_loop().run_in_executor(_COMPARERS, run)
+        end = time.perf_counter()
+        # Where a comparison's time goes (for throughput work): reading the outputs, the queue, the arithmetic.
+        timings.append((t_read - t0, began[0] - t_read, end - began[0]))
+        return check

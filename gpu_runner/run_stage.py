@@ -1,0 +1,383 @@
+"""The run stage, parent side: one candidate in a prepared spare, from its job to the data of its verdict.
+
+A candidate runs from ``go`` to ``measured`` under the GPU leases of :mod:`gpu_runner.lease`: the
+candidate lease for its import, construction and trials (spares preparing references may share
+it), then the exclusive lease for its timing. The worker is killed while the GPU is still held.
+Its trials' outputs are compared in threads (:mod:`gpu_runner.run_reader`) or, for tasks whose
+outputs are judged on the device, by the judge once the worker is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpu_runner.assemble import Collected
+from gpu_runner.compare import TrialCheck
+from gpu_runner.config import RunnerConfig
+from gpu_runner.frames import JobOp, Op, OpFrame, Report, op_frame
+from gpu_runner.isolation import Isolation, jit_exec, sandbox_settings
+from gpu_runner.judge import Judge
+from gpu_runner.judged_trials import judge_trials
+from gpu_runner.lease import GpuGate, renice
+from gpu_runner.pool import RunPool, Spare
+from gpu_runner.protocol import FrameError
+from gpu_runner.run_reader import ReportReader
+from gpu_runner.sandbox import Worker, chown_tree
+from gpu_runner.triton_cache import copy_tree
+from gpu_runner.verdict import RunRecord
+from schemas import Check, CheckName, CheckOutcome
+
+logger = structlog.get_logger(__name__)
+
+TIMING_SETTINGS = (
+    "timing_budget_s",
+    "timing_min_reps",
+    "timing_max_reps",
+    "timing_target_rel_err",
+    "warmup_min_calls",
+    "warmup_min_s",
+    "guard_reps",
+    "timing_lead_us",
+)
+"""The config fields a run worker's timing reads (the ``timing`` of its job)."""
+
+PHASES = ("gate", "compile", "spare", "arm", "gpu_wait", "gpu", "verdict")
+"""An evaluation's phases in order: the static gate, the compile, waiting for a prepared spare,
+staging the job until the worker is armed, waiting for the GPU, holding it, the comparisons."""
+
+
+class Phase:
+    """Which phase one evaluation is in, counted in the service's ``in_flight``."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.now: str | None = None
+
+    def to(self, name: str | None) -> None:
+        if self.now is not None:
+            self.counts[self.now] -= 1
+        self.now = name
+        if name is not None:
+            self.counts[name] += 1
+
+
+def _copy_if_absent(src: str, dst: str) -> str:
+    if os.path.exists(dst):
+        return dst
+    return str(shutil.copy2(src, dst))
+
+
+def _frame_error(stage: str, exc: FrameError) -> dict[str, Any]:
+    """The record's error for a frame the run process should not have sent."""
+    return {"stage": stage, "etype": "FrameError", "message": f"the run process sent {exc}"}
+
+
+def profile_kernels(device: str, source: str, manifest: dict[str, str], gate_enforced: bool) -> tuple[bool, str]:
+    """Whether to list the device kernels of one forward with CUPTI, and why (not).
+
+    A candidate whose code is Python and Triton launches nothing the Triton launch hooks and the
+    aten dispatcher do not see (the gate refuses ctypes, foreign libraries and dynamic code);
+    compiled extension code can call vendor libraries directly, which only the profiler shows.
+    With the gate off, nothing is ruled out: always profile.
+    """
+    if device != "cuda":
+        return False, "no device kernels on the CPU"
+    if manifest or "load_inline" in source or "cpp_extension" in source:
+        return True, "compiled extension code: kernel names from CUPTI"
+    if not gate_enforced:
+        return True, "static gate not enforced: kernel names from CUPTI"
+    return False, "Python and Triton only: every launch seen by the launch hooks and the aten dispatcher"
+
+
+@dataclass
+class _Window:
+    """One candidate's run: its worker, what is collected, and where the time went."""
+
+    spare: Spare
+    c: Collected
+    reader: ReportReader
+    phase: Phase
+    budget: float
+    t0: float = field(default_factory=time.perf_counter)
+    stage: str = "start"
+    waited: float = 0.0
+    held: float | None = None
+    exclusive: bool = False
+    """Whether the run holds the GPU alone (the timing), not the candidate lease."""
+    tree: list[int] | None = None
+    marks: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def worker(self) -> Worker:
+        return self.spare.worker
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.perf_counter() - self.t0
+
+
+class RunStage:
+    """Runs candidates in prepared spares: stage, arm, trials and timing under the GPU leases, verdict data."""
+
+    def __init__(
+        self,
+        cfg: RunnerConfig,
+        iso: Isolation,
+        device: str,
+        gpu: GpuGate,
+        runs: RunPool,
+        background: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self.cfg, self.iso, self.device, self.gpu, self.runs = cfg, iso, device, gpu, runs
+        self.background = background
+        self.judge: Judge | None = None
+        """Compares large outputs on the GPU (started with the first task whose plan needs it)."""
+
+    async def run(self, spare: Spare, c: Collected, budget: float, phase: Phase) -> float:
+        """Run the job in the spare; returns the seconds spent queueing for the GPU."""
+        w = await self._arm(spare, c, budget, phase)
+        try:
+            await self._drive(w)
+        except TimeoutError:
+            w.reader.record.timed_out = True
+            c.timed_out = f"the evaluation exceeded {c.job.timeout_s:g} s (after {w.stage})"
+        except FrameError as exc:
+            w.reader.record.error = _frame_error(w.stage, exc)
+        finally:
+            self._end_worker(w)
+        await self._verdict_data(w)
+        record = w.reader.record
+        measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
+        if record.timing is not None:
+            measured += float(record.timing.get("elapsed_s", 0.0))
+        measure_s = measured if record.trial_infos else None
+        c.stages = c.stages.model_copy(update={"measure_s": measure_s, "gpu_s": w.held})
+        return w.waited
+
+    async def _arm(self, spare: Spare, c: Collected, budget: float, phase: Phase) -> _Window:
+        """Stage the candidate's files in the spare and send it the job."""
+        phase.to("arm")
+        assert c.compile is not None
+        ref = spare.reference
+        assert ref is not None
+        worker = spare.worker
+        c.device, c.peaks, c.reference = worker.ready.get("device"), worker.ready.get("peaks") or {}, ref
+        c.record = RunRecord()
+        manifest = await asyncio.to_thread(self._stage_files, spare, c)
+        profiled, why = profile_kernels(self.device, c.job.candidate_source, manifest, self.cfg.enforce_gate)
+        outcome = CheckOutcome.PASSED if profiled else CheckOutcome.SKIPPED
+        c.checks.append(Check(name=CheckName.KERNEL_PROFILE, outcome=outcome, detail=why))
+        plan = self.runs.plans.get(spare.task or "")
+        c.trials = len(ref.seeds) or None
+        c.planned_bytes = plan.device_per_candidate if plan is not None and plan.device_per_candidate else None
+        worker.keep_bulk = ref.judged
+        await worker.send(self._job_op(spare, c, manifest, profiled, plan.poison_bytes if plan is not None else None))
+        biggest = max((a.size for outs in ref.outputs for a in outs), default=1)
+        for metas in ref.metas:
+            biggest = max([biggest, *(int(m.get("nbytes", 0)) for m in metas)])
+        reader = ReportReader(self.cfg, worker, c, spare, 8 * 4 * biggest + (1 << 20))
+        return _Window(spare=spare, c=c, reader=reader, phase=phase, budget=budget)
+
+    def _job_op(
+        self, spare: Spare, c: Collected, manifest: dict[str, str], profiled: bool, poison: int | None
+    ) -> OpFrame:
+        """The ``job`` op: the candidate, its sandbox, tolerances and the timing settings."""
+        assert spare.reference is not None
+        worker = spare.worker
+        atol, rtol = self.cfg.tolerances.get(spare.reference.info.get("out_dtype", "float32"), (0.0, 0.0))
+        exec_ok = jit_exec(self.device, c.compile)
+        sandbox = sandbox_settings(self.cfg, self.iso, worker.dir, worker.bulk, "run", exec_ok)
+        return op_frame(
+            Op.JOB,
+            JobOp(
+                candidate_path=str(worker.dir / "candidate.py"),
+                ext_manifest=manifest,
+                sandbox=sandbox,
+                atol=atol,
+                rtol=rtol,
+                timing={k: getattr(self.cfg, k) for k in TIMING_SETTINGS},
+                profile_kernels=profiled,
+                device_verdict=spare.reference.judged,
+                poison_bytes=poison,
+                in_place_bytes=self.cfg.in_place_bytes,
+                admitted_aten_ops=sorted(c.gate.admitted_aten_ops),
+            ),
+        )
+
+    async def _drive(self, w: _Window) -> None:
+        """Wait for the worker to arm, then hold the GPU for its trials and timing."""
+        async with asyncio.timeout(w.budget):
+            armed = await w.reader.until(Report.ARMED)
+        w.mark("armed")
+        w.budget -= time.perf_counter() - w.t0
+        if not armed:
+            return
+        w.stage = "armed"
+        t_wait = time.perf_counter()
+        w.phase.to("gpu_wait")
+        await self.gpu.acquire_candidate()
+        try:
+            w.phase.to("gpu")
+            w.waited = time.perf_counter() - t_wait
+            await self._on_gpu(w)
+        finally:
+            await asyncio.shield(self.gpu.release(exclusive=w.exclusive, candidate=not w.exclusive))
+
+    async def _on_gpu(self, w: _Window) -> None:
+        """Trials, timing and the end of the worker's reports under the GPU lease."""
+        t_go = time.perf_counter()
+        w.c.checks.append(self._priority(w.worker))
+        try:
+            await w.worker.send(op_frame(Op.GO))
+            reached, upgrade_wait = await self._trials_then_timing(w)
+            w.budget -= time.perf_counter() - t_go - upgrade_wait
+            w.mark("measured")
+            w.stage = "measured"
+            if reached is not None:
+                async with asyncio.timeout(max(0.01, w.budget)):
+                    await w.reader.until()
+            w.mark("done")
+        finally:
+            # Killed while the GPU is still ours: nothing the candidate left running reaches the
+            # next timing. (Waiting for its CUDA teardown here cost seconds of exclusive GPU per
+            # candidate; it is reaped in the background.)
+            w.tree = w.worker.terminate()
+            w.held = time.perf_counter() - t_go
+            w.phase.to("verdict")
+            w.mark("killed")
+
+    async def _trials_then_timing(self, w: _Window) -> tuple[Report | None, float]:
+        """Trials on the shared lease, then timing on the exclusive one: (last report, seconds waited to upgrade)."""
+        async with asyncio.timeout(max(0.01, w.budget)) as window:
+            reached = await w.reader.until(Report.TRIALS_DONE, Report.MEASURED)
+            if reached is not Report.TRIALS_DONE:
+                return reached, 0.0
+            w.mark("trials_done")
+            t_up = time.perf_counter()
+            # Waiting for spares to leave the GPU is queueing, not the candidate's time: no
+            # deadline while it lasts, and the deadline moves by the wait.
+            deadline = window.when()
+            window.reschedule(None)
+            await self.gpu.upgrade()  # the timing has the GPU alone
+            w.exclusive = True
+            upgrade_wait = time.perf_counter() - t_up
+            w.waited += upgrade_wait
+            window.reschedule((deadline or 0.0) + upgrade_wait)
+            w.mark("exclusive")
+            await w.worker.send(op_frame(Op.TIME))
+            return await w.reader.until(Report.MEASURED), upgrade_wait
+
+    def _end_worker(self, w: _Window) -> None:
+        """Kill the worker (if the GPU window did not) and reap it unless the judge still needs its files."""
+        worker, record = w.worker, w.reader.record
+        if w.tree is None:
+            w.tree = worker.terminate()
+        assert w.spare.reference is not None
+        if not w.spare.reference.judged:  # else after the judge took the output files
+            self.background(worker.reap(w.tree, sweep=self.iso.pids.startswith("skipped")))
+        record.log = worker.log_text()
+        w.mark("terminated")
+        # Where the run stage's time goes (seconds since the job was sent), for overhead work.
+        logger.debug("run phases", candidate=w.c.job.candidate_id, waited_s=w.waited, worker=record.phases, **w.marks)
+
+    async def _verdict_data(self, w: _Window) -> None:
+        """The trials' comparisons: judged on the device now, or gathered from the threads that ran them."""
+        c, record = w.c, w.reader.record
+        assert w.spare.reference is not None
+        assert w.tree is not None
+        if w.spare.reference.judged:
+            try:
+                if c.pending:
+                    record.trial_checks = await self._judge_trials(w, w.tree)
+            finally:
+                self.background(w.worker.reap(w.tree, sweep=self.iso.pids.startswith("skipped")))
+        if not c.compares:
+            return
+        t_gather = time.perf_counter()
+        outcomes = await asyncio.gather(*c.compares, return_exceptions=True)
+        if c.compare_times:
+            logger.debug(
+                "verdict phases",
+                candidate=c.job.candidate_id,
+                after_window_s=round(time.perf_counter() - t_gather, 3),
+                read_s=round(max(t[0] for t in c.compare_times), 3),
+                queued_s=round(max(t[1] for t in c.compare_times), 3),
+                compare_s=round(max(t[2] for t in c.compare_times), 3),
+            )
+        bad = next((o for o in outcomes if isinstance(o, FrameError)), None)
+        if bad is not None:
+            record.error = _frame_error("forward", bad)
+        for o in outcomes:
+            if isinstance(o, BaseException) and not isinstance(o, FrameError):
+                raise o
+        record.trial_checks = [o for o in outcomes if isinstance(o, TrialCheck)]
+
+    def _priority(self, worker: Worker) -> Check:
+        """Give the worker about to be timed the CPU back from the niceness every worker starts with."""
+        if not self.cfg.worker_nice:
+            return Check(name=CheckName.PRIORITY, outcome=CheckOutcome.SKIPPED, detail="skipped: worker_nice is 0")
+        error = renice(worker.pid, 0)
+        if error is not None:
+            detail = (
+                f"skipped: cannot raise the priority ({error.strerror}); all workers at nice {self.cfg.worker_nice}"
+            )
+            return Check(name=CheckName.PRIORITY, outcome=CheckOutcome.SKIPPED, detail=detail)
+        return Check(
+            name=CheckName.PRIORITY,
+            outcome=CheckOutcome.PASSED,
+            detail=f"nice 0 while timed; starting, preparing and compiling workers at nice {self.cfg.worker_nice}",
+        )
+
+    async def _judge_trials(self, w: _Window, tree: list[int]) -> list[TrialCheck]:
+        """Compare the trials' output files on the GPU once nothing of the candidate can write them."""
+        runs = self.runs
+        if self.judge is None:
+            folder = str(runs.verdict_dir())
+            start = self.cfg.worker_start_timeout_s
+            self.judge = Judge(lambda: runs.new_worker({"KF_JUDGE_DIR": folder}), self.gpu, self.cfg.worker_nice, start)
+        assert w.spare.reference is not None
+        checks: list[TrialCheck] = []
+        try:
+            await judge_trials(
+                self.judge,
+                self.cfg,
+                w.worker,
+                tree,
+                w.c.pending,
+                w.spare.reference,
+                w.c.job.reference_source,
+                w.reader.max_blob,
+                runs.verdict_dir(),
+                checks,
+            )
+        except FrameError as exc:
+            w.reader.record.error = _frame_error("forward", exc)
+        return checks
+
+    def _stage_files(self, spare: Spare, c: Collected) -> dict[str, str]:
+        assert c.compile is not None
+        assert self.iso is not None
+        worker = spare.worker
+        (worker.dir / "candidate.py").write_text(c.job.candidate_source)
+        triton_dir = c.compile.triton_dir
+        if triton_dir is not None:
+            # Triton's cache is content-addressed: a file already there (e.g. the launcher the
+            # reference's own kernel loaded) is identical, and overwriting a loaded shared
+            # library in place crashes the process that has it mapped. Copy only what is new.
+            copy_tree(triton_dir, worker.dir / "triton", copy_function=_copy_if_absent)
+        manifest: dict[str, str] = {}
+        for key, so in c.compile.ext_manifest.items():
+            dst = worker.dir / "prebuilt" / key / Path(so).name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, dst)
+            manifest[key] = str(dst)
+        chown_tree(worker.dir, self.iso.uid, self.iso.gid)
+        return manifest
