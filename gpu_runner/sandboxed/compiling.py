@@ -117,19 +117,23 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
         except Exception as exc:  # noqa: BLE001 - the run process compiles instead; the reference's own fault shows there
             aot = f"partial: no inputs for the reference here ({type(exc).__name__}); the run process compiles"
     enter_sandbox(sandbox, torch.device("cpu"))
-    try:
-        ns = import_candidate(msg["candidate_path"])
-    except BaseException as exc:  # noqa: BLE001 - a failing import is the compile verdict
+
+    def failed(stage: str, aot: str, exc: BaseException) -> None:
         channel.send(
             Report.COMPILED,
             ok=False,
-            stage="import",
+            stage=stage,
             built=built,
-            aot="import failed",
+            aot=aot,
             compile_error=True,
             elapsed_s=time.perf_counter() - started,
             **describe_exception(exc),
         )
+
+    try:
+        ns = import_candidate(msg["candidate_path"])
+    except BaseException as exc:  # noqa: BLE001 - a failing import is the compile verdict
+        failed("import", "import failed", exc)
         return
     if shaped is not None:
         try:
@@ -143,16 +147,7 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             aot += _build_launchers(kernels)
         except BaseException as exc:  # noqa: BLE001 - a Triton compile error is a verdict; others mean JIT later
             if _is_compile_error(exc):
-                channel.send(
-                    Report.COMPILED,
-                    ok=False,
-                    stage="triton",
-                    built=built,
-                    aot="compile error",
-                    compile_error=True,
-                    elapsed_s=time.perf_counter() - started,
-                    **describe_exception(exc),
-                )
+                failed("triton", "compile error", exc)
                 return
             aot = f"partial: the forward needs a device ({type(exc).__name__}); the run process compiles the rest"
     channel.send(Report.COMPILED, ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started)
