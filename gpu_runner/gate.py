@@ -72,7 +72,8 @@ def check_candidate(
     if torch_ops is TorchOpsPolicy.REFERENCE:
         from gpu_runner.gate_policy import admit_reference_ops
 
-        findings, kept, admitted = admit_reference_ops(findings, gate.compute_keys, reference_source)
+        allowed = forward_torch_ops(reference_source)
+        findings, kept, admitted = admit_reference_ops(findings, gate.compute_keys, reference_source, allowed)
     return GateReport(
         findings=findings,
         triton_kernels=tuple(sorted(gate.triton_kernels)),
@@ -81,6 +82,18 @@ def check_candidate(
         torch_ops_kept=kept,
         admitted_aten_ops=admitted,
     )
+
+
+def forward_torch_ops(source: str) -> frozenset[str]:
+    """The torch compute operations a module's forward path calls, by the gate's names
+    (``torch.matmul``, ``.sum``, ``@``, ``torch.nn.Conv2d`` for a call of such a submodule)."""
+    gate = _Gate(ast.parse(source), {})
+    gate.collect()
+    gate.mark_forward_path()
+    for node in ast.walk(gate.tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and id(node) in gate.forward_nodes:
+            gate.check_forward(node)
+    return frozenset(gate.compute_keys.values())
 
 
 def _rule_for_module(module: str) -> CheatRule | None:

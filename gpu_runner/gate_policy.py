@@ -9,32 +9,18 @@ aten ops the reference dispatches (:func:`gpu_runner.aten_policy.reference_aten_
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping
 
 from gpu_runner.aten_policy import ReferenceTraceError, reference_aten_ops
-from gpu_runner.gate import _Gate
 from schemas import CheatRule, Finding, Severity
 
 
-def forward_torch_ops(source: str) -> frozenset[str]:
-    """The torch compute operations a module's forward path calls, by the gate's names
-    (``torch.matmul``, ``.sum``, ``@``, ``torch.nn.Conv2d`` for a call of such a submodule)."""
-    gate = _Gate(ast.parse(source), {})
-    gate.collect()
-    gate.mark_forward_path()
-    for node in ast.walk(gate.tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and id(node) in gate.forward_nodes:
-            gate.check_forward(node)
-    return frozenset(gate.compute_keys.values())
-
-
 def admit_reference_ops(
-    findings: tuple[Finding, ...], compute_keys: Mapping[int, str], reference_source: str
+    findings: tuple[Finding, ...], compute_keys: Mapping[int, str], reference_source: str, allowed: frozenset[str]
 ) -> tuple[tuple[Finding, ...], tuple[str, ...], frozenset[str]]:
-    """The findings with the reference's own torch operations downgraded to ``info``, the names of
-    those kept, and the aten ops the forward may dispatch at run time."""
-    allowed = forward_torch_ops(reference_source)
+    """The findings with the reference's own torch operations (``allowed``, by the gate's names:
+    :func:`gpu_runner.gate.forward_torch_ops`) downgraded to ``info``, the names of those kept, and
+    the aten ops the forward may dispatch at run time."""
     out: list[Finding] = []
     kept: list[str] = []
     for i, finding in enumerate(findings):

@@ -10,8 +10,7 @@ import pytest
 import pytest_asyncio
 
 from gpu_runner.aten_policy import ReferenceTraceError, reference_aten_ops
-from gpu_runner.gate import check_candidate
-from gpu_runner.gate_policy import forward_torch_ops
+from gpu_runner.gate import check_candidate, forward_torch_ops
 from gpu_runner.service import EvaluationService
 from schemas import CheatRule, DeviceChoice, EvalStatus, Role, Severity, TorchOpsPolicy
 from tests.gpu_runner.conftest import candidate, fast_config, job, reference

@@ -15,20 +15,6 @@ pytestmark = pytest.mark.timeout(30)
 
 ROOT = Path(__file__).resolve().parents[2]
 
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # The template expert's emitters: emit.write_kernel picks a writer module that imports emit.
-        frozenset(
-            f"actors.experts.template.{m}"
-            for m in ("attention", "emit", "emit_conv", "emit_mm", "emit_pool", "emit_row", "scan")
-        ),
-        # Its lowering: lower imports the pattern and keep-torch helpers, which call back into lower.
-        frozenset(f"actors.experts.template.{m}" for m in ("attn_pattern", "keep_torch", "lower", "render")),
-    }
-)
-"""Loops inside the template expert that are still to be untangled (issue 17). Exactly these are
-allowed: a new loop fails, and so does one of these once it is gone (remove it here)."""
-
 
 def _modules(package: str) -> dict[str, Path]:
     found = {}
@@ -64,9 +50,10 @@ def import_graph(package: str) -> dict[str, set[str]]:
                     if child.level:
                         anchor = package_of.split(".")[: len(package_of.split(".")) - child.level + 1]
                         base = ".".join([*anchor, *([base] if base else [])])
-                    if base in modules:
+                    subs = {f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in modules}
+                    edges |= subs
+                    if base in modules and len(subs) < len(child.names):  # a name from the package itself
                         edges.add(base)
-                    edges |= {f"{base}.{a.name}" for a in child.names if f"{base}.{a.name}" in modules}
                 stack.append(child)
         edges.discard(name)
         graph[name] = edges
@@ -115,15 +102,11 @@ def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-@pytest.mark.parametrize("package", ["actors", "schemas"])
+@pytest.mark.parametrize("package", ["actors", "schemas", "gpu_runner", "experience"])
 def test_modules_of_a_package_import_each_other_without_a_loop(package: str) -> None:
     graph = import_graph(package)
     assert len(graph) > 3
-    assert cycles(graph) - KNOWN_CYCLES == set()
-
-
-def test_the_known_loops_of_the_template_expert_are_still_there_until_removed_from_the_list() -> None:
-    assert cycles(import_graph("actors")) & KNOWN_CYCLES == KNOWN_CYCLES
+    assert cycles(graph) == set()
 
 
 def test_a_loop_through_an_import_inside_a_function_is_found() -> None:

@@ -30,8 +30,7 @@ _TRIL = re.compile(r"^torch\.tril\(torch\.ones\([^()]*\)\)(\.view\([^()]*\)|\.re
 
 def _canon(lw: Lowerer, node: Any) -> tuple[str, dict[str, Any]] | None:
     """The canonical op of an FX call node with its bound arguments (FX nodes, not lowered), or ``None``."""
-    from actors.experts.template.lower import _bind
-    from actors.experts.template.spellings import resolve
+    from actors.experts.template.spellings import bind, resolve
 
     if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method", "call_module"):
         return None
@@ -40,7 +39,7 @@ def _canon(lw: Lowerer, node: Any) -> tuple[str, dict[str, Any]] | None:
     if spec is None:
         return None
     try:
-        bound = _bind(spec, list(node.args), dict(node.kwargs), module)
+        bound = bind(spec, list(node.args), dict(node.kwargs), module)
     except UnsupportedGraph:
         return None
     return spec.canon, bound

@@ -101,6 +101,10 @@ class Writer:
         """Row kernels: whether the node is a per-row value."""
         return self.kernel.kind is KernelKind.ROW and nid not in self.kernel.elem
 
+    def write(self) -> Launch:
+        """The kernel's source and launch (each template lays out its tile and loops)."""
+        raise NotImplementedError
+
     # -- layout hooks (overridden by the templates) ----------------------------------------
     def space(self, row: bool) -> IndexSpace:
         """The index space of the current tile (element or row level)."""
@@ -248,32 +252,3 @@ class PointwiseWriter(Writer):
             num_warps=self.params.pw_warps,
             num_stages=1,
         )
-
-
-def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> Launch:
-    """Emit one kernel of the schedule with the template of its kind."""
-    if kernel.kind is KernelKind.PW:
-        return PointwiseWriter(sched, kernel, params, used).write()
-    if kernel.kind is KernelKind.MM:
-        from actors.experts.template.emit_mm import MatmulWriter
-
-        return MatmulWriter(sched, kernel, params, used).write()
-    if kernel.kind is KernelKind.CONV:
-        from actors.experts.template.emit_conv import ConvWriter
-
-        return ConvWriter(sched, kernel, params, used).write()
-    if kernel.kind is KernelKind.ATTN:
-        from actors.experts.template.attention import AttentionWriter
-
-        return AttentionWriter(sched, kernel, params, used).write()
-    if kernel.kind is KernelKind.SCAN:
-        from actors.experts.template.scan import ScanWriter
-
-        return ScanWriter(sched, kernel, params, used).write()
-    if kernel.kind is KernelKind.POOL:
-        from actors.experts.template.emit_pool import PoolWriter
-
-        return PoolWriter(sched, kernel, params, used).write()
-    from actors.experts.template.emit_row import RowWriter
-
-    return RowWriter(sched, kernel, params, used).write()

@@ -180,3 +180,11 @@ def helpers_source(used: set[str]) -> str:
     for name in sorted(used):
         visit(name)
     return "".join(HELPERS[name] for name in order)
+
+
+def attr_path(path: str) -> str:
+    """``self.<path>`` as Python, with list indices (``layers.0`` -> ``self.layers[0]``)."""
+    expr = "self"
+    for part in path.split("."):
+        expr += f".{part}" if part.isidentifier() else f"[{int(part)}]" if part.isdigit() else f"[{part!r}]"
+    return expr

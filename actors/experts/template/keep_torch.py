@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.exprs import attr_path
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
 
 if TYPE_CHECKING:
@@ -131,8 +132,6 @@ def _expression(lw: Lowerer, fxn: fx.Node, source: str) -> tuple[str, list[int]]
     sp = _Spelling(lw)
     target = fxn.target
     if fxn.op == "call_module":
-        from actors.experts.template.render import attr_path
-
         text = f"{attr_path(str(target))}({sp.call(tuple(fxn.args), dict(fxn.kwargs))})"
     elif fxn.op == "call_method":
         receiver, *rest = fxn.args

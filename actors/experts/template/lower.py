@@ -22,7 +22,7 @@ from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, KeepTorch, Node, NodeKind, NodeRef
 from actors.experts.template.keep_torch import is_layout, keep
-from actors.experts.template.spellings import REQUIRED, Spec, resolve
+from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.trace import Traced
 
 
@@ -285,7 +285,7 @@ class Lowerer:
                 return attention
         args = [self._arg(a) for a in fxn.args]
         kwargs = {k: self._arg(v) for k, v in fxn.kwargs.items()}
-        bound = _bind(spec, args, kwargs, module)
+        bound = bind(spec, args, kwargs, module)
         if module is not None:
             bound["__path__"] = str(fxn.target)
         if bound.get("inplace") is True or spec.inplace:
@@ -330,31 +330,3 @@ def _describe(fxn: fx.Node) -> str:
         return "indexing"
     name = getattr(target, "__name__", str(target))
     return f"function {getattr(target, '__module__', '') or ''}.{name}".replace("..", ".")
-
-
-def _bind(spec: Spec, args: list[Any], kwargs: dict[str, Any], module: torch.nn.Module | None) -> dict[str, Any]:
-    """Bind call arguments to the canonical op's parameter names (module attributes first)."""
-    if spec.passthrough:
-        return {"input": args[0] if args else kwargs.get("input")}
-    bound: dict[str, Any] = {}
-    if module is not None:
-        for name, attr in spec.module_attrs:
-            bound[name] = getattr(module, attr)
-    names = [p for p, _ in spec.params]
-    if len(args) > len(names) and not spec.varargs:
-        raise UnsupportedGraph(f"{spec.canon} called with {len(args)} positional arguments")
-    if spec.varargs:
-        bound[names[0]] = args[0]
-        bound[names[1]] = tuple(args[1:]) if len(args) > 2 or not isinstance(args[1], tuple | list) else args[1]
-    else:
-        bound.update(zip(names, args, strict=False))
-    for key, value in kwargs.items():
-        if key not in names:
-            raise UnsupportedGraph(f"{spec.canon} called with an unexpected keyword {key!r}")
-        bound[key] = value
-    for name, default in spec.params:
-        if name not in bound:
-            if default is REQUIRED:
-                raise UnsupportedGraph(f"{spec.canon} called without {name!r}")
-            bound[name] = default
-    return bound

@@ -12,16 +12,35 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 
-from actors.experts.template.emit import Launch, write_kernel
+from actors.experts.template.attention import AttentionWriter
+from actors.experts.template.emit import Launch, PointwiseWriter, Writer
+from actors.experts.template.emit_conv import ConvWriter
+from actors.experts.template.emit_mm import MatmulWriter
+from actors.experts.template.emit_pool import PoolWriter
+from actors.experts.template.emit_row import RowWriter
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
-from actors.experts.template.exprs import helpers_source
-from actors.experts.template.fuse import KernelKind, Schedule, base_of, schedule
+from actors.experts.template.exprs import attr_path, helpers_source
+from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
 from actors.experts.template.ir import KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
+from actors.experts.template.scan import ScanWriter
 from actors.experts.template.trace import init_source, trace_reference
 
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
+
+
+def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> Launch:
+    """Emit one kernel of the schedule with the writer of its kind."""
+    writers: dict[KernelKind, type[Writer]] = {
+        KernelKind.PW: PointwiseWriter,
+        KernelKind.MM: MatmulWriter,
+        KernelKind.CONV: ConvWriter,
+        KernelKind.ATTN: AttentionWriter,
+        KernelKind.SCAN: ScanWriter,
+        KernelKind.POOL: PoolWriter,
+    }
+    return writers.get(kernel.kind, RowWriter)(sched, kernel, params, used).write()
 
 
 def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan | Unsupported:
@@ -114,14 +133,6 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule) -> str:
             parts.extend(["", stage.source, ""])
     parts.append(_model(plan, sched, launches))
     return "\n".join(parts) + "\n"
-
-
-def attr_path(path: str) -> str:
-    """``self.<path>`` as Python, with list indices (``layers.0`` -> ``self.layers[0]``)."""
-    expr = "self"
-    for part in path.split("."):
-        expr += f".{part}" if part.isidentifier() else f"[{int(part)}]" if part.isdigit() else f"[{part!r}]"
-    return expr
 
 
 def _torch_call(plan: Plan, sched: Schedule, nid: int) -> str:

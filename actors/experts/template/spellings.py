@@ -10,10 +10,13 @@ from __future__ import annotations
 import builtins
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+
+from actors.experts.template.errors import UnsupportedGraph
 
 
 class _Required:
@@ -337,3 +340,31 @@ def resolve(fxn: fx.Node, module: nn.Module | None) -> Spec | None:
         except TypeError:  # an unhashable target
             return None
     return None
+
+
+def bind(spec: Spec, args: list[Any], kwargs: dict[str, Any], module: torch.nn.Module | None) -> dict[str, Any]:
+    """Bind call arguments to the canonical op's parameter names (module attributes first)."""
+    if spec.passthrough:
+        return {"input": args[0] if args else kwargs.get("input")}
+    bound: dict[str, Any] = {}
+    if module is not None:
+        for name, attr in spec.module_attrs:
+            bound[name] = getattr(module, attr)
+    names = [p for p, _ in spec.params]
+    if len(args) > len(names) and not spec.varargs:
+        raise UnsupportedGraph(f"{spec.canon} called with {len(args)} positional arguments")
+    if spec.varargs:
+        bound[names[0]] = args[0]
+        bound[names[1]] = tuple(args[1:]) if len(args) > 2 or not isinstance(args[1], tuple | list) else args[1]
+    else:
+        bound.update(zip(names, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise UnsupportedGraph(f"{spec.canon} called with an unexpected keyword {key!r}")
+        bound[key] = value
+    for name, default in spec.params:
+        if name not in bound:
+            if default is REQUIRED:
+                raise UnsupportedGraph(f"{spec.canon} called without {name!r}")
+            bound[name] = default
+    return bound
