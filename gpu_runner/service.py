@@ -171,7 +171,7 @@ class EvaluationService:
         self.described = describe_device(self.device, target, software)
         # Compile workers run at the run workers' niceness. (Five steps below them, tried while
         # spares started from fresh interpreters, made no difference to the stream once spares
-        # were forked: 0.309 cand/s either way, runs M and N in bench/results/gpu_runner_h200.txt.)
+        # were forked: 0.309 cand/s either way, in bench/results/gpu_runner_h200.txt.)
         self.compiler = Compiler(
             self.cfg, self.iso, self.device, self.base, f"{software['torch']} {software['triton']}"
         )
