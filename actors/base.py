@@ -180,7 +180,9 @@ class Actor:
                 )
                 if self.run_id is not None:
                     await self.bus.subscribe(subjects.run_end(self.run_id), RunEnd, self._on_run_end, concurrency=1)
-                await self.setup()
+                if not await self._set_up_unless_stopped():
+                    self.log.info("actor stopped while setting up", reason=self.stop_reason)
+                    return
                 self.state = ActorState.RUNNING
                 self._ready.set()
                 self.log.info("actor running", kind=str(self.kind), version=self.version)
@@ -220,6 +222,24 @@ class Actor:
             self._ready.set()
             self._stopped.set()
             self.log.info("actor stopped", reason=self.stop_reason, **self.stats.snapshot().model_dump())
+
+    async def _set_up_unless_stopped(self) -> bool:
+        """:meth:`setup`, cancelled when a stop is requested first (a run that ends while its
+        evaluator is still starting must not wait for the start); whether it completed."""
+        setup = asyncio.create_task(self.setup())
+        stopped = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait({setup, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not setup.done():
+                setup.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await setup
+        if setup.cancelled():
+            return False
+        setup.result()  # a failed setup raises here, as an awaited one did
+        return True
 
     def _stopped_early(self) -> None:
         self.state = ActorState.STOPPED
