@@ -10,31 +10,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from schemas import CheatRule, DiagnosisCategory
+from schemas import CheatRule, DiagnosisCategory, Role
 
 C = DiagnosisCategory
 
-_FAMILY_ROLE: Mapping[str, str] = MappingProxyType(
-    {"compile": "repair", "runtime": "repair", "incorrect": "repair", "rejected": "repair"}
+_FAMILY_ROLE: Mapping[str, Role] = MappingProxyType(
+    {"compile": Role.REPAIR, "runtime": Role.REPAIR, "incorrect": Role.REPAIR, "rejected": Role.REPAIR}
 )
-_ROLE: Mapping[C, str] = MappingProxyType(
+_ROLE: Mapping[C, Role] = MappingProxyType(
     {
-        C.COMPILE_RESOURCES: "tiling",
-        C.RUNTIME_LAUNCH: "tiling",
-        C.RUNTIME_OOM: "memory",
-        C.SLOW_LAUNCH_BOUND: "fusion",
-        C.SLOW_MEMORY_BOUND: "memory",
-        C.SLOW_COMPUTE_BOUND: "tiling",
-        C.SLOW_LATENCY_BOUND: "tiling",
-        C.SLOW_FAR_FROM_SOL: "algorithm",
-        C.AT_SOL: "tiling",
+        C.COMPILE_RESOURCES: Role.TILING,
+        C.RUNTIME_LAUNCH: Role.TILING,
+        C.RUNTIME_OOM: Role.MEMORY,
+        C.SLOW_LAUNCH_BOUND: Role.FUSION,
+        C.SLOW_MEMORY_BOUND: Role.MEMORY,
+        C.SLOW_COMPUTE_BOUND: Role.TILING,
+        C.SLOW_LATENCY_BOUND: Role.TILING,
+        C.SLOW_FAR_FROM_SOL: Role.ALGORITHM,
+        C.AT_SOL: Role.TILING,
     }
 )
 
 
-def suggested_role(category: C) -> str:
+def suggested_role(category: C) -> Role:
     """The expert role best placed to act on ``category``."""
-    return _ROLE.get(category) or _FAMILY_ROLE.get(category.family, "general")
+    return _ROLE.get(category) or _FAMILY_ROLE.get(category.family, Role.GENERAL)
 
 
 _HINTS: Mapping[C, tuple[str, ...]] = MappingProxyType(

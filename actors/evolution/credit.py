@@ -34,23 +34,24 @@ from schemas import Diagnosis, DiagnosisCategory, ExpertConfig, ExpertKind, Role
 START = "start"
 """Routing key of a request without a parent."""
 
-ROUTES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+ROUTES: Mapping[str, tuple[Role, ...]] = MappingProxyType(
     {
-        START: ("template", "general", "algorithm", "fusion", "memory", "tiling"),
-        "refine": ("template", "general", "tiling", "memory", "fusion", "algorithm"),
-        "compile": ("repair", "general"),
-        "compile.resources": ("tiling", "template", "repair", "general"),
-        "runtime": ("repair", "general"),
-        "runtime.launch": ("tiling", "repair", "general"),
-        "runtime.oom": ("memory", "repair", "general"),
-        "incorrect": ("repair", "general"),
-        "rejected": ("repair", "general"),
-        "slow": ("template", "general"),
-        "slow.launch_bound": ("fusion", "template", "algorithm", "general"),
-        "slow.memory_bound": ("memory", "template", "tiling", "general"),
-        "slow.compute_bound": ("tiling", "template", "algorithm", "general"),
-        "slow.far_from_sol": ("algorithm", "template", "fusion", "memory", "general"),
-        "at_sol": ("template", "tiling", "general"),
+        START: (Role.TEMPLATE, Role.GENERAL, Role.ALGORITHM, Role.FUSION, Role.MEMORY, Role.TILING),
+        "refine": (Role.TEMPLATE, Role.GENERAL, Role.TILING, Role.MEMORY, Role.FUSION, Role.ALGORITHM),
+        "compile": (Role.REPAIR, Role.GENERAL),
+        "compile.resources": (Role.TILING, Role.TEMPLATE, Role.REPAIR, Role.GENERAL),
+        "runtime": (Role.REPAIR, Role.GENERAL),
+        "runtime.launch": (Role.TILING, Role.REPAIR, Role.GENERAL),
+        "runtime.oom": (Role.MEMORY, Role.REPAIR, Role.GENERAL),
+        "incorrect": (Role.REPAIR, Role.GENERAL),
+        "rejected": (Role.REPAIR, Role.GENERAL),
+        "slow": (Role.TEMPLATE, Role.GENERAL),
+        "slow.launch_bound": (Role.FUSION, Role.TEMPLATE, Role.ALGORITHM, Role.GENERAL),
+        "slow.memory_bound": (Role.MEMORY, Role.TEMPLATE, Role.TILING, Role.GENERAL),
+        "slow.compute_bound": (Role.TILING, Role.TEMPLATE, Role.ALGORITHM, Role.GENERAL),
+        "slow.latency_bound": (Role.TILING, Role.TEMPLATE, Role.ALGORITHM, Role.GENERAL),
+        "slow.far_from_sol": (Role.ALGORITHM, Role.TEMPLATE, Role.FUSION, Role.MEMORY, Role.GENERAL),
+        "at_sol": (Role.TEMPLATE, Role.TILING, Role.GENERAL),
     }
 )
 """Preferred roles per category (or family), best first. ``refine`` is the key of a parent that
