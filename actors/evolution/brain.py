@@ -84,6 +84,12 @@ def _key(diagnosis: Diagnosis | None, has_parent: bool) -> str:
     return REFINE if diagnosis is None and has_parent else routing_key(diagnosis)
 
 
+RESTART_GRACE_S = 75.0
+"""Seconds without feedback after which slots counted from before a restart are given up: the
+feedback consumer's ack wait (60 s, after which what the killed process held is redelivered)
+and a margin."""
+
+
 class IslandBrain:
     """The policy of one island; see the module docstring."""
 
@@ -217,8 +223,12 @@ class IslandBrain:
 
     def expire_lost(self, now: float) -> list[str]:
         """Give up on candidates whose feedback is overdue (see ``InFlightLedger.overdue``): four
-        evaluation timeouts and a minute after they were published; returns them."""
-        lost = self.ledger.overdue(now, self.spec.eval_timeout_s * 4 + 60.0, self.in_flight)
+        evaluation timeouts and a minute after they were published; returns them. Slots counted
+        from before a restart go after :data:`RESTART_GRACE_S` without feedback: the saved count
+        can lag the feedback the killed process had already taken (an island restored with 2 in
+        flight whose feedback was long consumed waited 13 minutes), and feedback it had not
+        acknowledged is redelivered within the consumer's ack wait."""
+        lost = self.ledger.overdue(now, self.spec.eval_timeout_s * 4 + 60.0, self.in_flight, RESTART_GRACE_S)
         self.forget_in_flight(len(lost))
         return lost
 

@@ -37,15 +37,18 @@ class InFlightLedger:
         self.outstanding.pop(candidate_id, None)
         self.last_feedback = at
 
-    def overdue(self, now: float, horizon_s: float, in_flight: int) -> list[str]:
+    def overdue(self, now: float, horizon_s: float, in_flight: int, restart_s: float | None = None) -> list[str]:
         """Candidates whose feedback is overdue (dead-lettered, or published before a restart and
         lost), forgotten here: otherwise they would hold slots of K for ever. ``in_flight`` is the
-        brain's count; what it counts beyond the ledger came from before a restart."""
+        brain's count; what it counts beyond the ledger came from before a restart, and is given
+        up once feedback has been silent for ``restart_s`` (``horizon_s`` by default): the restored
+        count may include candidates whose feedback the previous process had already taken."""
         lost = [cid for cid, at in self.outstanding.items() if now - at > horizon_s]
         for cid in lost:
             del self.outstanding[cid]
         untracked = in_flight - len(lost) - len(self.outstanding) - self.planning
-        if now - self.last_feedback > horizon_s and untracked > 0:
+        limit = horizon_s if restart_s is None else min(horizon_s, restart_s)
+        if now - self.last_feedback > limit and untracked > 0:
             lost.extend([RESTARTED] * untracked)
         return lost
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from actors.evolution.brain import IslandBrain
+from actors.evolution.brain import RESTART_GRACE_S, IslandBrain
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.ledger import RESTARTED, InFlightLedger, RetrievalCache, experience_of
 from actors.evolution.metaprompt import strategy_tag
@@ -36,6 +36,24 @@ def test_candidates_in_flight_from_before_a_restart_expire_once_feedback_has_bee
     ledger.planning = 1
     assert ledger.overdue(now=120.0, horizon_s=50.0, in_flight=4) == []  # feedback is recent
     assert ledger.overdue(now=200.0, horizon_s=50.0, in_flight=4) == [RESTARTED] * 3  # one is being planned
+
+
+def test_slots_from_before_a_restart_go_after_the_restart_grace_not_the_full_horizon() -> None:
+    """The restored count can include candidates whose feedback the killed process had taken."""
+    ledger = InFlightLedger(last_feedback=100.0)
+    ledger.published("mine", 150.0)
+    assert ledger.overdue(now=159.9, horizon_s=780.0, in_flight=3, restart_s=60.0) == []
+    assert ledger.overdue(now=160.1, horizon_s=780.0, in_flight=3, restart_s=60.0) == [RESTARTED] * 2
+    assert set(ledger.outstanding) == {"mine"}  # published by this process: the full horizon
+
+
+def test_a_restored_brain_gives_up_its_old_slots_after_the_grace() -> None:
+    brain = IslandBrain("i0", f.spec(islands=1, eval_timeout_s=180.0), EXPERTS, seed=0)
+    brain.in_flight = 2  # restored from the archive store; this process published nothing
+    brain.ledger.last_feedback = 1000.0
+    assert brain.expire_lost(now=1000.0 + RESTART_GRACE_S - 1) == []
+    assert brain.expire_lost(now=1000.0 + RESTART_GRACE_S + 1) == [RESTARTED, RESTARTED]
+    assert brain.in_flight == 0
 
 
 def test_the_retrieval_cache_answers_within_its_lifetime_only() -> None:
