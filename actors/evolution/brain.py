@@ -126,6 +126,7 @@ class IslandBrain:
         self._seen: set[str] = set()
         self._history: list[FitnessPoint] = []
         self.evaluated = self.in_flight = self.tokens_used = self.plans = self.declines = 0
+        self._fresh_starts = 0
         self._stopped: StopReason | None = None
         self.ledger = InFlightLedger()  # not saved: after a restart, what it held expires in time
         self.retrieved = RetrievalCache()
@@ -176,6 +177,13 @@ class IslandBrain:
             self._visits[parent.candidate_id] = self._visits.get(parent.candidate_id, 0) + 1
         self.plans += 1
         self.in_flight += cfg.n_per_request
+        seed = int(self.rng.integers(0, 2**31 - 1))
+        if source is ParentSource.FRESH:
+            # The template expert leads a fresh start with the best retrieved experience's
+            # configuration on an odd seed and with its default on an even one: alternate, the
+            # experience first, instead of leaving it to chance.
+            seed = (seed & ~1) | (1 - self._fresh_starts % 2)
+            self._fresh_starts += 1
         return RequestPlan(
             plan_id=f"{self.island}-{self.plans}",
             island=self.island,
@@ -187,7 +195,7 @@ class IslandBrain:
             parent_result=result,
             diagnosis=diagnosis,
             instructions=instructions_for(role, source, diagnosis),
-            seed=int(self.rng.integers(0, 2**31 - 1)),
+            seed=seed,
             n=cfg.n_per_request,
         )
 

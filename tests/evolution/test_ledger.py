@@ -113,3 +113,14 @@ def test_prompt_pools_credit_only_sections_of_their_own_roles() -> None:
     restored = PromptPools("run1", "i0", seed=3)
     restored.add(Role.FUSION, saved)
     assert json.loads(restored.pools[Role.FUSION].to_json()) == json.loads(saved)
+
+
+def test_fresh_requests_alternate_the_seed_parity_that_leads_with_the_retrieved_experience() -> None:
+    """Odd: the template expert leads with the best retrieved experience's configuration."""
+    brain = IslandBrain("i0", f.spec(islands=1), EXPERTS, seed=3)
+    parities = []
+    for _ in range(4):
+        plan = brain.next_request()
+        assert plan.parent is None  # nothing evaluated yet: every request is a fresh start
+        parities.append(plan.seed % 2)
+    assert parities == [1, 0, 1, 0]
