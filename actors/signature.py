@@ -1,7 +1,8 @@
 """The signature of a task: its ops, shapes and dtypes, FLOPs and fewest bytes moved.
 
-Computed once per run, by the controller, from the reference (the user's own code) on the CPU,
-so experiences from different runs can be compared and retrieved.
+Computed once per run, by the controller, from the reference (the user's own code) on PyTorch's
+``meta`` device (the CPU only for small references the meta device cannot run), so experiences
+from different runs can be compared and retrieved.
 """
 
 from __future__ import annotations
@@ -39,17 +40,18 @@ def _op_name(node: Any) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def signature_of(source: str, name: str = "task") -> TaskSignature:
-    """Run the reference once on the CPU and describe it. Raises what the reference raises."""
+CPU_FALLBACK_BYTES = 512 << 20
+"""A reference that cannot run on the meta device is run on the CPU only if its inputs are at most
+this large (its shapes are known from the meta run): a 6 GB input built and run on the CPU took
+the controller seconds of CPU and gigabytes of host memory before any actor could start."""
+
+
+def _describe(model: Any, inputs: Any) -> tuple[list[str], Any, int | None]:
+    """The reference's ops (empty if untraceable), its outputs and its FLOPs (None if not counted)."""
     import torch
     import torch.fx
     from torch.utils.flop_counter import FlopCounterMode
 
-    module = types.ModuleType(f"kf_reference_{name}")
-    exec(compile(source, f"<reference {name}>", "exec"), module.__dict__)  # the user's own reference
-    torch.manual_seed(0)
-    model = module.Model(*module.get_init_inputs())
-    inputs = module.get_inputs()
     ops: list[str] = []
     try:
         graph = torch.fx.symbolic_trace(model)
@@ -59,17 +61,45 @@ def signature_of(source: str, name: str = "task") -> TaskSignature:
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         out = model(*inputs)
+    return ops, out, int(counter.get_total_flops()) or None
+
+
+def signature_of(source: str, name: str = "task") -> TaskSignature:
+    """Describe the reference from one run on PyTorch's ``meta`` device (shapes, dtypes and FLOPs,
+    no memory); a reference the meta device cannot run is run on the CPU when its inputs are small.
+    Raises what the reference raises."""
+    import torch
+
+    module = types.ModuleType(f"kf_reference_{name}")
+    exec(compile(source, f"<reference {name}>", "exec"), module.__dict__)  # the user's own reference
+    torch.manual_seed(0)
+    inputs: Any = None
+    try:
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+            inputs = module.get_inputs()
+        ops, out, flops = _describe(model, inputs)
+    except Exception:
+        if inputs is not None and _nbytes(_tensors(inputs)) > CPU_FALLBACK_BYTES:
+            raise  # too large to build on the CPU: the run goes on without a signature
+        torch.manual_seed(0)
+        model = module.Model(*module.get_init_inputs())
+        inputs = module.get_inputs()
+        ops, out, flops = _describe(model, inputs)
     in_tensors = _tensors(inputs)
     out_tensors = _tensors(out)
     params = list(model.parameters()) + list(model.buffers())
-    nbytes = sum(t.numel() * t.element_size() for t in (*in_tensors, *out_tensors, *params))
     return TaskSignature(
         ops=tuple(ops),
         inputs=tuple(_spec(t) for t in in_tensors),
         outputs=tuple(_spec(t) for t in out_tensors),
-        flops=int(counter.get_total_flops()) or None,
-        bytes_moved=int(nbytes),
+        flops=flops,
+        bytes_moved=_nbytes([*in_tensors, *out_tensors, *params]),
     )
+
+
+def _nbytes(tensors: list[Any]) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
 
 
 def with_signature(task: Task) -> Task:

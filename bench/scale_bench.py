@@ -85,7 +85,20 @@ class ModelNew(nn.Module):
 """,
     ),
 }
-SIZES = {"64M": 64 << 20, "1G": 1 << 30, "4G": 4 << 30, "8G": 8 << 30}
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``64M``, ``6G``, ``1.5G``: bytes per input tensor (K, M, G are powers of 1024)."""
+    unit = text[-1:].upper()
+    try:
+        value = float(text[:-1]) if unit in _UNITS else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r}: expected a number with K, M or G, e.g. 64M or 6G") from None
+    nbytes = int(value * _UNITS.get(unit, 1))
+    if nbytes < 4096:
+        raise argparse.ArgumentTypeError(f"size {text!r}: at least 4K")
+    return nbytes
 
 
 def reference(expr: str, rows: int, cols: int) -> str:
@@ -160,7 +173,7 @@ class Sampler:
 
 async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, object]:
     expr, body = TASKS[task]
-    nbytes = SIZES[size]
+    nbytes = parse_size(size)
     cols = 4096 if task == "rowsum" else (131072 if nbytes >= (1 << 30) else 16384)
     rows = nbytes // 4 // cols
     ref = reference(expr, rows, cols)
@@ -227,6 +240,14 @@ def main() -> int:
     parser.add_argument("--evals", type=int, default=4)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
+    for size in args.sizes.split(","):
+        try:
+            parse_size(size)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
+    unknown = sorted(set(args.tasks.split(",")) - set(TASKS))
+    if unknown:
+        parser.error(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(sorted(TASKS))}")
     if args.device == "cuda" and shutil.which("nvidia-smi") is None:
         print(
             "scale_bench: no GPU here (nvidia-smi not found); run it on a GPU machine or with --device cpu --sizes 64M"

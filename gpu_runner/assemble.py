@@ -214,7 +214,12 @@ def _timed(
         Check(
             name=CheckName.TIMED_OUTPUTS_RECHECKED,
             outcome=CheckOutcome.FAILED if recheck.get("failed") else CheckOutcome.PASSED,
-            detail=f"{recheck.get('failed', 0)} wrong of {recheck.get('checked', 0)} timed calls",
+            detail=f"{recheck.get('failed', 0)} wrong of {recheck.get('checked', 0)} timed calls"
+            + (
+                f" ({recheck['skipped']} more not rechecked: large outputs are sampled)"
+                if recheck.get("skipped")
+                else ""
+            ),
         )
     )
     per_call = min((i.get("own_launches", 0) for i in rec.trial_infos), default=0)

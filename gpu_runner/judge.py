@@ -68,6 +68,9 @@ class Judge:
                 await lease.drop()
         if header.get("error"):
             raise EvaluatorFault(f"the judge could not compare the outputs: {header['error']}")
+        phases = header.get("phases")
+        if isinstance(phases, dict):  # where a large task's verdict time goes
+            logger.debug("judge phases", **{str(k): round(float(v), 3) for k, v in phases.items()})
         self.compared += 1
         return header
 

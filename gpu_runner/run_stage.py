@@ -286,7 +286,16 @@ class RunStage:
         record.log = worker.log_text()
         w.mark("terminated")
         # Where the run stage's time goes (seconds since the job was sent), for overhead work.
-        logger.debug("run phases", candidate=w.c.job.candidate_id, waited_s=w.waited, worker=record.phases, **w.marks)
+        timing = record.timing or {}
+        logger.debug(
+            "run phases",
+            candidate=w.c.job.candidate_id,
+            waited_s=w.waited,
+            worker=record.phases,
+            timing_rounds=timing.get("rounds"),
+            timing_elapsed_s=timing.get("elapsed_s"),
+            **w.marks,
+        )
 
     async def _verdict_data(self, w: _Window) -> None:
         """The trials' comparisons: judged on the device now, or gathered from the threads that ran them."""

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from gpu_runner.frames import JudgeOp, Report
-from gpu_runner.sandboxed.common import Channel, checksum, flatten_outputs, sync
+from gpu_runner.sandboxed.common import Channel, Laps, checksum, flatten_outputs, sync
 from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
     ReferenceFault,
@@ -173,7 +173,9 @@ def judge_output(
 _MODULES: dict[int, dict[str, Any]] = {}
 
 
-def _truth(msg: JudgeOp, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None]:
+def _truth(
+    msg: JudgeOp, device: torch.device, laps: Laps
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None]:
     """The reference's outputs for the trial's seed and their float64 residuals (None: no float64 run)."""
     source = str(msg["reference_source"])
     ns = _MODULES.get(hash(source))
@@ -190,8 +192,11 @@ def _truth(msg: JudgeOp, device: torch.device) -> tuple[list[torch.Tensor], list
     sums = [checksum(v) if isinstance(v, torch.Tensor) else None for v in inputs]
     if sums != msg.get("input_sums"):
         raise ValueError("the judge's inputs differ from the spare's: get_inputs() is not reproducible under a seed")
+    laps.lap("inputs_s")
     with torch.no_grad():
         outs = [o.detach() for o in flatten_outputs(model(*clone_inputs(inputs))) if isinstance(o, torch.Tensor)]
+        sync(device)
+        laps.lap("forward_s")
         residuals: list[torch.Tensor | None] = [None] * len(outs)
         fp64_error = None
         try:
@@ -203,6 +208,8 @@ def _truth(msg: JudgeOp, device: torch.device) -> tuple[list[torch.Tensor], list
                 for o, o64 in zip(outs, outs64, strict=False)
             ]
             del outs64
+            sync(device)
+            laps.lap("float64_s")
         except torch.OutOfMemoryError as exc:
             fp64_error = f"the float64 reference does not fit the device: {exc}"[:500]
         except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
@@ -215,9 +222,11 @@ def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
     results: list[dict[str, Any]] = []
     has_residual: list[bool] = []
     fp64_error = None
+    laps = Laps()
     try:
         with channel.gpu_lease(device):
-            outs, residuals, fp64_error = _truth(msg, device)
+            laps.lap("lease_wait_s")
+            outs, residuals, fp64_error = _truth(msg, device, laps)
             specs = list(msg["outputs"])
             if len(specs) != len(outs):
                 raise ValueError(f"{len(specs)} output files for {len(outs)} reference outputs")
@@ -226,6 +235,7 @@ def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
                 has_residual.append(res is not None)
             del outs, residuals
             sync(device)
+            laps.lap("compare_s")
     except (OSError, ValueError, RuntimeError, KeyError, ReferenceFault) as exc:
         channel.send(Report.JUDGED, error=f"{type(exc).__name__}: {exc}"[:1000], results=results)
         if device.type == "cuda":
@@ -233,4 +243,5 @@ def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
         return
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    channel.send(Report.JUDGED, results=results, has_residual=has_residual, fp64_error=fp64_error)
+    laps.lap("release_s")
+    channel.send(Report.JUDGED, results=results, has_residual=has_residual, fp64_error=fp64_error, phases=laps.seconds)

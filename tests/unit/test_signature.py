@@ -1,0 +1,67 @@
+"""The task signature comes from the meta device: shapes and FLOPs of huge references at no cost."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.signature import signature_of
+
+pytestmark = pytest.mark.timeout(60)
+
+HUGE_MM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.relu(torch.matmul(a, b))
+
+def get_inputs():
+    return [torch.rand(65536, 65536), torch.rand(65536, 32768)]  # 16 GiB + 8 GiB: never built
+
+def get_init_inputs():
+    return []
+"""
+
+DATA_DEPENDENT = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x[x > 0.5].sum().reshape(1) * float(x.max().item())
+
+def get_inputs():
+    return [torch.rand(64, 32)]
+
+def get_init_inputs():
+    return []
+"""
+
+HUGE_DATA_DEPENDENT = DATA_DEPENDENT.replace("torch.rand(64, 32)", "torch.rand(65536, 65536)")
+
+
+def test_huge_reference_is_described_without_building_its_inputs() -> None:
+    t0 = time.perf_counter()
+    sig = signature_of(HUGE_MM, "huge_mm")
+    assert time.perf_counter() - t0 < 20  # 24 GiB of CPU tensors would not even fit this machine's budget
+    assert [s.shape for s in sig.inputs] == [(65536, 65536), (65536, 32768)]
+    assert [s.shape for s in sig.outputs] == [(65536, 32768)]
+    assert sig.flops == 2 * 65536 * 65536 * 32768
+    assert sig.bytes_moved == 4 * (65536 * 65536 + 2 * 65536 * 32768)
+    assert "matmul" in sig.ops and "relu" in sig.ops
+
+
+def test_small_reference_the_meta_device_cannot_run_is_run_on_the_cpu() -> None:
+    sig = signature_of(DATA_DEPENDENT, "data_dependent")
+    assert [s.shape for s in sig.inputs] == [(64, 32)]
+    assert [s.shape for s in sig.outputs] == [(1,)]
+
+
+def test_large_reference_the_meta_device_cannot_run_is_not_built_on_the_cpu() -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(Exception):  # noqa: B017 - whatever the meta device raised
+        signature_of(HUGE_DATA_DEPENDENT, "huge_data_dependent")
+    assert time.perf_counter() - t0 < 20
