@@ -29,6 +29,7 @@ from gpu_runner.sandboxed.reference import (
     ReferenceFault,
     as_double,
     clone_inputs,
+    exact_fp32,
     load_module,
     make_inputs,
     to_device,
@@ -194,7 +195,8 @@ def _truth(
         raise ValueError("the judge's inputs differ from the spare's: get_inputs() is not reproducible under a seed")
     laps.lap("inputs_s")
     with torch.no_grad():
-        outs = [o.detach() for o in flatten_outputs(model(*clone_inputs(inputs))) if isinstance(o, torch.Tensor)]
+        with exact_fp32():
+            outs = [o.detach() for o in flatten_outputs(model(*clone_inputs(inputs))) if isinstance(o, torch.Tensor)]
         sync(device)
         laps.lap("forward_s")
         residuals: list[torch.Tensor | None] = [None] * len(outs)

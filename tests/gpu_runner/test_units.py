@@ -318,3 +318,23 @@ def test_out_of_memory_within_the_plan_is_the_evaluators_fault_not_the_candidate
     # without a plan (the CPU, or a process that reported nothing) the candidate's process is blamed
     assert error_status(within)[0] is EvalStatus.RUNTIME_ERROR
     assert error_status(oom, planned_bytes=50 * gib)[0] is EvalStatus.RUNTIME_ERROR
+
+
+def test_reference_outputs_are_made_without_tf32_and_the_defaults_come_back() -> None:
+    """cuDNN convolutions default to TF32; the outputs a candidate is compared with must not be."""
+    import torch
+
+    from gpu_runner.sandboxed.reference import exact_fp32
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = (cudnn.allow_tf32, matmul.allow_tf32)
+    try:
+        cudnn.allow_tf32, matmul.allow_tf32 = True, True  # what a user's process may have
+        with exact_fp32():
+            assert (cudnn.allow_tf32, matmul.allow_tf32) == (False, False)
+        assert (cudnn.allow_tf32, matmul.allow_tf32) == (True, True)
+        with pytest.raises(ValueError, match="boom"), exact_fp32():
+            raise ValueError("boom")
+        assert (cudnn.allow_tf32, matmul.allow_tf32) == (True, True)
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32 = before
