@@ -226,8 +226,15 @@ async def bench_hop(url: str, n: int, concurrency: int = 64) -> dict[str, float]
     return {"typed_per_s": max(typed), "raw_per_s": max(raw)}
 
 
-async def bench_loop(url: str, candidates: int, islands: int, inflight: int, server_pid: int) -> dict[str, float]:
-    return await run_noop_loop(url, candidates=candidates, islands=islands, inflight=inflight, server_pid=server_pid)
+async def bench_loop(info: ServerInfo, candidates: int, islands: int, inflight: int) -> dict[str, float]:
+    return await run_noop_loop(
+        info.url,
+        candidates=candidates,
+        islands=islands,
+        inflight=inflight,
+        server_pid=info.pid,
+        server_http=info.http_url,
+    )
 
 
 def main() -> int:
@@ -246,11 +253,7 @@ def main() -> int:
             hop = asyncio.run(bench_hop(info.url, n_hop))
             loop = None
             if not args.skip_loop:
-                loop = asyncio.run(
-                    bench_loop(
-                        info.url, candidates=500 if args.quick else 3000, islands=4, inflight=64, server_pid=info.pid
-                    )
-                )
+                loop = asyncio.run(bench_loop(info, candidates=500 if args.quick else 3000, islands=4, inflight=64))
         finally:
             stop_server(info.pid)
     rows = [
