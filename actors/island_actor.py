@@ -21,8 +21,6 @@ import asyncio
 import contextlib
 import time
 
-import structlog
-
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
 from actors.errors import ConfigError
@@ -32,6 +30,7 @@ from actors.evolution.ledger import experience_of
 from actors.evolution.plans import IslandConfig, RequestPlan
 from actors.island_requests import ExpertRequests
 from actors.kv import get_expert_config, get_run, load_text, save_text
+from actors.logs import bound
 from actors.quota import CandidateQuota
 from schemas import (
     ActorKind,
@@ -248,7 +247,7 @@ class IslandActor(Actor):
     # -- feedback and migrants ----------------------------------------------------------------
 
     async def on_feedback(self, fb: Feedback, delivery: Delivery) -> None:
-        with structlog.contextvars.bound_contextvars(island=self.name, candidate=fb.candidate.candidate_id):
+        with bound(island=self.name, candidate=fb.candidate.candidate_id):
             async with self._lock:
                 parent = self.brain.parent_fitness(fb)
                 outcome = self.brain.on_feedback(fb)
