@@ -90,6 +90,7 @@ class IslandActor(Actor):
         self._lock = asyncio.Lock()
         self._requests: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
+        self._generating = True  # cleared on drain: the loop ends even if its cancel is lost (3.11 wait_for)
         self._last_save = 0.0
         self._save_gap_s = save_every_s
         """Seconds between saves: ``save_every_s``, longer when a save is slow (see ``_save``)."""
@@ -195,7 +196,7 @@ class IslandActor(Actor):
     # -- generation ---------------------------------------------------------------------------
 
     async def _keep_in_flight(self) -> None:
-        while True:
+        while self._generating:
             if self._empty_streak:
                 # Experts declined or were unreachable: back off before asking again.
                 await asyncio.sleep(min(0.25 * 2**self._empty_streak, 10.0))
@@ -210,7 +211,7 @@ class IslandActor(Actor):
                 if stopped is None and self._gave_up:
                     stopped = StopReason.NO_PROGRESS
                 plans: list[RequestPlan] = []
-                while stopped is None and self.brain.wants_request():
+                while stopped is None and self._generating and self.brain.wants_request():
                     plans.append(self.brain.next_request())
             if stopped is not None and not self._stopped_announced:
                 self._stopped_announced = True
@@ -370,6 +371,8 @@ class IslandActor(Actor):
 
     async def on_drain(self) -> None:
         """Stop asking for candidates; wait (bounded) for the feedback of those in flight."""
+        self._generating = False
+        self._wake.set()
         await self._cancel([self._pump] if self._pump is not None else [], "generation loop")
         await self._cancel(list(self._requests), "expert requests")
         await self.quota.give_back()
