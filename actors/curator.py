@@ -27,7 +27,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from actors.base import Actor
 from actors.nats_server import kfoundry_home
-from schemas import ActorKind, Experience, ExperienceHits, ExperienceOutcome, ExperienceQuery, decode_any, subjects
+from schemas import ActorKind, Experience, ExperienceHits, ExperienceOutcome, ExperienceQuery, subjects
 
 if TYPE_CHECKING:
     from experience.embedders import Embedder
@@ -123,12 +123,19 @@ class CuratorActor(Actor):
     async def _on_record(self, msg: Msg) -> None:
         seq = int(msg.metadata.sequence.stream)
         try:
-            record = decode_any(msg.data)
+            # Typed by its subject (one JSON pass), not by the payload's ``type`` (two).
+            record: Experience | ExperienceOutcome | None = (
+                Experience.model_validate_json(msg.data)
+                if msg.subject == subjects.EXPERIENCE_RECORD
+                else ExperienceOutcome.model_validate_json(msg.data)
+                if msg.subject == subjects.EXPERIENCE_OUTCOME
+                else None
+            )
         except ValueError as exc:
             await self.bus.dead_letter(msg.subject, msg.data, reason="invalid", error=str(exc), stream_seq=seq)
             record = None
         # Queued even when of no use, so the last sequence passes it only with the records before it.
-        self._pending.append((seq, record if isinstance(record, Experience | ExperienceOutcome) else None))
+        self._pending.append((seq, record))
 
     async def _ingest_loop(self) -> None:
         """Embed what arrived, a batch at a time in stream order, until the curator leaves; save
