@@ -24,8 +24,9 @@ def test_bound_context_is_on_each_line_of_its_block_and_gone_after() -> None:
         with bound(island="i0", candidate="c1"):
             log.warning("inside")
         log.warning("after")
-    assert lines[0]["island"] == "i0" and lines[0]["candidate"] == "c1"
-    assert "island" not in lines[1] and "candidate" not in lines[1]
+    assert (lines[0]["island"], lines[0]["candidate"]) == ("i0", "c1")
+    assert "island" not in lines[1]
+    assert "candidate" not in lines[1]
 
 
 def test_bound_restores_the_outer_value_of_a_key_it_rebinds() -> None:
