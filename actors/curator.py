@@ -8,7 +8,9 @@ Serves: ``kf.exp.query`` (``ExperienceQuery`` → ``ExperienceHits``) in the que
         ``kf-curator``; several curators share the load, each with the whole library.
 Writes: snapshots under its directory (``$KFOUNDRY_HOME/experience`` by default).
 
-Embedding and FAISS searches run in worker threads, never on the event loop.
+Embedding and FAISS searches run in worker threads, never on the event loop. Records are embedded
+``batch`` at a time in stream order, so a stop waits for one batch at most: what was not embedded
+yet stays in the stream, after the snapshot's last sequence, and the next curator replays it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -25,7 +27,14 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from actors.base import Actor
 from actors.nats_server import kfoundry_home
-from schemas import ActorKind, Experience, ExperienceHits, ExperienceOutcome, ExperienceQuery, decode_any, subjects
+from schemas import ActorKind, Experience, ExperienceHits, ExperienceOutcome, ExperienceQuery, subjects
+
+if TYPE_CHECKING:
+    from experience.embedders import Embedder
+
+Pending = tuple[int, Experience | ExperienceOutcome | None]
+"""A record delivered and not yet in the library: its stream sequence and the record (``None``
+for a message the library has no use for, e.g. one dead-lettered as invalid)."""
 
 
 class CuratorActor(Actor):
@@ -39,8 +48,9 @@ class CuratorActor(Actor):
         *,
         nats_url: str,
         directory: Path | None = None,
-        embedder: str = "minilm",
+        embedder: str | Embedder = "minilm",
         snapshot_every_s: float = 30.0,
+        batch: int = 32,
         actor_id: str | None = None,
         version: str | None = None,
         concurrency: int = 4,
@@ -50,14 +60,20 @@ class CuratorActor(Actor):
         """Experience queries answered at once."""
         self.directory = directory or kfoundry_home() / "experience"
         self.prefer = embedder
+        """An embedder kind (``minilm``, ``hashing``), or an embedder itself."""
         self.snapshot_every_s = snapshot_every_s
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.batch = batch
+        """Records embedded at a time (a stop waits for one such batch at most)."""
         self.library: Any = None
         self.last_seq = 0
         self.saved_seq = 0
         self.replayed = 0
         self.queries = 0
         self.caught_up = asyncio.Event()
-        self._pending: list[tuple[int, Experience | ExperienceOutcome]] = []
+        self._pending: list[Pending] = []
+        self._leaving = asyncio.Event()
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._sub: Any = None
@@ -67,7 +83,11 @@ class CuratorActor(Actor):
         from experience.library import ExperienceLibrary
 
         await self.bus.ensure_shared_streams()
-        embedder = await asyncio.to_thread(default_embedder, self.prefer, eager=True)
+        embedder = (
+            await asyncio.to_thread(default_embedder, self.prefer, eager=True)
+            if isinstance(self.prefer, str)
+            else self.prefer
+        )
         loaded = await asyncio.to_thread(ExperienceLibrary.load, self.directory, embedder)
         if loaded is None:
             self.library = ExperienceLibrary(embedder)
@@ -103,20 +123,33 @@ class CuratorActor(Actor):
     async def _on_record(self, msg: Msg) -> None:
         seq = int(msg.metadata.sequence.stream)
         try:
-            record = decode_any(msg.data)
+            # Typed by its subject (one JSON pass), not by the payload's ``type`` (two).
+            record: Experience | ExperienceOutcome | None = (
+                Experience.model_validate_json(msg.data)
+                if msg.subject == subjects.EXPERIENCE_RECORD
+                else ExperienceOutcome.model_validate_json(msg.data)
+                if msg.subject == subjects.EXPERIENCE_OUTCOME
+                else None
+            )
         except ValueError as exc:
             await self.bus.dead_letter(msg.subject, msg.data, reason="invalid", error=str(exc), stream_seq=seq)
-            self.last_seq = max(self.last_seq, seq)
-            return
-        if isinstance(record, Experience | ExperienceOutcome):
-            self._pending.append((seq, record))
+            record = None
+        # Queued even when of no use, so the last sequence passes it only with the records before it.
+        self._pending.append((seq, record))
 
     async def _ingest_loop(self) -> None:
+        """Embed what arrived, a batch at a time in stream order, until the curator leaves; save
+        a snapshot every ``snapshot_every_s``."""
         last_save = time.monotonic()
-        while True:
-            await asyncio.sleep(0.05)
+        while not self._leaving.is_set():
+            if len(self._pending) < self.batch:  # a backlog is worked off without pausing
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await self._leaving.wait()
+                if self._leaving.is_set():
+                    break
             if self._pending:
-                batch, self._pending = self._pending, []
+                batch, self._pending = self._pending[: self.batch], self._pending[self.batch :]
                 async with self._lock:
                     await asyncio.to_thread(self._apply, batch)
             if self.last_seq >= self._target:
@@ -125,8 +158,8 @@ class CuratorActor(Actor):
                 await self.save()
                 last_save = time.monotonic()
 
-    def _apply(self, batch: list[tuple[int, Experience | ExperienceOutcome]]) -> None:
-        self.library.apply_many([item for _, item in batch])  # in stream order, records batched
+    def _apply(self, batch: list[Pending]) -> None:
+        self.library.apply_many([item for _, item in batch if item is not None])  # in stream order
         self.replayed += len(batch)
         self.last_seq = max(self.last_seq, max(seq for seq, _ in batch))
 
@@ -148,16 +181,22 @@ class CuratorActor(Actor):
         return hits
 
     async def on_drain(self) -> None:
+        """Stop reading, finish the batch being embedded (not the backlog: a stop must not wait
+        for it), and snapshot what the library holds. The records left are after the snapshot's
+        last sequence in the stream: the next curator replays them."""
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
+        self._leaving.set()
         for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await task
         if self._pending:
-            batch, self._pending = self._pending, []
-            await asyncio.to_thread(self._apply, batch)
+            self.log.info(
+                "records left to the stream for the next curator",
+                count=len(self._pending),
+                from_seq=self._pending[0][0],
+            )
+            self._pending = []
         if self.library is not None and self.last_seq > self.saved_seq:
             await self.save()
 

@@ -16,11 +16,11 @@ from typing import Protocol
 
 import nats.errors
 import nats.js.errors
-import structlog
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
 from actors.errors import Retry
+from actors.logs import bound
 from schemas import ActorKind, Candidate, Diagnosis, EvalResult, Feedback, subjects
 
 
@@ -113,7 +113,7 @@ class DiagnoserActor(Actor):
 
     async def handle(self, result: EvalResult, delivery: Delivery) -> None:
         """Diagnose one result and feed it back to its island."""
-        with structlog.contextvars.bound_contextvars(island=result.island, candidate=result.candidate_id):
+        with bound(island=result.island, candidate=result.candidate_id):
             candidate = await self.candidate(result)
             diagnosis = await self.diagnose(result, candidate)
             diagnosis = diagnosis.model_copy(update={"diagnoser": f"{self.actor_id}/{self.diagnose.version}"})

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import time
 
-import structlog
-
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
 from actors.errors import Retry, TaskRefused
 from actors.kv import get_run
 from actors.latency import EVALUATION_SECONDS
+from actors.logs import bound
 from actors.runners import Runner
 from gpu_runner.errors import IsolationUnavailable, TaskTooLarge
 from schemas import ActorKind, Candidate, EvalStatus, RunEnd, RunSpec, Task, subjects
@@ -82,7 +81,7 @@ class EvaluatorActor(Actor):
         """Evaluate one candidate and store its result before the candidate is acked."""
         assert self.task is not None
         assert self.spec is not None
-        with structlog.contextvars.bound_contextvars(island=candidate.island, candidate=candidate.candidate_id):
+        with bound(island=candidate.island, candidate=candidate.candidate_id):
             started = time.perf_counter()
             result = await self.runner.evaluate(
                 self.task,

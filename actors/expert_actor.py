@@ -15,12 +15,12 @@ import contextlib
 import time
 
 import nats.errors
-import structlog
 
 from actors.base import Actor
 from actors.experts.base import Expert
 from actors.experts.registry import build_expert
 from actors.kv import bucket
+from actors.logs import bound
 from schemas import (
     ActorKind,
     Decline,
@@ -107,7 +107,7 @@ class ExpertActor(Actor):
     async def generate(self, request: GenerateRequest) -> GenerateReply:
         """Answer one request (a typed decline rather than an exception for request trouble)."""
         started = time.perf_counter()
-        with structlog.contextvars.bound_contextvars(run=request.run_id, island=request.island):
+        with bound(run=request.run_id, island=request.island):
             if self.stopping:
                 # Drain has begun: the request still gets an answer, never silence.
                 self.log.info("answering during drain", request=request.request_id)

@@ -21,8 +21,6 @@ import asyncio
 import contextlib
 import time
 
-import structlog
-
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
 from actors.errors import ConfigError
@@ -32,6 +30,7 @@ from actors.evolution.ledger import experience_of
 from actors.evolution.plans import IslandConfig, RequestPlan
 from actors.island_requests import ExpertRequests
 from actors.kv import get_expert_config, get_run, load_text, save_text
+from actors.logs import bound
 from actors.quota import CandidateQuota
 from schemas import (
     ActorKind,
@@ -91,6 +90,7 @@ class IslandActor(Actor):
         self._lock = asyncio.Lock()
         self._requests: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
+        self._generating = True  # cleared on drain: the loop ends even if its cancel is lost (3.11 wait_for)
         self._last_save = 0.0
         self._save_gap_s = save_every_s
         """Seconds between saves: ``save_every_s``, longer when a save is slow (see ``_save``)."""
@@ -196,7 +196,7 @@ class IslandActor(Actor):
     # -- generation ---------------------------------------------------------------------------
 
     async def _keep_in_flight(self) -> None:
-        while True:
+        while self._generating:
             if self._empty_streak:
                 # Experts declined or were unreachable: back off before asking again.
                 await asyncio.sleep(min(0.25 * 2**self._empty_streak, 10.0))
@@ -211,7 +211,7 @@ class IslandActor(Actor):
                 if stopped is None and self._gave_up:
                     stopped = StopReason.NO_PROGRESS
                 plans: list[RequestPlan] = []
-                while stopped is None and self.brain.wants_request():
+                while stopped is None and self._generating and self.brain.wants_request():
                     plans.append(self.brain.next_request())
             if stopped is not None and not self._stopped_announced:
                 self._stopped_announced = True
@@ -248,7 +248,7 @@ class IslandActor(Actor):
     # -- feedback and migrants ----------------------------------------------------------------
 
     async def on_feedback(self, fb: Feedback, delivery: Delivery) -> None:
-        with structlog.contextvars.bound_contextvars(island=self.name, candidate=fb.candidate.candidate_id):
+        with bound(island=self.name, candidate=fb.candidate.candidate_id):
             async with self._lock:
                 parent = self.brain.parent_fitness(fb)
                 outcome = self.brain.on_feedback(fb)
@@ -371,6 +371,8 @@ class IslandActor(Actor):
 
     async def on_drain(self) -> None:
         """Stop asking for candidates; wait (bounded) for the feedback of those in flight."""
+        self._generating = False
+        self._wake.set()
         await self._cancel([self._pump] if self._pump is not None else [], "generation loop")
         await self._cancel(list(self._requests), "expert requests")
         await self.quota.give_back()

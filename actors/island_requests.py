@@ -15,13 +15,12 @@ import asyncio
 import time
 from typing import Any
 
-import structlog
-
 from actors.bus import Bus
 from actors.errors import BusError
 from actors.evolution.brain import IslandBrain
 from actors.evolution.plans import RequestPlan
 from actors.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
+from actors.logs import bound
 from actors.quota import CandidateQuota
 from schemas import (
     Decline,
@@ -112,7 +111,7 @@ class ExpertRequests:
         reply: GenerateReply | None = None
         self.brain.ledger.planning += plan.n
         try:
-            with structlog.contextvars.bound_contextvars(island=self.island, plan=plan.plan_id, expert=plan.expert):
+            with bound(island=self.island, plan=plan.plan_id, expert=plan.expert):
                 hits = await self.retrieve(plan)
                 reply = await self._generate(plan, hits)
                 ids = tuple(h.experience.experience_id for h in hits)

@@ -10,8 +10,8 @@ Prints a table:
    ``noop`` runner, a diagnoser, a migrator and a curator, in one process — candidates per second
    from the first candidate to the last feedback.
 
-Run: ``python bench/fabric_bench.py [--quick]``. Ratios come from runs side by side on the same
-server; this machine is shared, so run it twice and compare.
+Run: ``python -m bench.fabric_bench [--quick]`` (or ``python bench/fabric_bench.py``). Ratios come
+from runs side by side on the same server; this machine is shared, so run it twice and compare.
 """
 
 from __future__ import annotations
@@ -226,13 +226,25 @@ async def bench_hop(url: str, n: int, concurrency: int = 64) -> dict[str, float]
     return {"typed_per_s": max(typed), "raw_per_s": max(raw)}
 
 
-async def bench_loop(url: str, candidates: int, islands: int, inflight: int, server_pid: int) -> dict[str, float]:
-    return await run_noop_loop(url, candidates=candidates, islands=islands, inflight=inflight, server_pid=server_pid)
+async def bench_loop(info: ServerInfo, candidates: int, islands: int, inflight: int) -> dict[str, float]:
+    return await run_noop_loop(
+        info.url,
+        candidates=candidates,
+        islands=islands,
+        inflight=inflight,
+        server_pid=info.pid,
+        server_http=info.http_url,
+    )
 
 
 def main() -> int:
     if __package__ in (None, ""):  # run as ``python bench/fabric_bench.py``: the repository root is not on the path
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from actors.logs import configure_logging
+
+    # The actors' per-message info lines would go to the console and cost as much as a part of
+    # the loop: at warning, like ``bench.loop_bench``, the bench times the fabric.
+    configure_logging(level="warning")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer messages")
     parser.add_argument("--skip-loop", action="store_true", help="only the bus benchmarks")
@@ -246,11 +258,7 @@ def main() -> int:
             hop = asyncio.run(bench_hop(info.url, n_hop))
             loop = None
             if not args.skip_loop:
-                loop = asyncio.run(
-                    bench_loop(
-                        info.url, candidates=500 if args.quick else 3000, islands=4, inflight=64, server_pid=info.pid
-                    )
-                )
+                loop = asyncio.run(bench_loop(info, candidates=500 if args.quick else 3000, islands=4, inflight=64))
         finally:
             stop_server(info.pid)
     rows = [

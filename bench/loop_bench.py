@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,10 +56,13 @@ async def run_noop_loop(
     experts: int = 2,
     split: bool = False,
     server_pid: int | None = None,
+    server_http: str | None = None,
 ) -> dict[str, float]:
     """Run the loop until ``candidates`` feedbacks arrived; returns counts, rate and CPU time per
     candidate (this process; the server too when ``server_pid`` is given; the second process of
-    ``split`` too)."""
+    ``split`` too), messages through the server per candidate (when its monitoring URL
+    ``server_http`` is given) and, per actor kind, the seconds its slowest actor took to stop
+    after the stop request (``stop_s.<kind>``)."""
     from actors.signature import with_signature
 
     run_id = f"loop{int(time.time() * 1000) % 10**9}"
@@ -110,16 +115,23 @@ async def run_noop_loop(
                 await island.wait_ready()
             await _until(lambda: any(island.published for island in isles))
             t0, cpu0, others0 = time.perf_counter(), time.process_time(), _cpu_s(pids())
+            msgs0 = _server_msgs(server_http)
             evaluated0 = sum(island.brain.evaluated for island in isles)
             await _until(lambda: sum(island.brain.evaluated for island in isles) - evaluated0 >= candidates)
             evaluated = sum(island.brain.evaluated for island in isles) - evaluated0
         elapsed = time.perf_counter() - t0
         cpu_s = time.process_time() - cpu0
         other_cpu_s = _cpu_s(pids()) - others0
+        msgs1 = _server_msgs(server_http)
         stop.set()
         stop_requested = time.time()
         await runner
-        slowest_stop = max((a.stopped_at or time.time()) for a in actors) - stop_requested
+        stop_s: dict[str, float] = {}
+        for actor in actors:
+            took = (actor.stopped_at or time.time()) - stop_requested
+            key = f"stop_s.{actor.kind}"
+            stop_s[key] = max(stop_s.get(key, 0.0), took)
+        slowest_stop = max(stop_s.values())
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -134,7 +146,18 @@ async def run_noop_loop(
         "cpu_ms_per_candidate": cpu_s / evaluated * 1e3,
         "other_cpu_ms_per_candidate": other_cpu_s / evaluated * 1e3,
         "slowest_stop_s": slowest_stop,
+        **stop_s,
+        **{f"server_{k}_per_candidate": (msgs1[k] - msgs0[k]) / evaluated for k in msgs0},
     }
+
+
+def _server_msgs(http_url: str | None) -> dict[str, float]:
+    """Messages and bytes into and out of the server so far (its ``/varz``); empty without a URL."""
+    if http_url is None:
+        return {}
+    with urllib.request.urlopen(f"{http_url}/varz", timeout=5) as answer:
+        varz = json.load(answer)
+    return {key: float(varz[key]) for key in ("in_msgs", "out_msgs", "in_bytes", "out_bytes")}
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -184,6 +207,7 @@ def main() -> int:
                     per_request=args.per_request,
                     split=args.split,
                     server_pid=info.pid,
+                    server_http=info.http_url,
                 )
             )
         finally:
@@ -193,14 +217,26 @@ def main() -> int:
 
 
 def describe(out: dict[str, float]) -> str:
-    """One line for a result of :func:`run_noop_loop`."""
-    return (
+    """A result of :func:`run_noop_loop` as a few lines: the rate, where the CPU went, the
+    messages through the server, and how long each kind of actor took to stop."""
+    lines = [
         f"whole loop, no-op evaluators: {out['candidates']:.0f} candidates in {out['seconds']:.2f} s = "
-        f"{out['per_s']:.0f} candidates/s ({out['islands']:.0f} islands x {out['inflight']:.0f} in flight); "
-        f"CPU per candidate: {out['cpu_ms_per_candidate']:.2f} ms in this process (it used "
+        f"{out['per_s']:.0f} candidates/s ({out['islands']:.0f} islands x {out['inflight']:.0f} in flight)",
+        f"  CPU per candidate: {out['cpu_ms_per_candidate']:.2f} ms in this process (it used "
         f"{out['cpu_fraction']:.0%} of one core), {out['other_cpu_ms_per_candidate']:.2f} ms in nats-server and "
-        f"other actor processes; every actor stopped within {out['slowest_stop_s']:.1f} s of the stop request"
-    )
+        "other actor processes",
+    ]
+    if "server_in_msgs_per_candidate" in out:
+        lines.append(
+            f"  through nats-server per candidate: {out['server_in_msgs_per_candidate']:.1f} messages in "
+            f"({out['server_in_bytes_per_candidate'] / 1024:.1f} KiB), {out['server_out_msgs_per_candidate']:.1f} "
+            f"out ({out['server_out_bytes_per_candidate'] / 1024:.1f} KiB)"
+        )
+    stops = sorted((key.removeprefix("stop_s."), value) for key, value in out.items() if key.startswith("stop_s."))
+    lines.append(f"  {'stopped after the stop request':<32} {'seconds':>8}")
+    lines += [f"  {kind:<32} {seconds:>8.2f}" for kind, seconds in stops]
+    lines.append(f"  {'slowest actor':<32} {out['slowest_stop_s']:>8.2f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ class IslandBrain:
         config: IslandConfig | None = None,
     ) -> None:
         self.island, self.spec, self.seed = island, spec, seed
+        self.limits = spec.island_limits(island)  # the spec is frozen: computed once, read per request
         self.config = cfg = config or IslandConfig()
         root = np.random.SeedSequence(seed, spawn_key=(zlib.crc32(island.encode()),))
         rng_seed, credit_seed = root.spawn(2)
@@ -226,7 +227,7 @@ class IslandBrain:
 
     def tokens_left(self) -> int | None:
         """LLM tokens left of this island's share of the run's budget (``None``: no budget)."""
-        share = self.spec.island_limits(self.island).tokens
+        share = self.limits.tokens
         return None if share is None else max(0, share - self.tokens_used)
 
     def expire_lost(self, now: float) -> list[str]:
@@ -327,7 +328,7 @@ class IslandBrain:
         """Why the island must stop now, if it must (sticky once set)."""
         if self._stopped is not None:
             return self._stopped
-        limits = self.spec.island_limits(self.island)
+        limits = self.limits
         best = self.archive.best()
         if best is not None and best.sol_fraction is not None and best.sol_fraction >= self.spec.target_sol_fraction:
             self._stopped = StopReason.SPEED_OF_LIGHT

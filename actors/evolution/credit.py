@@ -252,7 +252,10 @@ class CreditBandit:
 
     def usage_of(self, expert: str) -> ExpertUsage:
         """The requests and declines of one expert (created on first use)."""
-        return self.usage.setdefault(expert, ExpertUsage())
+        usage = self.usage.get(expert)
+        if usage is None:  # not ``setdefault``: that would build a model on every call
+            usage = self.usage[expert] = ExpertUsage()
+        return usage
 
     def record_answer(self, expert: str, *, decline: str | None) -> None:
         """An expert answered a request: with candidates (``decline`` None) or with none, for the

@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from actors.bus import Bus
+from actors.curator import CuratorActor
 from actors.errors import BusError
+from experience import ExperienceLibrary, HashingEmbedder
+from experience.embedders import Matrix
 from schemas import (
     DiagnosisCategory,
     EvalStatus,
@@ -93,10 +99,67 @@ async def test_curator_killed_and_restarted_keeps_its_library(nats_url: str, run
             os.killpg(first.pid, signal.SIGKILL)
         await bus.close()
     # The clean stop of the second curator wrote a snapshot with everything it had replayed.
-    from experience import ExperienceLibrary, HashingEmbedder
-
     loaded = ExperienceLibrary.load(tmp_path / "lib", HashingEmbedder())
     assert loaded is not None
     library, last_seq = loaded
     assert len(library) == before + 50
     assert last_seq >= before + 50
+
+
+class _SlowHashing(HashingEmbedder):
+    """The hashing embedder at about MiniLM's pace on a busy machine (20 ms a text); ``busy`` is
+    set once it has embedded ``busy_after`` texts."""
+
+    def __init__(self, busy_after: int) -> None:
+        super().__init__()
+        self.embedded = 0
+        self.busy_after = busy_after
+        self.busy = threading.Event()
+
+    def embed(self, texts: Sequence[str]) -> Matrix:
+        time.sleep(0.02 * len(texts))
+        self.embedded += len(texts)
+        if self.embedded >= self.busy_after:
+            self.busy.set()
+        return super().embed(texts)
+
+
+async def test_curator_stops_without_embedding_its_backlog_and_the_next_one_replays_it(
+    nats_url: str, run_id: str, tmp_path: Path
+) -> None:
+    bus = await Bus.connect(nats_url, name="test", actor_id="test-curator-backlog")
+    await bus.ensure_shared_streams()
+    n = 300  # 6 s of embedding at 20 ms a record: far more than a stop may take
+    records = [_exp(run_id, i) for i in range(n)]
+    await asyncio.gather(*(bus.publish_durable(subjects.EXPERIENCE_RECORD, r, msg_id=r.experience_id) for r in records))
+    total = await _records_in_stream(bus)  # this test's records and those of earlier tests
+    stream_end = int((await bus.js.stream_info(subjects.EXPERIENCE_STREAM)).state.last_seq)
+    embedder = _SlowHashing(busy_after=16)
+    first = CuratorActor(nats_url=nats_url, directory=tmp_path / "lib", embedder=embedder, batch=8)
+    running = asyncio.create_task(first.run())
+    try:
+        assert await asyncio.to_thread(embedder.busy.wait, 30)  # it is working off the backlog
+        asked = time.monotonic()
+        first.request_stop("test")
+        async with asyncio.timeout(30):
+            await running
+        took = time.monotonic() - asked
+    finally:
+        first.request_stop("test")
+        await asyncio.gather(running, return_exceptions=True)
+    assert took < 2.0  # one batch of 8 (0.16 s) and a snapshot, not the backlog
+    saved = ExperienceLibrary.load(tmp_path / "lib", HashingEmbedder())
+    assert saved is not None
+    library, last_seq = saved
+    assert 16 <= len(library) < total  # the backlog was left to the stream ...
+    assert last_seq < stream_end  # ... after the snapshot's last sequence
+    # The next curator starts from the snapshot and replays the rest from the stream: all of it.
+    second = CuratorActor(nats_url=nats_url, directory=tmp_path / "lib", embedder="hashing")
+    running = asyncio.create_task(second.run())
+    try:
+        hits = await _query(bus, run_id, total)
+        assert hits.library_size == total
+    finally:
+        second.request_stop("test")
+        await running
+        await bus.close()

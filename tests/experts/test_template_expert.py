@@ -88,6 +88,20 @@ async def test_same_request_gives_the_same_proposals_and_another_seed_differs() 
     assert [p.params for p in first.proposals[1:]] != [p.params for p in other.proposals[1:]]
 
 
+async def test_a_configuration_proposed_again_has_the_source_rendered_fresh() -> None:
+    from actors.experts.template import render
+
+    expert = _expert()
+    first = await expert.generate(_request())
+    again = await expert.generate(_request())  # the same configurations: their sources are reused
+    plan = await expert.plan_for(_TASK.task_id, _TASK.source)
+    assert isinstance(plan, Plan)
+    fresh = [render(plan, TemplateParams.from_dict(dict(p.params))) for p in first.proposals]
+    assert [p.source for p in first.proposals] == fresh
+    assert [p.source for p in again.proposals] == fresh
+    await expert.aclose()
+
+
 @pytest.mark.parametrize("with_params", [True, False])
 async def test_parent_is_mutated_whether_params_or_only_the_header_carry_it(with_params: bool) -> None:
     parent_params = default_params(_plan()).with_changes(mm_block_m=32, row_warps=8)

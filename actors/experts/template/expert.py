@@ -15,6 +15,7 @@ network, no GPU.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from schemas import (
 
 _log = structlog.get_logger(__name__)
 _PLAN_CACHE = 32
+_SOURCES_KEPT = 512
+"""Rendered sources kept (a few MB at most: sources are a few KB)."""
 
 
 class AnalysisMode(StrEnum):
@@ -126,6 +129,10 @@ class TemplateExpert:
         self.analysis_timeout_s = analysis_timeout_s
         self._plans: OrderedDict[tuple[str, KeepTorch], Plan | Unsupported] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._sources: OrderedDict[tuple[int, TemplateParams], tuple[Plan, str]] = OrderedDict()
+        """Rendered sources by plan and parameters (the plan kept with its source, so its id is
+        not reused while the entry lives): the same configurations come back again and again."""
+        self._sources_lock = threading.Lock()  # proposals are made in worker threads
         self._requests = self._proposals = self._declines = self._traced = self._errors = 0
 
     def stats(self) -> TemplateExpertStats:
@@ -136,6 +143,23 @@ class TemplateExpert:
         """Drop cached plans (nothing else is held)."""
         self._plans.clear()
         self._locks.clear()
+        with self._sources_lock:
+            self._sources.clear()
+
+    def _render(self, plan: Plan, params: TemplateParams) -> str:
+        """``render(plan, params)``, from the cache when this configuration was rendered lately."""
+        key = (id(plan), params)
+        with self._sources_lock:
+            hit = self._sources.get(key)
+            if hit is not None and hit[0] is plan:
+                self._sources.move_to_end(key)
+                return hit[1]
+        source = render(plan, params)
+        with self._sources_lock:
+            self._sources[key] = (plan, source)
+            if len(self._sources) > _SOURCES_KEPT:
+                self._sources.popitem(last=False)
+        return source
 
     async def plan_for(self, task_id: str, source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan | Unsupported:
         """The plan of a task, traced once per ``task_id`` (child process or worker thread).
@@ -252,7 +276,7 @@ class TemplateExpert:
             chosen = chosen[:n]
         return tuple(
             Proposal(
-                source=render(plan, params),
+                source=self._render(plan, params),
                 language=KernelLanguage.TRITON,
                 strategy=f"template:{plan.template}/{move}",
                 description=description,
