@@ -62,6 +62,12 @@ ACTOR_STOP_S = 20.0
 ACTOR_ABORT_S = 10.0
 """Longest a stop at once may take before the run goes on to write its results without them."""
 
+INTERRUPT_WAIT_S = 6.0
+"""After a first SIGINT/SIGTERM, how long the candidates in flight may finish before they are
+cancelled: the run stops within 10 s of the signal and still writes its results (with the
+evaluation timeout as the wait, a benchmarked run ignored SIGINT for its whole grace and was
+stopped at once, without a report)."""
+
 MISSING_GRACE_S = 30.0
 """How long a run waits for its islands to announce themselves before it names the missing ones
 (it names them earlier, at its first result)."""
@@ -210,10 +216,10 @@ class RunController:
         """Before the islands are drained: let what is in flight end as the reason asks."""
         progress = self.progress
         if reason is StopReason.INTERRUPTED and progress.in_flight:
-            grace = self.spec.eval_timeout_s + 30.0
+            grace = min(INTERRUPT_WAIT_S, self.spec.eval_timeout_s)
             self._say(
-                f"interrupted: waiting up to {grace:.0f} s for {len(progress.in_flight)} candidate(s) in flight "
-                "(Ctrl-C again to stop at once)"
+                f"interrupted: waiting up to {grace:.0f} s for {len(progress.in_flight)} candidate(s) in flight, "
+                "then cancelling them and writing the results (Ctrl-C again to stop at once)"
             )
             await self._wait(lambda: not progress.in_flight, timeout=grace)
         if reason is not StopReason.WALL_TIME:
@@ -330,10 +336,20 @@ class RunController:
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
                 # Actors that start slowly do not hold the run past its deadline.
                 deadline = self.progress.deadline
-                ready = asyncio.ensure_future(asyncio.gather(*(a.wait_ready() for a in self.actors)))
-                await asyncio.wait([ready], timeout=None if deadline is None else max(0.0, deadline - time.time()))
-                if not ready.done():
-                    ready.cancel()
+                ready: asyncio.Future[Any] = asyncio.ensure_future(
+                    asyncio.gather(*(a.wait_ready() for a in self.actors))
+                )
+                stopped: asyncio.Future[Any] = asyncio.ensure_future(
+                    stop.wait()
+                )  # an interrupt during start-up ends the wait
+                await asyncio.wait(
+                    [ready, stopped],
+                    timeout=None if deadline is None else max(0.0, deadline - time.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for waiter in (ready, stopped):
+                    if not waiter.done():
+                        waiter.cancel()
                 refused = next((r for a in self.actors if (r := getattr(a, "refused", None)) is not None), None)
                 if refused is not None:  # the task cannot be evaluated here: stop everything at once
                     aborted = True
