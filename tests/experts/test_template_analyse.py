@@ -225,3 +225,34 @@ def test_there_are_enough_example_tasks_and_a_small_quickstart() -> None:
     quick = analyse((_EXAMPLES / "quickstart.py").read_text())
     assert isinstance(quick, Plan)
     assert max(math.prod(n.shape) for n in quick.inputs) <= 1 << 15
+
+
+NO_INIT = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x + y) * 0.5
+
+def get_inputs():
+    return [torch.randn(37, 129), torch.randn(37, 129)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_model_without_its_own_init_is_covered_and_renders_a_correct_kernel(tmp_path: Path) -> None:
+    """A reference class with only ``forward`` (nn.Module's own ``__init__``) is KernelBench-valid:
+    it was declined ("Model has no __init__ of its own")."""
+    from actors.experts.template.interp_check import check_in_subprocess
+
+    plan = analyse(NO_INIT)
+    assert isinstance(plan, Plan), plan
+    candidate = render(plan, default_params(plan))
+    verdict = check_in_subprocess(
+        [{"reference": NO_INIT, "candidate": candidate, "seeds": [3], "atol": 1e-5, "rtol": 1e-5}], tmp_path
+    )[0]
+    assert verdict.ok, verdict

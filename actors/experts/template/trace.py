@@ -160,12 +160,12 @@ def init_source(source: str) -> tuple[str, str]:
     if model is None:
         raise TraceFailed("load", "no class Model in the reference")
     init = next((n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-    if init is None:
-        raise UnsupportedGraph("Model has no __init__ of its own")
-    if init.decorator_list:
-        raise UnsupportedGraph("a decorated Model.__init__ is not covered")
     if model.bases and not all(ast.unparse(b) in ("nn.Module", "torch.nn.Module", "Module") for b in model.bases):
         raise UnsupportedGraph("Model must derive from nn.Module directly to be carried over")
+    if init is None:  # nn.Module's own: the reference takes no init inputs and has no parameters
+        return "def __init__(self):\n    super().__init__()", ""
+    if init.decorator_list:
+        raise UnsupportedGraph("a decorated Model.__init__ is not covered")
     members: set[str] = set()
     class_constants: dict[str, str] = {}
     for item in model.body:
