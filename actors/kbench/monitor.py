@@ -1,7 +1,9 @@
 """Peak memory of a process tree, sampled from outside it (it cannot under-report itself).
 
-Host memory: the sum of the resident set sizes of the root process and all its descendants
-(``psutil``), so pages shared between forked workers count once per process: an upper bound.
+Host memory: the sum of the proportional set sizes of the root process and all its descendants
+(``psutil``: a page shared by n processes counts 1/n in each), so the CUDA and torch libraries
+every actor and worker maps count once; a process whose PSS cannot be read counts its RSS (an
+upper bound for it). Summed RSS said 19-35 GiB for every level-1 problem on an H100, small or not.
 GPU memory: the driver's per-process accounting (``nvidia-smi --query-compute-apps``) summed over
 the tree's processes, and the rise of the whole GPU's used memory over its level when sampling
 began (``nvidia-smi --query-gpu=memory.used``), which also sees processes the driver reports
@@ -33,8 +35,8 @@ class Peaks:
     gpu_device_bytes: int | None
 
 
-def tree_rss(pid: int) -> int | None:
-    """Summed RSS of ``pid`` and its descendants; ``None`` if ``pid`` is gone."""
+def tree_host_bytes(pid: int) -> int | None:
+    """Summed PSS (RSS where PSS is unreadable) of ``pid`` and its descendants; ``None`` if ``pid`` is gone."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -42,8 +44,13 @@ def tree_rss(pid: int) -> int | None:
         return None
     total = 0
     for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
+        try:
+            total += int(getattr(proc.memory_full_info(), "pss", 0)) or proc.memory_info().rss
+        except psutil.AccessDenied:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_info().rss
+        except psutil.Error:
+            continue
     return total
 
 
@@ -127,9 +134,9 @@ class TreeMonitor:
 
     def sample(self) -> None:
         """Take one sample now."""
-        rss = tree_rss(self.pid)
-        if rss is not None:
-            self._host = max(self._host or 0, rss)
+        host = tree_host_bytes(self.pid)
+        if host is not None:
+            self._host = max(self._host or 0, host)
         if not self.gpu:
             return
         per_pid = gpu_used_by_pid()
