@@ -198,10 +198,9 @@ async def _issued(url: str, run_id: str) -> int:
         await bus.close()
 
 
-@pytest.mark.timeout(300)
-def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
-    nats_server: ServerInfo, run_id: str, tmp_path: Path
-) -> None:
+def _start_slow_run(nats_server: ServerInfo, run_id: str, tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A CPU run whose every evaluation takes 120 s (noop runner), once its first candidate is out;
+    its stderr goes to the returned file, its results to ``tmp_path / "run"``."""
     seed = tmp_path / "seed.py"
     seed.write_text("class ModelNew: ...\n")
     log = tmp_path / "run.err"
@@ -214,11 +213,20 @@ def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
              "--seconds", "280"],
             stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=_env(tmp_path), cwd=ROOT,
         )  # fmt: skip
+    deadline = time.monotonic() + 200
+    while asyncio.run(_issued(nats_server.url, run_id)) < 1 and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(log.read_text())
+        time.sleep(0.5)
+    return proc, log
+
+
+@pytest.mark.timeout(300)
+def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
+    nats_server: ServerInfo, run_id: str, tmp_path: Path
+) -> None:
+    proc, log = _start_slow_run(nats_server, run_id, tmp_path)
     try:
-        deadline = time.monotonic() + 200
-        while asyncio.run(_issued(nats_server.url, run_id)) < 1 and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 60
         while "Ctrl-C again to stop at once" not in log.read_text() and time.monotonic() < deadline:
@@ -251,24 +259,9 @@ def test_one_interrupt_stops_the_run_within_seconds_and_still_writes_its_results
 ) -> None:
     """Issue 12: on SIGINT/SIGTERM the run stops within 10 s and writes its results, even while an
     evaluation that would take minutes is in flight (it is cancelled, and recorded as such)."""
-    seed = tmp_path / "seed.py"
-    seed.write_text("class ModelNew: ...\n")
-    log = tmp_path / "run.err"
+    proc, log = _start_slow_run(nats_server, run_id, tmp_path)
     run_dir = tmp_path / "run"
-    with open(log, "w") as err_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.cli", "run", str(ROOT / "examples" / "quickstart.py"),
-             "--nats", nats_server.url, "--run-id", run_id, "--run-dir", str(run_dir), "--device", "cpu",
-             "--runner", "noop", "--noop-delay", "120", "--eval-timeout", "200", "--seed-candidate", str(seed),
-             "--embedder", "hashing", "--library-dir", str(tmp_path / "lib"), "--candidates", "50",
-             "--seconds", "280"],
-            stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=_env(tmp_path), cwd=ROOT,
-        )  # fmt: skip
     try:
-        deadline = time.monotonic() + 200
-        while asyncio.run(_issued(nats_server.url, run_id)) < 1 and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
         proc.wait(60)
