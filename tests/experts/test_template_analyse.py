@@ -256,3 +256,61 @@ def test_a_model_without_its_own_init_is_covered_and_renders_a_correct_kernel(tm
         [{"reference": NO_INIT, "candidate": candidate, "seeds": [3], "atol": 1e-5, "rtol": 1e-5}], tmp_path
     )[0]
     assert verdict.ok, verdict
+
+
+def _einsum_source(equation: str, a: tuple[int, ...], b: tuple[int, ...]) -> str:
+    return f"""
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, A, B):
+        return torch.einsum("{equation}", A, B)
+
+def get_inputs():
+    return [torch.randn{a}, torch.randn{b}]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.timeout(240)
+def test_einsums_that_are_matrix_products_render_correct_kernels(tmp_path: Path) -> None:
+    """KernelBench writes a 4D tensor-matrix product as ``einsum("bijl,lk->bijk")``: it was declined."""
+    from actors.experts.template.interp_check import check_in_subprocess
+
+    cases = [
+        ("bijl,lk->bijk", (2, 3, 5, 7), (7, 9)),
+        ("bijl,kl->bijk", (2, 3, 5, 7), (9, 7)),
+        ("bmc,bcn->bmn", (3, 5, 7), (3, 7, 9)),
+    ]
+    jobs = []
+    for equation, a, b in cases:
+        source = _einsum_source(equation, a, b)
+        plan = analyse(source)
+        assert isinstance(plan, Plan), (equation, plan)
+        jobs.append(
+            {
+                "reference": source,
+                "candidate": render(plan, default_params(plan)),
+                "seeds": [4],
+                "atol": 1e-4,
+                "rtol": 1e-4,
+            }
+        )
+    verdicts = check_in_subprocess(jobs, tmp_path)
+    assert [v.ok for v in verdicts] == [True] * len(cases), verdicts
+
+
+@pytest.mark.parametrize(
+    ("equation", "a", "b"),
+    [("ij,ij->ij", (3, 4), (3, 4)), ("ij,jk->ki", (3, 4), (4, 5)), ("bij,bkj->bik", (2, 3, 4), (2, 5, 4))],
+)
+def test_other_einsums_are_declined_naming_the_equation(equation: str, a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    plan = analyse(_einsum_source(equation, a, b))
+    assert isinstance(plan, Unsupported)
+    assert equation in plan.detail

@@ -126,6 +126,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return _norm(lw, canon, b)
     if canon in ("linear", "matmul"):
         return _matmul(lw, canon, b)
+    if canon == "einsum":
+        return _einsum(lw, b)
     if canon in ("conv", "conv_transpose"):
         return lower_conv(lw, canon, b, traced)
     if canon in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"):
@@ -299,6 +301,34 @@ def _matmul(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
         bias = _param_or_arg(lw, b, "bias")
         return lw.ew("add", out, bias) if bias is not None else out
     return _mm(lw, x, lw.tensor(b["other"], "matmul operand"))
+
+
+def _einsum(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+    """An ``einsum`` of two operands that is a matrix product: one index contracted, the last of
+    the first operand with the first (``...c,cn``) or last (``...c,nc``) of a matrix, or a batched
+    product ``Pmc,Pcn->Pmn``; the output lists the free indices in operand order."""
+    equation = b.get("equation")
+    if not isinstance(equation, str):
+        raise UnsupportedGraph("einsum without an equation string is not covered")
+    eq = equation.replace(" ", "")
+    why = f"einsum {equation!r} is not a matrix product the templates cover"
+    if "..." in eq or "->" not in eq or eq.count(",") != 1:
+        raise UnsupportedGraph(why)
+    lhs, out = eq.split("->")
+    x, y = lhs.split(",")
+    a, w = lw.tensor(b["input"], "einsum operand"), lw.tensor(b["other"], "einsum operand")
+    if len(set(x)) != len(x) or len(set(y)) != len(y) or len(x) != len(lw.shape(a)) or len(y) != len(lw.shape(w)):
+        raise UnsupportedGraph(why)
+    c = x[-1]
+    if len(x) >= 2 and len(y) == 2 and c in y and set(x) & set(y) == {c}:
+        n = y.replace(c, "")
+        if out == x[:-1] + n:
+            return _mm(lw, a, w if y[0] == c else lw.perm(w))
+    batch = x[:-2]
+    shared = set(x) & set(y) == {*batch, c}
+    if len(x) >= 3 and y[:-2] == batch and y[-2] == c and shared and out == batch + x[-2] + y[-1]:
+        return _mm(lw, a, w)
+    raise UnsupportedGraph(why)
 
 
 def _mm(lw: Lowerer, a: NodeRef, w: NodeRef) -> NodeRef:

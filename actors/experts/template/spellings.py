@@ -153,6 +153,7 @@ if hasattr(F, "rms_norm"):
 _fn((F.linear,), Spec("linear", (*_IN, ("weight", REQUIRED), ("bias", None))))
 _fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
 _method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
+_fn((torch.einsum, torch.functional.einsum), Spec("einsum", (("equation", REQUIRED), *_BIN)))
 
 # Convolutions (weight and bias of a module are read through its path).
 _CONV = (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
