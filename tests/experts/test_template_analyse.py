@@ -314,3 +314,43 @@ def test_other_einsums_are_declined_naming_the_equation(equation: str, a: tuple[
     plan = analyse(_einsum_source(equation, a, b))
     assert isinstance(plan, Unsupported)
     assert equation in plan.detail
+
+
+SCALAR_ARG = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, A: torch.Tensor, s: float) -> torch.Tensor:
+        return A * s + s
+
+def get_inputs():
+    return [torch.randn(33, 65), 3.14]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_python_float_argument_is_read_at_run_time(tmp_path: Path) -> None:
+    """KernelBench L1-5 passes its scalar as a Python float: it was declined. The number is read at
+    each call (not baked in), so another value gives the right answer too."""
+    from actors.experts.template.interp_check import check_in_subprocess
+
+    plan = analyse(SCALAR_ARG)
+    assert isinstance(plan, Plan), plan
+    candidate = render(plan, default_params(plan))
+    assert "3.14" not in candidate
+    other = SCALAR_ARG.replace("3.14", "-0.5")
+    verdicts = check_in_subprocess(
+        [
+            {"reference": SCALAR_ARG, "candidate": candidate, "seeds": [2], "atol": 1e-5, "rtol": 1e-5},
+            {"reference": other, "candidate": candidate, "seeds": [2], "atol": 1e-5, "rtol": 1e-5},
+        ],
+        tmp_path,
+    )
+    assert [v.ok for v in verdicts] == [True, True], verdicts

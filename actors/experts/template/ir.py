@@ -60,6 +60,10 @@ class NodeKind(StrEnum):
     hold its :class:`PoolSpec`."""
 
 
+FLOAT_ARG = "float"
+"""The ``path`` of an ``INPUT`` node that ``forward`` receives as a Python float (a 0-dim float32
+value in the plan; the rendered ``forward`` turns the number into one)."""
+
 EW_OPS: dict[str, tuple[int, int]] = {
     # op: (tensor-or-constant arguments, float attributes)
     "add": (2, 0),

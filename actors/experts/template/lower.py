@@ -20,7 +20,7 @@ from torch import fx
 from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import EW_OPS, KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.ir import EW_OPS, FLOAT_ARG, KeepTorch, Node, NodeKind, NodeRef
 from actors.experts.template.keep_torch import is_layout, keep
 from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.trace import Traced
@@ -252,7 +252,8 @@ class Lowerer:
                 )
             index = sum(1 for n in self.env if n.op == "placeholder")
             dtype = str(traced.dtype).removeprefix("torch.")
-            return self.add(NodeKind.INPUT, tuple(traced.shape), index=index, dtype=dtype)
+            path = FLOAT_ARG if index in self.traced.float_args else ""
+            return self.add(NodeKind.INPUT, tuple(traced.shape), index=index, dtype=dtype, path=path)
         if fxn.op == "get_attr":
             if str(fxn.target) not in self.param_paths:
                 constant = _scalar_constant(self.traced.graph_module, str(fxn.target))

@@ -21,7 +21,7 @@ from actors.experts.template.emit_row import RowWriter
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import attr_path, helpers_source
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
-from actors.experts.template.ir import KeepTorch, NodeKind, Plan, Unsupported
+from actors.experts.template.ir import FLOAT_ARG, KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
 from actors.experts.template.scan import ScanWriter
@@ -168,6 +168,12 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
     body: list[str] = []
     for node in inputs:
         name = names[node.index]
+        if node.path == FLOAT_ARG:
+            body.append(
+                f"if isinstance({name}, bool) or not isinstance({name}, (int, float)):\n"
+                f'    raise ValueError("this ModelNew was generated for {name} as a Python number")'
+            )
+            continue
         body.append(
             f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n"
             f'    raise ValueError("this ModelNew was generated for {name} of shape {tuple(node.shape)} {node.dtype}")'
@@ -184,7 +190,7 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
             used_bases.update(base_of(plan, a, sched.is_exported)[0] for a in plan.nodes[kernel.mm].tensor_args())
     device = None
     for node in inputs:
-        if node.id in used_bases:
+        if node.id in used_bases and node.path != FLOAT_ARG:
             body.append(f"_b{node.id} = {names[node.index]}.contiguous()")
             device = device or f"_b{node.id}.device"
     for node in plan.nodes:
@@ -193,6 +199,10 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
             device = device or f"_b{node.id}.device"
     if device is None:
         raise UnsupportedGraph("forward reads no tensor")
+    for node in inputs:  # a Python number becomes the 0-dim float32 value the kernels read
+        if node.id in used_bases and node.path == FLOAT_ARG:
+            name = names[node.index]
+            body.append(f"_b{node.id} = torch.full((), float({name}), dtype=torch.float32, device={device})")
     for kernel, launch in zip(sched.kernels, launches, strict=True):
         if launch is None:
             body.append(_torch_call(plan, sched, kernel.mm))

@@ -33,6 +33,9 @@ class Traced:
     arg_names: tuple[str, ...]
     source: str | None = None
     """The reference's source (the explicit attention pattern reads how a mask buffer is built)."""
+    float_args: frozenset[int] = frozenset()
+    """Positions of ``forward``'s arguments that ``get_inputs()`` gives as Python floats (traced as
+    0-dim float32 tensors; the rendered ``ModelNew`` makes one from the number it is given)."""
 
 
 class _Recorder(fx.Interpreter):
@@ -94,8 +97,12 @@ def trace_reference(source: str) -> Traced:
         raise TraceFailed("construct", f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(model, torch.nn.Module):
         raise TraceFailed("construct", "Model(...) is not an nn.Module")
+    float_args: set[int] = set()
     for i, value in enumerate(inputs):
-        if not isinstance(value, torch.Tensor):
+        if isinstance(value, float):  # a scalar operand (KernelBench's matrix-scalar product)
+            inputs[i] = torch.tensor(value, dtype=torch.float32, device="meta")
+            float_args.add(i)
+        elif not isinstance(value, torch.Tensor):
             raise UnsupportedGraph(f"input {i} of get_inputs() is a {type(value).__name__}, not a tensor")
     try:
         gm = _trace_with_sizes(model, inputs)
@@ -114,7 +121,14 @@ def trace_reference(source: str) -> Traced:
         raise UnsupportedGraph(f"forward takes {len(names)} arguments but get_inputs() gives {len(inputs)}")
     if any(n.startswith("*") for n in names):
         raise UnsupportedGraph("forward with *args is not covered")
-    return Traced(graph_module=gm, values=recorder.values, root=model, arg_names=names, source=source)
+    return Traced(
+        graph_module=gm,
+        values=recorder.values,
+        root=model,
+        arg_names=names,
+        source=source,
+        float_args=frozenset(float_args),
+    )
 
 
 class _SuperRewriter(ast.NodeTransformer):
