@@ -306,6 +306,9 @@ def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None
         took = time.monotonic() - started
     finally:
         server.stop()
+        if proc.poll() is None:  # one that never noticed the loss is not left behind
+            proc.kill()
+            proc.wait(timeout=10)
     assert proc.returncode == 2, err
     lines = [line for line in err.splitlines() if not line.startswith("# tapping")]
     assert lines == [f"kfoundry: lost the connection to NATS at {server.url} (gave up after 2 s)"], err
