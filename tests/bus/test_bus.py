@@ -150,3 +150,36 @@ async def test_durable_consumer_acks_retries_and_dead_letters(nats_url: str, run
     assert info.num_ack_pending == 0
     assert info.num_pending == 0
     assert info.delivered.stream_seq == 4  # the duplicate publish never entered the stream
+
+
+async def test_closing_the_bus_finishes_the_messages_in_hand_and_acks_them(nats_url: str, run_id: str) -> None:
+    """The graceful drain: what the handlers hold when the bus closes is finished and acknowledged
+    before the connection goes, not cancelled and left for JetStream to deliver again after the
+    ack wait."""
+    bus = await _bus(nats_url, run_id)
+    subject = subjects.results(run_id, "i0")
+    held: set[str] = set()
+    finished: set[str] = set()
+    all_held = asyncio.Event()
+
+    async def slow(msg: Diagnosis, delivery: Delivery) -> None:
+        held.add(msg.candidate_id)
+        if len(held) == 4:
+            all_held.set()
+        await asyncio.sleep(2.0)  # longer than the pull loop takes to stop fetching
+        finished.add(msg.candidate_id)
+
+    spec = ConsumerSpec(stream=subjects.run_stream(run_id), durable="slow", filter_subject=subject, ack_wait_s=30)
+    await bus.consume(spec, Diagnosis, slow, concurrency=8)  # free slots: the loop is not waiting for one
+    for i in range(4):
+        await bus.publish_durable(subject, _diag(i), msg_id=f"{run_id}-{i}")
+    await asyncio.wait_for(all_held.wait(), 10)
+    await bus.close()
+    assert finished == {"c0", "c1", "c2", "c3"}, f"cancelled in hand: {sorted(held - finished)}"
+    observer = await _bus(nats_url, run_id, "obs")
+    info = await observer.js.consumer_info(spec.stream, spec.durable)
+    await observer.close()
+    assert info.num_ack_pending == 0, "the closed bus left messages unacknowledged (redelivered after the ack wait)"
+    assert info.num_redelivered == 0
+    assert info.ack_floor is not None
+    assert info.ack_floor.stream_seq == 4

@@ -88,14 +88,19 @@ def test_an_actor_retries_an_unreachable_nats_one_line_per_attempt_and_stops_at_
     def attempts() -> list[dict[str, str]]:
         return [json.loads(line) for line in log.read_text().splitlines() if "connection attempt failed" in line]
 
-    deadline = time.monotonic() + 60
-    while len(attempts()) < 3 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert len(attempts()) >= 3, log.read_text()  # it keeps trying, one line per attempt
-    proc.send_signal(sig)
-    started = time.monotonic()
-    proc.wait(timeout=30)
-    took = time.monotonic() - started
+    try:
+        deadline = time.monotonic() + 60
+        while len(attempts()) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert len(attempts()) >= 3, log.read_text()  # it keeps trying, one line per attempt
+        proc.send_signal(sig)
+        started = time.monotonic()
+        proc.wait(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:  # one that ignored the signal is not left behind
+            proc.kill()
+            proc.wait(timeout=10)
     err = log.read_text()
     assert proc.returncode == code, err
     assert took < 3.0, f"stopped {took:.1f} s after {sig.name}"
@@ -294,6 +299,9 @@ def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None
         took = time.monotonic() - started
     finally:
         server.stop()
+        if proc.poll() is None:  # one that never noticed the loss is not left behind
+            proc.kill()
+            proc.wait(timeout=10)
     assert proc.returncode == 2, err
     lines = [line for line in err.splitlines() if not line.startswith("# tapping")]
     assert lines == [f"kfoundry: lost the connection to NATS at {server.url} (gave up after 2 s)"], err
