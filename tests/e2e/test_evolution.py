@@ -50,6 +50,7 @@ def fitness_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for island in report["islands"] for p in island["fitness"]]
 
 
+@pytest.mark.slow  # ~4 min of interpreter runs: CI's slow step runs it
 @pytest.mark.timeout(650)
 def test_run_from_a_poor_kernel_improves_and_migrates_elites(tmp_path: Path) -> None:
     task = tmp_path / "quickstart.py"
