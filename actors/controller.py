@@ -339,9 +339,8 @@ class RunController:
                 ready: asyncio.Future[Any] = asyncio.ensure_future(
                     asyncio.gather(*(a.wait_ready() for a in self.actors))
                 )
-                stopped: asyncio.Future[Any] = asyncio.ensure_future(
-                    stop.wait()
-                )  # an interrupt during start-up ends the wait
+                # An interrupt during start-up ends the wait too.
+                stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
                 await asyncio.wait(
                     [ready, stopped],
                     timeout=None if deadline is None else max(0.0, deadline - time.time()),

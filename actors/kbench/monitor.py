@@ -3,7 +3,8 @@
 Host memory: the sum of the proportional set sizes of the root process and all its descendants
 (``psutil``: a page shared by n processes counts 1/n in each), so the CUDA and torch libraries
 every actor and worker maps count once; a process whose PSS cannot be read counts its RSS (an
-upper bound for it). Summed RSS said 19-35 GiB for every level-1 problem on an H100, small or not.
+upper bound for it). Summed RSS said 19-35 GiB for every evaluated level-1 dev problem on an H100,
+small ones included (L1-2: 23 GiB beside 5.8 GiB of GPU memory).
 GPU memory: the driver's per-process accounting (``nvidia-smi --query-compute-apps``) summed over
 the tree's processes, and the rise of the whole GPU's used memory over its level when sampling
 began (``nvidia-smi --query-gpu=memory.used``), which also sees processes the driver reports
