@@ -10,6 +10,7 @@ import pytest
 from actors.experts.base import Expert
 from actors.experts.template import Plan, TemplateParams, analyse, default_params, params_from_source
 from actors.experts.template.expert import AnalysisMode, TemplateExpert
+from actors.experts.template.hardware import detect
 from actors.experts.template.interp_check import check_in_subprocess
 from schemas import (
     Candidate,
@@ -159,6 +160,34 @@ async def test_experience_params_lead_every_other_fresh_start() -> None:
     assert odd.proposals[0].strategy.endswith("/experience")
     single = await expert.generate(_request(experiences=hits).model_copy(update={"seed": 5, "n": 1}))
     assert [p.strategy.rsplit("/", 1)[1] for p in single.proposals] == ["experience"]
+
+
+async def test_a_retrieved_best_equal_to_the_default_still_leads_as_the_experience() -> None:
+    # CI failed the slow end-to-end test once: the first run's best was its default configuration,
+    # so the second run's fresh starts all said "default" although they came from what it retrieved.
+    plan = _plan()
+    best = default_params(plan, detect())
+    worse = best.with_changes(mm_block_n=32, row_warps=2)
+    hits = tuple(
+        ExperienceHit(
+            experience=Experience(
+                run_id="old", task_id="t", signature=TaskSignature(ops=("linear",)), candidate_id=f"c{i}",
+                expert="template", status=EvalStatus.CORRECT, child_fitness=fitness, description="x",
+                params=p.as_dict(),
+            ),
+            score=0.9,
+            utility=1.0,
+        )
+        for i, (p, fitness) in enumerate(((worse, 0.5), (best, 2.5)))
+    )  # fmt: skip
+    expert = _expert()
+    for seed in (2, 3):
+        reply = await expert.generate(_request(experiences=hits).model_copy(update={"seed": seed, "n": 1}))
+        assert [p.strategy.rsplit("/", 1)[1] for p in reply.proposals] == ["experience"]
+        assert TemplateParams.from_dict(dict(reply.proposals[0].params)) == best
+        assert "also the default" in reply.proposals[0].description
+    plain = await expert.generate(_request().model_copy(update={"seed": 3, "n": 1}))
+    assert [p.strategy.rsplit("/", 1)[1] for p in plain.proposals] == ["default"]
 
 
 async def test_unsupported_reference_and_cuda_requests_are_declined() -> None:

@@ -253,8 +253,14 @@ class TemplateExpert:
         else:
             hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
             default = default_params(plan, hw)
-            chosen.append((default, "default", f"default configuration for the traced shapes on {hw.name}"))
             learned = _from_experience(request.experiences, plan)
+            if learned == default:
+                # What worked best on a similar task is this task's default: the start is still
+                # the experience's (a run that retrieved it says so), with no second start to add.
+                chosen.append((default, "experience", f"configuration of the best retrieved experience, "
+                               f"also the default for the traced shapes on {hw.name}"))  # fmt: skip
+            else:
+                chosen.append((default, "default", f"default configuration for the traced shapes on {hw.name}"))
             starts = [default]
             if learned is not None and learned != default:
                 chosen.append((learned, "experience", "configuration of the best retrieved experience"))
