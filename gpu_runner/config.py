@@ -60,6 +60,14 @@ class IsolationMode(enum.StrEnum):
     """Run candidates with the layers that hold; every verdict names them, and a warning is logged."""
 
 
+def _env_flag(name: str) -> bool:
+    """An on/off environment variable: unset, ``0`` or ``1``; anything else is refused loudly."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: use 1 (on) or 0 (off)")
+    return value == "1"
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """How the evaluator runs candidates. Every field is checked when the config is built."""
@@ -121,6 +129,11 @@ class RunnerConfig:
     device_verdict_bytes: int = 256 << 20
     """Trial outputs at least this large are compared by the judge on the device, after the
     candidate's process is gone, instead of in the parent's numpy (see ``gpu_runner.memplan``)."""
+    shared_outputs: bool = field(default_factory=lambda: _env_flag("KF_SHARED_OUTPUTS"))
+    """For tasks the judge compares, hand the trial outputs over in buffers the spare made before
+    its candidate ran (device memory exported as file descriptors on CUDA, memfd on the CPU)
+    instead of host files, where the memory plan fits them (``gpu_runner.sandboxed.shared_slots``).
+    Off until measured on a GPU; ``KF_SHARED_OUTPUTS=1`` turns it on for a run."""
     in_place_bytes: int = 1 << 30
     """Above this many bytes per trial, the process running a candidate copies neither inputs nor
     outputs: inputs are used in place and checked by checksums, outputs fingerprinted at return

@@ -60,6 +60,8 @@ def _check(rc: int, what: str) -> None:
 
 WORKER_FDS = (3, 4)
 """The file descriptors a forked worker finds its pipe ends on (in, out)."""
+SHARE_FD = 5
+"""Where a forked run worker finds its share socket (:mod:`gpu_runner.sandboxed.shared_slots`), if given one."""
 
 
 def _child(req: dict[str, Any], fds: list[int]) -> None:
@@ -69,15 +71,17 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
     code: object = 1
     try:
         os.setsid()
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]  # out of the way of 0-4
-        in_fd, out_fd, log_fd = high
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in fds]  # out of the way of 0-5
+        in_fd, out_fd, log_fd = high[:3]
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(in_fd, WORKER_FDS[0])
         os.dup2(out_fd, WORKER_FDS[1])
-        _close_fds_from(max(WORKER_FDS) + 1)  # the server's socket and every other fd
+        if len(high) > 3:
+            os.dup2(high[3], SHARE_FD)
+        _close_fds_from(SHARE_FD + 1 if len(high) > 3 else max(WORKER_FDS) + 1)  # the server's socket and the rest
         os.environ.clear()
         os.environ.update(req["env"])
         tempfile.tempdir = None  # the server's cached TMPDIR is not the worker's (Triton writes its .ptx there)
@@ -155,15 +159,15 @@ def serve(sock: socket.socket, mode: str, device: str) -> int:
         if sock.fileno() not in readable:
             continue
         try:
-            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 4)
         except InterruptedError:
             continue
         if not data:
             return 0
         try:
             req = json.loads(data)
-            if len(fds) != 3:
-                raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+            if len(fds) not in (3, 4):
+                raise ValueError(f"expected 3 or 4 file descriptors, got {len(fds)}")
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
@@ -395,10 +399,11 @@ class ForkServer:
             await asyncio.shield(self._started)
         return self.alive
 
-    async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: tuple[int, int, int],
+    async def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, fds: tuple[int, ...],
                     confine: dict[str, Any], module: str = "gpu_runner.sandboxed.worker") -> ForkedProcess:  # fmt: skip
         """Fork a worker running ``module.main(argv)``; ``fds`` are its pipe ends (in, out, on
-        :data:`WORKER_FDS` there) and its log, all left open here."""
+        :data:`WORKER_FDS` there), its log and optionally its share socket (on :data:`SHARE_FD`),
+        all left open here."""
         if not await self.wait_ready():
             raise OSError(self.error or "no fork server")
         fields = {"argv": argv, "env": env, "cwd": str(cwd), "confine": confine, "module": module}

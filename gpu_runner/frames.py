@@ -99,6 +99,7 @@ class PrepareOp(TypedDict):
     device_verdict: bool
     inputs_on_device: bool
     in_place_bytes: int
+    shared_outputs: bool
 
 
 class JobOp(TypedDict):
@@ -182,7 +183,12 @@ class SandboxReport(TypedDict):
     phases: dict[str, float]
 
 
-class TrialReport(TypedDict):
+class _TrialOptional(TypedDict, total=False):
+    shared: bool
+    """The outputs lie in the spare's shared buffers (no blobs, no bulk files)."""
+
+
+class TrialReport(_TrialOptional):
     trial: int
     tensors: list[dict[str, Any]]
     info: dict[str, Any]

@@ -12,7 +12,9 @@ Its GPU work runs under a shared lease, so it never overlaps another candidate's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import json
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -37,19 +39,26 @@ class Judge:
         self.worker: Worker | None = None
         self.lock = asyncio.Lock()
         self.compared = 0
+        self.compared_shared = 0
+        """Trials whose outputs came as shared buffers (the rest as files)."""
 
     async def _worker(self) -> Worker:
         if self.worker is None or self.worker.dead or self.worker.proc.returncode is not None:
             self.worker = await self._start()
         return self.worker
 
-    async def _ask(self, job: JudgeOp) -> dict[str, Any]:
-        """Send one trial's job to the judge worker; its ``judged`` frame."""
+    async def _ask(self, job: JudgeOp, fds: Sequence[int] = ()) -> dict[str, Any]:
+        """Send one trial's job to the judge worker (and ``fds``, its shared outputs' descriptors,
+        over the worker's share socket first); its ``judged`` frame."""
         async with self.lock:
             worker = await self._worker()
             lease = GpuLease(self.gate, worker, self.nice)
             try:
                 async with asyncio.timeout(self.timeout_s):
+                    if fds:
+                        if worker.share is None:
+                            raise OSError("the judge has no share socket")
+                        socket.send_fds(worker.share, [json.dumps({"count": len(fds)}).encode()], list(fds))
                     await worker.send(op_frame(Op.JUDGE, job))
                     while True:
                         header, _ = await worker.recv(1 << 20)
@@ -72,6 +81,7 @@ class Judge:
         if isinstance(phases, dict):  # where a large task's verdict time goes
             logger.debug("judge phases", **{str(k): round(float(v), 3) for k, v in phases.items()})
         self.compared += 1
+        self.compared_shared += bool(fds)
         return header
 
     async def trial(
@@ -82,8 +92,10 @@ class Judge:
         tolerances: dict[str, tuple[float, float]],
         floors: dict[str, float],
         factor: float,
+        fds: Sequence[int] = (),
     ) -> TrialCheck:
-        """The verdict on one trial whose outputs are files: ``job`` names the seeds and the files."""
+        """The verdict on one trial: ``job`` names the seeds and the output files, or the shared
+        buffers whose descriptors are ``fds`` (in the order of the outputs)."""
         cand_shapes = [tuple(int(n) for n in m.get("shape", [])) for m in cand_meta]
         ref_shapes = [tuple(int(n) for n in m.get("shape", [])) for m in ref_meta]
         cand_dtypes = [str(m.get("dtype")) for m in cand_meta]
@@ -91,7 +103,7 @@ class Judge:
         scans: list[dict[str, Any]] = []
         has_residual: list[bool] = []
         if cand_shapes == ref_shapes and cand_dtypes == ref_dtypes:  # else decide() stops at the difference
-            header = await self._ask(job)
+            header = await self._ask(job, fds)
             scans = [dict(r) for r in header.get("results") or []]
             has_residual = [bool(x) for x in header.get("has_residual") or []]
             if len(scans) != len(ref_meta) or len(has_residual) != len(ref_meta):

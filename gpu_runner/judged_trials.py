@@ -21,7 +21,7 @@ from gpu_runner.errors import EvaluatorFault
 from gpu_runner.frames import JudgeOp
 from gpu_runner.judge import Judge
 from gpu_runner.pool import ReferenceData
-from gpu_runner.protocol import take_bulk
+from gpu_runner.protocol import FrameError, take_bulk
 from gpu_runner.sandbox import Worker, wait_gone
 
 
@@ -51,7 +51,7 @@ async def judge_trials(
     dst = os.open(ref.files, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for t, header in pending:
-            outputs = await _take_outputs(cfg, worker, t, header, ref, dst, max_blob)
+            outputs, fds = await _take_outputs(cfg, worker, t, header, ref, dst, max_blob)
             job = JudgeOp(
                 reference_source=reference_source,
                 init_seed=ref.init_seed,
@@ -62,35 +62,44 @@ async def judge_trials(
             )
             tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
             metas = list(header["tensors"])
-            checks.append(await judge.trial(job, metas, ref.metas[t], tolerances, floors, cfg.precision_factor))
+            checks.append(await judge.trial(job, metas, ref.metas[t], tolerances, floors, cfg.precision_factor, fds))
+            worker.close_shared([k for k in worker.shared if k[0] == t])  # their memory goes once judged
             for out in outputs:  # each trial's files go as soon as they are judged
-                with contextlib.suppress(OSError):
-                    os.unlink(out["cand"])
+                if "cand" in out:
+                    with contextlib.suppress(OSError):
+                        os.unlink(out["cand"])
     finally:
         os.close(dst)
 
 
+def _tolerances(cfg: RunnerConfig, dtype: str) -> dict[str, Any]:
+    tol = cfg.tolerances.get(dtype)
+    return {"dtype": dtype, "atol": tol[0] if tol else 0.0, "rtol": tol[1] if tol else 0.0, "exact": tol is None}
+
+
 async def _take_outputs(
     cfg: RunnerConfig, worker: Worker, t: int, header: dict[str, Any], ref: ReferenceData, dst: int, max_blob: int
-) -> list[dict[str, Any]]:
-    """Move trial ``t``'s output files into ``dst``; what the judge needs of each (none if the shapes differ)."""
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """What the judge needs of trial ``t``'s outputs (none if the shapes differ) and the descriptors
+    of their shared buffers (none: they were files, moved into ``dst`` here)."""
     assert ref.files is not None
     ref_metas = ref.metas[t]
     if _shapes(list(header["tensors"])) != _shapes(ref_metas):
-        return []  # the judge's decision stops at the difference without reading anything
+        return [], []  # the judge's decision stops at the difference without reading anything
+    if header.get("shared"):
+        # The buffers are the ones the spare announced before its candidate existed (checked
+        # against the reference's outputs then); the frame only says they were filled.
+        shared = [worker.shared.get((t, i)) for i in range(len(ref_metas))]
+        if any(out is None for out in shared):
+            raise FrameError(f"trial {t} reports shared outputs its spare never made")
+        found = [out for out in shared if out is not None]
+        outputs = [{"shared": True, "size": out.size, **_tolerances(cfg, out.dtype)} for out in found]
+        return outputs, [out.fd for out in found]
     if "bulk" not in header:
         raise EvaluatorFault(f"trial {t}'s outputs did not come as files")
     names = await asyncio.to_thread(take_bulk, worker.bulk_fd, header["bulk"], dst, f"c{t}_", max_blob)
-    outputs: list[dict[str, Any]] = []
-    for name, meta in zip(names, ref_metas, strict=True):
-        tol = cfg.tolerances.get(str(meta.get("dtype")))
-        outputs.append(
-            {
-                "cand": str(ref.files / name),
-                "dtype": str(meta.get("dtype")),
-                "atol": tol[0] if tol else 0.0,
-                "rtol": tol[1] if tol else 0.0,
-                "exact": tol is None,
-            }
-        )
-    return outputs
+    outputs = [
+        {"cand": str(ref.files / name), **_tolerances(cfg, str(meta.get("dtype")))}
+        for name, meta in zip(names, ref_metas, strict=True)
+    ]
+    return outputs, []

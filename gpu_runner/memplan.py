@@ -98,6 +98,9 @@ class MemoryPlan:
     spares: int
     device_verdict: bool
     """Trial outputs are compared on the GPU by the judge after the candidate's process ended."""
+    shared_outputs: bool
+    """The judge reads the trial outputs from buffers the spare shares (device memory on CUDA)
+    instead of host files (:mod:`gpu_runner.sandboxed.shared_slots`)."""
     poison_bytes: int
     """Allocator memory handed to the candidate NaN-filled before each trial."""
     compiled_baseline: bool
@@ -121,6 +124,8 @@ class MemoryPlan:
         """One line for logs and the evaluation's checks."""
         dev = f"{self.device_per_eval / GIB:.1f} GiB device per evaluation" if self.device_budget else "CPU"
         how = "compared on the GPU after the candidate ended" if self.device_verdict else "compared on the host"
+        if self.shared_outputs:
+            how += ", handed over in shared memory"
         text = (
             f"{self.trials} trials, {self.spares} spare(s); {dev}, {self.host_per_spare / GIB:.1f} GiB host per "
             f"spare; outputs {how}"
@@ -171,6 +176,7 @@ def plan(
     device_free: int | None = None,
     device_verdict_bytes: int = DEVICE_VERDICT_BYTES,
     large_bytes: int = LARGE_BYTES,
+    shared_outputs: bool = False,
 ) -> MemoryPlan:
     """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs."""
     free = device_free if device_free is not None else fp.device_free
@@ -191,9 +197,12 @@ def plan(
     judge = CONTEXT_BYTES + p + i + o + 2 * (p + i + o) + chunk if device_verdict else 0
     full_poison = 2 * (fp.input_bytes + fp.output_bytes)
 
-    def needs(trials: int, poison: int, spares: int, compiled: bool = True) -> tuple[int, int]:
-        """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs."""
+    def needs(trials: int, poison: int, spares: int, compiled: bool = True, shared: bool = False) -> tuple[int, int]:
+        """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs;
+        ``shared``: every spare also holds its trials' output buffers on the device until judged."""
         idle, preparing, running = _device_needs(fp, trials, poison, compiled, device_verdict, large_bytes)
+        if shared and on_gpu:
+            idle += trials * o
         # judged: each worker's output files (the reference's data never goes to the host)
         host = (
             (spares + 1) * trials * o
@@ -202,7 +211,8 @@ def plan(
         )
         if spares == 0:
             if device_verdict:  # evaluations run one at a time: prepare, run, then judge (its context stays)
-                return max(idle + max(preparing, running), judge) + CONTEXT_BYTES, host
+                held = trials * o if shared and on_gpu else 0  # the judge reads the buffers the spare left
+                return max(idle + max(preparing, running), judge + held) + CONTEXT_BYTES, host
             return idle + max(preparing, running) + judge, host
         # a candidate runs while ``spares`` spares wait, one of them still preparing
         return (spares + 1) * idle + running + preparing + judge, host
@@ -212,16 +222,19 @@ def plan(
         # an H200: a process planned at ~96 GiB asked for 16 GiB more at 112 GiB).
         return (device_budget is None or dev * SAFETY <= device_budget) and host <= host_budget
 
-    chosen: tuple[int, int, int, bool] | None = None
-    # A spare prepared ahead matters more than a third trial or the whole poison (without one,
-    # every candidate waits for a worker to start and prepare); then trials, then the poison;
-    # the torch.compile baseline goes last, before a refusal.
+    chosen: tuple[int, int, int, bool, bool] | None = None
+    sharing = (True, False) if shared_outputs and device_verdict else (False,)
+    # Shared output buffers save seconds of host copies per evaluation, not correctness: they come
+    # after the spare and the trials, before the whole poison.
     for compiled in (True, False):
         for want in sorted({min(1, max_spares), 0}, reverse=True):
             for trials in range(max(1, max_trials), min(MIN_TRIALS, max_trials) - 1, -1):
-                for poison in (full_poison, full_poison // 4, full_poison // 16):
-                    if fits(*needs(trials, poison, want, compiled)):
-                        chosen = (trials, poison, want, compiled)
+                for share in sharing:
+                    for poison in (full_poison, full_poison // 4, full_poison // 16):
+                        if fits(*needs(trials, poison, want, compiled, share)):
+                            chosen = (trials, poison, want, compiled, share)
+                            break
+                    if chosen:
                         break
                 if chosen:
                     break
@@ -242,11 +255,15 @@ def plan(
             f"task needs ~{_gib(need_host)} of host memory for one evaluation; this host has "
             f"{_gib(host_available)} available (outputs {_gib(fp.output_bytes)} per trial)"
         )
-    trials, poison, spares, compiled = chosen
-    while spares < max_spares and fits(*needs(trials, poison, spares + 1, compiled)):
+    trials, poison, spares, compiled, shared = chosen
+    while spares < max_spares and fits(*needs(trials, poison, spares + 1, compiled, shared)):
         spares += 1
-    per_eval = needs(trials, poison, 0, compiled)[0]
+    if shared_outputs and device_verdict and not shared:
+        notes.append("outputs go through host files: shared device buffers do not fit beside the evaluation")
+    per_eval = needs(trials, poison, 0, compiled, shared)[0]
     idle, _, running = _device_needs(fp, trials, poison, compiled, device_verdict, large_bytes)
+    if shared and on_gpu:
+        idle += trials * o
     if not compiled:
         notes.append("no torch.compile baseline: it does not fit beside the evaluation")
     host = trials * fp.output_bytes if device_verdict else _host_per_spare(fp, trials)
@@ -260,6 +277,7 @@ def plan(
         trials=trials,
         spares=spares,
         device_verdict=device_verdict,
+        shared_outputs=shared,
         poison_bytes=poison,
         compiled_baseline=compiled,
         device_per_eval=per_eval if on_gpu else 0,

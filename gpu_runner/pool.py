@@ -33,7 +33,7 @@ from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.memplan import Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
-from gpu_runner.sandbox import Isolation, Worker, await_ready, bulk_root, spawn_worker
+from gpu_runner.sandbox import Isolation, SharedOutput, Worker, await_ready, bulk_root, receive_shared, spawn_worker
 from gpu_runner.triton_cache import copy_tree
 
 logger = structlog.get_logger(__name__)
@@ -80,6 +80,34 @@ class ReferenceData:
         if self.files is not None:
             shutil.rmtree(self.files, ignore_errors=True)
             self.files = None
+
+
+def _take_shared(worker: Worker, metas: list[list[dict[str, Any]]]) -> None:
+    """Keep the shared output buffers a judged spare sent before its ``prepared`` frame (none:
+    its trials go through host files). They must be one per reference output, each large enough."""
+    if worker.share is None:
+        return
+    try:
+        received = receive_shared(worker.share)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    worker.share.close()  # the spare closed its end; nothing more comes over it
+    worker.share = None
+    for entry, fd in received:
+        key = (int(entry["trial"]), int(entry["index"]))
+        worker.shared[key] = SharedOutput(fd, int(entry["size"]), str(entry["dtype"]), tuple(entry["shape"]))
+    if not received:
+        return
+    wanted = {(t, i): m for t, outs in enumerate(metas) for i, m in enumerate(outs)}
+    wrong = set(wanted) != set(worker.shared) or any(
+        out.dtype != str(wanted[k].get("dtype"))
+        or list(out.shape) != list(wanted[k].get("shape", []))
+        or out.size < int(wanted[k].get("nbytes") or 0)
+        for k, out in worker.shared.items()
+    )
+    if wrong:
+        worker.close_shared()
+        raise ProtocolError("the spare's shared outputs do not match its reference outputs")
 
 
 @dataclass
@@ -188,6 +216,7 @@ class RunPool:
             host_available=int(psutil.virtual_memory().available * self.cfg.host_memory_share),
             device_verdict_bytes=self.cfg.device_verdict_bytes,
             large_bytes=self.cfg.in_place_bytes,
+            shared_outputs=self.cfg.shared_outputs,
         )
         logger.info(
             "memory_plan",
@@ -233,6 +262,7 @@ class RunPool:
                 device_verdict=device_verdict,
                 inputs_on_device=on_device,
                 in_place_bytes=self.cfg.in_place_bytes,
+                shared_outputs=self.plan is not None and self.plan.shared_outputs,
             ),
         )
         data = ReferenceData(judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device)
@@ -288,6 +318,7 @@ class RunPool:
                             data.metas = [list(x) for x in header.get("out_metas") or []]
                             if len(data.input_sums) != len(data.seeds) or len(data.metas) != len(data.seeds):
                                 raise ProtocolError("the spare reported checksums or outputs for other trials")
+                            _take_shared(spare.worker, data.metas)
                     elif kind is Report.PREPARE_TIME:  # the last frame of a preparation
                         break
                     elif kind is Report.REFERENCE_ERROR:

@@ -25,6 +25,8 @@ import numpy.typing as npt
 _LEN = struct.Struct(">Q")
 MAX_HEADER_BYTES = 4 << 20
 """Largest JSON header the parent accepts."""
+MAX_SHARED_OUTPUTS = 64
+"""Most shared output buffers one spare makes (SCM_RIGHTS carries at most 253 descriptors a message)."""
 
 WIRE_DTYPES: dict[str, np.dtype[Any]] = {
     "float64": np.dtype("<f8"),

@@ -20,8 +20,10 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,7 @@ import psutil
 import structlog
 
 from gpu_runner.errors import WorkerStartError
-from gpu_runner.forkserver import WORKER_FDS, ForkedProcess, ForkServer, proc_children
+from gpu_runner.forkserver import SHARE_FD, WORKER_FDS, ForkedProcess, ForkServer, proc_children
 from gpu_runner.frames import OpFrame, Report, decode_report
 from gpu_runner.isolation import (  # re-exported: the pools and the service import them from here
     PROJECT_ROOT,
@@ -44,7 +46,7 @@ from gpu_runner.isolation import jit_exec as jit_exec
 from gpu_runner.isolation import probe_isolation as probe_isolation
 from gpu_runner.isolation import unreachable_by_others as unreachable_by_others
 from gpu_runner.isolation import without_user as without_user
-from gpu_runner.protocol import Blob, FrameError, encode_frame, read_bulk, read_frame, widen_pipe
+from gpu_runner.protocol import MAX_SHARED_OUTPUTS, Blob, FrameError, encode_frame, read_bulk, read_frame, widen_pipe
 from gpu_runner.triton_cache import copy_tree
 
 logger = structlog.get_logger(__name__)
@@ -148,6 +150,40 @@ _READERS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="kf-pipe")
 times faster than an event-loop stream for outputs of tens of megabytes."""
 
 
+def receive_shared(sock: socket.socket) -> list[tuple[dict[str, Any], int]]:
+    """The parent's side: the entries and descriptors a prepared spare sent (none if it sent none).
+
+    Non-blocking: the spare sent them before its ``prepared`` frame. Entries that do not parse
+    close every descriptor and raise ``ValueError``."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, MAX_SHARED_OUTPUTS, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return []
+    try:
+        entries = json.loads(data) if data else []
+        if not isinstance(entries, list) or len(entries) != len(fds):
+            raise ValueError(f"{len(fds)} descriptors for {len(entries) if isinstance(entries, list) else '?'} entries")
+        for e in entries:
+            if not (isinstance(e, dict) and int(e["size"]) > 0 and isinstance(e["shape"], list)):
+                raise ValueError(f"bad shared-output entry {e!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"the spare's shared outputs do not parse: {exc}") from None
+    return list(zip(entries, fds, strict=True))
+
+
+@dataclass(frozen=True)
+class SharedOutput:
+    """One trial output's shared buffer as a spare announced it before any candidate ran."""
+
+    fd: int
+    size: int
+    """Bytes of the buffer (as its maker rounded them)."""
+    dtype: str
+    shape: tuple[int, ...]
+
+
 @dataclass
 class Worker:
     """One sandboxed worker process and its pipes (frames in over ``rfd``, jobs out over ``writer``)."""
@@ -171,6 +207,20 @@ class Worker:
     """Leave frames' bulk files unread (the judge compares them once the worker is gone)."""
     bulk_reads: list[Future[list[Blob]]] = field(default_factory=list)
     """Bulk files being read in the background (see :meth:`recv_deferring_bulk`)."""
+    share: socket.socket | None = None
+    """The parent's end of a run worker's share socket: descriptors of shared trial outputs come
+    over it from a spare (:mod:`gpu_runner.sandboxed.shared_slots`) and go over it to the judge."""
+    shared: dict[tuple[int, int], SharedOutput] = field(default_factory=dict)
+    """(trial, index) -> the shared output buffer this spare made, held open until :meth:`reap`."""
+
+    def close_shared(self, keys: Iterable[tuple[int, int]] | None = None) -> None:
+        """Close the descriptors of shared outputs (``keys``, or all): their memory is freed once
+        no process maps them."""
+        for key in list(self.shared) if keys is None else list(keys):
+            out = self.shared.pop(key, None)
+            if out is not None:
+                with contextlib.suppress(OSError):
+                    os.close(out.fd)
 
     @property
     def pid(self) -> int:
@@ -271,6 +321,10 @@ class Worker:
             self.bulk_fd = -1
         if self.bulk is not None:
             await _waiting(shutil.rmtree, self.bulk, True)
+        self.close_shared()
+        if self.share is not None:
+            self.share.close()
+            self.share = None
         await asyncio.sleep(0)  # let the write transport's close callback run before the loop may end
         if tree:
             await _waiting(wait_gone, tree, 10.0)
@@ -358,19 +412,18 @@ async def spawn_worker(
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     widen_pipe(out_w)
+    # A run worker's share socket: shared trial outputs' descriptors (a spare's, before any candidate)
+    share, share_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if mode == "run" else (None, None)
+    child_fds = (in_r, out_w) if share_child is None else (in_r, out_w, share_child.fileno())
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     proc: asyncio.subprocess.Process | ForkedProcess | None = None
     try:
         if forks is not None and await forks.wait_ready():
             argv = ["--mode", mode, "--device", device, "--in-fd", str(WORKER_FDS[0]), "--out-fd", str(WORKER_FDS[1])]
+            if share_child is not None:
+                argv += ["--share-fd", str(SHARE_FD)]
             try:
-                proc = await forks.spawn(
-                    argv,
-                    env,
-                    home,
-                    (in_r, out_w, log_fd),
-                    spec,
-                )
+                proc = await forks.spawn(argv, env, home, (in_r, out_w, log_fd, *child_fds[2:]), spec)
             except OSError as exc:
                 logger.warning("fork_server_unusable", mode=mode, error=str(exc))
         if proc is None:
@@ -391,6 +444,7 @@ async def spawn_worker(
                 str(in_r),
                 "--out-fd",
                 str(out_w),
+                *(["--share-fd", str(share_child.fileno())] if share_child is not None else []),
             ]
             proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -400,11 +454,14 @@ async def spawn_worker(
                 cwd=home,
                 env=env,
                 start_new_session=True,
-                pass_fds=(in_r, out_w),
+                pass_fds=child_fds,
             )
     except BaseException as exc:
         for fd in (in_r, in_w, out_r, out_w, bulk_fd):
             os.close(fd)
+        for sock in (share, share_child):
+            if sock is not None:
+                sock.close()
         shutil.rmtree(bulk, ignore_errors=True)
         if isinstance(exc, OSError):
             raise WorkerStartError(mode, str(exc)) from exc
@@ -413,6 +470,8 @@ async def spawn_worker(
         os.close(log_fd)
     os.close(in_r)
     os.close(out_w)
+    if share_child is not None:
+        share_child.close()
     loop = asyncio.get_running_loop()
     write_file = os.fdopen(in_w, "wb", 0)
     try:
@@ -423,8 +482,10 @@ async def spawn_worker(
         os.close(out_r)
         os.close(bulk_fd)
         write_file.close()
+        if share is not None:
+            share.close()
         raise
-    worker = Worker(mode, proc, out_r, transport, home, log_path, env["KF_WORKER_TOKEN"], bulk, bulk_fd)
+    worker = Worker(mode, proc, out_r, transport, home, log_path, env["KF_WORKER_TOKEN"], bulk, bulk_fd, share=share)
     worker.forks = forks if isinstance(proc, ForkedProcess) else None
     return worker
 

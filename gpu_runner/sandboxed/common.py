@@ -43,10 +43,13 @@ PEAKS: tuple[tuple[str, float, float, float], ...] = (
 class Channel:
     """The worker's end of the pipe to the parent (large tensors go as files in the bulk directory)."""
 
-    def __init__(self, in_fd: int, out_fd: int, bulk_dir: str | None = None) -> None:
+    def __init__(self, in_fd: int, out_fd: int, bulk_dir: str | None = None, share_fd: int = -1) -> None:
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.bulk_dir = bulk_dir
+        self.share_fd = share_fd
+        """The share socket (-1: none): a spare sends its shared outputs' descriptors and closes it;
+        the judge receives descriptors over it (:mod:`gpu_runner.sandboxed.shared_slots`)."""
         self.seq = 0
         self.gpu_held = False
         """Whether this process holds the parent's (shared) GPU lease now."""
@@ -67,6 +70,13 @@ class Channel:
             header["bulk"] = write_bulk(self.bulk_dir, self.seq, blobs)
             blobs = ()
         write_frame(self.out_fd, header, blobs)
+
+    def close_share(self) -> None:
+        """Close the share socket (a spare does before any candidate code is loaded)."""
+        if self.share_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.share_fd)
+            self.share_fd = -1
 
     @contextlib.contextmanager
     def gpu_lease(self, device: torch.device) -> Iterator[None]:

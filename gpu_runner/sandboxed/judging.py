@@ -18,11 +18,13 @@ from __future__ import annotations
 import copy
 import mmap
 import os
+import socket
 from typing import Any
 
 import torch
 
 from gpu_runner.frames import JudgeOp, Report
+from gpu_runner.protocol import MAX_SHARED_OUTPUTS
 from gpu_runner.sandboxed.common import Channel, Laps, checksum, flatten_outputs, sync
 from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
@@ -34,6 +36,7 @@ from gpu_runner.sandboxed.reference import (
     make_inputs,
     to_device,
 )
+from gpu_runner.sandboxed.shared_slots import open_slot
 
 CHUNK = 1 << 26
 """Elements per step (64M: three float64 temporaries of 512 MB)."""
@@ -128,13 +131,31 @@ def _scan_chunk(
         out["sq_exact"] += float(torch.dot(exact, exact))
 
 
+class _Shared:
+    """A shared output buffer (device memory on CUDA) as a flat tensor; ``close`` releases it."""
+
+    def __init__(self, fd: int, size: int, dtype: torch.dtype, numel: int, device: torch.device) -> None:
+        self.device = device
+        self.t, self._release = open_slot(fd, size, dtype, numel, device)
+
+    def close(self) -> None:
+        del self.t
+        sync(self.device)  # nothing queued may still read the memory once it is unmapped
+        self._release()
+
+
 def judge_output(
-    spec: dict[str, Any], ref: torch.Tensor, residual: torch.Tensor | None, device: torch.device
+    spec: dict[str, Any], ref: torch.Tensor, residual: torch.Tensor | None, device: torch.device, fd: int = -1
 ) -> dict[str, Any]:
-    """Scan one candidate output file against the reference's output (and residual) on the device."""
+    """Scan one candidate output (a file, or the shared buffer ``fd``) against the reference's
+    output (and residual) on the device."""
     dtype = _DTYPES[str(spec["dtype"])]
     numel = ref.numel()
-    cand = _Mapped(spec["cand"], dtype, numel)
+    cand = (
+        _Shared(fd, int(spec["size"]), dtype, numel, device)
+        if spec.get("shared")
+        else _Mapped(spec["cand"], dtype, numel)
+    )
     r_flat = ref.reshape(-1)
     d_flat = residual.reshape(-1) if residual is not None else None
     try:
@@ -169,6 +190,22 @@ def judge_output(
         return out
     finally:
         cand.close()
+
+
+def _shared_fds(channel: Channel, count: int) -> list[int]:
+    """The ``count`` descriptors of shared output buffers the parent sent over the share socket."""
+    if channel.share_fd < 0:
+        raise OSError("the judge has no share socket")
+    sock = socket.socket(fileno=os.dup(channel.share_fd))
+    try:
+        _, fds, _, _ = socket.recv_fds(sock, 4096, MAX_SHARED_OUTPUTS)
+    finally:
+        sock.close()
+    if len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"{len(fds)} shared buffers for {count} outputs")
+    return fds
 
 
 _MODULES: dict[int, dict[str, Any]] = {}
@@ -225,15 +262,18 @@ def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
     has_residual: list[bool] = []
     fp64_error = None
     laps = Laps()
+    specs = list(msg["outputs"])
+    fds: list[int] = []
     try:
+        if any(spec.get("shared") for spec in specs):  # sent just before the op: read before anything can fail
+            fds = _shared_fds(channel, len(specs))
         with channel.gpu_lease(device):
             laps.lap("lease_wait_s")
             outs, residuals, fp64_error = _truth(msg, device, laps)
-            specs = list(msg["outputs"])
             if len(specs) != len(outs):
-                raise ValueError(f"{len(specs)} output files for {len(outs)} reference outputs")
-            for spec, ref, res in zip(specs, outs, residuals, strict=True):
-                results.append(judge_output(spec, ref, res, device))
+                raise ValueError(f"{len(specs)} outputs to compare for {len(outs)} reference outputs")
+            for i, (spec, ref, res) in enumerate(zip(specs, outs, residuals, strict=True)):
+                results.append(judge_output(spec, ref, res, device, fds[i] if fds else -1))
                 has_residual.append(res is not None)
             del outs, residuals
             sync(device)
@@ -243,6 +283,9 @@ def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return
+    finally:
+        for fd in fds:
+            os.close(fd)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     laps.lap("release_s")

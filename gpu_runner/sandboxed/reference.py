@@ -31,6 +31,7 @@ from gpu_runner.sandboxed.common import (
     sync,
     unregister_host,
 )
+from gpu_runner.sandboxed.shared_slots import SharedSlots
 
 REFERENCE_FILENAME = "<kfoundry-reference>"
 
@@ -57,6 +58,8 @@ class Prepared:
     extra: dict[str, Any] = field(default_factory=dict)
     slots: OutputSlots | None = None
     """Host buffers the candidate's trial outputs are copied into (None: they are packed and sent)."""
+    shared: SharedSlots | None = None
+    """Shared buffers (device memory on CUDA) the trial outputs are copied into for the judge."""
 
 
 def load_module(source: str, filename: str, name: str) -> dict[str, Any]:
@@ -314,7 +317,18 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
         ship(shipments, device, channel, laps)
     del shipments
 
-    if channel.bulk_dir:  # pre-faulted and page-locked now, while the spare waits, not in the GPU window
+    if judged and msg.get("shared_outputs") and channel.share_fd >= 0:
+        # The judge reads the trials' outputs where the worker copies them (no host files): the
+        # buffers and their descriptors are made now, before any candidate code exists here.
+        share_fd, channel.share_fd = channel.share_fd, -1
+        try:
+            with channel.gpu_lease(device):  # device allocations and their zeroing: not beside a timing
+                prepared.shared = SharedSlots(ref_outputs, device, share_fd)
+        except (OSError, RuntimeError, ValueError) as exc:  # DevShareError included: host files then
+            log(f"shared outputs unavailable: {type(exc).__name__}: {exc}")
+        laps.lap("shared_s")
+    channel.close_share()
+    if channel.bulk_dir and prepared.shared is None:  # pre-faulted and page-locked now, while the spare waits
         # ... unless they are gigabytes: then page-locking costs more than the pageable copy it
         # saves (an 8 GB-output spare spent 14 s making its two slots, on the critical path when
         # the plan allows no spare ahead), so the files are only mapped.
@@ -335,7 +349,13 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
         compiled_error=prepared.compiled_error,
         compiled=prepared.compiled is not None,
         phases=laps.seconds,
-        output_slots={"files": len(prepared.slots.slots), "pinned": prepared.slots.pinned} if prepared.slots else None,
+        output_slots=(
+            {"files": len(prepared.slots.slots), "pinned": prepared.slots.pinned}
+            if prepared.slots
+            else {"shared": len(prepared.shared.views)}
+            if prepared.shared
+            else None
+        ),
         input_sums=input_sums,
         out_metas=[
             [

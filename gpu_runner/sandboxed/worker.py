@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
+    parser.add_argument("--share-fd", type=int, default=-1, help="a run worker's share socket (shared_slots)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     import torch
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_runner.protocol import FrameError, read_frame
     from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, device_info, log, peaks
 
-    channel = Channel(args.in_fd, args.out_fd, os.environ.get("KF_BULK_DIR") or None)
+    channel = Channel(args.in_fd, args.out_fd, os.environ.get("KF_BULK_DIR") or None, args.share_fd)
     import_s = time.perf_counter() - started
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
     preload(args.mode, args.device)  # a no-op in a process forked from a fork server that did it

@@ -3,6 +3,8 @@ the CPU: forced for small outputs with ``device_verdict_bytes=0``; the same verd
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -55,3 +57,63 @@ async def test_judged_task_catches_a_partial_output_and_lower_precision(judged: 
     status, summary = await _evaluate(judged, "precision_downcast.py")
     assert status is EvalStatus.INCORRECT, summary
     assert "float64" in summary or "outside" in summary
+
+
+def _memfds(pid: int | str = "self") -> int:
+    """Shared trial-output buffers (memfds) a process holds open."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            count += "kf-trial-output" in os.readlink(f"/proc/{pid}/fd/{fd}")
+    return count
+
+
+@pytest.fixture
+async def shared() -> AsyncIterator[EvaluationService]:
+    cfg = RunnerConfig(
+        device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=1.0, device_verdict_bytes=0,
+        shared_outputs=True,
+    )  # fmt: skip
+    async with EvaluationService(cfg) as service:
+        yield service
+
+
+async def test_shared_outputs_reach_the_judge_without_files_and_are_released(shared: EvaluationService) -> None:
+    # The spare hands its trial outputs over as buffers it made before the candidate ran (memfd on
+    # the CPU, exported device memory on CUDA); the judge compares them where they lie.
+    status, summary = await _evaluate(shared, "honest_add_relu.py")
+    assert status is EvalStatus.CORRECT, summary
+    assert shared.runs is not None
+    assert shared.runs.plan is not None
+    assert shared.runs.plan.shared_outputs
+    assert "handed over in shared memory" in shared.runs.plan.summary()
+    assert shared.judge is not None
+    assert shared.judge.compared_shared == shared.judge.compared >= 1
+    await shared.runs.wait_idle(1, 120.0)
+    spare = shared.runs.idle[0]
+    assert spare.reference is not None
+    assert spare.reference.info.get("output_slots") == {"shared": len(spare.reference.seeds)}
+    # The waiting spare's buffers are held by the parent; the used spare's were closed once judged.
+    assert len(spare.worker.shared) == len(spare.reference.seeds) == _memfds()
+    status, summary = await _evaluate(shared, "partial_output.py")
+    assert status is EvalStatus.INCORRECT, summary
+    status, summary = await _evaluate(shared, "precision_downcast.py")
+    assert status is EvalStatus.INCORRECT, summary
+    assert shared.judge.compared_shared == shared.judge.compared
+    await shared.runs.wait_idle(1, 120.0)
+    assert _memfds() == len(shared.runs.idle[0].worker.shared)
+    judge = shared.judge.worker
+    assert judge is not None
+    assert _memfds(judge.pid) == 0
+
+
+async def test_shared_outputs_are_off_unless_asked_and_the_switch_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KF_SHARED_OUTPUTS", raising=False)
+    assert not RunnerConfig().shared_outputs
+    monkeypatch.setenv("KF_SHARED_OUTPUTS", "1")
+    assert RunnerConfig().shared_outputs
+    monkeypatch.setenv("KF_SHARED_OUTPUTS", "yes")
+    with pytest.raises(ValueError, match="KF_SHARED_OUTPUTS"):
+        RunnerConfig()

@@ -55,3 +55,27 @@ def test_spares_shrink_before_trials_when_device_memory_is_short() -> None:
     assert made.spares >= 1
     assert made.spares < 2
     assert any("spares cut" in n for n in made.notes)
+
+
+def test_shared_output_buffers_are_planned_only_where_they_fit_beside_everything_else() -> None:
+    kw = {"device": "cuda", "max_trials": 5, "max_spares": 2, "host_available": HOST}
+    # 6 GB outputs on an H200: room for the trials' buffers on the device; no trial, spare or baseline given up.
+    files = plan(_fp(6, 6), device_free=H200_FREE, **kw)  # type: ignore[arg-type]
+    shared = plan(_fp(6, 6), device_free=H200_FREE, shared_outputs=True, **kw)  # type: ignore[arg-type]
+    assert shared.shared_outputs
+    assert not files.shared_outputs
+    assert (shared.trials, shared.spares, shared.compiled_baseline) == (
+        files.trials,
+        files.spares,
+        files.compiled_baseline,
+    )
+    assert shared.poison_bytes <= files.poison_bytes  # the poison is cut before the buffers are given up
+    assert shared.device_per_spare == files.device_per_spare + shared.trials * 6 * GIB
+    # On an H100 they do not fit beside the compiled baseline: host files, and the plan says why.
+    tight = plan(_fp(6, 6), device_free=H100_FREE, shared_outputs=True, **kw)  # type: ignore[arg-type]
+    assert not tight.shared_outputs
+    assert any("shared device buffers do not fit" in n for n in tight.notes)
+    # Small outputs are compared on the host: there is nothing to share.
+    small = plan(_fp(0.0625, 0.0625), device_free=H200_FREE, shared_outputs=True, **kw)  # type: ignore[arg-type]
+    assert not small.shared_outputs
+    assert small.notes == []
