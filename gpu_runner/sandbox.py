@@ -306,35 +306,61 @@ class Worker:
 
     async def reap(self, tree: list[int], sweep: bool) -> None:
         """Wait until the killed processes are gone (and sweep escapees when there is no PID namespace)."""
-        await self.proc.wait()
-        if self.reading is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(self.reading)  # ends within a poll interval of ``stop``
-        for pending in self.bulk_reads:
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(pending)
-        if self.rfd >= 0:
-            os.close(self.rfd)
-            self.rfd = -1
-        if self.bulk_fd >= 0:
-            os.close(self.bulk_fd)
-            self.bulk_fd = -1
+        try:
+            await self.proc.wait()
+            if self.reading is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(self.reading)  # ends within a poll interval of ``stop``
+            for pending in self.bulk_reads:
+                with contextlib.suppress(Exception):
+                    await asyncio.wrap_future(pending)
+        finally:  # a cancelled reap (the pool closing while a spare is being disposed) leaks nothing
+            self.release()
         if self.bulk is not None:
             await _waiting(shutil.rmtree, self.bulk, True)
-        self.close_shared()
-        if self.share is not None:
-            self.share.close()
-            self.share = None
         await asyncio.sleep(0)  # let the write transport's close callback run before the loop may end
         if tree:
             await _waiting(wait_gone, tree, 10.0)
         if sweep:
             await _waiting(sweep_token, self.token)
 
+    def release(self) -> None:
+        """Close every descriptor the parent holds for this worker (once its readers are done with
+        them: a read still in flight ends within a poll interval of ``stop``, and its descriptor
+        is closed then, so its number cannot be reused under it)."""
+        fds = [fd for fd in (self.rfd, self.bulk_fd) if fd >= 0]
+        self.rfd = self.bulk_fd = -1
+        self.close_shared()
+        if self.share is not None:
+            self.share.close()
+            self.share = None
+        busy = [f for f in (self.reading, *self.bulk_reads) if f is not None and not f.done()]
+        if not busy:
+            _close_all(fds)
+            return
+        left = [len(busy)]
+        lock = threading.Lock()
+
+        def one_done(_: object) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                _close_all(fds)
+
+        for future in busy:
+            future.add_done_callback(one_done)
+
     async def kill(self, sweep: bool) -> None:
         """Kill the worker's process group and wait until it is gone."""
         tree = self.terminate()
         await self.reap(tree, sweep)
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -3,6 +3,7 @@ tmpfs files go too (the janitor), and a later start removes what a dead evaluato
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpu_runner.janitor import kill_processes_using, mark_owner, sweep_stale
-from gpu_runner.sandbox import bulk_root
+from gpu_runner.sandbox import await_ready, bulk_root, probe_isolation, spawn_worker
 from tests.gpu_runner.conftest import CANDIDATES, REFERENCES
 
 
@@ -100,3 +101,26 @@ def test_kill_processes_using_kills_only_processes_naming_the_folder(tmp_path: P
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+async def test_a_reap_cancelled_midway_still_releases_the_workers_descriptors(tmp_path: Path) -> None:
+    """The pool closing while a spare is being disposed cancels that spare's reap: its pipe and its
+    share socket are closed all the same (CI at b06f7bd saw the socket left to the garbage collector)."""
+    iso = await asyncio.to_thread(probe_isolation, False, False, None)
+    worker = await spawn_worker("run", "cpu", iso, sys.executable, tmp_path, "run-cancelled", {"TRITON_INTERPRET": "1"})
+    await await_ready(worker, 120)
+    share, rfd = worker.share, worker.rfd
+    assert share is not None
+    assert rfd >= 0
+    killing = asyncio.create_task(worker.kill(sweep=False))
+    await asyncio.sleep(0)  # the worker is SIGKILLed; its reap waits for the process to be gone
+    assert not killing.done()
+    killing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await killing
+    assert share.fileno() == -1
+    assert worker.share is None
+    assert worker.rfd == -1
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(rfd)
+    await worker.proc.wait()  # the SIGKILLed process itself is the event loop's to collect
