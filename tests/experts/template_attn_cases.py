@@ -57,6 +57,58 @@ ATTN_CASES: tuple[Case, ...] = (
         ({"L": 29, "S": 29, "D": 20, "E": 9},),
     ),
     Case(
+        "relu_attention_causal_tril_buffer",
+        _model(
+            ", n",
+            'self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))',
+            "q, k, v",
+            "T = q.size(2)\natt = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))\n"
+            "att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))\n"
+            "return F.relu(att) @ v",
+            _QKV,
+            "$L",
+        ),
+        ({"L": 29, "S": 29, "D": 20, "E": 9},),
+    ),
+    Case(
+        "explicit_softmax_triu_mask_op_by_op",
+        _model(
+            ", n",
+            'self.register_buffer("bias", torch.triu(torch.ones(n, n)).view(1, 1, n, n))',
+            "q, k, v",
+            "att = (q @ k.transpose(-2, -1)) * 0.5\n"
+            "att = att.masked_fill(self.bias[:, :, :$L, :$L] == 0, float('-inf'))\n"
+            "return F.softmax(att, dim=-1) @ v",
+            _QKV,
+            "$L",
+        ),
+        ({"L": 21, "S": 21, "D": 6, "E": 11},),
+    ),
+    Case(
+        "multihead_self_attention_then_norm",
+        _model(
+            ", e, h",
+            "self.attn = nn.MultiheadAttention(e, h)\nself.norm = nn.LayerNorm(e)",
+            "x",
+            "out, _ = self.attn(x, x, x)\nreturn self.norm(out + x)",
+            "torch.rand($L, 2, $E)",
+            "$E, 3",
+        ),
+        ({"L": 37, "E": 24},),
+    ),
+    Case(
+        "multihead_cross_attention_batch_first_no_bias",
+        _model(
+            ", e, h",
+            "self.attn = nn.MultiheadAttention(e, h, bias=False, batch_first=True)",
+            "q, kv",
+            "return self.attn(q, kv, kv, need_weights=False)[0]",
+            "torch.rand(2, $L, $E), torch.rand(2, $S, $E)",
+            "$E, 2",
+        ),
+        ({"L": 13, "S": 21, "E": 10},),
+    ),
+    Case(
         "explicit_module_softmax_bmm_3d",
         _model(
             "",

@@ -118,6 +118,20 @@ CASES: tuple[Case, ...] = (
         _ROWS,
     ),
     Case(
+        "compare_where_masked_fill",
+        _model(
+            "",
+            "",
+            "x, y",
+            "a = torch.where(x > 0.5, x, y * 2.0).masked_fill(y <= -0.3, -1.5)\n"
+            "b = x.masked_fill(torch.eq(y, x), 0.0) + (x < y) * 2.0 + (x != 0.25) * y\n"
+            "return a - torch.where(x.ge(y), 1.0, b)",
+            _XY,
+            "",
+        ),
+        _ROWS,
+    ),
+    Case(
         "ew_channel_bias",
         _model(
             ", c",
@@ -272,6 +286,18 @@ CASES: tuple[Case, ...] = (
             "$K, $N",
         ),
         _MM,
+    ),
+    Case(
+        "matvec_column_and_linear_to_one_output",
+        _model(
+            ", k",
+            "self.head = nn.Linear(k, 1)",
+            "a, v",
+            "return torch.matmul(a, v) * 0.5 + self.head(a)",
+            "torch.rand($M, $K), torch.rand($K, 1)",
+            "$K",
+        ),
+        ({"M": 33, "K": 300}, {"M": 5, "K": 7000}),
     ),
     Case(
         "linear_functional_no_bias",

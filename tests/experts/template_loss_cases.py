@@ -52,6 +52,37 @@ LOSS_CASES: tuple[Case, ...] = (
         _SIZES,
     ),
     Case(
+        "cross_entropy_class_indices",
+        _model(
+            "", "", "p, t", "return F.cross_entropy(p, t)", "torch.randn($B, $N) * 3, torch.randint(0, $N, ($B,))", ""
+        ),
+        _SIZES,
+    ),
+    Case(
+        "cross_entropy_ignored_sum_and_nll_of_log_softmax",
+        _model(
+            "",
+            "self.ce = nn.CrossEntropyLoss(ignore_index=1, reduction='sum')",
+            "p, t",
+            "return self.ce(p, t) + F.nll_loss(torch.log_softmax(p * 0.5, dim=1), t, reduction='none').sum()",
+            "torch.randn($B, $N), torch.randint(0, 3, ($B,))",
+            "",
+        ),
+        ({"B": 33, "N": 7},),
+    ),
+    Case(
+        "cross_entropy_class_probabilities",
+        _model(
+            "",
+            "",
+            "p, t",
+            "return F.cross_entropy(p, t.softmax(dim=1))",
+            "torch.randn($B, $N), torch.randn($B, $N)",
+            "",
+        ),
+        _SIZES,
+    ),
+    Case(
         "hinge_mean",
         _model(
             "",

@@ -12,6 +12,7 @@ import pytest
 
 from actors.experts.template import Plan, Unsupported, analyse, default_params, render
 from actors.experts.template.interp_check import Verdict, check_in_subprocess
+from actors.experts.template.ir import NodeKind
 from tests.experts.template_attn_cases import ATTN_CASES
 from tests.experts.template_cases import HEAD, _model
 from tests.experts.template_interp import assert_all_correct, interp_verdicts
@@ -86,23 +87,44 @@ def test_half_operands_outside_attention_are_declined() -> None:
     assert "float32" in result.detail
 
 
-@pytest.mark.parametrize(
-    ("mask_buffer", "between", "reason"),
-    [
-        ("torch.triu(torch.ones(n, n)).view(1, 1, n, n)", "", "masked_fill"),
-        ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "att = F.dropout(att, 0.2)\n", "masked_fill"),
-    ],
-)
-def test_explicit_attention_with_another_mask_or_a_random_dropout_is_declined(
-    mask_buffer: str, between: str, reason: str
-) -> None:
+def _masked_attention(mask_buffer: str, between: str) -> str:
     body = (
         "att = (q @ k.transpose(-2, -1)) * 0.5\n"
         "att = att.masked_fill(self.bias[:, :, :8, :8] == 0, float('-inf'))\n"
         f"att = F.softmax(att, dim=-1)\n{between}return att @ v"
     )
     qkv = "torch.rand(2, 3, 8, 4), torch.rand(2, 3, 8, 4), torch.rand(2, 3, 8, 4)"
-    source = HEAD + _model(", n", f'self.register_buffer("bias", {mask_buffer})', "q, k, v", body, qkv, "8")
+    return HEAD + _model(", n", f'self.register_buffer("bias", {mask_buffer})', "q, k, v", body, qkv, "8")
+
+
+def test_explicit_attention_with_another_mask_is_lowered_op_by_op() -> None:
+    """Not the flash kernel (its mask is causal only): the scores are materialised, masked by the
+    buffer and soft-maxed by the row template."""
+    result = analyse(_masked_attention("torch.triu(torch.ones(n, n)).view(1, 1, n, n)", ""))
+    assert isinstance(result, Plan), result
+    assert all(node.kind is not NodeKind.ATTN for node in result.nodes)
+    assert any(node.op == "where" for node in result.nodes)
+
+
+def test_explicit_attention_with_a_random_dropout_is_declined() -> None:
+    result = analyse(_masked_attention("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "att = F.dropout(att, 0.2)\n"))
+    assert isinstance(result, Unsupported)
+    assert "dropout" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("init", "body", "reason"),
+    [
+        ("nn.MultiheadAttention(8, 2)", "out, w = self.attn(x, x, x)\nreturn out + w.mean()", "averaged attention"),
+        ("nn.MultiheadAttention(8, 2)", "return self.attn(x, x, x, attn_mask=m)[0]", "attn_mask"),
+        ("nn.MultiheadAttention(8, 2, dropout=0.1)", "return self.attn(x, x, x)[0]", "dropout"),
+        ("nn.MultiheadAttention(8, 2, add_bias_kv=True)", "return self.attn(x, x, x)[0]", "add_bias_kv"),
+        ("nn.MultiheadAttention(8, 2, kdim=2, vdim=2)", "return self.attn(x, m.view(5, 2, 2), m.view(5, 2, 2))[0]",
+         "kdim"),
+    ],
+)  # fmt: skip
+def test_uncovered_multihead_attention_is_declined_with_its_reason(init: str, body: str, reason: str) -> None:
+    source = HEAD + _model("", f"self.attn = {init}", "x, m", body, "torch.rand(5, 2, 8), torch.rand(5, 4)", "")
     result = analyse(source)
     assert isinstance(result, Unsupported)
     assert reason in result.detail

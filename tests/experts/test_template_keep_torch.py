@@ -2,10 +2,9 @@
 
 Data movement the templates do not cover (``split``, a head transpose, slicing) stays a PyTorch
 call under every run policy (the evaluator admits views and copies); compute they do not cover
-(``nn.MultiheadAttention``, ``masked_fill``) only under ``--torch-ops reference``. Checked on a
-GPT-style block written for these tests (``tests/data/gpt_block.py``) and a multi-head attention
-block: what the gate says under each policy, correctness under the Triton interpreter, and the
-expert's answers.
+(a recurrent layer, ``nn.GRU``) only under ``--torch-ops reference``. Checked on a GPT-style
+block written for these tests (``tests/data/gpt_block.py``) and a recurrent block: what the gate
+says under each policy, correctness under the Triton interpreter, and the expert's answers.
 """
 
 from __future__ import annotations
@@ -23,13 +22,13 @@ from schemas import GenerateRequest, Severity, Task, TorchOpsPolicy
 from tests.experts.template_cases import HEAD, _model
 
 GPT_BLOCK = (Path(__file__).parents[1] / "data" / "gpt_block.py").read_text()
-MHA_BLOCK = HEAD + _model(
-    ", e, h",
-    "self.attn = nn.MultiheadAttention(e, h)\nself.norm = nn.LayerNorm(e)",
+RNN_BLOCK = HEAD + _model(
+    ", e",
+    "self.rnn = nn.GRU(e, e)\nself.norm = nn.LayerNorm(e)",
     "x",
-    "x = x.permute(2, 0, 1)\na, _ = self.attn(x, x, x)\nreturn torch.relu(self.norm(a + x)).permute(1, 2, 0)",
+    "x = x.permute(2, 0, 1)\na, _ = self.rnn(x)\nreturn torch.relu(self.norm(a + x)).permute(1, 2, 0)",
     "torch.rand(2, 12, 5)",
-    "12, 3",
+    "12",
 )
 RESHAPED_TRANSPOSE = HEAD + _model(
     "", "", "x", "return torch.relu(x).transpose(-1, -2).contiguous().view(2, -1) * 2.0", "torch.rand(2, 3, 5)", ""
@@ -65,16 +64,16 @@ def test_block_whose_uncovered_ops_move_data_is_split_under_any_policy() -> None
 
 
 def test_block_with_uncovered_compute_is_split_only_under_reference() -> None:
-    declined = analyse(MHA_BLOCK, KeepTorch.LAYOUT)
+    declined = analyse(RNN_BLOCK, KeepTorch.LAYOUT)
     assert isinstance(declined, Unsupported)
-    assert "MultiheadAttention" in declined.detail
-    plan = _plan(MHA_BLOCK, KeepTorch.ALL)
+    assert "GRU" in declined.detail
+    plan = _plan(RNN_BLOCK, KeepTorch.ALL)
     source = render(plan, default_params(plan))
-    assert "(self.attn(_b1, _b1, _b1))[0]" in source
-    report = check_candidate(source, MHA_BLOCK, P.REFERENCE)
+    assert "(self.rnn(_b1))[0]" in source
+    report = check_candidate(source, RNN_BLOCK, P.REFERENCE)
     assert not report.rejected, [f.message for f in report.findings]
-    assert report.torch_ops_kept == ("torch.nn.MultiheadAttention",)
-    assert _rejected(source, MHA_BLOCK, P.FORBID)
+    assert report.torch_ops_kept == ("torch.nn.GRU",)
+    assert _rejected(source, RNN_BLOCK, P.FORBID)
 
 
 def test_reshape_of_a_transpose_stays_a_pytorch_view_between_kernels() -> None:
@@ -87,7 +86,7 @@ def test_reshape_of_a_transpose_stays_a_pytorch_view_between_kernels() -> None:
 @pytest.mark.timeout(300)
 def test_split_blocks_match_pytorch_under_the_interpreter(tmp_path: Path) -> None:
     jobs: list[dict[str, object]] = []
-    cases = ((GPT_BLOCK, KeepTorch.LAYOUT), (MHA_BLOCK, KeepTorch.ALL), (RESHAPED_TRANSPOSE, KeepTorch.LAYOUT))
+    cases = ((GPT_BLOCK, KeepTorch.LAYOUT), (RNN_BLOCK, KeepTorch.ALL), (RESHAPED_TRANSPOSE, KeepTorch.LAYOUT))
     for reference, keep in cases:
         plan = _plan(reference, keep)
         candidate = render(plan, default_params(plan))
@@ -103,10 +102,10 @@ async def test_expert_keeps_compute_in_pytorch_only_when_the_run_allows_it() -> 
     gpt = await expert.generate(GenerateRequest(run_id="r", island="i0", task=Task.from_source("gpt", GPT_BLOCK)))
     assert gpt.decline is None
     assert all("torch" in p.strategy for p in gpt.proposals)
-    mha = Task.from_source("mha", MHA_BLOCK)
-    declined = await expert.generate(GenerateRequest(run_id="r", island="i0", task=mha))
+    rnn = Task.from_source("rnn", RNN_BLOCK)
+    declined = await expert.generate(GenerateRequest(run_id="r", island="i0", task=rnn))
     assert declined.decline is not None
-    assert "MultiheadAttention" in declined.decline.detail
-    reply = await expert.generate(GenerateRequest(run_id="r", island="i0", task=mha, torch_ops=P.REFERENCE, n=2))
+    assert "GRU" in declined.decline.detail
+    reply = await expert.generate(GenerateRequest(run_id="r", island="i0", task=rnn, torch_ops=P.REFERENCE, n=2))
     assert reply.decline is None
     assert len(reply.proposals) == 2

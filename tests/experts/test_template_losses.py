@@ -33,14 +33,19 @@ def test_loss_kernels_match_pytorch_under_the_interpreter(
 
 
 @pytest.mark.parametrize(
-    ("body", "reason"),
+    ("init", "body", "reason"),
     [
-        ("return F.mse_loss(p, t, reduction='batchmean')", "batchmean"),
-        ("return F.triplet_margin_loss(p, t, p * 2, swap=True)", "swap"),
-        ("return F.kl_div(p, t, size_average=False)", "size_average"),
+        ("", "return F.mse_loss(p, t, reduction='batchmean')", "batchmean"),
+        ("", "return F.triplet_margin_loss(p, t, p * 2, swap=True)", "swap"),
+        ("", "return F.kl_div(p, t, size_average=False)", "size_average"),
+        ("", "return F.cross_entropy(p, t.argmax(dim=1), label_smoothing=0.1)", "label_smoothing"),
+        ("self.ce = nn.CrossEntropyLoss(weight=torch.ones(9))", "return self.ce(p, t.argmax(dim=1))", "weight"),
+        ("", "return F.cross_entropy(p.view(4, 3, 3), t.view(4, 3, 3).argmax(dim=1))", "3-D input"),
+        ("", "return F.cross_entropy(p, t.argmax(dim=1), reduction='batchmean')", "reduction"),
+        ("", "return p + t.argmax(dim=1, keepdim=True)", "int64"),
     ],
 )
-def test_uncovered_losses_are_declined_with_their_reason(body: str, reason: str) -> None:
-    result = analyse(HEAD + _model("", "", "p, t", body, "torch.randn(4, 9), torch.randn(4, 9)", ""))
+def test_uncovered_losses_are_declined_with_their_reason(init: str, body: str, reason: str) -> None:
+    result = analyse(HEAD + _model("", init, "p, t", body, "torch.randn(4, 9), torch.randn(4, 9)", ""))
     assert isinstance(result, Unsupported)
     assert reason in result.detail

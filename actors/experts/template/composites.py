@@ -15,8 +15,9 @@ import torch
 from actors.experts.template.attention import lower_sdpa
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
+from actors.experts.template.ir import COMPARISONS, Absent, NodeKind, NodeRef, TupleRef
 from actors.experts.template.loss_lower import LOSSES, lower_loss
+from actors.experts.template.mha_lower import lower_mha
 from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm
 from actors.experts.template.pool_lower import lower_pool
 from actors.experts.template.scan import lower_flip, lower_scan
@@ -120,6 +121,12 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lw.ew(canon, lw.tensor(x, canon))
     if canon in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
         return _binary(lw, canon, b)
+    if canon in COMPARISONS:
+        return lw.ew(canon, lw.tensor(x, canon), _tensor_or_number(lw, b["other"], canon))
+    if canon == "masked_fill":  # x where the mask is false, the value where it is true
+        return lw.ew("where", b["mask"], _tensor_or_number(lw, b["value"], canon), lw.tensor(x, canon))
+    if canon == "where":
+        return lw.ew("where", b["condition"], _tensor_or_number(lw, x, canon), _tensor_or_number(lw, b["other"], canon))
     if canon in ("sum", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "logsumexp"):
         return _reduction(lw, canon, b)
     if canon in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm"):
@@ -134,6 +141,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lower_pool(lw, canon, b, traced)
     if canon == "sdpa":
         return lower_sdpa(lw, b)
+    if canon == "mha":
+        return lower_mha(lw, b)
     if canon in ("cumsum", "cumprod"):
         return lower_scan(lw, canon, b)
     if canon == "flip":
@@ -176,6 +185,13 @@ def _activation(lw: Lowerer, canon: str, x: NodeRef, b: dict[str, Any]) -> NodeR
             return lw.ew("clamp_min", x, attrs=(_number(lo, "clamp min"),))
         return lw.ew("hardtanh", x, attrs=(_number(lo, "clamp min"), _number(hi, "clamp max")))
     raise UnsupportedGraph(f"{canon} is not covered", op=canon)
+
+
+def _tensor_or_number(lw: Lowerer, value: object, what: str) -> NodeRef | float:
+    """A float32 tensor operand, or a Python number (a 0-dim constant of the trace counts as one)."""
+    if isinstance(value, NodeRef):
+        return lw.tensor(value, f"an operand of {what}")
+    return _number(value, what)
 
 
 def _binary(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
@@ -340,7 +356,44 @@ def _mm(lw: Lowerer, a: NodeRef, w: NodeRef) -> NodeRef:
     ba, bb = sa[:-2], sb[:-2]
     if ba and bb and ba != bb:
         raise UnsupportedGraph(f"matmul broadcasting batch dims {ba} and {bb} is not covered")
+    if sb[-1] == 1 and sa[-1] > 1 and not bb:
+        vector = _as_row(lw, w)
+        if vector is not None and not lw._transposed(a):
+            return _matvec(lw, a, vector)
     return lw.add(NodeKind.MM, (*(ba or bb), sa[-2], sb[-1]), args=(a.id, w.id))
+
+
+def _as_row(lw: Lowerer, column: NodeRef) -> NodeRef | None:
+    """A ``(K, 1)`` operand as the ``(K,)`` row it broadcasts like (``None`` if it cannot be read so)."""
+    node = lw.node(column)
+    if node.kind is NodeKind.PERM:  # the transpose of a (1, K) weight (``linear`` to one output)
+        src = NodeRef(node.tensor_args()[0])
+        return lw.view(src, (lw.shape(src)[-1],)) if not lw._transposed(src) else None
+    if lw._transposed(column):
+        return None
+    return lw.view(column, (lw.shape(column)[-2],))
+
+
+def _matvec(lw: Lowerer, a: NodeRef, row: NodeRef) -> NodeRef:
+    """``a @ v`` for a column ``v``: each output is the sum over a row of ``a * v``, a memory-bound
+    row reduction (the product template would pad the one column to a whole tile)."""
+    rank = len(lw.shape(a))
+    return lw.red("sum", lw.ew("mul", a, row), (rank - 1, rank), True)
+
+
+def _present(item: NodeRef | Absent) -> NodeRef:
+    if isinstance(item, Absent):
+        raise UnsupportedGraph(item.reason)
+    return item
+
+
+def _whole_slice(lw: Lowerer, x: object, index: object, traced: Any) -> bool:
+    """Whether indexing ``x`` by ``index`` selects all of it, in order (plain slices from the start,
+    step 1, that the traced result shows to end at each extent)."""
+    if not isinstance(x, NodeRef) or not isinstance(traced, torch.Tensor) or tuple(traced.shape) != lw.shape(x):
+        return False
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(p is Ellipsis or (isinstance(p, slice) and p.start in (None, 0) and p.step in (None, 1)) for p in parts)
 
 
 def _other(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
@@ -373,12 +426,14 @@ def _other(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lw.perm(t)
     if canon == "getitem":
         if isinstance(x, TupleRef) and isinstance(b["index"], int):
-            return x.items[b["index"]]
+            return _present(x.items[b["index"]])
+        if _whole_slice(lw, x, b["index"], traced):
+            return x  # ``mask[:, :, :T, :T]`` where T is the whole extent: the tensor itself
         raise UnsupportedGraph("indexing or slicing a tensor is not covered", op="getitem")
     if canon == "getattr":
         name = b["name"]
         if isinstance(x, TupleRef) and name in ("values", "indices"):
-            return x.items[0 if name == "values" else 1]
+            return _present(x.items[0 if name == "values" else 1])
         if _is_id(x) and name in ("T", "mT"):
             t = lw.tensor(x, name)
             if name == "T" and len(lw.shape(t)) != 2:

@@ -165,6 +165,8 @@ class Writer:
 
     def _ew(self, scope: Scope, node: Node) -> str:
         row = self.row_level(node.id)
+        if node.op == "take_last":
+            return self._take_last(scope, node, row)
         args: list[str] = []
         for arg in node.args:
             if isinstance(arg, float):
@@ -178,12 +180,29 @@ class Writer:
         self.emit(scope, f"{var} = {ew_expr(node.op, args, node.attrs, self.used)}")
         return var
 
+    def _take_last(self, scope: Scope, node: Node, row: bool) -> str:
+        """``x[..., t]`` read from the stored ``x`` at this tile's elements of ``t``'s shape."""
+        src, index = node.tensor_args()
+        base, transposed = base_of(self.plan, src, self.sched.is_exported)
+        if transposed or self.inside(src):
+            raise UnsupportedGraph("class indices into a tensor computed in the same kernel are not covered")
+        classes = self.plan.nodes[src].shape[-1]
+        t = self.operand(scope, index, node.shape, row)
+        sp = self.space(row)
+        at = sp.index(node.shape, (0, len(node.shape)))
+        var = f"v{node.id}"
+        ok = f"({sp.mask}) & ({t} >= 0) & ({t} < {classes})"
+        self.emit(scope, f"{var} = tl.load({self.pointer(base)} + ({at}) * {classes} + {t}, mask={ok}, other=0.0)")
+        return var
+
     def store(self, scope: Scope, nid: int, row: bool) -> None:
         """Store an exported node at the tile's linear index."""
         sp = self.space(row)
         var = self.value(scope, nid)
         if self.plan.nodes[nid].dtype == "int64":
             var = f"{var}.to(tl.int64)"
+        elif self.plan.nodes[nid].dtype == "bool":  # a comparison's 0.0 / 1.0
+            var = f"({var} != 0.0)"
         self.emit(scope, f"tl.store({self.pointer(nid)} + {sp.lin}, {var}, mask={sp.mask})")
 
     def signature(self, constexprs: list[str]) -> str:

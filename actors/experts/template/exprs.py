@@ -101,6 +101,10 @@ def _clamp(x: str, lo: float | None, hi: float | None) -> str:
     return expr
 
 
+_CMP = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+"""Comparisons, whose bool results are 0.0 / 1.0 inside a kernel."""
+
+
 def ew_expr(op: str, a: list[str], attrs: tuple[float, ...], used: set[str]) -> str:
     """The Triton expression of elementwise ``op`` on argument expressions ``a``.
 
@@ -136,7 +140,10 @@ def ew_expr(op: str, a: list[str], attrs: tuple[float, ...], used: set[str]) -> 
         "erf": lambda: f"tl.erf({x})",
         "reciprocal": lambda: f"1.0 / {x}",
         "xlogx": lambda: f"tl.where({x} == 0.0, 0.0, {x} * tl.log({x}))",
+        "where": lambda: f"tl.where({a[0]} != 0.0, {a[1]}, {a[2]})",
     }
+    if op in _CMP:
+        return f"tl.where({a[0]} {_CMP[op]} {a[1]}, 1.0, 0.0)"
     if op in simple:
         return f"({simple[op]()})"
     if op == "tanh":

@@ -198,6 +198,9 @@ class _Builder:
         self.join(kernel, node.id, elem=False)
 
     def _ew(self, node: Node) -> None:
+        if node.op == "take_last":
+            self._take_last(node)
+            return
         inside = [a for a in node.tensor_args() if a in self.kernel_of]
         if inside:
             k = max(self.kernel_of[a] for a in inside)
@@ -219,6 +222,28 @@ class _Builder:
             if level is not None:
                 self.join(last, node.id, elem=level)
                 return
+        kernel = self.new(KernelKind.PW, node.numel)
+        self.join(kernel, node.id)
+
+    def _take_last(self, node: Node) -> None:
+        """A class-index read: its source is stored first, then read where the index is."""
+        src, index = node.tensor_args()
+        self.export(src)
+        after = self._producer(src)
+        k = self.kernel_of.get(index)
+        if k is not None and k > after:
+            level = self._fits(self.kernels[k], node, [index])
+            if level is not None:
+                self.join(self.kernels[k], node.id, elem=level)
+                return
+            self.export(index)
+        elif k is None and self.kernels and self._after(self.kernels[-1], [src, index]):
+            level = self._fits(self.kernels[-1], node, [])
+            if level is not None:
+                self.join(self.kernels[-1], node.id, elem=level)
+                return
+        elif k is not None:
+            self.export(index)
         kernel = self.new(KernelKind.PW, node.numel)
         self.join(kernel, node.id)
 
@@ -301,10 +326,14 @@ def _check_addressable(sched: Schedule) -> None:
                 continue
             if node.kind not in (NodeKind.EW, NodeKind.RED):
                 continue
-            for arg in node.tensor_args():
+            for i, arg in enumerate(node.tensor_args()):
                 if sched.kernel_of.get(arg) == kernel.index:
                     continue
                 _, transposed = base_of(plan, arg, sched.is_exported)
+                if node.op == "take_last" and i == 0:
+                    if transposed:
+                        raise UnsupportedGraph("class indices into a transposed tensor are not covered")
+                    continue  # read at computed addresses, not broadcast
                 if transposed:
                     raise UnsupportedGraph("a transposed tensor used elementwise is not covered")
                 target = plan.nodes[arg].shape if node.kind is NodeKind.RED else node.shape

@@ -101,8 +101,21 @@ EW_OPS: dict[str, tuple[int, int]] = {
     "erf": (1, 0),
     "reciprocal": (1, 0),
     "xlogx": (1, 0),
+    "eq": (2, 0),
+    "ne": (2, 0),
+    "gt": (2, 0),
+    "ge": (2, 0),
+    "lt": (2, 0),
+    "le": (2, 0),
+    "where": (3, 0),
+    "take_last": (2, 0),
 }
-"""Elementwise ops the templates emit, with their arity."""
+"""Elementwise ops the templates emit, with their arity. Comparisons make ``bool`` nodes (0.0 / 1.0
+inside a kernel, as loaded bool masks are); ``where`` picks by a ``bool`` first argument.
+``take_last(x, t)`` reads ``x[..., t[...]]``: ``x`` (a stored tensor) of shape ``(*S, C)`` at the
+int64 class index ``t`` of shape ``S`` (0.0 where ``t`` is outside ``[0, C)``)."""
+
+COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "gt", "ge", "lt", "le"})
 
 RED_OPS: tuple[str, ...] = ("sum", "amax", "amin", "argmax", "argmin")
 """Reductions the row template emits (mean is a sum and a division)."""
@@ -252,7 +265,15 @@ class FlipRef:
 class TupleRef:
     """A traced tuple of tensors while lowering (``torch.max(x, dim)`` gives values, indices)."""
 
-    items: tuple[NodeRef, ...]
+    items: tuple[NodeRef | Absent, ...]
+
+
+@dataclass(frozen=True)
+class Absent:
+    """An item of a traced tuple the templates do not compute (``MultiheadAttention``'s averaged
+    weights); reading it declines with ``reason``."""
+
+    reason: str
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,9 @@ class _Spelling:
         if isinstance(value, NodeRef):
             return self.slot(value)
         if isinstance(value, TupleRef):
-            return "(" + "".join(self.slot(r) + ", " for r in value.items) + ")"
+            if not all(isinstance(r, NodeRef) for r in value.items):
+                raise UnsupportedGraph("a tuple with an item the templates do not compute cannot be passed on")
+            return "(" + "".join(self.slot(r) + ", " for r in value.items if isinstance(r, NodeRef)) + ")"
         if isinstance(value, tuple | list) and any(isinstance(v, fx.Node) for v in value):
             inner = ", ".join(self.arg(v) for v in value)
             return f"({inner},)" if isinstance(value, tuple) else f"[{inner}]"

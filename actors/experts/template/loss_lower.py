@@ -6,7 +6,11 @@
 reduction over every dim. Smooth L1 and Huber are written without a select: with
 ``m = min(|d|, beta)`` the loss is ``0.5 m^2 / beta + (|d| - m)`` (Huber: ``0.5 m^2 + delta (|d| - m)``),
 equal to PyTorch's two branches. ``kl_div`` uses ``xlogy(t, t) - t * input`` (0 where ``t`` is
-0). Declined, with the reason: other reductions, ``swap`` and p other than 2 in the triplet loss.
+0). ``cross_entropy`` and ``nll_loss`` over ``(N, C)`` read each row's target class with a
+``take_last`` node (int64 class indices; ``ignore_index`` rows count 0 and leave the mean) or,
+for cross entropy, weigh the log-probabilities by class probabilities. Declined, with the reason:
+other reductions, ``swap`` and p other than 2 in the triplet loss, class weights, label smoothing
+and inputs of other than two dims.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from actors.experts.template.ir import NodeRef
 if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer
 
-LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "triplet_margin_loss")
+LOSSES = (
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "triplet_margin_loss", "cross_entropy", "nll_loss"
+)  # fmt: skip
 """The canonical loss ops lowered here."""
 
 
@@ -52,6 +58,8 @@ def lower_loss(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
             raise UnsupportedGraph(f"{canon} with {name} is not covered")
     if canon == "triplet_margin_loss":
         return _triplet(lw, b)
+    if canon in ("cross_entropy", "nll_loss"):
+        return _classes(lw, canon, b)
     x = lw.tensor(b["input"], canon)
     t = lw.tensor(b["target"], canon)
     if lw.shape(x) != lw.shape(t):
@@ -105,3 +113,50 @@ def _triplet(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
 
     gap = lw.ew("add", lw.ew("sub", distance(a, p), distance(a, n)), margin)
     return _reduce(lw, lw.ew("clamp_min", gap, attrs=(0.0,)), b.get("reduction", "mean"))
+
+
+def _classes(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
+    """``cross_entropy`` (of logits) and ``nll_loss`` (of log-probabilities) over ``(N, C)``.
+
+    With int64 class indices ``t`` the per-row loss is ``logsumexp(x_i) - x_i[t_i]`` (cross
+    entropy) or ``-x_i[t_i]``; rows whose target is ``ignore_index`` count 0 and leave the mean's
+    denominator. With float class probabilities of ``x``'s shape (cross entropy only) it is
+    ``-sum_j t_ij (x_ij - logsumexp(x_i))``.
+    """
+    from actors.experts.template.composites import _reduction
+
+    if _number(b.get("label_smoothing", 0.0), "label_smoothing") != 0.0:
+        raise UnsupportedGraph(f"{canon} with label_smoothing is not covered")
+    x = lw.tensor(b["input"], canon)
+    target = b["target"]
+    if len(lw.shape(x)) != 2:
+        raise UnsupportedGraph(f"{canon} of a {len(lw.shape(x))}-D input (only (N, C)) is not covered")
+    reduction = b.get("reduction", "mean")
+    if reduction not in ("mean", "sum", "none"):
+        raise UnsupportedGraph(f"{canon} reduction={reduction!r} is not covered")
+    lse: NodeRef | None = None
+    if canon == "cross_entropy":
+        found = _reduction(lw, "logsumexp", {"input": x, "dim": 1, "keepdim": False})
+        assert isinstance(found, NodeRef)
+        lse = found
+    if isinstance(target, NodeRef) and lw.node(target).dtype == "float32":
+        if lse is None:
+            raise UnsupportedGraph("nll_loss with class probabilities is not a PyTorch op")
+        if lw.shape(target) != lw.shape(x):
+            raise UnsupportedGraph(f"class probabilities of shape {lw.shape(target)} for {lw.shape(x)}")
+        logp = lw.ew("sub", x, lw.view(lse, (lw.shape(x)[0], 1)))
+        loss = lw.ew("neg", lw.red("sum", lw.ew("mul", target, logp), (1, 2), False))
+        return _reduce(lw, loss, reduction)
+    picked = lw.ew("take_last", x, target)
+    loss = lw.ew("neg", picked) if lse is None else lw.ew("sub", lse, picked)
+    ignore = b.get("ignore_index", -100)
+    if isinstance(ignore, bool) or not isinstance(ignore, int):
+        raise UnsupportedGraph(f"ignore_index={ignore!r} is not an integer")
+    valid = lw.ew("ne", target, float(ignore))
+    loss = lw.ew("mul", loss, valid)
+    if reduction == "none":
+        return loss
+    total = lw.red("sum", loss, (0, 1), False)
+    if reduction == "sum":
+        return total
+    return lw.ew("div", total, lw.red("sum", valid, (0, 1), False))

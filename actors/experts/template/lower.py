@@ -20,7 +20,7 @@ from torch import fx
 from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import EW_OPS, FLOAT_ARG, KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.ir import COMPARISONS, EW_OPS, FLOAT_ARG, KeepTorch, Node, NodeKind, NodeRef
 from actors.experts.template.keep_torch import is_layout, keep
 from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.trace import Traced
@@ -141,12 +141,21 @@ class Lowerer:
         clean: list[int | float] = []
         shapes: list[tuple[int, ...]] = []
         masks = [a for a in args if isinstance(a, NodeRef) and self.node(a).dtype == "bool"]
-        if masks and (
-            op not in ("mul", "add", "sub") or not any(isinstance(a, NodeRef) and a not in masks for a in args)
-        ):
-            raise UnsupportedGraph(f"a bool tensor in {op} other than with a float32 tensor in mul/add/sub", op=op)
+        if op == "where":  # picks by a bool condition between float32 values
+            if not isinstance(args[0], NodeRef) or args[0] not in masks or any(a in masks for a in args[1:]):
+                raise UnsupportedGraph("where picks by a bool tensor between float32 tensors or numbers", op=op)
+        elif masks and (
+            op not in ("mul", "add", "sub")
+            or not any((isinstance(a, NodeRef) and a not in masks) or type(a) is float for a in args)
+        ):  # PyTorch makes a bool tensor float32 with a float32 tensor or a float (an int gives int64)
+            raise UnsupportedGraph(f"a bool tensor in {op}, not with a float32 tensor or float in mul/add/sub", op=op)
+        if op == "take_last":
+            return self._take_last(args[0], args[1])
         for arg in args:
-            if isinstance(arg, NodeRef) and arg in masks:
+            if isinstance(arg, NodeRef) and op in COMPARISONS and self.node(arg).dtype == "int64":
+                clean.append(arg.id)  # a class index compared with a number (``t != ignore_index``)
+                shapes.append(self.shape(arg))
+            elif isinstance(arg, NodeRef) and arg in masks:
                 clean.append(arg.id)  # a bool mask, read as 0.0 / 1.0 (PyTorch promotes it so)
                 shapes.append(self.shape(arg))
             elif isinstance(arg, NodeRef):
@@ -160,7 +169,19 @@ class Lowerer:
         if not shapes:
             raise UnsupportedGraph(f"{op} of constants only", op=op)
         shape = _broadcast(shapes, op)
-        return self.add(NodeKind.EW, shape, op=op, args=tuple(clean), attrs=tuple(float(a) for a in attrs))
+        dtype = "bool" if op in COMPARISONS else "float32"
+        return self.add(NodeKind.EW, shape, op=op, args=tuple(clean), attrs=tuple(float(a) for a in attrs), dtype=dtype)
+
+    def _take_last(self, x: object, index: object) -> NodeRef:
+        """``x[..., index[...]]`` (see ``take_last`` in :data:`EW_OPS`)."""
+        src = self.tensor(x, "the tensor a class index reads")
+        if not isinstance(index, NodeRef) or self.node(index).dtype != "int64":
+            raise UnsupportedGraph("a class index must be an int64 tensor")
+        if self.shape(src)[:-1] != self.shape(index) or not self.shape(src):
+            raise UnsupportedGraph(f"class indices of shape {self.shape(index)} into {self.shape(src)} are not covered")
+        if self._transposed(src):
+            raise UnsupportedGraph("class indices into a transposed tensor are not covered")
+        return self.add(NodeKind.EW, self.shape(index), op="take_last", args=(src.id, index.id))
 
     def view(self, src: NodeRef, shape: tuple[int, ...]) -> NodeRef:
         """A reshape of ``src`` (same elements, row-major order)."""
@@ -244,7 +265,7 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
-            kept = self.keep_torch is KeepTorch.ALL and traced.dtype == torch.int64
+            kept = traced.dtype == torch.int64 and (self.keep_torch is KeepTorch.ALL or _class_indices(fxn))
             half = traced.dtype in (torch.float16, torch.bfloat16)  # attention reads them; else declined
             if traced.dtype not in (torch.float32, torch.bool) and not kept and not half:
                 raise UnsupportedGraph(
@@ -270,7 +291,10 @@ class Lowerer:
             return self._covered(fxn, traced)
         except UnsupportedGraph as exc:
             if self.keep_torch is KeepTorch.ALL or (self.keep_torch is KeepTorch.LAYOUT and is_layout(fxn)):
-                return keep(self, fxn, traced, self.traced.source or "")
+                try:
+                    return keep(self, fxn, traced, self.traced.source or "")
+                except UnsupportedGraph as kept:
+                    return _Uncovered(kept)
             return _Uncovered(exc)  # declines only if something that is computed reads it
 
     def _covered(self, fxn: fx.Node, traced: Any) -> object:
@@ -303,6 +327,32 @@ class Lowerer:
             raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
         if len(src.users) != 1:
             raise UnsupportedGraph("an in-place op on a value that is read again is not covered")
+
+
+INDEX_TARGETS = ("cross_entropy", "nll_loss")
+"""Ops whose ``target`` may be an int64 tensor of class indices."""
+
+
+def _class_indices(fxn: fx.Node) -> bool:
+    """Whether every use of the input ``fxn`` is as the class-index ``target`` of a loss."""
+    if not fxn.users:
+        return False
+    for user in fxn.users:
+        module = None
+        if user.op == "call_module":
+            module = user.graph.owning_module.get_submodule(str(user.target)) if user.graph.owning_module else None
+            if module is None:
+                return False
+        spec = resolve(user, module)
+        if spec is None or spec.canon not in INDEX_TARGETS:
+            return False
+        try:
+            bound = bind(spec, list(user.args), dict(user.kwargs), module)
+        except UnsupportedGraph:
+            return False
+        if bound.get("target") is not fxn or bound.get("input") is fxn:
+            return False
+    return True
 
 
 def _scalar_constant(gm: fx.GraphModule, target: str) -> float | None:

@@ -114,6 +114,17 @@ _method(("maximum",), Spec("maximum", _BIN))
 _method(("minimum",), Spec("minimum", _BIN))
 _method(("pow",), Spec("pow", (*_IN, ("exponent", REQUIRED))))
 
+# Comparisons (bool results) and the selections that read them.
+for _name, _op in (("eq", operator.eq), ("ne", operator.ne), ("gt", operator.gt), ("ge", operator.ge),
+                   ("lt", operator.lt), ("le", operator.le)):  # fmt: skip
+    _fn((getattr(torch, _name), _op), Spec(_name, _BIN))
+    METHODS[_name] = Spec(_name, _BIN)
+_MASKED_FILL = Spec("masked_fill", (*_IN, ("mask", REQUIRED), ("value", REQUIRED)))
+_fn((torch.masked_fill,), _MASKED_FILL)
+_method(("masked_fill",), _MASKED_FILL)
+_fn((torch.where,), Spec("where", (("condition", REQUIRED), *_BIN)))
+_method(("where",), Spec("where", (*_IN, ("condition", REQUIRED), ("other", REQUIRED))))
+
 # Reductions and normalisations.
 _RED = (*_IN, ("dim", None), ("keepdim", False), ("dtype", None))
 for _name in ("sum", "mean"):
@@ -240,6 +251,12 @@ _fn(
 _QKV = (("query", REQUIRED), ("key", REQUIRED), ("value", REQUIRED))
 _SDPA = (*_QKV, ("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
 _fn((F.scaled_dot_product_attention,), Spec("sdpa", _SDPA))
+_MHA_MASKS = (("key_padding_mask", None), ("need_weights", True), ("attn_mask", None))
+_MHA_CALL = (*_MHA_MASKS, ("average_attn_weights", True), ("is_causal", False))
+_MHA_ATTRS = ("embed_dim", "num_heads", "batch_first", "dropout", "training", "add_zero_attn", "_qkv_same_embed_dim")
+MODULES[nn.MultiheadAttention] = Spec(
+    "mha", (*_QKV, *_MHA_CALL), module_attrs=(*((n, n) for n in _MHA_ATTRS), ("bias_k", "bias_k"))
+)
 
 # Scans and the flips around them.
 for _name in ("cumsum", "cumprod"):
@@ -257,6 +274,14 @@ _fn((F.l1_loss,), Spec("l1_loss", (*_PAIR, *_OLD, ("weight", None))))
 _fn((F.smooth_l1_loss,), Spec("smooth_l1_loss", (*_PAIR, *_OLD, ("beta", 1.0))))
 _fn((F.huber_loss,), Spec("huber_loss", (*_PAIR, ("reduction", "mean"), ("delta", 1.0), ("weight", None))))
 _fn((F.kl_div,), Spec("kl_div", (*_PAIR, *_OLD, ("log_target", False))))
+_CE = (*_PAIR, ("weight", None), ("size_average", None), ("ignore_index", -100), ("reduce", None))
+_fn((F.cross_entropy,), Spec("cross_entropy", (*_CE, ("reduction", "mean"), ("label_smoothing", 0.0))))
+_fn((F.nll_loss,), Spec("nll_loss", (*_CE, ("reduction", "mean"))))
+_CE_ATTRS = (("weight", "weight"), ("ignore_index", "ignore_index"), ("reduction", "reduction"))
+MODULES[nn.CrossEntropyLoss] = Spec(
+    "cross_entropy", _PAIR, module_attrs=(*_CE_ATTRS, ("label_smoothing", "label_smoothing"))
+)
+MODULES[nn.NLLLoss] = Spec("nll_loss", _PAIR, module_attrs=_CE_ATTRS)
 _TRIPLET = (("anchor", REQUIRED), ("positive", REQUIRED), ("negative", REQUIRED))
 _TRIPLET_OPTS = (("margin", 1.0), ("p", 2.0), ("eps", 1e-6), ("swap", False))
 _fn((F.triplet_margin_loss,), Spec("triplet_margin_loss", (*_TRIPLET, *_TRIPLET_OPTS, *_OLD)))
