@@ -62,10 +62,27 @@ def _shrunk(value: int, batch: bool, factor: int, above: int) -> int:
     return max(min(8, above), value // factor) if value > above else value
 
 
+def _int_expr(node: ast.expr) -> int | None:
+    """The value of an integer constant expression (``8192 * 2``, ``2 ** 16``), or ``None``."""
+    if isinstance(node, ast.Constant):
+        return node.value if type(node.value) is int else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.FloorDiv | ast.Pow):
+        a, b = _int_expr(node.left), _int_expr(node.right)
+        if a is None or b is None or (isinstance(node.op, ast.FloorDiv) and b == 0):
+            return None
+        if isinstance(node.op, ast.Pow) and not 0 <= b <= 64:
+            return None
+        ops = {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}
+        if isinstance(node.op, ast.FloorDiv):
+            return a // b
+        return a**b if isinstance(node.op, ast.Pow) else ops[type(node.op)]
+    return None
+
+
 def shrink_sizes(source: str, factor: int, above: int = 32) -> str:
     """The problem with its module-level sizes shrunk in memory: batch sizes to at most 2, every
-    other integer above ``above`` (alone, in a tuple, or in a chained assignment) divided by
-    ``factor`` (at least ``min(8, above)``)."""
+    other integer above ``above`` (a number or a constant expression such as ``8192 * 2``, alone,
+    in a tuple, or in a chained assignment) divided by ``factor`` (at least ``min(8, above)``)."""
     tree = ast.parse(source)
     for stmt in tree.body:
         if not isinstance(stmt, ast.Assign):
@@ -75,12 +92,13 @@ def shrink_sizes(source: str, factor: int, above: int = 32) -> str:
         ]
         batch = any("batch" in n.lower() for n in names)
         value = stmt.value
-        if isinstance(value, ast.Constant) and type(value.value) is int:
-            stmt.value = ast.Constant(_shrunk(value.value, batch, factor, above))
+        number = _int_expr(value)
+        if number is not None:
+            stmt.value = ast.Constant(_shrunk(number, batch, factor, above))
         elif isinstance(value, ast.Tuple):
-            ints = [e.value for e in value.elts if isinstance(e, ast.Constant) and type(e.value) is int]
-            if len(ints) == len(value.elts):
-                value.elts = [ast.Constant(_shrunk(int(v), batch, factor, above)) for v in ints]
+            ints = [_int_expr(e) for e in value.elts]
+            if all(v is not None for v in ints):
+                value.elts = [ast.Constant(_shrunk(int(v or 0), batch, factor, above)) for v in ints]
     return ast.unparse(tree) + "\n"
 
 

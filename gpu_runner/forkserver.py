@@ -102,7 +102,10 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
         code = importlib.import_module(module).main(req["argv"])
     except BaseException as exc:  # noqa: BLE001 - the log is the only place left to say it
         with contextlib.suppress(Exception):
-            os.write(2, f"[fork server child {os.getpid()}] failed to start: {type(exc).__name__}: {exc}\n".encode())
+            import traceback
+
+            where = "".join(traceback.format_tb(exc.__traceback__)[-4:])
+            os.write(2, f"{where}[fork server child {os.getpid()}] failed: {type(exc).__name__}: {exc}\n".encode())
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()

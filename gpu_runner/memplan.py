@@ -177,10 +177,17 @@ def plan(
     device_verdict_bytes: int = DEVICE_VERDICT_BYTES,
     large_bytes: int = LARGE_BYTES,
     shared_outputs: bool = False,
+    compiled_baseline: bool = True,
 ) -> MemoryPlan:
-    """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs."""
+    """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs.
+
+    On the CPU the tensors the workers hold (what a GPU would keep in device memory) are host
+    memory: they count against the host's budget with the output files. ``compiled_baseline``
+    False: no torch.compile baseline is timed, so none is planned for.
+    """
     free = device_free if device_free is not None else fp.device_free
     on_gpu = device == "cuda" and free is not None
+    on_host = device != "cuda"
     device_budget = int(free * DEVICE_HEADROOM) if on_gpu and free is not None else None
     host_budget = int(host_available * HOST_HEADROOM)
     device_verdict = fp.output_bytes >= device_verdict_bytes
@@ -212,10 +219,12 @@ def plan(
         if spares == 0:
             if device_verdict:  # evaluations run one at a time: prepare, run, then judge (its context stays)
                 held = trials * o if shared and on_gpu else 0  # the judge reads the buffers the spare left
-                return max(idle + max(preparing, running), judge + held) + CONTEXT_BYTES, host
-            return idle + max(preparing, running) + judge, host
-        # a candidate runs while ``spares`` spares wait, one of them still preparing
-        return (spares + 1) * idle + running + preparing + judge, host
+                dev = max(idle + max(preparing, running), judge + held) + CONTEXT_BYTES
+            else:
+                dev = idle + max(preparing, running) + judge
+        else:  # a candidate runs while ``spares`` spares wait, one of them still preparing
+            dev = (spares + 1) * idle + running + preparing + judge
+        return (0, host + dev) if on_host else (dev, host)
 
     def fits(dev: int, host: int) -> bool:
         # The sums leave out the caching allocators' rounding and fragmentation: a margin (seen on
@@ -226,7 +235,7 @@ def plan(
     sharing = (True, False) if shared_outputs and device_verdict else (False,)
     # Shared output buffers save seconds of host copies per evaluation, not correctness: they come
     # after the spare and the trials, before the whole poison.
-    for compiled in (True, False):
+    for compiled in (True, False) if compiled_baseline else (False,):
         for want in sorted({min(1, max_spares), 0}, reverse=True):
             for trials in range(max(1, max_trials), min(MIN_TRIALS, max_trials) - 1, -1):
                 for share in sharing:
@@ -264,9 +273,11 @@ def plan(
     idle, _, running = _device_needs(fp, trials, poison, compiled, device_verdict, large_bytes)
     if shared and on_gpu:
         idle += trials * o
-    if not compiled:
+    if not compiled and compiled_baseline:
         notes.append("no torch.compile baseline: it does not fit beside the evaluation")
     host = trials * fp.output_bytes if device_verdict else _host_per_spare(fp, trials)
+    if on_host:
+        host += idle  # the spare's tensors live in host memory too
     if trials < max_trials:
         notes.append(f"trials cut from {max_trials} to {trials} to fit")
     if poison < full_poison:

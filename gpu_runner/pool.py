@@ -217,6 +217,9 @@ class RunPool:
             device_verdict_bytes=self.cfg.device_verdict_bytes,
             large_bytes=self.cfg.in_place_bytes,
             shared_outputs=self.cfg.shared_outputs,
+            compiled_baseline=self.device == "cuda"
+            if self.cfg.compiled_baseline is None
+            else self.cfg.compiled_baseline,
         )
         logger.info(
             "memory_plan",

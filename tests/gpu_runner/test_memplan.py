@@ -50,6 +50,19 @@ def test_host_memory_limits_a_cpu_task() -> None:
         )
 
 
+def test_a_cpu_task_counts_its_tensors_against_host_memory() -> None:
+    """On the CPU the inputs every trial keeps are host memory: 2 GiB of inputs per trial on a
+    host with 20 GiB available cannot keep five trials in two workers (a spare and a running
+    candidate once held ~23 GiB and the workers were killed for memory on a 24 GiB machine)."""
+    made = plan(_fp(2, 1e-8), device="cpu", max_trials=5, max_spares=1, host_available=20 * GIB)
+    assert made.host_per_spare >= made.trials * 2 * GIB
+    assert made.spares == 0 or made.trials < 5
+    small = plan(_fp(0.01, 0.01), device="cpu", max_trials=5, max_spares=1, host_available=14 * GIB)
+    assert (small.trials, small.spares) == (5, 1)
+    with pytest.raises(TaskTooLarge, match=r"of host memory for one evaluation; this host has 14\.0 GiB available"):
+        plan(_fp(20, 1e-8), device="cpu", max_trials=5, max_spares=1, host_available=14 * GIB)
+
+
 def test_spares_shrink_before_trials_when_device_memory_is_short() -> None:
     made = plan(_fp(8, 0.001), device="cuda", max_trials=5, max_spares=2, host_available=HOST, device_free=H200_FREE)
     assert made.spares >= 1
