@@ -15,11 +15,12 @@ import torch
 from actors.experts.template.attention import lower_sdpa
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import COMPARISONS, Absent, NodeKind, NodeRef, TupleRef
+from actors.experts.template.ir import COMPARISONS, Absent, NodeRef, TupleRef
 from actors.experts.template.loss_lower import LOSSES, lower_loss
 from actors.experts.template.mha_lower import lower_mha
 from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm
 from actors.experts.template.pool_lower import lower_pool
+from actors.experts.template.products import product
 from actors.experts.template.scan import lower_flip, lower_scan
 
 if TYPE_CHECKING:
@@ -313,10 +314,10 @@ def _matmul(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
         weight = _param_or_arg(lw, b, "weight")
         if weight is None:
             raise UnsupportedGraph("linear without a weight")
-        out = _mm(lw, x, lw.perm(weight))
+        out = product(lw, x, lw.perm(weight))
         bias = _param_or_arg(lw, b, "bias")
         return lw.ew("add", out, bias) if bias is not None else out
-    return _mm(lw, x, lw.tensor(b["other"], "matmul operand"))
+    return product(lw, x, lw.tensor(b["other"], "matmul operand"))
 
 
 def _einsum(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
@@ -339,46 +340,12 @@ def _einsum(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     if len(x) >= 2 and len(y) == 2 and c in y and set(x) & set(y) == {c}:
         n = y.replace(c, "")
         if out == x[:-1] + n:
-            return _mm(lw, a, w if y[0] == c else lw.perm(w))
+            return product(lw, a, w if y[0] == c else lw.perm(w))
     batch = x[:-2]
     shared = set(x) & set(y) == {*batch, c}
     if len(x) >= 3 and y[:-2] == batch and y[-2] == c and shared and out == batch + x[-2] + y[-1]:
-        return _mm(lw, a, w)
+        return product(lw, a, w)
     raise UnsupportedGraph(why)
-
-
-def _mm(lw: Lowerer, a: NodeRef, w: NodeRef) -> NodeRef:
-    sa, sb = lw.shape(a), lw.shape(w)
-    if len(sa) < 2 or len(sb) < 2:
-        raise UnsupportedGraph("matmul with a one-dimensional operand is not covered")
-    if sa[-1] != sb[-2]:
-        raise UnsupportedGraph(f"matmul of {sa} and {sb} does not match")
-    ba, bb = sa[:-2], sb[:-2]
-    if ba and bb and ba != bb:
-        raise UnsupportedGraph(f"matmul broadcasting batch dims {ba} and {bb} is not covered")
-    if sb[-1] == 1 and sa[-1] > 1 and not bb:
-        vector = _as_row(lw, w)
-        if vector is not None and not lw._transposed(a):
-            return _matvec(lw, a, vector)
-    return lw.add(NodeKind.MM, (*(ba or bb), sa[-2], sb[-1]), args=(a.id, w.id))
-
-
-def _as_row(lw: Lowerer, column: NodeRef) -> NodeRef | None:
-    """A ``(K, 1)`` operand as the ``(K,)`` row it broadcasts like (``None`` if it cannot be read so)."""
-    node = lw.node(column)
-    if node.kind is NodeKind.PERM:  # the transpose of a (1, K) weight (``linear`` to one output)
-        src = NodeRef(node.tensor_args()[0])
-        return lw.view(src, (lw.shape(src)[-1],)) if not lw._transposed(src) else None
-    if lw._transposed(column):
-        return None
-    return lw.view(column, (lw.shape(column)[-2],))
-
-
-def _matvec(lw: Lowerer, a: NodeRef, row: NodeRef) -> NodeRef:
-    """``a @ v`` for a column ``v``: each output is the sum over a row of ``a * v``, a memory-bound
-    row reduction (the product template would pad the one column to a whole tile)."""
-    rank = len(lw.shape(a))
-    return lw.red("sum", lw.ew("mul", a, row), (rank - 1, rank), True)
 
 
 def _present(item: NodeRef | Absent) -> NodeRef:

@@ -123,8 +123,6 @@ def _classes(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     denominator. With float class probabilities of ``x``'s shape (cross entropy only) it is
     ``-sum_j t_ij (x_ij - logsumexp(x_i))``.
     """
-    from actors.experts.template.composites import _reduction
-
     if _number(b.get("label_smoothing", 0.0), "label_smoothing") != 0.0:
         raise UnsupportedGraph(f"{canon} with label_smoothing is not covered")
     x = lw.tensor(b["input"], canon)
@@ -135,10 +133,10 @@ def _classes(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     if reduction not in ("mean", "sum", "none"):
         raise UnsupportedGraph(f"{canon} reduction={reduction!r} is not covered")
     lse: NodeRef | None = None
-    if canon == "cross_entropy":
-        found = _reduction(lw, "logsumexp", {"input": x, "dim": 1, "keepdim": False})
-        assert isinstance(found, NodeRef)
-        lse = found
+    if canon == "cross_entropy":  # logsumexp over the classes, as the reductions lower it
+        peak = lw.red("amax", x, (1, 2), True)
+        total = lw.red("sum", lw.ew("exp", lw.ew("sub", x, peak)), (1, 2), True)
+        lse = lw.view(lw.ew("add", lw.ew("log", total), peak), (lw.shape(x)[0],))
     if isinstance(target, NodeRef) and lw.node(target).dtype == "float32":
         if lse is None:
             raise UnsupportedGraph("nll_loss with class probabilities is not a PyTorch op")

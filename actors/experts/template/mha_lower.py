@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import Absent, NodeKind, NodeRef, TupleRef
+from actors.experts.template.products import product
 
 if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer
@@ -47,9 +48,7 @@ def _layout(lw: Lowerer, src: NodeRef, shape: tuple[int, ...], expr: str) -> Nod
 
 
 def _project(lw: Lowerer, x: NodeRef, weight: NodeRef, bias: NodeRef | None) -> NodeRef:
-    from actors.experts.template.composites import _mm
-
-    out = _mm(lw, x, lw.perm(weight))
+    out = product(lw, x, lw.perm(weight))
     return lw.ew("add", out, bias) if bias is not None else out
 
 
