@@ -136,6 +136,12 @@ class RunOutcome:
     def summary(self, elapsed_s: float) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
         best = best_sentence(self.verdict, self.best_fitness, self.best_vs_compiled)
+        unadmitted = self.statuses.get("correct", 0) if self.best_fitness is None else 0
+        if unadmitted:  # correct, yet none could be the best: each was flagged for review or not timed
+            best = (
+                f"no candidate admitted as best: {unadmitted} correct but flagged for review or not timed "
+                "(report.json's category_counts says why)"
+            )
         if self.best_fitness is not None:
             best += f" ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
         cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""

@@ -26,6 +26,7 @@ import logging
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,8 +120,17 @@ def _plan(source: str, torch_ops: str) -> Plan | Unsupported:
     return plan
 
 
-def cover(path: Path, args: argparse.Namespace, workdir: Path) -> Row:
-    """Analyse (and with ``args.check`` evaluate) one problem."""
+@dataclass
+class Pending:
+    """A generated problem whose first candidate is still to be evaluated."""
+
+    row: Row
+    reference: Path
+    candidate: str
+
+
+def cover(path: Path, args: argparse.Namespace, workdir: Path) -> Row | Pending:
+    """Analyse one problem; with ``args.check`` return what to evaluate (see ``check``)."""
     source = path.read_text(encoding="utf-8")
     plan = _plan(source, args.torch_ops)
     if not isinstance(plan, Plan):
@@ -140,14 +150,29 @@ def cover(path: Path, args: argparse.Namespace, workdir: Path) -> Row:
         return row
     reference = workdir / f"ref_{path.stem}.py"
     reference.write_text(small, encoding="utf-8")
-    candidate = render(small_plan, default_params(small_plan))
-    outcome = evaluate_cli(reference, candidate, args.device, args.timeout, workdir, "first", args.torch_ops)
+    return Pending(row, reference, render(small_plan, default_params(small_plan)))
+
+
+def check(pending: Pending, args: argparse.Namespace, workdir: Path) -> Row:
+    """Evaluate a pending problem's first candidate in a fresh evaluator process."""
+    row = pending.row
+    outcome = evaluate_cli(
+        pending.reference, pending.candidate, args.device, args.timeout, workdir, "first", args.torch_ops
+    )
     row.check = outcome.status if outcome.status == "correct" else f"{outcome.status}: {outcome.summary}"
     if outcome.speedup_vs_eager is not None:
         row.check += f", {outcome.speedup_vs_eager:.2f}x eager"
         if outcome.speedup_vs_compiled is not None:
             row.check += f", {outcome.speedup_vs_compiled:.2f}x torch.compile"
+        if args.jobs > 1:
+            row.check += " (timed beside other evaluations)"
     return row
+
+
+def _print(row: Row) -> None:
+    verdict = "generated" if row.generated else "declined"
+    extra = f" | check: {row.check}" if row.check else ""
+    print(f"{row.problem:70s} {verdict:9s} {row.detail[:160]}{extra}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,9 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         help="for --check: cpu (shrunk sizes, Triton interpreter) or cuda (published sizes, timed)",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="for --check: evaluations at once (above 1, speedups are timed beside each other and marked so)",
+    )
+    parser.add_argument(
         "--torch-ops", choices=["forbid", "reference"], default="forbid", help="the run policy to plan and judge under"
     )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     structlog.configure(
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
@@ -183,13 +216,22 @@ def main(argv: list[str] | None = None) -> int:
         numbers = tuple(int(n) for n in args.problems)
     rows: list[Row] = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kf-coverage-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kf-coverage-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        futures = []
         for path in problem_files(root, args.level, numbers):
-            row = cover(path, args, Path(tmp))
-            rows.append(row)
-            verdict = "generated" if row.generated else "declined"
-            extra = f" | check: {row.check}" if row.check else ""
-            print(f"{row.problem:70s} {verdict:9s} {row.detail[:160]}{extra}", flush=True)
+            item = cover(path, args, Path(tmp))
+            if isinstance(item, Pending):
+                rows.append(item.row)
+                futures.append(pool.submit(check, item, args, Path(tmp)))
+            else:
+                rows.append(item)
+                _print(item)
+        for future in as_completed(futures):
+            _print(future.result())
+    if args.jobs > 1 and args.check:
+        print("\nin problem order:")
+        for row in rows:
+            _print(row)
     done = sum(r.generated for r in rows)
     checked = sum(r.check.startswith("correct") for r in rows)
     summary = f"\nlevel {args.level}: generated {done}/{len(rows)}"

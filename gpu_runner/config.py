@@ -60,12 +60,13 @@ class IsolationMode(enum.StrEnum):
     """Run candidates with the layers that hold; every verdict names them, and a warning is logged."""
 
 
-def _env_flag(name: str) -> bool:
-    """An on/off environment variable: unset, ``0`` or ``1``; anything else is refused loudly."""
+def _env_flag(name: str, default: bool = False) -> bool:
+    """An on/off environment variable: ``0`` or ``1``, unset for ``default``; anything else is
+    refused loudly."""
     value = os.environ.get(name, "").strip()
     if value not in ("", "0", "1"):
         raise ValueError(f"{name}={value!r}: use 1 (on) or 0 (off)")
-    return value == "1"
+    return default if value == "" else value == "1"
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,12 @@ class RunnerConfig:
     device_verdict_bytes: int = 256 << 20
     """Trial outputs at least this large are compared by the judge on the device, after the
     candidate's process is gone, instead of in the parent's numpy (see ``gpu_runner.memplan``)."""
-    shared_outputs: bool = field(default_factory=lambda: _env_flag("KF_SHARED_OUTPUTS"))
+    shared_outputs: bool = field(default_factory=lambda: _env_flag("KF_SHARED_OUTPUTS", default=True))
     """For tasks the judge compares, hand the trial outputs over in buffers the spare made before
     its candidate ran (device memory exported as file descriptors on CUDA, memfd on the CPU)
     instead of host files, where the memory plan fits them (``gpu_runner.sandboxed.shared_slots``).
-    Off until measured on a GPU; ``KF_SHARED_OUTPUTS=1`` turns it on for a run."""
+    On by default (measured on an H100: a 4 GiB relu's run stage 2.4-3.1 s instead of 20-21 s
+    through host files, the same verdicts); ``KF_SHARED_OUTPUTS=0`` turns it off for a run."""
     in_place_bytes: int = 1 << 30
     """Above this many bytes per trial, the process running a candidate copies neither inputs nor
     outputs: inputs are used in place and checked by checksums, outputs fingerprinted at return

@@ -1,4 +1,4 @@
-"""Precision of a median, shared by the timing loop (worker) and the scoring (parent).
+"""Precision of a median and the verdict's noise allowance, shared by the worker and the parent.
 
 Only the standard library: the worker and the parent both import it.
 """
@@ -10,6 +10,12 @@ from collections.abc import Sequence
 
 Z95 = 1.959963984540054
 """Two-sided 95% quantile of the standard normal."""
+
+NOISE_FACTOR = 4.0
+"""An element outside the tolerance around the reference is still right when it is within the
+tolerance around the float64 truth plus this many times the reference's own largest error: sums
+that cancel to near zero (a GEMM summed over its rows) leave every float32 result, the eager one
+included, ~1e-3 away from the truth there, and which float32 order is closer is chance."""
 
 
 def median_rel_stderr(samples: Sequence[float]) -> float:

@@ -28,16 +28,24 @@ from gpu_runner.protocol import (
     write_bulk,
     write_frame,
 )
+from gpu_runner.stats import NOISE_FACTOR
 
-# Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s: fp32 without tensor cores, 16-bit with).
-PEAKS: tuple[tuple[str, float, float, float], ...] = (
-    ("H200", 4300.0, 60.0, 989.0),
-    ("H100 PCIe", 2000.0, 51.0, 756.0),
-    ("H100", 3350.0, 67.0, 989.0),
-    ("A100-SXM4-80GB", 2039.0, 19.5, 312.0),
-    ("A100", 1555.0, 19.5, 312.0),
-    ("L40S", 864.0, 91.6, 362.0),
+# Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s, dense: fp32 on CUDA cores, TF32 and
+# 16-bit on tensor cores), SXM parts unless named.
+PEAKS: tuple[tuple[str, float, float, float, float], ...] = (
+    ("H200", 4300.0, 60.0, 494.0, 989.0),
+    ("H100 PCIe", 2000.0, 51.0, 378.0, 756.0),
+    ("H100", 3350.0, 67.0, 494.0, 989.0),
+    ("A100-SXM4-80GB", 2039.0, 19.5, 156.0, 312.0),
+    ("A100", 1555.0, 19.5, 156.0, 312.0),
+    ("L40S", 864.0, 91.6, 91.6, 362.0),
 )
+TF32_PASSES = 3
+"""The evaluator accepts any scheme as accurate as the reference against float64: for fp32
+contractions that includes three TF32 tensor-core passes (``tl.dot(..., input_precision="tf32x3")``),
+so the fp32 ceiling is the faster of the CUDA cores and a third of the TF32 peak. With the CUDA-core
+figure alone, honest tf32x3 GEMMs on an H100 (1.54x over eager) measured 117% of speed-of-light
+and were all flagged for review."""
 
 
 class Channel:
@@ -318,11 +326,20 @@ def _pieces(a: torch.Tensor, b: torch.Tensor, elements: int) -> Iterator[tuple[t
 
 
 def close_enough(
-    out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, chunk: int = CLOSE_CHUNK_ELEMENTS
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    atol: float,
+    rtol: float,
+    chunk: int = CLOSE_CHUNK_ELEMENTS,
+    noise: float = 0.0,
 ) -> bool:
     """A quick device-side allclose (the parent makes the verdict; this only decides whether to time).
 
-    Compared in float64, a piece at a time, so its memory stays bounded at any output size."""
+    ``noise``: the reference's largest error against float64, where known. The parent forgives an
+    element within the tolerance of the truth plus ``NOISE_FACTOR`` times it, so this admits one
+    within ``NOISE_FACTOR + 1`` times it of the reference (a superset: the verdict stays the
+    parent's). Compared in float64, a piece at a time, so its memory stays bounded at any output size."""
+    slack = atol + (NOISE_FACTOR + 1.0) * noise * (1.0 + rtol)
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return False
     if not out.is_floating_point():
@@ -333,7 +350,7 @@ def close_enough(
             return False
         b = b_part.double()
         diff = a.sub_(b).abs_()
-        if not bool((diff <= b.abs_().mul_(rtol).add_(atol)).all()):
+        if not bool((diff <= b.abs_().mul_(rtol).add_(slack)).all()):
             return False
     return True
 
@@ -380,14 +397,20 @@ def device_info(device: torch.device, interpreter: bool) -> dict[str, Any]:
     return info
 
 
+def table_peaks(name: str) -> dict[str, Any]:
+    """The ceilings of a GPU named ``name`` from :data:`PEAKS` (``None`` each when it is not there);
+    ``tflops_fp32`` is the fastest fp32-accurate scheme's (see :data:`TF32_PASSES`)."""
+    for key, gbps, fp32, tf32, tf16 in PEAKS:
+        if key in name:
+            fp32_accurate = max(fp32, tf32 / TF32_PASSES)
+            return {"gbps": gbps, "tflops_fp32": fp32_accurate, "tflops_16": tf16, "source": f"table:{key}"}
+    return {"gbps": None, "tflops_fp32": None, "tflops_16": None}
+
+
 def peaks(device: torch.device) -> dict[str, Any]:
     """Memory (GB/s) and arithmetic (TFLOP/s) ceilings of the device: a table on CUDA, measured on the CPU."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_properties(device).name
-        for key, gbps, tf32, tf16 in PEAKS:
-            if key in name:
-                return {"gbps": gbps, "tflops_fp32": tf32, "tflops_16": tf16, "source": f"table:{key}"}
-        return {"gbps": None, "tflops_fp32": None, "tflops_16": None}
+        return table_peaks(torch.cuda.get_device_properties(device).name)
     src = torch.empty(16 << 20, dtype=torch.float32)
     dst = torch.empty_like(src)
     best = float("inf")

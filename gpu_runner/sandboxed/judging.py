@@ -115,7 +115,6 @@ def _scan_chunk(
         out["outside"] += n_out
         if out["outside_first"] is None:
             out["outside_first"] = _first(outside, lo)
-    del outside
     if diff.numel():
         out["max_abs"] = max(out["max_abs"], float(diff.max()))
         out["max_rel"] = max(out["max_rel"], float((diff / r_abs.clamp_min_(atol)).max()))
@@ -129,6 +128,14 @@ def _scan_chunk(
         out["sq_err"] += float(torch.dot(err, err))
         out["sq_ref_err"] += float(torch.dot(d64, d64))
         out["sq_exact"] += float(torch.dot(exact, exact))
+        if d64.numel():  # as gpu_runner.compare._noise
+            out["ref_err_max"] = max(out["ref_err_max"], float(d64.abs().max()))
+        if n_out:
+            hit = outside & fin
+            if bool(hit.any()):
+                miss = err[hit].abs_() - (atol + rtol * exact[hit].abs_())
+                out["truth_excess"] = max(out["truth_excess"], float(miss.max()))
+    del outside
 
 
 class _Shared:
@@ -180,6 +187,8 @@ def judge_output(
             "sq_err": 0.0,
             "sq_ref_err": 0.0,
             "sq_exact": 0.0,
+            "truth_excess": float("-inf"),
+            "ref_err_max": 0.0,
         }
         atol, rtol = float(spec["atol"]), float(spec["rtol"])
         for lo in range(0, numel, CHUNK):

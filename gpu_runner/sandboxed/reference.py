@@ -60,6 +60,14 @@ class Prepared:
     """Host buffers the candidate's trial outputs are copied into (None: they are packed and sent)."""
     shared: SharedSlots | None = None
     """Shared buffers (device memory on CUDA) the trial outputs are copied into for the judge."""
+    ref_noise: list[list[float]] = field(default_factory=list)
+    """Per trial and output, the reference's largest error against float64 (empty: not known here,
+    the judge computes the truth); widens the worker's quick checks as the parent's verdict allows
+    (``gpu_runner.stats.NOISE_FACTOR``)."""
+
+    def noise(self, trial: int) -> list[float]:
+        """The reference's largest error against float64 per output of ``trial`` (0 where unknown)."""
+        return self.ref_noise[trial] if self.ref_noise else [0.0] * len(self.ref_outputs[trial])
 
 
 def load_module(source: str, filename: str, name: str) -> dict[str, Any]:
@@ -238,6 +246,7 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
     locked = lock_host(host_trials) if device.type == "cuda" else []
     laps.lap("lock_s")
     ref_outputs: list[list[torch.Tensor]] = []
+    ref_noise: list[list[float]] = []
     shipments: list[tuple[list[torch.Tensor], int, str | None]] = []
     """Per trial: its outputs then their float64 residuals, on the device; how many outputs; the float64 error."""
     # Every GPU step runs under the parent's GPU lease, so it never overlaps a candidate's timing
@@ -285,6 +294,7 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
                     for o, o64 in zip(outs, outs64, strict=False)
                 ]
                 del outs64
+                ref_noise.append([float(r.abs().max()) if r.numel() else 0.0 for r in residuals])
                 shipments.append(([o.detach() for o in outs + residuals], len(outs), fp64_error))
         del model64
         input_sums = (  # under the lease: a pass over every input on the device
@@ -307,6 +317,7 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
         candidate_init_args=candidate_init_args,
         trials=trials,
         ref_outputs=ref_outputs,
+        ref_noise=ref_noise,
         out_nbytes=sum(o.numel() * o.element_size() for o in ref_outputs[0]),
         in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
     )

@@ -107,10 +107,12 @@ async def test_shared_outputs_reach_the_judge_without_files_and_are_released(sha
     assert _memfds(judge.pid) == 0
 
 
-async def test_shared_outputs_are_off_unless_asked_and_the_switch_is_checked(
+async def test_shared_outputs_are_on_unless_turned_off_and_the_switch_is_checked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("KF_SHARED_OUTPUTS", raising=False)
+    assert RunnerConfig().shared_outputs
+    monkeypatch.setenv("KF_SHARED_OUTPUTS", "0")
     assert not RunnerConfig().shared_outputs
     monkeypatch.setenv("KF_SHARED_OUTPUTS", "1")
     assert RunnerConfig().shared_outputs

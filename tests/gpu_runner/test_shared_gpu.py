@@ -15,7 +15,7 @@ from gpu_runner.service import EvaluationService
 from schemas import DeviceChoice, EvalStatus
 from tests.gpu_runner.conftest import fast_config, job, reference
 
-pytestmark = [pytest.mark.gpu, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -52,6 +52,7 @@ async def shared(gpu_runner_tmp: Path) -> AsyncIterator[EvaluationService]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.asyncio(loop_scope="module")
 async def test_shared_device_outputs_give_the_verdicts_of_host_files(shared: EvaluationService) -> None:
     await shared.prepare(reference("add_relu"))
     await shared.wait_spares(timeout_s=300)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, Eval
 from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
 from gpu_runner.run_stage import profile_kernels
-from gpu_runner.stats import median_rel_stderr
+from gpu_runner.stats import NOISE_FACTOR, median_rel_stderr
 from gpu_runner.verdict import guard_finding
 from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
 
@@ -116,6 +117,84 @@ def test_chunked_compare_matches_a_whole_array_computation() -> None:
     far[-5] += 1.0
     bad = _trial(far, ref, exact)
     assert (bad.ok, bad.first_bad) == (False, (n - 5,))
+
+
+def _cancelling_sums() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row sums of 4096 terms of size ~100 whose truth is near zero (a GEMM summed over its rows, as
+    KernelBench level 2 problem 14 does): float32 in chunks of 128 (the reference) and of 512 (the
+    candidate), and the float64 truth. Both float32 results are ~1e-3 off the truth."""
+    rng = np.random.default_rng(0)
+    terms = (rng.standard_normal((256, 4096)) * 100).astype(np.float32)
+    terms[:, -1] -= (terms.astype(np.float64).sum(1) - rng.standard_normal(256) * 1e-3).astype(np.float32)
+
+    def chunked(k: int) -> np.ndarray:
+        acc = np.zeros(terms.shape[0], np.float32)
+        for i in range(0, terms.shape[1], k):
+            acc = (acc + terms[:, i : i + k].sum(1, dtype=np.float32)).astype(np.float32)
+        return acc
+
+    return chunked(512), chunked(128), terms.astype(np.float64).sum(1)
+
+
+def test_elements_outside_the_tolerance_are_judged_against_the_truth_and_the_references_own_error() -> None:
+    cand, eager, exact = _cancelling_sums()
+    assert np.abs(cand - eager).max() > 1e-3  # outside atol=rtol=1e-4 around the reference
+    assert _trial(cand, eager, exact).ok  # but as close to the truth as eager PyTorch is
+    without_truth = compare_trial([cand], ["float32"], [eager], ["float32"], None, TOL, FLOORS, 10.0)
+    assert not without_truth.ok  # no float64 truth: the tolerance around the reference decides
+    worst = np.abs(eager.astype(np.float64) - exact).max()
+    bad = cand.copy()
+    bad[7] += np.float32((NOISE_FACTOR + 2) * worst)  # one element further off than the allowance
+    res = _trial(bad, eager, exact)
+    assert (res.ok, res.category) == (False, "incorrect.other")
+
+
+def test_the_judges_scan_and_the_workers_check_allow_the_same_noise() -> None:
+    import torch
+
+    from gpu_runner.compare import _scan
+    from gpu_runner.sandboxed.common import close_enough
+    from gpu_runner.sandboxed.judging import _scan_chunk
+
+    cand, eager, exact = _cancelling_sums()
+    residual = (exact - eager.astype(np.float64)).astype(np.float32)
+    ours = _scan(cand, eager, residual, 1e-4, 1e-4)
+    names = ("nan_bad", "outside", "max_abs", "max_rel", "sq_err", "sq_ref_err", "sq_exact")
+    theirs: dict[str, Any] = dict.fromkeys(names, 0)
+    theirs |= {"nan_first": None, "outside_first": None, "truth_excess": float("-inf"), "ref_err_max": 0.0}
+    t = torch.from_numpy
+    _scan_chunk(theirs, 0, t(cand), t(eager), t(residual), 1e-4, 1e-4)
+    assert ours.outside == theirs["outside"] > 0
+    assert theirs["truth_excess"] == pytest.approx(ours.truth_excess, rel=1e-9)
+    assert theirs["ref_err_max"] == pytest.approx(ours.ref_err_max, rel=1e-9)
+    assert ours.truth_excess <= NOISE_FACTOR * ours.ref_err_max
+    noise = float(np.abs(residual).max())
+    assert not close_enough(t(cand), t(eager), 1e-4, 1e-4)
+    assert close_enough(t(cand), t(eager), 1e-4, 1e-4, noise=noise)
+    far = cand.copy()
+    far[3] += np.float32((NOISE_FACTOR + 3) * noise)
+    assert not close_enough(t(far), t(eager), 1e-4, 1e-4, noise=noise)
+
+
+def test_the_fp32_ceiling_is_the_fastest_fp32_accurate_scheme_the_check_accepts() -> None:
+    from gpu_runner.sandboxed.common import table_peaks
+
+    # An H100 at 1024x8192x8192: three TF32 passes (accepted as fp32-accurate) ran it at 1.54x over
+    # eager, 117% of the CUDA-core bound; against the tf32x3 bound it is a plausible 42%.
+    h100 = table_peaks("NVIDIA H100 80GB HBM3")
+    assert h100["tflops_fp32"] == pytest.approx(494.0 / 3)
+    info = {
+        "flops": 2 * 1024 * 8192 * 8192,
+        "bytes_moved": 4 * (1024 * 8192 + 8192 * 8192 + 1024),
+        "out_dtype": "float32",
+    }
+    sol = speed_of_light(info, h100, None, None, 2.0)
+    assert sol is not None
+    assert sol.limiter == "compute"
+    assert sol.fraction == pytest.approx(0.416, abs=0.01)
+    assert table_peaks("NVIDIA L40S")["tflops_fp32"] == 91.6  # its CUDA cores beat a third of its TF32
+    assert table_peaks("NVIDIA H200")["tflops_16"] == 989.0
+    assert table_peaks("Some GPU")["tflops_fp32"] is None
 
 
 def test_timing_stats_and_speed_of_light() -> None:
