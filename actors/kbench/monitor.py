@@ -17,6 +17,7 @@ import contextlib
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -100,8 +101,58 @@ def gpu_used_total() -> int | None:
         return None
 
 
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def reap(procs: list[psutil.Process], wait_s: float) -> list[str]:
+    """Wait up to ``wait_s`` for ``procs`` to exit, then SIGKILL those still running; the killed,
+    each as ``"<pid> <command line>"``.
+
+    A process identity is its pid and start time (``psutil`` checks both), so a reused pid is never
+    signalled. Processes that left the run's process group (sandbox workers, the evaluator's janitor,
+    the template expert's analysis child) end on their own when their parent goes: the wait gives
+    them, the janitor above all, time to finish their clean-up."""
+    deadline = time.monotonic() + wait_s
+    alive = _running(procs)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = _running(alive)
+    killed: list[psutil.Process] = []
+    said: list[str] = []
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            try:
+                said.append(f"{proc.pid} {' '.join(proc.cmdline()[:4])}")
+            except psutil.Error:
+                said.append(f"{proc.pid} ?")
+            proc.kill()
+            killed.append(proc)
+    deadline = time.monotonic() + 5.0
+    while _running(killed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return said
+
+
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` still running (a zombie has ended: only its parent's wait is missing)."""
+    out = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+    return out
+
+
 class TreeMonitor:
-    """Samples a process tree's memory in a thread until stopped; ``peaks()`` says the maxima."""
+    """Samples a process tree's memory in a thread until stopped; ``peaks()`` says the maxima.
+
+    It also remembers every process it has seen in the tree (``members()``), so what outlives the
+    root, reparented away from it, can still be found and ended."""
 
     def __init__(self, pid: int, *, gpu: bool, interval_s: float = 1.0) -> None:
         if interval_s <= 0:
@@ -113,6 +164,8 @@ class TreeMonitor:
         self._gpu: int | None = None
         self._device: int | None = None
         self._baseline = gpu_used_total() if self.gpu else None
+        self._members: dict[tuple[int, float], psutil.Process] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"tree-monitor-{pid}", daemon=True)
 
@@ -133,8 +186,20 @@ class TreeMonitor:
             if self._stop.wait(self.interval_s):
                 return
 
+    def remember(self) -> None:
+        """Add the tree's processes as they are now to ``members()``."""
+        for proc in _descendants(self.pid):
+            with contextlib.suppress(psutil.Error), self._lock:
+                self._members.setdefault((proc.pid, proc.create_time()), proc)
+
+    def members(self) -> list[psutil.Process]:
+        """Every process seen in the tree so far (some may have exited)."""
+        with self._lock:
+            return list(self._members.values())
+
     def sample(self) -> None:
         """Take one sample now."""
+        self.remember()
         host = tree_host_bytes(self.pid)
         if host is not None:
             self._host = max(self._host or 0, host)

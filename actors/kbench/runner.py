@@ -6,6 +6,8 @@ outcome is read from what ``kfoundry run`` leaves: ``report.json`` and its exit 
 correct candidate faster than eager, 4 correct but not faster, 1 none, 2 a bad task or option, 3 a
 task refused as too large for this machine; anything else a crash). A stop request (SIGINT to the
 bench) is passed on as SIGINT, then SIGTERM, then SIGKILL to the run's process group if it does not end in time.
+Nothing of a run outlives it: the processes of its tree that left its group get a moment to end
+with it (the evaluator's janitor cleans up when its evaluator goes) and are then killed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from actors.kbench.errors import Interrupted
-from actors.kbench.monitor import TreeMonitor
+from actors.kbench.monitor import TreeMonitor, reap
 from actors.kbench.problems import Problem
 from actors.kbench.results import ProblemResult, ProblemStatus
 from actors.logs import get_logger
@@ -152,6 +154,16 @@ def _end(proc: subprocess.Popen[bytes], grace_s: float) -> None:
     _signal_group(proc, signal.SIGKILL)
 
 
+REAP_WAIT_S = 15.0
+"""How long the processes of a run that outlive it get to end on their own before they are killed."""
+
+
+def _reap(monitor: TreeMonitor, problem: Problem) -> None:
+    killed = reap(monitor.members(), REAP_WAIT_S)
+    if killed:
+        log.warning("killed processes that outlived their run", problem=problem.name, processes=killed)
+
+
 def run_problem(
     problem: Problem, out_dir: Path, opts: RunOptions, stop: threading.Event, *, env: dict[str, str] | None = None
 ) -> ProblemResult:
@@ -183,16 +195,20 @@ def run_problem(
                 except subprocess.TimeoutExpired:
                     pass
                 if stop.is_set():
+                    monitor.remember()
                     _end(proc, opts.grace_s)
+                    _reap(monitor, problem)
                     raise Interrupted(problem.name)
                 if time.monotonic() - started > opts.hard_limit_s():
                     killed_stuck = True
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(proc.pid, signal.SIGUSR1)  # the run dumps its threads' stacks to its console
                     time.sleep(2.0)
+                    monitor.remember()
                     _end(proc, opts.grace_s)
                     break
             _signal_group(proc, signal.SIGKILL)  # nothing of the run outlives it
+            _reap(monitor, problem)
             monitor.sample()
         peaks = monitor.peaks()
     wall = time.monotonic() - started

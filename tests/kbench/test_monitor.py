@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from actors.kbench.monitor import tree_host_bytes
+from actors.kbench.monitor import TreeMonitor, reap, tree_host_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,3 +56,61 @@ def test_pages_shared_by_four_processes_count_once() -> None:
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+# A parent that starts a grandchild in a session of its own (as the evaluator starts its janitor
+# and sandbox workers), prints its pid, and sleeps.
+ESCAPING_TREE = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep({lives})"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _escaping_tree(lives: float) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ESCAPING_TREE.format(lives=lives)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def _end(proc: subprocess.Popen[str], escaped: int) -> None:
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(escaped, signal.SIGKILL)
+
+
+def test_reap_kills_what_left_the_group_and_outlived_the_root() -> None:
+    proc, escaped = _escaping_tree(lives=60)
+    try:
+        monitor = TreeMonitor(proc.pid, gpu=False)
+        monitor.remember()
+        assert escaped in {p.pid for p in monitor.members()}
+        proc.kill()  # the root only: the escaped child is not in its group
+        proc.wait()
+        assert psutil.pid_exists(escaped)  # reparented, still running
+        killed = reap(monitor.members(), wait_s=0.5)
+        assert [k.split()[0] for k in killed] == [str(escaped)]
+        assert "time.sleep(60)" in killed[0]
+        assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
+    finally:
+        _end(proc, escaped)
+
+
+def test_reap_lets_what_ends_on_its_own_finish() -> None:
+    proc, escaped = _escaping_tree(lives=1.0)
+    try:
+        monitor = TreeMonitor(proc.pid, gpu=False)
+        monitor.remember()
+        proc.kill()
+        proc.wait()
+        started = time.monotonic()
+        assert reap(monitor.members(), wait_s=20) == []
+        assert time.monotonic() - started < 15  # it waited for the process, not for the whole bound
+    finally:
+        _end(proc, escaped)

@@ -5,15 +5,19 @@ it runs, so a trace in a worker thread would intercept every other thread's modu
 embedder, another actor) and could be corrupted by them; and analysis executes the user's
 reference. So :func:`analyse_in_child` runs :func:`~actors.experts.template.render.analyse` in a
 fresh ``python -m actors.experts.template.isolate`` with a scrubbed environment (no keys), sends
-the source on stdin and reads the plan back as JSON; the event loop only awaits the child.
+the source on stdin and reads the plan back as JSON; the event loop only awaits the child. The
+child runs in a session of its own (a Ctrl-C meant for the run does not cut an analysis short),
+dies with the expert (``PR_SET_PDEATHSIG``) and is killed when the request is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -36,6 +40,7 @@ async def analyse_in_child(
         "-m",
         "actors.experts.template.isolate",
         f"--keep-torch={KeepTorch(keep_torch).value}",
+        f"--parent={os.getpid()}",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -47,10 +52,12 @@ async def analyse_in_child(
         async with asyncio.timeout(timeout):
             out, err = await proc.communicate(source.encode())
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
         return Unsupported(detail=f"analysing the reference took longer than {timeout:.0f} s")
+    finally:  # timed out, or the request was cancelled (the expert is stopping): the child goes too
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.shield(proc.wait())
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return Unsupported(detail=f"the analysis process failed ({proc.returncode}): {tail[0][:300]}")
@@ -60,14 +67,27 @@ async def analyse_in_child(
     return plan_from_dict(data["plan"])
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when ``parent`` ends; exit now if it already has (the request is gone)."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent's kill on cancel remains
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        raise SystemExit(1)
+
+
 def main() -> int:
     """Child entry: reference source on stdin, ``{"plan": ...}`` or ``{"unsupported": ...}`` out."""
+    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    if "parent" in flags:
+        _die_with(int(flags["parent"]))
     from actors.experts.template.render import analyse
 
     source = sys.stdin.read()
     with contextlib.redirect_stdout(sys.stderr):  # the reference may print; stdout carries the answer
-        flags = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--keep-torch=")]
-        result = analyse(source, KeepTorch(flags[-1]) if flags else KeepTorch.NONE)
+        result = analyse(source, KeepTorch(flags.get("keep-torch", KeepTorch.NONE.value)))
     if isinstance(result, Unsupported):
         payload: dict[str, object] = {"unsupported": result.detail, "op": result.op}
     else:
