@@ -17,6 +17,7 @@ from actors.kv import put_run
 from actors.nats_server import find_binary
 from schemas import (
     ActorInfo,
+    ActorState,
     Candidate,
     Control,
     ControlAction,
@@ -132,11 +133,13 @@ async def actor_info(bus: Bus, actor_id: str) -> ActorInfo | None:
 
 
 async def wait_up(bus: Bus, actor_id: str, timeout: float = 120.0) -> ActorInfo:
-    """Wait until an actor (started in another process) answers on its control endpoint."""
+    """Wait until an actor (started in another process) is running: set up and consuming. Its control
+    endpoint answers from before its set-up (an evaluator warming up, an island loading its task),
+    so an answer alone does not say it would hear a run's end or take a candidate."""
     async with asyncio.timeout(timeout):
         while True:
             info = await actor_info(bus, actor_id)
-            if info is not None:
+            if info is not None and info.state is ActorState.RUNNING:
                 return info
             await asyncio.sleep(0.1)
 
