@@ -57,6 +57,49 @@ _PAYLOAD_LIMIT = 64 * 1024
 log = get_logger(__name__)
 NO_RESPONDERS_RETRY_S = 0.05
 """How long a request that found no responders waits before asking once more."""
+SETTLE_S = 60.0
+"""How long an idempotent JetStream call (a bucket or key read, a consumer's creation) is asked
+again while the server cannot answer: a server restarting, a cluster electing a new stream leader
+after losing one of its servers, or one so loaded that the API's answer is late. In the cluster
+failover test, islands starting while a server was down got ``nats: timeout`` from a key read and
+exited; each of these calls is safe to repeat."""
+T = TypeVar("T")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server could not answer now (not that the answer was no)."""
+    if isinstance(exc, nats.js.errors.APIError):
+        return getattr(exc, "code", None) in (500, 503)  # JetStream temporarily unavailable, no leader yet
+    return isinstance(
+        exc,
+        (
+            TimeoutError,  # nats.errors.TimeoutError among them
+            nats.errors.ConnectionReconnectingError,
+            nats.errors.NoRespondersError,  # the JetStream API itself, while it starts
+            nats.js.errors.NoStreamResponseError,
+        ),
+    )
+
+
+async def settled(what: str, op: Callable[[], Awaitable[T]], *, within_s: float | None = None) -> T:
+    """``await op()``, asked again with backoff while it fails transiently (:func:`transient`), for up
+    to ``within_s`` seconds (default :data:`SETTLE_S`); then :class:`BusError` naming ``what``. ``op``
+    must be safe to repeat."""
+    within_s = SETTLE_S if within_s is None else within_s
+    deadline = time.monotonic() + within_s
+    delay = 0.1
+    while True:
+        try:
+            return await op()
+        except Exception as exc:  # classified below: anything not transient is raised as it is
+            if not transient(exc):
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BusError(f"{what}: the NATS server did not answer within {within_s:g} s ({_short(exc)})") from exc
+            log.warning("NATS call failed, asking again", what=what, error=_short(exc), retry_in_s=round(delay, 2))
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)
 
 
 @dataclass(frozen=True)
@@ -521,8 +564,11 @@ class Bus:
             deliver_policy=DeliverPolicy.ALL if spec.deliver_all else DeliverPolicy.NEW,
             max_ack_pending=spec.max_ack_pending,
         )
-        psub = await self.js.pull_subscribe(
-            spec.filter_subject, durable=spec.durable, stream=spec.stream, config=config
+        psub = await settled(
+            f"creating consumer {spec.durable} on {spec.stream}",
+            lambda: self.js.pull_subscribe(
+                spec.filter_subject, durable=spec.durable, stream=spec.stream, config=config
+            ),
         )
         consumer = PullConsumer(spec=spec, workers=_Workers(concurrency), psub=psub)
         consumer.task = asyncio.create_task(self._pull_loop(consumer, msg_type, handler))
@@ -720,7 +766,11 @@ class Bus:
         return 3 if info.get("cluster") and len(peers) >= 3 else 1
 
     async def ensure_stream(self, config: StreamConfig) -> None:
-        """Create a stream, or leave an existing one of that name as it is."""
+        """Create a stream, or leave an existing one of that name as it is (asked again while the
+        server cannot answer)."""
+        await settled(f"creating stream {config.name}", lambda: self._ensure_stream(config))
+
+    async def _ensure_stream(self, config: StreamConfig) -> None:
         try:
             await self.js.add_stream(config)
         except nats.js.errors.BadRequestError as exc:

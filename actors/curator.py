@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from actors.base import Actor
+from actors.bus import settled
 from actors.nats_server import kfoundry_home
 from schemas import ActorKind, Experience, ExperienceHits, ExperienceOutcome, ExperienceQuery, subjects
 
@@ -96,7 +97,9 @@ class CuratorActor(Actor):
             self.library, self.last_seq = loaded
             self.saved_seq = self.last_seq
             self.log.info("experience library: snapshot loaded", size=len(self.library), last_seq=self.last_seq)
-        info = await self.bus.js.stream_info(subjects.EXPERIENCE_STREAM)
+        info = await settled(
+            "reading the experience stream's state", lambda: self.bus.js.stream_info(subjects.EXPERIENCE_STREAM)
+        )
         end_seq = int(info.state.last_seq)
         if end_seq <= self.last_seq:
             self.caught_up.set()

@@ -10,7 +10,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from actors.bus import Bus
+from actors.bus import Bus, settled
 from actors.errors import ConfigError
 from actors.logs import get_logger
 from schemas import ExpertConfig, RunSpec, subjects
@@ -19,7 +19,11 @@ log = get_logger(__name__)
 
 
 async def bucket(bus: Bus, name: str, *, history: int = 8) -> KeyValue:
-    """Open a bucket, creating it on first use."""
+    """Open a bucket, creating it on first use (asked again while the server cannot answer)."""
+    return await settled(f"opening bucket {name}", lambda: _bucket(bus, name, history))
+
+
+async def _bucket(bus: Bus, name: str, history: int) -> KeyValue:
     try:
         return await bus.js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
@@ -27,6 +31,14 @@ async def bucket(bus: Bus, name: str, *, history: int = 8) -> KeyValue:
             return await bus.js.create_key_value(bucket=name, history=history, replicas=bus.replicas())
         except nats.js.errors.BadRequestError:
             return await bus.js.key_value(name)  # created by someone else in the meantime
+
+
+async def _get(kv: KeyValue, bucket_name: str, key: str) -> KeyValue.Entry | None:
+    """``key``'s entry, ``None`` if absent; asked again while the server cannot answer."""
+    try:
+        return await settled(f"reading {key!r} from bucket {bucket_name}", lambda: kv.get(key))
+    except nats.js.errors.KeyNotFoundError:
+        return None
 
 
 async def put_run(bus: Bus, spec: RunSpec) -> None:
@@ -38,12 +50,9 @@ async def put_run(bus: Bus, spec: RunSpec) -> None:
 async def get_run(bus: Bus, run_id: str) -> RunSpec:
     """The spec of a registered run; ``ConfigError`` naming the run if there is none."""
     kv = await bucket(bus, subjects.RUNS_BUCKET)
-    try:
-        entry = await kv.get(run_id)
-    except nats.js.errors.KeyNotFoundError as exc:
-        raise ConfigError(
-            f"no run {run_id!r} is registered on this NATS server (bucket {subjects.RUNS_BUCKET})"
-        ) from exc
+    entry = await _get(kv, subjects.RUNS_BUCKET, run_id)
+    if entry is None:
+        raise ConfigError(f"no run {run_id!r} is registered on this NATS server (bucket {subjects.RUNS_BUCKET})")
     if entry.value is None:
         raise ConfigError(f"run {run_id!r} was deleted")
     return RunSpec.model_validate_json(entry.value)
@@ -95,11 +104,8 @@ async def put_expert_config(bus: Bus, config: ExpertConfig) -> int:
 async def get_expert_config(bus: Bus, name: str) -> ExpertConfig | None:
     """An expert's stored configuration, if any."""
     kv = await bucket(bus, subjects.EXPERTS_BUCKET)
-    try:
-        entry = await kv.get(name)
-    except nats.js.errors.KeyNotFoundError:
-        return None
-    return ExpertConfig.model_validate_json(entry.value) if entry.value else None
+    entry = await _get(kv, subjects.EXPERTS_BUCKET, name)
+    return ExpertConfig.model_validate_json(entry.value) if entry is not None and entry.value else None
 
 
 async def list_expert_configs(bus: Bus) -> list[ExpertConfig]:
@@ -122,8 +128,5 @@ async def save_text(bus: Bus, bucket_name: str, key: str, text: str) -> None:
 async def load_text(bus: Bus, bucket_name: str, key: str) -> str | None:
     """A saved state blob, if any."""
     kv = await bucket(bus, bucket_name)
-    try:
-        entry = await kv.get(key)
-    except nats.js.errors.KeyNotFoundError:
-        return None
-    return entry.value.decode() if entry.value else None
+    entry = await _get(kv, bucket_name, key)
+    return entry.value.decode() if entry is not None and entry.value else None

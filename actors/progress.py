@@ -28,7 +28,7 @@ import pydantic
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from actors.bus import MSG_ID_HEADER, Bus
+from actors.bus import MSG_ID_HEADER, Bus, settled
 from actors.gpu_usage import gpu_usage, progress_part
 from actors.logs import get_logger
 from schemas import EvalResult, IslandStatus, RunSpec, StopReason, subjects
@@ -151,8 +151,11 @@ class RunWatcher:
             filter_subject=subjects.run_all(run),
             max_ack_pending=100_000,
         )
-        self._psub = await self.bus.js.pull_subscribe(
-            subjects.run_all(run), durable=CONTROLLER_CONSUMER, stream=subjects.run_stream(run), config=config
+        self._psub = await settled(
+            "creating the controller's consumer of the run stream",
+            lambda: self.bus.js.pull_subscribe(
+                subjects.run_all(run), durable=CONTROLLER_CONSUMER, stream=subjects.run_stream(run), config=config
+            ),
         )
         self._task = asyncio.create_task(self._loop(), name="run-watcher")
 

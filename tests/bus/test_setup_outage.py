@@ -1,0 +1,94 @@
+"""An actor's set-up reads (its run, its experts' configurations, saved state) and its consumers'
+creation wait out a NATS server that cannot answer for a while, instead of ending the actor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats.errors
+import nats.js.errors
+import pytest
+
+from actors.bus import Bus, ConsumerSpec, transient
+from actors.errors import BusError
+from actors.kv import get_run
+from schemas import Feedback, subjects
+from tests.bus.helpers import RestartableServer, register_run
+
+pytestmark = pytest.mark.timeout(120)
+
+OUTAGE_S = 7.0
+"""Longer than a JetStream API request's own 5 s timeout: one attempt alone cannot bridge it."""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RestartableServer]:
+    server = RestartableServer(tmp_path / "js")
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_reading_the_run_waits_out_a_server_restart(server: RestartableServer) -> None:
+    # as an actor connects: reconnecting for ever
+    bus = await Bus.connect(server.url, name="t", actor_id="t-setup", connect_timeout=None)
+    try:
+        run = await register_run(bus, "outage1")
+        server.stop()
+        read = asyncio.create_task(get_run(bus, "outage1"))
+        await asyncio.sleep(OUTAGE_S)
+        assert not read.done(), read.exception() if read.done() else None
+        await asyncio.to_thread(server.start)
+        spec = await asyncio.wait_for(read, 60)
+        assert spec.run_id == run.run_id
+    finally:
+        await bus.close()
+
+
+async def test_creating_a_consumer_waits_out_a_server_restart(server: RestartableServer) -> None:
+    bus = await Bus.connect(server.url, name="t", actor_id="t-consume", connect_timeout=None)
+    try:
+        await register_run(bus, "outage2")
+        server.stop()
+        spec = ConsumerSpec(
+            stream=subjects.run_stream("outage2"),
+            durable="outage-feedback",
+            filter_subject=subjects.feedback("outage2", "i0"),
+        )
+
+        async def on_feedback(_msg: Feedback, _delivery: object) -> None:
+            return None
+
+        consume = asyncio.create_task(bus.consume(spec, Feedback, on_feedback))
+        await asyncio.sleep(OUTAGE_S)
+        assert not consume.done(), consume.exception() if consume.done() else None
+        await asyncio.to_thread(server.start)
+        consumer = await asyncio.wait_for(consume, 60)
+        assert consumer.spec.durable == "outage-feedback"
+    finally:
+        await bus.close()
+
+
+async def test_a_server_that_stays_away_ends_the_wait_with_one_clear_error(
+    server: RestartableServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("actors.bus.SETTLE_S", 8.0)
+    bus = await Bus.connect(server.url, name="t", actor_id="t-gone", connect_timeout=None)
+    try:
+        await register_run(bus, "outage3")
+        server.stop()
+        with pytest.raises(BusError, match=r"(opening bucket|reading 'outage3').* did not answer within 8 s"):
+            await get_run(bus, "outage3")
+    finally:
+        server.start()
+        await bus.close()
+
+
+def test_only_a_server_that_cannot_answer_now_is_transient() -> None:
+    assert transient(nats.errors.TimeoutError())
+    assert transient(nats.js.errors.ServiceUnavailableError(code=503, description="JetStream not ready"))
+    assert not transient(nats.js.errors.KeyNotFoundError())  # an answer: there is no such key
+    assert not transient(nats.js.errors.NotFoundError(code=404, description="stream not found"))
+    assert not transient(nats.errors.ConnectionClosedError())  # the client gave up: asking again cannot help
