@@ -14,7 +14,7 @@ import torch
 
 from actors.experts.template.attention import lower_sdpa
 from actors.experts.template.conv_lower import lower_conv
-from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import COMPARISONS, Absent, NodeRef, TupleRef
 from actors.experts.template.loss_lower import LOSSES, lower_loss
 from actors.experts.template.mha_lower import lower_mha
@@ -54,12 +54,6 @@ _UNARY = frozenset(
 
 def _is_id(value: object) -> bool:
     return isinstance(value, NodeRef)
-
-
-def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UnsupportedGraph(f"{what} must be a number, got {type(value).__name__}")
-    return float(value)
 
 
 def reduce_dims(shape: tuple[int, ...], dim: object) -> tuple[int, int]:
@@ -123,11 +117,11 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
     if canon in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
         return _binary(lw, canon, b)
     if canon in COMPARISONS:
-        return lw.ew(canon, lw.tensor(x, canon), _tensor_or_number(lw, b["other"], canon))
+        return lw.ew(canon, lw.tensor(x, canon), _tensor_ornumber(lw, b["other"], canon))
     if canon == "masked_fill":  # x where the mask is false, the value where it is true
-        return lw.ew("where", b["mask"], _tensor_or_number(lw, b["value"], canon), lw.tensor(x, canon))
+        return lw.ew("where", b["mask"], _tensor_ornumber(lw, b["value"], canon), lw.tensor(x, canon))
     if canon == "where":
-        return lw.ew("where", b["condition"], _tensor_or_number(lw, x, canon), _tensor_or_number(lw, b["other"], canon))
+        return lw.ew("where", b["condition"], _tensor_ornumber(lw, x, canon), _tensor_ornumber(lw, b["other"], canon))
     if canon in ("sum", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "logsumexp"):
         return _reduction(lw, canon, b)
     if canon in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm"):
@@ -169,30 +163,30 @@ def _activation(lw: Lowerer, canon: str, x: NodeRef, b: dict[str, Any]) -> NodeR
     if canon == "square":
         return lw.ew("mul", x, x)
     if canon == "leaky_relu":
-        return lw.ew("leaky_relu", x, attrs=(_number(b["negative_slope"], "negative_slope"),))
+        return lw.ew("leaky_relu", x, attrs=(number(b["negative_slope"], "negative_slope"),))
     if canon == "softplus":
-        return lw.ew("softplus", x, attrs=(_number(b["beta"], "beta"), _number(b["threshold"], "threshold")))
+        return lw.ew("softplus", x, attrs=(number(b["beta"], "beta"), number(b["threshold"], "threshold")))
     if canon == "hardtanh":
-        return lw.ew("hardtanh", x, attrs=(_number(b["min_val"], "min_val"), _number(b["max_val"], "max_val")))
+        return lw.ew("hardtanh", x, attrs=(number(b["min_val"], "min_val"), number(b["max_val"], "max_val")))
     if canon == "elu":
-        return lw.ew("elu", x, attrs=(_number(b["alpha"], "alpha"),))
+        return lw.ew("elu", x, attrs=(number(b["alpha"], "alpha"),))
     if canon == "clamp":
         lo, hi = b.get("min"), b.get("max")
         if lo is None and hi is None:
             raise UnsupportedGraph("clamp without bounds")
         if lo is None:
-            return lw.ew("clamp_max", x, attrs=(_number(hi, "clamp max"),))
+            return lw.ew("clamp_max", x, attrs=(number(hi, "clamp max"),))
         if hi is None:
-            return lw.ew("clamp_min", x, attrs=(_number(lo, "clamp min"),))
-        return lw.ew("hardtanh", x, attrs=(_number(lo, "clamp min"), _number(hi, "clamp max")))
+            return lw.ew("clamp_min", x, attrs=(number(lo, "clamp min"),))
+        return lw.ew("hardtanh", x, attrs=(number(lo, "clamp min"), number(hi, "clamp max")))
     raise UnsupportedGraph(f"{canon} is not covered", op=canon)
 
 
-def _tensor_or_number(lw: Lowerer, value: object, what: str) -> NodeRef | float:
+def _tensor_ornumber(lw: Lowerer, value: object, what: str) -> NodeRef | float:
     """A float32 tensor operand, or a Python number (a 0-dim constant of the trace counts as one)."""
     if isinstance(value, NodeRef):
         return lw.tensor(value, f"an operand of {what}")
-    return _number(value, what)
+    return number(value, what)
 
 
 def _binary(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
@@ -203,14 +197,14 @@ def _binary(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
         raise UnsupportedGraph("division with a rounding mode is not covered")
     alpha = b.get("alpha", 1)
     if alpha != 1:
-        other = lw.ew("mul", other, _number(alpha, "alpha")) if _is_id(other) else _number(other, "b") * alpha
+        other = lw.ew("mul", other, number(alpha, "alpha")) if _is_id(other) else number(other, "b") * alpha
     return lw.ew(canon, x, other)
 
 
 def _pow(lw: Lowerer, x: object, exponent: object) -> NodeRef:
     if not isinstance(x, NodeRef) or _is_id(exponent):
         raise UnsupportedGraph("pow with a tensor exponent is not covered")
-    e = _number(exponent, "exponent")
+    e = number(exponent, "exponent")
     if e == 0.5:
         return lw.ew("sqrt", x)
     if e == -0.5:
@@ -273,13 +267,13 @@ def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
         s = lw.red("sum", e, dims, True)
         return lw.ew("div", e, s) if canon == "softmax" else lw.ew("sub", shifted, lw.ew("log", s))
     if canon == "group_norm":
-        groups = int(_number(b["num_groups"], "num_groups"))
+        groups = int(number(b["num_groups"], "num_groups"))
         if rank < 2 or shape[1] % groups != 0:
             raise UnsupportedGraph(f"group_norm of shape {shape} with {groups} groups")
         spatial = math.prod(shape[2:])
         grouped = lw.view(x, (shape[0], groups, shape[1] // groups * spatial))
         centred, var = _mean_var(lw, grouped, (2, 3))
-        y = lw.view(lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, _number(b["eps"], "eps")))), shape)
+        y = lw.view(lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps")))), shape)
         per_channel = (shape[1], *([1] * (rank - 2)))
         for name, op in (("weight", "mul"), ("bias", "add")):
             p = _param_or_arg(lw, b, name)
@@ -293,12 +287,12 @@ def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     dims = (rank - len(ns), rank)
     if canon == "layer_norm":
         centred, var = _mean_var(lw, x, dims)
-        y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, _number(b["eps"], "eps"))))
+        y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps"))))
     else:
         eps = b["eps"] if b["eps"] is not None else torch.finfo(torch.float32).eps
         count = float(math.prod(ns))
         ms = lw.ew("div", lw.red("sum", lw.ew("mul", x, x), dims, True), count)
-        y = lw.ew("mul", x, lw.ew("rsqrt", lw.ew("add", ms, _number(eps, "eps"))))
+        y = lw.ew("mul", x, lw.ew("rsqrt", lw.ew("add", ms, number(eps, "eps"))))
     weight = _param_or_arg(lw, b, "weight")
     if weight is not None:
         y = lw.ew("mul", y, weight)
@@ -374,7 +368,7 @@ def _other(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
             raise UnsupportedGraph("a conversion to a dtype other than float32 is not covered")
         return x
     if canon == "dropout":
-        if _number(b["p"], "p") != 0.0 and b["training"]:
+        if number(b["p"], "p") != 0.0 and b["training"]:
             raise UnsupportedGraph("dropout with p > 0 in training mode is random; not covered")
         return lw.tensor(x, "dropout input")
     if canon in ("perm", "permute"):

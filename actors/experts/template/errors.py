@@ -22,6 +22,14 @@ class UnsupportedGraph(TemplateError):
         self.op = op
 
 
+def number(value: object, what: str) -> float:
+    """A scalar argument of the reference (``what`` names it) as a float; a decline when it is not
+    a plain number (a tensor, a bool, a string)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UnsupportedGraph(f"{what} must be a number, got {type(value).__name__} {value!r:.80}")
+    return float(value)
+
+
 class TraceFailed(TemplateError):
     """The reference could not be loaded, constructed or traced."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import NodeRef
 
 if TYPE_CHECKING:
@@ -28,12 +28,6 @@ LOSSES = (
     "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "triplet_margin_loss", "cross_entropy", "nll_loss"
 )  # fmt: skip
 """The canonical loss ops lowered here."""
-
-
-def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UnsupportedGraph(f"{what} must be a number, got {value!r}")
-    return float(value)
 
 
 def _reduce(lw: Lowerer, loss: NodeRef, reduction: object, batch: int | None = None) -> NodeRef:
@@ -80,7 +74,7 @@ def lower_loss(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     elif canon == "l1_loss":
         loss = lw.ew("abs", d)
     else:
-        limit = _number(b.get("beta" if canon == "smooth_l1_loss" else "delta", 1.0), "beta/delta")
+        limit = number(b.get("beta" if canon == "smooth_l1_loss" else "delta", 1.0), "beta/delta")
         ad = lw.ew("abs", d)
         if limit <= 0.0:
             if canon == "huber_loss":
@@ -102,10 +96,10 @@ def _triplet(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     shape = lw.shape(a)
     if lw.shape(p) != shape or lw.shape(n) != shape or len(shape) != 2:
         raise UnsupportedGraph("triplet_margin_loss of other than three (N, D) tensors is not covered")
-    if _number(b.get("p", 2.0), "p") != 2.0 or b.get("swap"):
+    if number(b.get("p", 2.0), "p") != 2.0 or b.get("swap"):
         raise UnsupportedGraph("triplet_margin_loss with p != 2 or swap=True is not covered")
-    eps = _number(b.get("eps", 1e-6), "eps")
-    margin = _number(b.get("margin", 1.0), "margin")
+    eps = number(b.get("eps", 1e-6), "eps")
+    margin = number(b.get("margin", 1.0), "margin")
 
     def distance(u: NodeRef, v: NodeRef) -> NodeRef:
         diff = lw.ew("add", lw.ew("sub", u, v), eps)
@@ -123,7 +117,7 @@ def _classes(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     denominator. With float class probabilities of ``x``'s shape (cross entropy only) it is
     ``-sum_j t_ij (x_ij - logsumexp(x_i))``.
     """
-    if _number(b.get("label_smoothing", 0.0), "label_smoothing") != 0.0:
+    if number(b.get("label_smoothing", 0.0), "label_smoothing") != 0.0:
         raise UnsupportedGraph(f"{canon} with label_smoothing is not covered")
     x = lw.tensor(b["input"], canon)
     target = b["target"]

@@ -179,7 +179,7 @@ class Lowerer:
             raise UnsupportedGraph("a class index must be an int64 tensor")
         if self.shape(src)[:-1] != self.shape(index) or not self.shape(src):
             raise UnsupportedGraph(f"class indices of shape {self.shape(index)} into {self.shape(src)} are not covered")
-        if self._transposed(src):
+        if self.transposed(src):
             raise UnsupportedGraph("class indices into a transposed tensor are not covered")
         return self.add(NodeKind.EW, self.shape(index), op="take_last", args=(src.id, index.id))
 
@@ -189,7 +189,7 @@ class Lowerer:
             raise UnsupportedGraph(f"a view from {self.shape(src)} to {shape} changes the element count")
         if tuple(shape) == self.shape(src):
             return src
-        if self._transposed(src):
+        if self.transposed(src):
             raise UnsupportedGraph("a reshape of a transposed tensor is not covered")
         return self.add(NodeKind.VIEW, shape, args=(src.id,), dtype=self.node(src).dtype)
 
@@ -200,7 +200,7 @@ class Lowerer:
             raise UnsupportedGraph("a transpose of a tensor with fewer than two dimensions")
         return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,))
 
-    def _transposed(self, ref: NodeRef) -> bool:
+    def transposed(self, ref: NodeRef) -> bool:
         """Whether ``ref`` is a transpose, or a view of one (which cannot be reshaped again)."""
         node = self.node(ref)
         while node.kind is NodeKind.VIEW:
@@ -213,7 +213,7 @@ class Lowerer:
         d0, d1 = dims
         out = (*shape[:d0], *([1] * (d1 - d0)), *shape[d1:]) if keepdim else (*shape[:d0], *shape[d1:])
         split = _split(op, shape, dims)
-        if split is not None and not self._transposed(src):
+        if split is not None and not self.transposed(src):
             # Two stages: (outer, S, R / S) reduced over its last dim gives (outer, S) partials
             # that many programs compute in parallel; reducing those over S gives the result.
             rows = shape[:d0]

@@ -23,7 +23,7 @@ def product(lw: Lowerer, a: NodeRef, w: NodeRef) -> NodeRef:
         raise UnsupportedGraph(f"matmul broadcasting batch dims {ba} and {bb} is not covered")
     if sb[-1] == 1 and sa[-1] > 1 and not bb:
         vector = _as_row(lw, w)
-        if vector is not None and not lw._transposed(a):
+        if vector is not None and not lw.transposed(a):
             return _matvec(lw, a, vector)
     return lw.add(NodeKind.MM, (*(ba or bb), sa[-2], sb[-1]), args=(a.id, w.id))
 
@@ -33,8 +33,8 @@ def _as_row(lw: Lowerer, column: NodeRef) -> NodeRef | None:
     node = lw.node(column)
     if node.kind is NodeKind.PERM:  # the transpose of a (1, K) weight (``linear`` to one output)
         src = NodeRef(node.tensor_args()[0])
-        return lw.view(src, (lw.shape(src)[-1],)) if not lw._transposed(src) else None
-    if lw._transposed(column):
+        return lw.view(src, (lw.shape(src)[-1],)) if not lw.transposed(src) else None
+    if lw.transposed(column):
         return None
     return lw.view(column, (lw.shape(column)[-2],))
 
