@@ -119,6 +119,7 @@ async def test_counts_survive_a_nats_restart_in_the_middle(restartable: Restarta
     assert len({c.candidate_id for c in _of(messages, Candidate)}) == 40  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a 40 s wall budget run out
 @pytest.mark.timeout(180)
 async def test_wall_budget_ends_on_time_and_cancels_what_is_in_flight(nats_url: str, tmp_path: Path) -> None:
     # Evaluations take 60 s: none can finish before the 40 s deadline (startup included). Two

@@ -40,6 +40,7 @@ def own_nats(tmp_path: Path) -> Iterator[ServerInfo]:
         stop_server(info.pid)
 
 
+@pytest.mark.slow  # a whole run with an LLM expert: about 60 s
 @pytest.mark.timeout(500)
 async def test_llm_expert_takes_part_and_its_failures_are_diagnosed(own_nats: ServerInfo, tmp_path: Path) -> None:
     nats_server = own_nats

@@ -109,6 +109,7 @@ def _on_this_machine(argv: list[str], url: str, run_id: str, tmp_path: Path) -> 
     return [*argv[1:], *extra.get(kind, [])]
 
 
+@pytest.mark.slow  # every actor as its own process: about 50 s
 @pytest.mark.timeout(400)
 def test_the_readmes_multi_machine_recipe_runs_with_actors_as_separate_processes(
     nats_server: ServerInfo, tmp_path: Path
