@@ -200,6 +200,12 @@ class EmbeddedServer:
             self.info = info
         return info.url
 
+    def adopt(self) -> ServerInfo | None:
+        """Take the running embedded server, if any, as this object's (to :meth:`release` it)."""
+        with self._locked():
+            self.info = self._load()
+        return self.info
+
     def release(self, *, grace_s: float = 0.5) -> bool:
         """Stop the server if no client is connected any more. Returns whether it stopped it."""
         info = self.info

@@ -109,16 +109,22 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+SHARED = frozenset({"nats-server"})
+"""Process names :func:`reap` leaves alone: the embedded NATS server is shared by every kfoundry
+command of the machine (a run that starts it leaves it to the others and stops it only when no
+client is left), so it is not the run's to kill."""
+
+
 def reap(procs: list[psutil.Process], wait_s: float) -> list[str]:
-    """Wait up to ``wait_s`` for ``procs`` to exit, then SIGKILL those still running; the killed,
-    each as ``"<pid> <command line>"``.
+    """Wait up to ``wait_s`` for ``procs`` to exit, then SIGKILL those still running but the
+    :data:`SHARED` ones; the killed, each as ``"<pid> <command line>"``.
 
     A process identity is its pid and start time (``psutil`` checks both), so a reused pid is never
     signalled. Processes that left the run's process group (sandbox workers, the evaluator's janitor,
     the template expert's analysis child) end on their own when their parent goes: the wait gives
     them, the janitor above all, time to finish their clean-up."""
     deadline = time.monotonic() + wait_s
-    alive = _running(procs)
+    alive = [p for p in _running(procs) if _name(p) not in SHARED]
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
         alive = _running(alive)
@@ -136,6 +142,13 @@ def reap(procs: list[psutil.Process], wait_s: float) -> list[str]:
     while _running(killed) and time.monotonic() < deadline:
         time.sleep(0.1)
     return said
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return str(proc.name())
+    except psutil.Error:
+        return ""
 
 
 def _running(procs: list[psutil.Process]) -> list[psutil.Process]:

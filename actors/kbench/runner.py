@@ -30,6 +30,7 @@ from actors.kbench.monitor import TreeMonitor, reap
 from actors.kbench.problems import Problem
 from actors.kbench.results import ProblemResult, ProblemStatus
 from actors.logs import get_logger
+from actors.nats_server import EmbeddedServer
 from actors.report import RunReport
 
 log = get_logger(__name__)
@@ -158,10 +159,21 @@ REAP_WAIT_S = 15.0
 """How long the processes of a run that outlive it get to end on their own before they are killed."""
 
 
-def _reap(monitor: TreeMonitor, problem: Problem) -> None:
-    killed = reap(monitor.members(), REAP_WAIT_S)
+def reap_run(monitor: TreeMonitor, name: str, env: dict[str, str] | None) -> None:
+    """End what outlived a run: its processes that left its group (:func:`reap`), and the embedded
+    NATS server if the run started it and no client is left on it."""
+    members = monitor.members()
+    killed = reap(members, REAP_WAIT_S)
     if killed:
-        log.warning("killed processes that outlived their run", problem=problem.name, processes=killed)
+        log.warning("killed processes that outlived their run", problem=name, processes=killed)
+    # The embedded NATS server is shared by the machine's kfoundry commands: one the run started
+    # is stopped as the run itself would on leaving (a run stopped by signal may not have), and
+    # only when no client is connected any more.
+    home = (os.environ if env is None else env).get("KFOUNDRY_HOME")
+    server = EmbeddedServer(Path(home) if home else None)
+    info = server.adopt()
+    if info is not None and info.pid in {p.pid for p in members} and server.release(grace_s=REAP_WAIT_S):
+        log.info("stopped the embedded NATS server the run left", problem=name, pid=info.pid)
 
 
 def run_problem(
@@ -197,7 +209,7 @@ def run_problem(
                 if stop.is_set():
                     monitor.remember()
                     _end(proc, opts.grace_s)
-                    _reap(monitor, problem)
+                    reap_run(monitor, problem.name, env)
                     raise Interrupted(problem.name)
                 if time.monotonic() - started > opts.hard_limit_s():
                     killed_stuck = True
@@ -208,7 +220,7 @@ def run_problem(
                     _end(proc, opts.grace_s)
                     break
             _signal_group(proc, signal.SIGKILL)  # nothing of the run outlives it
-            _reap(monitor, problem)
+            reap_run(monitor, problem.name, env)
             monitor.sample()
         peaks = monitor.peaks()
     wall = time.monotonic() - started

@@ -8,13 +8,18 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from actors.kbench.monitor import TreeMonitor, reap, tree_host_bytes
+from actors.kbench.runner import reap_run
+from actors.nats_server import EmbeddedServer, find_binary
 
 pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BLOCK = 256 << 20
 
@@ -114,3 +119,53 @@ def test_reap_lets_what_ends_on_its_own_finish() -> None:
         assert time.monotonic() - started < 15  # it waited for the process, not for the whole bound
     finally:
         _end(proc, escaped)
+
+
+def test_reap_leaves_the_shared_nats_server_alone(tmp_path: Path) -> None:
+    """A run that started the machine's embedded server leaves it to the other kfoundry commands."""
+    code = (
+        "import os, sys, time\n"
+        f"argv = [{str(find_binary())!r}, '-p', '-1', '-a', '127.0.0.1']\n"
+        "pid = os.posix_spawn(argv[0], argv, dict(os.environ), setsid=True)\n"
+        "print(pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert proc.stdout is not None
+    server = int(proc.stdout.readline())
+    try:
+        monitor = TreeMonitor(proc.pid, gpu=False)
+        monitor.remember()
+        assert server in {p.pid for p in monitor.members()}
+        proc.kill()
+        proc.wait()
+        assert reap(monitor.members(), wait_s=0.5) == []
+        assert psutil.Process(server).is_running()
+    finally:
+        _end(proc, server)
+
+
+def test_a_killed_runs_embedded_server_is_stopped_once_no_client_is_left(tmp_path: Path) -> None:
+    """A run SIGKILLed by the bench never stops the embedded server it started; the bench does."""
+    home = tmp_path / "home"
+    env = dict(os.environ, KFOUNDRY_HOME=str(home), PYTHONPATH=str(ROOT))
+    code = (
+        "from actors.nats_server import EmbeddedServer; import time\n"
+        "print(EmbeddedServer().acquire(), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("nats://")
+    info = EmbeddedServer(home).adopt()
+    assert info is not None
+    try:
+        monitor = TreeMonitor(proc.pid, gpu=False)
+        monitor.remember()
+        proc.kill()
+        proc.wait()
+        assert psutil.Process(info.pid).is_running()  # the run's own exit did not stop it
+        reap_run(monitor, "killed", env)
+        assert not psutil.pid_exists(info.pid) or psutil.Process(info.pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        _end(proc, info.pid)
