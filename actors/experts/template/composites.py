@@ -117,11 +117,11 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
     if canon in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
         return _binary(lw, canon, b)
     if canon in COMPARISONS:
-        return lw.ew(canon, lw.tensor(x, canon), _tensor_ornumber(lw, b["other"], canon))
+        return lw.ew(canon, lw.tensor(x, canon), _tensor_or_number(lw, b["other"], canon))
     if canon == "masked_fill":  # x where the mask is false, the value where it is true
-        return lw.ew("where", b["mask"], _tensor_ornumber(lw, b["value"], canon), lw.tensor(x, canon))
+        return lw.ew("where", b["mask"], _tensor_or_number(lw, b["value"], canon), lw.tensor(x, canon))
     if canon == "where":
-        return lw.ew("where", b["condition"], _tensor_ornumber(lw, x, canon), _tensor_ornumber(lw, b["other"], canon))
+        return lw.ew("where", b["condition"], _tensor_or_number(lw, x, canon), _tensor_or_number(lw, b["other"], canon))
     if canon in ("sum", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "logsumexp"):
         return _reduction(lw, canon, b)
     if canon in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm"):
@@ -182,7 +182,7 @@ def _activation(lw: Lowerer, canon: str, x: NodeRef, b: dict[str, Any]) -> NodeR
     raise UnsupportedGraph(f"{canon} is not covered", op=canon)
 
 
-def _tensor_ornumber(lw: Lowerer, value: object, what: str) -> NodeRef | float:
+def _tensor_or_number(lw: Lowerer, value: object, what: str) -> NodeRef | float:
     """A float32 tensor operand, or a Python number (a 0-dim constant of the trace counts as one)."""
     if isinstance(value, NodeRef):
         return lw.tensor(value, f"an operand of {what}")
