@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.nats_server import ServerInfo, start_server, stop_server
+from actors.nats_server import EmbeddedServer, ServerInfo, start_server, stop_server
 
 # Nothing a test starts may reach a model hub or use a GPU by accident.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,6 +31,16 @@ def session_kf_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ.pop("KFOUNDRY_HOME", None)
         else:
             os.environ["KFOUNDRY_HOME"] = saved
+        _stop_embedded_servers(tmp_path_factory.getbasetemp())
+
+
+def _stop_embedded_servers(root: Path) -> None:
+    """Stop the embedded NATS servers commands left in homes under ``root`` (a command killed by its
+    test never releases its server; it would outlive the session)."""
+    for state in root.glob("**/nats/server.json"):
+        info = EmbeddedServer(state.parent.parent).adopt()
+        if info is not None:
+            stop_server(info.pid)
 
 
 @pytest.fixture(scope="session")
