@@ -37,12 +37,19 @@ class Peaks:
     gpu_device_bytes: int | None
 
 
-def tree_host_bytes(pid: int) -> int | None:
-    """Summed PSS (RSS where PSS is unreadable) of ``pid`` and its descendants; ``None`` if ``pid`` is gone."""
+def _descendants(pid: int) -> list[psutil.Process]:
+    """``pid`` and its descendants (empty if ``pid`` is gone)."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
+        return []
+
+
+def tree_host_bytes(pid: int) -> int | None:
+    """Summed PSS (RSS where PSS is unreadable) of ``pid`` and its descendants; ``None`` if ``pid`` is gone."""
+    procs = _descendants(pid)
+    if not procs:
         return None
     total = 0
     for proc in procs:
@@ -58,11 +65,7 @@ def tree_host_bytes(pid: int) -> int | None:
 
 def tree_pids(pid: int) -> set[int]:
     """``pid`` and its descendants' pids (empty if ``pid`` is gone)."""
-    try:
-        root = psutil.Process(pid)
-        return {pid, *(p.pid for p in root.children(recursive=True))}
-    except psutil.Error:
-        return set()
+    return {p.pid for p in _descendants(pid)}
 
 
 def _smi(query: list[str]) -> list[list[str]] | None:
@@ -101,14 +104,6 @@ def gpu_used_total() -> int | None:
         return None
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
 SHARED = frozenset({"nats-server"})
 """Process names :func:`reap` leaves alone: the embedded NATS server is shared by every kfoundry
 command of the machine (a run that starts it leaves it to the others and stops it only when no
@@ -131,13 +126,16 @@ def reap(procs: list[psutil.Process], wait_s: float) -> list[str]:
     killed: list[psutil.Process] = []
     said: list[str] = []
     for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            try:
-                said.append(f"{proc.pid} {' '.join(proc.cmdline()[:4])}")
-            except psutil.Error:
-                said.append(f"{proc.pid} ?")
+        try:
+            line = " ".join(proc.cmdline()[:4])
+        except psutil.Error:
+            line = "?"
+        try:
             proc.kill()
-            killed.append(proc)
+        except psutil.Error:
+            continue  # it ended by itself in the meantime
+        killed.append(proc)
+        said.append(f"{proc.pid} {line}")
     deadline = time.monotonic() + 5.0
     while _running(killed) and time.monotonic() < deadline:
         time.sleep(0.1)
