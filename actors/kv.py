@@ -44,7 +44,9 @@ async def _get(kv: KeyValue, bucket_name: str, key: str) -> KeyValue.Entry | Non
 async def put_run(bus: Bus, spec: RunSpec) -> None:
     """Register a run (its spec) under its id."""
     kv = await bucket(bus, subjects.RUNS_BUCKET)
-    await kv.put(spec.run_id, spec.to_bytes())
+    # A bucket just made on a fresh cluster may have no stream leader yet ("no response from
+    # stream"); writing the same spec again is harmless.
+    await settled(f"registering run {spec.run_id}", lambda: kv.put(spec.run_id, spec.to_bytes()))
 
 
 async def get_run(bus: Bus, run_id: str) -> RunSpec:
@@ -98,7 +100,7 @@ async def wait_for_run(bus: Bus, run_id: str, *, wait_s: float, stop: asyncio.Ev
 async def put_expert_config(bus: Bus, config: ExpertConfig) -> int:
     """Store (or change) an expert's configuration; running experts pick it up live."""
     kv = await bucket(bus, subjects.EXPERTS_BUCKET)
-    return int(await kv.put(config.name, config.to_bytes()))
+    return int(await settled(f"storing expert {config.name}", lambda: kv.put(config.name, config.to_bytes())))
 
 
 async def get_expert_config(bus: Bus, name: str) -> ExpertConfig | None:
