@@ -236,6 +236,7 @@ class Compiler:
                 worker_start_s=round(got_worker - started, 3),
                 warm=warm,
                 in_worker_s=round(float(header.get("elapsed_s", 0.0)), 3),
+                worker_phases={k: round(float(v), 3) for k, v in (header.get("phases") or {}).items()},
                 run_s=round(ran - got_worker, 3),
                 store_s=round(time.perf_counter() - ran, 3),
                 total_s=round(time.perf_counter() - queued, 3),

@@ -349,8 +349,7 @@ class RunPool:
     async def acquire(self, reference_source: str, timeout_s: float) -> tuple[Spare, bool]:
         """A spare prepared for this reference (and whether it was warm); starts replacements."""
         key = task_key(reference_source)
-        if self.reference_source is None or task_key(self.reference_source) != key:
-            await self.retarget(reference_source)
+        await self.plan_for(reference_source)
         spare = self._take(key)
         warm = spare is not None
         self.refill()
@@ -387,23 +386,36 @@ class RunPool:
         while len(self.idle) + self.starting < self.spares_wanted():
             self._spawn_spare(None)
 
-    def _spawn_spare(self, worker: Worker | None) -> None:
+    def prepare_ahead(self) -> None:
+        """Prepare the next evaluation's worker now (when none is idle or on its way).
+
+        For a plan that fits one evaluation at a time (no spares): called once an evaluation has
+        ended, judge included, so the next one finds its reference ready instead of preparing it
+        on its critical path; meanwhile the next candidate compiles (on the CPU). Nothing else
+        holds the device then, which is what the plan counted for a preparing spare."""
+        if self.closed or self.failure is not None or self.reference_source is None:
+            return
+        if not self.idle and not self.starting:
+            self._spawn_spare(None, ahead=True)
+
+    def _spawn_spare(self, worker: Worker | None, ahead: bool = False) -> None:
         self.starting += 1
-        task = asyncio.create_task(self._start_spare(worker))
+        task = asyncio.create_task(self._start_spare(worker, ahead))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _start_spare(self, worker: Worker | None) -> None:
+    async def _start_spare(self, worker: Worker | None, ahead: bool = False) -> None:
         kept = False
         spare: Spare | None = None
         try:
-            measured = worker is not None
+            # the worker that measured the task, or one prepared ahead: kept whatever the plan's spares
+            kept_anyway = worker is not None or ahead
             if worker is None:
                 worker = await self.new_worker()
             await self.keep_seed(worker, None)
             spare = Spare(worker)
             await self.planned.wait()  # a spare started before the plan prepares by the plan
-            if not measured and len(self.idle) + self.starting > self.spares_wanted():
+            if not kept_anyway and len(self.idle) + self.starting > self.spares_wanted():
                 return  # the plan wants fewer spares than were started before it was known
             if self.reference_source is not None:
                 await self.prepare(spare, self.reference_source, self.cfg.worker_start_timeout_s)
@@ -451,6 +463,15 @@ class RunPool:
             logger.warning("triton_seed_failed", error=str(exc)[:300])
         finally:
             self.seeding.discard(task)
+
+    async def plan_for(self, reference_source: str) -> MemoryPlan | None:
+        """The task's memory plan, measured first if the pool is not ready for this task yet
+        (None on an old reference that cannot be measured)."""
+        key = task_key(reference_source)
+        if self.reference_source is None or task_key(self.reference_source) != key:
+            await self.retarget(reference_source)
+        await self.planned.wait()  # a concurrent first job may still be measuring it
+        return self.plans.get(key)
 
     async def retarget(self, reference_source: str) -> None:
         """Make the pool ready for a (new) task: its memory plan first (measured in the worker that

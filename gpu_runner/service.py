@@ -264,11 +264,19 @@ class EvaluationService:
         # preparation) is the evaluator's time, not the candidate's: not part of its budget.
         phase.to("spare")
         async with contextlib.AsyncExitStack() as serial:
-            plan = runs.plans.get(task_key(job.reference_source))
-            if plan is not None and plan.device_verdict and plan.spares == 0:
+            try:
+                async with asyncio.timeout(self.cfg.worker_start_timeout_s):
+                    plan = await runs.plan_for(job.reference_source)
+            except (TimeoutError, WorkerStartError, ProtocolError, FrameError) as exc:
+                return self._no_worker(c, started, exc)
+            one_at_a_time = plan is not None and plan.device_verdict and plan.spares == 0
+            if one_at_a_time:
                 # The plan fits one evaluation at a time (prepare, run, judge): the next waits.
                 await serial.enter_async_context(self._one_at_a_time)
-            return await self._acquire_and_run(runs, c, started, budget, phase)
+            result = await self._acquire_and_run(runs, c, started, budget, phase)
+            if one_at_a_time:  # the next evaluation's reference, while its candidate compiles
+                runs.prepare_ahead()
+            return result
 
     async def _gate(self, job: EvalJob, phase: Phase, started: float) -> Collected:
         """The static gate's report, and the evaluation's first checks (the gate's and the isolation's)."""
@@ -327,8 +335,7 @@ class EvaluationService:
             async with asyncio.timeout(self.cfg.worker_start_timeout_s):
                 spare, warm = await runs.acquire(job.reference_source, self.cfg.worker_start_timeout_s)
         except (TimeoutError, WorkerStartError, ProtocolError, FrameError) as exc:
-            why = str(exc) or f"none was ready within {self.cfg.worker_start_timeout_s:g} s"
-            return self._finish(c, started, evaluator_fault(c, f"no run worker could be prepared: {why}"[:2000]))
+            return self._no_worker(c, started, exc)
         t_run = time.perf_counter()
         detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
         outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
@@ -342,6 +349,11 @@ class EvaluationService:
                 spare.reference.discard()
         c.stages = c.stages.model_copy(update={"run_s": time.perf_counter() - t_run - waited})
         return self._finish(c, started)
+
+    def _no_worker(self, c: Collected, started: float, exc: BaseException) -> EvalResult:
+        """The evaluator's own failure to measure the task or prepare a worker for it."""
+        why = str(exc) or f"none was ready within {self.cfg.worker_start_timeout_s:g} s"
+        return self._finish(c, started, evaluator_fault(c, f"no run worker could be prepared: {why}"[:2000]))
 
     def _finish(self, c: Collected, started: float, result: EvalResult | None = None) -> EvalResult:
         c.stages = c.stages.model_copy(update={"total_s": time.perf_counter() - started})

@@ -20,7 +20,7 @@ import torch
 
 from gpu_runner.frames import CompileOp, Report
 from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
-from gpu_runner.sandboxed.common import Channel, describe_exception
+from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, log
 from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.sandboxed.measure import measured_sizes
 from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module, make_inputs
@@ -93,9 +93,24 @@ def _shaped_inputs(reference_source: str) -> tuple[dict[str, Any], list[Any], in
     return ref, inputs, extra
 
 
+def warm() -> None:
+    """Import, once in a fork server, what the first operation of a reference on the ``meta``
+    device imports (``torch._dynamo`` and PyTorch's reference implementations: about 1 s of every
+    compile process's critical path before). Best effort: what fails here is paid later, as before."""
+    try:
+        import torch._dynamo
+
+        x = torch.empty(4, 4, device="meta")
+        torch.relu(x).sum(dim=1)
+        torch.softmax(x @ x, dim=-1)
+    except Exception as exc:  # noqa: BLE001 - paid at the first compile instead
+        log(f"compile warm-up failed: {type(exc).__name__}: {exc}")
+
+
 def compile_job(msg: CompileOp, channel: Channel) -> None:
     """Build the candidate's extensions and (with a target) its Triton kernels; report what happened."""
     started = time.perf_counter()
+    laps = Laps()
     log = LaunchLog()
     built: list[dict[str, str]] = []
     kernels: list[Any] = []
@@ -116,7 +131,9 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             sandbox["data_bytes"] = int(sandbox["data_bytes"]) + shaped[2]
         except Exception as exc:  # noqa: BLE001 - the run process compiles instead; the reference's own fault shows there
             aot = f"partial: no inputs for the reference here ({type(exc).__name__}); the run process compiles"
+        laps.lap("shaped_inputs_s")
     enter_sandbox(sandbox, torch.device("cpu"))
+    laps.lap("sandbox_s")
 
     def failed(stage: str, aot: str, exc: BaseException) -> None:
         channel.send(
@@ -127,6 +144,7 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             aot=aot,
             compile_error=True,
             elapsed_s=time.perf_counter() - started,
+            phases=laps.seconds,
             **describe_exception(exc),
         )
 
@@ -135,6 +153,7 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
     except BaseException as exc:  # noqa: BLE001 - a failing import is the compile verdict
         failed("import", "import failed", exc)
         return
+    laps.lap("import_s")
     if shaped is not None:
         try:
             ref, inputs, _ = shaped
@@ -143,11 +162,15 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             cand = ns["ModelNew"](*init_args)
             with torch.no_grad():
                 cand(*inputs)
+            laps.lap("forward_s")
             aot = "complete: every kernel the forward launches was compiled ahead of time"
             aot += _build_launchers(kernels)
+            laps.lap("launchers_s")
         except BaseException as exc:  # noqa: BLE001 - a Triton compile error is a verdict; others mean JIT later
             if _is_compile_error(exc):
                 failed("triton", "compile error", exc)
                 return
             aot = f"partial: the forward needs a device ({type(exc).__name__}); the run process compiles the rest"
-    channel.send(Report.COMPILED, ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started)
+    channel.send(
+        Report.COMPILED, ok=True, built=built, aot=aot, elapsed_s=time.perf_counter() - started, phases=laps.seconds
+    )

@@ -17,3 +17,16 @@ def warm_triton_driver() -> None:
     target = driver.active.get_current_target()
     getattr(driver.active, "utils", None)
     make_backend(target).hash()
+
+
+def warm_triton_key() -> None:
+    """Compute Triton's cache key of its own installation (a hash of its sources and
+    ``libtriton.so``: 0.3-0.9 s, once per process, inherited by forks) before any kernel needs it.
+    Every compile and every cache lookup of a kernel starts with it, so a fork server pays it once
+    instead of each single-use worker paying it on the critical path. Best effort: paid later otherwise."""
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+    except Exception:  # noqa: BLE001 - an older or newer Triton without it: paid at the first compile
+        return

@@ -28,6 +28,11 @@ def preload(mode: str, device: str) -> None:
         import triton.language  # noqa: F401
     except ImportError:
         pass
+    else:
+        if device == "cuda":  # the interpreter (CPU) never needs it
+            from gpu_runner.sandboxed.triton_warm import warm_triton_key
+
+            warm_triton_key()
     if mode == "run":
         import torch.profiler  # imported now; CUPTI itself starts only for a job that is profiled
         import torch.utils.cpp_extension  # the extension loader's (setuptools): not on a job's path
@@ -42,7 +47,10 @@ def preload(mode: str, device: str) -> None:
             except Exception as exc:  # noqa: BLE001 - the compiled baseline then pays the import; recorded
                 common.log(f"inductor pre-import failed: {type(exc).__name__}: {exc}")
     else:
-        from gpu_runner.sandboxed import compiling  # noqa: F401
+        from gpu_runner.sandboxed import compiling
+
+        if device == "cuda":  # compile-only for a GPU target (no device is started here)
+            compiling.warm()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.service import EvaluationService
-from schemas import DeviceChoice, EvalStatus, KernelLanguage
+from schemas import CheckName, CheckOutcome, DeviceChoice, EvalStatus, KernelLanguage
 from tests.gpu_runner.conftest import CANDIDATES, REFERENCES
 
 pytestmark = pytest.mark.timeout(300)
@@ -119,3 +119,34 @@ async def test_shared_outputs_are_on_unless_turned_off_and_the_switch_is_checked
     monkeypatch.setenv("KF_SHARED_OUTPUTS", "yes")
     with pytest.raises(ValueError, match="KF_SHARED_OUTPUTS"):
         RunnerConfig()
+
+
+async def test_a_plan_of_one_evaluation_at_a_time_prepares_the_next_reference_after_each() -> None:
+    """No spares planned (judged outputs that fill the device): the next evaluation's worker is
+    prepared once the last evaluation ended, not on the next candidate's critical path."""
+    cfg = RunnerConfig(
+        device=DeviceChoice.CPU, spares=0, compile_workers=2, timing_budget_s=1.0, device_verdict_bytes=0
+    )
+    async with EvaluationService(cfg) as service:
+        status, summary = await _evaluate(service, "honest_add_relu.py")
+        assert status is EvalStatus.CORRECT, summary
+        runs = service.runs
+        assert runs is not None
+        assert runs.plan is not None
+        assert runs.plan.spares == 0
+        assert runs.plan.device_verdict
+        await runs.wait_idle(1, 120)  # without the preparation ahead: none is starting, so this raises
+        assert runs.idle[0].reference is not None
+        ref = (REFERENCES / "add_relu.py").read_text()
+        job = EvalJob(
+            reference_source=ref,
+            candidate_source=(CANDIDATES / "honest_add_relu.py").read_text(),
+            language=KernelLanguage.TRITON,
+            timeout_s=120.0,
+            task_id=service.task_id(ref),
+            candidate_id="second",
+        )
+        result = await service.evaluate(job)
+        assert result.status is EvalStatus.CORRECT, result.summary
+        warm = next(c for c in result.checks if c.name == CheckName.WARM_WORKER)
+        assert warm.outcome == CheckOutcome.PASSED, warm.detail
