@@ -2,6 +2,7 @@
 
     python bench/scale_bench.py                        # on the GPU machine: 64 MB, 1, 4 and 8 GB inputs
     python bench/scale_bench.py --sizes 64M,1G --evals 3
+    python bench/scale_bench.py --sizes 8G --evals 3 --stream 8   # and a concurrent stream per size
 
 For each task and input size it starts an evaluation service (the memory plan decides trials,
 spares and where outputs are compared), evaluates ``--evals`` distinct honest Triton candidates one
@@ -9,7 +10,10 @@ after another and prints, per size: the plan, the verdicts, the first (cold) and
 evaluation time (median of the others, from ``evaluate()`` to its result), the share of the warm
 evaluations' wall time the GPU was held for a candidate (``gpu_s``), and the peaks of GPU memory
 (every process, ``nvidia-smi``, sampled every 0.2 s) and of host memory (the evaluator's process
-tree plus its tmpfs files). A size the plan refuses prints the refusal. Prints the table last.
+tree plus its tmpfs files). With ``--stream N``, N more distinct candidates are then submitted at
+once to the same service, and their throughput is set against the stream bench's bounds
+(``bench/gpu_runner_bench.py``: B is ``min(compile_workers / compile_s, 1 / GPU held)``).
+A size the plan refuses prints the refusal. Prints the table last.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 
 import psutil
 
+from bench.gpu_runner_bench import stream_rows
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import RunnerError
 from gpu_runner.service import EvaluationService
@@ -171,7 +176,7 @@ class Sampler:
         self.thread.join()
 
 
-async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, object]:
+async def one_size(task: str, size: str, device: str, evals: int, stream: int = 0) -> dict[str, object]:
     expr, body = TASKS[task]
     nbytes = parse_size(size)
     cols = 4096 if task == "rowsum" else (131072 if nbytes >= (1 << 30) else 16384)
@@ -179,7 +184,8 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
     ref = reference(expr, rows, cols)
     row: dict[str, object] = {"task": task, "size": size, "shape": f"{rows}x{cols}"}
     sampler = Sampler()
-    service = EvaluationService(RunnerConfig(device=DeviceChoice(device), spares=2, compile_workers=4))
+    cfg = RunnerConfig(device=DeviceChoice(device), spares=2, compile_workers=4)
+    service = EvaluationService(cfg)
     t0 = time.perf_counter()
     try:
         await service.start()
@@ -189,8 +195,9 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
         plan = service.runs.plan
         row["plan"] = plan.summary() if plan is not None else "-"
         times, gpu, statuses = [], [], []
-        for i in range(evals):
-            job = EvalJob(
+
+        def job(i: int) -> EvalJob:
+            return EvalJob(
                 reference_source=ref,
                 candidate_source=candidate(body, i),
                 language=KernelLanguage.TRITON,
@@ -198,8 +205,10 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
                 task_id=service.task_id(ref),
                 candidate_id=f"{task}-{size}-{i}",
             )
+
+        for i in range(evals):
             t = time.perf_counter()
-            result: EvalResult = await service.evaluate(job)
+            result: EvalResult = await service.evaluate(job(i))
             times.append(time.perf_counter() - t)
             gpu.append(result.stages.gpu_s or 0.0)
             statuses.append(result.status.value)
@@ -216,6 +225,8 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
         warm = times[1:] or times
         row["warm_s"] = round(statistics.median(warm), 2)
         row["gpu_busy"] = round(sum(gpu[1:] or gpu) / sum(warm), 2)
+        if stream:
+            row.update(await _stream(service, [job(evals + i) for i in range(stream)], cfg.compile_workers))
     except RunnerError as exc:
         row["statuses"] = f"refused: {exc}"[:200]
     finally:
@@ -224,6 +235,37 @@ async def one_size(task: str, size: str, device: str, evals: int) -> dict[str, o
     row["gpu_peak_gib"] = round(sampler.gpu_peak / (1 << 30), 1)
     row["host_peak_gib"] = round(sampler.host_peak / (1 << 30), 1)
     return row
+
+
+async def _stream(service: EvaluationService, jobs: list[EvalJob], workers: int) -> dict[str, object]:
+    """Submit every job at once; the stream bench's throughput rows, and the rate against bound B."""
+    before = service.gpu.usage()
+    done_at: list[float] = []
+
+    async def timed(j: EvalJob) -> EvalResult:
+        r = await service.evaluate(j)
+        done_at.append(time.perf_counter())
+        return r
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(timed(j) for j in jobs))
+    wall = time.perf_counter() - t0
+    spares_only = service.gpu.usage()["shared"] - before["shared"]
+    rows = stream_rows(results, done_at, t0, wall, workers, spares_only)
+    for name, value in rows:
+        print(f"  stream: {name.strip()}: {value}", flush=True)
+    held = [r.stages.gpu_s for r in results if r.stages.gpu_s]
+    compiles = [r.stages.compile_s for r in results if r.stages.compile_s]
+    bound = min(
+        workers / statistics.mean(compiles) if compiles else float("inf"),
+        1 / statistics.mean(held) if held else float("inf"),
+    )
+    rate = len(results) / wall
+    return {
+        "stream": f"{len(results)}: {rate:.3f}/s",
+        "vs_bound_b": round(rate / bound, 2),
+        "stream_statuses": ",".join(sorted({r.status.value for r in results})),
+    }
 
 
 def _stages(result: EvalResult) -> str:
@@ -238,6 +280,7 @@ def main() -> int:
     parser.add_argument("--tasks", default="relu,rowsum")
     parser.add_argument("--sizes", default="64M,1G,4G,8G")
     parser.add_argument("--evals", type=int, default=4)
+    parser.add_argument("--stream", type=int, default=0, help="then N candidates at once (throughput vs bound B)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
     for size in args.sizes.split(","):
@@ -257,7 +300,7 @@ def main() -> int:
     for task in args.tasks.split(","):
         for size in args.sizes.split(","):
             print(f"{task} {size}: starting", flush=True)
-            rows.append(asyncio.run(one_size(task, size, args.device, args.evals)))
+            rows.append(asyncio.run(one_size(task, size, args.device, args.evals, args.stream)))
     cols = [
         "task",
         "size",
@@ -269,6 +312,7 @@ def main() -> int:
         "gpu_busy",
         "gpu_peak_gib",
         "host_peak_gib",
+        *(["stream", "vs_bound_b", "stream_statuses"] if args.stream else []),
     ]
     print("\n| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
