@@ -244,3 +244,42 @@ def test_the_variants_bench_writes_candidates_the_static_gate_accepts(tmp_path: 
         assert not report.findings, (name, report.findings)
     assert "_part" in (tmp_path / "out" / "first.py").read_text()  # split-K on the H100 model
     assert "_part" not in (tmp_path / "out" / "no_split.py").read_text()
+
+
+@pytest.mark.timeout(300)
+def label_of(split: int, persistent: bool) -> str:
+    return f"split={split} persistent={persistent}"
+
+
+def test_padded_operands_of_an_unaligned_product_are_correct_and_first_on_a_gpu(tmp_path: Path) -> None:
+    """KernelBench L1-8's rows (K = 2949, N = 5921) are not 16-byte aligned: the first candidate on
+    a GPU model reads zero-padded copies (no K mask), correct in the interpreter with split-K,
+    persistent programs and a fused epilogue, and accepted by the static gate."""
+    odd = LONG_K.format(m=37, n=29, k=141)
+    plan = plan_of(odd)
+    assert default_params(plan, H100).mm_pad
+    assert not default_params(plan_of(LONG_K.format(m=64, n=64, k=4096)), H100).mm_pad  # aligned rows
+    small = {"mm_block_m": 16, "mm_block_n": 16, "mm_block_k": 16, "mm_warps": 1, "mm_group_m": 2, "mm_pad": True}
+    first = default_params(plan).with_changes(**small)
+    padded = render(plan, first)
+    assert "_pa0 = torch.zeros((37, 144)" in padded
+    assert "_pb0 = torch.zeros((144, 32)" in padded
+    assert "b = tl.load(b_ptrs)" in padded  # B padded in both dims: no mask at all
+    gate = check_candidate(padded, odd)
+    assert not gate.rejected, gate.findings
+    epilogue = EPILOGUE.format(n=29, product="x @ w", x_shape="37, 141", w_shape="141, 29")
+    eplan = plan_of(epilogue)
+    jobs: list[dict[str, Any]] = []
+    labels: list[str] = []
+    for source, p in ((odd, plan), (epilogue, eplan)):
+        base = default_params(p).with_changes(**small)
+        for split, persistent in ((1, False), (2, False), (1, True)):
+            params = base.with_changes(mm_split_k=split, mm_persistent=persistent)
+            text = render(p, params)
+            assert "pa + rm[:, None]" in text
+            assert (split > 1) == ("_part" in text), label_of(split, persistent)
+            jobs.append({"reference": source, "candidate": text, "seeds": [3], "atol": 1e-4, "rtol": 1e-4})
+            labels.append(f"{'epilogue' if source is epilogue else 'plain'} split={split} persistent={persistent}")
+    verdicts = check_in_subprocess(jobs, tmp_path, timeout=280)
+    bad = [(label, v.detail) for label, v in zip(labels, verdicts, strict=True) if not v.ok]
+    assert not bad, bad

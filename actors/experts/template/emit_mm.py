@@ -13,6 +13,11 @@ and the Hopper-class variants the ``mm_*`` parameters select (split-K, persisten
   16-byte aligned rows; ``forward`` still falls back to plain loads (a ``TMA`` constexpr) on a
   device below compute capability 9 or an unaligned base. Triton's interpreter runs both paths.
 
+- **padding** (``mm_pad``): a single product of row-major operands whose rows are not 16-byte
+  aligned (K or N not a multiple of 16 bytes) reads zero-padded copies of A (M x Kp) and B
+  (Kp x Np) made in ``forward``, Kp and Np multiples of the tiles: vector loads, and no mask on
+  the K loop or on B. (TMA is not combined with it.)
+
 Batched products whose operands are not flattened into one matrix keep the plain template.
 """
 
@@ -97,6 +102,18 @@ def mm_shape(sched: Schedule, kernel: Kernel) -> MmShape:
     return MmShape(m, n, k, batch, a, b)
 
 
+def element_size(dtype: str) -> int:
+    """Bytes per element of a floating dtype as the plan names it."""
+    return {"float16": 2, "bfloat16": 2, "float64": 8}.get(dtype, 4)
+
+
+def needs_padding(shape: MmShape, esize: int) -> bool:
+    """Whether a product's operands are row-major with rows that are not 16-byte aligned (the case
+    ``mm_pad`` is for: K or N not a multiple of 16 bytes)."""
+    row_major = not (shape.a.transposed or shape.b.transposed) and shape.b.batch == 1
+    return row_major and ((shape.k * esize) % 16 != 0 or (shape.n * esize) % 16 != 0)
+
+
 def effective_split(requested: int, m: int, n: int, k: int, block_k: int) -> int:
     """The split-K factor actually used: ``requested`` halved until every slice keeps
     ``MIN_STEPS_PER_SLICE`` K steps and the work buffer fits ``WORKSPACE_LIMIT``."""
@@ -118,9 +135,14 @@ class MatmulWriter(Writer):
         single = self.batch == 1
         self.split = effective_split(params.mm_split_k, self.m, self.n, self.k, params.mm_block_k) if single else 1
         self.persistent = params.mm_persistent and single
-        esize = {"float16": 2, "bfloat16": 2, "float64": 8}.get(self.plan.nodes[self.a.base].dtype, 4)
+        esize = element_size(self.plan.nodes[self.a.base].dtype)
+        self.pad = params.mm_pad and single and needs_padding(shape, esize)
+        """Operands read from zero-padded, aligned copies (see the module docstring)."""
+        self.kp = math.ceil(self.k / params.mm_block_k) * params.mm_block_k
+        self.np = math.ceil(self.n / params.mm_block_n) * params.mm_block_n
         self.tma = (
             params.mm_tma
+            and not self.pad
             and single
             and not (self.a.transposed or self.b.transposed)
             and (self.k * esize) % 16 == 0
@@ -178,10 +200,10 @@ class MatmulWriter(Writer):
         if split > 1:
             chunk = math.ceil(math.ceil(k / split) / p.mm_block_k) * p.mm_block_k
             e(s, f"k_lo = (w % {split}) * {chunk}")
-            e(s, f"k_hi = tl.minimum(k_lo + {chunk}, {k})")
+            e(s, f"k_hi = tl.minimum(k_lo + {chunk}, {self.kp if self.pad else k})")
             lo, hi = "k_lo", "k_hi"
         else:
-            lo, hi = "0", str(k)
+            lo, hi = "0", str(self.kp if self.pad else k)
         e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         dot = f'acc = tl.dot(a, b, acc, input_precision="{p.mm_precision}")'
         inner = Scope(indent=s.indent + "    ", parent=s)
@@ -193,6 +215,8 @@ class MatmulWriter(Writer):
             e(inner, f"    {dot}")
             e(s, "else:")
             self._pointer_loop(inner, "da", "db", lo, hi, dot)
+        elif self.pad:
+            self._padded_loop(s, lo, hi, dot)
         else:
             self._pointer_loop(s, self.pointer(self.a.base), self.pointer(self.b.base), lo, hi, dot)
         return s
@@ -213,6 +237,21 @@ class MatmulWriter(Writer):
         e(s, f"    {dot}")
         e(s, f"    a_ptrs += BLOCK_K * {self.a.col_stride}")
         e(s, f"    b_ptrs += BLOCK_K * {self.b.row_stride}")
+
+    def _padded_loop(self, s: Scope, lo: str, hi: str, dot: str) -> None:
+        """The K loop over the zero-padded copies ``pa`` (M x Kp) and ``pb`` (Kp x Np): A's rows
+        past M are the only loads masked."""
+        e = self.emit
+        ka = f"({lo} + rk)" if lo != "0" else "rk"
+        e(s, f"a_ptrs = pa + rm[:, None] * {self.kp} + {ka}[None, :]")
+        e(s, f"b_ptrs = pb + {ka}[:, None] * {self.np} + rn[None, :]")
+        e(s, f"amask = rm[:, None] < {self.m}")
+        e(s, f"for k0 in range({lo}, {hi}, BLOCK_K):")
+        e(s, "    a = tl.load(a_ptrs, mask=amask, other=0.0)")
+        e(s, "    b = tl.load(b_ptrs)")
+        e(s, f"    {dot}")
+        e(s, "    a_ptrs += BLOCK_K")
+        e(s, f"    b_ptrs += BLOCK_K * {self.np}")
 
     def _epilogue(self, s: Scope) -> None:
         m, n = self.m, self.n
@@ -248,6 +287,15 @@ class MatmulWriter(Writer):
                 f"    _da{idx}, _db{idx} = {a}, {b}",
             ]
             lead += [f"_da{idx}", f"_db{idx}"]
+        if self.pad:
+            reads += [self.a.base, self.b.base]
+            setup += [
+                f"_pa{idx} = torch.zeros(({self.m}, {self.kp}), device={a}.device, dtype={a}.dtype)",
+                f"_pa{idx}[:, :{self.k}] = {a}.reshape({self.m}, {self.k})",
+                f"_pb{idx} = torch.zeros(({self.kp}, {self.np}), device={b}.device, dtype={b}.dtype)",
+                f"_pb{idx}[:{self.k}, :{self.n}] = {b}.reshape({self.k}, {self.n})",
+            ]
+            lead += [f"_pa{idx}", f"_pb{idx}"]
         if self.persistent:
             reads.append(self.a.base)
             setup.append(
@@ -275,7 +323,7 @@ class MatmulWriter(Writer):
         self._epilogue(s)
         body = self.lines[start:]
         setup, lead_vals, reads = self._launch_args()
-        lead = ["da", "db"] if self.tma else []
+        lead = ["da", "db"] if self.tma else ["pa", "pb"] if self.pad else []
         consts = [*self._consts(), *(["TMA"] if self.tma else [])]
         grid, grid_exprs = self._grid()
         return Launch(
@@ -302,7 +350,7 @@ class MatmulWriter(Writer):
         self.emit(s, f"cmask = (rm[:, None] < {self.m}) & (rn[None, :] < {self.n})")
         self.emit(s, f"tl.store(ws + (w % {split}) * {mn} + rm[:, None] * {self.n} + rn[None, :], acc, mask=cmask)")
         part_body, part_ptrs = self.lines[start:], list(self.pointers)
-        lead = ["ws", *(["da", "db"] if self.tma else [])]
+        lead = ["ws", *(["da", "db"] if self.tma else ["pa", "pb"] if self.pad else [])]
         consts = [*self._consts(), *(["TMA"] if self.tma else [])]
         part_src = ["@triton.jit", self._def(f"{self.kernel.name}_part", lead, consts), *part_body]
         setup, lead_vals, reads = self._launch_args()

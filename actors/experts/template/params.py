@@ -39,6 +39,7 @@ SPACE: dict[str, tuple[object, ...]] = {
     "mm_split_k": (1, 2, 4, 8, 16, 32, 64, 128),
     "mm_persistent": (False, True),
     "mm_tma": (False, True),
+    "mm_pad": (False, True),
     "conv_block_m": (16, 32, 64, 128, 256),
     "conv_block_n": (16, 32, 64, 128),
     "conv_block_k": (16, 32, 64),
@@ -106,6 +107,11 @@ class TemplateParams:
     mm_tma: bool = False
     """Load A and B tiles through tensor descriptors (TMA) where Triton has them, the device is
     compute capability 9 or newer and the strides are 16-byte aligned; else plain loads."""
+    mm_pad: bool = False
+    """Copy A and B of a single product whose rows are not 16-byte aligned (K or N not a multiple
+    of 4 fp32 elements) into zero-padded buffers (K to a multiple of ``mm_block_k``, N to one of
+    ``mm_block_n``) before the product: aligned rows load in vectors and the K loop needs no
+    mask. Costs one copy of each operand per call."""
     conv_block_m: int = 64
     """Output positions (batch x spatial) per convolution program."""
     conv_block_n: int = 32

@@ -14,7 +14,13 @@ import math
 
 import numpy as np
 
-from actors.experts.template.emit_mm import MIN_STEPS_PER_SLICE, effective_split, mm_shape
+from actors.experts.template.emit_mm import (
+    MIN_STEPS_PER_SLICE,
+    effective_split,
+    element_size,
+    mm_shape,
+    needs_padding,
+)
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.fuse import KernelKind, Schedule, schedule
@@ -34,7 +40,7 @@ _MEMORY = (
     "row_stages",
 )
 _COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
-_HOPPER = ("mm_split_k", "mm_persistent", "mm_tma")
+_HOPPER = ("mm_split_k", "mm_persistent", "mm_tma", "mm_pad")
 """Matmul schedule variants; relevant only to single (or flattened) products (``relevant_params``)."""
 _CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
 _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
@@ -134,6 +140,8 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
             values.update(mm_block_m=bm, mm_block_n=bn, mm_block_k=32, mm_warps=warps, mm_stages=stages)
             if hw.tf32x3_pays and _dtype_bytes(plan, kernel.mm) == 4:
                 values["mm_precision"] = "tf32x3"
+            if shape.batch == 1 and needs_padding(shape, element_size(plan.nodes[shape.a.base].dtype)):
+                values["mm_pad"] = True  # unaligned rows: scalar, masked loads on every K step otherwise
     return values
 
 
@@ -172,6 +180,8 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
             shape = mm_shape(schedule_of, kernel)
             if shape.batch == 1:
                 names += ["mm_persistent", "mm_tma"]
+                if needs_padding(shape, element_size(plan.nodes[shape.a.base].dtype)):
+                    names.append("mm_pad")
                 if math.ceil(shape.k / params.mm_block_k) >= 2 * MIN_STEPS_PER_SLICE:
                     names.append("mm_split_k")
         elif kernel.kind is KernelKind.CONV:
