@@ -34,7 +34,7 @@ import contextlib
 
 import psutil
 
-from bench.gpu_runner_bench import stream_rows
+from bench.gpu_runner_bench import stream_rows, watch_idle
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import RunnerError
 from gpu_runner.service import EvaluationService
@@ -247,11 +247,27 @@ async def _stream(service: EvaluationService, jobs: list[EvalJob], workers: int)
         done_at.append(time.perf_counter())
         return r
 
+    idle: dict[str, float] = {}
+    watcher = asyncio.create_task(watch_idle(service, idle, []))
     t0 = time.perf_counter()
     results = await asyncio.gather(*(timed(j) for j in jobs))
     wall = time.perf_counter() - t0
-    spares_only = service.gpu.usage()["shared"] - before["shared"]
-    rows = stream_rows(results, done_at, t0, wall, workers, spares_only)
+    watcher.cancel()
+    after = service.gpu.usage()
+    use = {k: after[k] - before[k] for k in before}
+    rows = stream_rows(results, done_at, t0, wall, workers, use["shared"])
+    rows.append(
+        (
+            "GPU in the stream: timings alone / candidates' trials / spares only / idle",
+            f"{use['exclusive']:.1f} / {use['candidate']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s",
+        )
+    )
+    rows.append(
+        (
+            "GPU idle, by what the nearest evaluation waited for",
+            ", ".join(f"{k} {v:.1f} s" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) or "none",
+        )
+    )
     for name, value in rows:
         print(f"  stream: {name.strip()}: {value}", flush=True)
     held = [r.stages.gpu_s for r in results if r.stages.gpu_s]
