@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from gpu_runner.frames import CompileOp, Report
+from gpu_runner.sandboxed import common
 from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
-from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, log
+from gpu_runner.sandboxed.common import Channel, Laps, describe_exception
 from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.sandboxed.measure import measured_sizes
 from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module, make_inputs
@@ -104,7 +105,7 @@ def warm() -> None:
         torch.relu(x).sum(dim=1)
         torch.softmax(x @ x, dim=-1)
     except Exception as exc:  # noqa: BLE001 - paid at the first compile instead
-        log(f"compile warm-up failed: {type(exc).__name__}: {exc}")
+        common.log(f"compile warm-up failed: {type(exc).__name__}: {exc}")
 
 
 def compile_job(msg: CompileOp, channel: Channel) -> None:
