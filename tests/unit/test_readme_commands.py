@@ -161,7 +161,13 @@ def _start_all(argvs: list[list[str]]) -> list[tuple[list[str], subprocess.Popen
     ]  # fmt: skip
 
 
-GPU_BENCHES = {"gpu_runner_bench.py": 1, "template_bench.py": 1, "gpu_interference.py": 1, "multigpu_bench.py": 0}
+GPU_BENCHES = {
+    "gpu_runner_bench.py": 1,
+    "template_bench.py": 1,
+    "gpu_interference.py": 1,
+    "multigpu_bench.py": 0,
+    "scale_bench.py": 2,
+}
 """Benchmarks that need a GPU, and their exit status without one: ``multigpu_bench.py`` measures
 what it can with fewer GPUs, and with none says so and ends without an error."""
 NO_GPU_LINE = re.compile(r"no (CUDA )?GPU|needs a CUDA GPU")
