@@ -164,13 +164,9 @@ def process_cost(code: str) -> float:
     return statistics.median(times)
 
 
-def stream_rows(
-    results: list[EvalResult], done_at: list[float], t0: float, wall: float, workers: int, spares_only_s: float
-) -> list[tuple[str, str]]:
-    """Throughput of a stream against the compile bound and three GPU bounds: the measured work,
-    the GPU a candidate holds, and that plus the spares' GPU time no candidate overlapped."""
-    n = len(results)
-    ok = sum(r.status is EvalStatus.CORRECT for r in results)
+def stream_means(results: list[EvalResult], workers: int) -> tuple[float, float, float, float]:
+    """A stream's mean compile (cache misses), the compile bound ``workers / compile_s``, and the
+    mean measured time and GPU-held time per candidate."""
     compiles = [r.stages.compile_s for r in results if r.stages.compile_s and not r.stages.compile_cache_hit]
     measures = [r.stages.measure_s for r in results if r.stages.measure_s]
     held = [r.stages.gpu_s for r in results if r.stages.gpu_s]
@@ -178,6 +174,17 @@ def stream_rows(
     compile_rate = workers / mean_compile if mean_compile else float("inf")
     mean_measure = statistics.mean(measures) if measures else float("nan")
     mean_held = statistics.mean(held) if held else float("nan")
+    return mean_compile, compile_rate, mean_measure, mean_held
+
+
+def stream_rows(
+    results: list[EvalResult], done_at: list[float], t0: float, wall: float, workers: int, spares_only_s: float
+) -> list[tuple[str, str]]:
+    """Throughput of a stream against the compile bound and three GPU bounds: the measured work,
+    the GPU a candidate holds, and that plus the spares' GPU time no candidate overlapped."""
+    n = len(results)
+    ok = sum(r.status is EvalStatus.CORRECT for r in results)
+    mean_compile, compile_rate, mean_measure, mean_held = stream_means(results, workers)
     rate = n / wall
     done_at = sorted(done_at)
     # Once the first verdict is out (the pipeline is full: a compile and a spare were needed first).
@@ -206,6 +213,21 @@ def stream_rows(
         (
             "  bound C: min(workers / compile_s, 1 / (GPU held + spares-only GPU time per candidate))",
             f"{every:.3f} cand/s; throughput / C {rate / every:.2f} (after the first verdict {steady / every:.2f})",
+        ),
+    ]
+
+
+def gpu_rows(use: dict[str, float], idle: dict[str, float]) -> list[tuple[str, str]]:
+    """Two rows of a stream: how the GPU's time split (``GpuGate.usage`` differences) and what an
+    idle GPU waited for (``watch_idle``)."""
+    return [
+        (
+            "  GPU in the stream: timings alone / candidates' trials / spares only / idle",
+            f"{use['exclusive']:.1f} / {use['candidate']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s",
+        ),
+        (
+            "  GPU idle, by what the nearest evaluation waited for",
+            ", ".join(f"{k} {v:.1f} s" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) or "none",
         ),
     ]
 
@@ -279,13 +301,8 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
         use = {k: after[k] - before[k] for k in before}
         rows.extend(stream_rows(results, done_at, t0, wall, cfg.compile_workers, use["shared"]))
         n_spares = svc.runs.prepared - spares_before if svc.runs is not None else 0
-        rows.append(
-            (
-                "  GPU in the stream: timings alone / candidates' trials / spares only / idle",
-                f"{use['exclusive']:.1f} / {use['candidate']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s "
-                f"({n_spares} spares prepared; spares may work beside a candidate's trials)",
-            )
-        )
+        split, idle_row = gpu_rows(use, idle)
+        rows.append((split[0], f"{split[1]} ({n_spares} spares prepared; spares may work beside a candidate's trials)"))
         busy = sum(getattr(cpu_after, k) - getattr(cpu_before, k) for k in ("user", "nice", "system", "irq", "softirq"))
         own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
         cores = os.cpu_count() or 1
@@ -295,12 +312,7 @@ async def stream_section(cfg: RunnerConfig, quick: bool) -> list[tuple[str, str]
                 f"{busy / (wall * cores):.0%} of {cores} cores / {own:.1f} core-s ({own / wall:.2f} cores)",
             )
         )
-        rows.append(
-            (
-                "  GPU idle, by what the nearest evaluation waited for",
-                ", ".join(f"{k} {v:.1f} s" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) or "none",
-            )
-        )
+        rows.append(idle_row)
         if lags:
             lags.sort()
             mid, p99, top = (lags[len(lags) // 2], lags[int(len(lags) * 0.99)], lags[-1])

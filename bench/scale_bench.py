@@ -34,7 +34,7 @@ import contextlib
 
 import psutil
 
-from bench.gpu_runner_bench import stream_rows, watch_idle
+from bench.gpu_runner_bench import gpu_rows, stream_means, stream_rows, watch_idle
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import RunnerError
 from gpu_runner.service import EvaluationService
@@ -255,27 +255,11 @@ async def _stream(service: EvaluationService, jobs: list[EvalJob], workers: int)
     watcher.cancel()
     after = service.gpu.usage()
     use = {k: after[k] - before[k] for k in before}
-    rows = stream_rows(results, done_at, t0, wall, workers, use["shared"])
-    rows.append(
-        (
-            "GPU in the stream: timings alone / candidates' trials / spares only / idle",
-            f"{use['exclusive']:.1f} / {use['candidate']:.1f} / {use['shared']:.1f} / {use['idle']:.1f} s",
-        )
-    )
-    rows.append(
-        (
-            "GPU idle, by what the nearest evaluation waited for",
-            ", ".join(f"{k} {v:.1f} s" for k, v in sorted(idle.items(), key=lambda kv: -kv[1])) or "none",
-        )
-    )
+    rows = stream_rows(results, done_at, t0, wall, workers, use["shared"]) + gpu_rows(use, idle)
     for name, value in rows:
         print(f"  stream: {name.strip()}: {value}", flush=True)
-    held = [r.stages.gpu_s for r in results if r.stages.gpu_s]
-    compiles = [r.stages.compile_s for r in results if r.stages.compile_s]
-    bound = min(
-        workers / statistics.mean(compiles) if compiles else float("inf"),
-        1 / statistics.mean(held) if held else float("inf"),
-    )
+    _, compile_rate, _, mean_held = stream_means(results, workers)
+    bound = min(compile_rate, 1 / mean_held)  # bound B, as stream_rows prints it
     rate = len(results) / wall
     return {
         "stream": f"{len(results)}: {rate:.3f}/s",

@@ -247,10 +247,6 @@ def test_the_variants_bench_writes_candidates_the_static_gate_accepts(tmp_path: 
 
 
 @pytest.mark.timeout(300)
-def label_of(split: int, persistent: bool) -> str:
-    return f"split={split} persistent={persistent}"
-
-
 def test_padded_operands_of_an_unaligned_product_are_correct_and_first_on_a_gpu(tmp_path: Path) -> None:
     """KernelBench L1-8's rows (K = 2949, N = 5921) are not 16-byte aligned: the first candidate on
     a GPU model reads zero-padded copies (no K mask), correct in the interpreter with split-K,
@@ -275,11 +271,12 @@ def test_padded_operands_of_an_unaligned_product_are_correct_and_first_on_a_gpu(
         base = default_params(p).with_changes(**small)
         for split, persistent in ((1, False), (2, False), (1, True)):
             params = base.with_changes(mm_split_k=split, mm_persistent=persistent)
+            label = f"{'epilogue' if source is epilogue else 'plain'} split={split} persistent={persistent}"
             text = render(p, params)
-            assert "pa + rm[:, None]" in text
-            assert (split > 1) == ("_part" in text), label_of(split, persistent)
+            assert "pa + rm[:, None]" in text, label
+            assert (split > 1) == ("_part" in text), label
             jobs.append({"reference": source, "candidate": text, "seeds": [3], "atol": 1e-4, "rtol": 1e-4})
-            labels.append(f"{'epilogue' if source is epilogue else 'plain'} split={split} persistent={persistent}")
+            labels.append(label)
     verdicts = check_in_subprocess(jobs, tmp_path, timeout=280)
     bad = [(label, v.detail) for label, v in zip(labels, verdicts, strict=True) if not v.ok]
     assert not bad, bad

@@ -26,17 +26,20 @@ async def judged() -> AsyncIterator[EvaluationService]:
         yield service
 
 
-async def _evaluate(service: EvaluationService, candidate: str) -> tuple[EvalStatus, str]:
+def _job(service: EvaluationService, candidate: str, candidate_id: str | None = None) -> EvalJob:
     ref = (REFERENCES / "add_relu.py").read_text()
-    job = EvalJob(
+    return EvalJob(
         reference_source=ref,
         candidate_source=(CANDIDATES / candidate).read_text(),
         language=KernelLanguage.TRITON,
         timeout_s=120.0,
         task_id=service.task_id(ref),
-        candidate_id=candidate,
+        candidate_id=candidate_id or candidate,
     )
-    result = await service.evaluate(job)
+
+
+async def _evaluate(service: EvaluationService, candidate: str) -> tuple[EvalStatus, str]:
+    result = await service.evaluate(_job(service, candidate))
     return result.status, result.summary
 
 
@@ -137,16 +140,7 @@ async def test_a_plan_of_one_evaluation_at_a_time_prepares_the_next_reference_af
         assert runs.plan.device_verdict
         await runs.wait_idle(1, 120)  # without the preparation ahead: none is starting, so this raises
         assert runs.idle[0].reference is not None
-        ref = (REFERENCES / "add_relu.py").read_text()
-        job = EvalJob(
-            reference_source=ref,
-            candidate_source=(CANDIDATES / "honest_add_relu.py").read_text(),
-            language=KernelLanguage.TRITON,
-            timeout_s=120.0,
-            task_id=service.task_id(ref),
-            candidate_id="second",
-        )
-        result = await service.evaluate(job)
+        result = await service.evaluate(_job(service, "honest_add_relu.py", "second"))
         assert result.status is EvalStatus.CORRECT, result.summary
         warm = next(c for c in result.checks if c.name == CheckName.WARM_WORKER)
         assert warm.outcome == CheckOutcome.PASSED, warm.detail

@@ -112,8 +112,7 @@ def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
 
 
 def _dtype_bytes(plan: Plan, node: int) -> int:
-    dtype = plan.nodes[node].dtype if node >= 0 else "float32"
-    return 2 if dtype in ("float16", "bfloat16") else 8 if dtype == "float64" else 4
+    return element_size(plan.nodes[node].dtype if node >= 0 else "float32")
 
 
 def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
@@ -140,7 +139,7 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
             values.update(mm_block_m=bm, mm_block_n=bn, mm_block_k=32, mm_warps=warps, mm_stages=stages)
             if hw.tf32x3_pays and _dtype_bytes(plan, kernel.mm) == 4:
                 values["mm_precision"] = "tf32x3"
-            if shape.batch == 1 and needs_padding(shape, element_size(plan.nodes[shape.a.base].dtype)):
+            if shape.batch == 1 and needs_padding(shape, _dtype_bytes(plan, shape.a.base)):
                 values["mm_pad"] = True  # unaligned rows: scalar, masked loads on every K step otherwise
     return values
 
@@ -180,7 +179,7 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
             shape = mm_shape(schedule_of, kernel)
             if shape.batch == 1:
                 names += ["mm_persistent", "mm_tma"]
-                if needs_padding(shape, element_size(plan.nodes[shape.a.base].dtype)):
+                if needs_padding(shape, _dtype_bytes(plan, shape.a.base)):
                     names.append("mm_pad")
                 if math.ceil(shape.k / params.mm_block_k) >= 2 * MIN_STEPS_PER_SLICE:
                     names.append("mm_split_k")
