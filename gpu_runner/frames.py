@@ -98,6 +98,7 @@ class PrepareOp(TypedDict):
     flops: float | None
     device_verdict: bool
     inputs_on_device: bool
+    init_on_device: bool
     in_place_bytes: int
     shared_outputs: bool
 
@@ -142,6 +143,7 @@ class JudgeOp(TypedDict):
     init_seed: int
     seed: int
     on_device: bool
+    init_on_device: bool
     input_sums: list[int | None]
     outputs: list[dict[str, Any]]
 

@@ -57,6 +57,7 @@ async def judge_trials(
                 init_seed=ref.init_seed,
                 seed=ref.seeds[t],
                 on_device=ref.on_device,
+                init_on_device=ref.init_on_device,
                 input_sums=ref.input_sums[t],
                 outputs=outputs,
             )

@@ -44,6 +44,9 @@ MAX_SPARE_FAILURES = 3
 
 ON_DEVICE_INPUT_BYTES = 256 << 20
 """Inputs at least this large are drawn on the GPU itself (see ``gpu_runner.sandboxed.reference.make_inputs``)."""
+ON_DEVICE_PARAM_BYTES = 256 << 20
+"""Models with at least this many bytes of parameters and buffers are built on the GPU itself
+(``gpu_runner.sandboxed.reference.build_model``): the reference, every candidate and the judge."""
 
 
 def task_key(reference_source: str) -> str:
@@ -69,6 +72,7 @@ class ReferenceData:
     seeds: list[int] = field(default_factory=list)
     init_seed: int = 0
     on_device: bool = False
+    init_on_device: bool = False
     input_sums: list[list[int | None]] = field(default_factory=list)
     metas: list[list[dict[str, Any]]] = field(default_factory=list)
     """Per trial, the wire metadata (dtype, shape, nbytes) of the reference's outputs."""
@@ -254,6 +258,7 @@ class RunPool:
         device_verdict = self.plan is not None and self.plan.device_verdict
         init_seed = secrets.randbits(62)
         on_device = self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_INPUT_BYTES
+        init_on_device = self.plan is not None and self.plan.footprint.param_bytes >= ON_DEVICE_PARAM_BYTES
         msg = op_frame(
             Op.PREPARE,
             PrepareOp(
@@ -264,11 +269,14 @@ class RunPool:
                 flops=self.flops.get(task_key(reference_source)),
                 device_verdict=device_verdict,
                 inputs_on_device=on_device,
+                init_on_device=init_on_device,
                 in_place_bytes=self.cfg.in_place_bytes,
                 shared_outputs=self.plan is not None and self.plan.shared_outputs,
             ),
         )
-        data = ReferenceData(judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device)
+        data = ReferenceData(
+            judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device, init_on_device=init_on_device
+        )
         await spare.worker.send(msg)
         try:
             await self._collect_reference(spare, data, timeout_s)

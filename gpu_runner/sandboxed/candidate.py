@@ -44,7 +44,7 @@ from gpu_runner.sandboxed.hooks import (
     install_ext_loader,
     install_triton_hooks,
 )
-from gpu_runner.sandboxed.reference import Prepared, load_module
+from gpu_runner.sandboxed.reference import Prepared, build_model, load_module
 from gpu_runner.sandboxed.timing import Rotation, Timed, run_timing
 
 
@@ -175,10 +175,7 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
         if model_new is None:
             channel.send(Report.ERROR, stage="missing_model", etype="NameError", message="no ModelNew", traceback="")
             return
-        torch.manual_seed(prepared.init_seed)
-        cand = model_new(*prepared.candidate_init_args)
-        if isinstance(cand, torch.nn.Module):
-            cand = cand.to(device)
+        cand = build_model(model_new, prepared.candidate_init_args, prepared.init_seed, device, prepared.init_on_device)
         sync(device)
         laps.lap("init_s")
         stage = "forward"

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,27 @@ def _build_launchers(kernels: list[Any]) -> str:
     return f"; launchers: {built} prebuilt" if built else ""
 
 
-def _shaped_inputs(reference_source: str) -> tuple[dict[str, Any], list[Any], int]:
-    """The reference, inputs of its real shapes for the compile-only forward, and the bytes the
-    stage's data limit must grow by to hold them and the candidate's outputs.
+EMPTY_PARAM_BYTES = 256 << 20
+"""A candidate whose reference has at least this many bytes of parameters is built with empty
+(uninitialised) parameters here: initialising 8 GB of weights took 11 s of CPU, and the
+compile-only forward never reads them."""
+
+
+@dataclass
+class Shaped:
+    """What the compile-only forward runs on."""
+
+    reference: dict[str, Any]
+    inputs: list[Any]
+    """Inputs of the reference's real shapes (allocated, never written)."""
+    extra_bytes: int
+    """How much the stage's data limit must grow to hold them, the parameters and the outputs."""
+    empty_params: bool
+    """Build the candidate with uninitialised parameters (see :data:`EMPTY_PARAM_BYTES`)."""
+
+
+def _shaped_inputs(reference_source: str) -> Shaped:
+    """The reference and inputs of its real shapes for the compile-only forward.
 
     The inputs are allocated, never written: the forward only compiles (Triton launches are
     warm-ups), so an 8 GB input costs address space, not memory. Their sizes come from the
@@ -90,8 +109,21 @@ def _shaped_inputs(reference_source: str) -> tuple[dict[str, Any], list[Any], in
         inputs = make_inputs(ref, 0, torch.device("cpu"))
         sizes = {"input_bytes": sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))}
         sizes["output_bytes"] = sizes["largest_tensor_bytes"] = sizes["input_bytes"]
+    params = int(sizes.get("param_bytes") or 0)
+    empty = params >= EMPTY_PARAM_BYTES
     extra = int(sizes["input_bytes"]) + 2 * int(sizes["output_bytes"]) + int(sizes["largest_tensor_bytes"])
-    return ref, inputs, extra
+    return Shaped(ref, inputs, extra + (params if empty else 0), empty)
+
+
+def _build_candidate(factory: Any, init_args: list[Any], empty_params: bool) -> Any:
+    """The candidate for the compile-only forward: on the CPU, initialised as usual, or with its
+    parameters and buffers allocated and left uninitialised (built on ``meta``, then ``to_empty``)."""
+    torch.manual_seed(0)
+    if not empty_params:
+        return factory(*init_args)
+    with torch.device("meta"):
+        model = factory(*init_args)
+    return model.to_empty(device="cpu") if isinstance(model, torch.nn.Module) else model
 
 
 def warm() -> None:
@@ -124,12 +156,12 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
         install_triton_hooks(log, compile_only=True, compiled=kernels)
     install_ext_loader(log, "compile", {}, Path(msg["build_root"]), built)
     sandbox: dict[str, Any] = dict(msg["sandbox"])
-    shaped: tuple[dict[str, Any], list[Any], int] | None = None
+    shaped: Shaped | None = None
     aot = "not attempted: no Triton kernels or no GPU target"
     if target and msg.get("triton_kernels"):
         try:
             shaped = _shaped_inputs(msg["reference_source"])
-            sandbox["data_bytes"] = int(sandbox["data_bytes"]) + shaped[2]
+            sandbox["data_bytes"] = int(sandbox["data_bytes"]) + shaped.extra_bytes
         except Exception as exc:  # noqa: BLE001 - the run process compiles instead; the reference's own fault shows there
             aot = f"partial: no inputs for the reference here ({type(exc).__name__}); the run process compiles"
         laps.lap("shaped_inputs_s")
@@ -157,12 +189,10 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
     laps.lap("import_s")
     if shaped is not None:
         try:
-            ref, inputs, _ = shaped
-            init_args = list(ref["get_init_inputs"]())
-            torch.manual_seed(0)
-            cand = ns["ModelNew"](*init_args)
+            init_args = list(shaped.reference["get_init_inputs"]())
+            cand = _build_candidate(ns["ModelNew"], init_args, shaped.empty_params)
             with torch.no_grad():
-                cand(*inputs)
+                cand(*shaped.inputs)
             laps.lap("forward_s")
             aot = "complete: every kernel the forward launches was compiled ahead of time"
             aot += _build_launchers(kernels)

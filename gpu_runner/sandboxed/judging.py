@@ -30,6 +30,7 @@ from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
     ReferenceFault,
     as_double,
+    build_model,
     clone_inputs,
     exact_fp32,
     load_module,
@@ -229,8 +230,8 @@ def _truth(
     if ns is None:
         ns = _MODULES[hash(source)] = load_module(source, REFERENCE_FILENAME, "kf_reference_judge")
     init_args = list(ns["get_init_inputs"]())
-    torch.manual_seed(int(msg["init_seed"]))
-    model = ns["Model"](*init_args).to(device)
+    init_on_device = device.type == "cuda" and bool(msg.get("init_on_device"))
+    model = build_model(ns["Model"], init_args, int(msg["init_seed"]), device, init_on_device)
     on_device = bool(msg.get("on_device"))
     if on_device:
         inputs = make_inputs(ns, int(msg["seed"]), device, on_device=True)

@@ -417,3 +417,24 @@ def test_reference_outputs_are_made_without_tf32_and_the_defaults_come_back() ->
         assert (cudnn.allow_tf32, matmul.allow_tf32) == (True, True)
     finally:
         cudnn.allow_tf32, matmul.allow_tf32 = before
+
+
+def test_the_compile_stage_builds_a_large_candidate_with_empty_parameters_and_no_initialisation() -> None:
+    import torch
+
+    from gpu_runner.sandboxed.compiling import _build_candidate
+
+    seen: list[str] = []
+
+    class Big(torch.nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            seen.append(torch.empty(0).device.type)  # where its parameters are created
+            self.linear = torch.nn.Linear(n, 2 * n)
+
+    empty = _build_candidate(Big, [64], empty_params=True)
+    initialised = _build_candidate(Big, [64], empty_params=False)
+    assert seen == ["meta", "cpu"]
+    for model in (empty, initialised):
+        assert model.linear.weight.device.type == "cpu"
+        assert model.linear.weight.shape == (128, 64)
