@@ -1,11 +1,13 @@
 """The pooling template: window max/avg over the trailing dims, one output element per lane.
 
-A program takes ``32 * pw_warps * pw_ept`` consecutive output elements (the ``pw_*`` parameters),
-splits each flat index into a leading plane and output coordinates, and loops over the window's
-taps, reading ``o * stride - padding + k * dilation`` where it falls inside the input. Max
-pooling propagates NaN as PyTorch does; average pooling divides by PyTorch's count (the window
-clipped to the padded input, or to the input itself when ``count_include_pad`` is off, or the
-``divisor_override``). Elementwise ops that follow are computed before the one store.
+A program takes ``32 * pw_warps`` consecutive output elements, one per thread, splits each flat
+index into a leading plane and output coordinates, and loops over the window's taps, reading
+``o * stride - padding + k * dilation`` where it falls inside the input. Max pooling propagates
+NaN as PyTorch does; average pooling divides by PyTorch's count (the window clipped to the padded
+input, or to the input itself when ``count_include_pad`` is off, or the ``divisor_override``).
+``pw_ept`` does not apply: with two elements per thread, Triton 3.6 on an H200 dropped in-bounds
+taps of windows that straddle the padding (``F.avg_pool2d(x, 3, 2, 1, ceil_mode=True)`` on a
+(1, 2, 8, 7) input; the interpreter was right). Elementwise ops that follow are computed before the one store.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class PoolWriter(Writer):
         for nid in self.kernel.exports:
             self.store(s, nid, row=False)
         body = self.lines[start:]
-        block = self.params.pw_block
+        block = 32 * self.params.pw_warps
         return Launch(
             source="\n".join(["@triton.jit", self.signature(["BLOCK"]), *body]),
             name=self.kernel.name,

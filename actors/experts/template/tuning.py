@@ -97,7 +97,6 @@ def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
             values.update(attn_block_d=max(16, min(128, next_pow2(dv))), attn_block_m=64, attn_block_n=32)
         elif kernel.kind is KernelKind.POOL:
             values.setdefault("pw_warps", 4)
-            values.setdefault("pw_ept", 2)
         else:
             node = plan.nodes[kernel.mm]
             m, n = node.shape[-2], node.shape[-1]
@@ -172,8 +171,10 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     names: list[str] = []
     schedule_of = schedule(plan, params)
     for kernel in schedule_of.kernels:
-        if kernel.kind in (KernelKind.PW, KernelKind.POOL):
+        if kernel.kind is KernelKind.PW:
             names += ["pw_warps", "pw_ept"]
+        elif kernel.kind is KernelKind.POOL:
+            names.append("pw_warps")  # one output element per thread (emit_pool)
         elif kernel.kind is KernelKind.MM:
             names += list(_COMPUTE)
             shape = mm_shape(schedule_of, kernel)
