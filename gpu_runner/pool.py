@@ -324,6 +324,8 @@ class RunPool:
                         data.fp64_error = data.fp64_error or header.get("fp64_error")
                     elif kind is Report.PREPARED:
                         data.info = header
+                        # The spare builds on the CPU what it could not build on the device; the judge follows.
+                        data.init_on_device = bool(header.get("init_on_device", data.init_on_device))
                         if data.judged:
                             data.input_sums = [list(x) for x in header.get("input_sums") or []]
                             data.metas = [list(x) for x in header.get("out_metas") or []]

@@ -276,7 +276,14 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
     with channel.gpu_lease(device):
         laps.lap("lease_wait_s")
         try:
-            model = build_model(ns["Model"], init_args, init_seed, device, True) if model is None else model.to(device)
+            if model is None:
+                try:
+                    model = build_model(ns["Model"], init_args, init_seed, device, True)
+                except Exception as exc:  # noqa: BLE001 - a constructor that needs the CPU (e.g. .numpy()): as before
+                    log(f"building the model on the device failed, on the CPU instead: {type(exc).__name__}: {exc}")
+                    init_on_device = False
+                    model = build_model(ns["Model"], init_args, init_seed, torch.device("cpu"), False)
+            model = model.to(device)
             if on_device:
                 trials = [make_inputs(ns, int(seed), device, on_device=True) for seed in msg["trial_seeds"]]
             else:
@@ -380,6 +387,7 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
         out_dtype=str(ref_outputs[0][0].dtype).removeprefix("torch."),
         compiled_error=prepared.compiled_error,
         compiled=prepared.compiled is not None,
+        init_on_device=init_on_device,
         phases=laps.seconds,
         output_slots=(
             {"files": len(prepared.slots.slots), "pinned": prepared.slots.pinned}

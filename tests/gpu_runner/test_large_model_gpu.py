@@ -1,7 +1,8 @@
 """A model with 256 MiB or more of parameters (``-m gpu``): the reference, the candidate and the
 judge all build it on the GPU itself (an 8 GB MLP took 11 s to initialise on the host's CPU and
 0.4 s on the GPU), under the same seed, so their weights agree; the compile stage builds the
-candidate with empty parameters and still compiles every kernel ahead of time."""
+candidate with empty parameters and still compiles every kernel ahead of time. A constructor that
+needs the host (``.numpy()``) makes the spare build on the CPU, and the candidate and judge follow."""
 
 from __future__ import annotations
 
@@ -43,3 +44,14 @@ async def test_a_large_model_is_built_on_the_gpu_by_the_reference_the_candidate_
     compile_check = next(c for c in result.checks if c.name == "compile")
     assert compile_check.detail is not None
     assert "complete" in compile_check.detail, compile_check.detail
+
+
+@pytest.mark.timeout(600)
+async def test_a_large_model_whose_constructor_needs_the_host_is_built_there_by_all_three(
+    service: EvaluationService,
+) -> None:
+    await service.prepare(reference("big_linear_relu_host_init"))
+    await service.wait_spares(timeout_s=300)
+    result = await service.evaluate(job("big_linear_relu_host_init", "honest_linear_relu", timeout_s=300))
+    # The spare fell back to the CPU, and the candidate and the judge followed it: same weights.
+    assert result.status is EvalStatus.CORRECT, result.summary
