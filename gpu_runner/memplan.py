@@ -37,6 +37,11 @@ DEVICE_VERDICT_BYTES = 256 << 20
 """Outputs of a trial at least this large are compared on the GPU, not shipped to the parent's numpy."""
 JUDGE_CHUNK_ELEMENTS = 1 << 26
 """Elements the judge compares per step (64M: 2 GB of float64 temporaries at most, 3 arrays wide)."""
+ON_DEVICE_BYTES = 256 << 20
+"""Inputs (per trial) and models (parameters and buffers) at least this large are created on the GPU
+itself (``gpu_runner.sandboxed.reference.make_inputs`` and ``build_model``): a 6 GB ``torch.randn``
+or 8 GB of initialised weights take seconds and gigabytes of host memory on the CPU. The compile
+stage builds such a model with empty parameters (``gpu_runner.sandboxed.compiling``)."""
 LARGE_BYTES = 1 << 30
 """Above this many bytes per trial, a running candidate's process makes no copies: inputs are used
 in place and timed from the trials' own buffers (:class:`gpu_runner.sandboxed.timing.Rotation`), outputs are

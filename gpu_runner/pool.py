@@ -31,7 +31,7 @@ from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
-from gpu_runner.memplan import Footprint, MemoryPlan, plan
+from gpu_runner.memplan import ON_DEVICE_BYTES, Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.sandbox import Isolation, SharedOutput, Worker, await_ready, bulk_root, receive_shared, spawn_worker
 from gpu_runner.triton_cache import copy_tree
@@ -40,13 +40,6 @@ logger = structlog.get_logger(__name__)
 _names = count()
 MAX_SPARE_FAILURES = 3
 """Spares failing in a row before the pool stops starting them (a retarget or a success resets it)."""
-
-
-ON_DEVICE_INPUT_BYTES = 256 << 20
-"""Inputs at least this large are drawn on the GPU itself (see ``gpu_runner.sandboxed.reference.make_inputs``)."""
-ON_DEVICE_PARAM_BYTES = 256 << 20
-"""Models with at least this many bytes of parameters and buffers are built on the GPU itself
-(``gpu_runner.sandboxed.reference.build_model``): the reference, every candidate and the judge."""
 
 
 def task_key(reference_source: str) -> str:
@@ -257,8 +250,8 @@ class RunPool:
         seeds = [secrets.randbits(62) for _ in range(self.trials_wanted())]
         device_verdict = self.plan is not None and self.plan.device_verdict
         init_seed = secrets.randbits(62)
-        on_device = self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_INPUT_BYTES
-        init_on_device = self.plan is not None and self.plan.footprint.param_bytes >= ON_DEVICE_PARAM_BYTES
+        on_device = self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_BYTES
+        init_on_device = self.plan is not None and self.plan.footprint.param_bytes >= ON_DEVICE_BYTES
         msg = op_frame(
             Op.PREPARE,
             PrepareOp(

@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from gpu_runner.frames import CompileOp, Report
+from gpu_runner.memplan import ON_DEVICE_BYTES
 from gpu_runner.sandboxed import common
 from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
 from gpu_runner.sandboxed.common import Channel, Laps, describe_exception
 from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.sandboxed.measure import measured_sizes
-from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module, make_inputs
+from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, build_model, load_module, make_inputs
 
 
 class _CompileOnlyDriver:
@@ -73,12 +74,6 @@ def _build_launchers(kernels: list[Any]) -> str:
     return f"; launchers: {built} prebuilt" if built else ""
 
 
-EMPTY_PARAM_BYTES = 256 << 20
-"""A candidate whose reference has at least this many bytes of parameters is built with empty
-(uninitialised) parameters here: initialising 8 GB of weights took 11 s of CPU, and the
-compile-only forward never reads them."""
-
-
 @dataclass
 class Shaped:
     """What the compile-only forward runs on."""
@@ -89,7 +84,9 @@ class Shaped:
     extra_bytes: int
     """How much the stage's data limit must grow to hold them, the parameters and the outputs."""
     empty_params: bool
-    """Build the candidate with uninitialised parameters (see :data:`EMPTY_PARAM_BYTES`)."""
+    """Build the candidate with uninitialised parameters: the reference's are at least
+    :data:`gpu_runner.memplan.ON_DEVICE_BYTES` (8 GB of weights took 11 s of CPU to initialise),
+    and the compile-only forward never reads them."""
 
 
 def _shaped_inputs(reference_source: str) -> Shaped:
@@ -110,7 +107,7 @@ def _shaped_inputs(reference_source: str) -> Shaped:
         sizes = {"input_bytes": sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))}
         sizes["output_bytes"] = sizes["largest_tensor_bytes"] = sizes["input_bytes"]
     params = int(sizes.get("param_bytes") or 0)
-    empty = params >= EMPTY_PARAM_BYTES
+    empty = params >= ON_DEVICE_BYTES
     extra = int(sizes["input_bytes"]) + 2 * int(sizes["output_bytes"]) + int(sizes["largest_tensor_bytes"])
     return Shaped(ref, inputs, extra + (params if empty else 0), empty)
 
@@ -118,12 +115,8 @@ def _shaped_inputs(reference_source: str) -> Shaped:
 def _build_candidate(factory: Any, init_args: list[Any], empty_params: bool) -> Any:
     """The candidate for the compile-only forward: on the CPU, initialised as usual, or with its
     parameters and buffers allocated and left uninitialised (built on ``meta``, then ``to_empty``)."""
-    torch.manual_seed(0)
-    if not empty_params:
-        return factory(*init_args)
-    with torch.device("meta"):
-        model = factory(*init_args)
-    return model.to_empty(device="cpu") if isinstance(model, torch.nn.Module) else model
+    model = build_model(factory, init_args, 0, torch.device("meta" if empty_params else "cpu"), empty_params)
+    return model.to_empty(device="cpu") if empty_params and isinstance(model, torch.nn.Module) else model
 
 
 def warm() -> None:

@@ -230,8 +230,8 @@ def _truth(
     if ns is None:
         ns = _MODULES[hash(source)] = load_module(source, REFERENCE_FILENAME, "kf_reference_judge")
     init_args = list(ns["get_init_inputs"]())
-    init_on_device = device.type == "cuda" and bool(msg.get("init_on_device"))
-    model = build_model(ns["Model"], init_args, int(msg["init_seed"]), device, init_on_device)
+    # As the spare built it (it reports where: the CPU on the CPU, or where the device refused).
+    model = build_model(ns["Model"], init_args, int(msg["init_seed"]), device, bool(msg["init_on_device"]))
     on_device = bool(msg.get("on_device"))
     if on_device:
         inputs = make_inputs(ns, int(msg["seed"]), device, on_device=True)

@@ -6,8 +6,9 @@ index into a leading plane and output coordinates, and loops over the window's t
 NaN as PyTorch does; average pooling divides by PyTorch's count (the window clipped to the padded
 input, or to the input itself when ``count_include_pad`` is off, or the ``divisor_override``).
 ``pw_ept`` does not apply: with two elements per thread, Triton 3.6 on an H200 dropped in-bounds
-taps of windows that straddle the padding (``F.avg_pool2d(x, 3, 2, 1, ceil_mode=True)`` on a
-(1, 2, 8, 7) input; the interpreter was right). Elementwise ops that follow are computed before the one store.
+taps of windows that straddle the padding (8 of the 40 outputs of ``F.avg_pool2d(x, 3, 2, 1,
+ceil_mode=True, divisor_override=5)`` on a (1, 2, 8, 7) input; the interpreter was right).
+Elementwise ops that follow are computed before the one store.
 """
 
 from __future__ import annotations
