@@ -799,7 +799,7 @@ class Bus:
         await self.ensure_stream(
             StreamConfig(
                 name=subjects.EXPERIENCE_STREAM,
-                subjects=[subjects.EXPERIENCE_RECORD, subjects.EXPERIENCE_OUTCOME],
+                subjects=[subjects.EXPERIENCE_RECORD, subjects.EXPERIENCE_OUTCOME, subjects.EXPERIENCE_BATCH],
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 duplicate_window=15 * 60,

@@ -1,7 +1,9 @@
 """Curator actor: keeps the experience library and answers retrieval queries.
 
-Reads:  the ``KF_EXPERIENCE`` stream — ``kf.exp.record`` (``Experience``) and ``kf.exp.outcome``
-        (``ExperienceOutcome``) — from the sequence after its last snapshot, then live. The stream
+Reads:  the ``KF_EXPERIENCE`` stream — ``kf.exp.record`` (``Experience``), ``kf.exp.outcome``
+        (``ExperienceOutcome``) and ``kf.exp.batch`` (``ExperienceBatch``, both kinds in the order
+        they were made, as islands write them) — from the sequence after its last snapshot, then
+        live. The stream
         is the source of truth; snapshots are a cache, so a curator killed and restarted rebuilds
         or reloads its library without loss.
 Serves: ``kf.exp.query`` (``ExperienceQuery`` → ``ExperienceHits``) in the queue group
@@ -28,7 +30,15 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from actors.base import Actor
 from actors.bus import settled
 from actors.nats_server import kfoundry_home
-from schemas import ActorKind, Experience, ExperienceHits, ExperienceOutcome, ExperienceQuery, subjects
+from schemas import (
+    ActorKind,
+    Experience,
+    ExperienceBatch,
+    ExperienceHits,
+    ExperienceOutcome,
+    ExperienceQuery,
+    subjects,
+)
 
 if TYPE_CHECKING:
     from experience.embedders import Embedder
@@ -36,6 +46,16 @@ if TYPE_CHECKING:
 Pending = tuple[int, Experience | ExperienceOutcome | None]
 """A record delivered and not yet in the library: its stream sequence and the record (``None``
 for a message the library has no use for, e.g. one dead-lettered as invalid)."""
+
+
+def _take(pending: list[Pending], n: int) -> tuple[list[Pending], list[Pending]]:
+    """The first ``n`` pending items and the rest, never splitting the items of one stream message
+    (a batch): the last sequence applied then covers whole messages, so a stop between two parts
+    cannot leave a snapshot that says a batch was applied when half of it was not."""
+    end = min(n, len(pending))
+    while end < len(pending) and pending[end][0] == pending[end - 1][0]:
+        end += 1
+    return pending[:end], pending[end:]
 
 
 class CuratorActor(Actor):
@@ -127,18 +147,20 @@ class CuratorActor(Actor):
         seq = int(msg.metadata.sequence.stream)
         try:
             # Typed by its subject (one JSON pass), not by the payload's ``type`` (two).
-            record: Experience | ExperienceOutcome | None = (
-                Experience.model_validate_json(msg.data)
+            items: tuple[Experience | ExperienceOutcome, ...] = (
+                (Experience.model_validate_json(msg.data),)
                 if msg.subject == subjects.EXPERIENCE_RECORD
-                else ExperienceOutcome.model_validate_json(msg.data)
+                else ExperienceBatch.model_validate_json(msg.data).items
+                if msg.subject == subjects.EXPERIENCE_BATCH
+                else (ExperienceOutcome.model_validate_json(msg.data),)
                 if msg.subject == subjects.EXPERIENCE_OUTCOME
-                else None
+                else ()
             )
         except ValueError as exc:
             await self.bus.dead_letter(msg.subject, msg.data, reason="invalid", error=str(exc), stream_seq=seq)
-            record = None
+            items = ()
         # Queued even when of no use, so the last sequence passes it only with the records before it.
-        self._pending.append((seq, record))
+        self._pending += [(seq, item) for item in items] if items else [(seq, None)]
 
     async def _ingest_loop(self) -> None:
         """Embed what arrived, a batch at a time in stream order, until the curator leaves; save
@@ -152,7 +174,7 @@ class CuratorActor(Actor):
                 if self._leaving.is_set():
                     break
             if self._pending:
-                batch, self._pending = self._pending[: self.batch], self._pending[self.batch :]
+                batch, self._pending = _take(self._pending, self.batch)
                 async with self._lock:
                     await asyncio.to_thread(self._apply, batch)
             if self.last_seq >= self._target:

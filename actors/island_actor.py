@@ -4,8 +4,9 @@ Reads:  ``kf.<run>.feedback.<island>`` (``Feedback``) and ``kf.<run>.migrant.<is
         (``Migration``) through this island's own durable consumers (nothing is lost across an
         island restart).
 Writes: ``kf.<run>.elite.<island>`` (``EliteAnnouncement``) and ``kf.<run>.status.<island>``
-        (``IslandStatus``) into the run stream; ``kf.exp.record`` (``Experience``) and
-        ``kf.exp.outcome`` (``ExperienceOutcome``) into the experience stream; its brain to the
+        (``IslandStatus``) into the run stream; ``kf.exp.batch`` (``ExperienceBatch``: the
+        ``Experience`` records and ``ExperienceOutcome``s its feedbacks teach, a batch every
+        ``experience_linger_s``) into the experience stream; its brain to the
         ``kf_archives`` KV bucket and its meta-prompt pools to ``kf_prompts``, so the archive,
         the credit table, the history and the prompts survive a restart.
 
@@ -28,6 +29,7 @@ from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.ledger import experience_of
 from actors.evolution.plans import IslandConfig, RequestPlan
+from actors.experience_writer import ExperienceWriter
 from actors.island_requests import ExpertRequests
 from actors.kv import get_expert_config, get_run, load_text, save_text
 from actors.logs import bound
@@ -67,7 +69,8 @@ class IslandActor(Actor):
         status_every_s: float = 0.5,
         retrieve_ttl_s: float = 5.0,
         drain_wait_s: float = 2.0,
-        feedback_concurrency: int = 8,
+        feedback_concurrency: int = 64,
+        experience_linger_s: float = 0.05,
         version: str | None = None,
     ) -> None:
         super().__init__(nats_url=nats_url, run_id=run_id, island=island, actor_id=actor_id, version=version)
@@ -80,6 +83,11 @@ class IslandActor(Actor):
         self.retrieve_ttl_s = retrieve_ttl_s
         self.drain_wait_s = drain_wait_s
         self.feedback_concurrency = feedback_concurrency
+        """Feedbacks handled at once: each waits up to ``experience_linger_s`` for its experience
+        batch to be stored before it is acknowledged, so this bounds the feedback rate (64 per
+        50 ms) as well as the overlap of the publishing after the brain's update."""
+        self.experience_linger_s = experience_linger_s
+        self._experience: ExperienceWriter | None = None
         self._last_status = 0.0
         self._spec: RunSpec | None = None
         self._quota: CandidateQuota | None = None
@@ -145,6 +153,7 @@ class IslandActor(Actor):
         else:
             island_config = IslandConfig(n_per_request=self.per_request)
             self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed, config=island_config)
+        self._experience = ExperienceWriter(self.bus, linger_s=self.experience_linger_s)
         self._expert_requests = ExpertRequests(
             bus=self.bus,
             spec=self.spec,
@@ -266,15 +275,18 @@ class IslandActor(Actor):
                         f"elite-{cid}",
                     )
                 )
-            await asyncio.gather(*publishing)
             if (
                 outcome.improved_best
                 or outcome.stagnating != self._said_stagnating
                 or time.monotonic() - self._last_status >= self.status_every_s
             ):
                 # A new best and a change of stagnation go out at once (the migrator acts on the
-                # rising edge); otherwise at most one status per ``status_every_s``.
-                await self._publish_status()
+                # rising edge), beside the experience write that may wait for its batch; otherwise
+                # at most one status per ``status_every_s``. Claimed here, before any await, so
+                # that feedbacks handled beside this one do not announce the same change again.
+                self._said_stagnating, self._last_status = outcome.stagnating, time.monotonic()
+                publishing.append(self._publish_status())
+            await asyncio.gather(*publishing)
             await self._save()
             self.log.info(
                 "feedback",
@@ -288,10 +300,8 @@ class IslandActor(Actor):
 
     async def _record_experience(self, fb: Feedback, parent_fitness: float | None) -> None:
         record, outcome = experience_of(fb, self.expert_requests.signature, parent_fitness)
-        publishing = [self._publish(subjects.EXPERIENCE_RECORD, record, record.experience_id)]
-        if outcome is not None:
-            publishing.append(self._publish(subjects.EXPERIENCE_OUTCOME, outcome, outcome.outcome_id))
-        await asyncio.gather(*publishing)
+        assert self._experience is not None  # set up before the feedback consumer starts
+        await self._experience.write((record, outcome) if outcome is not None else (record,))
         await self._credit_prompt(record)
 
     async def _publish(self, subject: str, message: Message, msg_id: str) -> None:
@@ -384,6 +394,8 @@ class IslandActor(Actor):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.5):
                     await self._wake.wait()
+        if self._experience is not None:
+            await self._experience.flush()  # the feedbacks waiting for their batch need not linger
         await self._publish_status()
         await self._save(force=True)
 

@@ -151,7 +151,7 @@ class ExpertRequests:
                 section = self.brain.prompts.section_for(plan.role)
         request = plan.request(
             self.spec,
-            experiences=hits,
+            experiences=hits if plan.expert in self.llm_experts else params_only(hits),
             meta_prompt=section.text if section is not None else "",
             meta_prompt_section=section.section_id if section is not None else None,
             token_budget=self.brain.tokens_left(),
@@ -179,3 +179,14 @@ class ExpertRequests:
             self.log.info("expert declined", reason=str(reply.decline.reason), detail=reply.decline.detail)
             self.last_decline = reply.decline
         return reply
+
+
+def params_only(hits: tuple[ExperienceHit, ...]) -> tuple[ExperienceHit, ...]:
+    """``hits`` without their source excerpts, for experts that read only an experience's outcome and
+    parameters (the template expert): the excerpts were nine tenths of such a request's bytes."""
+    return tuple(
+        hit.model_copy(update={"experience": hit.experience.model_copy(update={"source_excerpt": ""})})
+        if hit.experience.source_excerpt
+        else hit
+        for hit in hits
+    )

@@ -54,7 +54,15 @@ from schemas.evaluation import (
     TimingStats,
 )
 from schemas.evolution import Elite, EliteAnnouncement, EvalOutcome, Feedback, IslandStatus, Migration, RunEnd
-from schemas.experience import Experience, ExperienceHit, ExperienceHits, ExperienceOutcome, ExperienceQuery
+from schemas.experience import (
+    Experience,
+    ExperienceBatch,
+    ExperienceHit,
+    ExperienceHits,
+    ExperienceItem,
+    ExperienceOutcome,
+    ExperienceQuery,
+)
 from schemas.task import (
     Ablations,
     Budget,
@@ -88,6 +96,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ExperienceQuery,
         ExperienceHits,
         ExperienceOutcome,
+        ExperienceBatch,
         Control,
         ActorInfo,
         DeadLetter,
@@ -148,8 +157,10 @@ __all__ = [
     "EvalResult",
     "EvalStatus",
     "Experience",
+    "ExperienceBatch",
     "ExperienceHit",
     "ExperienceHits",
+    "ExperienceItem",
     "ExperienceOutcome",
     "ExperienceQuery",
     "ExpertConfig",

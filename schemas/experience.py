@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -117,3 +117,22 @@ class ExperienceOutcome(Message):
     """Change in fitness from parent to candidate."""
     created_at: float = Field(default_factory=now)
     """When it was reported."""
+
+
+ExperienceItem = Annotated[Experience | ExperienceOutcome, Field(discriminator="type")]
+"""A record or an outcome, told apart by its ``type``."""
+
+
+class ExperienceBatch(Message):
+    """Experience records and outcomes published together, in the order they were made.
+
+    An island writes what its feedbacks teach as one message every few tens of milliseconds
+    instead of one message per record: the experience path was a third of the fabric's cost per
+    candidate. Readers apply the items in order, as if each had been a message of its own."""
+
+    type: Literal["experience_batch"] = "experience_batch"
+    """Wire name of this message type."""
+    batch_id: str = Field(default_factory=new_id)
+    """Unique id (JetStream dedup id)."""
+    items: tuple[ExperienceItem, ...] = Field(min_length=1)
+    """The records and outcomes, oldest first."""

@@ -17,6 +17,7 @@ Actors never write subject literals; they call these functions. Runs are namespa
 | ``kf.exp.query``                 | ExperienceQuery→Hits | nats.micro endpoint                      |
 | ``kf.exp.record``                | Experience           | experience stream (source of truth)      |
 | ``kf.exp.outcome``               | ExperienceOutcome    | experience stream                        |
+| ``kf.exp.batch``                 | ExperienceBatch      | experience stream (what islands write)   |
 | ``kf.ctl.<actor-id>``            | Control→ActorInfo    | nats.micro endpoint                      |
 | ``kf.dlq.<run>``                 | DeadLetter           | dead-letter stream                       |
 """
@@ -85,6 +86,8 @@ EXPERIENCE_RECORD = f"{PREFIX}.exp.record"
 """Experience records (source of truth of the library)."""
 EXPERIENCE_OUTCOME = f"{PREFIX}.exp.outcome"
 """Utility updates of experiences."""
+EXPERIENCE_BATCH = f"{PREFIX}.exp.batch"
+"""Records and outcomes written together (``ExperienceBatch``), as islands write them."""
 
 
 def control(actor_id: str) -> str:

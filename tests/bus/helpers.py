@@ -21,11 +21,16 @@ from schemas import (
     Candidate,
     Control,
     ControlAction,
+    DiagnosisCategory,
+    EvalStatus,
+    Experience,
     KernelLanguage,
     Message,
     Proposal,
     RunSpec,
     Task,
+    TaskSignature,
+    TensorSpec,
     subjects,
 )
 
@@ -177,3 +182,24 @@ class RestartableServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+SIG = TaskSignature(ops=("linear", "gelu"), inputs=(TensorSpec(shape=(128, 4096), dtype="float32"),))
+
+
+def experience_record(run_id: str, i: int) -> Experience:
+    """A distinct experience record of a run (every other one memory-bound)."""
+    return Experience(
+        experience_id=f"{run_id}-e{i}",
+        run_id=run_id,
+        task_id="t1",
+        signature=SIG,
+        candidate_id=f"c{i}",
+        diagnosis=DiagnosisCategory.SLOW_MEMORY_BOUND if i % 2 else DiagnosisCategory.COMPILE_RESOURCES,
+        expert="template",
+        strategy=f"tile-{i}",
+        status=EvalStatus.CORRECT,
+        parent_fitness=1.0,
+        child_fitness=1.0 + i / 100,
+        description=f"block size {16 * (i % 8 + 1)} with {i % 4 + 1} warps",
+    )

@@ -7,44 +7,26 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import pytest
 
 from actors.bus import Bus
 from actors.curator import CuratorActor
 from actors.errors import BusError
+from actors.nats_server import start_server, stop_server
 from experience import ExperienceLibrary, HashingEmbedder
 from experience.embedders import Matrix
 from schemas import (
     DiagnosisCategory,
-    EvalStatus,
     Experience,
+    ExperienceBatch,
     ExperienceHits,
     ExperienceQuery,
-    TaskSignature,
-    TensorSpec,
     subjects,
 )
-from tests.bus.helpers import spawn_actor, stop_process
-
-SIG = TaskSignature(ops=("linear", "gelu"), inputs=(TensorSpec(shape=(128, 4096), dtype="float32"),))
-
-
-def _exp(run_id: str, i: int) -> Experience:
-    return Experience(
-        experience_id=f"{run_id}-e{i}",
-        run_id=run_id,
-        task_id="t1",
-        signature=SIG,
-        candidate_id=f"c{i}",
-        diagnosis=DiagnosisCategory.SLOW_MEMORY_BOUND if i % 2 else DiagnosisCategory.COMPILE_RESOURCES,
-        expert="template",
-        strategy=f"tile-{i}",
-        status=EvalStatus.CORRECT,
-        parent_fitness=1.0,
-        child_fitness=1.0 + i / 100,
-        description=f"block size {16 * (i % 8 + 1)} with {i % 4 + 1} warps",
-    )
+from tests.bus.helpers import SIG, experience_record, spawn_actor, stop_process
 
 
 async def _query(bus: Bus, run_id: str, want_size: int, timeout: float = 60.0) -> ExperienceHits:
@@ -61,9 +43,21 @@ async def _query(bus: Bus, run_id: str, want_size: int, timeout: float = 60.0) -
 
 
 async def _records_in_stream(bus: Bus) -> int:
-    """Experiences other tests on this server already recorded (their outcome updates add none)."""
+    """Experiences other tests on this server already recorded, one a message or in islands' batches
+    (their outcome updates add none)."""
     info = await bus.js.stream_info(subjects.EXPERIENCE_STREAM, subjects_filter=subjects.EXPERIENCE_RECORD)
-    return sum((info.state.subjects or {}).values())
+    records = sum((info.state.subjects or {}).values())
+    batches = await bus.js.stream_info(subjects.EXPERIENCE_STREAM, subjects_filter=subjects.EXPERIENCE_BATCH)
+    if not batches.state.subjects:
+        return records
+    sub = await bus.js.subscribe(subjects.EXPERIENCE_BATCH, stream=subjects.EXPERIENCE_STREAM, ordered_consumer=True)
+    try:
+        for _ in range(sum(batches.state.subjects.values())):
+            batch = ExperienceBatch.model_validate_json((await sub.next_msg(timeout=10.0)).data)
+            records += sum(isinstance(item, Experience) for item in batch.items)
+    finally:
+        await sub.unsubscribe()
+    return records
 
 
 async def test_curator_killed_and_restarted_keeps_its_library(nats_url: str, run_id: str, tmp_path: Path) -> None:
@@ -75,7 +69,7 @@ async def test_curator_killed_and_restarted_keeps_its_library(nats_url: str, run
     second = None
     try:
         for i in range(40):
-            record = _exp(run_id, i)
+            record = experience_record(run_id, i)
             await bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
         hits = await _query(bus, run_id, before + 40)
         assert len(hits.hits) == 5
@@ -83,8 +77,9 @@ async def test_curator_killed_and_restarted_keeps_its_library(nats_url: str, run
         os.killpg(first.pid, signal.SIGKILL)  # no snapshot on the way out
         first.wait(timeout=10)
         for i in range(40, 50):
-            record = _exp(run_id, i)
+            record = experience_record(run_id, i)
             await bus.publish_durable(subjects.EXPERIENCE_RECORD, record, msg_id=record.experience_id)
+        stream_end = int((await bus.js.stream_info(subjects.EXPERIENCE_STREAM)).state.last_seq)
         second = spawn_actor("curator", "--id", "curator-b", *args, log=tmp_path / "b.log")
         hits = await _query(bus, run_id, before + 50)
         assert hits.library_size == before + 50
@@ -103,7 +98,7 @@ async def test_curator_killed_and_restarted_keeps_its_library(nats_url: str, run
     assert loaded is not None
     library, last_seq = loaded
     assert len(library) == before + 50
-    assert last_seq >= before + 50
+    assert last_seq >= stream_end
 
 
 class _SlowHashing(HashingEmbedder):
@@ -124,14 +119,36 @@ class _SlowHashing(HashingEmbedder):
         return super().embed(texts)
 
 
+@pytest.fixture
+def own_nats_url(tmp_path: Path) -> Iterator[str]:
+    """A server of the test's own: its experience stream holds only what the test writes."""
+    info = start_server(tmp_path / "nats")
+    try:
+        yield info.url
+    finally:
+        stop_server(info.pid)
+
+
+@pytest.mark.parametrize("per_message", [1, 7], ids=["records", "batches"])
 async def test_curator_stops_without_embedding_its_backlog_and_the_next_one_replays_it(
-    nats_url: str, run_id: str, tmp_path: Path
+    own_nats_url: str, run_id: str, tmp_path: Path, per_message: int
 ) -> None:
-    bus = await Bus.connect(nats_url, name="test", actor_id="test-curator-backlog")
+    """With batches of 7 (as islands write them) and a curator that embeds 8 records at a time,
+    the stop falls between two parts of a batch unless the curator keeps batches whole: the next
+    curator would then start after a batch half of which was never embedded."""
+    nats_url = own_nats_url
+    bus = await Bus.connect(nats_url, name="test", actor_id=f"test-curator-backlog-{run_id}")
     await bus.ensure_shared_streams()
-    n = 300  # 6 s of embedding at 20 ms a record: far more than a stop may take
-    records = [_exp(run_id, i) for i in range(n)]
-    await asyncio.gather(*(bus.publish_durable(subjects.EXPERIENCE_RECORD, r, msg_id=r.experience_id) for r in records))
+    n = 301  # 6 s of embedding at 20 ms a record: far more than a stop may take
+    records = [experience_record(run_id, i) for i in range(n)]
+    if per_message == 1:
+        await asyncio.gather(
+            *(bus.publish_durable(subjects.EXPERIENCE_RECORD, r, msg_id=r.experience_id) for r in records)
+        )
+    else:
+        for start in range(0, n, per_message):
+            batch = ExperienceBatch(items=tuple(records[start : start + per_message]))
+            await bus.publish_durable(subjects.EXPERIENCE_BATCH, batch, msg_id=batch.batch_id)
     total = await _records_in_stream(bus)  # this test's records and those of earlier tests
     stream_end = int((await bus.js.stream_info(subjects.EXPERIENCE_STREAM)).state.last_seq)
     embedder = _SlowHashing(busy_after=16)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from actors.experts.template.errors import InvalidParams
@@ -170,8 +170,9 @@ class TemplateParams:
         return 32 * self.pw_warps * self.pw_ept
 
     def as_dict(self) -> dict[str, int | float | str | bool]:
-        """The parameters as a flat dict (``Proposal.params``)."""
-        return dict(asdict(self))
+        """The parameters as a flat dict (``Proposal.params``). Every value is a scalar, so no
+        deep copy (``dataclasses.asdict``) is needed: that copy was a sixth of the expert's CPU."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     def with_changes(self, **changes: Any) -> TemplateParams:
         """A copy with some parameters changed (validated)."""
@@ -185,6 +186,9 @@ class TemplateParams:
         if unknown:
             raise InvalidParams(unknown[0], values[unknown[0]], f"unknown parameter (known: {sorted(known)})")
         return cls(**values)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(TemplateParams))
 
 
 def header(template: str, params: TemplateParams) -> str:
