@@ -1,10 +1,12 @@
 """Diagnoser actor: turns each ``EvalResult`` into a typed ``Diagnosis`` and feeds it back.
 
 Reads:  ``kf.<run>.result.*`` (``EvalResult``) through the run's shared durable pull consumer
-        ``diagnosers``; the candidate itself is fetched by id from the run stream (its own
-        subject ``kf.<run>.cand.<island>.<candidate>``).
-Writes: ``kf.<run>.feedback.<island>`` (``Feedback``: candidate, result, diagnosis) into the run
-        stream with dedup id ``feedback-<candidate>``, before the result is acked.
+        ``diagnosers``; when its diagnosis reads the candidate itself (an LLM refiner), the
+        candidate is read by id from the run stream (its own subject
+        ``kf.<run>.cand.<island>.<candidate>``).
+Writes: ``kf.<run>.feedback.<island>`` (``Feedback``: result and diagnosis; the island has the
+        candidate) into the run stream with dedup id ``feedback-<candidate>``, before the result
+        is acked.
 
 Diagnosers are hot-swappable: start a new version beside the old one, then drain the old one
 (``kfoundry drain ID``); they share the durable consumer, so nothing is lost or doubled.
@@ -14,12 +16,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import nats.errors
-import nats.js.errors
-
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
-from actors.errors import Retry
+from actors.candidates import CandidateReader
 from actors.logs import bound
 from schemas import ActorKind, Candidate, Diagnosis, EvalResult, Feedback, subjects
 
@@ -28,9 +27,11 @@ class Diagnose(Protocol):
     """The diagnosis seam: rule-based, possibly refined by an LLM."""
 
     version: str
+    needs_candidate: bool
+    """Whether it reads the candidate (its source); the rules alone read only the result."""
 
-    async def __call__(self, result: EvalResult, candidate: Candidate) -> Diagnosis:
-        """The diagnosis of one evaluation."""
+    async def __call__(self, result: EvalResult, candidate: Candidate | None) -> Diagnosis:
+        """The diagnosis of one evaluation (``candidate`` is given when ``needs_candidate``)."""
         ...
 
 
@@ -51,8 +52,9 @@ class RuleDiagnose:
         self.rules = RuleDiagnoser()
         self.llm = llm
         self.version = f"rules-{self.rules.version}" + ("+llm" if llm is not None else "")
+        self.needs_candidate = llm is not None
 
-    async def __call__(self, result: EvalResult, candidate: Candidate) -> Diagnosis:
+    async def __call__(self, result: EvalResult, candidate: Candidate | None) -> Diagnosis:
         diagnosis = self.rules.diagnose(result, candidate)
         if self.llm is not None:
             diagnosis = await self.llm.diagnose(result, candidate, diagnosis)
@@ -79,10 +81,10 @@ class DiagnoserActor(Actor):
         self.diagnose = diagnose
         self.concurrency = concurrency
         self.diagnosed = 0
-        self._direct = True
-        """Whether the run stream answers direct gets (see :meth:`candidate`)."""
+        self._reader: CandidateReader | None = None
 
     async def setup(self) -> None:
+        self._reader = CandidateReader(self.bus, self.rid)
         consumer = ConsumerSpec(
             stream=subjects.run_stream(self.rid),
             durable=subjects.DIAGNOSERS,
@@ -94,32 +96,17 @@ class DiagnoserActor(Actor):
         await self.bus.consume(consumer, EvalResult, self.handle, concurrency=self.concurrency)
 
     async def candidate(self, result: EvalResult) -> Candidate:
-        """Fetch the candidate of a result from the run stream: a direct get by subject, or the
-        stream API's get where the stream does not allow direct gets (made by an older version)."""
-        subject = subjects.candidates(self.rid, result.island, result.candidate_id)
-        stream = subjects.run_stream(self.rid)
-        try:
-            try:
-                raw = await self.bus.js.get_last_msg(stream, subject, direct=self._direct)
-            except nats.errors.NoRespondersError:
-                self._direct = False
-                self.log.info("run stream has no direct gets: reading candidates through the stream API")
-                raw = await self.bus.js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError as exc:
-            raise Retry(f"candidate {result.candidate_id} not found in the run stream yet", 1.0) from exc
-        if raw.data is None:
-            raise Retry(f"candidate {result.candidate_id} read back empty from the run stream", 1.0)
-        return Candidate.model_validate_json(raw.data)
+        """The candidate of a result, read from the run stream."""
+        assert self._reader is not None  # set up before the consumer starts
+        return await self._reader.read(result.island, result.candidate_id)
 
     async def handle(self, result: EvalResult, delivery: Delivery) -> None:
         """Diagnose one result and feed it back to its island."""
         with bound(island=result.island, candidate=result.candidate_id):
-            candidate = await self.candidate(result)
+            candidate = await self.candidate(result) if self.diagnose.needs_candidate else None
             diagnosis = await self.diagnose(result, candidate)
             diagnosis = diagnosis.model_copy(update={"diagnoser": f"{self.actor_id}/{self.diagnose.version}"})
-            feedback = Feedback(
-                run_id=self.rid, island=result.island, candidate=candidate, result=result, diagnosis=diagnosis
-            )
+            feedback = Feedback(run_id=self.rid, island=result.island, result=result, diagnosis=diagnosis)
             await self.bus.publish_durable(
                 subjects.feedback(self.rid, result.island), feedback, msg_id=f"feedback-{result.candidate_id}"
             )

@@ -1,8 +1,9 @@
 """Island actor: one line of search, steady state, reacting to each feedback as it arrives.
 
-Reads:  ``kf.<run>.feedback.<island>`` (``Feedback``) and ``kf.<run>.migrant.<island>``
-        (``Migration``) through this island's own durable consumers (nothing is lost across an
-        island restart).
+Reads:  ``kf.<run>.feedback.<island>`` (``Feedback``, naming a candidate this island published:
+        kept since, or read back from the run stream after a restart) and
+        ``kf.<run>.migrant.<island>`` (``Migration``) through this island's own durable consumers
+        (nothing is lost across an island restart).
 Writes: ``kf.<run>.elite.<island>`` (``EliteAnnouncement``) and ``kf.<run>.status.<island>``
         (``IslandStatus``) into the run stream; ``kf.exp.batch`` (``ExperienceBatch``: the
         ``Experience`` records and ``ExperienceOutcome``s its feedbacks teach, a batch every
@@ -24,6 +25,7 @@ import time
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
+from actors.candidates import CandidateReader
 from actors.errors import ConfigError
 from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
@@ -88,6 +90,7 @@ class IslandActor(Actor):
         50 ms) as well as the overlap of the publishing after the brain's update."""
         self.experience_linger_s = experience_linger_s
         self._experience: ExperienceWriter | None = None
+        self._reader: CandidateReader | None = None
         self._last_status = 0.0
         self._spec: RunSpec | None = None
         self._quota: CandidateQuota | None = None
@@ -154,6 +157,7 @@ class IslandActor(Actor):
             island_config = IslandConfig(n_per_request=self.per_request)
             self._brain = IslandBrain(self.name, self.spec, profiles, seed=self.spec.seed, config=island_config)
         self._experience = ExperienceWriter(self.bus, linger_s=self.experience_linger_s)
+        self._reader = CandidateReader(self.bus, self.rid)
         self._expert_requests = ExpertRequests(
             bus=self.bus,
             spec=self.spec,
@@ -256,16 +260,29 @@ class IslandActor(Actor):
 
     # -- feedback and migrants ----------------------------------------------------------------
 
+    async def _with_candidate(self, fb: Feedback) -> Feedback:
+        """``fb`` with its candidate: the one this island published (kept since), or, for one it
+        no longer has (published before a restart, or a seed), read from the run stream."""
+        if fb.candidate is not None:
+            self.expert_requests.sent.pop(fb.candidate.candidate_id, None)
+            return fb
+        cand = self.expert_requests.sent.pop(fb.candidate_id, None)
+        if cand is None:
+            assert self._reader is not None  # set up before the feedback consumer starts
+            cand = await self._reader.read(self.name, fb.candidate_id)
+        return fb.model_copy(update={"candidate": cand})
+
     async def on_feedback(self, fb: Feedback, delivery: Delivery) -> None:
-        with bound(island=self.name, candidate=fb.candidate.candidate_id):
+        with bound(island=self.name, candidate=fb.candidate_id):
+            fb = await self._with_candidate(fb)
             async with self._lock:
                 parent = self.brain.parent_fitness(fb)
                 outcome = self.brain.on_feedback(fb)
-                self.brain.ledger.answered(fb.candidate.candidate_id, time.monotonic())
+                self.brain.ledger.answered(fb.candidate_id, time.monotonic())
             if outcome.duplicate:
                 return
             self._wake.set()  # a slot of K is free: the next request need not wait for the publishing below
-            cid = fb.candidate.candidate_id
+            cid = fb.candidate_id
             publishing = [self._record_experience(fb, parent)]
             if outcome.elite is not None:
                 publishing.append(

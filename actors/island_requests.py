@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from typing import Any
 
 from actors.bus import Bus
@@ -23,6 +24,7 @@ from actors.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
 from actors.logs import bound
 from actors.quota import CandidateQuota
 from schemas import (
+    Candidate,
     Decline,
     ExperienceHit,
     ExperienceHits,
@@ -32,6 +34,9 @@ from schemas import (
     TaskSignature,
     subjects,
 )
+
+SENT_KEPT = 4096
+"""Published candidates an island keeps for their feedback: far more than it keeps in flight."""
 
 
 def decline_reason(reply: GenerateReply | None, published: int, asked: int) -> str | None:
@@ -73,6 +78,9 @@ class ExpertRequests:
         self.log = log
         self.published = 0
         """Candidates this island published."""
+        self.sent: OrderedDict[str, Candidate] = OrderedDict()
+        """The candidates published and not yet answered by a feedback (the newest
+        ``SENT_KEPT`` at most): feedback names its candidate, and the island has it here."""
         self.last_decline: Decline | None = None
         """The last decline an expert answered with (shown in the island's status)."""
 
@@ -127,6 +135,9 @@ class ExpertRequests:
                     )
                     published += 1
                     self.brain.ledger.published(cand.candidate_id, time.monotonic())
+                    self.sent[cand.candidate_id] = cand
+                    if len(self.sent) > SENT_KEPT:
+                        self.sent.popitem(last=False)  # never answered (lost): read from the stream if it is
                     self.log.info(
                         "proposal",
                         candidate=cand.candidate_id,

@@ -68,7 +68,7 @@ def key_fields(msg: Message) -> str:
             )
         case Feedback():
             return (
-                f"island={msg.island} cand={msg.candidate.candidate_id[:8]} status={msg.result.status} "
+                f"island={msg.island} cand={msg.candidate_id[:8]} status={msg.result.status} "
                 f"diagnosis={msg.diagnosis.category} suggest={msg.diagnosis.suggested_expert or '-'}"
             )
         case Diagnosis():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from schemas.base import SCHEMA_VERSION, Message, Model, Token, new_id, now
+from schemas.base import READABLE_VERSIONS, SCHEMA_VERSION, Message, Model, Token, new_id, now
 from schemas.candidate import (
     Candidate,
     Decline,
@@ -127,6 +127,7 @@ def decode_any(data: bytes | str) -> Message:
 
 __all__ = [
     "MESSAGE_TYPES",
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "Ablations",
     "ActorInfo",

@@ -15,8 +15,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-SCHEMA_VERSION = 1
-"""The version of the wire contract. Raised on any incompatible change to a message."""
+SCHEMA_VERSION = 2
+"""The version of the wire contract. Raised on any incompatible change to a message.
+
+- 2: diagnosers send ``Feedback`` without its candidate (the island has it); islands write their
+  experience records and outcomes as ``ExperienceBatch`` on ``kf.exp.batch``. Version 1 messages
+  (a stream written by an older version) are still read."""
+READABLE_VERSIONS = (1, 2)
+"""The versions this code reads: its own and the older ones whose messages it still understands."""
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -58,8 +64,9 @@ class Model(BaseModel):
 class Message(Model):
     """A message that travels on its own over NATS."""
 
-    schema_version: Literal[1] = 1
-    """Version of the wire contract this message was written against (see ``SCHEMA_VERSION``)."""
+    schema_version: Literal[1, 2] = 2
+    """Version of the wire contract this message was written against (see ``SCHEMA_VERSION``;
+    ``READABLE_VERSIONS`` are read)."""
 
     def to_bytes(self) -> bytes:
         """The JSON encoding sent on the wire."""

@@ -22,12 +22,27 @@ class Feedback(Message):
     """Run it belongs to."""
     island: str
     """Island it is addressed to."""
-    candidate: Candidate
-    """The candidate evaluated (its source and lineage)."""
+    candidate: Candidate | None = None
+    """The candidate evaluated (its source and lineage), or ``None``, as diagnosers send it: the
+    island that published the candidate has it, and anyone else reads it by its id from the run
+    stream (``kf.<run>.cand.<island>.<candidate>``). Carrying it again was a fifth of the fabric's
+    bytes per candidate."""
     result: EvalResult
     """The evaluator's verdict with evidence."""
     diagnosis: Diagnosis
     """The diagnoser's reading of it."""
+
+    @property
+    def candidate_id(self) -> str:
+        """The id of the candidate evaluated."""
+        return self.result.candidate_id
+
+    def judged(self) -> Candidate:
+        """The candidate evaluated; ``ValueError`` for feedback that does not carry it (as a
+        diagnoser sends it, before the island has put its candidate back)."""
+        if self.candidate is None:
+            raise ValueError(f"feedback on candidate {self.candidate_id} does not carry the candidate")
+        return self.candidate
 
 
 class Elite(Model):

@@ -166,7 +166,7 @@ class IslandBrain:
         if source is ParentSource.REPAIR:
             weights = np.arange(1, len(self._repair) + 1, dtype=float)
             fb = self._repair.pop(int(self.rng.choice(len(self._repair), p=weights / weights.sum())))
-            parent, result, diagnosis = fb.candidate, fb.result, fb.diagnosis
+            parent, result, diagnosis = fb.judged(), fb.result, fb.diagnosis
         key = _key(diagnosis, parent is not None)
         expert = self.credit.choose(
             key,
@@ -243,7 +243,8 @@ class IslandBrain:
 
     def parent_fitness(self, fb: Feedback) -> float | None:
         """The fitness of the parent of ``fb``'s candidate, where the island knows it."""
-        parent = self.outcome_of(fb.candidate.parent_id) if fb.candidate.parent_id else None
+        parent_id = fb.judged().parent_id
+        parent = self.outcome_of(parent_id) if parent_id else None
         return parent.fitness if parent else None
 
     # feedback and migrants ------------------------------------------------------------------
@@ -252,7 +253,7 @@ class IslandBrain:
         """Update archive, credit, stagnation and history with one evaluated candidate."""
         if fb.island != self.island:
             raise WrongIsland(self.island, fb.island, "feedback")
-        cand, res = fb.candidate, fb.result
+        cand, res = fb.judged(), fb.result
         cid = cand.candidate_id
         if cid in self._seen:
             return FeedbackOutcome(
@@ -291,7 +292,7 @@ class IslandBrain:
         return FeedbackOutcome(cid, status, elite, improved, reward, stagnating)
 
     def _reward(self, fb: Feedback) -> float:
-        parent_id = fb.candidate.parent_id
+        parent_id = fb.judged().parent_id
         parent = self._outcomes.get(parent_id) if parent_id else None
         return reward_of(fb.result, parent_id, parent, self.config.improve_eps)
 

@@ -76,7 +76,7 @@ def experience_of(
 ) -> tuple[Experience, ExperienceOutcome | None]:
     """The experience record of one evaluated candidate, and the outcome of the experiences it
     was made with (``None`` when it was made with none)."""
-    cand, result = fb.candidate, fb.result
+    cand, result = fb.judged(), fb.result
     child = result.fitness
     record = Experience(
         experience_id=f"exp-{cand.candidate_id}",

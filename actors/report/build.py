@@ -112,8 +112,10 @@ def build_report(
     end: RunEnd | None = None
     for msg in messages:
         if isinstance(msg, Feedback):
-            cands[msg.candidate.candidate_id], diags[msg.candidate.candidate_id] = msg.candidate, msg.diagnosis
-            results[msg.result.candidate_id] = msg.result
+            if msg.candidate is not None:  # version 1 feedback carried it (the stream has it anyway)
+                cands[msg.candidate_id] = msg.candidate
+            diags[msg.candidate_id] = msg.diagnosis
+            results[msg.candidate_id] = msg.result
         elif isinstance(msg, Candidate):
             cands[msg.candidate_id] = msg
         elif isinstance(msg, EvalResult):

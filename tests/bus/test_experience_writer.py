@@ -79,9 +79,7 @@ async def test_a_failed_publish_reaches_every_writer_of_the_batch(nats_url: str,
     bus = await Bus.connect(nats_url, name="test", actor_id=f"test-writer-fail-{run_id}")
     writer = ExperienceWriter(bus, linger_s=0.05)
     await bus.nc.close()  # the publish of the batch cannot succeed
-    outcomes = await asyncio.gather(
-        *(writer.write((_record(run_id, i),)) for i in range(3)), return_exceptions=True
-    )
+    outcomes = await asyncio.gather(*(writer.write((_record(run_id, i),)) for i in range(3)), return_exceptions=True)
     assert len(outcomes) == 3
     assert all(isinstance(o, Exception) for o in outcomes), outcomes
     assert writer.batches == 0

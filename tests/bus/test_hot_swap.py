@@ -45,7 +45,7 @@ async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
     published: Counter[str] = Counter()
 
     async def count(msg: Msg) -> None:
-        published[Feedback.model_validate_json(msg.data).candidate.candidate_id] += 1
+        published[Feedback.model_validate_json(msg.data).candidate_id] += 1
 
     tally = await bus.nc.subscribe(subjects.feedback(run_id), cb=count)
     try:
@@ -102,7 +102,7 @@ async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
         await bus.close()
     # What each diagnoser received more than once (JetStream's delivery count), from its last word.
     redelivered = {name: _stopped_stats(tmp_path / f"{name}.log")["redelivered"] for name in ("v1", "v2")}
-    counts = Counter(f.candidate.candidate_id for f in feedback)
+    counts = Counter(f.candidate_id for f in feedback)
     assert len(counts) == produced, f"lost {produced - len(counts)}"
     assert max(counts.values()) == 1, f"doubled: {[c for c, n in counts.items() if n > 1]}"
     by = Counter(f.diagnosis.diagnoser.split("/")[0] for f in feedback)

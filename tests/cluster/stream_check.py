@@ -87,7 +87,7 @@ async def audit(url: str, run_id: str) -> Audit:
             elif isinstance(msg, EvalResult):
                 results[msg.candidate_id] += 1
             elif isinstance(msg, Feedback):
-                fed[msg.candidate.candidate_id] += 1
+                fed[msg.candidate_id] += 1
             elif isinstance(msg, RunEnd):
                 result.run_ends += 1
         result.dead_letters = len(await _read_all(js, subjects.DLQ_STREAM, subjects.dead_letters(run_id)))

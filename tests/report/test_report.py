@@ -55,9 +55,10 @@ def _run(steps: int = 24) -> tuple[list[Message], dict[str, IslandBrain]]:
             plan = brain.next_request()
             fb = envs[island].evaluate(brain, plan)
             if step % 4 == 0:  # pretend the curator showed an experience to this expert
-                cand = fb.candidate.model_copy(update={"experience_ids": ("exp-a",)})
+                cand = fb.judged().model_copy(update={"experience_ids": ("exp-a",)})
                 fb = fb.model_copy(update={"candidate": cand})
-            messages.append(fb)
+            # As the run stream holds them: the candidate, and feedback that names it.
+            messages += [fb.judged(), fb.model_copy(update={"candidate": None})]
             out = brain.on_feedback(fb)
             if out.elite is not None:
                 ann = EliteAnnouncement(run_id="run1", elite=out.elite, island_best=out.improved_best)
@@ -67,11 +68,9 @@ def _run(steps: int = 24) -> tuple[list[Message], dict[str, IslandBrain]]:
         for m in planner.due(float(2000 + step)):
             messages.append(m)
             brains[m.dest_island].on_migrants(m)
-    first = next(m for m in messages if isinstance(m, Feedback) and m.candidate.experience_ids)
+    first = next(m for m in messages if isinstance(m, Candidate) and m.experience_ids)
     messages.append(
-        ExperienceOutcome(
-            experience_ids=("exp-a",), candidate_id=first.candidate.candidate_id, improved=True, delta=0.5
-        )
+        ExperienceOutcome(experience_ids=("exp-a",), candidate_id=first.candidate_id, improved=True, delta=0.5)
     )
     messages.append(RunEnd(run_id="run1", reason=StopReason.CANDIDATES, evaluated=2 * steps, at=3000.0))
     return messages, brains
@@ -87,13 +86,14 @@ def test_report_names_the_best_kernel_and_its_lineage(run: tuple[list[Message], 
     report = build_report(f.spec(islands=2), messages, brains)
     feedback = [m for m in messages if isinstance(m, Feedback)]
     fittest = max((fb for fb in feedback if fb.result.fitness is not None), key=lambda fb: fb.result.fitness or 0.0)
+    best = next(m for m in messages if isinstance(m, Candidate) and m.candidate_id == fittest.candidate_id)
     assert report.best is not None
     assert report.best.fitness == fittest.result.fitness
     steps = report.best.lineage
-    assert [s.candidate_id for s in steps] == [*fittest.candidate.lineage, fittest.candidate.candidate_id]
+    assert [s.candidate_id for s in steps] == [*best.lineage, best.candidate_id]
     assert all(s.expert for s in steps)
-    assert steps[-1].answered == (fittest.candidate.diagnosis.category if fittest.candidate.diagnosis else None)
-    assert report.best.source == fittest.candidate.proposal.source
+    assert steps[-1].answered == (best.diagnosis.category if best.diagnosis else None)
+    assert report.best.source == best.proposal.source
 
 
 def test_report_counts_statuses_categories_routing_and_migrations(
@@ -134,7 +134,7 @@ def test_report_lists_experiences_with_their_outcomes(run: tuple[list[Message], 
     messages, brains = run
     report = build_report(None, messages, brains)
     (use,) = report.experiences
-    used_by = [m.candidate.candidate_id for m in messages if isinstance(m, Feedback) and m.candidate.experience_ids]
+    used_by = [m.candidate_id for m in messages if isinstance(m, Candidate) and m.experience_ids]
     assert use.experience_id == "exp-a"
     assert list(use.candidates) == used_by
     assert use.improved + use.not_improved == len(used_by)
@@ -274,7 +274,7 @@ def test_report_shows_each_experts_requests_declines_candidates_and_best() -> No
     rows = {r.expert: r for r in report.experts}
     assert set(rows) == {"template", "gpt", "idle"}
     for name in ("template", "gpt"):
-        mine = [m for m in messages if isinstance(m, Feedback) and m.candidate.expert == name]
+        mine = [m for m in messages if isinstance(m, Feedback) and m.judged().expert == name]
         row = rows[name]
         assert row.candidates == len(mine) > 0
         assert row.correct == sum(m.result.status.value == "correct" for m in mine)
