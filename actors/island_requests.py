@@ -78,6 +78,7 @@ class ExpertRequests:
         self.log = log
         self.published = 0
         """Candidates this island published."""
+        self._stripped: tuple[tuple[ExperienceHit, ...], tuple[ExperienceHit, ...]] | None = None
         self.sent: OrderedDict[str, Candidate] = OrderedDict()
         """The candidates published and not yet answered by a feedback (the newest
         ``SENT_KEPT`` at most): feedback names its candidate, and the island has it here."""
@@ -155,6 +156,13 @@ class ExpertRequests:
                 self.brain.ledger.planning -= plan.n
         return published
 
+    def _params_only(self, hits: tuple[ExperienceHit, ...]) -> tuple[ExperienceHit, ...]:
+        """:func:`params_only` of ``hits``, once per retrieval (the brain hands out the same
+        retrieved tuple until it expires)."""
+        if self._stripped is None or self._stripped[0] is not hits:
+            self._stripped = (hits, params_only(hits))
+        return self._stripped[1]
+
     async def _generate(self, plan: RequestPlan, hits: tuple[ExperienceHit, ...]) -> GenerateReply | None:
         section = None
         if plan.expert in self.llm_experts:
@@ -162,7 +170,7 @@ class ExpertRequests:
                 section = self.brain.prompts.section_for(plan.role)
         request = plan.request(
             self.spec,
-            experiences=hits if plan.expert in self.llm_experts else params_only(hits),
+            experiences=hits if plan.expert in self.llm_experts else self._params_only(hits),
             meta_prompt=section.text if section is not None else "",
             meta_prompt_section=section.section_id if section is not None else None,
             token_budget=self.brain.tokens_left(),

@@ -13,6 +13,8 @@ materialised (``exports``) and a new kernel starts. Any value read by a later ke
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -282,10 +284,29 @@ class _Builder:
         return True
 
 
+_SCHEDULES: OrderedDict[tuple[int, bool, bool], tuple[Plan, Schedule]] = OrderedDict()
+"""Schedules by plan and fusion switches, the newest ``_SCHEDULES_KEPT`` (the plan kept with its
+schedule, so its id is not reused while the entry lives): a schedule depends on nothing else, the
+expert renders and mutates the same plan many times a second, and no one changes a built schedule."""
+_SCHEDULES_KEPT = 64
+_SCHEDULES_LOCK = threading.Lock()  # the expert renders in worker threads
+
+
 def schedule(plan: Plan, params: TemplateParams) -> Schedule:
-    """Split ``plan`` into kernels under the fusion switches of ``params``."""
+    """Split ``plan`` into kernels under the fusion switches of ``params`` (a shared, read-only
+    ``Schedule``: built once per plan and switches)."""
+    key = (id(plan), params.fuse_epilogue, params.fuse_prologue)
+    with _SCHEDULES_LOCK:
+        known = _SCHEDULES.get(key)
+        if known is not None and known[0] is plan:
+            _SCHEDULES.move_to_end(key)
+            return known[1]
     result = _Builder(plan, params).build()
     _check_addressable(result)
+    with _SCHEDULES_LOCK:
+        _SCHEDULES[key] = (plan, result)
+        while len(_SCHEDULES) > _SCHEDULES_KEPT:
+            _SCHEDULES.popitem(last=False)
     return result
 
 
