@@ -7,8 +7,10 @@ Prints a table:
    pull consumer, answered with an ``EvalResult`` published into the stream before the ack —
    typed (``Bus.publish_durable`` + ``Bus.consume``) vs the same protocol in raw nats-py;
 3. the whole loop with no-op evaluators: islands, the template expert, evaluators with the
-   ``noop`` runner, a diagnoser, a migrator and a curator, in one process — candidates per second
-   from the first candidate to the last feedback.
+   ``noop`` runner, a diagnoser, a migrator and a curator — candidates per second from the first
+   candidate to the last feedback, CPU per candidate over every process, and the slowest actor's
+   stop, with the actors in one process or each kind in its own (``LOOPS``), one or eight
+   candidates per expert request; then the fastest configuration in detail.
 
 Run: ``python -m bench.fabric_bench [--quick]`` (or ``python bench/fabric_bench.py``). Ratios come
 from runs side by side on the same server; this machine is shared, so run it twice and compare.
@@ -33,7 +35,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from actors.bus import Bus, ConsumerSpec, Delivery
 from actors.nats_server import ServerInfo, start_server, stop_server
-from bench.loop_bench import describe, run_noop_loop
+from bench.loop_bench import Layout, describe, run_noop_loop
 from schemas import (
     Candidate,
     Control,
@@ -226,15 +228,41 @@ async def bench_hop(url: str, n: int, concurrency: int = 64) -> dict[str, float]
     return {"typed_per_s": max(typed), "raw_per_s": max(raw)}
 
 
-async def bench_loop(info: ServerInfo, candidates: int, islands: int, inflight: int) -> dict[str, float]:
+LOOPS: tuple[tuple[Layout, int], ...] = ((Layout.ONE, 1), (Layout.ONE, 8), (Layout.SPREAD, 1), (Layout.SPREAD, 8))
+"""The whole loop's configurations: every actor in one process (one core at most), or each kind but
+the islands in a process of its own (both cores, as the multi-machine recipe starts them); islands
+asking the template expert for one candidate per request, or eight."""
+
+
+async def bench_loop(
+    info: ServerInfo, candidates: int, islands: int, inflight: int, layout: Layout, per_request: int
+) -> dict[str, float]:
     return await run_noop_loop(
         info.url,
         candidates=candidates,
         islands=islands,
         inflight=inflight,
+        per_request=per_request,
+        layout=layout,
         server_pid=info.pid,
         server_http=info.http_url,
     )
+
+
+def loop_table(loops: list[tuple[Layout, int, dict[str, float]]]) -> str:
+    """The whole loop's runs side by side: rate, CPU per candidate (all processes) and the slowest
+    actor's stop."""
+    lines = [
+        f"{'whole loop (no-op evaluators)':<32} {'per request':>11} {'candidates/s':>13} {'CPU ms/cand':>12} "
+        f"{'processes':>9} {'slowest stop s':>15}"
+    ]
+    for layout, per_request, out in loops:
+        cpu = out["cpu_ms_per_candidate"] + out["other_cpu_ms_per_candidate"]
+        lines.append(
+            f"{'layout ' + layout.value:<32} {per_request:>11} {out['per_s']:>13.0f} {cpu:>12.2f} "
+            f"{out['processes']:>9.0f} {out['slowest_stop_s']:>15.2f}"
+        )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -256,9 +284,10 @@ def main() -> int:
         try:
             rr = asyncio.run(bench_request_reply(info.url, n_rr))
             hop = asyncio.run(bench_hop(info.url, n_hop))
-            loop = None
-            if not args.skip_loop:
-                loop = asyncio.run(bench_loop(info, candidates=500 if args.quick else 3000, islands=4, inflight=64))
+            loops: list[tuple[Layout, int, dict[str, float]]] = []
+            for layout, per_request in () if args.skip_loop else LOOPS:
+                n = 1000 if args.quick else 6000
+                loops.append((layout, per_request, asyncio.run(bench_loop(info, n, 4, 64, layout, per_request))))
         finally:
             stop_server(info.pid)
     rows = [
@@ -270,8 +299,11 @@ def main() -> int:
     out.write(f"\n{'measure':<32} {'typed bus':>12} {'raw nats-py':>12} {'overhead':>9}\n")
     for name, typed, raw, ratio in rows:
         out.write(f"{name:<32} {typed:>12.2f} {raw:>12.2f} {ratio:>8.2f}x\n")
-    if loop is not None:
-        out.write("\n" + describe(loop) + "\n")
+    if loops:
+        out.write("\n" + loop_table(loops) + "\n")
+        layout, per_request, best = max(loops, key=lambda run: run[2]["per_s"])
+        out.write(f"\nthe fastest, layout {layout.value} with {per_request} per request, in detail:\n")
+        out.write(describe(best) + "\n")
     return 0
 
 
