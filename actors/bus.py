@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -360,6 +361,11 @@ class Bus:
         self._closed = False
         self._running = asyncio.Event()
         self._running.set()
+        self._ack_prefix: str | None = None
+        """Subject prefix of this bus's JetStream acknowledgements (see :meth:`_stored`)."""
+        self._ack_lock = asyncio.Lock()
+        self._ack_ids = itertools.count()
+        self._acks: dict[str, asyncio.Future[Msg]] = {}
         self.lost = asyncio.Event()
         """Set when the client gave up on a lost server (bounded reconnects) without being closed."""
 
@@ -492,14 +498,49 @@ class Bus:
         delay = 0.1
         for attempt in range(1, attempts + 1):
             try:
-                ack = await self.js.publish(subject, payload, headers=headers, timeout=5.0)
-                return int(ack.seq)
+                return await self._stored(subject, payload, headers, timeout=5.0)
             except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
                 if attempt == attempts:
                     raise BusError(f"publish to {subject} not acknowledged: {_short(exc)}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
+
+    async def _stored(self, subject: str, payload: bytes, headers: dict[str, str], *, timeout: float) -> int:
+        """Publish into JetStream once and wait for the stream's acknowledgement; its sequence.
+
+        What ``JetStreamContext.publish`` does, with the acknowledgements of every publish of this
+        bus coming to one subscription (``_ack_prefix`` plus a counter) instead of a request per
+        publish (a random token, a timer task, a dataclass for the answer): a third less client
+        CPU per publish, and every actor publishes two or three times per candidate."""
+        if self._ack_prefix is None:
+            async with self._ack_lock:
+                if self._ack_prefix is None:
+                    prefix = self.nc.new_inbox() + "."
+                    await self.nc.subscribe(prefix + "*", cb=self._on_ack)
+                    self._ack_prefix = prefix
+        reply = f"{self._ack_prefix}{next(self._ack_ids)}"
+        answer: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._acks[reply] = answer
+        try:
+            await self.nc.publish(subject, payload, reply=reply, headers=headers)
+            async with asyncio.timeout(timeout):
+                ack = await answer
+        except TimeoutError as exc:
+            raise nats.errors.TimeoutError from exc
+        finally:
+            self._acks.pop(reply, None)
+        if ack.headers and ack.headers.get(STATUS_HEADER) == "503":  # no stream takes this subject
+            raise nats.js.errors.NoStreamResponseError
+        body = json.loads(ack.data)
+        if "error" in body:
+            raise nats.js.errors.APIError.from_error(body["error"])
+        return int(body["seq"])
+
+    async def _on_ack(self, msg: Msg) -> None:
+        answer = self._acks.pop(msg.subject, None)
+        if answer is not None and not answer.done():
+            answer.set_result(msg)
 
     async def request(self, subject: str, msg: Message, reply_type: type[R], *, timeout: float) -> R:
         """Send a request and validate the reply as ``reply_type``.
