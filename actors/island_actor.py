@@ -50,6 +50,9 @@ from schemas import (
     subjects,
 )
 
+EXPIRE_EVERY_S = 0.5
+"""How often the generation loop looks for candidates whose feedback is overdue (by minutes)."""
+
 
 class IslandActor(Actor):
     """One island of a run (see the module docstring)."""
@@ -103,6 +106,7 @@ class IslandActor(Actor):
         self._pump: asyncio.Task[None] | None = None
         self._generating = True  # cleared on drain: the loop ends even if its cancel is lost (3.11 wait_for)
         self._last_save = 0.0
+        self._expired_at = 0.0
         self._save_gap_s = save_every_s
         """Seconds between saves: ``save_every_s``, longer when a save is slow (see ``_save``)."""
         self._said_stagnating = False
@@ -216,8 +220,11 @@ class IslandActor(Actor):
                 if self._empty_streak >= self.give_up_after and self.brain.evaluated == 0 and not self._requests:
                     self._gave_up = True
             async with self._lock:
-                if lost := self.brain.expire_lost(time.monotonic()):
-                    self.log.warning("feedback overdue, slots released", candidates=lost)
+                now = time.monotonic()
+                if now - self._expired_at >= EXPIRE_EVERY_S:  # overdue means minutes: no need to look on every wake
+                    self._expired_at = now
+                    if lost := self.brain.expire_lost(now):
+                        self.log.warning("feedback overdue, slots released", candidates=lost)
                 if self.quota.exhausted:
                     self.brain.stop(StopReason.CANDIDATES)
                 stopped = self.brain.budget_exhausted(time.time())
@@ -303,7 +310,10 @@ class IslandActor(Actor):
                 # that feedbacks handled beside this one do not announce the same change again.
                 self._said_stagnating, self._last_status = outcome.stagnating, time.monotonic()
                 publishing.append(self._publish_status())
-            await asyncio.gather(*publishing)
+            if len(publishing) == 1:
+                await publishing[0]  # the usual case: no task to make
+            else:
+                await asyncio.gather(*publishing)
             await self._save()
             self.log.info(
                 "feedback",
