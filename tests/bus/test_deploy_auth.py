@@ -37,7 +37,7 @@ from schemas import (
     StopReason,
     subjects,
 )
-from tests.bus.helpers import register_run
+from tests.bus.helpers import publish_candidates, register_run
 from tests.bus.scripted import ScriptedExpert, ScriptedRunner
 from tests.cluster.nodes import free_ports
 
@@ -114,6 +114,9 @@ async def test_every_actor_runs_as_its_role_without_a_permission_violation(
         migration=MigrationPolicy(interval_s=0.3),
     )
     await put_expert_config(admin, ExpertConfig(name="scripted", kind=ExpertKind.TEMPLATE, role="template"))
+    # A candidate the islands did not publish (as the controller publishes seeds): island i0 reads it
+    # back from the run stream when its feedback comes.
+    await publish_candidates(admin, run, range(1), island="i0")
     config = ExpertConfig(name="scripted", kind=ExpertKind.TEMPLATE, role="template")
     actors: list[Actor] = [
         CuratorActor(nats_url=_url("curator", hostport), directory=tmp_path / "lib", embedder="hashing"),
@@ -134,7 +137,7 @@ async def test_every_actor_runs_as_its_role_without_a_permission_violation(
         assert isinstance(migrator, MigratorActor)
         islands = [a for a in actors if isinstance(a, IslandActor)]
         # Run until every path has been taken: feedback to both islands, elites announced and
-        # migrated, experiences recorded and retrieved.
+        # migrated, experiences recorded and retrieved, a candidate read back.
         for _ in range(600):
             state = {
                 "evaluated": [i.brain.evaluated for i in islands],
@@ -142,6 +145,7 @@ async def test_every_actor_runs_as_its_role_without_a_permission_violation(
                 "migrants_taken": await _migrants_taken(admin, run_id, ("i0", "i1")),
                 "queries": curator.queries,
                 "replayed": curator.replayed,
+                "read_back": sum(i._reader.reads for i in islands if i._reader is not None),
             }
             if (
                 min(state["evaluated"]) >= 3  # type: ignore[call-overload]
@@ -149,6 +153,7 @@ async def test_every_actor_runs_as_its_role_without_a_permission_violation(
                 and state["migrants_taken"]
                 and state["queries"]
                 and state["replayed"]
+                and state["read_back"]
             ):
                 break
             assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
