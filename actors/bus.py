@@ -530,8 +530,12 @@ class Bus:
             raise nats.errors.TimeoutError from exc
         finally:
             self._acks.pop(reply, None)
-        if ack.headers and ack.headers.get(STATUS_HEADER) == "503":  # no stream takes this subject
+        status = ack.headers.get(STATUS_HEADER) if ack.headers and not ack.data else None
+        if status == "503":  # no stream takes this subject (no responders)
             raise nats.js.errors.NoStreamResponseError
+        if status is not None:
+            description = ack.headers.get(DESCRIPTION_HEADER, "") if ack.headers else ""
+            raise BusError(f"publish to {subject} answered with status {status} {description}".rstrip())
         body = json.loads(ack.data)
         if "error" in body:
             raise nats.js.errors.APIError.from_error(body["error"])
