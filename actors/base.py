@@ -14,6 +14,7 @@ and ``extra_stats``; every hook has a documented no-op default.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import gc
 import os
@@ -36,6 +37,22 @@ from schemas import ActorInfo, ActorKind, ActorState, ActorStats, Control, Contr
 def new_actor_id(kind: ActorKind | str) -> str:
     """A readable unique actor id, e.g. ``evaluator-3f2a9c1d``."""
     return f"{kind}-{uuid.uuid4().hex[:8]}"
+
+
+_unfreeze_at_exit = False
+
+
+def _freeze_what_set_up_left() -> None:
+    """What set-up left (imports: torch alone is some 200,000 objects) lives as long as the
+    process: out of the collector's sight, so a full collection, which runs every few seconds
+    under load, walks only what the actor makes while it serves. At exit it is handed back, so
+    the interpreter's last collection frees it as before (left frozen, extension modules such as
+    Triton's report every object of theirs still alive as a leak)."""
+    global _unfreeze_at_exit
+    gc.freeze()
+    if not _unfreeze_at_exit:
+        _unfreeze_at_exit = True
+        atexit.register(gc.unfreeze)
 
 
 class Actor:
@@ -186,10 +203,7 @@ class Actor:
                     return
                 self.state = ActorState.RUNNING
                 self._ready.set()
-                # What set-up left (imports: torch alone is some 200,000 objects) lives as long as
-                # the process: out of the collector's sight, so a full collection, which runs every
-                # few seconds under load, walks only what the actor makes while it serves.
-                gc.freeze()
+                _freeze_what_set_up_left()
                 self.log.info("actor running", kind=str(self.kind), version=self.version)
                 await self._stop.wait()
                 self.state = ActorState.DRAINING
