@@ -7,14 +7,16 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.aio.msg import Msg
 
 from actors.bus import Bus, ConsumerSpec, transient
 from actors.errors import BusError
 from actors.kv import get_run
-from schemas import Feedback, subjects
+from schemas import Control, ControlAction, Feedback, subjects
 from tests.bus.helpers import RestartableServer, register_run
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,3 +94,38 @@ def test_only_a_server_that_cannot_answer_now_is_transient() -> None:
     assert not transient(nats.js.errors.KeyNotFoundError())  # an answer: there is no such key
     assert not transient(nats.js.errors.NotFoundError(code=404, description="stream not found"))
     assert not transient(nats.errors.ConnectionClosedError())  # the client gave up: asking again cannot help
+
+
+async def test_a_request_lost_with_the_server_is_asked_again_once_the_connection_is_back(
+    server: RestartableServer,
+) -> None:
+    """An island's request to an expert that the server lost (the request or its reply) used to
+    wait its whole timeout (minutes for an expert): the run stalled after a NATS restart."""
+    asker = await Bus.connect(server.url, name="t", actor_id="t-asker", connect_timeout=None)
+    answerer = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    seen: list[bytes] = []
+    first = asyncio.Event()
+
+    async def answer_all_but_the_first(msg: Msg) -> None:
+        seen.append(msg.data)
+        first.set()
+        if len(seen) > 1:  # the first is lost, as it would be with the server going down
+            await msg.respond(msg.data)
+
+    try:
+        await answerer.subscribe("t.lost.request", cb=answer_all_but_the_first)
+        await answerer.flush()
+        sent = Control(action=ControlAction.DRAIN, reason="lost with the server")
+        started = asyncio.get_running_loop().time()
+        request = asyncio.create_task(asker.request("t.lost.request", sent, Control, timeout=40.0))
+        await asyncio.wait_for(first.wait(), 10.0)
+        server.stop()
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(server.start)
+        reply = await request
+        assert reply == sent
+        assert len(seen) == 2
+        assert asyncio.get_running_loop().time() - started < 20.0  # not the 40 s timeout
+    finally:
+        await answerer.close()
+        await asker.close()
