@@ -572,14 +572,10 @@ class Bus:
     async def _back_online(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the connection; whether it is up. False at once for
         a bus being closed or a client that gave up reconnecting."""
-        if self.online.is_set() or self._closed or self.lost.is_set():
-            return self.online.is_set() and not self._closed
-        waits = [asyncio.ensure_future(self.online.wait()), asyncio.ensure_future(self.lost.wait())]
-        try:
-            await asyncio.wait(waits, timeout=max(timeout, 0.0), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        if not (self.online.is_set() or self._closed or self.lost.is_set()):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await _wait_any(self.online, self.lost)
         return self.online.is_set() and not self._closed
 
     async def _stored(self, subject: str, payload: bytes, headers: dict[str, str], *, timeout: float) -> int:
@@ -797,8 +793,8 @@ class Bus:
     async def _on_pulled(self, raw: Msg, consumer: PullConsumer, msg_type: type[M], handler: Handler[M]) -> None:
         """A message of the consumer's inbox: a status that ends a pull request, or a message for a
         worker (nak'ed at once when it comes after the stop)."""
-        status = raw.headers.get(STATUS_HEADER) if raw.headers else None
-        if status is not None and not raw.data:
+        status = _status(raw)
+        if status is not None:
             if status != "100":  # 100 is an idle heartbeat; anything else ends the request
                 if status not in ("404", "408"):
                     consumer.trouble = f"{status} {raw.headers.get(DESCRIPTION_HEADER, '') if raw.headers else ''}"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from actors.bus import Bus
 from actors.errors import BusError
@@ -22,6 +23,7 @@ from schemas import (
     Control,
     ControlAction,
     DiagnosisCategory,
+    EvalResult,
     EvalStatus,
     Experience,
     KernelLanguage,
@@ -33,6 +35,9 @@ from schemas import (
     TensorSpec,
     subjects,
 )
+
+if TYPE_CHECKING:
+    from actors.island_actor import IslandActor
 
 REFERENCE = """import torch
 import torch.nn as nn
@@ -70,6 +75,28 @@ def candidate(run: RunSpec, i: int, island: str = "i0") -> Candidate:
         expert="test",
         proposal=Proposal(source=f"# candidate {i}\nclass ModelNew: ...\n", language=KernelLanguage.TRITON),
     )
+
+
+def result_for(cand: Candidate, status: EvalStatus, summary: str, **fields: Any) -> EvalResult:
+    """An evaluator's result for ``cand`` (its run, island and task)."""
+    return EvalResult(
+        run_id=cand.run_id,
+        candidate_id=cand.candidate_id,
+        island=cand.island,
+        task_id=cand.task_id,
+        status=status,
+        summary=summary,
+        **fields,
+    )
+
+
+async def wait_evaluated(island: IslandActor, n: int, timeout: float = 30.0) -> None:
+    """Until ``island`` has taken ``n`` feedbacks (its own counter: it announces nothing per feedback)."""
+    async with asyncio.timeout(timeout):
+        while True:  # polled: the island has no event for it
+            if island.brain.evaluated >= n:
+                return
+            await asyncio.sleep(0.05)
 
 
 async def publish_candidates(bus: Bus, run: RunSpec, ids: range, island: str = "i0") -> None:

@@ -21,12 +21,11 @@ from schemas import (
     ActorInfo,
     Control,
     ControlAction,
-    EvalResult,
     EvalStatus,
     Feedback,
     subjects,
 )
-from tests.bus.helpers import candidate, collect, register_run, spawn_actor, stop_process, wait_up
+from tests.bus.helpers import candidate, collect, register_run, result_for, spawn_actor, stop_process, wait_up
 
 TOTAL = 300
 ACK_WAIT_S = 30.0
@@ -62,14 +61,8 @@ async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
                 await bus.publish_durable(
                     subjects.candidates(run_id, "i0", cand.candidate_id), cand, msg_id=cand.candidate_id
                 )
-                result = EvalResult(
-                    run_id=run_id,
-                    candidate_id=cand.candidate_id,
-                    island="i0",
-                    task_id=cand.task_id,
-                    status=EvalStatus.COMPILE_ERROR,
-                    summary="compile error",
-                    compile_log="SyntaxError: invalid syntax (line 3)",
+                result = result_for(
+                    cand, EvalStatus.COMPILE_ERROR, "compile error", compile_log="SyntaxError: invalid syntax (line 3)"
                 )
                 await bus.publish_durable(subjects.results(run_id, "i0"), result, msg_id=f"result-{cand.candidate_id}")
                 produced += 1

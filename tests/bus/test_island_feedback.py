@@ -10,8 +10,8 @@ import pytest
 
 from actors.bus import Bus
 from actors.island_actor import IslandActor
-from schemas import Diagnosis, DiagnosisCategory, EvalResult, EvalStatus, Feedback, subjects
-from tests.bus.helpers import candidate, publish_candidates, register_run
+from schemas import Diagnosis, DiagnosisCategory, EvalStatus, Feedback, subjects
+from tests.bus.helpers import candidate, publish_candidates, register_run, result_for, wait_evaluated
 from tests.evolution.factories import timing
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,24 +30,17 @@ async def test_island_reads_back_the_candidates_it_does_not_have(nats_url: str, 
         await asyncio.wait_for(island.wait_ready(), 30)
         for i in range(N):
             cand = candidate(run, i)
-            result = EvalResult(
-                run_id=run_id,
-                candidate_id=cand.candidate_id,
-                island="i0",
-                task_id=cand.task_id,
-                status=EvalStatus.CORRECT,
-                summary="correct",
+            result = result_for(
+                cand,
+                EvalStatus.CORRECT,
+                "correct",
                 speedup_vs_eager=1.0 + i / 10,
                 timing=timing(1.0 / (1.0 + i / 10)),
             )
             diagnosis = Diagnosis(candidate_id=cand.candidate_id, category=DiagnosisCategory.AT_SOL, summary="ok")
             feedback = Feedback(run_id=run_id, island="i0", result=result, diagnosis=diagnosis)
             await bus.publish_durable(subjects.feedback(run_id, "i0"), feedback, msg_id=f"feedback-{i}")
-        async with asyncio.timeout(30):
-            while True:  # the island's own counter (it announces nothing per feedback)
-                if island.brain.evaluated >= N:
-                    break
-                await asyncio.sleep(0.05)
+        await wait_evaluated(island, N)
         assert island._reader is not None
         reads = island._reader.reads
         best = island.brain.archive.best()

@@ -12,13 +12,12 @@ from actors.island_actor import IslandActor
 from schemas import (
     Diagnosis,
     DiagnosisCategory,
-    EvalResult,
     EvalStatus,
     Feedback,
     IslandStatus,
     subjects,
 )
-from tests.bus.helpers import candidate, collect, register_run
+from tests.bus.helpers import candidate, collect, register_run, result_for, wait_evaluated
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,24 +37,13 @@ async def test_island_says_when_it_starts_to_stagnate_and_not_on_every_feedback_
         await asyncio.wait_for(island.wait_ready(), 30)
         for i in range(N):
             cand = candidate(run, i)
-            result = EvalResult(
-                run_id=run_id,
-                candidate_id=cand.candidate_id,
-                island="i0",
-                task_id=cand.task_id,
-                status=EvalStatus.COMPILE_ERROR,
-                summary="does not compile",
-            )
+            result = result_for(cand, EvalStatus.COMPILE_ERROR, "does not compile")
             diagnosis = Diagnosis(
                 candidate_id=cand.candidate_id, category=DiagnosisCategory.COMPILE_SYNTAX, summary="does not compile"
             )
             feedback = Feedback(run_id=run_id, island="i0", candidate=cand, result=result, diagnosis=diagnosis)
             await bus.publish_durable(subjects.feedback(run_id, "i0"), feedback, msg_id=f"feedback-{i}")
-        async with asyncio.timeout(30):
-            while True:  # the island's own counter (it announces nothing per feedback)
-                if island.brain.evaluated >= N:
-                    break
-                await asyncio.sleep(0.05)
+        await wait_evaluated(island, N)
         stream = subjects.run_stream(run_id)
         statuses: list[IslandStatus] = await collect(
             bus, stream, subjects.island_status(run_id, "i0"), IslandStatus, want=2, timeout=10
