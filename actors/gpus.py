@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from actors.errors import ConfigError
+from gpu_runner.config import usable_cores
 
 
 @dataclass(frozen=True)
@@ -178,5 +179,5 @@ def compile_workers_per_gpu(n_gpus: int, cores: int | None = None) -> int:
     cores, at least one."""
     if n_gpus < 1:
         raise ConfigError(f"evaluators per machine must be >= 1, got {n_gpus}")
-    total = cores if cores is not None else (os.cpu_count() or 1)
+    total = cores if cores is not None else usable_cores()
     return max(1, total // n_gpus)

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import secrets
 import shutil
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from gpu_runner.config import RunnerConfig
+from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import CompileOp, Op, Report, op_frame
@@ -91,7 +90,7 @@ class Compiler:
         env = {
             "TRITON_CACHE_DIR": str(private / "triton"),
             "TORCH_EXTENSIONS_DIR": str(private / "ext"),
-            "MAX_JOBS": str(max(1, (os.cpu_count() or 1) // self.cfg.compile_workers)),
+            "MAX_JOBS": str(max(1, usable_cores() // self.cfg.compile_workers)),
         }
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ""

@@ -69,6 +69,15 @@ def _env_flag(name: str, default: bool = False) -> bool:
     return default if value == "" else value == "1"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a cgroup's cpuset, ``taskset``, or
+    ``kfoundry bench --parallel``'s share), which ``os.cpu_count()`` ignores."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """How the evaluator runs candidates. Every field is checked when the config is built."""
@@ -79,7 +88,7 @@ class RunnerConfig:
     """Pre-warmed single-use run processes kept ready."""
     max_concurrent_runs: int = 1
     """Run processes executing candidates at once (per GPU); timing wants 1."""
-    compile_workers: int = os.cpu_count() or 1
+    compile_workers: int = field(default_factory=usable_cores)
     """Compile processes at once."""
     gpu: str | None = None
     """The one GPU this service's workers may see (a ``CUDA_VISIBLE_DEVICES`` entry, ideally the

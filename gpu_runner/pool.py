@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import secrets
 import shutil
 import time
@@ -26,7 +25,7 @@ import numpy.typing as npt
 import psutil
 import structlog
 
-from gpu_runner.config import RunnerConfig
+from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, op_frame
@@ -142,7 +141,7 @@ class RunPool:
         self.tasks: set[asyncio.Task[None]] = set()
         # Half the cores: with one start per core (16 on an H200 host, beside 16 compiles) each
         # start took 50 s instead of 15 s, and the GPU waited for the whole batch.
-        self.start_sem = asyncio.Semaphore(max(2, min(cfg.spares, (os.cpu_count() or 2) // 2)))
+        self.start_sem = asyncio.Semaphore(max(2, min(cfg.spares, usable_cores() // 2)))
         self.idle_changed = asyncio.Event()
         self.last_ready: dict[str, Any] = {}
         self.seeds: dict[str | None, Path] = {}

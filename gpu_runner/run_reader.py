@@ -9,7 +9,6 @@ outputs are judged on the device), memory, profile, timing, an error or the end.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 
 from gpu_runner.assemble import Collected
 from gpu_runner.compare import TrialCheck, compare_trial
-from gpu_runner.config import RunnerConfig
+from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.frames import Report
 from gpu_runner.pool import Spare, decode_outputs
 from gpu_runner.protocol import Blob, FrameError
@@ -25,7 +24,7 @@ from gpu_runner.sandbox import Worker
 from gpu_runner.verdict import RunRecord, exit_description
 from schemas import Check, CheckName, CheckOutcome
 
-_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(4, (os.cpu_count() or 2) // 4)), thread_name_prefix="kf-compare")
+_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(4, usable_cores() // 4)), thread_name_prefix="kf-compare")
 """Output comparisons (tens to hundreds of ms of numpy each) run here, not in the event loop's
 default executor, so a burst of them cannot queue the short steps on a candidate's path (the
 gate, staging files, storing a compile) behind it, nor take every core from the compilers."""

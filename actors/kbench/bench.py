@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TextIO
@@ -25,12 +27,15 @@ from pydantic import ValidationError
 from actors.kbench.errors import BenchError, Interrupted, ResultsFileError
 from actors.kbench.problems import Problem, select
 from actors.kbench.results import BenchFile, ProblemResult, markdown, totals
+from actors.kbench.slots import Slot, plan_slots
 
 if TYPE_CHECKING:  # the runner (and the report it reads) load only when a bench runs: every
     # kfoundry command builds this parser
     from actors.kbench.runner import RunOptions
 
 EXIT_INTERRUPTED = 130
+EXIT_UNFINISHED = 75
+"""Exit status when ``--start-until`` left problems unstarted (EX_TEMPFAIL: run again to resume)."""
 
 
 def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,6 +61,21 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="more `kfoundry run` arguments as one string, e.g. --run-args='--islands 1 --experts template'",
     )
     p.add_argument("--grace", type=float, default=30.0, help="seconds a run gets to stop after SIGINT")
+    p.add_argument(
+        "--start-until",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no problem after this many seconds of the bench; those running finish and are kept "
+        "(run again to resume; exit status 75): a bench cut into time slots loses no run half done",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="problems run at once (default 1). On GPUs each run gets GPUs of its own (the visible GPUs "
+        "split evenly; at most one run per GPU) and a share of the cores; on the CPU, a share of the cores",
+    )
     p.set_defaults(func=cmd_bench)
 
 
@@ -82,60 +102,128 @@ def write(bench: BenchFile, out: Path) -> None:
 
 
 class Bench:
-    """The bench's loop over its problems (see the module docstring)."""
+    """The bench's loop over its problems (see the module docstring): one run at a time, or one
+    per slot at a time, each slot's runs started from a thread of its own."""
 
     def __init__(
-        self, problems: list[Problem], bench: BenchFile, out: Path, opts: RunOptions, progress: TextIO
+        self,
+        problems: list[Problem],
+        bench: BenchFile,
+        out: Path,
+        opts: RunOptions,
+        progress: TextIO,
+        slots: Sequence[Slot] | None = None,
+        start_until_s: float | None = None,
     ) -> None:
         self.problems = problems
         self.bench = bench
         self.out = out
         self.opts = opts
         self.progress = progress
+        self.slots = list(slots) if slots else [Slot()]
         self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._queue: deque[tuple[int, Problem]] = deque()
+        self._todo = 0
+        self._failure: BaseException | None = None
+        self.start_until_s = start_until_s
+        """No problem is started after this many seconds (``--start-until``)."""
+        self._held = 0
+        """Problems not started because of :attr:`start_until_s`."""
 
-    def _say(self, started: float, text: str) -> None:
-        self.progress.write(f"[{time.monotonic() - started:7.0f}s] {text}\n")
-        self.progress.flush()
+    def _say(self, text: str) -> None:
+        with self._lock:
+            self.progress.write(f"[{time.monotonic() - self._started:7.0f}s] {text}\n")
+            self.progress.flush()
 
     def run(self) -> int:
-        from actors.kbench.runner import describe, run_problem
-
-        started = time.monotonic()
+        self._started = time.monotonic()
         done = {(r.level, r.number) for r in self.bench.results}
         todo = [p for p in self.problems if (p.level, p.number) not in done]
         skipped = len(self.problems) - len(todo)
-        self._say(started, f"{len(todo)} problem(s) to run, {skipped} already in {self.out / 'bench.json'}")
-        for i, problem in enumerate(todo, 1):
-            if self.stop.is_set():
-                break
-            self._say(started, f"({i}/{len(todo)}) {problem.name}: start")
-            t0 = time.monotonic()
-            try:
-                result = run_problem(problem, self.out, self.opts, self.stop)
-            except Interrupted:
-                self._say(started, f"({i}/{len(todo)}) {problem.name}: interrupted, not kept")
-                break
-            self._keep(result)
-            self._say(started, f"({i}/{len(todo)}) {problem.name}: {describe(result)} ({time.monotonic() - t0:.0f} s)")
+        self._todo = len(todo)
+        self._queue.extend(enumerate(todo, 1))
+        self._say(f"{len(todo)} problem(s) to run, {skipped} already in {self.out / 'bench.json'}")
+        if len(self.slots) == 1:
+            self._work(self.slots[0])
+        else:
+            self._say(f"{len(self.slots)} at a time: " + "; ".join(self._describe(s) for s in self.slots))
+            threads = [
+                threading.Thread(target=self._work, args=(slot,), name=f"bench-slot-{slot.index}", daemon=True)
+                for slot in self.slots
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():  # joined in steps, so the main thread still takes SIGINT/SIGTERM
+                    t.join(timeout=0.5)
         write(self.bench, self.out)
+        if self._failure is not None:
+            raise self._failure
         if self.stop.is_set():
-            self._say(started, f"stopped; finished results kept in {self.out / 'bench.json'} (run again to resume)")
+            self._say(f"stopped; finished results kept in {self.out / 'bench.json'} (run again to resume)")
             return EXIT_INTERRUPTED
-        self._say(started, f"done: {self.out / 'bench.json'}, {self.out / 'bench.md'}")
+        if self._held:
+            self._say(
+                f"--start-until {self.start_until_s:g} s reached: {self._held} problem(s) not started; "
+                f"finished results in {self.out / 'bench.json'} (run again to resume)"
+            )
+            return EXIT_UNFINISHED
+        self._say(f"done: {self.out / 'bench.json'}, {self.out / 'bench.md'}")
         return 0
 
+    @staticmethod
+    def _describe(slot: Slot) -> str:
+        cores = f"{len(slot.cores)} cores" if slot.cores else "every core"
+        return f"{slot.label()} with {cores}" if slot.gpus else slot.label()
+
+    def _work(self, slot: Slot) -> None:
+        """Run problems from the queue on ``slot`` until it is empty or the bench is stopped."""
+        from actors.kbench.runner import describe, run_problem
+
+        try:
+            if slot.cores:
+                os.sched_setaffinity(0, slot.cores)  # this thread's; the runs it starts inherit it
+            where = f" on {slot.label()}" if len(self.slots) > 1 else ""
+            while not self.stop.is_set():
+                with self._lock:
+                    if not self._queue:
+                        return
+                    if self.start_until_s is not None and time.monotonic() - self._started > self.start_until_s:
+                        self._held = len(self._queue)
+                        return
+                    i, problem = self._queue.popleft()
+                self._say(f"({i}/{self._todo}) {problem.name}: start{where}")
+                t0 = time.monotonic()
+                try:
+                    result = run_problem(problem, self.out, self.opts, self.stop, slot=slot)
+                except Interrupted:
+                    self._say(f"({i}/{self._todo}) {problem.name}: interrupted, not kept")
+                    return
+                self._keep(result)
+                self._say(f"({i}/{self._todo}) {problem.name}: {describe(result)} ({time.monotonic() - t0:.0f} s)")
+        except BaseException as exc:  # a slot's thread: the failure ends the bench, raised by run()
+            with self._lock:
+                self._failure = self._failure or exc
+            self.stop.set()
+            if threading.current_thread() is threading.main_thread():
+                raise
+
     def _keep(self, result: ProblemResult) -> None:
-        rows = [r for r in self.bench.results if (r.level, r.number) != (result.level, result.number)]
-        rows.append(result)
-        rows.sort(key=lambda r: (r.level, r.number))
-        self.bench = self.bench.model_copy(update={"results": tuple(rows)})
-        write(self.bench, self.out)
+        with self._lock:
+            rows = [r for r in self.bench.results if (r.level, r.number) != (result.level, result.number)]
+            rows.append(result)
+            rows.sort(key=lambda r: (r.level, r.number))
+            self.bench = self.bench.model_copy(update={"results": tuple(rows)})
+            write(self.bench, self.out)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.seconds is not None and args.seconds <= 0:
         raise BenchError(f"--seconds {args.seconds:g}: must be positive")
+    if args.start_until is not None and args.start_until < 0:
+        raise BenchError(f"--start-until {args.start_until:g}: must be 0 or more seconds")
     if args.eval_timeout <= 0 or args.grace <= 0:
         raise BenchError("--eval-timeout and --grace must be positive")
     problems = select(args.kernelbench_dir, args.level, args.problems)
@@ -152,10 +240,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench = load_existing(out / "bench.json", args.level) or BenchFile(
         kernelbench_dir=str(args.kernelbench_dir.resolve()), level=args.level, problems_spec=args.problems
     )
-    bench = bench.model_copy(
-        update={"problems_spec": args.problems, "run_args": run_args, "device": args.device, "seconds": args.seconds}
-    )
+    from actors.gpus import list_gpus
     from actors.kbench.runner import RunOptions
+
+    slots = plan_slots(
+        args.parallel,
+        args.device,
+        list_gpus() if args.parallel > 1 and args.device != "cpu" else [],
+        sorted(os.sched_getaffinity(0)),
+    )
+    bench = bench.model_copy(
+        update={
+            "problems_spec": args.problems,
+            "run_args": run_args,
+            "device": args.device,
+            "seconds": args.seconds,
+            "parallel": args.parallel,
+        }
+    )
 
     opts = RunOptions(
         device=args.device,
@@ -164,7 +266,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         eval_timeout_s=args.eval_timeout,
         grace_s=args.grace,
     )
-    runner = Bench(problems, bench, out, opts, sys.stderr)
+    runner = Bench(problems, bench, out, opts, sys.stderr, slots, args.start_until)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         sys.stderr.write(f"\n{signal.Signals(signum).name}: stopping the running problem (finished ones are kept)\n")

@@ -93,13 +93,13 @@ def gpu_used_by_pid() -> dict[int, int] | None:
     return used
 
 
-def gpu_used_total() -> int | None:
-    """Bytes of memory in use over all GPUs; ``None`` without nvidia-smi."""
-    rows = _smi(["--query-gpu=memory.used"])
+def gpu_used_total(uuids: frozenset[str] | None = None) -> int | None:
+    """Bytes of memory in use over all GPUs, or over those of ``uuids``; ``None`` without nvidia-smi."""
+    rows = _smi(["--query-gpu=uuid,memory.used"])
     if not rows:
         return None
     try:
-        return sum(int(float(row[0]) * _MIB) for row in rows)
+        return sum(int(float(row[1]) * _MIB) for row in rows if uuids is None or row[0] in uuids)
     except (ValueError, IndexError):
         return None
 
@@ -165,16 +165,21 @@ class TreeMonitor:
     It also remembers every process it has seen in the tree (``members()``), so what outlives the
     root, reparented away from it, can still be found and ended."""
 
-    def __init__(self, pid: int, *, gpu: bool, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, pid: int, *, gpu: bool, interval_s: float = 1.0, gpu_uuids: frozenset[str] | None = None
+    ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s={interval_s!r}: must be positive")
         self.pid = pid
         self.gpu = gpu and shutil.which("nvidia-smi") is not None
+        self.gpu_uuids = gpu_uuids
+        """The GPUs the tree may use (``None``: all): the whole-GPU reading covers only these, so
+        runs side by side on other GPUs do not count."""
         self.interval_s = interval_s
         self._host: int | None = None
         self._gpu: int | None = None
         self._device: int | None = None
-        self._baseline = gpu_used_total() if self.gpu else None
+        self._baseline = gpu_used_total(gpu_uuids) if self.gpu else None
         self._members: dict[tuple[int, float], psutil.Process] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -220,7 +225,7 @@ class TreeMonitor:
         pids = tree_pids(self.pid)
         if per_pid is not None and pids & per_pid.keys():
             self._gpu = max(self._gpu or 0, sum(per_pid[p] for p in pids & per_pid.keys()))
-        total = gpu_used_total()
+        total = gpu_used_total(self.gpu_uuids)
         if total is not None and self._baseline is not None:
             self._device = max(self._device or 0, total - self._baseline)
 

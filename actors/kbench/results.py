@@ -83,6 +83,8 @@ class ProblemResult(_Frozen):
     """Verdicts of the run's candidates."""
     run_dir: str
     """Where the run's results are (relative to the bench's output folder)."""
+    gpus: tuple[str, ...] = ()
+    """The UUIDs of the GPUs the run was given (``--parallel``); empty: every GPU the bench saw."""
 
     def speedup(self, baseline: Baseline) -> float | None:
         """The best correct candidate's speedup over ``baseline``; ``None`` without one."""
@@ -118,6 +120,8 @@ class BenchFile(_Frozen):
     """Each run's wall-clock budget (``None``: ``kfoundry run``'s default)."""
     run_args: tuple[str, ...] = ()
     """More arguments every ``kfoundry run`` got."""
+    parallel: int = 1
+    """Runs at a time (``--parallel``) of the bench's last start; each on GPUs of its own."""
     results: tuple[ProblemResult, ...] = Field(default=())
     totals: Totals | None = None
 
@@ -193,6 +197,11 @@ def markdown(bench: BenchFile) -> str:
     lines = [
         f"# kfoundry bench: KernelBench level {bench.level}, problems {bench.problems_spec}",
         "",
+    ]
+    if bench.parallel > 1:
+        own = "GPUs of its own (none shared) and " if any(r.gpus for r in bench.results) else ""
+        lines += [f"Problems ran {bench.parallel} at a time, each run on {own}a share of the host's cores.", ""]
+    lines += [
         "| problem | status | vs eager | vs compile | % SOL | evaluated | first correct (s) "
         "| peak GPU (GiB) | peak host (GiB) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -29,6 +29,7 @@ from actors.kbench.errors import Interrupted
 from actors.kbench.monitor import TreeMonitor, reap
 from actors.kbench.problems import Problem
 from actors.kbench.results import ProblemResult, ProblemStatus
+from actors.kbench.slots import Slot
 from actors.logs import get_logger
 from actors.nats_server import EmbeddedServer
 from actors.report import RunReport
@@ -177,10 +178,17 @@ def reap_run(monitor: TreeMonitor, name: str, env: dict[str, str] | None) -> Non
 
 
 def run_problem(
-    problem: Problem, out_dir: Path, opts: RunOptions, stop: threading.Event, *, env: dict[str, str] | None = None
+    problem: Problem,
+    out_dir: Path,
+    opts: RunOptions,
+    stop: threading.Event,
+    *,
+    env: dict[str, str] | None = None,
+    slot: Slot | None = None,
 ) -> ProblemResult:
-    """Run ``problem`` with ``kfoundry run`` and classify the outcome; raises :class:`Interrupted`
-    if ``stop`` is set before it ends (the run is stopped first)."""
+    """Run ``problem`` with ``kfoundry run`` (on ``slot``'s GPUs if it names some) and classify the
+    outcome; raises :class:`Interrupted` if ``stop`` is set before it ends (the run is stopped first)."""
+    slot = slot or Slot()
     rel = Path("runs") / f"level{problem.level}_{problem.number:03d}"
     run_dir = out_dir / rel
     if run_dir.exists():  # left by an interrupted bench: start clean so no stale report is read
@@ -197,9 +205,10 @@ def run_problem(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"),
+            env=slot.environ(os.environ if env is None else env),
         )
-        with TreeMonitor(proc.pid, gpu=gpu, interval_s=opts.sample_s) as monitor:
+        uuids = frozenset(g.uuid for g in slot.gpus) or None
+        with TreeMonitor(proc.pid, gpu=gpu, interval_s=opts.sample_s, gpu_uuids=uuids) as monitor:
             while True:
                 try:
                     proc.wait(timeout=0.5)
@@ -249,6 +258,7 @@ def run_problem(
         end_reason=report.end_reason.value if report is not None and report.end_reason is not None else None,
         status_counts=report.status_counts if report is not None else {},
         run_dir=str(rel),
+        gpus=tuple(g.uuid for g in slot.gpus),
     )
 
 

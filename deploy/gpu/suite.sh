@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of Kernel Foundry, in stages that each fit one device call (< 10 minutes).
-#   deploy/gpu/suite.sh probe|tests|runner-bench|template-bench|run|kbench|all|py [extra args]
+#   deploy/gpu/suite.sh probe|tests|runner-bench|template-bench|run|kbench|kbench-dev|all|py [extra args]
 #   all      probe, a real kfoundry run and a short kfoundry bench, with a table (deploy/gpu/session.sh)
+#   kbench-dev  every level's development subset, every GPU busy (KB_LEVELS, KB_DEADLINE; below)
 #   kbench   kfoundry bench's own arguments, e.g.  kbench --level 1 --problems dev --seconds 90
 #            (the KernelBench folder defaults to $KB, else .kb/, else ~/kb/KernelBench); it resumes
 #            from /tmp/kf-kbench on a warm machine, or from a carried .kb-state/bench.json
@@ -72,6 +73,36 @@ case "$stage" in
     cp "$work/bench.json" "$work/bench.md" "$out/" 2>/dev/null
     [ -d "$work/runs" ] && tar -czf "$out/kbench-runs.tar.gz" -C "$work" --exclude='*.png' runs
     [ -f "$work/bench.md" ] && cat "$work/bench.md"
+    exit "$rc"
+    ;;
+  kbench-dev)
+    # The development subsets of KB_LEVELS (default "3 2 1"), one level after another inside one
+    # call's KB_DEADLINE seconds (default 560), every visible GPU running problems side by side
+    # (--parallel, one GPU each); resumable across calls on a warm machine (/tmp/kf-kbench-lN).
+    # Extra arguments go to every kfoundry bench, e.g. kbench-dev --seconds 45
+    kb=$(kb_dir) || exit 1
+    end=$(( $(date +%s) + ${KB_DEADLINE:-560} ))
+    ngpu=$(nvidia-smi -L | grep -c '^GPU')
+    rc=0
+    for level in ${KB_LEVELS:-3 2 1}; do
+      left=$(( end - $(date +%s) ))
+      [ "$left" -gt 90 ] || { echo "level $level: no time left in this call"; rc=75; break; }
+      work=/tmp/kf-kbench-l$level
+      mkdir -p "$work"
+      # no problem starts later than a 60 s run (and its drain) could still end inside the call
+      timeout -s TERM -k 60 "$left" python3 -m actors.cli bench "$kb" --level "$level" --problems dev \
+        --device cuda --parallel "${KB_PARALLEL:-$ngpu}" --start-until $(( left > 150 ? left - 150 : 0 )) \
+        --out "$work" "$@" 2>&1 | tee -a "$out/kbench-dev.log" | grep -v '^\s*$' | tail -8
+      lrc=${PIPESTATUS[0]}
+      [ "$lrc" -eq 0 ] || rc=$lrc
+      cp "$work/bench.json" "$out/bench-l$level.json" 2>/dev/null
+      cp "$work/bench.md" "$out/bench-l$level.md" 2>/dev/null
+      [ "$lrc" -eq 0 ] || break
+    done
+    # what the runs left that a reader needs (reports, logs, best kernels), not their bulk
+    (cd /tmp && find kf-kbench-l? -type f -size -4M \( -name '*.json' -o -name '*.log' -o -name '*.md' \
+      -o -name 'best_model.py' \) -print0 2>/dev/null | tar -czf "$out/kbench-dev-runs.tar.gz" --null -T -)
+    for f in "$out"/bench-l*.md; do [ -f "$f" ] && tail -12 "$f"; done
     exit "$rc"
     ;;
   py)

@@ -20,7 +20,7 @@ from actors.launch import build_actor
 from actors.options import ActorOptions
 from actors.run import run_gpus
 from actors.runners import GpuRunner, stamp_gpu
-from gpu_runner.config import RunnerConfig
+from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.errors import ConfigError as RunnerConfigError
 from gpu_runner.pool import RunPool
 from gpu_runner.sandbox import Isolation
@@ -93,7 +93,7 @@ def test_a_claimed_evaluator_gets_its_share_of_the_machine_and_a_pinned_pool(fak
         cfg = runner.service.cfg
         assert cfg.device is DeviceChoice.CUDA
         assert cfg.gpu == gpu.uuid
-        assert cfg.compile_workers == max(1, (os.cpu_count() or 1) // 4)
+        assert cfg.compile_workers == max(1, usable_cores() // 4)
         assert cfg.host_memory_share == pytest.approx(0.25)
         assert actor.extra_stats()["gpu"] == 2
         iso = Isolation(prefix=(), network="off", pids="off", uid=None, gid=None, user="")

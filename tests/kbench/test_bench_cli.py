@@ -3,6 +3,7 @@ small problems of our own): results, table, resume, and a clean stop on SIGINT."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -139,3 +140,60 @@ def test_sigint_stops_the_running_problem_and_keeps_finished_results(tmp_path: P
     assert [(r["number"], r["status"]) for r in bench["results"]] == [(1, "task_error")]
     alive = [p for p in run_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_parallel_runs_go_side_by_side_each_on_cores_of_its_own(tmp_path: Path) -> None:
+    level = tmp_path / "kb" / "KernelBench" / "level1"
+    level.mkdir(parents=True)
+    for n in (1, 2):
+        (level / f"{n}_ReLU.py").write_text(RELU)
+    out, env = tmp_path / "out", _env(tmp_path)
+    cmd = [*_bench(tmp_path / "kb", out, "1-2", env), "--parallel", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    affinity: dict[int, frozenset[int]] = {}  # each `kfoundry run` the bench started: its cores
+    try:
+        deadline = time.monotonic() + 400
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.Error):
+                for run in psutil.Process(proc.pid).children():
+                    affinity.setdefault(run.pid, frozenset(run.cpu_affinity()))
+            time.sleep(0.2)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-4000:]
+    lines = stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if ": start on cores " in line]
+    ends = [i for i, line in enumerate(lines) if "_ReLU: correct" in line]
+    assert (len(starts), len(ends)) == (2, 2), stderr[-4000:]
+    assert max(starts) < min(ends), "the second problem started only after the first ended"
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["parallel"] == 2
+    assert [(r["number"], r["status"]) for r in bench["results"]] == [(1, "correct"), (2, "correct")]
+    assert "Problems ran 2 at a time, each run on a share of the host's cores." in (out / "bench.md").read_text()
+    assert len(affinity) == 2, affinity  # one `kfoundry run` per problem
+    first, second = affinity.values()
+    assert not first & second, affinity
+    assert first | second <= frozenset(os.sched_getaffinity(0))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_start_until_lets_the_running_problem_finish_and_starts_no_other(tmp_path: Path) -> None:
+    kb, out, env = _layout(tmp_path / "kb"), tmp_path / "out", _env(tmp_path)
+    cmd = [*_bench(kb, out, "1-2", env), "--start-until", "5"]  # problem 1 runs for much longer than 5 s
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, cwd=ROOT)
+    assert first.returncode == 75, first.stderr[-4000:]
+    assert "(1/2) 1_ReLU: correct" in first.stderr
+    assert "2_Broken_no_init_inputs: start" not in first.stderr
+    assert "--start-until 5 s reached: 1 problem(s) not started" in first.stderr
+    bench = json.loads((out / "bench.json").read_text())
+    assert [(r["number"], r["status"]) for r in bench["results"]] == [(1, "correct")]
+    assert bench["results"][0]["wall_s"] > 5
+
+    again = subprocess.run(_bench(kb, out, "1-2", env), capture_output=True, text=True, env=env, timeout=200, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "1 problem(s) to run, 1 already in" in again.stderr
