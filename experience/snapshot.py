@@ -16,14 +16,22 @@ Data files are written and fsynced first, then the manifest replaces the old one
 then files of older generations are removed. A crash at any point leaves either the old or the
 new snapshot whole. Reading checks every size and digest, the embedder and the shapes, and
 raises :class:`SnapshotError` with the reason for anything amiss.
+
+Several curators may share one directory (runs side by side on one machine share its home): a
+write holds an exclusive ``flock`` on ``.lock`` there and a read a shared one, so no writer picks
+a generation another is writing or removes the files a reader is reading. The kernel drops the
+lock of a killed process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -39,6 +47,7 @@ from experience.options import LibraryOptions
 from schemas import Experience, Model, now
 
 MANIFEST = "manifest.json"
+LOCK = ".lock"
 _EXTENSIONS = {"records": "jsonl", "utility": "npy", "vectors": "npy", "outcomes": "json", "index": "faiss"}
 _DATA = re.compile(r"^(records|utility|vectors|index|outcomes)-(\d+)\.(jsonl|npy|faiss|json)$")
 
@@ -137,11 +146,28 @@ def _write_data(directory: Path, state: LibraryState, gen: int) -> dict[str, Fil
     return {role: _digest(path) for role, path in paths.items()}
 
 
+@contextlib.contextmanager
+def _locked(directory: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold the snapshot directory's lock (see the module docstring) while inside."""
+    try:
+        fh = open(directory / LOCK, "a")  # noqa: SIM115 - held open for the lock's lifetime
+    except OSError as exc:
+        raise SnapshotError(directory, f"cannot open its lock file: {exc}") from exc
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
 def write(directory: Path, state: LibraryState, last_seq: int) -> Manifest:
     """Write ``state`` as a new snapshot generation in ``directory`` (created if needed)."""
     if last_seq < 0:
         raise SnapshotError(directory, f"last_seq must be >= 0, got {last_seq}")
     directory.mkdir(parents=True, exist_ok=True)
+    with _locked(directory, exclusive=True):
+        return _write(directory, state, last_seq)
+
+
+def _write(directory: Path, state: LibraryState, last_seq: int) -> Manifest:
     gens = [int(m.group(2)) for p in directory.iterdir() if (m := _DATA.match(p.name))]
     gen = max(gens, default=0) + 1
     try:
@@ -195,6 +221,13 @@ def read_manifest(directory: Path) -> Manifest:
 
 def read(directory: Path, embedder: str, dim: int) -> tuple[LibraryState, int]:
     """The state and ``last_seq`` of the snapshot in ``directory``, written by ``embedder``."""
+    if not directory.is_dir():
+        raise SnapshotError(directory, "no snapshot here (no directory)")
+    with _locked(directory, exclusive=False):
+        return _read(directory, embedder, dim)
+
+
+def _read(directory: Path, embedder: str, dim: int) -> tuple[LibraryState, int]:
     manifest = read_manifest(directory)
     if manifest.embedder != embedder or manifest.dim != dim:
         raise SnapshotError(

@@ -78,7 +78,8 @@ case "$stage" in
   kbench-dev)
     # The development subsets of KB_LEVELS (default "3 2 1"), one level after another inside one
     # call's KB_DEADLINE seconds (default 560), every visible GPU running problems side by side
-    # (--parallel, one GPU each); resumable across calls on a warm machine (/tmp/kf-kbench-lN).
+    # (--parallel, one GPU each); resumable across calls on a warm machine (/tmp/kf-kbench-lN),
+    # or on a fresh one from the bench-lN.json of an earlier call carried as .kb-state/bench-lN.json.
     # Extra arguments go to every kfoundry bench, e.g. kbench-dev --seconds 45
     kb=$(kb_dir) || exit 1
     end=$(( $(date +%s) + ${KB_DEADLINE:-560} ))
@@ -89,6 +90,9 @@ case "$stage" in
       [ "$left" -gt 90 ] || { echo "level $level: no time left in this call"; rc=75; break; }
       work=/tmp/kf-kbench-l$level
       mkdir -p "$work"
+      if [ ! -f "$work/bench.json" ] && [ -f ".kb-state/bench-l$level.json" ]; then
+        cp ".kb-state/bench-l$level.json" "$work/bench.json"  # an earlier call's results, carried
+      fi
       # no problem starts later than a 60 s run (and its drain) could still end inside the call
       timeout -s TERM -k 60 "$left" python3 -m actors.cli bench "$kb" --level "$level" --problems dev \
         --device cuda --parallel "${KB_PARALLEL:-$ngpu}" --start-until $(( left > 150 ? left - 150 : 0 )) \

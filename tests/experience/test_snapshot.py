@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from experience import ExperienceLibrary, HashingEmbedder, IndexKind, SnapshotError
-from experience.snapshot import MANIFEST, read_manifest
+from experience.snapshot import LOCK, MANIFEST, read_manifest
 from experience.synthetic import synthetic_experiences, synthetic_queries
 from schemas import ExperienceQuery
 from tests.experience.helpers import outcome, query, record
@@ -118,6 +119,7 @@ def test_a_new_save_replaces_the_previous_generation(tmp_path: Path) -> None:
     lib.save(tmp_path, last_seq=2)
     assert read_manifest(tmp_path).generation == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        LOCK,
         MANIFEST,
         "outcomes-2.json",
         "records-2.jsonl",
@@ -155,3 +157,37 @@ def test_an_empty_library_round_trips(tmp_path: Path) -> None:
     assert loaded is not None
     assert (len(loaded[0]), loaded[1]) == (0, 0)
     assert loaded[0].search(query()).hits == ()
+
+
+def test_curators_sharing_a_directory_neither_break_each_others_writes_nor_their_reads(tmp_path: Path) -> None:
+    # Runs side by side on one machine share its home, so their curators save to one directory:
+    # unlocked, one picked the generation another was writing or removed its files mid-write
+    # (`writing generation 3 failed: ... records-3.jsonl`, four runs at once on a 4-GPU host).
+    libs = [_populated(), _populated(200)]
+    failures: list[BaseException] = []
+    loads: list[int] = []
+
+    def save(lib: ExperienceLibrary) -> None:
+        try:
+            for i in range(15):
+                lib.save(tmp_path, last_seq=i)
+        except (SnapshotError, OSError) as exc:  # collected for the assertion below
+            failures.append(exc)
+
+    def load() -> None:
+        try:
+            for _ in range(15):
+                loaded = ExperienceLibrary.load(tmp_path, HashingEmbedder(64))
+                loads.append(len(loaded[0]) if loaded is not None else -1)
+        except (SnapshotError, OSError) as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=save, args=(lib,)) for lib in libs] + [threading.Thread(target=load)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=50)
+    assert failures == []
+    assert set(loads) <= {-1, 600}  # nothing yet, or a whole snapshot: never a torn one
+    assert loads.count(600) > 0
+    assert read_manifest(tmp_path).count == 600
