@@ -38,10 +38,18 @@ DEVICE_VERDICT_BYTES = 256 << 20
 JUDGE_CHUNK_ELEMENTS = 1 << 26
 """Elements the judge compares per step (64M: 2 GB of float64 temporaries at most, 3 arrays wide)."""
 ON_DEVICE_BYTES = 256 << 20
-"""Inputs (per trial) and models (parameters and buffers) at least this large are created on the GPU
-itself (``gpu_runner.sandboxed.reference.make_inputs`` and ``build_model``): a 6 GB ``torch.randn``
-or 8 GB of initialised weights take seconds and gigabytes of host memory on the CPU. The compile
-stage builds such a model with empty parameters (``gpu_runner.sandboxed.compiling``)."""
+"""Models (parameters and buffers) at least this large are created on the GPU itself
+(``gpu_runner.sandboxed.reference.build_model``): 8 GB of initialised weights take seconds and
+gigabytes of host memory on the CPU. The compile stage builds such a model with empty parameters
+(``gpu_runner.sandboxed.compiling``)."""
+INPUTS_ON_DEVICE_BYTES = 1 << 20
+"""Inputs (per trial) at least this large are drawn on the GPU itself
+(``gpu_runner.sandboxed.reference.make_inputs``), by every spare for every candidate's fresh
+seeds: the five trials of a 4096x4096 product (10 ``torch.randn`` of 64 MB) took 1.96 s of the
+spare's 4.5 s preparation on an H200 host's CPU (its ``build_s``; 1.37 s on a 2-core test machine),
+and the spares' preparation bounded a small task's evaluations (two spares: two candidates per
+~5.3 s, L1-2 on 4x H200). On the GPU they take well under a millisecond, less of the GPU lease
+than copying host-drawn inputs up. A ``get_inputs`` that needs the CPU falls back to it."""
 LARGE_BYTES = 1 << 30
 """Above this many bytes per trial, a running candidate's process makes no copies: inputs are used
 in place and timed from the trials' own buffers (:class:`gpu_runner.sandboxed.timing.Rotation`), outputs are

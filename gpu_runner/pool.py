@@ -30,7 +30,7 @@ from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
-from gpu_runner.memplan import ON_DEVICE_BYTES, Footprint, MemoryPlan, plan
+from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.sandbox import Isolation, SharedOutput, Worker, await_ready, bulk_root, receive_shared, spawn_worker
 from gpu_runner.triton_cache import copy_tree
@@ -249,7 +249,7 @@ class RunPool:
         seeds = [secrets.randbits(62) for _ in range(self.trials_wanted())]
         device_verdict = self.plan is not None and self.plan.device_verdict
         init_seed = secrets.randbits(62)
-        on_device = self.plan is not None and self.plan.footprint.input_bytes >= ON_DEVICE_BYTES
+        on_device = self.plan is not None and self.plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES
         init_on_device = self.plan is not None and self.plan.footprint.param_bytes >= ON_DEVICE_BYTES
         msg = op_frame(
             Op.PREPARE,

@@ -193,11 +193,18 @@ def make_inputs(ns: dict[str, Any], seed: int, device: torch.device, on_device: 
 
     With ``on_device`` the factory functions it calls allocate on ``device`` directly (a 6 GB
     ``torch.randn`` takes milliseconds on a GPU and many seconds and gigabytes of the host's
-    memory on the CPU); tensors it places explicitly are moved after.
+    memory on the CPU); tensors it places explicitly are moved after. A ``get_inputs`` that fails
+    so (one that calls ``.numpy()``, say) is drawn again on the CPU under the same seed: it fails
+    the same way wherever the same inputs are drawn (the spare, the judge), so they agree.
     """
     torch.manual_seed(seed)
     if on_device:
-        with torch.device(device):
+        try:
+            with torch.device(device):
+                values = ns["get_inputs"]()
+        except Exception as exc:  # noqa: BLE001 - a get_inputs that needs the CPU: drawn there instead
+            log(f"get_inputs() failed drawing on {device} ({type(exc).__name__}: {exc}); drawn on the CPU")
+            torch.manual_seed(seed)
             values = ns["get_inputs"]()
     else:
         values = ns["get_inputs"]()

@@ -438,3 +438,36 @@ def test_the_compile_stage_builds_a_large_candidate_with_empty_parameters_and_no
     for model in (empty, initialised):
         assert model.linear.weight.device.type == "cpu"
         assert model.linear.weight.shape == (128, 64)
+
+
+def test_inputs_drawn_on_the_device_fall_back_to_the_cpu_the_same_way_each_time() -> None:
+    """Inputs of 1 MiB and more are drawn on the GPU; a ``get_inputs`` that needs the CPU is drawn
+    there, under the same seed, by whichever process draws them (here ``meta`` stands for the GPU)."""
+    import torch
+
+    from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES
+    from gpu_runner.sandboxed.reference import make_inputs
+
+    assert INPUTS_ON_DEVICE_BYTES <= 64 << 20 < ON_DEVICE_BYTES  # a 4096x4096 float32 input is drawn on the GPU
+    drawn: list[torch.Tensor] = []
+
+    def needs_cpu() -> list[torch.Tensor]:
+        x = torch.randn(8)
+        drawn.append(x)
+        return [torch.from_numpy(x.numpy()) * 2]  # .numpy() works on CPU tensors only
+
+    def plain() -> list[torch.Tensor]:
+        x = torch.randn(8)
+        drawn.append(x)
+        return [x]
+
+    meta = torch.device("meta")
+    (out,) = make_inputs({"get_inputs": needs_cpu}, 7, meta, on_device=True)
+    assert [x.device.type for x in drawn] == ["meta", "cpu"]
+    assert out.device.type == "meta"
+    make_inputs({"get_inputs": needs_cpu}, 7, torch.device("cpu"))
+    assert torch.equal(drawn[1], drawn[2])  # the fallback drew what the CPU path draws: same seed, same values
+    drawn.clear()
+    (out,) = make_inputs({"get_inputs": plain}, 7, meta, on_device=True)
+    assert [x.device.type for x in drawn] == ["meta"]
+    assert out.device.type == "meta"
