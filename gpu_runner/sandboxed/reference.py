@@ -254,8 +254,8 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
         # Large models are built on the device, under the lease below (their initialisation runs there).
         init_on_device = device.type == "cuda" and bool(msg.get("init_on_device"))
         model = None if init_on_device else build_model(ns["Model"], init_args, init_seed, torch.device("cpu"), False)
-        # Large inputs are drawn on the device itself, under the lease below; small ones on the
-        # host first, so the lease covers only their (page-locked) copies.
+        # Inputs of a MiB and more are drawn on the device itself, under the lease below
+        # (``memplan.INPUTS_ON_DEVICE_BYTES``); tiny ones on the host, then copied up.
         on_device = device.type == "cuda" and bool(msg.get("inputs_on_device"))
         # Outputs the judge compares: no float64 run and nothing shipped here; the judge draws
         # the same inputs from the same seeds (their checksums prove it) and computes the truth.
