@@ -6,8 +6,9 @@ every actor and worker maps count once; a process whose PSS cannot be read count
 upper bound for it). Summed RSS said 19-35 GiB for every evaluated level-1 dev problem on an H100,
 small ones included (L1-2: 23 GiB beside 5.8 GiB of GPU memory).
 GPU memory: the driver's per-process accounting (``nvidia-smi --query-compute-apps``) summed over
-the tree's processes, and the rise of the whole GPU's used memory over its level when sampling
-began (``nvidia-smi --query-gpu=memory.used``), which also sees processes the driver reports
+the tree's processes, and the rise of the used memory of the run's GPUs (all of them, unless
+the run was given some: ``kfoundry bench --parallel``) over its level when sampling began
+(``nvidia-smi --query-gpu=uuid,memory.used``), which also sees processes the driver reports
 under another PID namespace. Either is ``None`` when it cannot be measured.
 """
 
