@@ -2,7 +2,8 @@
 
 Profiles (:class:`Profile`): ``run`` (a run worker about to run a candidate: no sockets but the
 Unix ones, which fail; no new processes, no ``execve``), ``run_exec`` (the same, but a Triton
-just-in-time compile may start ``ptxas``), ``compile`` (compilers may run; no network sockets).
+just-in-time compile may start ``ptxas``, and the C compiler that builds its launcher, which
+starts ``cc1``, ``as`` and ``ld`` with ``vfork``), ``compile`` (compilers may run; no network sockets).
 Every profile refuses debugging other processes, namespace and mount changes, the keyring, BPF,
 ``io_uring`` (whose operations bypass the filter), handles to files by number, kernel modules.
 Calls only hostile code makes kill the process (the verdict: a runtime error naming SIGSYS); those
@@ -78,9 +79,8 @@ def build(profile: Profile) -> bytes:
         prog += [_ins(JEQ_K, nr, 0, 1), _ins(RET_K, RET_KILL_PROCESS)]
     prog += [_ins(JEQ_K, PERF_EVENT_OPEN, 0, 1), _ins(RET_K, _errno(errno.EACCES))]
     prog += [_ins(JEQ_K, CLONE3, 0, 1), _ins(RET_K, _errno(errno.ENOSYS))]  # libc falls back to clone
-    if profile is not Profile.COMPILE:
-        no_exec = list(NO_EXEC.values()) if profile is Profile.RUN else [NO_EXEC["fork"], NO_EXEC["vfork"]]
-        for nr in no_exec:
+    if profile is Profile.RUN:  # run_exec allows new processes (clone, fork, vfork) and execve
+        for nr in NO_EXEC.values():
             prog += [_ins(JEQ_K, nr, 0, 1), _ins(RET_K, _errno(errno.EPERM))]
     # socket(domain, ...): Unix sockets fail (run) or pass (compile); every other family kills.
     prog += [_ins(JEQ_K, SOCKET, 0, 4), _ins(LD_W_ABS, OFF_ARG0), _ins(JEQ_K, AF_UNIX, 1, 0)]

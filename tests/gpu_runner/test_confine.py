@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -85,6 +86,27 @@ def test_run_profile_refuses_processes_and_unix_sockets_but_allows_threads() -> 
                 os._exit(4)
 
     assert _exit_of(attempt) == 0
+
+
+@needs_seccomp
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc here")
+def test_run_exec_profile_lets_a_triton_launcher_build_run_the_c_compiler(tmp_path: Path) -> None:
+    # A candidate whose forward the compile stage cannot run ahead of time (it opens a CUDA
+    # stream, say) has its kernels' host launchers built by Triton in the run worker: gcc, which
+    # starts cc1 with vfork. Refused vfork, every such candidate was a runtime error on the GPU
+    # (`cannot execute ... cc1: vfork: Operation not permitted`, side_stream_quiet on 4x H200).
+    (tmp_path / "launcher.c").write_text("int add_one(int x) { return x + 1; }\n")
+    out = tmp_path / "launcher.so"
+
+    def attempt() -> None:
+        seccomp.install(seccomp.Profile.RUN_EXEC)
+        cmd = ["gcc", str(tmp_path / "launcher.c"), "-O3", "-shared", "-fPIC", "-o", str(out)]
+        if subprocess.run(cmd, check=False, capture_output=True).returncode != 0:
+            os._exit(4)
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # still a run profile: the network kills
+
+    assert _exit_of(attempt) == -signal.SIGSYS
+    assert out.stat().st_size > 0
 
 
 @needs_seccomp
