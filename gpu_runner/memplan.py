@@ -45,11 +45,10 @@ gigabytes of host memory on the CPU. The compile stage builds such a model with 
 INPUTS_ON_DEVICE_BYTES = 1 << 20
 """Inputs (per trial) at least this large are drawn on the GPU itself
 (``gpu_runner.sandboxed.reference.make_inputs``), by every spare for every candidate's fresh
-seeds: the five trials of a 4096x4096 product (10 ``torch.randn`` of 64 MB) took 1.96 s of the
-spare's 4.5 s preparation on an H200 host's CPU (its ``build_s``; 1.37 s on a 2-core test machine),
-and the spares' preparation bounded a small task's evaluations (two spares: two candidates per
-~5.3 s, L1-2 on 4x H200). On the GPU they take well under a millisecond, less of the GPU lease
-than copying host-drawn inputs up. A ``get_inputs`` that needs the CPU falls back to it."""
+seeds. Drawn on one CPU thread, the five trials of KernelBench L1-2 (192 MiB of ``torch.randn``
+each) were 1.95-2.01 s of a spare's 3.6-4.5 s preparation on a 4x H200 host (its ``build_s``),
+and two spares' preparations bounded that task's evaluations (two per ~5.3 s). Drawing them on
+the GPU instead has not been timed yet. A ``get_inputs`` that needs the CPU falls back to it."""
 LARGE_BYTES = 1 << 30
 """Above this many bytes per trial, a running candidate's process makes no copies: inputs are used
 in place and timed from the trials' own buffers (:class:`gpu_runner.sandboxed.timing.Rotation`), outputs are

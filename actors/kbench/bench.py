@@ -148,7 +148,7 @@ class Bench:
         if len(self.slots) == 1:
             self._work(self.slots[0])
         else:
-            self._say(f"{len(self.slots)} at a time: " + "; ".join(self._describe(s) for s in self.slots))
+            self._say(f"{len(self.slots)} at a time: " + "; ".join(s.describe() for s in self.slots))
             threads = [
                 threading.Thread(target=self._work, args=(slot,), name=f"bench-slot-{slot.index}", daemon=True)
                 for slot in self.slots
@@ -172,11 +172,6 @@ class Bench:
             return EXIT_UNFINISHED
         self._say(f"done: {self.out / 'bench.json'}, {self.out / 'bench.md'}")
         return 0
-
-    @staticmethod
-    def _describe(slot: Slot) -> str:
-        cores = f"{len(slot.cores)} cores" if slot.cores else "every core"
-        return f"{slot.label()} with {cores}" if slot.gpus else slot.label()
 
     def _work(self, slot: Slot) -> None:
         """Run problems from the queue on ``slot`` until it is empty or the bench is stopped."""

@@ -33,6 +33,12 @@ class Slot:
             return f"cores {_ranges(sorted(self.cores))}"
         return "this machine"
 
+    def describe(self) -> str:
+        """The label, with the cores of a slot that has GPUs."""
+        if not self.gpus:
+            return self.label()
+        return f"{self.label()} with {len(self.cores)} cores" if self.cores else f"{self.label()} with every core"
+
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
         env = dict(base, PYTHONUNBUFFERED="1")
         if self.gpus:

@@ -27,6 +27,7 @@ def test_each_run_gets_gpus_and_cores_of_its_own() -> None:
     assert [sorted(s.cores or ()) for s in slots] == [list(range(k * 16, (k + 1) * 16)) for k in range(4)]
     assert slots[2].environ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"})["CUDA_VISIBLE_DEVICES"] == "GPU-0002-aaaa"
     assert slots[2].label() == "GPU 2"
+    assert slots[2].describe() == "GPU 2 with 16 cores"
 
 
 def test_gpus_are_split_evenly_and_what_is_left_over_stays_idle() -> None:
@@ -46,7 +47,7 @@ def test_cpu_runs_share_only_the_cores() -> None:
     slots = plan_slots(2, "cpu", _gpus(4), [0, 1, 2, 3, 6, 7])  # the GPUs are not the CPU runs' business
     assert [s.gpus for s in slots] == [(), ()]
     assert [sorted(s.cores or ()) for s in slots] == [[0, 1, 2], [3, 6, 7]]
-    assert slots[1].label() == "cores 3,6-7"
+    assert slots[1].label() == slots[1].describe() == "cores 3,6-7"
     assert "CUDA_VISIBLE_DEVICES" not in slots[0].environ({})
     assert [s.gpus for s in plan_slots(2, "auto", [], [0, 1])] == [(), ()]  # auto without a GPU: the CPU
 
