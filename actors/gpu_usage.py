@@ -45,6 +45,12 @@ class GpuUsage(BaseModel):
     """``evaluated / window_s`` (``None`` for an empty window)."""
     busy_fraction: float | None
     """``busy_s / window_s`` (``None`` for an empty window)."""
+    held_s_mean: float | None = None
+    """Mean seconds the device was held per candidate that held it (``stages.gpu_s``)."""
+    measured_s_mean: float | None = None
+    """Mean seconds of that spent in the measurement itself (``stages.measure_s``: the trial
+    forwards and the timing); the rest is the fixed cost of a candidate's process on the device
+    (its import, kernels loaded, the profile, the kill)."""
 
 
 def _key(r: EvalResult, placed: Mapping[str, tuple[str, int | None, str]]) -> tuple[str, int | None, str]:
@@ -81,6 +87,8 @@ def gpu_usage(results: Iterable[EvalResult], window: tuple[float, float] | None 
     out = []
     for (host, gpu, name), members in groups.items():
         busy = sum(r.stages.gpu_s or 0.0 for r in members)
+        held = [r.stages.gpu_s for r in members if r.stages.gpu_s]
+        measured = [r.stages.measure_s for r in members if r.stages.gpu_s and r.stages.measure_s]
         out.append(
             GpuUsage(
                 host=host,
@@ -92,6 +100,8 @@ def gpu_usage(results: Iterable[EvalResult], window: tuple[float, float] | None 
                 window_s=round(span, 4),
                 candidates_per_s=len(members) / span if span > 0 else None,
                 busy_fraction=busy / span if span > 0 else None,
+                held_s_mean=round(sum(held) / len(held), 4) if held else None,
+                measured_s_mean=round(sum(measured) / len(measured), 4) if measured else None,
             )
         )
     return tuple(sorted(out, key=lambda u: (u.host, u.gpu is None, u.gpu or 0, u.evaluators)))
@@ -105,14 +115,22 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
 def usage_table(usages: Sequence[GpuUsage]) -> list[str]:
     """Lines of a table of ``usages`` (for ``report.md`` and the console)."""
-    lines = [f"{'HOST':<14} {'GPU':>3} {'NAME':<24} {'DONE':>6} {'CAND/S':>8} {'BUSY':>5}  EVALUATOR"]
+    lines = [
+        f"{'HOST':<14} {'GPU':>3} {'NAME':<24} {'DONE':>6} {'CAND/S':>8} {'BUSY':>5} {'HELD/C':>7} "
+        f"{'MEAS/C':>7}  EVALUATOR"
+    ]
     for u in usages:
         gpu = "-" if u.gpu is None else str(u.gpu)
         lines.append(
             f"{u.host[:14]:<14} {gpu:>3} {u.name[:24]:<24} {u.evaluated:>6} {_rate(u.candidates_per_s):>8} "
-            f"{_pct(u.busy_fraction):>5}  {','.join(u.evaluators)}"
+            f"{_pct(u.busy_fraction):>5} {_secs(u.held_s_mean):>7} {_secs(u.measured_s_mean):>7}  "
+            f"{','.join(u.evaluators)}"
         )
     return lines
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,8 @@ def probe_isolation(
     """
     uid = gid = None
     user_note = "skipped: disabled by config"
+    candidate: pwd.struct_passwd | None = None
+    """The sandbox user to try: whether torch starts as it is asked beside the layers' probe."""
     if user is not None:
         if os.geteuid() != 0:
             user_note = f"skipped: the evaluator is not root (uid {os.geteuid()}); its own user namespace instead"
@@ -141,10 +144,8 @@ def probe_isolation(
                 blocked = _readable_by_others([p for p in sys.path if p] + [str(PROJECT_ROOT)])
                 if blocked:
                     user_note = f"skipped: {user} cannot read {blocked}"
-                elif not _works_as(entry.pw_uid, entry.pw_gid, python, cuda):
-                    user_note = f"skipped: torch/triton do not start as {user} here"
                 else:
-                    uid, gid, user_note = entry.pw_uid, entry.pw_gid, f"{user} (uid {entry.pw_uid})"
+                    candidate = entry
             except KeyError:
                 user_note = f"skipped: no user {user!r}"
     wanted = {"network": network, "pids": pids, **(confine or {})}
@@ -157,10 +158,25 @@ def probe_isolation(
             env[name] = os.environ[name]
     if cuda:
         env["HOME"] = tempfile.mkdtemp(prefix="kf-probe-")
-    keep = (uid, gid) if uid is not None and gid is not None else None
-    layers = policy.probe(python, env, cuda, keep, wanted)
-    if cuda:
-        shutil.rmtree(env["HOME"], ignore_errors=True)
+    try:
+        if candidate is None:
+            layers = policy.probe(python, env, cuda, None, wanted)
+        else:
+            # Both start an interpreter that imports torch (and starts CUDA on a GPU): about 4 s
+            # each on an H200 host, one after the other before every evaluator's start. The
+            # layers are probed for the user at once; should torch not start as that user
+            # (rare), they are probed again for the evaluator's own.
+            with ThreadPoolExecutor(1, thread_name_prefix="kf-works-as") as pool:
+                works = pool.submit(_works_as, candidate.pw_uid, candidate.pw_gid, python, cuda)
+                layers = policy.probe(python, env, cuda, (candidate.pw_uid, candidate.pw_gid), wanted)
+                if works.result():
+                    uid, gid, user_note = candidate.pw_uid, candidate.pw_gid, f"{user} (uid {candidate.pw_uid})"
+                else:
+                    user_note = f"skipped: torch/triton do not start as {user} here"
+                    layers = policy.probe(python, env, cuda, None, wanted)
+    finally:
+        if cuda:
+            shutil.rmtree(env["HOME"], ignore_errors=True)
     notes = layers.notes
     return Isolation(
         prefix=(),

@@ -21,6 +21,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import psutil
 import structlog
 
 from gpu_runner.assemble import Collected, build, evaluator_fault, rejected_by_gate
@@ -60,6 +61,13 @@ __all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
 logger = structlog.get_logger(__name__)
 
 
+def _lap(laps: dict[str, float], name: str, since: float) -> float:
+    """Record the seconds since ``since`` under ``name`` (added to what it holds); returns now."""
+    now = time.perf_counter()
+    laps[name] = round(laps.get(name, 0.0) + now - since, 3)
+    return now
+
+
 class EvaluationService:
     """Honest, sandboxed evaluation of candidates against KernelBench references."""
 
@@ -85,9 +93,16 @@ class EvaluationService:
 
     async def start(self) -> None:
         """Probe the device and the sandbox, and start the spares."""
-        target, nice_prefix = await self._probe()
+        laps: dict[str, float] = {}
+        t = time.perf_counter()
+        target, nice_prefix = await self._probe(laps)
+        t = _lap(laps, "probe_s", t)
         cache = await self._make_folders()
+        t = _lap(laps, "folders_s", t)
         await self._start_pools(target, nice_prefix, cache)
+        _lap(laps, "pools_s", t)
+        with contextlib.suppress(psutil.Error):  # the process's own start and imports before this service
+            laps["process_s"] = round(time.time() - psutil.Process().create_time(), 3)
         assert self.iso is not None
         logger.info(
             "evaluator_started",
@@ -97,11 +112,15 @@ class EvaluationService:
             user=self.iso.user,
             layers=self.iso.notes(),
             spares=self.cfg.spares,
+            phases=laps,
         )
 
-    async def _probe(self) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
-        """The device and the isolation this machine grants: (the GPU found, the ``nice`` prefix of workers)."""
+    async def _probe(self, laps: dict[str, float]) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+        """The device and the isolation this machine grants: (the GPU found, the ``nice`` prefix of
+        workers); ``laps`` gets the seconds of the device's detection and of CUDA's confinement fit."""
+        t = time.perf_counter()
         target = await asyncio.to_thread(detect_cuda, self.cfg.gpu)
+        _lap(laps, "detect_s", t)
         if self.cfg.device is DeviceChoice.CUDA and target is None:
             raise DeviceUnavailable("cuda", "nvidia-smi finds no GPU")
         self.device = "cuda" if target is not None and self.cfg.device is not DeviceChoice.CPU else "cpu"
@@ -115,9 +134,11 @@ class EvaluationService:
             self.cfg.confine_layers(),
         )
         if self.device == "cuda":
+            t = time.perf_counter()
             self.iso = await asyncio.to_thread(
                 fit_cuda, self.iso, self.cfg.python, None, self.cfg.resolved_cache_dir() / "cuda_fit"
             )
+            _lap(laps, "cuda_fit_s", t)
         refusal = isolation_refusal(self.iso, self.cfg.isolation)
         if refusal is not None:
             raise IsolationUnavailable(refusal)

@@ -29,7 +29,7 @@ def _result(
         status=EvalStatus.CORRECT,
         summary="ok",
         device=_device(gpu) if device else None,
-        stages=StageTimes(gpu_s=gpu_s, total_s=2.0),
+        stages=StageTimes(gpu_s=gpu_s, measure_s=gpu_s / 2 if gpu_s else None, total_s=2.0),
         evaluator=evaluator,
         created_at=at,
     )
@@ -54,6 +54,9 @@ def test_results_are_grouped_per_gpu_over_one_window() -> None:
     assert b.busy_s == pytest.approx(10.0)
     assert b.busy_fraction == pytest.approx(0.5)
     assert b.evaluators == ("evaluator-b",)
+    # per candidate that held the GPU (the gate rejection held nothing): held, and of it measured
+    assert (a.held_s_mean, a.measured_s_mean) == (pytest.approx(1.5), pytest.approx(0.75))
+    assert (b.held_s_mean, b.measured_s_mean) == (pytest.approx(2.0), pytest.approx(1.0))
 
 
 def test_the_same_gpu_index_on_two_hosts_is_two_gpus() -> None:
@@ -105,6 +108,8 @@ def test_live_statistics_give_each_evaluators_rate_over_its_serving_time() -> No
     assert usage[0].busy_fraction == pytest.approx(0.75)
     assert usage[1].candidates_per_s is None  # not serving yet
     table = usage_table(usage)
-    assert table[0].split()[:6] == ["HOST", "GPU", "NAME", "DONE", "CAND/S", "BUSY"]
-    assert table[1].split()[1:8] == ["0", "NVIDIA", "H200", "30", "0.500", "75%", "evaluator-a"]
+    assert table[0].split()[:8] == ["HOST", "GPU", "NAME", "DONE", "CAND/S", "BUSY", "HELD/C", "MEAS/C"]
+    assert table[1].split()[1:10] == ["0", "NVIDIA", "H200", "30", "0.500", "75%", "-", "-", "evaluator-a"]
     assert table[2].split()[5:7] == ["-", "-"]
+    held = usage_table(gpu_usage(_stream()))
+    assert held[1].split()[7:9] == ["1.50s", "0.75s"]
