@@ -33,11 +33,22 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
         help="evaluator runner: gpu_runner, or noop (benchmarks)",
     )
     p.add_argument("--noop-delay", type=float, default=0.0, help="seconds a noop evaluation takes")
-    p.add_argument("--eval-concurrency", type=int, default=None, help="candidates one evaluator judges at once")
+    p.add_argument(
+        "--eval-concurrency",
+        type=int,
+        default=None,
+        help="candidates one evaluator judges at once (default 4 on a GPU with 8 or more cores of its own, else 2)",
+    )
     p.add_argument(
         "--ack-wait", type=float, default=30.0, help="seconds before an unacknowledged candidate is redelivered"
     )
-    p.add_argument("--spares", type=int, default=2, help="pre-warmed run processes per evaluator")
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=None,
+        help="pre-warmed run processes per evaluator (default 3 on a GPU with 8 or more cores of its own, else 2; "
+        "the memory plan keeps those that fit)",
+    )
     p.add_argument(
         "--isolation",
         choices=[m.value for m in IsolationMode],

@@ -70,8 +70,11 @@ def _evaluator(ctx: BuildContext) -> Actor:
     if options.hosts_the_run and holds_secrets(os.environ):  # `kfoundry run` beside its experts
         argv = child_argv(options, ctx.run, isolation_mode(options))
         return EvaluatorProcess(nats_url=ctx.url, run_id=ctx.run, argv=argv, actor_id=ctx.actor_id)
+    from actors.gpus import compile_workers_per_gpu, evaluator_sizing
     from actors.runners import GpuRunner, NoopRunner, Runner
 
+    on_gpu = ctx.gpu_claim is not None or options.device is DeviceChoice.CUDA
+    concurrency, spares = evaluator_sizing(on_gpu, compile_workers_per_gpu(ctx.gpus_here))
     runner: Runner
     if options.runner is RunnerKind.NOOP:
         runner = NoopRunner(options.noop_delay_s)
@@ -79,8 +82,6 @@ def _evaluator(ctx: BuildContext) -> Actor:
         sizing: dict[str, Any] = {}
         device = options.device
         if ctx.gpu_claim is not None:
-            from actors.gpus import compile_workers_per_gpu
-
             device = DeviceChoice.CUDA
             sizing = {
                 "claim": ctx.gpu_claim,
@@ -89,12 +90,17 @@ def _evaluator(ctx: BuildContext) -> Actor:
             }
         if options.eval_timeout_s is not None:  # `kfoundry run`'s; each evaluation gets the spec's bound too
             sizing["timeout_s"] = options.eval_timeout_s
-        runner = GpuRunner(device=device, spares=options.spares, isolation=isolation_mode(options), **sizing)
+        runner = GpuRunner(
+            device=device,
+            spares=spares if options.spares is None else options.spares,
+            isolation=isolation_mode(options),
+            **sizing,
+        )
     return EvaluatorActor(
         nats_url=ctx.url,
         run_id=ctx.run,
         runner=runner,
-        concurrency=options.eval_concurrency or options.concurrency or 2,
+        concurrency=options.eval_concurrency or options.concurrency or concurrency,
         ack_wait_s=options.ack_wait_s,
         actor_id=ctx.actor_id,
         version=options.version,

@@ -143,7 +143,9 @@ def child_argv(options: ActorOptions, run_id: str, isolation: str) -> list[str]:
     """The ``kfoundry actor evaluator`` options that reproduce this run's evaluator."""
     argv = ["--run", run_id, "--device", str(options.device), "--runner", str(options.runner)]
     argv += ["--noop-delay", str(options.noop_delay_s), "--ack-wait", str(options.ack_wait_s)]
-    argv += ["--spares", str(options.spares), "--isolation", str(isolation), "--log-level", options.log_level]
+    argv += ["--isolation", str(isolation), "--log-level", options.log_level]
+    if options.spares is not None:  # else the evaluator sizes itself, as the run did (same machine)
+        argv += ["--spares", str(options.spares)]
     concurrency = options.eval_concurrency or options.concurrency
     if concurrency:
         argv += ["--eval-concurrency", str(concurrency)]

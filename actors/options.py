@@ -50,14 +50,15 @@ class ActorOptions:
     noop_delay_s: float = 0.0
     """Evaluators with the no-op runner: seconds one evaluation takes."""
     eval_concurrency: int | None = None
-    """Evaluators: candidates judged at once (``None``: ``concurrency``, else 2)."""
+    """Evaluators: candidates judged at once (``None``: ``concurrency``, else
+    :func:`actors.gpus.evaluator_sizing`)."""
     eval_timeout_s: float | None = None
     """Evaluators: the runner's bound on one evaluation where the run's spec gives none (``None``:
     the runner's default). ``kfoundry run`` sets it to the run's ``--eval-timeout``."""
     ack_wait_s: float = 30.0
     """Evaluators: seconds before an unacknowledged candidate is redelivered."""
-    spares: int = 2
-    """Evaluators: pre-warmed run processes."""
+    spares: int | None = None
+    """Evaluators: pre-warmed run processes (``None``: :func:`actors.gpus.evaluator_sizing`)."""
     isolation: IsolationMode | None = None
     """Evaluators: the sandbox policy (``None``: :func:`isolation_mode` decides)."""
     llm_diagnoser: str | None = None
@@ -88,7 +89,7 @@ class ActorOptions:
             "--eval-concurrency": (self.eval_concurrency, self.eval_concurrency is None or self.eval_concurrency >= 1),
             "--eval-timeout": (self.eval_timeout_s, self.eval_timeout_s is None or self.eval_timeout_s > 0),
             "--ack-wait": (self.ack_wait_s, self.ack_wait_s > 0),
-            "--spares": (self.spares, self.spares >= 0),
+            "--spares": (self.spares, self.spares is None or self.spares >= 0),
             "--per-request": (self.per_request, self.per_request >= 1),
             "--concurrency": (self.concurrency, self.concurrency is None or self.concurrency >= 1),
             "--wait-for-run": (self.wait_for_run_s, self.wait_for_run_s is None or self.wait_for_run_s >= 0),
@@ -122,7 +123,7 @@ class ActorOptions:
             eval_concurrency=get("eval_concurrency"),
             eval_timeout_s=get("eval_timeout"),
             ack_wait_s=float(get("ack_wait", 30.0)),
-            spares=int(get("spares", 2)),
+            spares=None if get("spares") is None else int(get("spares")),
             isolation=None if isolation is None else IsolationMode(isolation),
             llm_diagnoser=get("llm_diagnoser"),
             per_request=int(get("per_request", 1)),

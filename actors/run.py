@@ -143,11 +143,16 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice, *, e
         tokens=args.tokens,
     )
     kwargs = {"run_id": args.run_id} if args.run_id else {}
+    from actors.gpus import compile_workers_per_gpu, evaluator_sizing
+
+    eval_concurrency = (
+        getattr(args, "eval_concurrency", None)
+        or evaluator_sizing(device is DeviceChoice.CUDA, compile_workers_per_gpu(evaluators))[0]
+    )
     return RunSpec(
         task=Task.from_source(args.task.stem, source),
         islands=args.islands,
-        inflight_per_island=args.inflight
-        or default_inflight(args.islands, evaluators, getattr(args, "eval_concurrency", None) or 2),
+        inflight_per_island=args.inflight or default_inflight(args.islands, evaluators, eval_concurrency),
         budget=budget,
         device=device,
         language=KernelLanguage(args.language),

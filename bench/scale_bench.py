@@ -176,15 +176,17 @@ class Sampler:
         self.thread.join()
 
 
-async def one_size(task: str, size: str, device: str, evals: int, stream: int = 0) -> dict[str, object]:
+async def one_size(
+    task: str, size: str, device: str, evals: int, stream: int = 0, spares: int = 2
+) -> dict[str, object]:
     expr, body = TASKS[task]
     nbytes = parse_size(size)
     cols = 4096 if task == "rowsum" else (131072 if nbytes >= (1 << 30) else 16384)
     rows = nbytes // 4 // cols
     ref = reference(expr, rows, cols)
-    row: dict[str, object] = {"task": task, "size": size, "shape": f"{rows}x{cols}"}
+    row: dict[str, object] = {"task": task, "size": size, "shape": f"{rows}x{cols}", "spares": spares}
     sampler = Sampler()
-    cfg = RunnerConfig(device=DeviceChoice(device), spares=2, compile_workers=4)
+    cfg = RunnerConfig(device=DeviceChoice(device), spares=spares, compile_workers=4)
     service = EvaluationService(cfg)
     t0 = time.perf_counter()
     try:
@@ -282,7 +284,14 @@ def main() -> int:
     parser.add_argument("--evals", type=int, default=4)
     parser.add_argument("--stream", type=int, default=0, help="then N candidates at once (throughput vs bound B)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument(
+        "--spares", default="2", help="spares the service may keep (the plan cuts them to fit); a list compares them"
+    )
     args = parser.parse_args()
+    try:
+        spare_counts = [int(n) for n in args.spares.split(",")]
+    except ValueError:
+        parser.error(f"--spares {args.spares}: integers, comma-separated")
     for size in args.sizes.split(","):
         try:
             parse_size(size)
@@ -299,12 +308,14 @@ def main() -> int:
     rows = []
     for task in args.tasks.split(","):
         for size in args.sizes.split(","):
-            print(f"{task} {size}: starting", flush=True)
-            rows.append(asyncio.run(one_size(task, size, args.device, args.evals, args.stream)))
+            for spares in spare_counts:
+                print(f"{task} {size}, {spares} spare(s): starting", flush=True)
+                rows.append(asyncio.run(one_size(task, size, args.device, args.evals, args.stream, spares)))
     cols = [
         "task",
         "size",
         "shape",
+        "spares",
         "statuses",
         "prepare_s",
         "first_s",

@@ -61,6 +61,27 @@ class CompileOutcome:
         return path if path.exists() else None
 
 
+def compile_env(
+    cfg: RunnerConfig, base: Path, device: str, target: dict[str, Any] | None, private_name: str
+) -> dict[str, str]:
+    """The environment of a compile worker (or of their fork server) whose private folder is
+    ``base / private_name``, compiling for ``target`` (``arch``) on a CUDA machine."""
+    private = base / private_name
+    env = {
+        "TRITON_CACHE_DIR": str(private / "triton"),
+        "TORCH_EXTENSIONS_DIR": str(private / "ext"),
+        "MAX_JOBS": str(max(1, usable_cores() // cfg.compile_workers)),
+    }
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        if target is not None:
+            arch = int(target["arch"])
+            env["TORCH_CUDA_ARCH_LIST"] = f"{arch // 10}.{arch % 10}"
+    else:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
 class Compiler:
     """Compiles candidates in single-use CPU-only workers, behind a content-hash cache."""
 
@@ -86,20 +107,7 @@ class Compiler:
         return self.cfg.compile_workers if self.device == "cuda" else 0
 
     def env(self, private_name: str) -> dict[str, str]:
-        private = self.base / private_name
-        env = {
-            "TRITON_CACHE_DIR": str(private / "triton"),
-            "TORCH_EXTENSIONS_DIR": str(private / "ext"),
-            "MAX_JOBS": str(max(1, usable_cores() // self.cfg.compile_workers)),
-        }
-        if self.device == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            if self.target is not None:
-                arch = int(self.target["arch"])
-                env["TORCH_CUDA_ARCH_LIST"] = f"{arch // 10}.{arch % 10}"
-        else:
-            env["TRITON_INTERPRET"] = "1"
-        return env
+        return compile_env(self.cfg, self.base, self.device, self.target, private_name)
 
     async def _new_worker(self) -> Worker:
         name = f"compile-{next(_names)}"

@@ -442,7 +442,12 @@ class ForkServer:
             structlog.get_logger(__name__).warning("fork_server_unusable", mode=self.mode, error=self.error)
 
     async def close(self) -> None:
-        """Stop the server (its running workers are not touched; they die by their own kill)."""
+        """Stop the server (its running workers are not touched; they die by their own kill), also
+        one still starting (its service's start failed meanwhile)."""
+        starting = self._started
+        if starting is not None and not starting.done() and starting is not asyncio.current_task():
+            starting.cancel()
+            await asyncio.wait([starting])  # its end, without taking a cancellation of this caller
         if self.sock is not None:
             self._gone("closed")
         if self.proc is not None and self.proc.returncode is None:

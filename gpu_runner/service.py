@@ -25,7 +25,7 @@ import psutil
 import structlog
 
 from gpu_runner.assemble import Collected, build, evaluator_fault, rejected_by_gate
-from gpu_runner.compiler import CompileOutcome, Compiler
+from gpu_runner.compiler import CompileOutcome, Compiler, compile_env
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.cuda_fit import fit_cuda
 from gpu_runner.errors import (
@@ -61,6 +61,11 @@ __all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
 logger = structlog.get_logger(__name__)
 
 
+def _compile_target(device: str, target: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What compile workers build for: the GPU's backend, architecture and warp size."""
+    return {k: target[k] for k in ("backend", "arch", "warp")} if device == "cuda" and target else None
+
+
 def _lap(laps: dict[str, float], name: str, since: float) -> float:
     """Record the seconds since ``since`` under ``name`` (added to what it holds); returns now."""
     now = time.perf_counter()
@@ -90,20 +95,39 @@ class EvaluationService:
         self.janitor: Janitor | None = None
         self._one_at_a_time = asyncio.Lock()
         self._stage: RunStage | None = None
+        self._forks: dict[str, ForkServer] = {}
+        """The fork servers started, by worker mode."""
 
     async def start(self) -> None:
-        """Probe the device and the sandbox, and start the spares."""
+        """Probe the device and the sandbox, and start the spares.
+
+        The fork servers (about 6-7 s of imports on an H100 host) start before the isolation probe
+        (about 4 s: interpreters that import torch and start CUDA under each layer), beside it:
+        neither needs the other. A start that fails leaves nothing running."""
         laps: dict[str, float] = {}
         t = time.perf_counter()
-        target, nice_prefix = await self._probe(laps)
-        t = _lap(laps, "probe_s", t)
-        cache = await self._make_folders()
-        t = _lap(laps, "folders_s", t)
-        await self._start_pools(target, nice_prefix, cache)
-        _lap(laps, "pools_s", t)
+        try:
+            target = await self._detect()
+            t = _lap(laps, "detect_s", t)
+            nice = shutil.which("nice") if self.cfg.worker_nice else None
+            nice_prefix: tuple[str, ...] = (nice, "-n", str(self.cfg.worker_nice)) if nice else ()
+            cache = await self._make_folders()
+            t = _lap(laps, "folders_s", t)
+            if self.cfg.fork_server:
+                self._start_fork_servers(target, nice_prefix, cache)
+            software, _ = await asyncio.gather(asyncio.to_thread(versions, self.cfg.python), self._probe(laps))
+            t = _lap(laps, "probe_s", t)
+            assert self.iso is not None
+            if nice_prefix:
+                self.iso = dataclasses.replace(self.iso, prefix=(*nice_prefix, *self.iso.prefix))
+            self._confine_folders(cache)
+            self._start_pools(target, cache, software)
+            _lap(laps, "pools_s", t)
+        except BaseException:
+            await self.aclose()
+            raise
         with contextlib.suppress(psutil.Error):  # the process's own start and imports before this service
             laps["process_s"] = round(time.time() - psutil.Process().create_time(), 3)
-        assert self.iso is not None
         logger.info(
             "evaluator_started",
             device=self.device,
@@ -115,15 +139,16 @@ class EvaluationService:
             phases=laps,
         )
 
-    async def _probe(self, laps: dict[str, float]) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
-        """The device and the isolation this machine grants: (the GPU found, the ``nice`` prefix of
-        workers); ``laps`` gets the seconds of the device's detection and of CUDA's confinement fit."""
-        t = time.perf_counter()
+    async def _detect(self) -> dict[str, Any] | None:
+        """The GPU this service evaluates on (``nvidia-smi``; no CUDA here), or None: the CPU."""
         target = await asyncio.to_thread(detect_cuda, self.cfg.gpu)
-        _lap(laps, "detect_s", t)
         if self.cfg.device is DeviceChoice.CUDA and target is None:
             raise DeviceUnavailable("cuda", "nvidia-smi finds no GPU")
         self.device = "cuda" if target is not None and self.cfg.device is not DeviceChoice.CPU else "cpu"
+        return target
+
+    async def _probe(self, laps: dict[str, float]) -> None:
+        """The isolation this machine grants (``self.iso``); ``laps`` gets CUDA's confinement fit."""
         self.iso = await asyncio.to_thread(
             probe_isolation,
             self.cfg.network_isolation,
@@ -142,16 +167,9 @@ class EvaluationService:
         refusal = isolation_refusal(self.iso, self.cfg.isolation)
         if refusal is not None:
             raise IsolationUnavailable(refusal)
-        nice = shutil.which("nice")
-        nice_prefix: tuple[str, ...] = ()
-        if self.cfg.worker_nice and nice:
-            nice_prefix = (nice, "-n", str(self.cfg.worker_nice))
-            self.iso = dataclasses.replace(self.iso, prefix=(*nice_prefix, *self.iso.prefix))
-        return target, nice_prefix
 
     async def _make_folders(self) -> Path:
-        """The service's working folders, watched by a janitor, hidden from workers; returns the cache folder."""
-        assert self.iso is not None
+        """The service's working folders, watched by a janitor; returns the cache folder."""
         if self.cfg.work_dir is not None:
             self.base = Path(self.cfg.work_dir)
             self.base.mkdir(parents=True, exist_ok=True)
@@ -170,6 +188,12 @@ class EvaluationService:
         self.janitor = Janitor([bulk, self.base] if self._own_base else [bulk], self.cfg.python)
         cache = self.cfg.resolved_cache_dir()
         (cache / "compile").mkdir(parents=True, exist_ok=True)
+        return cache
+
+    def _confine_folders(self, cache: Path) -> None:
+        """The service's folders hidden from workers, and the sandbox user dropped where it cannot reach them."""
+        assert self.iso is not None
+        assert self.base is not None
         hidden = [str(self.base), str(cache), str(bulk_root(self.base))]
         self.iso = dataclasses.replace(self.iso, hidden=tuple(hidden))
         if self.iso.uid is not None:
@@ -178,17 +202,30 @@ class EvaluationService:
             blocked = unreachable_by_others(self.base)
             if blocked is not None:
                 self.iso = without_user(self.iso, f"the sandbox user cannot reach {blocked}")
-        return cache
 
-    async def _start_pools(self, target: dict[str, Any] | None, nice_prefix: tuple[str, ...], cache: Path) -> None:
-        """The run and compile pools (and their fork servers), and the run stage."""
-        assert self.iso is not None
-        assert self.base is not None
+    def _pool_env(self, cache: Path) -> dict[str, str]:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
         if self.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        self.runs = RunPool(self.cfg, self.iso, self.device, self.base, env, self.gpu)
-        software = await asyncio.to_thread(versions, self.cfg.python)
+        return env
+
+    def _start_fork_servers(self, target: dict[str, Any] | None, nice_prefix: tuple[str, ...], cache: Path) -> None:
+        """Start (in the background) the run and compile workers' fork servers."""
+        assert self.base is not None
+        self._forks["run"] = self._fork_server(
+            "run", nice_prefix, {**self._pool_env(cache), **self.cfg.worker_device_env()}
+        )
+        self._forks["compile"] = self._fork_server(
+            "compile",
+            nice_prefix,
+            compile_env(self.cfg, self.base, self.device, _compile_target(self.device, target), "forkserver-compile"),
+        )
+
+    def _start_pools(self, target: dict[str, Any] | None, cache: Path, software: dict[str, str]) -> None:
+        """The run and compile pools (on the fork servers started), and the run stage."""
+        assert self.iso is not None
+        assert self.base is not None
+        self.runs = RunPool(self.cfg, self.iso, self.device, self.base, self._pool_env(cache), self.gpu)
         self.described = describe_device(self.device, target, software)
         # Compile workers run at the run workers' niceness. (Five steps below them, tried while
         # spares started from fresh interpreters, made no difference to the stream once spares
@@ -196,19 +233,15 @@ class EvaluationService:
         self.compiler = Compiler(
             self.cfg, self.iso, self.device, self.base, f"{software['torch']} {software['triton']}"
         )
-        self.compiler.target = (
-            {k: target[k] for k in ("backend", "arch", "warp")} if self.device == "cuda" and target else None
-        )
-        if self.cfg.fork_server:
-            self.runs.forks = self._fork_server("run", nice_prefix, {**env, **self.cfg.worker_device_env()})
-            self.compiler.forks = self._fork_server("compile", nice_prefix, self.compiler.env("forkserver-compile"))
+        self.compiler.target = _compile_target(self.device, target)
+        self.runs.forks = self._forks.get("run")
+        self.compiler.forks = self._forks.get("compile")
         self._stage = RunStage(self.cfg, self.iso, self.device, self.gpu, self.runs, self._background)
         self.compiler.refill()
         self.runs.refill()
 
     def _fork_server(self, mode: str, nice_prefix: tuple[str, ...], env: dict[str, str]) -> ForkServer:
         """Start (in the background) the fork server for workers of ``mode``."""
-        assert self.iso is not None
         assert self.base is not None
         name = f"forkserver-{mode}"
         home = make_private_dir(self.base, name, None, None)
@@ -402,9 +435,8 @@ class EvaluationService:
             await self.runs.close()
         if self.compiler is not None:
             await self.compiler.close()
-        for pool in (self.runs, self.compiler):
-            if pool is not None and pool.forks is not None:
-                await pool.forks.close()
+        for forks in self._forks.values():  # the pools' (or, after a failed start, no pool's)
+            await forks.close()
         if self.base is not None:
             await asyncio.to_thread(shutil.rmtree, bulk_root(self.base), True)
         if self._own_base and self.base is not None:

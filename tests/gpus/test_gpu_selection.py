@@ -6,9 +6,11 @@ import pytest
 
 from actors.errors import ConfigError
 from actors.gpus import (
+    BUSY_CORES,
     Gpu,
     SelectionKind,
     compile_workers_per_gpu,
+    evaluator_sizing,
     list_gpus,
     parse_selection,
     parse_smi,
@@ -128,6 +130,15 @@ def test_islands_keep_enough_in_flight_for_every_gpu() -> None:
     assert default_inflight(islands=2, evaluators=4) == 8
     assert default_inflight(islands=3, evaluators=2) == 3
     assert default_inflight(islands=8, evaluators=1) == 2
+
+
+def test_an_evaluator_with_cores_to_spare_on_a_gpu_judges_more_at_once_and_keeps_more_spares() -> None:
+    assert evaluator_sizing(on_gpu=True, cores=16) == (4, 3)
+    assert evaluator_sizing(on_gpu=True, cores=BUSY_CORES) == (4, 3)
+    assert evaluator_sizing(on_gpu=True, cores=BUSY_CORES - 1) == (2, 2)
+    assert evaluator_sizing(on_gpu=False, cores=64) == (2, 2)  # the CPU: its cores run the candidates
+    # a run on one GPU of such a host: 2 islands keep 4 in flight each (twice what is judged at once)
+    assert default_inflight(islands=2, evaluators=1, concurrency=4) == 4
 
 
 def test_the_machines_gpus_come_from_nvidia_smi_under_cuda_visible_devices(fake_smi: FakeSmi) -> None:

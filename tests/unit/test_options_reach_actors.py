@@ -130,6 +130,24 @@ def test_spares_option_reaches_the_gpu_runner() -> None:
     assert _gpu_runner(_actor("evaluator", "--device", "cpu", "--spares", "5")).service.cfg.spares == 5
 
 
+def test_an_evaluator_on_the_cpu_keeps_two_spares_and_judges_two_at_once_by_default() -> None:
+    actor = _actor("evaluator", "--device", "cpu")
+    assert isinstance(actor, EvaluatorActor)
+    assert (_gpu_runner(actor).service.cfg.spares, actor.concurrency) == (2, 2)
+    args = _run_args("--device", "cpu")
+    assert build_spec(args, TASK.read_text(), DeviceChoice.CPU).inflight_per_island == 2
+    # its own process is sized by itself (the same machine), not told a number
+    assert "--spares" not in child_argv(ActorOptions.from_args(args), "r1", "strict")
+
+
+def test_a_run_on_a_gpu_sizes_in_flight_by_the_evaluators_default() -> None:
+    from actors.gpus import compile_workers_per_gpu, evaluator_sizing
+
+    judged = evaluator_sizing(True, compile_workers_per_gpu(1))[0]
+    spec = build_spec(_run_args("--device", "cuda"), TASK.read_text(), DeviceChoice.CUDA)
+    assert spec.inflight_per_island == max(2, judged)  # two islands, twice what is judged at once
+
+
 def test_isolation_option_reaches_the_gpu_runner() -> None:
     runner = _gpu_runner(_actor("evaluator", "--device", "cpu", "--isolation", "best-effort"))
     assert runner.service.cfg.isolation is IsolationMode.BEST_EFFORT

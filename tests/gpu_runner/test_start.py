@@ -1,0 +1,70 @@
+"""The evaluator's start: its fork servers start beside the isolation probe, and a start that fails
+(strict isolation refused) leaves nothing of it running."""
+
+from __future__ import annotations
+
+import stat
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpu_runner.config import IsolationMode
+from gpu_runner.errors import IsolationUnavailable
+from gpu_runner.service import EvaluationService
+from schemas import DeviceChoice
+from tests.gpu_runner.conftest import fast_config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _fork_servers() -> list[psutil.Process]:
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "gpu_runner.forkserver" in " ".join(proc.cmdline()):
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+async def test_a_start_refused_by_strict_isolation_leaves_no_fork_server_or_folder(tmp_path: Path) -> None:
+    # An interpreter whose isolation probe finds no layer (it answers for the probe; everything
+    # else, the fork servers included, is the real interpreter).
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *gpu_runner.confine.probe*) echo \'{"userns": "refused by this test"}\'; exit 0;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    cfg = fast_config(DeviceChoice.CPU, tmp_path, python=str(python), isolation=IsolationMode.STRICT, work_dir=None)
+    service = EvaluationService(cfg)
+    started = time.monotonic()
+    with pytest.raises(IsolationUnavailable, match="isolation is strict"):
+        await service.start()
+    assert service.base is not None
+    assert not service.base.exists(), "the service's folder outlived its failed start"
+    # the close waited for them (or killed them); none is left even for a moment after
+    assert not _fork_servers(), "a fork server outlived the failed start"
+    assert time.monotonic() - started < 30
+    await service.aclose()  # a second close is harmless
+
+
+async def test_the_started_evaluator_logs_its_start_up_phases(tmp_path: Path) -> None:
+    import structlog
+
+    cfg = fast_config(DeviceChoice.CPU, tmp_path, spares=0)
+    with structlog.testing.capture_logs() as logs:
+        async with EvaluationService(cfg) as service:
+            assert service.runs is not None
+            assert service.runs.forks is not None
+            assert await service.runs.forks.wait_ready()
+    started = [e for e in logs if e["event"] == "evaluator_started"]
+    assert len(started) == 1
+    phases = started[0]["phases"]
+    assert {"detect_s", "folders_s", "probe_s", "pools_s", "process_s"} <= set(phases)
+    assert all(v >= 0 for v in phases.values())
