@@ -51,6 +51,8 @@ class GpuUsage(BaseModel):
     """Mean seconds of that spent in the measurement itself (``stages.measure_s``: the trial
     forwards and the timing); the rest is the fixed cost of a candidate's process on the device
     (its import, kernels loaded, the profile, the kill)."""
+    compile_s_mean: float | None = None
+    """Mean seconds of a candidate's compile stage where it compiled (not a cache hit)."""
 
 
 def _key(r: EvalResult, placed: Mapping[str, tuple[str, int | None, str]]) -> tuple[str, int | None, str]:
@@ -89,6 +91,7 @@ def gpu_usage(results: Iterable[EvalResult], window: tuple[float, float] | None 
         busy = sum(r.stages.gpu_s or 0.0 for r in members)
         held = [r.stages.gpu_s for r in members if r.stages.gpu_s]
         measured = [r.stages.measure_s for r in members if r.stages.gpu_s and r.stages.measure_s]
+        compiled = [r.stages.compile_s for r in members if r.stages.compile_s and not r.stages.compile_cache_hit]
         out.append(
             GpuUsage(
                 host=host,
@@ -102,6 +105,7 @@ def gpu_usage(results: Iterable[EvalResult], window: tuple[float, float] | None 
                 busy_fraction=busy / span if span > 0 else None,
                 held_s_mean=round(sum(held) / len(held), 4) if held else None,
                 measured_s_mean=round(sum(measured) / len(measured), 4) if measured else None,
+                compile_s_mean=round(sum(compiled) / len(compiled), 4) if compiled else None,
             )
         )
     return tuple(sorted(out, key=lambda u: (u.host, u.gpu is None, u.gpu or 0, u.evaluators)))

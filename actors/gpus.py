@@ -181,10 +181,11 @@ BUSY_CORES = 8
 def evaluator_sizing(on_gpu: bool, cores: int) -> tuple[int, int]:
     """(candidates one evaluator judges at once, spares it keeps ready) by default, for an
     evaluator with ``cores`` of its own: 4 and 3 on a GPU with at least :data:`BUSY_CORES`, else 2
-    and 2. On an H100 with 16 cores, 45 s runs of KernelBench L1-2 and L1-3 at 4 and 3 (islands
-    keeping 4 in flight each) evaluated 23 and 13 candidates against 19 and 10 at 2 and 2 (the GPU
-    held 72% and 88% of the time, from 57% and 78%); the memory plan still cuts spares to what
-    fits."""
+    and 2; the memory plan still cuts spares to what fits. Measured on an H100 with 16 cores, each
+    pair warm and one after the other: 45 s of KernelBench L1-2 evaluated 23 candidates instead of
+    19 (0.818 against 0.659 per second; the GPU held 72% of the time instead of 57%), L1-3, already
+    bound by the GPU, 19 instead of 18 (87% against 77%); scale_bench's 1 GB row sum streamed 1.58
+    candidates/s with 3 spares against 1.08 with 2."""
     return (4, 3) if on_gpu and cores >= BUSY_CORES else (2, 2)
 
 

@@ -8,7 +8,7 @@ its fork servers, its memory plan and its spares' preparation) and prints a tabl
 * ``eval``: candidates evaluated; ``cand/s`` and ``busy``: the evaluator's rate and the share of
   its window the GPU was held for candidates (``report.json``'s ``gpus``);
 * ``held/c`` and ``meas/c``: seconds the GPU was held per candidate, and of that the measurement
-  (trial forwards and timing);
+  (trial forwards and timing); ``comp/c``: seconds of a compile stage that compiled;
 * ``start``: seconds from the run's first log line to ``evaluator_started``, then the evaluator's
   own phases (``process``: its interpreter's start and imports; ``probe``: device, isolation and CUDA
   fit; ``pools``), the later of the two fork servers ready, and the first verdict;
@@ -57,7 +57,8 @@ def _first(events: list[tuple[float, dict[str, Any]]], name: str, **match: Any) 
 
 def summarise(run_dir: Path) -> dict[str, Any]:
     """One run folder's row (missing parts are ``None``)."""
-    row: dict[str, Any] = {"run": run_dir.name}
+    # ``kfoundry run --run-dir X/run``: the folder above names it
+    row: dict[str, Any] = {"run": run_dir.name if run_dir.name != "run" else f"{run_dir.parent.name}/run"}
     try:
         report = json.loads((run_dir / "report.json").read_text())
     except (OSError, ValueError):
@@ -71,6 +72,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
             busy=g.get("busy_fraction"),
             held=g.get("held_s_mean"),
             measured=g.get("measured_s_mean"),
+            compiled=g.get("compile_s_mean"),
         )
     best = report.get("best") or {}
     row["best"] = best.get("speedup_vs_eager")
@@ -102,9 +104,9 @@ def _num(value: Any, fmt: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| run | eval | cand/s | busy | held/c | meas/c | start (process, probe, pools) | forks ready | first verdict "
-        "| spare (slowest phases) | first ok | best |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|",
+        "| run | eval | cand/s | busy | held/c | meas/c | comp/c | start (process, probe, pools) | forks ready "
+        "| first verdict | spare (slowest phases) | first ok | best |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         ph = r.get("phases") or {}
@@ -118,6 +120,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['run']} | {_num(r.get('evaluated'), 'd')} | {_num(r.get('rate'), '.3f')} | "
             f"{_num(r.get('busy'), '.0%')} | {_num(r.get('held'), '.2f')} | {_num(r.get('measured'), '.2f')} | "
+            f"{_num(r.get('compiled'), '.2f')} | "
             f"{start} | {_num(r.get('forks'), '.1f')} | {_num(r.get('first_verdict'), '.1f')} | {spare} | "
             f"{_num(r.get('first_ok'), '.1f')} | {_num(r.get('best'), '.3f')} |"
         )
