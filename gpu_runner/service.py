@@ -95,6 +95,8 @@ class EvaluationService:
         self.janitor: Janitor | None = None
         self._one_at_a_time = asyncio.Lock()
         self._stage: RunStage | None = None
+        self.start_phases: dict[str, float] = {}
+        """Seconds of each phase of :meth:`start` (and ``process_s``: since this process began)."""
         self._forks: dict[str, ForkServer] = {}
         """The fork servers started, by worker mode."""
 
@@ -128,6 +130,7 @@ class EvaluationService:
             raise
         with contextlib.suppress(psutil.Error):  # the process's own start and imports before this service
             laps["process_s"] = round(time.time() - psutil.Process().create_time(), 3)
+        self.start_phases = laps
         logger.info(
             "evaluator_started",
             device=self.device,
