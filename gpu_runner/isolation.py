@@ -162,10 +162,11 @@ def probe_isolation(
         if candidate is None:
             layers = policy.probe(python, env, cuda, None, wanted)
         else:
-            # Both start an interpreter that imports torch (and starts CUDA on a GPU): about 4 s
-            # each on an H200 host, one after the other before every evaluator's start. The
-            # layers are probed for the user at once; should torch not start as that user
-            # (rare), they are probed again for the evaluator's own.
+            # Both start an interpreter that imports torch (and starts CUDA on a GPU). One after
+            # the other, they were most of the 9.7 s before an evaluator had started on an H200
+            # host; side by side, probing took 3.7-4.3 s on an H100 host. The layers are probed
+            # for the user at once; should torch not start as that user (rare), they are probed
+            # again for the evaluator's own.
             with ThreadPoolExecutor(1, thread_name_prefix="kf-works-as") as pool:
                 works = pool.submit(_works_as, candidate.pw_uid, candidate.pw_gid, python, cuda)
                 layers = policy.probe(python, env, cuda, (candidate.pw_uid, candidate.pw_gid), wanted)
