@@ -10,6 +10,7 @@ Writes: ``kf.<run>.result.<island>`` (``EvalResult``) into the run stream with d
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from actors.base import Actor
@@ -62,10 +63,24 @@ class EvaluatorActor(Actor):
         self.task = self.spec.task
         try:
             await self.runner.start()
-            await self.runner.prepare(self.task)
+            # Candidates are taken from here on: their gate and compile (no GPU) overlap the
+            # task's preparation (the memory plan's measure, the first spares), and each waits for
+            # a prepared worker after compiling, which is not counted against it. Taken only once
+            # the task is prepared, the first candidates of a KernelBench L1-3 run on an H100
+            # began compiling 3.5 s after the compile workers could have (at the memory plan).
+            preparing = asyncio.create_task(self.runner.prepare(self.task))
+            try:
+                await self._consume()
+            except BaseException:
+                preparing.cancel()
+                await asyncio.wait([preparing])
+                raise
+            await preparing  # the task's plan: a refusal (too large) ends the set-up here
         except (TaskTooLarge, IsolationUnavailable) as exc:  # no candidate can run here: the run says so and ends
             self.refused = TaskRefused(str(exc))
             raise self.refused from None
+
+    async def _consume(self) -> None:
         consumer = ConsumerSpec(
             stream=subjects.run_stream(self.rid),
             durable=subjects.EVALUATORS,

@@ -166,6 +166,7 @@ class RunPool:
         """Set while the current task's plan is known (spares wait for it before they prepare)."""
         self.planned.set()
         self.prep_sem: asyncio.Semaphore | None = None
+        self._retargeting = asyncio.Lock()
         """Spares that prepare at once when the plan had to cut (one at a time then)."""
 
     async def new_worker(self, env: dict[str, str] | None = None) -> Worker:
@@ -477,7 +478,13 @@ class RunPool:
 
     async def retarget(self, reference_source: str) -> None:
         """Make the pool ready for a (new) task: its memory plan first (measured in the worker that
-        becomes its first spare), then as many spares as the plan allows."""
+        becomes its first spare), then as many spares as the plan allows. Calls run one at a time:
+        an evaluation that asks for the task's plan while the evaluator's own preparation of it is
+        under way waits for that one instead of measuring again."""
+        async with self._retargeting:
+            await self._retarget(reference_source)
+
+    async def _retarget(self, reference_source: str) -> None:
         key = task_key(reference_source)
         for spare in list(self.idle):
             if spare.task != key:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import sys
 import time
@@ -15,7 +16,7 @@ from gpu_runner.config import IsolationMode
 from gpu_runner.errors import IsolationUnavailable
 from gpu_runner.service import EvaluationService
 from schemas import DeviceChoice
-from tests.gpu_runner.conftest import fast_config
+from tests.gpu_runner.conftest import fast_config, reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,3 +65,27 @@ async def test_the_started_evaluator_gives_its_start_up_phases(tmp_path: Path) -
     assert {"detect_s", "folders_s", "probe_s", "pools_s", "process_s"} <= set(phases)
     assert all(v >= 0 for v in phases.values())
     assert phases["process_s"] >= phases["probe_s"]  # the process began before its service's probe
+
+
+async def test_an_evaluation_asking_for_the_plan_during_the_tasks_preparation_waits_for_it(tmp_path: Path) -> None:
+    """The evaluator takes candidates while it prepares the task: a candidate that reaches the run
+    stage meanwhile waits for that preparation's plan instead of measuring the task again (here
+    while the preparation first disposes of another task's spare)."""
+    cfg = fast_config(DeviceChoice.CPU, tmp_path, spares=1)
+    async with EvaluationService(cfg) as service:
+        runs = service.runs
+        assert runs is not None
+        await service.prepare(reference("linear_relu"))
+        await service.wait_spares(1, timeout_s=60)
+        measured: list[str] = []
+        measure = runs._measure
+
+        async def counted(worker, source):  # type: ignore[no-untyped-def]
+            measured.append(source)
+            return await measure(worker, source)
+
+        runs._measure = counted  # type: ignore[method-assign]
+        ref = reference("add_relu")
+        _, plan = await asyncio.gather(service.prepare(ref), runs.plan_for(ref))
+        assert plan is not None
+        assert len(measured) == 1
