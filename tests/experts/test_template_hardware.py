@@ -161,3 +161,53 @@ def test_gpu_fitted_first_configurations_are_correct_in_the_interpreter(tmp_path
     assert len(verdicts) == len(jobs)
     bad = [v for v in verdicts if not v.ok]
     assert not bad, bad
+
+
+CONV = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d({cin}, {cout}, 3, groups={groups}, bias=False)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def get_inputs():
+    return [torch.randn(2, {cin}, 34, 34)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_first_convolutions_sum_few_channels_without_dot_and_use_tf32x3_where_it_pays() -> None:
+    from actors.experts.template.errors import InvalidParams
+    from actors.experts.template.params import TemplateParams
+
+    dense = plan_of(CONV.format(cin=16, cout=128, groups=1))  # KernelBench L1-63's channels
+    assert default_params(dense).conv_precision == "ieee"
+    assert default_params(dense, CPU_FALLBACK).conv_precision == "ieee"
+    assert default_params(dense, H100).conv_precision == "tf32x3"  # fp32-accurate on tensor cores
+    depthwise = plan_of(CONV.format(cin=64, cout=64, groups=64))  # L1-82: one channel per group
+    for hw in (None, H100):
+        first = default_params(depthwise, hw)
+        assert (first.conv_precision, first.conv_block_n, first.conv_block_k) == ("fma", 1, 16)
+    assert "tl.dot" not in render(depthwise, default_params(depthwise, H100))
+    # a depthwise convolution followed by a pointwise one (L1-86): the conv_* parameters are shared,
+    # and the pointwise one needs tl.dot
+    separable = plan_of(
+        CONV.format(cin=64, cout=64, groups=64)
+        .replace("return self.conv(x)", "return self.point(self.conv(x))")
+        .replace("bias=False)", "bias=False)\n        self.point = nn.Conv2d(64, 128, 1, bias=False)")
+    )
+    assert default_params(separable, H100).conv_precision == "tf32x3"
+    assert default_params(separable).conv_block_n >= 16
+    with pytest.raises(InvalidParams, match="conv_block_n"):
+        TemplateParams(conv_block_n=8)  # tl.dot needs 16 columns
+    with pytest.raises(InvalidParams, match="conv_warps"):  # fma's [M, K, N] products per thread
+        TemplateParams(conv_precision="fma", conv_block_m=256, conv_block_k=64, conv_block_n=16, conv_warps=1)

@@ -136,7 +136,10 @@ class ConvWriter(Writer):
         else:
             w_index = f"co[None, :] * {self.k} + rk[:, None]"
         e(loop, f"b = tl.load({pw} + {w_index}, mask=kmask[:, None] & nmask[None, :], other=0.0)")
-        e(loop, f'acc = tl.dot(a, b, acc, input_precision="{p.conv_precision}")')
+        if p.conv_precision == "fma":  # few output channels: no tl.dot (16 columns at least)
+            e(loop, "acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)")
+        else:
+            e(loop, f'acc = tl.dot(a, b, acc, input_precision="{p.conv_precision}")')
         e(s, "cmask = mmask[:, None] & nmask[None, :]")
         e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
         s.memo[("v", self.kernel.mm)] = "acc"

@@ -13,9 +13,9 @@ every SM work (:meth:`GpuModel.mm_tiles`), rows per program that keep every SM b
 few and long (:meth:`GpuModel.rows_per_program`), a vector width of 16 bytes
 (:meth:`GpuModel.vector_width`), pipelining stages that fit shared memory
 (:meth:`GpuModel.stages_that_fit`), split-K when the tiles of a long-K product cannot fill the
-machine (:meth:`GpuModel.split_k`), and the three-pass TF32 dot for fp32 products where tensor
-cores make it pay (:attr:`GpuModel.tf32x3_pays`; a candidate the precision check rejects is
-repaired back to ``ieee`` by the ``incorrect.precision`` mutation).
+machine (:meth:`GpuModel.split_k`), and the three-pass TF32 dot for fp32 products and
+convolutions where tensor cores make it pay (:attr:`GpuModel.tf32x3_pays`; a candidate the
+precision check rejects is repaired back to ``ieee`` by the ``incorrect.precision`` mutation).
 """
 
 from __future__ import annotations

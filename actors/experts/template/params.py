@@ -5,7 +5,8 @@ kernel ``row_*``, every matrix-product kernel ``mm_*``, every convolution ``conv
 fusion switches. Every value in
 the space renders a correct kernel; the space only changes speed (and, for ``mm_precision``,
 which fp32-accurate dot algorithm runs: ``ieee`` or the three-pass ``tf32x3``; likewise
-``conv_precision``; ``mm_split_k`` also changes the order of the fp32 sums, towards more accurate).
+``conv_precision``, which also has ``fma``, a product summed without ``tl.dot``; ``mm_split_k``
+also changes the order of the fp32 sums, towards more accurate).
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ SPACE: dict[str, tuple[object, ...]] = {
     "mm_tma": (False, True),
     "mm_pad": (False, True),
     "conv_block_m": (16, 32, 64, 128, 256),
-    "conv_block_n": (16, 32, 64, 128),
+    "conv_block_n": (1, 2, 4, 8, 16, 32, 64, 128),
     "conv_block_k": (16, 32, 64),
     "conv_warps": (1, 2, 4, 8),
     "conv_stages": (1, 2, 3, 4),
-    "conv_precision": ("ieee", "tf32x3"),
+    "conv_precision": ("ieee", "tf32x3", "fma"),
     "attn_block_m": (16, 32, 64, 128),
     "attn_block_n": (16, 32, 64, 128),
     "attn_block_k": (16, 32, 64, 128),
@@ -115,7 +116,7 @@ class TemplateParams:
     conv_block_m: int = 64
     """Output positions (batch x spatial) per convolution program."""
     conv_block_n: int = 32
-    """Output channels (within a group) per convolution program."""
+    """Output channels (within a group) per convolution program (16 at least with ``tl.dot``)."""
     conv_block_k: int = 32
     """Chunk of the reduction (input channels x kernel taps) per loop step of a convolution."""
     conv_warps: int = 4
@@ -123,7 +124,10 @@ class TemplateParams:
     conv_stages: int = 2
     """Software-pipelining stages of the convolution's reduction loop."""
     conv_precision: str = "ieee"
-    """``tl.dot`` input precision of convolutions: ``ieee`` or ``tf32x3`` (three TF32 passes)."""
+    """How a convolution's products are summed: ``tl.dot`` in ``ieee`` fp32 or ``tf32x3`` (three TF32
+    tensor-core passes), or ``fma``: broadcast products summed in fp32 without ``tl.dot``, whose
+    tiles need at least 16 output channels (a depthwise convolution has one per group, so 15 of
+    16 of every dot's columns were masked out)."""
     attn_block_m: int = 64
     """Query rows per attention program."""
     attn_block_n: int = 32
@@ -156,8 +160,12 @@ class TemplateParams:
         if acc > _ACC_PER_THREAD or acc < 1:
             raise InvalidParams("mm_warps", self.mm_warps, f"{acc} accumulators per thread is outside 1..256")
         acc = self.conv_block_m * self.conv_block_n // (32 * self.conv_warps)
+        if self.conv_precision == "fma":  # the [M, K, N] products live at once before their sum
+            acc = self.conv_block_m * self.conv_block_k * self.conv_block_n // (32 * self.conv_warps)
+        elif self.conv_block_n < 16:
+            raise InvalidParams("conv_block_n", self.conv_block_n, "tl.dot needs 16 columns at least (fma does not)")
         if acc > _ACC_PER_THREAD or acc < 1:
-            raise InvalidParams("conv_warps", self.conv_warps, f"{acc} accumulators per thread is outside 1..256")
+            raise InvalidParams("conv_warps", self.conv_warps, f"{acc} values per thread is outside 1..256")
         acc = self.attn_block_m * max(self.attn_block_d, self.attn_block_n) // (32 * self.attn_warps)
         if acc > _ACC_PER_THREAD or acc < 1:
             raise InvalidParams("attn_warps", self.attn_warps, f"{acc} accumulators per thread is outside 1..256")

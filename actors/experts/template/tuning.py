@@ -89,7 +89,7 @@ def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
                     block_i, tile = widest, 64 * widest
                 values.update(row_block_i=block_i, row_warps=4 if tile <= 2048 else 8, row_block_r=64)
         elif kernel.kind is KernelKind.CONV:
-            values.update(_conv_defaults(plan, kernel.mm))
+            values.update(_conv_defaults(plan, kernel.mm, _convs_all_narrow(plan, sched)))
         elif kernel.kind is KernelKind.SCAN:
             values.update(_scan_defaults(plan, kernel.mm))
         elif kernel.kind is KernelKind.ATTN:
@@ -140,19 +140,57 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
                 values["mm_precision"] = "tf32x3"
             if shape.batch == 1 and needs_padding(shape, _dtype_bytes(plan, shape.a.base)):
                 values["mm_pad"] = True  # unaligned rows: scalar, masked loads on every K step otherwise
+        elif kernel.kind is KernelKind.CONV and "conv_precision" not in values:
+            # As for products: cuDNN runs fp32 convolutions in TF32 (PyTorch's default), while a
+            # candidate must be fp32-accurate; the first convolutions of the level-1 development
+            # subset on an H200, in ieee fp32 (no tensor cores), ran at 0.11-0.13x of eager.
+            dot = not _convs_all_narrow(plan, sched)
+            values["conv_precision"] = (
+                "tf32x3" if dot and hw.tf32x3_pays and _dtype_bytes(plan, kernel.mm) == 4 else
+                "ieee" if dot else "fma"
+            )  # fmt: skip
     return values
 
 
-def _conv_defaults(plan: Plan, conv: int) -> dict[str, object]:
-    """Tile sizes for one convolution: the channel tile follows the channels per group."""
+def _cout_per_group(plan: Plan, conv: int) -> int:
     node = plan.nodes[conv]
-    spec = ConvSpec.from_attrs(node.attrs)
-    cout_g = node.shape[1] // spec.groups
+    return int(node.shape[1]) // ConvSpec.from_attrs(node.attrs).groups
+
+
+def _convs_all_narrow(plan: Plan, sched: Schedule) -> bool:
+    """Whether every convolution of the plan has fewer than 16 output channels per group (the
+    ``conv_*`` parameters are shared by all of them: a depthwise convolution followed by a
+    pointwise one keeps ``tl.dot``, which the pointwise one needs)."""
+    convs = [k.mm for k in sched.kernels if k.kind is KernelKind.CONV]
+    return bool(convs) and all(_cout_per_group(plan, c) < 16 for c in convs)
+
+
+def _conv_defaults(plan: Plan, conv: int, narrow: bool) -> dict[str, object]:
+    """Tile sizes for one convolution: the channel tile follows the channels per group. When the
+    plan's convolutions all have fewer than 16 of them (depthwise: one; ``narrow``), the products
+    are summed without ``tl.dot`` (``fma``), whose tiles would be mostly masked-out columns."""
+    node = plan.nodes[conv]
+    cout_g = _cout_per_group(plan, conv)
     positions = node.numel // node.shape[1]
+    if narrow:
+        k = _conv_reduction(plan, conv)
+        block_n, block_k = next_pow2(cout_g), 16 if k <= 16 else 32
+        block_m = 128 if block_n * block_k <= 128 else 64
+        return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": block_k, "conv_warps": 4,
+                "conv_precision": "fma"}  # fmt: skip
     block_n = max(16, min(128, next_pow2(cout_g)))
     block_m = 128 if positions >= 4096 and block_n <= 64 else 64
     warps = 8 if block_m * block_n >= 8192 else 4
     return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": 32, "conv_warps": warps}
+
+
+def _conv_reduction(plan: Plan, conv: int) -> int:
+    """The length of a convolution's reduction: input channels per group x kernel taps."""
+    node = plan.nodes[conv]
+    spec = ConvSpec.from_attrs(node.attrs)
+    weight = plan.nodes[node.tensor_args()[1]].shape
+    cin = plan.nodes[node.tensor_args()[0]].shape[1]
+    return cin // spec.groups * math.prod(weight[2:])
 
 
 def _scan_defaults(plan: Plan, scan: int) -> dict[str, object]:
@@ -245,7 +283,7 @@ def _choices(
         return tuple(n for n in relevant if n in _SHRINK) or relevant, -1, forced
     if diagnosis is DiagnosisCategory.INCORRECT_PRECISION:
         for name in ("mm_precision", "conv_precision", "attn_precision"):
-            if getattr(params, name) != "ieee":
+            if getattr(params, name) == "tf32x3":  # fma sums in fp32 already
                 forced[name] = "ieee"
     return relevant, 0, forced
 
