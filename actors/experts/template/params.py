@@ -125,9 +125,9 @@ class TemplateParams:
     """Software-pipelining stages of the convolution's reduction loop."""
     conv_precision: str = "ieee"
     """How a convolution's products are summed: ``tl.dot`` in ``ieee`` fp32 or ``tf32x3`` (three TF32
-    tensor-core passes), or ``fma``: broadcast products summed in fp32 without ``tl.dot``, whose
-    tiles need at least 16 output channels (a depthwise convolution has one per group, so 15 of
-    16 of every dot's columns were masked out)."""
+    tensor-core passes), or ``fma``: broadcast products summed in fp32 without ``tl.dot`` (a dot
+    needs 16 output channels at least; a depthwise convolution has one per group, so 15 of 16
+    columns of every dot were masked out)."""
     attn_block_m: int = 64
     """Query rows per attention program."""
     attn_block_n: int = 32
