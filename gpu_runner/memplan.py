@@ -47,8 +47,9 @@ INPUTS_ON_DEVICE_BYTES = 1 << 20
 (``gpu_runner.sandboxed.reference.make_inputs``), by every spare for every candidate's fresh
 seeds. Drawn on one CPU thread, the five trials of KernelBench L1-2 (192 MiB of ``torch.randn``
 each) were 1.95-2.01 s of a spare's 3.6-4.5 s preparation on a 4x H200 host (its ``build_s``),
-and two spares' preparations bounded that task's evaluations (two per ~5.3 s). Drawing them on
-the GPU instead has not been timed yet. A ``get_inputs`` that needs the CPU falls back to it."""
+and two spares' preparations bounded that task's evaluations (two per ~5.3 s). Drawn on the
+GPU, ``build_s`` was 0.002-0.005 s for L1-2 and L1-3 on an H100 (bench/results/startup_h100.md).
+A ``get_inputs`` that needs the CPU falls back to it."""
 LARGE_BYTES = 1 << 30
 """Above this many bytes per trial, a running candidate's process makes no copies: inputs are used
 in place and timed from the trials' own buffers (:class:`gpu_runner.sandboxed.timing.Rotation`), outputs are

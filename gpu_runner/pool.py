@@ -166,8 +166,9 @@ class RunPool:
         """Set while the current task's plan is known (spares wait for it before they prepare)."""
         self.planned.set()
         self.prep_sem: asyncio.Semaphore | None = None
-        self._retargeting = asyncio.Lock()
         """Spares that prepare at once when the plan had to cut (one at a time then)."""
+        self._retargeting = asyncio.Lock()
+        """Held by :meth:`retarget`: one task's preparation at a time."""
 
     async def new_worker(self, env: dict[str, str] | None = None) -> Worker:
         """Start one run worker (``env`` added to its environment) and wait until it is ready."""

@@ -146,6 +146,8 @@ def test_a_run_on_a_gpu_sizes_in_flight_by_the_evaluators_default() -> None:
     judged = evaluator_sizing(True, compile_workers_per_gpu(1))[0]
     spec = build_spec(_run_args("--device", "cuda"), TASK.read_text(), DeviceChoice.CUDA)
     assert spec.inflight_per_island == max(2, judged)  # two islands, twice what is judged at once
+    chosen = build_spec(_run_args("--device", "cuda", "--eval-concurrency", "6"), TASK.read_text(), DeviceChoice.CUDA)
+    assert chosen.inflight_per_island == 6  # the option, not the default
 
 
 def test_isolation_option_reaches_the_gpu_runner() -> None:

@@ -140,15 +140,17 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
                 values["mm_precision"] = "tf32x3"
             if shape.batch == 1 and needs_padding(shape, _dtype_bytes(plan, shape.a.base)):
                 values["mm_pad"] = True  # unaligned rows: scalar, masked loads on every K step otherwise
-        elif kernel.kind is KernelKind.CONV and "conv_precision" not in values:
-            # As for products: cuDNN runs fp32 convolutions in TF32 (PyTorch's default), while a
-            # candidate must be fp32-accurate; the first convolutions of the level-1 development
-            # subset on an H200, in ieee fp32 (no tensor cores), ran at 0.11-0.13x of eager.
-            dot = not _convs_all_narrow(plan, sched)
-            values["conv_precision"] = (
-                "tf32x3" if dot and hw.tf32x3_pays and _dtype_bytes(plan, kernel.mm) == 4 else
-                "ieee" if dot else "fma"
-            )  # fmt: skip
+        # As for products: cuDNN runs fp32 convolutions in TF32 (PyTorch's default), while a
+        # candidate must be fp32-accurate; the first convolutions of the level-1 development
+        # subset on an H200, in ieee fp32 (no tensor cores), ran at 0.11-0.13x of eager. A plan
+        # of narrow ones keeps the fma that ``_conv_defaults`` chose.
+        elif (
+            kernel.kind is KernelKind.CONV
+            and hw.tf32x3_pays
+            and _dtype_bytes(plan, kernel.mm) == 4
+            and not _convs_all_narrow(plan, sched)
+        ):
+            values["conv_precision"] = "tf32x3"
     return values
 
 
