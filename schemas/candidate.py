@@ -90,6 +90,10 @@ class GenerateRequest(Message):
     """Candidates wanted."""
     seed: int = 0
     """Seed for the expert's random choices (template mutation, sampling seed)."""
+    start: int = Field(default=0, ge=0)
+    """For a fresh start (no parent): which of the expert's starting points to lead with. An island
+    asks ``i, i + islands, i + 2 islands, …`` (``i`` its index), so that its concurrent requests
+    and the other islands get different first kernels; an expert with one way to start ignores it."""
     token_budget: int | None = Field(default=None, ge=0)
     """Tokens the expert may spend on this request; ``None`` is the expert's own limit."""
     torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID

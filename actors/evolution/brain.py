@@ -179,11 +179,10 @@ class IslandBrain:
         self.plans += 1
         self.in_flight += cfg.n_per_request
         seed = int(self.rng.integers(0, 2**31 - 1))
+        start = 0
         if source is ParentSource.FRESH:
-            # The template expert leads a fresh start with the best retrieved experience's
-            # configuration on an odd seed and with its default on an even one: alternate, the
-            # experience first, instead of leaving it to chance.
-            seed = (seed & ~1) | (1 - self._fresh_starts % 2)
+            # Fresh starts walk the expert's starting points, interleaved with the other islands'.
+            start = self._fresh_starts * self.spec.islands + self.spec.island_index(self.island)
             self._fresh_starts += 1
         return RequestPlan(
             plan_id=f"{self.island}-{self.plans}",
@@ -198,6 +197,7 @@ class IslandBrain:
             instructions=instructions_for(role, source, diagnosis),
             seed=seed,
             n=cfg.n_per_request,
+            start=start,
         )
 
     def wants_request(self) -> bool:
@@ -398,6 +398,7 @@ class IslandBrain:
             declines=self.declines,
             stopped=self._stopped,
             headroom=self.headroom.model_copy(deep=True),
+            fresh_starts=self._fresh_starts,
         ).model_dump_json()
 
     @classmethod
@@ -416,4 +417,5 @@ class IslandBrain:
         brain.evaluated, brain.in_flight, brain.tokens_used = state.evaluated, state.in_flight, state.tokens_used
         brain.plans, brain.declines, brain._stopped = state.plans, state.declines, state.stopped
         brain.headroom = state.headroom.model_copy(deep=True)
+        brain._fresh_starts = state.fresh_starts
         return brain

@@ -39,3 +39,5 @@ class BrainState(BaseModel):
     declines: int
     stopped: StopReason | None
     headroom: Headroom = Field(default_factory=Headroom)
+    fresh_starts: int = 0
+    """Fresh starts asked so far (a restarted island goes on to the next starting points)."""

@@ -97,6 +97,8 @@ class RequestPlan:
     instructions: str
     seed: int
     n: int
+    start: int = 0
+    """A fresh start's index among the expert's starting points (``GenerateRequest.start``)."""
 
     def request(
         self,
@@ -122,6 +124,7 @@ class RequestPlan:
             meta_prompt_section=meta_prompt_section,
             n=self.n,
             seed=self.seed,
+            start=self.start,
             token_budget=token_budget,
             torch_ops=spec.torch_ops,
         )

@@ -115,12 +115,18 @@ def test_prompt_pools_credit_only_sections_of_their_own_roles() -> None:
     assert json.loads(restored.pools[Role.FUSION].to_json()) == json.loads(saved)
 
 
-def test_fresh_requests_alternate_the_seed_parity_that_leads_with_the_retrieved_experience() -> None:
-    """Odd: the template expert leads with the best retrieved experience's configuration."""
-    brain = IslandBrain("i0", f.spec(islands=1), EXPERTS, seed=3)
-    parities = []
+@pytest.mark.parametrize(("island", "expected"), [("i0", [0, 2, 4, 6]), ("i1", [1, 3, 5, 7])])
+def test_fresh_requests_walk_the_starting_points_interleaved_with_the_other_islands(
+    island: str, expected: list[int]
+) -> None:
+    """The template expert answered every island's first requests with its default configuration."""
+    brain = IslandBrain(island, f.spec(islands=2), EXPERTS, seed=3)
+    starts = []
     for _ in range(4):
         plan = brain.next_request()
         assert plan.parent is None  # nothing evaluated yet: every request is a fresh start
-        parities.append(plan.seed % 2)
-    assert parities == [1, 0, 1, 0]
+        starts.append(plan.start)
+        assert plan.request(f.spec(islands=2)).start == plan.start
+    assert starts == expected
+    restored = IslandBrain.from_json(brain.to_json(), f.spec(islands=2))
+    assert restored.next_request().start == expected[-1] + 2  # a restart goes on, not back to the first

@@ -81,12 +81,24 @@ async def test_fresh_request_gives_default_first_then_distinct_mutants() -> None
     await expert.aclose()
 
 
-async def test_same_request_gives_the_same_proposals_and_another_seed_differs() -> None:
+async def test_same_request_gives_the_same_proposals_and_fresh_starts_walk_one_list() -> None:
     first = await _expert().generate(_request())
-    again = await _expert().generate(_request())
-    other = await _expert().generate(_request(seed=8))
+    again = await _expert().generate(_request(seed=8))  # a fresh start's list does not depend on the seed
+    later = await _expert().generate(_request(start=1))
     assert [p.source for p in first.proposals] == [p.source for p in again.proposals]
-    assert [p.params for p in first.proposals[1:]] != [p.params for p in other.proposals[1:]]
+    assert [p.params for p in later.proposals[:3]] == [p.params for p in first.proposals[1:]]
+
+
+async def test_concurrent_fresh_starts_of_several_islands_are_all_different() -> None:
+    """Eight requests in flight at a run's start (two islands, four each) asked one candidate
+    each and all got the default configuration: on an H200, eight evaluations of one kernel."""
+    expert = _expert()
+    starts = [k * 2 + island for island in (0, 1) for k in range(4)]  # what IslandBrain asks
+    replies = await asyncio.gather(*(expert.generate(_request(n=1, start=s, seed=s)) for s in starts))
+    sources = [r.proposals[0].source for r in replies]
+    assert len(set(sources)) == 8
+    assert replies[0].proposals[0].strategy.endswith("/default")
+    await expert.aclose()
 
 
 async def test_a_configuration_proposed_again_has_the_source_rendered_fresh() -> None:
@@ -130,7 +142,7 @@ async def test_diagnosis_steers_the_mutation_of_a_parent() -> None:
         assert "compile.resources" in proposal.strategy
 
 
-async def test_experience_params_lead_every_other_fresh_start() -> None:
+async def test_experience_params_lead_the_fresh_starts_then_the_default() -> None:
     learned = default_params(_plan()).with_changes(mm_block_n=32, row_warps=2)
     signature = TaskSignature(ops=("linear", "mean", "softmax"))
     hits = tuple(
@@ -152,14 +164,14 @@ async def test_experience_params_lead_every_other_fresh_start() -> None:
         for i, (p, fitness) in enumerate(((TemplateParams(), 0.5), (learned, 2.5)))
     )
     expert = _expert()
-    even = await expert.generate(_request(experiences=hits).model_copy(update={"seed": 2}))
-    assert TemplateParams.from_dict(dict(even.proposals[1].params)) == learned
-    assert even.proposals[1].strategy.endswith("/experience")
-    odd = await expert.generate(_request(experiences=hits).model_copy(update={"seed": 3}))
-    assert TemplateParams.from_dict(dict(odd.proposals[0].params)) == learned
-    assert odd.proposals[0].strategy.endswith("/experience")
-    single = await expert.generate(_request(experiences=hits).model_copy(update={"seed": 5, "n": 1}))
-    assert [p.strategy.rsplit("/", 1)[1] for p in single.proposals] == ["experience"]
+    both = await expert.generate(_request(experiences=hits))
+    assert TemplateParams.from_dict(dict(both.proposals[0].params)) == learned
+    assert [p.strategy.rsplit("/", 1)[1] for p in both.proposals[:2]] == ["experience", "default"]
+    assert TemplateParams.from_dict(dict(both.proposals[1].params)) == default_params(_plan())
+    for start in (0, 1):  # one candidate per request, as islands ask: the experience, then the default
+        single = await expert.generate(_request(experiences=hits, n=1, start=start))
+        assert [p.params for p in single.proposals] == [both.proposals[start].params]
+    await expert.aclose()
 
 
 async def test_a_retrieved_best_equal_to_the_default_still_leads_as_the_experience() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
@@ -232,6 +233,41 @@ class TemplateExpert:
             elapsed_s=time.perf_counter() - started,
         )
 
+    def _starts(self, plan: Plan, request: GenerateRequest, n: int) -> list[tuple[TemplateParams, str, str]]:
+        """A fresh start's ``n`` configurations: ``request.start`` onwards in this task's list of
+        starting points, the same list for every request of a run (so that concurrent requests and
+        islands, which ask for different starts, get different kernels instead of the default eight
+        times): the best retrieved experience's configuration, the default for the traced shapes,
+        then mutations of them in turn, drawn from a generator seeded by the task."""
+        hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
+        default = default_params(plan, hw)
+        learned = _from_experience(request.experiences, plan)
+        listed: list[tuple[TemplateParams, str, str]] = []
+        if learned is not None and learned != default:
+            listed.append((learned, "experience", "configuration of the best retrieved experience"))
+        if learned == default:
+            # What worked best on a similar task is this task's default: the start is still the
+            # experience's (a run that retrieved it says so).
+            listed.append((default, "experience", f"configuration of the best retrieved experience, "
+                           f"also the default for the traced shapes on {hw.name}"))  # fmt: skip
+        else:
+            listed.append((default, "default", f"default configuration for the traced shapes on {hw.name}"))
+        bases = [p for p, _, _ in listed]
+        seen = set(bases)
+        want = request.start + n
+        rng = np.random.default_rng(zlib.crc32(f"{request.task.task_id}:{plan.template}".encode()))
+        for i in range(8 * want):
+            if len(listed) >= want:
+                break
+            base = bases[i % len(bases)]
+            child = mutate(plan, base, rng, diagnosis=None)
+            if child not in seen:
+                seen.add(child)
+                label = "mutate.experience" if base is learned and learned != default else "mutate.default"
+                listed.append((child, label, _changes(base, child)))
+        first = request.start % len(listed)  # a small space of configurations: round again
+        return (listed[first:] + listed[:first])[:n]
+
     def _propose(self, plan: Plan, request: GenerateRequest) -> tuple[Proposal, ...]:
         rng = np.random.default_rng(request.seed)
         n = min(request.n, self.max_variants)
@@ -251,35 +287,7 @@ class TemplateExpert:
                     seen.add(child)
                     chosen.append((child, move, _changes(parent, child)))
         else:
-            hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
-            default = default_params(plan, hw)
-            learned = _from_experience(request.experiences, plan)
-            if learned == default:
-                # What worked best on a similar task is this task's default: the start is still
-                # the experience's (a run that retrieved it says so), with no second start to add.
-                chosen.append((default, "experience", f"configuration of the best retrieved experience, "
-                               f"also the default for the traced shapes on {hw.name}"))  # fmt: skip
-            else:
-                chosen.append((default, "default", f"default configuration for the traced shapes on {hw.name}"))
-            starts = [default]
-            if learned is not None and learned != default:
-                chosen.append((learned, "experience", "configuration of the best retrieved experience"))
-                starts.append(learned)
-            seen = {p for p, _, _ in chosen}
-            for i in range(8 * n):
-                if len(chosen) >= n:
-                    break
-                base = starts[i % len(starts)]
-                child = mutate(plan, base, rng, diagnosis=None)
-                if child not in seen:
-                    seen.add(child)
-                    label = "mutate.default" if base is default else "mutate.experience"
-                    chosen.append((child, label, _changes(base, child)))
-            if len(starts) > 1 and request.seed % 2 == 1:
-                # Retrieval-augmented start: an island asks one candidate at a time, so every
-                # other fresh request leads with the configuration that worked on a similar task.
-                chosen[0], chosen[1] = chosen[1], chosen[0]
-            chosen = chosen[:n]
+            chosen = self._starts(plan, request, n)
         return tuple(
             Proposal(
                 source=self._render(plan, params),
