@@ -50,25 +50,27 @@ async def judge_trials(
     ref.files.mkdir(mode=0o700)
     dst = os.open(ref.files, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for t, header in pending:
-            outputs, fds = await _take_outputs(cfg, worker, t, header, ref, dst, max_blob)
-            job = JudgeOp(
-                reference_source=reference_source,
-                init_seed=ref.init_seed,
-                seed=ref.seeds[t],
-                on_device=ref.on_device,
-                init_on_device=ref.init_on_device,
-                input_sums=ref.input_sums[t],
-                outputs=outputs,
-            )
-            tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
-            metas = list(header["tensors"])
-            checks.append(await judge.trial(job, metas, ref.metas[t], tolerances, floors, cfg.precision_factor, fds))
-            worker.close_shared([k for k in worker.shared if k[0] == t])  # their memory goes once judged
-            for out in outputs:  # each trial's files go as soon as they are judged
-                if "cand" in out:
-                    with contextlib.suppress(OSError):
-                        os.unlink(out["cand"])
+        async with judge.keeping_lease():
+            for t, header in pending:
+                outputs, fds = await _take_outputs(cfg, worker, t, header, ref, dst, max_blob)
+                job = JudgeOp(
+                    reference_source=reference_source,
+                    init_seed=ref.init_seed,
+                    seed=ref.seeds[t],
+                    on_device=ref.on_device,
+                    init_on_device=ref.init_on_device,
+                    input_sums=ref.input_sums[t],
+                    outputs=outputs,
+                )
+                tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
+                metas = list(header["tensors"])
+                factor = cfg.precision_factor
+                checks.append(await judge.trial(job, metas, ref.metas[t], tolerances, floors, factor, fds))
+                worker.close_shared([k for k in worker.shared if k[0] == t])  # their memory goes once judged
+                for out in outputs:  # each trial's files go as soon as they are judged
+                    if "cand" in out:
+                        with contextlib.suppress(OSError):
+                            os.unlink(out["cand"])
     finally:
         os.close(dst)
 

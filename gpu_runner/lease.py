@@ -162,13 +162,18 @@ class GpuLease:
     """The parent's side of one worker's shared-lease requests (``gpu_acquire`` / ``gpu_release``).
 
     While the worker holds the lease it runs at nice 0 (the GPU waits on it); it goes back to
-    ``nice`` afterwards. :meth:`drop` releases a lease the worker never gave back (it died).
+    ``nice`` afterwards. :meth:`drop` releases a lease the worker never gave back (it died), or
+    one kept (``keep``) across the worker's requests.
     """
 
     gate: GpuGate
     worker: _Peer
     nice: int = 0
+    keep: bool = False
+    """Keep the lease when the worker gives it back, for its next request (:meth:`drop` ends it)."""
     held: bool = False
+    parked: bool = False
+    """Held for the worker while it does not use it (``keep``)."""
     granted: float = 0.0
     seconds: float = 0.0
 
@@ -178,20 +183,25 @@ class GpuLease:
 
     async def handle(self, kind: object) -> bool:
         """Act on a lease frame; False for any other frame."""
-        if kind == Report.GPU_ACQUIRE and not self.held:
-            await self.gate.acquire_shared()
-            self.held, self.granted = True, time.perf_counter()
-            self._renice(0)
+        if kind == Report.GPU_ACQUIRE and (not self.held or self.parked):
+            if not self.held:
+                await self.gate.acquire_shared()
+                self.held, self.granted = True, time.perf_counter()
+                self._renice(0)
+            self.parked = False
             await self.worker.send(op_frame(Op.GPU_GRANTED))
             return True
-        if kind == Report.GPU_RELEASE and self.held:
-            await self.drop()
+        if kind == Report.GPU_RELEASE and self.held and not self.parked:
+            if self.keep:
+                self.parked = True
+            else:
+                await self.drop()
             return True
         return False
 
     async def drop(self) -> None:
         if self.held:
-            self.held = False
+            self.held = self.parked = False
             self._renice(self.nice)
             self.seconds += time.perf_counter() - self.granted
             await asyncio.shield(self.gate.release(exclusive=False))

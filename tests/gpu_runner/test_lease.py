@@ -1,10 +1,19 @@
-"""The GPU gate: timing alone, spares' GPU work together, timing first when both wait."""
+"""The GPU gate: timing alone, spares' GPU work together, timing first when both wait; and a
+worker's lease, given back at each release or kept across its requests."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from types import SimpleNamespace
+from typing import cast
 
-from gpu_runner.lease import GpuGate
+import pytest
+
+from gpu_runner.frames import JudgeOp, OpFrame, Report
+from gpu_runner.judge import Judge
+from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.sandbox import Worker
 
 
 async def _settle() -> None:
@@ -185,3 +194,125 @@ async def test_a_cancelled_upgrade_lets_spares_in_again() -> None:
     assert late.done()
     assert gate.candidate_holders == 1
     assert gate.exclusive_waiting == 0
+
+
+class _Peer:
+    """The worker's end of a lease: the frames the parent sends it, in order."""
+
+    pid = 0
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def send(self, header: OpFrame) -> None:
+        self.sent.append(str(header["op"]))
+
+
+async def test_a_kept_lease_serves_the_workers_next_request_ahead_of_a_waiting_timing() -> None:
+    """The judge's trials of one candidate: it asked the gate again before each one and waited
+    behind another candidate's whole timing every time."""
+    gate = GpuGate()
+    peer = _Peer()
+    lease = GpuLease(gate, peer, keep=True)
+    assert await lease.handle(Report.GPU_ACQUIRE)  # trial 1
+    assert await lease.handle(Report.GPU_RELEASE)
+    assert (lease.held, lease.parked) == (True, True)
+    assert gate.shared_holders == 1  # kept: still counted on the gate
+    timing = asyncio.create_task(_timing(gate))  # another candidate's timing waits meanwhile
+    await _settle()
+    assert not timing.done()
+    granted = asyncio.create_task(lease.handle(Report.GPU_ACQUIRE))  # trial 2: no wait
+    await _settle()
+    assert granted.done()
+    assert peer.sent == ["gpu_granted", "gpu_granted"]
+    assert not timing.done()
+    assert await lease.handle(Report.GPU_RELEASE)
+    await lease.drop()  # the last trial judged
+    await _settle()
+    assert timing.done()
+    assert (lease.held, lease.parked) == (False, False)
+    assert gate.shared_holders == 0
+
+
+async def test_a_lease_not_kept_goes_back_to_the_gate_at_each_release() -> None:
+    gate = GpuGate()
+    lease = GpuLease(gate, _Peer())
+    assert await lease.handle(Report.GPU_ACQUIRE)
+    timing = asyncio.create_task(_timing(gate))
+    await _settle()
+    assert await lease.handle(Report.GPU_RELEASE)
+    await _settle()
+    assert timing.done()  # the timing goes first
+    again = asyncio.create_task(lease.handle(Report.GPU_ACQUIRE))
+    await _settle()
+    assert not again.done()  # and the worker's next request waits for it
+    await gate.release(exclusive=True)
+    await _settle()
+    assert again.done()
+    assert not await lease.handle(Report.GPU_ACQUIRE)  # held: a second request is not a lease frame
+    await lease.drop()
+
+
+class _JudgeWorker:
+    """A judge worker as the parent sees it, scripted: each judge job asks for the GPU lease,
+    gives it back and answers (the comparison itself is test_judge.py's)."""
+
+    pid = 0
+    share = None
+    dead = False
+
+    def __init__(self) -> None:
+        self.frames: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+        self.proc = SimpleNamespace(returncode=None)
+
+    async def send(self, header: OpFrame) -> None:
+        if header["op"] == "judge":
+            await self.frames.put({"kind": Report.GPU_ACQUIRE})
+        elif header["op"] == "gpu_granted":
+            await self.frames.put({"kind": Report.GPU_RELEASE})
+            await self.frames.put({"kind": Report.JUDGED, "results": [], "has_residual": []})
+
+    async def recv(self, _limit: int) -> tuple[dict[str, object], bytes]:
+        return await self.frames.get(), b""
+
+
+_JOB = JudgeOp(
+    reference_source="", init_seed=0, seed=0, on_device=False, init_on_device=False, input_sums=[], outputs=[]
+)
+
+
+@pytest.mark.parametrize("keeping", [True, False])
+async def test_the_judge_keeps_its_lease_across_one_candidates_trials(keeping: bool) -> None:
+    gate = GpuGate()
+    worker = _JudgeWorker()
+
+    async def start() -> Worker:
+        return cast(Worker, worker)
+
+    judge = Judge(start, gate, nice=0, timeout_s=5.0)
+    await judge._ask(_JOB)  # the judge worker is started; an earlier candidate judged
+    order: list[str] = []
+
+    async def timing() -> None:
+        await _timing(gate)
+        order.append("timing")
+        await _settle()
+        await gate.release(exclusive=True)
+
+    async def trials() -> None:
+        async with judge.keeping_lease() if keeping else contextlib.nullcontext():
+            await judge._ask(_JOB)
+            order.append("trial 1")
+            other = asyncio.create_task(timing())  # another candidate's timing arrives
+            await _settle()
+            for n in (2, 3):
+                await judge._ask(_JOB)
+                order.append(f"trial {n}")
+        await other
+
+    await asyncio.wait_for(trials(), 5.0)
+    if keeping:
+        assert order == ["trial 1", "trial 2", "trial 3", "timing"]  # the trials back to back
+    else:
+        assert order == ["trial 1", "timing", "trial 2", "trial 3"]  # each trial queued again
+    assert (gate.shared_holders, gate.exclusive_holders) == (0, 0)
