@@ -50,6 +50,14 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
         "the memory plan keeps those that fit)",
     )
     p.add_argument(
+        "--host-memory-share",
+        type=float,
+        default=None,
+        metavar="F",
+        help="share of this host's available memory the evaluators plan with, in (0, 1] (default 1; split "
+        "evenly between the evaluators of this process's GPUs); `kfoundry bench --parallel N` gives each run 1/N",
+    )
+    p.add_argument(
         "--isolation",
         choices=[m.value for m in IsolationMode],
         default=None,

@@ -79,14 +79,15 @@ def _evaluator(ctx: BuildContext) -> Actor:
     if options.runner is RunnerKind.NOOP:
         runner = NoopRunner(options.noop_delay_s)
     else:
-        sizing: dict[str, Any] = {}
+        share = 1.0 if options.host_memory_share is None else options.host_memory_share
+        sizing: dict[str, Any] = {"host_memory_share": share}
         device = options.device
         if ctx.gpu_claim is not None:
             device = DeviceChoice.CUDA
             sizing = {
                 "claim": ctx.gpu_claim,
                 "compile_workers": compile_workers_per_gpu(ctx.gpus_here),
-                "host_memory_share": 1.0 / ctx.gpus_here,
+                "host_memory_share": share / ctx.gpus_here,
             }
         if options.eval_timeout_s is not None:  # `kfoundry run`'s; each evaluation gets the spec's bound too
             sizing["timeout_s"] = options.eval_timeout_s

@@ -146,6 +146,8 @@ def child_argv(options: ActorOptions, run_id: str, isolation: str) -> list[str]:
     argv += ["--isolation", str(isolation), "--log-level", options.log_level]
     if options.spares is not None:  # else the evaluator sizes itself, as the run did (same machine)
         argv += ["--spares", str(options.spares)]
+    if options.host_memory_share is not None:
+        argv += ["--host-memory-share", repr(options.host_memory_share)]
     concurrency = options.eval_concurrency or options.concurrency
     if concurrency:
         argv += ["--eval-concurrency", str(concurrency)]

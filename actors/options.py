@@ -59,6 +59,9 @@ class ActorOptions:
     """Evaluators: seconds before an unacknowledged candidate is redelivered."""
     spares: int | None = None
     """Evaluators: pre-warmed run processes (``None``: :func:`actors.gpus.evaluator_sizing`)."""
+    host_memory_share: float | None = None
+    """Evaluators: share of the host's available memory their memory plans may use, split between
+    the evaluators of this process's GPUs (``None``: all of it)."""
     isolation: IsolationMode | None = None
     """Evaluators: the sandbox policy (``None``: :func:`isolation_mode` decides)."""
     llm_diagnoser: str | None = None
@@ -90,6 +93,10 @@ class ActorOptions:
             "--eval-timeout": (self.eval_timeout_s, self.eval_timeout_s is None or self.eval_timeout_s > 0),
             "--ack-wait": (self.ack_wait_s, self.ack_wait_s > 0),
             "--spares": (self.spares, self.spares is None or self.spares >= 0),
+            "--host-memory-share": (
+                self.host_memory_share,
+                self.host_memory_share is None or 0 < self.host_memory_share <= 1,
+            ),
             "--per-request": (self.per_request, self.per_request >= 1),
             "--concurrency": (self.concurrency, self.concurrency is None or self.concurrency >= 1),
             "--wait-for-run": (self.wait_for_run_s, self.wait_for_run_s is None or self.wait_for_run_s >= 0),
@@ -124,6 +131,7 @@ class ActorOptions:
             eval_timeout_s=get("eval_timeout"),
             ack_wait_s=float(get("ack_wait", 30.0)),
             spares=None if get("spares") is None else int(get("spares")),
+            host_memory_share=None if get("host_memory_share") is None else float(get("host_memory_share")),
             isolation=None if isolation is None else IsolationMode(isolation),
             llm_diagnoser=get("llm_diagnoser"),
             per_request=int(get("per_request", 1)),

@@ -74,7 +74,8 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=int,
         default=1,
         help="problems run at once (default 1). On GPUs each run gets GPUs of its own (the visible GPUs "
-        "split evenly; at most one run per GPU) and a share of the cores; on the CPU, a share of the cores",
+        "split evenly; at most one run per GPU) and a share of the cores; on the CPU, a share of the cores; and "
+        "each plans with its share of the host's memory (--host-memory-share)",
     )
     p.set_defaults(func=cmd_bench)
 
@@ -226,7 +227,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         run_args = tuple(shlex.split(args.run_args))
     except ValueError as exc:
         raise BenchError(f"--run-args {args.run_args!r}: {exc}") from exc
-    owned = {"--run-dir", "--device", "--seconds", "--eval-timeout"}
+    owned = {"--run-dir", "--device", "--seconds", "--eval-timeout", "--host-memory-share"}
     clash = sorted(owned & {a.split("=", 1)[0] for a in run_args})
     if clash:
         raise BenchError(f"--run-args: {', '.join(clash)} is set by the bench itself")
@@ -260,6 +261,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         run_args=run_args,
         eval_timeout_s=args.eval_timeout,
         grace_s=args.grace,
+        # runs side by side each plan with their share of the host's memory: each measured the
+        # same available memory, and two 6 GB elementwise tasks could together plan past it
+        host_memory_share=1.0 / len(slots) if len(slots) > 1 else None,
     )
     runner = Bench(problems, bench, out, opts, sys.stderr, slots, args.start_until)
 

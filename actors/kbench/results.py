@@ -200,7 +200,8 @@ def markdown(bench: BenchFile) -> str:
     ]
     if bench.parallel > 1:
         own = "GPUs of its own (none shared) and " if any(r.gpus for r in bench.results) else ""
-        lines += [f"Problems ran {bench.parallel} at a time, each run on {own}a share of the host's cores.", ""]
+        where = f"{own}a share of the host's cores and memory"
+        lines += [f"Problems ran {bench.parallel} at a time, each run on {where}.", ""]
     lines += [
         "| problem | status | vs eager | vs compile | % SOL | evaluated | first correct (s) "
         "| peak GPU (GiB) | peak host (GiB) |",

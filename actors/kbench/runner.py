@@ -56,6 +56,9 @@ class RunOptions:
     """More ``kfoundry run`` arguments, passed unchanged."""
     eval_timeout_s: float = 180.0
     """The runs' ``--eval-timeout`` (it bounds how long a run may take to drain)."""
+    host_memory_share: float | None = None
+    """The runs' ``--host-memory-share``: runs side by side plan with a share of the host's memory
+    each (``None``: one run at a time, all of it)."""
     grace_s: float = 30.0
     """How long a run gets after SIGINT (then SIGTERM, then 10 s later SIGKILL)."""
     sample_s: float = 1.0
@@ -79,6 +82,8 @@ class RunOptions:
         cmd += ["--device", self.device, "--eval-timeout", f"{self.eval_timeout_s:g}"]
         if self.seconds is not None:
             cmd += ["--seconds", f"{self.seconds:g}"]
+        if self.host_memory_share is not None:
+            cmd += ["--host-memory-share", f"{self.host_memory_share:.6g}"]
         return cmd + list(self.run_args)
 
 

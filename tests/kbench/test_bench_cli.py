@@ -153,12 +153,14 @@ def test_parallel_runs_go_side_by_side_each_on_cores_of_its_own(tmp_path: Path) 
     cmd = [*_bench(tmp_path / "kb", out, "1-2", env), "--parallel", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     affinity: dict[int, frozenset[int]] = {}  # each `kfoundry run` the bench started: its cores
+    argv: dict[int, list[str]] = {}
     try:
         deadline = time.monotonic() + 400
         while proc.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(psutil.Error):
                 for run in psutil.Process(proc.pid).children():
                     affinity.setdefault(run.pid, frozenset(run.cpu_affinity()))
+                    argv.setdefault(run.pid, run.cmdline())
             time.sleep(0.2)
         _, stderr = proc.communicate(timeout=60)
     finally:
@@ -173,7 +175,10 @@ def test_parallel_runs_go_side_by_side_each_on_cores_of_its_own(tmp_path: Path) 
     bench = json.loads((out / "bench.json").read_text())
     assert bench["parallel"] == 2
     assert [(r["number"], r["status"]) for r in bench["results"]] == [(1, "correct"), (2, "correct")]
-    assert "Problems ran 2 at a time, each run on a share of the host's cores." in (out / "bench.md").read_text()
+    table = (out / "bench.md").read_text()
+    assert "Problems ran 2 at a time, each run on a share of the host's cores and memory." in table
+    for run_argv in argv.values():  # and each plans with half the host's memory
+        assert run_argv[run_argv.index("--host-memory-share") + 1] == "0.5", run_argv
     assert len(affinity) == 2, affinity  # one `kfoundry run` per problem
     first, second = affinity.values()
     assert not first & second, affinity

@@ -130,6 +130,20 @@ def test_spares_option_reaches_the_gpu_runner() -> None:
     assert _gpu_runner(_actor("evaluator", "--device", "cpu", "--spares", "5")).service.cfg.spares == 5
 
 
+def test_host_memory_share_reaches_the_gpu_runner_and_the_evaluators_own_process() -> None:
+    """Two runs side by side (``kfoundry bench --parallel 2``) each planned with all of the host's
+    available memory: together, up to twice what the plan's headroom allows."""
+    assert _gpu_runner(_actor("evaluator", "--device", "cpu")).service.cfg.host_memory_share == 1.0
+    runner = _gpu_runner(_actor("evaluator", "--device", "cpu", "--host-memory-share", "0.5"))
+    assert runner.service.cfg.host_memory_share == 0.5
+    args = _run_args("--device", "cpu", "--host-memory-share", "0.25")
+    child = build_parser().parse_args(["actor", "evaluator", *child_argv(ActorOptions.from_args(args), "r1", "strict")])
+    assert child.host_memory_share == 0.25
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match="--host-memory-share"):
+            ActorOptions.from_args(_run_args("--device", "cpu", "--host-memory-share", bad))
+
+
 def test_an_evaluator_on_the_cpu_keeps_two_spares_and_judges_two_at_once_by_default() -> None:
     actor = _actor("evaluator", "--device", "cpu")
     assert isinstance(actor, EvaluatorActor)
