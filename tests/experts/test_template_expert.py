@@ -142,14 +142,15 @@ async def test_diagnosis_steers_the_mutation_of_a_parent() -> None:
         assert "compile.resources" in proposal.strategy
 
 
-async def test_experience_params_lead_the_fresh_starts_then_the_default() -> None:
+@pytest.mark.parametrize("same_task", [False, True])
+async def test_experience_params_start_second_or_first_when_measured_on_this_task(same_task: bool) -> None:
     learned = default_params(_plan()).with_changes(mm_block_n=32, row_warps=2)
     signature = TaskSignature(ops=("linear", "mean", "softmax"))
     hits = tuple(
         ExperienceHit(
             experience=Experience(
                 run_id="old",
-                task_id="t",
+                task_id=_TASK.task_id if same_task else "another",
                 signature=signature,
                 candidate_id=f"c{i}",
                 expert="template",
@@ -165,10 +166,11 @@ async def test_experience_params_lead_the_fresh_starts_then_the_default() -> Non
     )
     expert = _expert()
     both = await expert.generate(_request(experiences=hits))
-    assert TemplateParams.from_dict(dict(both.proposals[0].params)) == learned
-    assert [p.strategy.rsplit("/", 1)[1] for p in both.proposals[:2]] == ["experience", "default"]
-    assert TemplateParams.from_dict(dict(both.proposals[1].params)) == default_params(_plan())
-    for start in (0, 1):  # one candidate per request, as islands ask: the experience, then the default
+    order = ["experience", "default"] if same_task else ["default", "experience"]
+    assert [p.strategy.rsplit("/", 1)[1] for p in both.proposals[:2]] == order
+    params = [TemplateParams.from_dict(dict(p.params)) for p in both.proposals[:2]]
+    assert params == ([learned, default_params(_plan())] if same_task else [default_params(_plan()), learned])
+    for start in (0, 1):  # one candidate per request, as islands ask
         single = await expert.generate(_request(experiences=hits, n=1, start=start))
         assert [p.params for p in single.proposals] == [both.proposals[start].params]
     await expert.aclose()
