@@ -257,6 +257,11 @@ class IslandActor(Actor):
         """Candidates this island published."""
         return self._expert_requests.published if self._expert_requests is not None else 0
 
+    @property
+    def duplicates(self) -> int:
+        """Proposals this island did not publish: it had the same kernel already."""
+        return self._expert_requests.duplicates if self._expert_requests is not None else 0
+
     async def _request(self, plan: RequestPlan) -> None:
         published = 0
         try:
@@ -436,4 +441,5 @@ class IslandActor(Actor):
             "archive": len(self.brain.archive),
             "best_fitness": best.fitness if best else None,
             "published": self.published,
+            "duplicates": self.duplicates,
         }

@@ -84,6 +84,8 @@ class ExpertRequests:
         ``SENT_KEPT`` at most): feedback names its candidate, and the island has it here."""
         self.last_decline: Decline | None = None
         """The last decline an expert answered with (shown in the island's status)."""
+        self.duplicates = 0
+        """Proposals not published: the island had the same kernel already."""
 
     @property
     def signature(self) -> TaskSignature:
@@ -125,7 +127,14 @@ class ExpertRequests:
                 reply = await self._generate(plan, hits)
                 ids = tuple(h.experience.experience_id for h in hits)
                 for proposal in reply.proposals[: plan.n] if reply is not None else ():
+                    if not self.brain.claim_kernel(proposal.fingerprint):
+                        # the same kernel again (a mutation that landed on a configuration the
+                        # island has, or a migrant's): evaluating it twice would only re-time it
+                        self.duplicates += 1
+                        self.log.info("duplicate proposal skipped", strategy=proposal.strategy)
+                        continue
                     if not await self.quota.take():
+                        self.brain.forget_kernel(proposal.fingerprint)
                         break  # the run's candidate budget is spent: nothing more is issued
                     assert reply is not None
                     cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
@@ -174,6 +183,7 @@ class ExpertRequests:
             meta_prompt=section.text if section is not None else "",
             meta_prompt_section=section.section_id if section is not None else None,
             token_budget=self.brain.tokens_left(),
+            avoid=self.brain.kernels_to_avoid(),
         )
         asked = time.perf_counter()
         reply: GenerateReply | None = None

@@ -15,6 +15,7 @@ from schemas.candidate import (
     ParamValue,
     Proposal,
     TokenUsage,
+    source_fingerprint,
 )
 from schemas.control import ActorInfo, ActorStats, Control, DeadLetter
 from schemas.diagnosis import Diagnosis
@@ -203,5 +204,6 @@ __all__ = [
     "decode_any",
     "new_id",
     "now",
+    "source_fingerprint",
     "split_evenly",
 ]

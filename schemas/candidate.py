@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -15,6 +16,15 @@ from schemas.task import Task
 
 ParamValue = int | float | str | bool
 """A template or tuning parameter value."""
+
+AVOID_KEPT = 512
+"""Most fingerprints a request names for its expert to avoid (the island's newest kernels)."""
+
+
+def source_fingerprint(source: str) -> str:
+    """A kernel's identity within a run: the first 16 hex digits of its source's SHA-256 (two
+    proposals with one source are one kernel, whichever expert or move made them)."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 class Proposal(Model):
@@ -30,6 +40,11 @@ class Proposal(Model):
     """What the proposal changes relative to its parent, in one or two sentences."""
     params: dict[str, ParamValue] = Field(default_factory=dict)
     """Template or tuning parameters (tile sizes, warps, stages, fusion), if any."""
+
+    @property
+    def fingerprint(self) -> str:
+        """:func:`source_fingerprint` of the source."""
+        return source_fingerprint(self.source)
 
 
 class TokenUsage(Model):
@@ -90,6 +105,9 @@ class GenerateRequest(Message):
     """Candidates wanted."""
     seed: int = 0
     """Seed for the expert's random choices (template mutation, sampling seed)."""
+    avoid: tuple[str, ...] = Field(default=(), max_length=AVOID_KEPT)
+    """Fingerprints (:func:`source_fingerprint`) of kernels the island already has, newest last:
+    an expert should not propose them again (the island does not publish them twice)."""
     start: int = Field(default=0, ge=0)
     """For a fresh start (no parent): which of the expert's starting points to lead with. An island
     asks ``i, i + islands, i + 2 islands, …`` (``i`` its index), so that its concurrent requests

@@ -25,6 +25,7 @@ its seed and the order of messages, and a restarted island continues from ``to_j
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Sequence
 
@@ -61,7 +62,9 @@ from schemas import (
     RunSpec,
     StopReason,
     now,
+    source_fingerprint,
 )
+from schemas.candidate import AVOID_KEPT
 
 __all__ = [
     "REFINE",
@@ -103,6 +106,7 @@ class IslandBrain:
     ) -> None:
         self.island, self.spec, self.seed = island, spec, seed
         self.limits = spec.island_limits(island)  # the spec is frozen: computed once, read per request
+        self._index = spec.island_index(island)
         self.config = cfg = config or IslandConfig()
         root = np.random.SeedSequence(seed, spawn_key=(zlib.crc32(island.encode()),))
         rng_seed, credit_seed = root.spawn(2)
@@ -125,6 +129,8 @@ class IslandBrain:
         self._outcomes: dict[str, EvalOutcome] = {}
         self._visits: dict[str, int] = {}
         self._seen: set[str] = set()
+        self._kernels: dict[str, None] = {}
+        """Fingerprints of the kernels this island published or received, oldest first."""
         self._history: list[FitnessPoint] = []
         self.evaluated = self.in_flight = self.tokens_used = self.plans = self.declines = 0
         self._fresh_starts = 0
@@ -182,7 +188,7 @@ class IslandBrain:
         start = 0
         if source is ParentSource.FRESH:
             # Fresh starts walk the expert's starting points, interleaved with the other islands'.
-            start = self._fresh_starts * self.spec.islands + self.spec.island_index(self.island)
+            start = self._fresh_starts * self.spec.islands + self._index
             self._fresh_starts += 1
         return RequestPlan(
             plan_id=f"{self.island}-{self.plans}",
@@ -296,12 +302,29 @@ class IslandBrain:
         parent = self._outcomes.get(parent_id) if parent_id else None
         return reward_of(fb.result, parent_id, parent, self.config.improve_eps)
 
+    def claim_kernel(self, fingerprint: str) -> bool:
+        """Note a kernel the island is about to publish; False if it has it already (published
+        before, or a migrant), which the island then does not publish again."""
+        if fingerprint in self._kernels:
+            return False
+        self._kernels[fingerprint] = None
+        return True
+
+    def forget_kernel(self, fingerprint: str) -> None:
+        """Undo :meth:`claim_kernel` for a kernel that was not published after all."""
+        self._kernels.pop(fingerprint, None)
+
+    def kernels_to_avoid(self) -> tuple[str, ...]:
+        """The newest :data:`~schemas.candidate.AVOID_KEPT` kernels' fingerprints, for a request's ``avoid``."""
+        return tuple(itertools.islice(reversed(self._kernels), AVOID_KEPT))[::-1]
+
     def on_migrants(self, m: Migration) -> int:
         """Offer migrants to the archive with their measured results; returns how many entered."""
         if m.dest_island != self.island:
             raise WrongIsland(self.island, m.dest_island, "a migration")
         accepted = 0
         for elite in m.elites:
+            self._kernels.setdefault(source_fingerprint(elite.candidate.proposal.source), None)
             status = self.archive.add_elite(elite)
             cid = elite.candidate.candidate_id
             self._outcomes.setdefault(cid, EvalOutcome(status=EvalStatus.CORRECT.value, fitness=elite.fitness))
@@ -399,6 +422,7 @@ class IslandBrain:
             stopped=self._stopped,
             headroom=self.headroom.model_copy(deep=True),
             fresh_starts=self._fresh_starts,
+            kernels=list(self._kernels),
         ).model_dump_json()
 
     @classmethod
@@ -418,4 +442,5 @@ class IslandBrain:
         brain.plans, brain.declines, brain._stopped = state.plans, state.declines, state.stopped
         brain.headroom = state.headroom.model_copy(deep=True)
         brain._fresh_starts = state.fresh_starts
+        brain._kernels = dict.fromkeys(state.kernels)
         return brain

@@ -41,3 +41,5 @@ class BrainState(BaseModel):
     headroom: Headroom = Field(default_factory=Headroom)
     fresh_starts: int = 0
     """Fresh starts asked so far (a restarted island goes on to the next starting points)."""
+    kernels: list[str] = Field(default_factory=list)
+    """Fingerprints of the island's kernels, oldest first (none published twice after a restart)."""

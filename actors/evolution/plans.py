@@ -108,6 +108,7 @@ class RequestPlan:
         meta_prompt: str = "",
         meta_prompt_section: str | None = None,
         token_budget: int | None = None,
+        avoid: Sequence[str] = (),
     ) -> GenerateRequest:
         """The ``GenerateRequest`` for this plan."""
         return GenerateRequest(
@@ -125,6 +126,7 @@ class RequestPlan:
             n=self.n,
             seed=self.seed,
             start=self.start,
+            avoid=tuple(avoid),
             token_budget=token_budget,
             torch_ops=spec.torch_ops,
         )

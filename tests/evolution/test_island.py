@@ -21,6 +21,7 @@ from schemas import (
     Role,
     StopReason,
 )
+from schemas.candidate import AVOID_KEPT
 from tests.evolution import factories as f
 from tests.evolution.landscape import Landscape
 
@@ -341,3 +342,20 @@ def test_uniform_experts_ignore_the_diagnosis_routing(switch: str) -> None:
                 seen[plan.expert] += 1
     assert routed["fix"] > 2 * max(routed["mem"], routed["fuse"], 1)  # repair is routed to the repair role
     assert max(uniform.values()) < 2.5 * min(uniform[e.name] for e in EXPERTS)
+
+
+def test_the_island_claims_each_kernel_once_and_remembers_them_across_a_restart() -> None:
+    brain = _brain()
+    assert brain.claim_kernel("k1")
+    assert brain.claim_kernel("k2")
+    assert not brain.claim_kernel("k1")  # published already: not again
+    brain.forget_kernel("k2")  # not published after all (the candidate budget was spent)
+    assert brain.claim_kernel("k2")
+    for i in range(AVOID_KEPT + 5):
+        brain.claim_kernel(f"n{i}")
+    avoid = brain.kernels_to_avoid()
+    assert len(avoid) == AVOID_KEPT
+    assert avoid[-1] == f"n{AVOID_KEPT + 4}"  # the newest, newest last
+    restored = IslandBrain.from_json(brain.to_json(), brain.spec)
+    assert not restored.claim_kernel("k1")
+    assert restored.kernels_to_avoid() == avoid

@@ -238,3 +238,18 @@ async def test_default_expert_traces_in_a_child_process_and_its_proposals_are_co
     ]
     verdicts = await asyncio.to_thread(check_in_subprocess, jobs, tmp_path, 120.0)
     assert [v.detail for v in verdicts] == ["ok"] * 5
+
+
+async def test_requests_pass_over_the_kernels_the_island_has() -> None:
+    expert = _expert()
+    parent = _parent(default_params(_plan()).with_changes(mm_block_m=32), with_params=True)
+    first = await expert.generate(_request(parent=parent))
+    have = tuple(p.fingerprint for p in first.proposals)
+    again = await expert.generate(_request(parent=parent, avoid=have))  # the same seed draws the same moves
+    assert len(again.proposals) == 4
+    assert not {p.fingerprint for p in again.proposals} & set(have)
+    fresh = await expert.generate(_request(n=1))
+    other = await expert.generate(_request(n=1, avoid=(fresh.proposals[0].fingerprint,)))
+    assert fresh.proposals[0].strategy.endswith("/default")
+    assert other.proposals[0].fingerprint != fresh.proposals[0].fingerprint
+    await expert.aclose()

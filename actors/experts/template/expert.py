@@ -43,6 +43,7 @@ from schemas import (
     KernelLanguage,
     Proposal,
     TorchOpsPolicy,
+    source_fingerprint,
 )
 
 _log = structlog.get_logger(__name__)
@@ -234,13 +235,15 @@ class TemplateExpert:
             elapsed_s=time.perf_counter() - started,
         )
 
-    def _starts(self, plan: Plan, request: GenerateRequest, n: int) -> list[tuple[TemplateParams, str, str]]:
+    def _starts(
+        self, plan: Plan, request: GenerateRequest, n: int, avoid: set[str]
+    ) -> list[tuple[TemplateParams, str, str]]:
         """A fresh start's ``n`` configurations: ``request.start`` onwards in this task's list of
         starting points, the same list for every request of a run (so that concurrent requests and
         islands, which ask for different starts, get different kernels instead of the default eight
         times): the default for the traced shapes and the best retrieved experience's configuration
         (first when it was measured on this very task), then mutations of them in turn, drawn from
-        a generator seeded by the task."""
+        a generator seeded by the task. Kernels in ``avoid`` (the island's own) are passed over."""
         hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
         default = default_params(plan, hw)
         found = _from_experience(request.experiences, plan)
@@ -261,7 +264,7 @@ class TemplateExpert:
                 listed.insert(0 if where == request.task.task_id else 1, experience)
         bases = [p for p, _, _ in listed]
         seen = set(bases)
-        want = request.start + n
+        want = request.start + n + min(len(avoid), 8 * n)  # room to pass over the island's kernels
         rng = np.random.default_rng(zlib.crc32(f"{request.task.task_id}:{plan.template}".encode()))
         for i in range(8 * want):
             if len(listed) >= want:
@@ -273,7 +276,14 @@ class TemplateExpert:
                 label = "mutate.default" if base is default else "mutate.experience"
                 listed.append((child, label, _changes(base, child)))
         first = request.start % len(listed)  # a small space of configurations: round again
-        return (listed[first:] + listed[:first])[:n]
+        walk = listed[first:] + listed[:first]
+        fresh: list[tuple[TemplateParams, str, str]] = []
+        for entry in walk:
+            if len(fresh) == n:
+                break
+            if not avoid or source_fingerprint(self._render(plan, entry[0])) not in avoid:
+                fresh.append(entry)
+        return fresh or walk[:n]
 
     def _propose(self, plan: Plan, request: GenerateRequest) -> tuple[Proposal, ...]:
         rng = np.random.default_rng(request.seed)
@@ -282,19 +292,23 @@ class TemplateExpert:
         if parent is not None and (parent.fuse_epilogue, parent.fuse_prologue) not in plan.fusions:
             parent = parent.with_changes(fuse_epilogue=True, fuse_prologue=True)
         chosen: list[tuple[TemplateParams, str, str]] = []
+        avoid = set(request.avoid)
         if parent is not None:
             diagnosis = request.diagnosis.category if request.diagnosis is not None else None
             seen = {parent}
-            move = f"mutate.{diagnosis.value if diagnosis is not None else 'random'}"
-            for _ in range(8 * n):
-                if len(chosen) == n:
-                    break
-                child = mutate(plan, parent, rng, diagnosis=diagnosis)
-                if child not in seen:
-                    seen.add(child)
-                    chosen.append((child, move, _changes(parent, child)))
+            # the diagnosis's moves first; where the island has all they reach, any move
+            for steer in (diagnosis, None) if diagnosis is not None else (None,):
+                move = f"mutate.{steer.value if steer is not None else 'random'}"
+                for _ in range(8 * n):
+                    if len(chosen) == n:
+                        break
+                    child = mutate(plan, parent, rng, diagnosis=steer)
+                    if child not in seen:
+                        seen.add(child)
+                        if source_fingerprint(self._render(plan, child)) not in avoid:
+                            chosen.append((child, move, _changes(parent, child)))
         else:
-            chosen = self._starts(plan, request, n)
+            chosen = self._starts(plan, request, n, avoid)
         return tuple(
             Proposal(
                 source=self._render(plan, params),
