@@ -29,7 +29,9 @@ from schemas import (
     KernelLanguage,
     Message,
     Proposal,
+    RunEnd,
     RunSpec,
+    StopReason,
     Task,
     TaskSignature,
     TensorSpec,
@@ -37,6 +39,7 @@ from schemas import (
 )
 
 if TYPE_CHECKING:
+    from actors.base import Actor
     from actors.island_actor import IslandActor
 
 REFERENCE = """import torch
@@ -88,6 +91,16 @@ def result_for(cand: Candidate, status: EvalStatus, summary: str, **fields: Any)
         summary=summary,
         **fields,
     )
+
+
+async def end_run(bus: Bus, run_id: str, actors: list[Actor], tasks: list[asyncio.Task[Any]]) -> None:
+    """End a test's run as its controller would (every actor of the run leaves at once; the island
+    stops waiting for feedback), stop ``actors`` that serve any run (experts), wait for ``tasks``."""
+    end = RunEnd(run_id=run_id, reason=StopReason.INTERRUPTED, evaluated=0)
+    await bus.publish_durable(subjects.run_end(run_id), end, msg_id=f"end-{run_id}")
+    for actor in actors:
+        actor.request_stop("test over")
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def wait_evaluated(island: IslandActor, n: int, timeout: float = 30.0) -> None:

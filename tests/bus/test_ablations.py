@@ -31,11 +31,9 @@ from schemas import (
     IslandStatus,
     MigrationPolicy,
     Role,
-    RunEnd,
-    StopReason,
     subjects,
 )
-from tests.bus.helpers import register_run
+from tests.bus.helpers import end_run, register_run
 from tests.bus.scripted import ScriptedExpert
 from tests.evolution import factories as f
 from tests.evolution.landscape import Landscape
@@ -96,10 +94,7 @@ async def _island_run(
         tasks.append(asyncio.create_task(island.run()))
         yield bus, recorder, queries
     finally:
-        end = RunEnd(run_id=run_id, reason=StopReason.INTERRUPTED, evaluated=0)
-        await bus.publish_durable(subjects.run_end(run_id), end, msg_id=f"end-{run_id}")
-        expert.request_stop("test over")
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await end_run(bus, run_id, [expert], tasks)
         await sub.unsubscribe()
         await bus.close()
 

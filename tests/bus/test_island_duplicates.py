@@ -25,12 +25,10 @@ from schemas import (
     KernelLanguage,
     Proposal,
     Role,
-    RunEnd,
-    StopReason,
     source_fingerprint,
     subjects,
 )
-from tests.bus.helpers import register_run
+from tests.bus.helpers import end_run, register_run
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -94,10 +92,7 @@ async def test_an_island_publishes_each_kernel_once_and_tells_its_expert_what_it
                 await expert.arrived.wait()
         await asyncio.sleep(0.2)
     finally:
-        end = RunEnd(run_id=run_id, reason=StopReason.INTERRUPTED, evaluated=0)
-        await bus.publish_durable(subjects.run_end(run_id), end, msg_id=f"end-{run_id}")
-        actor.request_stop("test over")
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await end_run(bus, run_id, [actor], tasks)
         await sub.unsubscribe()
         await bus.close()
     sources = [c.proposal.source for c in published]

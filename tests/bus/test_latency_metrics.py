@@ -20,11 +20,8 @@ from schemas import (
     ExpertConfig,
     ExpertKind,
     ExpertRef,
-    RunEnd,
-    StopReason,
-    subjects,
 )
-from tests.bus.helpers import publish_candidates, register_run
+from tests.bus.helpers import end_run, publish_candidates, register_run
 from tests.bus.scripted import ScriptedExpert
 
 
@@ -87,11 +84,7 @@ async def test_served_metrics_carry_evaluation_expert_reply_and_handling_latenci
                     break
                 await asyncio.sleep(0.2)
     finally:
-        # The run's end makes every actor of it leave at once (the island stops waiting for feedback).
-        end = RunEnd(run_id=run_id, reason=StopReason.INTERRUPTED, evaluated=0)
-        await bus.publish_durable(subjects.run_end(run_id), end, msg_id=f"end-{run_id}")
-        expert.request_stop("test over")
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await end_run(bus, run_id, [expert], tasks)
         await bus.close()
     assert _count(text, "kfoundry_expert_reply_seconds", run=run_id, expert="scripted", outcome="proposals") >= 1
     # The evaluator took each candidate from its durable consumer, the expert each request at its endpoint.
