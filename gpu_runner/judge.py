@@ -48,10 +48,11 @@ class Judge:
 
     @contextlib.asynccontextmanager
     async def keeping_lease(self) -> AsyncIterator[None]:
-        """Judge one candidate's trials back to back: the judge worker keeps its shared GPU lease
-        from the first trial's grant to the end, instead of queueing for it again before each
-        trial behind another candidate's timing (an H200 run of KernelBench L2-4 waited 2 s
-        before each of three trials: its first verdict came 7 s after the candidate's run)."""
+        """Judge one candidate's trials back to back: the judge (its lock and its worker's shared
+        GPU lease) is held from the first trial to the last, instead of being asked for again
+        before each trial. In an H200 run of KernelBench L2-4 two candidates' trials took turns
+        on the judge, and some waited ~2 s for the lease behind a timing: the first verdict came
+        7.3 s after the candidate's run."""
         async with self.lock:
             self._owner = asyncio.current_task()
             try:

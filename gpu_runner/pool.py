@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
 import shutil
 import time
@@ -34,6 +33,7 @@ from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, Footprin
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.sandbox import Isolation, SharedOutput, Worker, await_ready, bulk_root, receive_shared, spawn_worker
 from gpu_runner.triton_cache import copy_tree
+from schemas.task import source_fingerprint
 
 logger = structlog.get_logger(__name__)
 _names = count()
@@ -42,8 +42,8 @@ MAX_SPARE_FAILURES = 3
 
 
 def task_key(reference_source: str) -> str:
-    """Content hash of a reference."""
-    return hashlib.sha256(reference_source.encode()).hexdigest()[:16]
+    """Content hash of a reference (its task id: :func:`schemas.task.source_fingerprint`)."""
+    return source_fingerprint(reference_source)
 
 
 @dataclass

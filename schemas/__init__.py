@@ -15,7 +15,6 @@ from schemas.candidate import (
     ParamValue,
     Proposal,
     TokenUsage,
-    source_fingerprint,
 )
 from schemas.control import ActorInfo, ActorStats, Control, DeadLetter
 from schemas.diagnosis import Diagnosis
@@ -74,6 +73,7 @@ from schemas.task import (
     Task,
     TaskSignature,
     TensorSpec,
+    source_fingerprint,
     split_evenly,
 )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -12,19 +11,13 @@ from schemas.diagnosis import Diagnosis
 from schemas.enums import DeclineReason, ExpertKind, KernelLanguage, TorchOpsPolicy
 from schemas.evaluation import EvalResult
 from schemas.experience import ExperienceHit
-from schemas.task import Task
+from schemas.task import Task, source_fingerprint
 
 ParamValue = int | float | str | bool
 """A template or tuning parameter value."""
 
 AVOID_KEPT = 512
 """Most fingerprints a request names for its expert to avoid (the island's newest kernels)."""
-
-
-def source_fingerprint(source: str) -> str:
-    """A kernel's identity within a run: the first 16 hex digits of its source's SHA-256 (two
-    proposals with one source are one kernel, whichever expert or move made them)."""
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 class Proposal(Model):

@@ -12,6 +12,12 @@ from schemas.base import Message, Model, Token, new_id, now
 from schemas.enums import DeviceChoice, KernelLanguage, MigrationReason, TorchOpsPolicy
 
 
+def source_fingerprint(source: str) -> str:
+    """A source's identity: the first 16 hex digits of its SHA-256. A task's id, and a kernel's
+    within a run (two proposals with one source are one kernel, whichever expert or move made them)."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
 class TensorSpec(Model):
     """Shape and dtype of one tensor of the reference (an input or the output)."""
 
@@ -83,9 +89,8 @@ class Task(Message):
 
     @classmethod
     def from_source(cls, name: str, source: str, signature: TaskSignature | None = None) -> Task:
-        """Build a task whose id is the hash of its source."""
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        return cls(task_id=digest, name=name, source=source, signature=signature)
+        """Build a task whose id is the hash of its source (:func:`source_fingerprint`)."""
+        return cls(task_id=source_fingerprint(source), name=name, source=source, signature=signature)
 
 
 class Budget(Model):

@@ -209,8 +209,8 @@ class _Peer:
 
 
 async def test_a_kept_lease_serves_the_workers_next_request_ahead_of_a_waiting_timing() -> None:
-    """The judge's trials of one candidate: it asked the gate again before each one and waited
-    behind another candidate's whole timing every time."""
+    """The judge's trials of one candidate: it asked the gate again before each one, and a trial
+    could wait behind another candidate's whole timing."""
     gate = GpuGate()
     peer = _Peer()
     lease = GpuLease(gate, peer, keep=True)
