@@ -13,6 +13,10 @@ time budget: its first candidate always, mutants while its share lasts. ``--via 
 
     python -m bench.template_bench --device cuda --out bench/results/template_h100   # <= 8 min
     python -m bench.template_bench --device cpu --quick                               # CPU check
+
+``--tasks`` takes any KernelBench-format files (a KernelBench checkout's problems too); on CUDA the
+first candidate is planned for this machine's GPU model, as the template expert plans it, and
+``--also NAME=VALUE`` adds that change of the first candidate as one more candidate per task.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +40,8 @@ import structlog
 import torch
 
 from actors.experts.template import Plan, TemplateParams, analyse, default_params, mutate, render
+from actors.experts.template.hardware import GpuModel, detect
+from actors.experts.template.params import SPACE
 from schemas import DeviceChoice, DiagnosisCategory, EvalResult, KernelLanguage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,10 +89,22 @@ def shrink(source: str, factor: int) -> str:
     return ast.unparse(tree) + "\n"
 
 
-def variants(plan: Plan, count: int, seed: int) -> list[tuple[str, TemplateParams]]:
-    """The first candidate and up to ``count - 1`` mutants, steered by the template's kind."""
-    first = default_params(plan)
+def variants(
+    plan: Plan,
+    count: int,
+    seed: int,
+    hw: GpuModel | None = None,
+    also: Sequence[dict[str, object]] = (),
+) -> list[tuple[str, TemplateParams]]:
+    """The first candidate (for the GPU model ``hw`` where given), the default with each of
+    ``also``'s changes that applies, then mutants up to ``count`` candidates, steered by the
+    template's kind."""
+    first = default_params(plan, hw)
     chosen: list[tuple[str, TemplateParams]] = [("default", first)]
+    for changes in also:
+        other = first.with_changes(**changes)
+        if other != first and other not in {p for _, p in chosen}:
+            chosen.append(("also:" + ",".join(f"{k}={v}" for k, v in changes.items()), other))
     if "mm" in plan.template.split("+"):
         chosen.append(("tf32x3", first.with_changes(mm_precision="tf32x3")))
         diagnosis = DiagnosisCategory.SLOW_COMPUTE_BOUND
@@ -93,6 +112,7 @@ def variants(plan: Plan, count: int, seed: int) -> list[tuple[str, TemplateParam
         diagnosis = DiagnosisCategory.SLOW_MEMORY_BOUND
     rng = np.random.default_rng(seed)
     seen = {p for _, p in chosen}
+    count = max(count, len(chosen))
     for i in range(16 * count):
         if len(chosen) >= count:
             break
@@ -232,6 +252,21 @@ def table(rows: list[TaskRow]) -> str:
     return "\n".join(lines)
 
 
+def _changes(text: str) -> dict[str, object]:
+    """``NAME=VALUE[,NAME=VALUE]`` as template parameter changes, each value one of its space's."""
+    changes: dict[str, object] = {}
+    for item in text.split(","):
+        name, _, raw = item.partition("=")
+        allowed = SPACE.get(name.strip())
+        if allowed is None:
+            raise argparse.ArgumentTypeError(f"unknown template parameter {name.strip()!r}")
+        match = [v for v in allowed if str(v).lower() == raw.strip().lower()]
+        if not match:
+            raise argparse.ArgumentTypeError(f"{name.strip()}={raw.strip()}: one of {list(allowed)}")
+        changes[name.strip()] = match[0]
+    return changes
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table last."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -244,6 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write JSON and Markdown results here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--via", choices=["service", "cli"], default="service", help="how to reach gpu_runner")
+    parser.add_argument(
+        "--also",
+        action="append",
+        type=_changes,
+        default=[],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="one more candidate per task: the first with these parameters changed (repeatable), "
+        "e.g. --also conv_taps_outer=false",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
@@ -260,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         files.append(ROOT / "examples" / "quickstart.py")
     if args.quick:
         args.variants = min(args.variants, 2)
+    hw = detect() if args.device == "cuda" else None  # the model the template expert plans with
     rows: list[TaskRow] = []
     with tempfile.TemporaryDirectory(prefix="kf-template-bench-") as tmp:
         workdir = Path(tmp)
@@ -276,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(TaskRow(file.stem, f"declined: {plan.detail}"))
                 continue
             row = TaskRow(file.stem, plan.template)
-            row.pending = [(label, render(plan, p)) for label, p in variants(plan, args.variants, args.seed)]
+            chosen = variants(plan, args.variants, args.seed, hw, args.also)
+            row.pending = [(label, render(plan, p)) for label, p in chosen]
             rows.append(row)
         if args.via == "cli":
             run_cli(rows, references, args, started, workdir)

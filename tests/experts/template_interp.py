@@ -1,14 +1,15 @@
 """Shared by the template kernel tests: render cases in several variants and check them all.
 
 ``interp_verdicts`` renders every case at each of its sizes with the default parameters, a
-"stress" configuration, a seeded mutant and, at the first size, 64-bit indexing, and checks them
+"stress" configuration, a seeded mutant, the caller's ``also`` changes of the default and, at the
+first size, 64-bit indexing, and checks them
 in two child processes under ``TRITON_INTERPRET=1`` (``interp_check``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +29,13 @@ def plan_of(source: str) -> Plan:
 
 
 def interp_verdicts(
-    cases: tuple[Case, ...], stress: Mapping[str, object], workdir: Path
+    cases: tuple[Case, ...],
+    stress: Mapping[str, object],
+    workdir: Path,
+    also: Callable[[TemplateParams], list[dict[str, object]]] | None = None,
 ) -> dict[str, list[tuple[str, Verdict]]]:
-    """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
+    """Verdicts by case name: (variant label, verdict) for every rendered candidate; ``also``
+    lists changes of each default, each rendered as one more variant (``also0``, ``also1``, ...)."""
     jobs: list[dict[str, object]] = []
     labels: list[tuple[str, str]] = []
     for case in cases:
@@ -43,6 +48,8 @@ def interp_verdicts(
                 ("stress", TemplateParams.from_dict({**stress, "fuse_epilogue": epilogue, "fuse_prologue": prologue})),
                 ("mutant", mutate(plan, default, np.random.default_rng(2000 + i), diagnosis=None)),
             ]
+            for j, changes in enumerate(also(default) if also is not None else []):
+                variants.append((f"also{j}", default.with_changes(**changes)))
             for label, params in variants:
                 jobs.append(
                     {"reference": source, "candidate": render(plan, params), "seeds": [5], "atol": 1e-4, "rtol": 1e-4}

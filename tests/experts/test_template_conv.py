@@ -2,9 +2,11 @@
 
 Every reference of ``template_conv_cases`` at each of its sizes, rendered with the default
 parameters, a "stress" configuration (smallest tiles, the least fusion the plan allows), a
-seeded mutant and, at the first size, 64-bit indexing. The checks run in two child processes
-with ``TRITON_INTERPRET=1``; each verdict requires identical parameters under the same seed,
-outputs within 1e-4, unchanged inputs, and an error against float64 no worse than 8x eager's.
+seeded mutant, the reduction order the default did not choose (``conv_taps_outer``), taps outside
+with the other input tile layout, outer products (``fma``) and, at the first size, 64-bit
+indexing. The checks run in two child processes with ``TRITON_INTERPRET=1``; each verdict requires
+identical parameters under the same seed, outputs within 1e-4, unchanged inputs, and an error
+against float64 no worse than 8x eager's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.experts.template import default_params, relevant_params, render
+from actors.experts.template import TemplateParams, default_params, relevant_params, render
 from actors.experts.template.interp_check import Verdict, finish_check, start_check
 from actors.experts.template.ir import ConvSpec, NodeKind
 from tests.experts.template_conv_cases import CONV_CASES
@@ -28,7 +30,17 @@ _plan = plan_of
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
     """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
-    return interp_verdicts(CONV_CASES, _STRESS, tmp_path_factory.mktemp("interp-conv"))
+    return interp_verdicts(CONV_CASES, _STRESS, tmp_path_factory.mktemp("interp-conv"), also=_other_order)
+
+
+def _other_order(default: TemplateParams) -> list[dict[str, object]]:
+    """The reduction order the default did not choose (``conv_taps_outer``), taps outside with
+    the other input tile layout (``conv_a_transposed``), and outer products (``fma``)."""
+    return [
+        {"conv_taps_outer": not default.conv_taps_outer},
+        {"conv_taps_outer": True, "conv_a_transposed": not default.conv_a_transposed},
+        {"conv_precision": "fma"},
+    ]
 
 
 @pytest.mark.parametrize("case", [c.name for c in CONV_CASES])

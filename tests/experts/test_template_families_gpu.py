@@ -1,7 +1,9 @@
 """The convolution, pooling, norm, scan and loss templates on a CUDA GPU: ``pytest -m gpu``.
 
 Every case of those families at its small sizes, rendered with the default parameters, the
-smallest tiles with the least fusion, the ``tf32x3`` convolution dot and two seeded mutants,
+smallest tiles with the least fusion, the ``tf32x3`` convolution dot, the other order of the
+convolution's reduction (``conv_taps_outer``), taps outside with the other input tile layout
+(``conv_a_transposed``) and two seeded mutants,
 compiled by Triton for real and compared with the reference on the GPU (``_assert_close`` of
 ``test_template_gpu``: outputs within 1e-4 or a few times eager's own error, error against
 float64 at most 8x eager's; eager convolutions run in TF32 there, the template's in fp32).
@@ -53,7 +55,10 @@ def _variants(plan: Plan) -> list[TemplateParams]:
     return [
         first,
         first.with_changes(**_SMALLEST, fuse_epilogue=epilogue, fuse_prologue=prologue),
-        first.with_changes(conv_precision="tf32x3"),
+        # a dot needs 16 output channels a tile; narrow defaults sum with fma and fewer
+        first.with_changes(conv_precision="tf32x3", conv_block_n=max(16, first.conv_block_n)),
+        first.with_changes(conv_taps_outer=not first.conv_taps_outer),
+        first.with_changes(conv_taps_outer=True, conv_a_transposed=not first.conv_a_transposed),
         mutate(plan, first, rng, diagnosis=None),
         mutate(plan, first, rng, diagnosis=None),
     ]

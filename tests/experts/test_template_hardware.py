@@ -192,22 +192,37 @@ def test_first_convolutions_sum_few_channels_without_dot_and_use_tf32x3_where_it
     dense = plan_of(CONV.format(cin=16, cout=128, groups=1))  # KernelBench L1-63's channels
     assert default_params(dense).conv_precision == "ieee"
     assert default_params(dense, CPU_FALLBACK).conv_precision == "ieee"
-    assert default_params(dense, H100).conv_precision == "tf32x3"  # fp32-accurate on tensor cores
+    # a forward convolution of 3x3 taps walks taps outside, rows along the threads, into an ieee
+    # dot (faster than tf32x3 there on an H200); a transposed one takes tf32x3
+    first = default_params(dense, H100)
+    assert (first.conv_precision, first.conv_taps_outer, first.conv_a_transposed) == ("ieee", True, True)
+    assert "tl.trans(tl.load(" in render(dense, first)
+    transposed = plan_of(CONV.format(cin=16, cout=128, groups=1).replace("nn.Conv2d", "nn.ConvTranspose2d"))
+    first = default_params(transposed, H100)
+    assert (first.conv_precision, first.conv_taps_outer, first.conv_a_transposed) == ("tf32x3", True, False)
+    few = plan_of(CONV.format(cin=3, cout=64, groups=1))  # 3 channels: the flat index packs them
+    assert (default_params(few, H100).conv_precision, default_params(few, H100).conv_taps_outer) == ("tf32x3", False)
     depthwise = plan_of(CONV.format(cin=64, cout=64, groups=64))  # L1-82: one channel per group
     for hw in (None, H100):
         first = default_params(depthwise, hw)
-        assert (first.conv_precision, first.conv_block_n, first.conv_block_k) == ("fma", 1, 16)
-    assert "tl.dot" not in render(depthwise, default_params(depthwise, H100))
+        assert (first.conv_precision, first.conv_block_n, first.conv_taps_outer) == ("fma", 1, True)
+        assert "tl.dot" not in render(depthwise, first)
+        assert "acc += a[:, None] * b[None, :]" in render(depthwise, first)  # outer products, no 3-D tile
     # a depthwise convolution followed by a pointwise one (L1-86): the conv_* parameters are shared,
-    # and the pointwise one needs tl.dot
+    # the pointwise one needs tl.dot and the depthwise one takes outer products all the same
     separable = plan_of(
         CONV.format(cin=64, cout=64, groups=64)
         .replace("return self.conv(x)", "return self.point(self.conv(x))")
         .replace("bias=False)", "bias=False)\n        self.point = nn.Conv2d(64, 128, 1, bias=False)")
     )
-    assert default_params(separable, H100).conv_precision == "tf32x3"
-    assert default_params(separable).conv_block_n >= 16
+    first = default_params(separable, H100)
+    assert first.conv_precision == "tf32x3"
+    assert first.conv_block_n >= 16
+    source = render(separable, first)
+    assert source.count("tl.dot(") == 1
+    assert "acc += a[:, None] * b[None, :]" in source
     with pytest.raises(InvalidParams, match="conv_block_n"):
         TemplateParams(conv_block_n=8)  # tl.dot needs 16 columns
-    with pytest.raises(InvalidParams, match="conv_warps"):  # fma's [M, K, N] products per thread
-        TemplateParams(conv_precision="fma", conv_block_m=256, conv_block_k=64, conv_block_n=16, conv_warps=1)
+    TemplateParams(conv_precision="fma", conv_block_n=8)  # fma does not
+    with pytest.raises(InvalidParams, match="conv_warps"):  # fma's [M, N] products per thread
+        TemplateParams(conv_precision="fma", conv_block_m=256, conv_block_n=128, conv_warps=1)

@@ -3,7 +3,15 @@
 Rows of the product are output positions (batch x output spatial), columns are the output
 channels of one group, and the reduction runs over that group's input channels x kernel taps.
 No patch matrix is built: each ``[BLOCK_M, BLOCK_K]`` tile of it is gathered from the input with
-the padding as masked-out (zero) loads. A forward convolution reads input position
+the padding as masked-out (zero) loads. The reduction runs in one of two orders
+(``conv_taps_outer``): one flat index over (input channel, tap), whose position arithmetic is done
+per tile element, or taps outside and chunks of input channels inside, where a tap's input position
+and its padding mask are worked out once per row of the tile (a vector of ``BLOCK_M``), and the
+channel chunk only adds a multiple of the input plane; its weights are repacked per call so that a
+tile's output channels are contiguous. With ``fma``, or one input channel per group (depthwise),
+the products are outer products of a vector of inputs and a vector of weights, one channel and tap
+at a time (a ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products summed over K gave wrong sums on an
+H200 for some tile shapes, Triton 3.6). A forward convolution reads input position
 ``o * stride - padding + k * dilation``; a transposed one (its gather form) reads
 ``(o + padding - k * dilation) / stride`` where that is a whole number inside the input. Groups
 are the launch's second axis (depthwise and pointwise are groups of one channel and 1x1
@@ -16,6 +24,7 @@ from __future__ import annotations
 import math
 
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule, base_of
 from actors.experts.template.ir import ConvSpec
@@ -99,13 +108,70 @@ class ConvWriter(Writer):
             offset.append(f"i{d}" if stride == 1 else f"i{d} * {stride}")
         return " + ".join(offset), " & ".join(valid)
 
+    def _rows(self, loop: Scope, outs: list[str], taps: list[str]) -> tuple[str, str]:
+        """One tap's input offset within a (batch, channel) plane and its validity, per row."""
+        spec = self.spec
+        offset: list[str] = []
+        valid: list[str] = []
+        for d in range(self.nd):
+            o, q = outs[d], taps[d]
+            s, p, dl, size = spec.stride[d], spec.padding[d], spec.dilation[d], self.sin[d]
+            qd = q if dl == 1 else f"{q} * {dl}"
+            if not spec.transposed:
+                od = o if s == 1 else f"{o} * {s}"
+                self.emit(loop, f"i{d} = {od} - {p} + {qd}" if p else f"i{d} = {od} + {qd}")
+                if p:  # without padding no tap reads below 0
+                    valid.append(f"(i{d} >= 0)")
+                if (self.sout[d] - 1) * s - p + (self.ks[d] - 1) * dl >= size:  # the last row's last tap
+                    valid.append(f"(i{d} < {size})")
+            else:
+                pos = f"{o} + {p} - {qd}" if p else f"{o} - {qd}"
+                if s == 1:
+                    self.emit(loop, f"i{d} = {pos}")
+                    valid.append(f"(i{d} >= 0) & (i{d} < {size})")
+                else:
+                    self.emit(loop, f"t{d} = {pos}")
+                    self.emit(loop, f"i{d} = t{d} // {s}")
+                    valid.append(f"(t{d} >= 0) & (t{d} % {s} == 0) & (i{d} < {size})")
+            stride = math.prod(self.sin[d + 1 :])
+            offset.append(f"i{d}" if stride == 1 else f"i{d} * {stride}")
+        return " + ".join(offset), " & ".join(valid)
+
+    def taps_outer(self) -> bool:
+        """Whether the reduction walks taps outside and input channels inside: ``conv_taps_outer``,
+        and always with ``fma`` or one input channel per group (products of vectors and weights,
+        one channel at a time: no ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products)."""
+        p = self.params
+        return p.conv_taps_outer or p.conv_precision == "fma" or self.cin_g == 1
+
+    def blocks(self) -> tuple[int, int, int]:
+        """``BLOCK_M, BLOCK_N, BLOCK_K`` of this kernel. Taps outside, the channel tiles shrink to
+        the channels there are. With ``fma`` or one input channel per group (depthwise) the
+        products are outer products of a ``BLOCK_M`` vector of inputs and a ``BLOCK_N`` vector of
+        weights, one input channel at a time, whatever ``conv_precision`` says (``tl.dot`` would
+        mask out 255 of every 256 products of a depthwise convolution); then ``BLOCK_K`` is 1 and
+        the rows grow to keep the tile's size where the output channels are fewer (up to 1024).
+        With ``tl.dot`` the channel tiles stay 16 at least."""
+        p = self.params
+        if not self.taps_outer():
+            return p.conv_block_m, p.conv_block_n, p.conv_block_k
+        if p.conv_precision == "fma" or self.cin_g == 1:
+            bn = min(p.conv_block_n, next_pow2(self.cout_g))
+            return min(1024, max(p.conv_block_m, p.conv_block_m * p.conv_block_n // bn)), bn, 1
+        bn = max(16, min(p.conv_block_n, next_pow2(self.cout_g)))
+        bk = max(16, min(p.conv_block_k, next_pow2(self.cin_g)))
+        return p.conv_block_m, bn, bk
+
     def write(self) -> Launch:
         p = self.params
         s = Scope(indent="    ")
-        px, pw = self.pointer(self.xbase), self.pointer(self.wbase)
         plane = math.prod(self.sin)
         so = math.prod(self.sout)
-        npn = math.ceil(self.cout_g / p.conv_block_n)
+        bm, bn, bk = self.blocks()
+        packed = self.taps_outer() and bk > 1
+        px = self.pointer(self.xbase)
+        pw = "wp" if packed else self.pointer(self.wbase)
+        npn = math.ceil(self.cout_g / bn)
         start = len(self.lines)
         e = self.emit
         e(s, f"pid = {self.pid(0)}")
@@ -120,6 +186,50 @@ class ConvWriter(Writer):
         outs = coords(self, s, "sp", self.sout, "o")
         e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g * plane}")
         e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        if self.taps_outer():
+            self._taps_outer(s, px, pw, plane, outs, bk)
+        else:
+            self._flat(s, px, pw, plane, outs)
+        e(s, "cmask = mmask[:, None] & nmask[None, :]")
+        e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
+        s.memo[("v", self.kernel.mm)] = "acc"
+        for nid in self.kernel.exports:
+            self.store(s, nid, row=False)
+        body = self.lines[start:]
+        signature = self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K"])
+        setup: tuple[str, ...] = ()
+        if packed:
+            signature = signature.replace("(", "(wp, ", 1)
+            setup = (f"_wp{self.kernel.index} = {self._packed_weight()}",)
+        return Launch(
+            source="\n".join(["@triton.jit", signature, *body]),
+            name=self.kernel.name,
+            pointers=self.pointers,
+            grid=(math.ceil(self.m / bm) * npn, self.spec.groups),
+            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
+            num_warps=p.conv_warps,
+            num_stages=p.conv_stages,
+            lead_args=(f"_wp{self.kernel.index}",) if packed else (),
+            setup=setup,
+            reads=(self.wbase,) if packed else (),
+        )
+
+    def _packed_weight(self) -> str:
+        """The forward-side expression of the weights as ``[groups, taps, cin_g, cout_g]``, each
+        tap's ``[BLOCK_K, BLOCK_N]`` tile rows of contiguous output channels (a copy per call,
+        of the weights alone: the reference's weights are read where they are, never kept)."""
+        g, w = self.spec.groups, f"_b{self.wbase}"
+        if self.spec.transposed:  # [cin, cout_g, *k] = [g, cin_g, cout_g, taps]
+            return f"{w}.reshape({g}, {self.cin_g}, {self.cout_g}, {self.taps}).permute(0, 3, 1, 2).contiguous()"
+        return f"{w}.reshape({g}, {self.cout_g}, {self.cin_g}, {self.taps}).permute(0, 3, 2, 1).contiguous()"
+
+    def _accumulate(self, loop: Scope) -> None:
+        """``acc`` += the ``[BLOCK_M, BLOCK_K]`` tile ``a`` times the ``[BLOCK_K, BLOCK_N]`` tile ``b``."""
+        self.emit(loop, f'acc = tl.dot(a, b, acc, input_precision="{self.params.conv_precision}")')
+
+    def _flat(self, s: Scope, px: str, pw: str, plane: int, outs: list[str]) -> None:
+        """The reduction as one flat index over (input channel, tap), gathered per tile element."""
+        e = self.emit
         e(s, f"for k0 in range(0, {self.k}, BLOCK_K):")
         loop = Scope(indent="        ", parent=s)
         rk = "(k0 + tl.arange(0, BLOCK_K)).to(tl.int64)" if self.wide else "k0 + tl.arange(0, BLOCK_K)"
@@ -136,23 +246,46 @@ class ConvWriter(Writer):
         else:
             w_index = f"co[None, :] * {self.k} + rk[:, None]"
         e(loop, f"b = tl.load({pw} + {w_index}, mask=kmask[:, None] & nmask[None, :], other=0.0)")
-        if p.conv_precision == "fma":  # few output channels: no tl.dot (16 columns at least)
-            e(loop, "acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)")
+        self._accumulate(loop)
+
+    def _taps_outer(self, s: Scope, px: str, pw: str, plane: int, outs: list[str], bk: int) -> None:
+        """The reduction as taps outside and chunks of ``BLOCK_K`` input channels inside (one
+        channel at a time where ``BLOCK_K`` is 1), one loop of ``taps x chunks`` steps: the tap's
+        input positions and masks are per row."""
+        e = self.emit
+        chunks = math.ceil(self.cin_g / bk)
+        e(s, f"for kk in range(0, {self.taps * chunks}):")
+        loop = Scope(indent="        ", parent=s)
+        if chunks == 1:
+            e(loop, "kt = kk")
         else:
-            e(loop, f'acc = tl.dot(a, b, acc, input_precision="{p.conv_precision}")')
-        e(s, "cmask = mmask[:, None] & nmask[None, :]")
-        e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
-        s.memo[("v", self.kernel.mm)] = "acc"
-        for nid in self.kernel.exports:
-            self.store(s, nid, row=False)
-        body = self.lines[start:]
-        src = ["@triton.jit", self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K"]), *body]
-        return Launch(
-            source="\n".join(src),
-            name=self.kernel.name,
-            pointers=self.pointers,
-            grid=(math.ceil(self.m / p.conv_block_m) * npn, self.spec.groups),
-            constexprs={"BLOCK_M": p.conv_block_m, "BLOCK_N": p.conv_block_n, "BLOCK_K": p.conv_block_k},
-            num_warps=p.conv_warps,
-            num_stages=p.conv_stages,
-        )
+            e(loop, f"kt = kk // {chunks}")
+            e(loop, f"c0 = (kk % {chunks}) * BLOCK_K")
+        taps = coords(self, loop, "kt", self.ks, "q")
+        offset, valid = self._rows(loop, outs, taps)
+        e(loop, f"rmask = mmask & {valid}" if valid else "rmask = mmask")
+        e(loop, f"xo = xrow + {offset}")
+        transposed = self.spec.transposed
+        if bk == 1:  # outer products, one input channel at a time
+            ci = "c0" if chunks > 1 else "0"
+            e(loop, f"a = tl.load({px} + xo + {ci} * {plane}, mask=rmask, other=0.0)" if chunks > 1
+              else f"a = tl.load({px} + xo, mask=rmask, other=0.0)")  # fmt: skip
+            if transposed:  # [g * cin_g + ci, rn, tap]
+                w_index = f"((g * {self.cin_g} + {ci}) * {self.cout_g} + rn) * {self.taps} + kt"
+            else:  # [co, ci, tap]
+                w_index = f"co * {self.k} + {ci} * {self.taps} + kt"
+            e(loop, f"b = tl.load({pw} + {w_index}, mask=nmask, other=0.0)")
+            e(loop, "acc += a[:, None] * b[None, :]")
+            return
+        ci = "c0 + tl.arange(0, BLOCK_K)" if chunks > 1 else "tl.arange(0, BLOCK_K)"
+        e(loop, f"ci = {ci}")
+        e(loop, f"kmask = ci < {self.cin_g}")
+        if self.params.conv_a_transposed:  # rows along the threads: coalesced whatever Triton proves
+            e(loop, f"a = tl.trans(tl.load({px} + xo[None, :] + ci[:, None] * {plane}, "
+                    "mask=rmask[None, :] & kmask[:, None], other=0.0))")  # fmt: skip
+        else:
+            e(loop, f"a = tl.load({px} + xo[:, None] + ci[None, :] * {plane}, "
+                    "mask=rmask[:, None] & kmask[None, :], other=0.0)")  # fmt: skip
+        w_index = f"((g * {self.taps} + kt) * {self.cin_g} + ci[:, None]) * {self.cout_g} + rn[None, :]"
+        e(loop, f"b = tl.load({pw} + {w_index}, mask=kmask[:, None] & nmask[None, :], other=0.0)")
+        self._accumulate(loop)

@@ -47,6 +47,8 @@ SPACE: dict[str, tuple[object, ...]] = {
     "conv_warps": (1, 2, 4, 8),
     "conv_stages": (1, 2, 3, 4),
     "conv_precision": ("ieee", "tf32x3", "fma"),
+    "conv_taps_outer": (False, True),
+    "conv_a_transposed": (False, True),
     "attn_block_m": (16, 32, 64, 128),
     "attn_block_n": (16, 32, 64, 128),
     "attn_block_k": (16, 32, 64, 128),
@@ -125,9 +127,18 @@ class TemplateParams:
     """Software-pipelining stages of the convolution's reduction loop."""
     conv_precision: str = "ieee"
     """How a convolution's products are summed: ``tl.dot`` in ``ieee`` fp32 or ``tf32x3`` (three TF32
-    tensor-core passes), or ``fma``: broadcast products summed in fp32 without ``tl.dot`` (a dot
-    needs 16 output channels at least; a depthwise convolution has one per group, so 15 of 16
-    columns of every dot were masked out)."""
+    tensor-core passes), or ``fma``: outer products of a vector of inputs and a vector of weights,
+    one input channel and tap at a time, in fp32 (a dot needs 16 output channels at least; a
+    depthwise convolution has one per group, so 15 of 16 columns of every dot were masked out)."""
+    conv_taps_outer: bool = False
+    """The order of a convolution's ``tl.dot`` reduction: kernel taps outside and chunks of
+    ``conv_block_k`` input channels inside, with each tap's input positions and padding masks
+    worked out once per output row, the weights repacked per call as ``[groups, taps, cin, cout]``
+    (else one flat index over input channels x taps, its arithmetic per tile element). ``fma``
+    and convolutions of one input channel per group always walk taps outside."""
+    conv_a_transposed: bool = False
+    """Taps outside, load each input tile as ``[channels, rows]`` (consecutive output positions
+    on consecutive threads) and transpose it for the dot, else as ``[rows, channels]``."""
     attn_block_m: int = 64
     """Query rows per attention program."""
     attn_block_n: int = 32
@@ -160,9 +171,7 @@ class TemplateParams:
         if acc > _ACC_PER_THREAD or acc < 1:
             raise InvalidParams("mm_warps", self.mm_warps, f"{acc} accumulators per thread is outside 1..256")
         acc = self.conv_block_m * self.conv_block_n // (32 * self.conv_warps)
-        if self.conv_precision == "fma":  # the [M, K, N] products live at once before their sum
-            acc = self.conv_block_m * self.conv_block_k * self.conv_block_n // (32 * self.conv_warps)
-        elif self.conv_block_n < 16:
+        if self.conv_precision != "fma" and self.conv_block_n < 16:
             raise InvalidParams("conv_block_n", self.conv_block_n, "tl.dot needs 16 columns at least (fma does not)")
         if acc > _ACC_PER_THREAD or acc < 1:
             raise InvalidParams("conv_warps", self.conv_warps, f"{acc} values per thread is outside 1..256")

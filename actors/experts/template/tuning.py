@@ -42,7 +42,10 @@ _MEMORY = (
 _COMPUTE = ("mm_block_m", "mm_block_n", "mm_block_k", "mm_warps", "mm_stages", "mm_group_m", "mm_precision")
 _HOPPER = ("mm_split_k", "mm_persistent", "mm_tma", "mm_pad")
 """Matmul schedule variants; relevant only to single (or flattened) products (``relevant_params``)."""
-_CONV = ("conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision")
+_CONV = (
+    "conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision", "conv_taps_outer",
+    "conv_a_transposed",
+)  # fmt: skip
 _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
 _COMPUTE_ALL = (*_COMPUTE, *_HOPPER, *_CONV, *_ATTN)
 _LATENCY = (*_HOPPER, "mm_stages", "mm_warps", "conv_stages", "attn_stages", "row_stages", "row_warps", "pw_warps")
@@ -89,7 +92,7 @@ def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
                     block_i, tile = widest, 64 * widest
                 values.update(row_block_i=block_i, row_warps=4 if tile <= 2048 else 8, row_block_r=64)
         elif kernel.kind is KernelKind.CONV:
-            values.update(_conv_defaults(plan, kernel.mm, _convs_all_narrow(plan, sched)))
+            values.update(_conv_defaults(plan, sched))
         elif kernel.kind is KernelKind.SCAN:
             values.update(_scan_defaults(plan, kernel.mm))
         elif kernel.kind is KernelKind.ATTN:
@@ -143,12 +146,15 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
         # As for products: cuDNN runs fp32 convolutions in TF32 (PyTorch's default), while a
         # candidate must be fp32-accurate; the first convolutions of the level-1 development
         # subset on an H200, in ieee fp32 (no tensor cores), ran at 0.11-0.13x of eager. A plan
-        # of narrow ones keeps the fma that ``_conv_defaults`` chose.
+        # of narrow ones keeps the fma that ``_conv_defaults`` chose, and forward convolutions
+        # of several taps walked taps outside keep ieee: on an H200 (L1-63, L1-67, L2-4) ieee ran
+        # at 21.0, 4.81 and 25.1 ms where tf32x3 ran at 53.5, 13.7 and 50.3 ms.
         elif (
             kernel.kind is KernelKind.CONV
             and hw.tf32x3_pays
             and _dtype_bytes(plan, kernel.mm) == 4
             and not _convs_all_narrow(plan, sched)
+            and not _rows_fast_ieee(plan, sched)
         ):
             values["conv_precision"] = "tf32x3"
     return values
@@ -167,23 +173,60 @@ def _convs_all_narrow(plan: Plan, sched: Schedule) -> bool:
     return bool(convs) and all(_cout_per_group(plan, c) < 16 for c in convs)
 
 
-def _conv_defaults(plan: Plan, conv: int, narrow: bool) -> dict[str, object]:
-    """Tile sizes for one convolution: the channel tile follows the channels per group. When the
-    plan's convolutions all have fewer than 16 of them (depthwise: one; ``narrow``), the products
-    are summed without ``tl.dot`` (``fma``), whose tiles would be mostly masked-out columns."""
+def _cin_per_group(plan: Plan, conv: int) -> int:
+    node = plan.nodes[conv]
+    return int(plan.nodes[node.tensor_args()[0]].shape[1]) // ConvSpec.from_attrs(node.attrs).groups
+
+
+def _heaviest_conv(plan: Plan, sched: Schedule) -> int:
+    """The plan's convolution with the most products (the ``conv_*`` parameters are shared)."""
+    convs = [k.mm for k in sched.kernels if k.kind is KernelKind.CONV]
+    return max(convs, key=lambda c: plan.nodes[c].numel * _conv_reduction(plan, c))
+
+
+def _taps_outer_pays(plan: Plan, sched: Schedule) -> bool:
+    """Every convolution has one input channel per group or 16 at least: walking taps outside,
+    a tap's positions are worked out per row, not per element, and no tile of channels is mostly
+    padding (for 2 to 15 channels the flat index packs channels x taps)."""
+    convs = [k.mm for k in sched.kernels if k.kind is KernelKind.CONV]
+    return all(_cin_per_group(plan, c) == 1 or _cin_per_group(plan, c) >= 16 for c in convs)
+
+
+def _rows_fast_ieee(plan: Plan, sched: Schedule) -> bool:
+    """The heaviest convolution is a forward one of several taps, walked taps outside: its input
+    tiles load rows along the threads (``conv_a_transposed``) into an ieee dot. On an H200 that
+    ran L1-63, L1-67 and L2-4 at 21.0, 4.81 and 25.1 ms, against 35.3, 8.16 and 27.3 ms for the
+    flat order in tf32x3; transposed convolutions (L1-57, L2-2) ran fastest taps outside with
+    ``[rows, channels]`` tiles in tf32x3 (12.8 and 13.5 ms, against 33.1 and 21.3 ms)."""
+    if _convs_all_narrow(plan, sched) or not _taps_outer_pays(plan, sched):
+        return False
+    node = plan.nodes[_heaviest_conv(plan, sched)]
+    weight = plan.nodes[node.tensor_args()[1]].shape
+    return not ConvSpec.from_attrs(node.attrs).transposed and math.prod(weight[2:]) > 1
+
+
+def _conv_defaults(plan: Plan, sched: Schedule) -> dict[str, object]:
+    """Tile sizes for the plan's convolutions, from the one with the most products: the channel
+    tile follows its output channels per group. When every convolution has fewer than 16 of them
+    (depthwise: one; narrow), the products are outer products summed with ``fma``, not ``tl.dot``,
+    whose tiles would be mostly masked-out columns. Taps go outside the channels where
+    ``_taps_outer_pays``."""
+    conv = _heaviest_conv(plan, sched)
+    taps_outer = _taps_outer_pays(plan, sched)
     node = plan.nodes[conv]
     cout_g = _cout_per_group(plan, conv)
     positions = node.numel // node.shape[1]
-    if narrow:
-        k = _conv_reduction(plan, conv)
-        block_n, block_k = next_pow2(cout_g), 16 if k <= 16 else 32
-        block_m = 128 if block_n * block_k <= 128 else 64
-        return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": block_k, "conv_warps": 4,
-                "conv_precision": "fma"}  # fmt: skip
+    if _convs_all_narrow(plan, sched):
+        convs = [k.mm for k in sched.kernels if k.kind is KernelKind.CONV]
+        depthwise = all(_cin_per_group(plan, c) == 1 for c in convs)
+        return {"conv_block_m": 256 if depthwise else 128, "conv_block_n": next_pow2(cout_g), "conv_warps": 4,
+                "conv_precision": "fma", "conv_taps_outer": True}  # fmt: skip
     block_n = max(16, min(128, next_pow2(cout_g)))
     block_m = 128 if positions >= 4096 and block_n <= 64 else 64
     warps = 8 if block_m * block_n >= 8192 else 4
-    return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": 32, "conv_warps": warps}
+    block_k = min(32, next_pow2(_cin_per_group(plan, conv))) if taps_outer else 32
+    return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": max(16, block_k), "conv_warps": warps,
+            "conv_taps_outer": taps_outer, "conv_a_transposed": _rows_fast_ieee(plan, sched)}  # fmt: skip
 
 
 def _conv_reduction(plan: Plan, conv: int) -> int:
