@@ -147,14 +147,13 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
         # candidate must be fp32-accurate; the first convolutions of the level-1 development
         # subset on an H200, in ieee fp32 (no tensor cores), ran at 0.11-0.13x of eager. A plan
         # of narrow ones keeps the fma that ``_conv_defaults`` chose, and forward convolutions
-        # of several taps walked taps outside keep ieee: on an H200 (L1-63, L1-67, L2-4) ieee ran
-        # at 21.0, 4.81 and 25.1 ms where tf32x3 ran at 53.5, 13.7 and 50.3 ms.
+        # of several taps walked taps outside keep ieee (``_forward_taps_ieee``).
         elif (
             kernel.kind is KernelKind.CONV
             and hw.tf32x3_pays
             and _dtype_bytes(plan, kernel.mm) == 4
             and not _convs_all_narrow(plan, sched)
-            and not _rows_fast_ieee(plan, sched)
+            and not _forward_taps_ieee(plan, sched)
         ):
             values["conv_precision"] = "tf32x3"
     return values
@@ -192,12 +191,12 @@ def _taps_outer_pays(plan: Plan, sched: Schedule) -> bool:
     return all(_cin_per_group(plan, c) == 1 or _cin_per_group(plan, c) >= 16 for c in convs)
 
 
-def _rows_fast_ieee(plan: Plan, sched: Schedule) -> bool:
-    """The heaviest convolution is a forward one of several taps, walked taps outside: its input
-    tiles load rows along the threads (``conv_a_transposed``) into an ieee dot. On an H200 that
-    ran L1-63, L1-67 and L2-4 at 21.0, 4.81 and 25.1 ms, against 35.3, 8.16 and 27.3 ms for the
-    flat order in tf32x3; transposed convolutions (L1-57, L2-2) ran fastest taps outside with
-    ``[rows, channels]`` tiles in tf32x3 (12.8 and 13.5 ms, against 33.1 and 21.3 ms)."""
+def _forward_taps_ieee(plan: Plan, sched: Schedule) -> bool:
+    """The heaviest convolution is a forward one of several taps, walked taps outside: its dot
+    runs in ieee. On an H200 (``bench/conv_orders.py``) that ran L1-63, L1-67 and L2-4 at 15.8,
+    4.84 and 15.0 ms, against 48.7, 13.8 and 40.9 ms in tf32x3 and 46.9, 15.4 and 46.0 ms in the
+    flat order; transposed convolutions (L1-57) ran fastest taps outside in tf32x3 (12.8 ms,
+    against 33.1 ms in ieee)."""
     if _convs_all_narrow(plan, sched) or not _taps_outer_pays(plan, sched):
         return False
     node = plan.nodes[_heaviest_conv(plan, sched)]
@@ -226,7 +225,7 @@ def _conv_defaults(plan: Plan, sched: Schedule) -> dict[str, object]:
     warps = 8 if block_m * block_n >= 8192 else 4
     block_k = min(32, next_pow2(_cin_per_group(plan, conv))) if taps_outer else 32
     return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": max(16, block_k), "conv_warps": warps,
-            "conv_taps_outer": taps_outer, "conv_a_transposed": _rows_fast_ieee(plan, sched)}  # fmt: skip
+            "conv_taps_outer": taps_outer}  # fmt: skip
 
 
 def _conv_reduction(plan: Plan, conv: int) -> int:

@@ -1,0 +1,121 @@
+"""Time the convolution template's reduction orders and tile layouts side by side on one GPU.
+
+For each KernelBench-format reference (a KernelBench checkout's convolution problems, say) it
+renders the template expert's first candidate for this GPU and its variants in the orders of
+``conv_taps_outer`` / ``conv_a_transposed`` / ``conv_precision``, loads each in this process,
+copies the reference's weights into it, checks its output against the reference's in IEEE fp32
+(TF32 off) and times it with CUDA events against eager PyTorch (cuDNN in TF32, PyTorch's default),
+mean of ``--reps`` calls after one warm-up. This is a quick in-process comparison of kernels, not
+the honest evaluator (``kfoundry eval`` is): the numbers rank the variants.
+
+    python -m bench.conv_orders KernelBench/level1/63_conv_standard_2D__square_input__square_kernel.py ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from actors.experts.template import Plan, TemplateParams, analyse, default_params, render
+from actors.experts.template.errors import InvalidParams
+from actors.experts.template.hardware import detect
+
+_VARIANTS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("flat", {"conv_taps_outer": False}),
+    ("taps", {"conv_taps_outer": True, "conv_a_transposed": False}),
+    ("taps, rows fast", {"conv_taps_outer": True, "conv_a_transposed": True}),
+    ("taps, rows fast, ieee", {"conv_taps_outer": True, "conv_a_transposed": True, "conv_precision": "ieee"}),
+    ("taps, tf32x3", {"conv_taps_outer": True, "conv_a_transposed": False, "conv_precision": "tf32x3"}),
+    ("fma", {"conv_precision": "fma"}),
+)
+
+
+def _load(source: str, folder: Path, name: str) -> ModuleType:
+    path = folder / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ms(fn: Callable[..., Any], args: list[Any], reps: int) -> float:
+    fn(*args)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start.record()
+    for _ in range(reps):
+        fn(*args)
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / reps
+
+
+def bench(path: Path, folder: Path, reps: int) -> list[str]:
+    """One table row per variant of the reference at ``path``."""
+    source = path.read_text(encoding="utf-8")
+    plan = analyse(source)
+    if not isinstance(plan, Plan) or "conv" not in plan.template.split("+"):
+        return [f"| {path.stem} | not a convolution the template covers | | | |"]
+    ref = _load(source, folder, "reference")
+    torch.manual_seed(0)
+    model = ref.Model(*ref.get_init_inputs()).cuda()
+    inputs = [x.cuda() if torch.is_tensor(x) else x for x in ref.get_inputs()]
+    rows: list[str] = []
+    with torch.no_grad():
+        eager = _ms(model, inputs, reps)
+        torch.backends.cudnn.allow_tf32 = False
+        want = model(*inputs)
+        torch.backends.cudnn.allow_tf32 = True
+        first = default_params(plan, detect())
+        variants: list[tuple[str, TemplateParams]] = [("first", first)]
+        for label, changes in _VARIANTS:
+            try:
+                variants.append((label, first.with_changes(**changes)))
+            except InvalidParams as exc:  # e.g. fma's tile too large for its warps
+                rows.append(f"| {path.stem} | {label} | invalid: {exc} | | |")
+        for i, (label, params) in enumerate(variants):
+            module = _load(render(plan, params), folder, f"candidate{i}")
+            new = module.ModelNew(*ref.get_init_inputs()).cuda()
+            new.load_state_dict(model.state_dict())
+            err = float((new(*inputs) - want).abs().max())
+            ms = _ms(new, inputs, reps)
+            conv = {k[5:]: v for k, v in params.as_dict().items() if k.startswith("conv_")}
+            timing = f"{ms:.3f} ({eager / ms:.2f}x of eager {eager:.3f})"
+            rows.append(f"| {path.stem} | {label} | {timing} | {err:.1e} | {conv} |")
+            del module, new
+    del model, inputs, want
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.conv_orders", description=__doc__.splitlines()[0])
+    parser.add_argument("references", nargs="+", type=Path)
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.stderr.write("conv_orders: needs a CUDA GPU\n")
+        return 2
+    print(f"{torch.cuda.get_device_name()}: ms per call (mean of {args.reps}), max |error| against IEEE fp32 eager")
+    print("| problem | variant | ms | max error | conv parameters |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="kf-conv-orders-") as tmp:
+        for path in args.references:
+            for row in bench(path, Path(tmp), args.reps):
+                print(row, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
