@@ -81,35 +81,10 @@ class ConvWriter(Writer):
     def broadcast_row(self, var: str) -> str:
         return var
 
-    def _gather(self, loop: Scope, outs: list[str], taps: list[str]) -> tuple[str, str]:
-        """The input offset within one (batch, channel) plane and its validity, per tile element."""
-        spec = self.spec
-        offset: list[str] = []
-        valid: list[str] = []
-        for d in range(self.nd):
-            o, k = f"{outs[d]}[:, None]", f"{taps[d]}[None, :]"
-            s, p, dl, size = spec.stride[d], spec.padding[d], spec.dilation[d], self.sin[d]
-            kd = k if dl == 1 else f"{k} * {dl}"
-            if not spec.transposed:
-                od = o if s == 1 else f"{o} * {s}"
-                pos = f"{od} - {p} + {kd}" if p else f"{od} + {kd}"
-                self.emit(loop, f"i{d} = {pos}")
-                valid.append(f"(i{d} >= 0) & (i{d} < {size})")
-            else:
-                pos = f"{o} + {p} - {kd}" if p else f"{o} - {kd}"
-                if s == 1:
-                    self.emit(loop, f"i{d} = {pos}")
-                    valid.append(f"(i{d} >= 0) & (i{d} < {size})")
-                else:
-                    self.emit(loop, f"t{d} = {pos}")
-                    self.emit(loop, f"i{d} = t{d} // {s}")
-                    valid.append(f"(t{d} >= 0) & (t{d} % {s} == 0) & (i{d} < {size})")
-            stride = math.prod(self.sin[d + 1 :])
-            offset.append(f"i{d}" if stride == 1 else f"i{d} * {stride}")
-        return " + ".join(offset), " & ".join(valid)
-
-    def _rows(self, loop: Scope, outs: list[str], taps: list[str]) -> tuple[str, str]:
-        """One tap's input offset within a (batch, channel) plane and its validity, per row."""
+    def _positions(self, loop: Scope, outs: list[str], taps: list[str]) -> tuple[str, str]:
+        """The input offset within one (batch, channel) plane and its validity, from output
+        coordinate and tap expressions already shaped to broadcast (per tile element in the flat
+        order, per row taps outside). Bounds a forward convolution cannot cross are not checked."""
         spec = self.spec
         offset: list[str] = []
         valid: list[str] = []
@@ -238,8 +213,8 @@ class ConvWriter(Writer):
         e(loop, f"ci = rk // {self.taps}")
         e(loop, f"kp = rk % {self.taps}")
         taps = coords(self, loop, "kp", self.ks, "q")
-        offset, valid = self._gather(loop, outs, taps)
-        e(loop, f"a_mask = mmask[:, None] & kmask[None, :] & {valid}")
+        offset, valid = self._positions(loop, [f"{o}[:, None]" for o in outs], [f"{q}[None, :]" for q in taps])
+        e(loop, "a_mask = mmask[:, None] & kmask[None, :]" + (f" & {valid}" if valid else ""))
         e(loop, f"a = tl.load({px} + xrow[:, None] + ci[None, :] * {plane} + {offset}, mask=a_mask, other=0.0)")
         if self.spec.transposed:
             w_index = f"((g * {self.cin_g} + ci[:, None]) * {self.cout_g} + rn[None, :]) * {self.taps} + kp[:, None]"
@@ -262,7 +237,7 @@ class ConvWriter(Writer):
             e(loop, f"kt = kk // {chunks}")
             e(loop, f"c0 = (kk % {chunks}) * BLOCK_K")
         taps = coords(self, loop, "kt", self.ks, "q")
-        offset, valid = self._rows(loop, outs, taps)
+        offset, valid = self._positions(loop, outs, taps)
         e(loop, f"rmask = mmask & {valid}" if valid else "rmask = mmask")
         e(loop, f"xo = xrow + {offset}")
         transposed = self.spec.transposed
