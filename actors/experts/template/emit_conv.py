@@ -10,8 +10,9 @@ and its padding mask are worked out once per row of the tile (a vector of ``BLOC
 channel chunk only adds a multiple of the input plane; its weights are repacked per call so that a
 tile's output channels are contiguous. With ``fma``, or one input channel per group (depthwise),
 the products are outer products of a vector of inputs and a vector of weights, one channel and tap
-at a time (a ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products summed over K gave wrong sums on an
-H200 for some tile shapes, Triton 3.6). A forward convolution reads input position
+at a time (the earlier form, a ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products summed over K, was
+off by 3e-4 to 0.64 on at least 9 small cases with 16x16x16 tiles on an H200, Triton 3.6, and right
+under the interpreter; the outer products are right on both). A forward convolution reads input position
 ``o * stride - padding + k * dilation``; a transposed one (its gather form) reads
 ``(o + padding - k * dilation) / stride`` where that is a whole number inside the input. Groups
 are the launch's second axis (depthwise and pointwise are groups of one channel and 1x1
@@ -243,8 +244,8 @@ class ConvWriter(Writer):
         transposed = self.spec.transposed
         if bk == 1:  # outer products, one input channel at a time
             ci = "c0" if chunks > 1 else "0"
-            e(loop, f"a = tl.load({px} + xo + {ci} * {plane}, mask=rmask, other=0.0)" if chunks > 1
-              else f"a = tl.load({px} + xo, mask=rmask, other=0.0)")  # fmt: skip
+            chan = f" + c0 * {plane}" if chunks > 1 else ""
+            e(loop, f"a = tl.load({px} + xo{chan}, mask=rmask, other=0.0)")
             if transposed:  # [g * cin_g + ci, rn, tap]
                 w_index = f"((g * {self.cin_g} + {ci}) * {self.cout_g} + rn) * {self.taps} + kt"
             else:  # [co, ci, tap]
@@ -255,7 +256,7 @@ class ConvWriter(Writer):
         ci = "c0 + tl.arange(0, BLOCK_K)" if chunks > 1 else "tl.arange(0, BLOCK_K)"
         e(loop, f"ci = {ci}")
         e(loop, f"kmask = ci < {self.cin_g}")
-        if self.params.conv_a_transposed:  # rows along the threads: coalesced whatever Triton proves
+        if self.params.conv_a_transposed:  # a [channels, rows] tile, transposed for the dot
             e(loop, f"a = tl.trans(tl.load({px} + xo[None, :] + ci[:, None] * {plane}, "
                     "mask=rmask[None, :] & kmask[:, None], other=0.0))")  # fmt: skip
         else:
