@@ -226,3 +226,28 @@ def test_first_convolutions_sum_few_channels_without_dot_and_use_tf32x3_where_it
     TemplateParams(conv_precision="fma", conv_block_n=8)  # fma does not
     with pytest.raises(InvalidParams, match="conv_warps"):  # fma's [M, N] products per thread
         TemplateParams(conv_precision="fma", conv_block_m=256, conv_block_n=128, conv_warps=1)
+
+
+def test_convolution_mutations_change_the_kernel() -> None:
+    """A mutation steps only parameters the convolution's kernel reads: the input tile's layout only
+    for dots walked taps outside, the channel tile and the order not for outer products."""
+    import numpy as np
+
+    from actors.experts.template import mutate, relevant_params
+
+    flat = plan_of(CONV.format(cin=3, cout=64, groups=1))  # 3 channels: the flat order
+    depthwise = plan_of(CONV.format(cin=64, cout=64, groups=64))
+    dense = plan_of(CONV.format(cin=16, cout=128, groups=1))
+    names = relevant_params(flat, default_params(flat, H100))
+    assert "conv_taps_outer" in names
+    assert "conv_a_transposed" not in names
+    names = relevant_params(depthwise, default_params(depthwise, H100))
+    assert not {"conv_block_k", "conv_taps_outer", "conv_a_transposed"} & set(names)
+    assert "conv_a_transposed" in relevant_params(dense, default_params(dense, H100))
+    rng = np.random.default_rng(11)
+    for plan in (flat, depthwise, dense):
+        first = default_params(plan, H100)
+        source = render(plan, first)
+        for _ in range(40):
+            child = mutate(plan, first, rng, diagnosis=None)
+            assert render(plan, child) != source, {k: v for k, v in child.as_dict().items() if v != getattr(first, k)}

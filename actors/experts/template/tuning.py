@@ -248,6 +248,19 @@ def _scan_defaults(plan: Plan, scan: int) -> dict[str, object]:
     return {"row_block_i": max(8, min(64, next_pow2(inner))), "row_block_r": 64, "row_warps": 4}
 
 
+def _conv_relevant(plan: Plan, conv: int, params: TemplateParams) -> list[str]:
+    """The ``conv_*`` parameters that change this convolution's kernel under ``params`` (as
+    ``emit_conv`` renders it): outer products (``fma``, or one input channel per group) have no
+    channel tile and one order; the input tile's layout matters only to dots walked taps outside."""
+    outer = params.conv_precision == "fma" or _cin_per_group(plan, conv) == 1
+    names = ["conv_block_m", "conv_block_n", "conv_warps", "conv_stages", "conv_precision"]
+    if not outer:
+        names += ["conv_block_k", "conv_taps_outer"]
+        if params.conv_taps_outer:
+            names.append("conv_a_transposed")
+    return names
+
+
 def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     """The parameters that change the rendered kernels of ``plan`` under ``params``."""
     names: list[str] = []
@@ -267,7 +280,7 @@ def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
                 if math.ceil(shape.k / params.mm_block_k) >= 2 * MIN_STEPS_PER_SLICE:
                     names.append("mm_split_k")
         elif kernel.kind is KernelKind.CONV:
-            names += list(_CONV)
+            names += _conv_relevant(plan, kernel.mm, params)
         elif kernel.kind is KernelKind.ATTN:
             names += list(_ATTN)
         elif kernel.kind is KernelKind.SCAN:
