@@ -103,3 +103,21 @@ def test_interpreter_check_rejects_a_wrong_convolution(tmp_path: Path) -> None:
     ok, wrong = finish_check(proc, timeout=120)
     assert ok.ok
     assert not wrong.ok
+
+
+def test_the_gpu_family_test_variants_build_and_render() -> None:
+    """Every variant the GPU family test compiles is valid and renders here, so that test can only
+    fail on the GPU for what the GPU does (its tf32x3 variant once raised InvalidParams for narrow
+    convolutions, and nothing of those cases ran on a GPU for two sessions)."""
+    from actors.experts.template import Plan, analyse
+    from tests.experts.test_template_families_gpu import _CASES, _variants
+
+    rendered = 0
+    for case in _CASES:
+        for source in case.sources():
+            plan = analyse(source)
+            assert isinstance(plan, Plan), (case.name, plan)
+            for params in _variants(plan):
+                assert "@triton.jit" in render(plan, params)
+                rendered += 1
+    assert rendered >= 5 * len(_CASES)
