@@ -2,7 +2,8 @@
 
 For each KernelBench-format reference (a KernelBench checkout's convolution problems, say) it
 renders the template expert's first candidate for this GPU and its variants in the orders of
-``conv_taps_outer`` / ``conv_a_transposed`` / ``conv_precision``, loads each in this process,
+``conv_taps_outer`` / ``conv_a_transposed`` / ``conv_precision``, loads each in this process
+(``gpu_runner.sandboxed.reference.load_module``, as the worker loads candidates),
 copies the reference's weights into it, checks its output against the reference's in IEEE fp32
 (TF32 off) and times it with CUDA events against eager PyTorch (cuDNN in TF32, PyTorch's default),
 mean of ``--reps`` calls after one warm-up. This is a quick in-process comparison of kernels, not
@@ -14,12 +15,9 @@ the honest evaluator (``kfoundry eval`` is): the numbers rank the variants.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -27,6 +25,7 @@ import torch
 from actors.experts.template import Plan, TemplateParams, analyse, default_params, render
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.hardware import detect
+from gpu_runner.sandboxed.reference import load_module
 
 _VARIANTS: tuple[tuple[str, dict[str, object]], ...] = (
     ("flat", {"conv_taps_outer": False}),
@@ -36,17 +35,6 @@ _VARIANTS: tuple[tuple[str, dict[str, object]], ...] = (
     ("taps, tf32x3", {"conv_taps_outer": True, "conv_a_transposed": False, "conv_precision": "tf32x3"}),
     ("fma", {"conv_precision": "fma"}),
 )
-
-
-def _load(source: str, folder: Path, name: str) -> ModuleType:
-    path = folder / f"{name}.py"
-    path.write_text(source, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _ms(fn: Callable[..., Any], args: list[Any], reps: int) -> float:
@@ -61,16 +49,16 @@ def _ms(fn: Callable[..., Any], args: list[Any], reps: int) -> float:
     return float(start.elapsed_time(end)) / reps
 
 
-def bench(path: Path, folder: Path, reps: int) -> list[str]:
+def bench(path: Path, reps: int) -> list[str]:
     """One table row per variant of the reference at ``path``."""
     source = path.read_text(encoding="utf-8")
     plan = analyse(source)
     if not isinstance(plan, Plan) or "conv" not in plan.template.split("+"):
         return [f"| {path.stem} | not a convolution the template covers | | | |"]
-    ref = _load(source, folder, "reference")
+    ref = load_module(source, str(path), "kf_conv_orders_reference")
     torch.manual_seed(0)
-    model = ref.Model(*ref.get_init_inputs()).cuda()
-    inputs = [x.cuda() if torch.is_tensor(x) else x for x in ref.get_inputs()]
+    model = ref["Model"](*ref["get_init_inputs"]()).cuda()
+    inputs = [x.cuda() if torch.is_tensor(x) else x for x in ref["get_inputs"]()]
     rows: list[str] = []
     with torch.no_grad():
         eager = _ms(model, inputs, reps)
@@ -85,8 +73,8 @@ def bench(path: Path, folder: Path, reps: int) -> list[str]:
             except InvalidParams as exc:  # e.g. fma's tile too large for its warps
                 rows.append(f"| {path.stem} | {label} | invalid: {exc} | | |")
         for i, (label, params) in enumerate(variants):
-            module = _load(render(plan, params), folder, f"candidate{i}")
-            new = module.ModelNew(*ref.get_init_inputs()).cuda()
+            module = load_module(render(plan, params), f"<{path.stem} candidate {i}>", f"kf_conv_orders_{i}")
+            new = module["ModelNew"](*ref["get_init_inputs"]()).cuda()
             new.load_state_dict(model.state_dict())
             err = float((new(*inputs) - want).abs().max())
             ms = _ms(new, inputs, reps)
@@ -110,10 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{torch.cuda.get_device_name()}: ms per call (mean of {args.reps}), max |error| against IEEE fp32 eager")
     print("| problem | variant | ms | max error | conv parameters |")
     print("|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory(prefix="kf-conv-orders-") as tmp:
-        for path in args.references:
-            for row in bench(path, Path(tmp), args.reps):
-                print(row, flush=True)
+    for path in args.references:
+        for row in bench(path, args.reps):
+            print(row, flush=True)
     return 0
 
 

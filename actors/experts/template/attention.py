@@ -150,9 +150,7 @@ class AttentionWriter(Writer):
         e(s, "o = acc / l_i[:, None]")
         e(s, "cmask = mmask[:, None] & dmask[None, :]")
         e(s, f"lin = (bh * {lq} + rm[:, None]) * {dv} + rd[None, :]")
-        s.memo[("v", self.node.id)] = "o"
-        for nid in self.kernel.exports:
-            self.store(s, nid, row=False)
+        self.store_exports(s, self.node.id, "o")
         body = self.lines[start:]
         consts = {
             "BLOCK_M": p.attn_block_m,

@@ -195,6 +195,13 @@ class Writer:
         self.emit(scope, f"{var} = tl.load({self.pointer(base)} + ({at}) * {classes} + {t}, mask={ok}, other=0.0)")
         return var
 
+    def store_exports(self, scope: Scope, nid: int, var: str) -> None:
+        """The tile's value of node ``nid`` is ``var``: store every node the kernel exports (the
+        node itself and its fused epilogue's results) at the tile's linear index."""
+        scope.memo[("v", nid)] = var
+        for out in self.kernel.exports:
+            self.store(scope, out, row=False)
+
     def store(self, scope: Scope, nid: int, row: bool) -> None:
         """Store an exported node at the tile's linear index."""
         sp = self.space(row)

@@ -32,6 +32,13 @@ from actors.experts.template.ir import ConvSpec
 from actors.experts.template.params import TemplateParams
 
 
+def outer_products(params: TemplateParams, cin_per_group: int) -> bool:
+    """Whether a convolution's products are outer products of a vector of inputs and a vector of
+    weights, one input channel and tap at a time: with ``fma``, and always with one input channel
+    per group (``tl.dot`` would mask out 255 of every 256 products of a depthwise convolution)."""
+    return params.conv_precision == "fma" or cin_per_group == 1
+
+
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major strides of ``shape``."""
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
@@ -117,21 +124,17 @@ class ConvWriter(Writer):
         """Whether the reduction walks taps outside and input channels inside: ``conv_taps_outer``,
         and always with ``fma`` or one input channel per group (products of vectors and weights,
         one channel at a time: no ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products)."""
-        p = self.params
-        return p.conv_taps_outer or p.conv_precision == "fma" or self.cin_g == 1
+        return self.params.conv_taps_outer or outer_products(self.params, self.cin_g)
 
     def blocks(self) -> tuple[int, int, int]:
         """``BLOCK_M, BLOCK_N, BLOCK_K`` of this kernel. Taps outside, the channel tiles shrink to
-        the channels there are. With ``fma`` or one input channel per group (depthwise) the
-        products are outer products of a ``BLOCK_M`` vector of inputs and a ``BLOCK_N`` vector of
-        weights, one input channel at a time, whatever ``conv_precision`` says (``tl.dot`` would
-        mask out 255 of every 256 products of a depthwise convolution); then ``BLOCK_K`` is 1 and
-        the rows grow to keep the tile's size where the output channels are fewer (up to 1024).
-        With ``tl.dot`` the channel tiles stay 16 at least."""
+        the channels there are. For ``outer_products`` ``BLOCK_K`` is 1 and the rows grow to keep
+        the tile's size where the output channels are fewer (up to 1024); with ``tl.dot`` the
+        channel tiles stay 16 at least."""
         p = self.params
         if not self.taps_outer():
             return p.conv_block_m, p.conv_block_n, p.conv_block_k
-        if p.conv_precision == "fma" or self.cin_g == 1:
+        if outer_products(p, self.cin_g):
             bn = min(p.conv_block_n, next_pow2(self.cout_g))
             return min(1024, max(p.conv_block_m, p.conv_block_m * p.conv_block_n // bn)), bn, 1
         bn = max(16, min(p.conv_block_n, next_pow2(self.cout_g)))
@@ -168,9 +171,7 @@ class ConvWriter(Writer):
             self._flat(s, px, pw, plane, outs)
         e(s, "cmask = mmask[:, None] & nmask[None, :]")
         e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
-        s.memo[("v", self.kernel.mm)] = "acc"
-        for nid in self.kernel.exports:
-            self.store(s, nid, row=False)
+        self.store_exports(s, self.kernel.mm, "acc")
         body = self.lines[start:]
         signature = self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K"])
         setup: tuple[str, ...] = ()

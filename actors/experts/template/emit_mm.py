@@ -261,9 +261,7 @@ class MatmulWriter(Writer):
             self.emit(s, f"lin = rg[:, None] * {n} + rn[None, :]")
         else:
             self.emit(s, f"lin = rm[:, None] * {n} + rn[None, :]")
-        s.memo[("v", self.kernel.mm)] = "acc"
-        for nid in self.kernel.exports:
-            self.store(s, nid, row=False)
+        self.store_exports(s, self.kernel.mm, "acc")
 
     def _launch_args(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
         """(setup lines, lead arguments, bases read by setup) of the product kernel."""

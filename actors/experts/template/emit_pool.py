@@ -93,9 +93,7 @@ class PoolWriter(Writer):
         e(loop, "acc = tl.where((v > acc) | (v != v), v, acc)" if is_max else "acc += v")
         if not is_max:
             e(s, f"acc = acc / {self._divisor(s, outs)}")
-        s.memo[("v", self.kernel.mm)] = "acc"
-        for nid in self.kernel.exports:
-            self.store(s, nid, row=False)
+        self.store_exports(s, self.kernel.mm, "acc")
         body = self.lines[start:]
         block = 32 * self.params.pw_warps
         return Launch(
