@@ -55,6 +55,9 @@ class Report(StrEnum):
     REFERENCE = "reference"
     REFERENCE_ERROR = "reference_error"
     PREPARE_TIME = "prepare_time"
+    REFERENCE_DONE = "reference_done"
+    """From a preparing spare: its reference data is made; what follows (the compiled baseline,
+    output buffers) adds only what the memory plan counts in every prepared spare."""
     MEASURED = "measured"
     """From a measuring worker: the task's sizes; from a run worker: timing is over."""
     SANDBOX = "sandbox"
@@ -242,6 +245,7 @@ REPORTS: dict[Report, type[Any]] = {
     Report.REFERENCE: ReferenceReport,
     Report.REFERENCE_ERROR: ReferenceErrorReport,
     Report.PREPARE_TIME: PrepareTimeReport,
+    Report.REFERENCE_DONE: NoFields,
     Report.MEASURED: NoFields,
     Report.SANDBOX: SandboxReport,
     Report.ARMED: NoFields,

@@ -14,7 +14,7 @@ import contextlib
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -150,6 +150,9 @@ class RunPool:
         self.seeding: set[str | None] = set()
         self.prepared = 0
         """Spares prepared so far (for benchmarks)."""
+        self.preparations: list[tuple[float, float, float]] = []
+        """Per prepared spare, when its preparation began (under ``prep_sem``), when its reference
+        was done (``prep_sem`` given back) and when it ended (``time.perf_counter``; for benchmarks)."""
         self.flops: dict[str | None, int] = {}
         """Per task, the reference's FLOPs as the first prepared spare counted them (later ones skip it)."""
         self.failures = 0
@@ -239,14 +242,37 @@ class RunPool:
         return self.plan.trials if self.plan is not None else self.cfg.trials
 
     async def prepare(self, spare: Spare, reference_source: str, timeout_s: float) -> None:
-        """Have a spare compute the reference outputs for fresh secret seeds; keep them here."""
-        if self.prep_sem is not None:
-            async with self.prep_sem:
-                await self._prepare(spare, reference_source, timeout_s)
-        else:
-            await self._prepare(spare, reference_source, timeout_s)
+        """Have a spare compute the reference outputs for fresh secret seeds; keep them here.
 
-    async def _prepare(self, spare: Spare, reference_source: str, timeout_s: float) -> None:
+        Under ``prep_sem`` only the reference's own part is one at a time: the spare's
+        ``reference_done`` lets the next one start while this one builds its compiled baseline
+        (whose memory every prepared spare has in the plan)."""
+        sem = self.prep_sem
+        if sem is not None:
+            await sem.acquire()
+        began, reference_done = time.perf_counter(), 0.0
+
+        def done() -> None:
+            nonlocal sem, reference_done
+            reference_done = reference_done or time.perf_counter()
+            held = sem
+            if held is not None:
+                sem = None
+                held.release()
+
+        try:
+            await self._prepare(spare, reference_source, timeout_s, on_reference_done=done)
+        finally:
+            done()
+        self.preparations.append((began, reference_done, time.perf_counter()))
+
+    async def _prepare(
+        self,
+        spare: Spare,
+        reference_source: str,
+        timeout_s: float,
+        on_reference_done: Callable[[], None] | None = None,
+    ) -> None:
         started = time.perf_counter()
         seeds = [secrets.randbits(62) for _ in range(self.trials_wanted())]
         device_verdict = self.plan is not None and self.plan.device_verdict
@@ -273,7 +299,7 @@ class RunPool:
         )
         await spare.worker.send(msg)
         try:
-            await self._collect_reference(spare, data, timeout_s)
+            await self._collect_reference(spare, data, timeout_s, on_reference_done)
         except asyncio.IncompleteReadError:
             data.discard()
             log = spare.worker.log_text()[-3000:]
@@ -298,7 +324,13 @@ class RunPool:
             output_slots=data.info.get("output_slots"),
         )
 
-    async def _collect_reference(self, spare: Spare, data: ReferenceData, timeout_s: float) -> None:
+    async def _collect_reference(
+        self,
+        spare: Spare,
+        data: ReferenceData,
+        timeout_s: float,
+        on_reference_done: Callable[[], None] | None = None,
+    ) -> None:
         lease = GpuLease(self.gpu, spare.worker, self.cfg.worker_nice)
         try:
             async with asyncio.timeout(timeout_s):
@@ -316,6 +348,9 @@ class RunPool:
                         data.dtypes.append([str(m["dtype"]) for m in header["tensors"][:n]])
                         data.residuals.append(arrays[n:] if header.get("fp64_error") is None else None)
                         data.fp64_error = data.fp64_error or header.get("fp64_error")
+                    elif kind is Report.REFERENCE_DONE:
+                        if on_reference_done is not None:
+                            on_reference_done()
                     elif kind is Report.PREPARED:
                         data.info = header
                         # The spare builds on the CPU what it could not build on the device; the judge follows.

@@ -4,6 +4,7 @@ the CPU: forced for small outputs with ``device_verdict_bytes=0``; the same verd
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import AsyncIterator
 
@@ -144,3 +145,31 @@ async def test_a_plan_of_one_evaluation_at_a_time_prepares_the_next_reference_af
         assert result.status is EvalStatus.CORRECT, result.summary
         warm = next(c for c in result.checks if c.name == CheckName.WARM_WORKER)
         assert warm.outcome == CheckOutcome.PASSED, warm.detail
+
+
+@pytest.mark.slow
+async def test_one_reference_at_a_time_still_overlaps_the_compiled_baselines() -> None:
+    """A judged plan prepares its spares one at a time, but only their reference part: the next
+    spare starts its reference while the last one builds its torch.compile baseline (seconds of
+    CPU work on every spare, which queued the next preparation behind it before)."""
+    cfg = RunnerConfig(
+        device=DeviceChoice.CPU,
+        spares=2,
+        compile_workers=2,
+        timing_budget_s=1.0,
+        device_verdict_bytes=0,
+        compiled_baseline=True,
+    )
+    async with EvaluationService(cfg) as service:
+        await service.prepare((REFERENCES / "add_relu.py").read_text())
+        runs = service.runs
+        assert runs is not None and runs.plan is not None
+        assert runs.plan.device_verdict and runs.plan.compiled_baseline and runs.plan.spares == 2
+        assert runs.prep_sem is not None
+        await runs.wait_idle(2, 240)
+        assert all(s.reference is not None and s.reference.info.get("compiled") for s in runs.idle)
+        spans = sorted(runs.preparations)
+        assert len(spans) == 2, spans
+        for (_, done, _), (began, _, _) in itertools.pairwise(spans):
+            assert done <= began  # never two references at once
+        assert any(began < ended for (_, _, ended), (began, _, _) in itertools.pairwise(spans)), spans
