@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
+import os
 
 import psutil
 
@@ -135,13 +136,17 @@ def candidate(body: str, i: int) -> str:
 
 
 class Sampler:
-    """Peak GPU memory of every process (nvidia-smi) and host memory of this process tree plus tmpfs."""
+    """Peak GPU memory of every process on the evaluator's GPU (nvidia-smi) and host memory of this
+    process tree plus tmpfs. The GPU is the first of ``CUDA_VISIBLE_DEVICES`` (nvidia-smi numbers
+    every GPU of the host and ignores that variable: on a 4-GPU host the peak was GPU 0's, where
+    other work ran)."""
 
     def __init__(self) -> None:
         self.gpu_peak = 0
         self.host_peak = 0
         self.stop = threading.Event()
         self.smi = shutil.which("nvidia-smi")
+        self.gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -162,7 +167,7 @@ class Sampler:
             self.host_peak = max(self.host_peak, rss + self._shm_bytes())
             if self.smi:
                 out = subprocess.run(
-                    [self.smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    [self.smi, "-i", self.gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                     capture_output=True,
                     text=True,
                     check=False,
