@@ -395,6 +395,7 @@ class RunController:
                 device=self.spec.device,
                 cancelled=len(self.cancelled),
                 best_vs_compiled=best.speedup_vs_compiled if best else None,
+                best_compiled_derived=best.compiled_derived if best else False,
             )
         finally:
             actors_stop.set()

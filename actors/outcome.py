@@ -73,25 +73,29 @@ def exit_code(verdict: RunVerdict) -> int:
     return int(_EXIT[verdict])
 
 
-def compiled_clause(speedup_vs_compiled: float | None) -> str:
-    """How the best compares with ``torch.compile`` (empty when that baseline was not measured)."""
+def compiled_clause(speedup_vs_compiled: float | None, derived: bool = False) -> str:
+    """How the best compares with ``torch.compile`` (empty when that baseline was not measured;
+    ``derived``: from the task's measured compiled/eager ratio, not timed beside the best)."""
     if speedup_vs_compiled is None:
         return ""
+    how = " (derived from the measured compiled/eager ratio)" if derived else ""
     if speedup_vs_compiled > 1.0:
-        return f"; {speedup_vs_compiled:.3f}x over torch.compile"
-    return f"; slower than torch.compile ({speedup_vs_compiled:.3f}x)"
+        return f"; {speedup_vs_compiled:.3f}x over torch.compile{how}"
+    return f"; slower than torch.compile ({speedup_vs_compiled:.3f}x){how}"
 
 
-def best_sentence(verdict: RunVerdict, speedup_vs_eager: float | None, speedup_vs_compiled: float | None) -> str:
+def best_sentence(
+    verdict: RunVerdict, speedup_vs_eager: float | None, speedup_vs_compiled: float | None, derived: bool = False
+) -> str:
     """The plain sentence on the best kernel that the run's summary line carries."""
     if verdict is RunVerdict.NO_CORRECT_CANDIDATE or speedup_vs_eager is None:
         return "no correct candidate found"
     if verdict is RunVerdict.NOT_FASTER_THAN_EAGER:
         return (
             f"no candidate beat eager PyTorch; the best was {speedup_vs_eager:.3f}x"
-            f"{compiled_clause(speedup_vs_compiled)} (keep the reference)"
+            f"{compiled_clause(speedup_vs_compiled, derived)} (keep the reference)"
         )
-    return f"best {speedup_vs_eager:.3f}x over eager{compiled_clause(speedup_vs_compiled)}"
+    return f"best {speedup_vs_eager:.3f}x over eager{compiled_clause(speedup_vs_compiled, derived)}"
 
 
 def model_header_note(verdict: RunVerdict, speedup_vs_eager: float | None, speedup_vs_compiled: float | None) -> str:
@@ -122,6 +126,8 @@ class RunOutcome:
     cancelled: int = 0
     best_vs_compiled: float | None = None
     """The best's speedup over ``torch.compile``; ``None`` when that baseline was not measured."""
+    best_compiled_derived: bool = False
+    """``best_vs_compiled`` came from the task's measured compiled/eager ratio (``EvalResult.compiled_derived``)."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -135,7 +141,7 @@ class RunOutcome:
 
     def summary(self, elapsed_s: float) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
-        best = best_sentence(self.verdict, self.best_fitness, self.best_vs_compiled)
+        best = best_sentence(self.verdict, self.best_fitness, self.best_vs_compiled, self.best_compiled_derived)
         unadmitted = self.statuses.get("correct", 0) if self.best_fitness is None else 0
         if unadmitted:  # correct, yet none could be the best: each was flagged for review or not timed
             best = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,9 @@ class Collected:
     """Trial comparisons running in threads, in trial order (gathered before the verdict)."""
     compare_times: list[tuple[float, float, float]] = field(default_factory=list)
     """Per trial: seconds reading its outputs, queued for a comparer, comparing (for logs)."""
+    compiled_ratios: tuple[float, ...] = ()
+    """The task's compiled/eager time ratios measured side by side in other spares, for a spare
+    that skipped the ``torch.compile`` baseline (``RunnerConfig.compiled_first``)."""
 
 
 def _expected(c: Collected) -> int:
@@ -260,6 +264,18 @@ def _timed(
         )
     )
     compiled_error = None if compiled else (ref.info.get("compiled_error") or "disabled (torch.compile baseline off)")
+    derived = None
+    if compiled is None and ref.compiled_skipped:
+        compiled_error = (
+            f"not built in this spare (the first {c.cfg.compiled_first} spares of a task build it, then one in "
+            f"{c.cfg.compiled_every})"
+        )
+        if c.compiled_ratios and eager and cand and cand.median_ms > 0:
+            derived = statistics.median(c.compiled_ratios)
+            compiled_error += (
+                f"; vs torch.compile derived: eager x {derived:.4g}, the median compiled/eager time ratio of "
+                f"{len(c.compiled_ratios)} evaluation(s) of this task that timed both beside their candidate"
+            )
     checks.append(
         Check(
             name=CheckName.COMPILED_BASELINE,
@@ -270,6 +286,8 @@ def _timed(
     sol = speed_of_light(ref.info, c.peaks, c.cfg.peak_tflops, c.cfg.peak_gbps, cand.median_ms if cand else None)
     speedup = eager.median_ms / cand.median_ms if cand and eager and cand.median_ms > 0 else None
     speedup_c = compiled.median_ms / cand.median_ms if cand and compiled and cand.median_ms > 0 else None
+    if derived is not None and cand and eager:
+        speedup_c = eager.median_ms * derived / cand.median_ms
     if sol is not None and sol.fraction is not None and sol.fraction > 1.1:
         msg = f"faster than the speed-of-light bound ({sol.fraction:.2f}x of it, {sol.limiter}-bound)"
         findings.append(Finding(rule=R.IMPLAUSIBLE_SPEED, severity=Severity.REVIEW, message=msg))
@@ -297,7 +315,7 @@ def _timed(
         where = c.device.get("name", "?") if c.device else "?"
         summary = (
             (f"correct: {speedup:.3g}x vs eager" if speedup else "correct")
-            + (f", {speedup_c:.3g}x vs torch.compile" if speedup_c else "")
+            + (f", {speedup_c:.3g}x vs torch.compile" + (" (derived)" if derived else "") if speedup_c else "")
             + (f", {sol.fraction:.1%} of speed-of-light" if sol and sol.fraction else "")
             + f" on {where}"
         )

@@ -130,6 +130,15 @@ class RunnerConfig:
     """Hidden work above this fraction of the candidate's event time (plus slack) is rejected."""
     compiled_baseline: bool | None = None
     """Time ``torch.compile`` of the reference; ``None``: on CUDA yes, on the CPU no."""
+    compiled_first: int = 3
+    """Spares of a task that all build the ``torch.compile`` baseline and time it beside the
+    candidate; after them one in ``compiled_every`` does (and any spare while none has measured
+    it). The others' speedups over ``torch.compile`` are derived from the median compiled/eager
+    time ratio those measured side by side, and say so. Building it was 0.7-1.5 s of every
+    spare's ~1 s-2 s preparation on an H200 host, and spares were what small tasks' streams
+    waited for (``bench/scale_bench.py``)."""
+    compiled_every: int = 4
+    """After ``compiled_first``, one spare in this many builds the baseline; 1: every spare."""
     review_speedup: float = 10.0
     """Speedups above this need an explanation (speed-of-light headroom) or go to review."""
     peak_tflops: float | None = None
@@ -193,6 +202,8 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
             ("spares", self.spares >= 0, "must be >= 0"),
+            ("compiled_first", self.compiled_first >= 1, "must be >= 1"),
+            ("compiled_every", self.compiled_every >= 1, "must be >= 1"),
             ("max_concurrent_runs", self.max_concurrent_runs >= 1, "must be >= 1"),
             ("compile_workers", self.compile_workers >= 1, "must be >= 1"),
             (

@@ -70,6 +70,9 @@ class ReferenceData:
     """Per trial, the wire metadata (dtype, shape, nbytes) of the reference's outputs."""
     files: Path | None = None
     """Where the candidate's output files wait for the judge (out of every worker's reach)."""
+    compiled_skipped: bool = False
+    """The spare did not build the ``torch.compile`` baseline because the task's sampling had
+    measured it elsewhere (``RunnerConfig.compiled_first``), not because it could not."""
 
     def discard(self) -> None:
         """Remove the reference files (the spare is used up or killed)."""
@@ -104,6 +107,10 @@ def _take_shared(worker: Worker, metas: list[list[dict[str, Any]]]) -> None:
     if wrong:
         worker.close_shared()
         raise ProtocolError("the spare's shared outputs do not match its reference outputs")
+
+
+RATIOS_KEPT = 32
+"""Compiled/eager ratios kept per task: the latest, so a drift of the machine shows."""
 
 
 @dataclass
@@ -150,6 +157,11 @@ class RunPool:
         self.seeding: set[str | None] = set()
         self.prepared = 0
         """Spares prepared so far (for benchmarks)."""
+        self.compiled_ratios: dict[str, list[float]] = {}
+        """Per task, compiled/eager median time ratios of evaluations that timed both side by side
+        (the latest :data:`RATIOS_KEPT`); spares that skip the baseline derive from them."""
+        self.spares_asked: dict[str, int] = {}
+        """Per task, preparations asked for (what the baseline's sampling counts)."""
         self.preparations: list[tuple[float, float, float]] = []
         """Per prepared spare, when its preparation began (under ``prep_sem``), when its reference
         was done (``prep_sem`` given back) and when it ended (``time.perf_counter``; for benchmarks)."""
@@ -277,6 +289,14 @@ class RunPool:
         seeds = [secrets.randbits(62) for _ in range(self.trials_wanted())]
         device_verdict = self.plan is not None and self.plan.device_verdict
         init_seed = secrets.randbits(62)
+        task = task_key(reference_source)
+        asked = self.spares_asked[task] = self.spares_asked.get(task, 0) + 1
+        compiled = self.compiled_baseline()
+        sampled = compiled and (
+            asked <= self.cfg.compiled_first
+            or (asked - self.cfg.compiled_first) % self.cfg.compiled_every == 0
+            or not self.compiled_ratios.get(task)
+        )
         on_device = self.plan is not None and self.plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES
         init_on_device = self.plan is not None and self.plan.footprint.param_bytes >= ON_DEVICE_BYTES
         msg = op_frame(
@@ -285,7 +305,7 @@ class RunPool:
                 reference_source=reference_source,
                 init_seed=init_seed,
                 trial_seeds=seeds,
-                compiled_baseline=self.compiled_baseline(),
+                compiled_baseline=sampled,
                 flops=self.flops.get(task_key(reference_source)),
                 device_verdict=device_verdict,
                 inputs_on_device=on_device,
@@ -295,7 +315,12 @@ class RunPool:
             ),
         )
         data = ReferenceData(
-            judged=device_verdict, seeds=seeds, init_seed=init_seed, on_device=on_device, init_on_device=init_on_device
+            judged=device_verdict,
+            seeds=seeds,
+            init_seed=init_seed,
+            on_device=on_device,
+            init_on_device=init_on_device,
+            compiled_skipped=compiled and not sampled,
         )
         await spare.worker.send(msg)
         try:
@@ -377,6 +402,13 @@ class RunPool:
         bulk_root(self.base).mkdir(mode=0o711, exist_ok=True)
         path.mkdir(mode=0o700, exist_ok=True)
         return path
+
+    def record_compiled_ratio(self, reference_source: str, ratio: float) -> None:
+        """A side-by-side compiled/eager time ratio of this task (from an evaluation's timing)."""
+        if ratio > 0:
+            kept = self.compiled_ratios.setdefault(task_key(reference_source), [])
+            kept.append(ratio)
+            del kept[:-RATIOS_KEPT]
 
     def compiled_baseline(self) -> bool:
         if self.plan is not None and not self.plan.compiled_baseline:

@@ -394,6 +394,8 @@ class EvaluationService:
         except (TimeoutError, WorkerStartError, ProtocolError, FrameError) as exc:
             return self._no_worker(c, started, exc)
         t_run = time.perf_counter()
+        if spare.reference is not None and spare.reference.compiled_skipped:
+            c.compiled_ratios = tuple(runs.compiled_ratios.get(spare.task or "", ()))
         detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
         outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
         c.checks.append(Check(name=CheckName.WARM_WORKER, outcome=outcome, detail=detail))
@@ -415,6 +417,10 @@ class EvaluationService:
     def _finish(self, c: Collected, started: float, result: EvalResult | None = None) -> EvalResult:
         c.stages = c.stages.model_copy(update={"total_s": time.perf_counter() - started})
         result = build(c) if result is None else result.model_copy(update={"stages": c.stages})
+        base = result.baselines
+        eager, compiled = (base.eager, base.compiled) if base is not None else (None, None)
+        if self.runs is not None and eager is not None and compiled is not None and eager.median_ms > 0:
+            self.runs.record_compiled_ratio(c.job.reference_source, compiled.median_ms / eager.median_ms)
         self.stats[result.status.value] = self.stats.get(result.status.value, 0) + 1
         logger.info("evaluated", candidate=c.job.candidate_id, status=result.status.value, summary=result.summary[:200])
         return result

@@ -281,3 +281,10 @@ class EvalResult(Message):
     def fitness(self) -> float | None:
         """Speedup over eager for clean results; ``None`` otherwise."""
         return self.speedup_vs_eager if self.clean else None
+
+    @property
+    def compiled_derived(self) -> bool:
+        """The speedup over ``torch.compile`` was derived from the task's compiled/eager time ratio
+        as other evaluations measured it (this candidate's process did not build the baseline:
+        ``gpu_runner.config.RunnerConfig.compiled_first``), not timed beside this candidate."""
+        return self.speedup_vs_compiled is not None and (self.baselines is None or self.baselines.compiled is None)

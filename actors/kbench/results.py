@@ -60,6 +60,9 @@ class ProblemResult(_Frozen):
     """Best correct candidate: eager median / its median."""
     speedup_vs_compiled: float | None = None
     """The same candidate against torch.compile of the reference."""
+    compiled_derived: bool = False
+    """``speedup_vs_compiled`` was derived from the task's measured compiled/eager ratio, not
+    timed beside the best (the report's ``best.compiled_derived``)."""
     sol_fraction: float | None = None
     """The same candidate: speed-of-light bound / its median."""
     evaluated: int | None = None
@@ -214,9 +217,15 @@ def markdown(bench: BenchFile) -> str:
             gpu = f"{_gib(r.peak_gpu_device_bytes)} (whole GPU)"
         lines.append(
             f"| {r.name} | {_status(r)} | {_num(r.speedup_vs_eager, '.3g', 'x')} "
-            f"| {_num(r.speedup_vs_compiled, '.3g', 'x')} | {_num(sol, '.1f')} "
+            f"| {_num(r.speedup_vs_compiled, '.3g', 'x')}{'*' if r.compiled_derived else ''} | {_num(sol, '.1f')} "
             f"| {_num(r.evaluated, 'd')} | {_num(r.first_correct_s, '.0f')} | {gpu} | {_gib(r.peak_host_bytes)} |"
         )
+    if any(r.compiled_derived for r in bench.results):
+        lines += [
+            "",
+            "\\* derived: the best's own process did not time torch.compile; eager times the task's "
+            "compiled/eager ratio as other evaluations of the run measured it side by side",
+        ]
     t = bench.totals or totals(bench.results)
     lines += ["", f"**Totals over {t.problems} problems**", ""]
     lines.append(f"- correct: {t.correct}/{t.problems} ({_num(_pct(t.share_correct), '.0f', '%')})")

@@ -252,6 +252,7 @@ def run_problem(
         detail=detail,
         speedup_vs_eager=best.speedup_vs_eager if best is not None else None,
         speedup_vs_compiled=best.speedup_vs_compiled if best is not None else None,
+        compiled_derived=best is not None and best.compiled_derived is not None,
         sol_fraction=best.sol_fraction if best is not None else None,
         evaluated=report.evaluated if report is not None else None,
         first_correct_s=report.first_correct_s if report is not None else None,

@@ -218,6 +218,7 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
         fitness=top.fitness,
         speedup_vs_eager=top.speedup_vs_eager,
         speedup_vs_compiled=top.speedup_vs_compiled,
+        compiled_derived=(top.baselines.compiled_error if top.baselines else None) if top.compiled_derived else None,
         median_ms=top.timing.median_ms if top.timing else None,
         sol_fraction=top.sol.fraction if top.sol else None,
         language=cand.proposal.language,

@@ -44,6 +44,9 @@ class BestKernel(_Frozen):
     fitness: float
     speedup_vs_eager: float | None = None
     speedup_vs_compiled: float | None = None
+    compiled_derived: str | None = None
+    """How ``speedup_vs_compiled`` was derived when the best's own process did not time
+    ``torch.compile`` (the task's measured compiled/eager ratio); ``None``: timed beside it."""
     median_ms: float | None = None
     sol_fraction: float | None = None
     language: KernelLanguage

@@ -163,8 +163,11 @@ async def test_one_reference_at_a_time_still_overlaps_the_compiled_baselines() -
     async with EvaluationService(cfg) as service:
         await service.prepare((REFERENCES / "add_relu.py").read_text())
         runs = service.runs
-        assert runs is not None and runs.plan is not None
-        assert runs.plan.device_verdict and runs.plan.compiled_baseline and runs.plan.spares == 2
+        assert runs is not None
+        assert runs.plan is not None
+        assert runs.plan.device_verdict
+        assert runs.plan.compiled_baseline
+        assert runs.plan.spares == 2
         assert runs.prep_sem is not None
         await runs.wait_idle(2, 240)
         assert all(s.reference is not None and s.reference.info.get("compiled") for s in runs.idle)
@@ -173,3 +176,41 @@ async def test_one_reference_at_a_time_still_overlaps_the_compiled_baselines() -
         for (_, done, _), (began, _, _) in itertools.pairwise(spans):
             assert done <= began  # never two references at once
         assert any(began < ended for (_, _, ended), (began, _, _) in itertools.pairwise(spans)), spans
+
+
+@pytest.mark.slow
+async def test_spares_past_the_first_derive_the_compiled_speedup_from_measured_ratios() -> None:
+    """After ``compiled_first`` spares, only one in ``compiled_every`` builds the torch.compile
+    baseline; a candidate timed in another gets its speedup over torch.compile from the task's
+    measured compiled/eager ratios, and its result says so."""
+    cfg = RunnerConfig(
+        device=DeviceChoice.CPU,
+        spares=1,
+        compile_workers=2,
+        timing_budget_s=1.0,
+        compiled_baseline=True,
+        compiled_first=1,
+        compiled_every=100,
+    )
+    async with EvaluationService(cfg) as service:
+        results = [await service.evaluate(_job(service, "honest_add_relu.py", f"c{i}")) for i in range(4)]
+        runs = service.runs
+        assert runs is not None
+    assert all(r.status is EvalStatus.CORRECT for r in results), [r.summary for r in results]
+    measured = [r for r in results if r.baselines is not None and r.baselines.compiled is not None]
+    derived = [r for r in results if r.baselines is not None and r.baselines.compiled is None]
+    assert measured, [r.summary for r in results]
+    assert derived, [r.summary for r in results]
+    assert len(runs.compiled_ratios[service.task_id((REFERENCES / "add_relu.py").read_text())]) == len(measured)
+    for r in derived:
+        check = next(c for c in r.checks if c.name == CheckName.COMPILED_BASELINE)
+        assert check.outcome is CheckOutcome.SKIPPED
+        assert check.detail is not None
+        assert "derived: eager x " in check.detail, check.detail
+        ratio = float(check.detail.split("derived: eager x ")[1].split(",")[0])
+        assert r.speedup_vs_eager is not None
+        assert r.speedup_vs_compiled is not None
+        assert r.speedup_vs_compiled == pytest.approx(r.speedup_vs_eager * ratio, rel=1e-3)
+        assert "vs torch.compile (derived)" in r.summary
+    for r in measured:
+        assert "(derived)" not in r.summary

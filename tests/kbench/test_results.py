@@ -85,6 +85,16 @@ def test_markdown_table_has_a_row_per_problem_and_the_totals() -> None:
     assert "vs eager: fast_1 40%, fast_1.5 40%" in text
 
 
+def test_markdown_marks_a_derived_speedup_over_torch_compile() -> None:
+    derived = _row(1, ProblemStatus.CORRECT, eager=2.0, compiled=1.5).model_copy(update={"compiled_derived": True})
+    text = markdown(BenchFile(kernelbench_dir="/kb", level=1, problems_spec="1-2", results=(derived, ROWS[1])))
+    assert "| 1_Op | best correct | 2x | 1.5x* |" in text
+    assert "| 2_Op | best correct | 0.5x | 0.25x |" in text
+    assert "\\* derived: the best's own process did not time torch.compile" in text
+    plain = markdown(BenchFile(kernelbench_dir="/kb", level=1, problems_spec="2", results=(ROWS[1],)))
+    assert "derived" not in plain
+
+
 def _problem(tmp_path: Path) -> Problem:
     return Problem(level=1, number=19, path=tmp_path / "19_ReLU.py")
 

@@ -3,6 +3,7 @@ speedups, and a GPU run whose best is not faster than eager says so plainly."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,9 @@ def test_gpu_run_faster_than_eager_exits_0_and_compares_with_torch_compile() -> 
     assert "best 1.150x over eager; 1.140x over torch.compile" in faster.summary(5.0)
     unmeasured = _outcome(DeviceChoice.CUDA, best=1.15, compiled=None)
     assert "torch.compile" not in unmeasured.summary(5.0)
+    derived = dataclasses.replace(faster, best_compiled_derived=True)
+    assert "1.140x over torch.compile (derived from the measured compiled/eager ratio)" in derived.summary(5.0)
+    assert "derived" not in faster.summary(5.0)
 
 
 def test_run_without_a_correct_candidate_exits_1() -> None:
