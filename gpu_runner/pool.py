@@ -306,7 +306,7 @@ class RunPool:
                 init_seed=init_seed,
                 trial_seeds=seeds,
                 compiled_baseline=sampled,
-                flops=self.flops.get(task_key(reference_source)),
+                flops=self.flops.get(task),
                 device_verdict=device_verdict,
                 inputs_on_device=on_device,
                 init_on_device=init_on_device,
