@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from actors.experts.template import default_params
+from actors.experts.template.fuse import KernelKind, schedule
 from actors.experts.template.interp_check import Verdict
-from tests.experts.template_interp import assert_all_correct, interp_verdicts
+from tests.experts.template_interp import assert_all_correct, interp_verdicts, plan_of
 from tests.experts.template_norm_cases import GRAPH_CASES, NORM_CASES
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,3 +30,30 @@ def test_norm_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
     assert_all_correct(verdicts[case])
+
+
+_BIG_NORMS = {
+    "batch_norm": ("nn.BatchNorm2d(64)", "(64, 64, 512, 512)"),
+    "group_norm": ("nn.GroupNorm(8, 64)", "(112, 64, 512, 512)"),
+    "layer_norm": ("nn.LayerNorm((64, 256, 256))", "(16, 64, 256, 256)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BIG_NORMS))
+def test_a_norm_whose_statistics_take_two_kernels_stores_no_full_size_intermediate(name: str) -> None:
+    """The normalised output's ``x - mean`` is computed where the output is, from ``x`` and the
+    small mean: the kernel that reduces the variance does not store its own ``x - mean`` for it
+    (an extra write and read of the whole tensor: batch norm at 33% of speed-of-light on an H200)."""
+    module, shape = _BIG_NORMS[name]
+    source = (
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        f"        super().__init__()\n        self.norm = {module}\n\n    def forward(self, x):\n"
+        f"        return self.norm(x)\n\n\ndef get_inputs():\n    return [torch.rand{shape}]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    plan = plan_of(source)
+    sched = schedule(plan, default_params(plan))
+    assert sum(k.kind is KernelKind.ROW for k in sched.kernels) >= 2  # statistics in two stages
+    full = plan.nodes[plan.output].numel
+    stored = [nid for k in sched.kernels for nid in k.exports if plan.nodes[nid].numel == full]
+    assert stored == [plan.output], [plan.nodes[n] for n in stored]

@@ -18,7 +18,7 @@ from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import COMPARISONS, Absent, NodeRef, TupleRef
 from actors.experts.template.loss_lower import LOSSES, lower_loss
 from actors.experts.template.mha_lower import lower_mha
-from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm
+from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm, recentred
 from actors.experts.template.pool_lower import lower_pool
 from actors.experts.template.products import product
 from actors.experts.template.scan import lower_flip, lower_scan
@@ -83,12 +83,12 @@ def _reduced_view(lw: Lowerer, ref: NodeRef, src_shape: tuple[int, ...], dims: t
 
 
 def _mean_var(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef]:
-    """(x - mean, var) over ``dims`` with keepdim, two-pass."""
+    """(x - mean, var) over ``dims`` with keepdim, two-pass (see :func:`recentred`)."""
     count = float(math.prod(lw.shape(x)[dims[0] : dims[1]]))
     mean = lw.ew("div", lw.red("sum", x, dims, True), count)
     centred = lw.ew("sub", x, mean)
     var = lw.ew("div", lw.red("sum", lw.ew("mul", centred, centred), dims, True), count)
-    return centred, var
+    return recentred(lw, x, mean), var
 
 
 def _param_or_arg(lw: Lowerer, bound: dict[str, Any], name: str) -> NodeRef | None:

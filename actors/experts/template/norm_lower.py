@@ -21,6 +21,21 @@ if TYPE_CHECKING:
     from actors.experts.template.lower import Lowerer
 
 
+def recentred(lw: Lowerer, x: NodeRef, mean: NodeRef) -> NodeRef:
+    """``x - mean`` again, as a node of its own for the normalised output.
+
+    The variance's ``x - mean`` lives in the kernel that reduces it; when the output is computed
+    in a later kernel (the statistics reduced in two stages: batch norm, group norm over few
+    huge rows), reusing that node made the reducing kernel store it for the later one: an extra
+    write and read of the whole tensor, and a second pass over it in the reducing kernel.
+    Computed again, the later kernel reads ``x`` and the small ``mean`` instead (the same bytes
+    as the stored difference), and nothing else changes where one kernel does it all (its last
+    pass over the row computes the difference anyway). Batch norm of (64, 64, 512, 512): 24 GB
+    moved instead of 16 GB in the rendered kernels.
+    """
+    return lw.ew("sub", x, mean)
+
+
 def _sum_per_channel(lw: Lowerer, t: NodeRef) -> NodeRef:
     """Sum over every dim but dim 1, keepdim (spatial first, then batch)."""
     rank = len(lw.shape(t))
@@ -82,6 +97,7 @@ def lower_batch_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
         mean = lw.ew("div", _sum_per_channel(lw, x), count)
         centred = lw.ew("sub", x, mean)
         var = lw.ew("div", _sum_per_channel(lw, lw.ew("mul", centred, centred)), count)
+        centred = recentred(lw, x, mean)
     else:
         assert mean_ref is not None
         assert var_ref is not None
@@ -109,7 +125,7 @@ def lower_instance_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     mean = lw.ew("div", lw.red("sum", x, dims, True), count)
     centred = lw.ew("sub", x, mean)
     var = lw.ew("div", lw.red("sum", lw.ew("mul", centred, centred), dims, True), count)
-    y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, _eps(b))))
+    y = lw.ew("mul", recentred(lw, x, mean), lw.ew("rsqrt", lw.ew("add", var, _eps(b))))
     return _affine(lw, y, b, shape[1], rank)
 
 
