@@ -151,3 +151,21 @@ def test_interpreter_check_rejects_a_wrong_kernel(tmp_path: Path) -> None:
     assert ok.ok
     assert not wrong.ok
     assert "mismatch" in wrong.detail
+
+
+@pytest.mark.parametrize(("op", "layout"), [("log_softmax", "last"), ("softmax", "last"), ("softmax", "inner")])
+def test_a_multi_pass_softmax_reads_its_row_twice(op: str, layout: str) -> None:
+    """The maximum and the sum of exponentials come from one read of the row (online), the output
+    from a second: KernelBench L1-24's log_softmax over rows of 393216 read them three times."""
+    dim, shape = (1, "(4096, 393216)") if layout == "last" else (1, "(8, 4096, 96)")
+    source = (
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        f"        return torch.{op}(x, dim={dim})\n\n\ndef get_inputs():\n    return [torch.rand{shape}]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    params = default_params(plan).with_changes(row_one_pass=False)
+    text = render(plan, params)
+    assert text.count("for r0 in range(") == 2, text
+    assert text.count("tl.load(p0 + ") == 2, text

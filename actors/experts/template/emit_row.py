@@ -4,8 +4,9 @@ Two layouts. When the reduced dims are innermost (``inner == 1``) a program take
 whole rows and the tile is ``[BLOCK_M, BLOCK_R]``; otherwise a program takes one ``outer`` index
 and ``BLOCK_I`` consecutive inner positions, and the tile is ``[BLOCK_R, BLOCK_I]`` (coalesced
 along ``inner``). One-pass kernels hold the whole row in registers and read it once; multi-pass
-kernels loop over ``R`` once per dependent reduction (a softmax: max, then sum, then the output),
-recomputing the elementwise prologue from memory each pass. Reductions accumulate in fp32 tiles.
+kernels loop over ``R`` once per dependent reduction, recomputing the elementwise prologue from
+memory each pass; a softmax's max and sum of exponentials share one (online: the running sum is
+rescaled when the running maximum grows), then the output takes another. Reductions accumulate in fp32 tiles.
 """
 
 from __future__ import annotations
@@ -171,6 +172,56 @@ class RowWriter(Writer):
             self.emit(s, f"{var} = tl.min(tl.where({cond}, i{red}, 2147483647), axis={ax})")
         s.memo[("v", red)] = var
 
+    def _online_pairs(self, phase: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """Phase -> (``amax`` M, ``sum`` T) of a softmax's statistics, taken in one loop.
+
+        The pattern: M = max(S) alone in its phase, then T = sum(exp(S - M)) alone in the next,
+        with S the same value. A multi-pass kernel read the row once for M and once more for T
+        (then once for the output); the online form keeps a running maximum and rescales the
+        running sum whenever it grows, so both come from one read (log_softmax over rows of 393216:
+        three reads and a write, two reads and a write now).
+        """
+        nodes = self.plan.nodes
+        by_phase: dict[int, list[int]] = {}
+        for red in self.reds:
+            by_phase.setdefault(phase[red], []).append(red)
+        pairs: dict[int, tuple[int, int]] = {}
+        for p, batch in by_phase.items():
+            after = by_phase.get(p + 1, [])
+            if len(batch) != 1 or len(after) != 1:
+                continue
+            m_id, t_id = batch[0], after[0]
+            if nodes[m_id].op != "amax" or nodes[t_id].op != "sum":
+                continue
+            src = nodes[m_id].tensor_args()[0]
+            e = nodes[nodes[t_id].tensor_args()[0]]
+            if not (self.inside(e.id) and e.kind is NodeKind.EW and e.op == "exp" and len(e.args) == 1):
+                continue
+            d = nodes[e.tensor_args()[0]]
+            if self.inside(d.id) and d.kind is NodeKind.EW and d.op == "sub" and d.args == (src, m_id):
+                pairs[p] = (m_id, t_id)
+        return pairs
+
+    def _online(self, top: Scope, m_id: int, t_id: int) -> None:
+        """M = max(S) and T = sum(exp(S - M)) in one loop over the row (see ``_online_pairs``)."""
+        self._row_deps(top, self.plan.nodes[m_id].tensor_args()[0], set())
+        ax, mv, sv = self.axis, f"v{m_id}", f"v{t_id}"
+        vec = "[BLOCK_M]" if self.last else "[BLOCK_I]"
+        self.emit(top, f"{mv} = tl.full({vec}, float('-inf'), tl.float32)")
+        self.emit(top, f"{sv} = tl.zeros({vec}, dtype=tl.float32)")
+        loop = self._loop(top)
+        t, new, safe = self.fresh("t"), self.fresh("mx"), self.fresh("ms")
+        self.emit(loop, f"{t} = tl.where(m, {self._source(loop, m_id)}, float('-inf'))")
+        self.emit(loop, f"{new} = tl.maximum({mv}, tl.max({t}, axis={ax}))")
+        # A row with no finite maximum yet (masked, or all -inf so far) rescales by 0, not NaN.
+        self.emit(loop, f"{safe} = tl.where({new} == float('-inf'), 0.0, {new})")
+        grown = f"tl.exp({mv} - {safe})"
+        step = f"tl.sum(tl.where(m, tl.exp({t} - {self.broadcast_row(safe)}), 0.0), axis={ax})"
+        self.emit(loop, f"{sv} = {sv} * {grown} + {step}")
+        self.emit(loop, f"{mv} = {new}")
+        top.memo[("v", m_id)] = mv
+        top.memo[("v", t_id)] = sv
+
     # -- the kernel ----------------------------------------------------------------------
     def write(self) -> Launch:
         top = Scope(indent="    ")
@@ -186,7 +237,13 @@ class RowWriter(Writer):
                 self.store(top, nid, row=self.row_level(nid))
         else:
             phase = self._phases()
+            online = self._online_pairs(phase)
             for p in range(1, max(phase.values(), default=0) + 1):
+                if p - 1 in online:
+                    continue  # its sum was taken with the maximum of the phase before
+                if p in online:
+                    self._online(top, *online[p])
+                    continue
                 batch = [r for r in self.reds if phase[r] == p]
                 seen: set[int] = set()
                 for red in batch:
