@@ -285,9 +285,8 @@ def _timed(
     )
     sol = speed_of_light(ref.info, c.peaks, c.cfg.peak_tflops, c.cfg.peak_gbps, cand.median_ms if cand else None)
     speedup = eager.median_ms / cand.median_ms if cand and eager and cand.median_ms > 0 else None
-    speedup_c = compiled.median_ms / cand.median_ms if cand and compiled and cand.median_ms > 0 else None
-    if derived is not None and cand and eager:
-        speedup_c = eager.median_ms * derived / cand.median_ms
+    compiled_ms = compiled.median_ms if compiled else eager.median_ms * derived if eager and derived else None
+    speedup_c = compiled_ms / cand.median_ms if cand and compiled_ms and cand.median_ms > 0 else None
     if sol is not None and sol.fraction is not None and sol.fraction > 1.1:
         msg = f"faster than the speed-of-light bound ({sol.fraction:.2f}x of it, {sol.limiter}-bound)"
         findings.append(Finding(rule=R.IMPLAUSIBLE_SPEED, severity=Severity.REVIEW, message=msg))

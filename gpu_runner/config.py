@@ -134,9 +134,9 @@ class RunnerConfig:
     """Spares of a task that all build the ``torch.compile`` baseline and time it beside the
     candidate; after them one in ``compiled_every`` does (and any spare while none has measured
     it). The others' speedups over ``torch.compile`` are derived from the median compiled/eager
-    time ratio those measured side by side, and say so. Building it was 0.7-1.5 s of every
-    spare's ~1 s-2 s preparation on an H200 host, and spares were what small tasks' streams
-    waited for (``bench/scale_bench.py``)."""
+    time ratio those measured side by side, and say so. Building it was 0.76-0.97 s of every
+    ~1 s spare preparation in ``bench/scale_bench.py``'s streams on an H200 host (0.95-2.1 s in
+    a KernelBench L1-89 run), and spares were what small tasks' streams waited for."""
     compiled_every: int = 4
     """After ``compiled_first``, one spare in this many builds the baseline; 1: every spare."""
     review_speedup: float = 10.0
