@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from gpu_runner.compare import TrialCheck, compare_trial, speed_of_light, timing_stats
 from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, EvalJob, RunnerConfig
@@ -471,3 +472,44 @@ def test_inputs_drawn_on_the_device_fall_back_to_the_cpu_the_same_way_each_time(
     (out,) = make_inputs({"get_inputs": plain}, 7, meta, on_device=True)
     assert [x.device.type for x in drawn] == ["meta"]
     assert out.device.type == "meta"
+
+
+class _FailsOnce(torch.nn.Module):
+    """A model whose first call raises (as a compilation that lost a race for its cache would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("first call fails")
+        return x * 2.0 + 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports, as in the worker
+def test_the_compiled_baseline_is_tried_again_after_a_failure() -> None:
+    from gpu_runner.sandboxed.common import Channel
+    from gpu_runner.sandboxed.reference import Prepared, build_compiled
+
+    x = torch.arange(8, dtype=torch.float32)
+    prepared = Prepared(
+        device=torch.device("cpu"),
+        namespace={},
+        model=_FailsOnce(),
+        init_seed=0,
+        candidate_init_args=[],
+        trials=[[x]],
+        ref_outputs=[[x * 2.0 + 1.0]],
+    )
+    read_fd, write_fd = os.pipe()
+    try:
+        build_compiled(prepared, Channel(read_fd, write_fd))  # on the CPU it sends nothing
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert prepared.compiled_error is None
+    assert prepared.compiled is not None
+    torch.testing.assert_close(prepared.compiled(x), x * 2.0 + 1.0)
