@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from actors.experts.template import default_params
+from actors.experts.template import default_params, render
 from actors.experts.template.fuse import KernelKind, schedule
 from actors.experts.template.interp_check import Verdict
+from actors.experts.template.ir import NodeKind
 from tests.experts.template_interp import assert_all_correct, interp_verdicts, plan_of
 from tests.experts.template_norm_cases import GRAPH_CASES, NORM_CASES
 
@@ -57,3 +58,24 @@ def test_a_norm_whose_statistics_take_two_kernels_stores_no_full_size_intermedia
     full = plan.nodes[plan.output].numel
     stored = [nid for k in sched.kernels for nid in k.exports if plan.nodes[nid].numel == full]
     assert stored == [plan.output], [plan.nodes[n] for n in stored]
+
+
+_READ_TWICE = {**_BIG_NORMS, "instance_norm": ("nn.InstanceNorm2d(64)", "(112, 64, 256, 256)")}
+
+
+@pytest.mark.parametrize("name", sorted(_READ_TWICE))
+def test_a_norm_at_kernelbench_sizes_reads_its_input_twice(name: str) -> None:
+    """Once for the statistics (the mean and the squared deviations from one read: Welford per
+    lane, Chan's merge over split parts and over the batch) and once for the output; the two
+    statistics' passes made three reads of the whole tensor before."""
+    module, shape = _READ_TWICE[name]
+    source = (
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        f"        super().__init__()\n        self.norm = {module}\n\n    def forward(self, x):\n"
+        f"        return self.norm(x)\n\n\ndef get_inputs():\n    return [torch.rand{shape}]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    plan = plan_of(source)
+    assert plan.nodes[0].kind is NodeKind.INPUT
+    rendered = render(plan, default_params(plan))
+    assert rendered.count("tl.load(p0 + ") == 2, rendered

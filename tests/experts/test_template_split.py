@@ -3,7 +3,8 @@
 The split thresholds are lowered for these tests (rows of 1024+ elements, 16 partial rows), so
 small references take the same path that KernelBench's 4M-element rows and 1G-element losses
 take: partial reductions over ``(outer, S, R / S)`` in parallel, then over ``S``. Sums, maxima,
-minima; means, softmax, layer/RMS/group norm and a loss to a scalar, at sizes where ``S`` must
+minima; means, softmax, layer/RMS/group/batch/instance norm (statistics merged over the parts)
+and a loss to a scalar, at sizes where ``S`` must
 shrink to divide the row, and a row that no power of two divides (not split).
 """
 
@@ -63,6 +64,18 @@ SPLIT_CASES: tuple[Case, ...] = (
         "group_norm_huge_groups",
         _model("", "self.gn = nn.GroupNorm(2, 4)", "x", "return self.gn(x)", "torch.randn(2, 4, 32, 40)", ""),
         ({},),
+    ),
+    Case(
+        "batch_and_instance_norm_huge_planes",
+        _model(
+            "",
+            "self.bn = nn.BatchNorm2d(3)\nself.inorm = nn.InstanceNorm2d(3)",
+            "x",
+            "x = x * 0.5 + 40.0\nreturn self.bn(x) + self.inorm(x)",
+            "torch.randn($B, 3, 32, 40)",
+            "",
+        ),
+        ({"B": 2}, {"B": 1}),
     ),
     Case("odd_row_not_split", _model("", "", "x", "return x.sum(dim=1)", "torch.randn(2, 2049)", ""), ({},)),
 )

@@ -18,7 +18,7 @@ from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import COMPARISONS, Absent, NodeRef, TupleRef
 from actors.experts.template.loss_lower import LOSSES, lower_loss
 from actors.experts.template.mha_lower import lower_mha
-from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm, recentred
+from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm, mean_var
 from actors.experts.template.pool_lower import lower_pool
 from actors.experts.template.products import product
 from actors.experts.template.scan import lower_flip, lower_scan
@@ -80,15 +80,6 @@ def reduce_dims(shape: tuple[int, ...], dim: object) -> tuple[int, int]:
 def _reduced_view(lw: Lowerer, ref: NodeRef, src_shape: tuple[int, ...], dims: tuple[int, int]) -> NodeRef:
     """A keepdim result viewed without the reduced dims."""
     return lw.view(ref, (*src_shape[: dims[0]], *src_shape[dims[1] :]))
-
-
-def _mean_var(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef]:
-    """(x - mean, var) over ``dims`` with keepdim, two-pass (see :func:`recentred`)."""
-    count = float(math.prod(lw.shape(x)[dims[0] : dims[1]]))
-    mean = lw.ew("div", lw.red("sum", x, dims, True), count)
-    centred = lw.ew("sub", x, mean)
-    var = lw.ew("div", lw.red("sum", lw.ew("mul", centred, centred), dims, True), count)
-    return recentred(lw, x, mean), var
 
 
 def _param_or_arg(lw: Lowerer, bound: dict[str, Any], name: str) -> NodeRef | None:
@@ -272,7 +263,7 @@ def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
             raise UnsupportedGraph(f"group_norm of shape {shape} with {groups} groups")
         spatial = math.prod(shape[2:])
         grouped = lw.view(x, (shape[0], groups, shape[1] // groups * spatial))
-        centred, var = _mean_var(lw, grouped, (2, 3))
+        centred, var = mean_var(lw, grouped, (2, 3))
         y = lw.view(lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps")))), shape)
         per_channel = (shape[1], *([1] * (rank - 2)))
         for name, op in (("weight", "mul"), ("bias", "add")):
@@ -286,7 +277,7 @@ def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
         raise UnsupportedGraph(f"{canon} over {ns} of shape {shape}")
     dims = (rank - len(ns), rank)
     if canon == "layer_norm":
-        centred, var = _mean_var(lw, x, dims)
+        centred, var = mean_var(lw, x, dims)
         y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps"))))
     else:
         eps = b["eps"] if b["eps"] is not None else torch.finfo(torch.float32).eps

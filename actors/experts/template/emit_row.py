@@ -6,7 +6,8 @@ and ``BLOCK_I`` consecutive inner positions, and the tile is ``[BLOCK_R, BLOCK_I
 along ``inner``). One-pass kernels hold the whole row in registers and read it once; multi-pass
 kernels loop over ``R`` once per dependent reduction, recomputing the elementwise prologue from
 memory each pass; a softmax's max and sum of exponentials share one (online: the running sum is
-rescaled when the running maximum grows), then the output takes another. Reductions accumulate in fp32 tiles.
+rescaled when the running maximum grows), so do a norm's sum and squared deviations (merged per
+tile), then the output takes another. Reductions accumulate in fp32 tiles.
 """
 
 from __future__ import annotations
@@ -222,6 +223,74 @@ class RowWriter(Writer):
         top.memo[("v", m_id)] = mv
         top.memo[("v", t_id)] = sv
 
+    def _welford_pairs(self, phase: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """Phase -> (``sum`` S, ``sum`` Q) of a row's mean and squared deviations, taken in one loop.
+
+        The pattern: S = sum(X) alone in its phase, then Q = sum(D * D) alone in the next, with
+        D = X - S / R (R the row's length, X the same value). A multi-pass kernel read the row once
+        for S and once more for Q; Welford's running mean and squared deviations take both from
+        one read, with no difference of large sums (a norm's statistics over rows of 262144: two
+        reads, one now).
+        """
+        nodes = self.plan.nodes
+        by_phase: dict[int, list[int]] = {}
+        for red in self.reds:
+            by_phase.setdefault(phase[red], []).append(red)
+        pairs: dict[int, tuple[int, int]] = {}
+        for p, batch in sorted(by_phase.items()):
+            after = by_phase.get(p + 1, [])
+            if len(batch) != 1 or len(after) != 1 or p - 1 in pairs:
+                continue
+            s_id, q_id = batch[0], after[0]
+            if nodes[s_id].op != "sum" or nodes[q_id].op != "sum":
+                continue
+            sq = nodes[nodes[q_id].tensor_args()[0]]
+            if not (self.inside(sq.id) and sq.kind is NodeKind.EW and sq.op == "mul" and len(set(sq.args)) == 1):
+                continue
+            d = nodes[sq.tensor_args()[0]]
+            if not (self.inside(d.id) and d.kind is NodeKind.EW and d.op == "sub" and len(d.args) == 2):
+                continue
+            x, mu = d.args
+            if x != nodes[s_id].tensor_args()[0] or not isinstance(mu, int) or not self.inside(mu):
+                continue
+            mean = nodes[mu]
+            if mean.kind is NodeKind.EW and mean.op == "div" and mean.args == (s_id, float(self.r)):
+                pairs[p] = (s_id, q_id)
+        return pairs
+
+    def _welford(self, top: Scope, s_id: int, q_id: int) -> None:
+        """S = sum(X) and Q = sum((X - S / R)^2) in one loop over the row (see ``_welford_pairs``).
+
+        Each lane of the tile keeps its own count, sum, mean and squared deviations (Welford's
+        update: no reduction across lanes inside the loop); the lanes are merged once after it. A
+        lane that takes part in a pass has taken part in every pass before it (the masks cut only
+        the last pass's tail and rows outside the grid), so the count at the k-th pass is k for
+        every lane it updates: one reciprocal per pass, not one division per element.
+        """
+        self._row_deps(top, self.plan.nodes[s_id].tensor_args()[0], set())
+        ax, sv, qv = self.axis, f"v{s_id}", f"v{q_id}"
+        acc = {k: self.fresh(k) for k in ("wn", "ws", "wmean", "wq")}
+        for var in acc.values():
+            self.emit(top, f"{var} = tl.zeros({self.tile}, dtype=tl.float32)")
+        n, total, mean, q = acc["wn"], acc["ws"], acc["wmean"], acc["wq"]
+        loop = self._loop(top)
+        t, delta, inv = self.fresh("t"), self.fresh("dl"), self.fresh("inv")
+        self.emit(loop, f"{t} = tl.where(m, {self._source(loop, s_id)}, 0.0)")
+        self.emit(loop, f"{inv} = 1.0 / (r0 // BLOCK_R + 1)")
+        self.emit(loop, f"{delta} = {t} - {mean}")
+        self.emit(loop, f"{mean} = tl.where(m, {mean} + {delta} * {inv}, {mean})")
+        self.emit(loop, f"{q} = tl.where(m, {q} + {delta} * ({t} - {mean}), {q})")
+        self.emit(loop, f"{n} = {n} + tl.where(m, 1.0, 0.0)")
+        self.emit(loop, f"{total} = {total} + {t}")
+        rows_n, mu = self.fresh("wr"), self.fresh("wmu")
+        self.emit(top, f"{sv} = tl.sum({total}, axis={ax})")
+        self.emit(top, f"{rows_n} = tl.sum({n}, axis={ax})")
+        self.emit(top, f"{mu} = {sv} / tl.maximum({rows_n}, 1.0)")
+        spread = f"{n} * ({mean} - {self.broadcast_row(mu)}) * ({mean} - {self.broadcast_row(mu)})"
+        self.emit(top, f"{qv} = tl.sum({q}, axis={ax}) + tl.sum({spread}, axis={ax})")
+        top.memo[("v", s_id)] = sv
+        top.memo[("v", q_id)] = qv
+
     # -- the kernel ----------------------------------------------------------------------
     def write(self) -> Launch:
         top = Scope(indent="    ")
@@ -238,11 +307,17 @@ class RowWriter(Writer):
         else:
             phase = self._phases()
             online = self._online_pairs(phase)
+            welford = {
+                p: pair for p, pair in self._welford_pairs(phase).items() if p not in online and p - 1 not in online
+            }
             for p in range(1, max(phase.values(), default=0) + 1):
-                if p - 1 in online:
-                    continue  # its sum was taken with the maximum of the phase before
+                if p - 1 in online or p - 1 in welford:
+                    continue  # its reduction was taken with the one of the phase before
                 if p in online:
                     self._online(top, *online[p])
+                    continue
+                if p in welford:
+                    self._welford(top, *welford[p])
                     continue
                 batch = [r for r in self.reds if phase[r] == p]
                 seen: set[int] = set()

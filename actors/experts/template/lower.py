@@ -207,13 +207,18 @@ class Lowerer:
             node = self.nodes[node.tensor_args()[0]]
         return node.kind is NodeKind.PERM
 
-    def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool) -> NodeRef:
-        """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge)."""
+    def split_parts(self, op: str, src: NodeRef, dims: tuple[int, int]) -> int | None:
+        """How many parts a reduction of ``src`` over ``dims`` is split into (``None``: kept whole)."""
+        return None if self.transposed(src) else _split(op, self.shape(src), dims)
+
+    def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool, split_rows: bool = True) -> NodeRef:
+        """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge,
+        unless ``split_rows`` is False: the caller chose the stages, see ``norm_lower.moments``)."""
         shape = self.shape(src)
         d0, d1 = dims
         out = (*shape[:d0], *([1] * (d1 - d0)), *shape[d1:]) if keepdim else (*shape[:d0], *shape[d1:])
-        split = _split(op, shape, dims)
-        if split is not None and not self.transposed(src):
+        split = self.split_parts(op, src, dims) if split_rows else None
+        if split is not None:
             # Two stages: (outer, S, R / S) reduced over its last dim gives (outer, S) partials
             # that many programs compute in parallel; reducing those over S gives the result.
             rows = shape[:d0]

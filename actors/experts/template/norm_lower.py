@@ -28,7 +28,7 @@ def recentred(lw: Lowerer, x: NodeRef, mean: NodeRef) -> NodeRef:
     in a later kernel (the statistics reduced in two stages: batch norm, group norm over few
     huge rows), reusing that node made the reducing kernel store it for the later one: an extra
     write and read of the whole tensor, and a second pass over it in the reducing kernel.
-    Computed again, the later kernel reads ``x`` and the small ``mean`` instead (the same bytes
+    Computed again, the later kernel reads ``x`` and the small mean instead (the same bytes
     as the stored difference), and nothing else changes where one kernel does it all (its last
     pass over the row computes the difference anyway). Batch norm of (64, 64, 512, 512): 16 GB
     moved per call instead of 24 GB in the rendered kernels (counted from them, not timed).
@@ -36,12 +36,55 @@ def recentred(lw: Lowerer, x: NodeRef, mean: NodeRef) -> NodeRef:
     return lw.ew("sub", x, mean)
 
 
-def _sum_per_channel(lw: Lowerer, t: NodeRef) -> NodeRef:
-    """Sum over every dim but dim 1, keepdim (spatial first, then batch)."""
-    rank = len(lw.shape(t))
-    if rank > 2:
-        t = lw.red("sum", t, (2, rank), True)
-    return lw.red("sum", t, (0, 1), True)
+def _moments(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef, int]:
+    """``(mean, M2, n)`` of ``x`` over ``dims`` (keepdim): ``M2 = sum((x - mean)^2)`` about the
+    row's own mean, in one reduction stage (the row template reads such a row once; see
+    ``emit_row.RowWriter._welford_pairs``)."""
+    count = math.prod(lw.shape(x)[dims[0] : dims[1]])
+    mean = lw.ew("div", lw.red("sum", x, dims, True, split_rows=False), float(count))
+    d = lw.ew("sub", x, mean)
+    return mean, lw.red("sum", lw.ew("mul", d, d), dims, True, split_rows=False), count
+
+
+def _combine(lw: Lowerer, mean: NodeRef, m2: NodeRef, count: int, dim: int) -> tuple[NodeRef, NodeRef, int]:
+    """The moments of ``k`` groups of ``count`` elements each, along ``dim`` (keepdim), merged:
+    ``mean = sum(mean_i) / k`` and ``M2 = sum(M2_i) + count * sum((mean_i - mean)^2)`` (Chan et al.;
+    no difference of large sums, so as accurate as two passes over the data)."""
+    k = lw.shape(mean)[dim]
+    if k == 1:
+        return mean, m2, count
+    dims = (dim, dim + 1)
+    merged = lw.ew("div", lw.red("sum", mean, dims, True), float(k))
+    dm = lw.ew("sub", mean, merged)
+    spread = lw.ew("mul", lw.red("sum", lw.ew("mul", dm, dm), dims, True), float(count))
+    return merged, lw.ew("add", lw.red("sum", m2, dims, True), spread), count * k
+
+
+def moments(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef, int]:
+    """``(mean, M2, n)`` of ``x`` over ``dims`` (keepdim), reading ``x`` once.
+
+    Where a reduction over few huge rows is split in parts for parallelism (``Lowerer.split_parts``),
+    each part takes its own mean and ``M2`` and :func:`_combine` merges them: splitting the sum and
+    then the sum of squared deviations about the full mean, as before, read ``x`` once for each
+    (batch norm of (64, 64, 512, 512): 16 GB moved per call with the output's read and write, 12 GB
+    now, counted from the rendered kernels).
+    """
+    shape = lw.shape(x)
+    d0, d1 = dims
+    parts = lw.split_parts("sum", x, dims)
+    if parts is None:
+        return _moments(lw, x, dims)
+    rows = shape[:d0]
+    mean, m2, count = _moments(lw, lw.view(x, (*rows, parts, math.prod(shape[d0:]) // parts)), (d0 + 1, d0 + 2))
+    mean, m2, count = _combine(lw, mean, m2, count, d0)
+    keep = (*rows, *([1] * (d1 - d0)))
+    return lw.view(mean, keep), lw.view(m2, keep), count
+
+
+def mean_var(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef]:
+    """``(x - mean, var)`` over ``dims`` (keepdim, biased variance) from :func:`moments`."""
+    mean, m2, count = moments(lw, x, dims)
+    return recentred(lw, x, mean), lw.ew("div", m2, float(count))
 
 
 def _affine(lw: Lowerer, y: NodeRef, b: dict[str, Any], channels: int, rank: int) -> NodeRef:
@@ -93,10 +136,7 @@ def lower_batch_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     eps = _eps(b)
     per_channel = (shape[1], *([1] * (rank - 2)))
     if batch_stats:
-        count = float(math.prod(shape) // shape[1])
-        mean = lw.ew("div", _sum_per_channel(lw, x), count)
-        centred = lw.ew("sub", x, mean)
-        var = lw.ew("div", _sum_per_channel(lw, lw.ew("mul", centred, centred)), count)
+        mean, var = _channel_moments(lw, x)
         centred = recentred(lw, x, mean)
     else:
         assert mean_ref is not None
@@ -105,6 +145,21 @@ def lower_batch_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
         var = lw.view(var_ref, per_channel)
     y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, eps)))
     return _affine(lw, y, b, shape[1], rank)
+
+
+def _channel_moments(lw: Lowerer, x: NodeRef) -> tuple[NodeRef, NodeRef]:
+    """Per-channel ``(mean, var)`` of ``(N, C, *spatial)``, shaped ``(C, 1, ...)``: each sample's
+    spatial moments (:func:`moments`), merged over the batch."""
+    shape = lw.shape(x)
+    rank, channels = len(shape), shape[1]
+    if rank > 2:
+        mean, m2, count = moments(lw, x, (2, rank))
+        mean, m2 = lw.view(mean, shape[:2]), lw.view(m2, shape[:2])
+        mean, m2, count = _combine(lw, mean, m2, count, 0)
+    else:
+        mean, m2, count = _moments(lw, x, (0, 1))
+    per_channel = (channels, *([1] * (rank - 2)))
+    return lw.view(mean, per_channel), lw.ew("div", lw.view(m2, per_channel), float(count))
 
 
 def lower_instance_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
@@ -120,12 +175,8 @@ def lower_instance_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
             raise UnsupportedGraph("instance_norm with running statistics in eval mode is not covered")
     elif not b.get("use_input_stats", True):
         raise UnsupportedGraph("instance_norm without input statistics is not covered")
-    dims = (2, rank)
-    count = float(math.prod(shape[2:]))
-    mean = lw.ew("div", lw.red("sum", x, dims, True), count)
-    centred = lw.ew("sub", x, mean)
-    var = lw.ew("div", lw.red("sum", lw.ew("mul", centred, centred), dims, True), count)
-    y = lw.ew("mul", recentred(lw, x, mean), lw.ew("rsqrt", lw.ew("add", var, _eps(b))))
+    centred, var = mean_var(lw, x, (2, rank))
+    y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, _eps(b))))
     return _affine(lw, y, b, shape[1], rank)
 
 
