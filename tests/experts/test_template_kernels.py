@@ -10,6 +10,7 @@ outputs within 1e-4, unchanged inputs, and an error against float64 no worse tha
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -169,3 +170,25 @@ def test_a_multi_pass_softmax_reads_its_row_twice(op: str, layout: str) -> None:
     text = render(plan, params)
     assert text.count("for r0 in range(") == 2, text
     assert text.count("tl.load(p0 + ") == 2, text
+
+
+@pytest.mark.parametrize(
+    ("body", "hints"),
+    [
+        # statistics, then the output: the first read keeps the row in L2, the last lets it go
+        ("return x / torch.norm(x, p=2, dim=1, keepdim=True) * w", ["evict_last", "evict_first"]),
+        # one loop: nothing to keep
+        ("return torch.sum(x * w, dim=1)", []),
+    ],
+)
+def test_a_multi_pass_row_kernel_keeps_its_rows_in_l2_until_their_last_read(body: str, hints: list[str]) -> None:
+    source = (
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x, w):\n"
+        f"        {body}\n\n\ndef get_inputs():\n    return [torch.rand(32768, 65535), torch.rand(65535)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    text = render(plan, default_params(plan).with_changes(row_one_pass=False))
+    assert re.findall(r"tl\.load\(p0 \+ [^\n]*eviction_policy='(\w+)'", text) == hints, text
+    assert all("eviction_policy" not in line for line in text.splitlines() if "tl.load(p1 + " in line)

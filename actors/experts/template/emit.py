@@ -50,6 +50,9 @@ class Scope:
     indent: str
     parent: Scope | None = None
     memo: dict[object, str] = field(default_factory=dict)
+    eviction: str | None = None
+    """The L2 eviction hint for whole-size loads in this scope (``evict_last``: the row is read
+    again by a later loop of the kernel; ``evict_first``: its last read), or None."""
 
     def get(self, key: object) -> str | None:
         """The variable bound to ``key`` here or in an enclosing scope."""
@@ -131,9 +134,12 @@ class Writer:
             sp = self.space(row)
             index = sp.index(target, block)
             key = ("load", base, index)
-            code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0)"
+            hint = ""
+            if scope.eviction is not None and self.plan.nodes[base].numel == math.prod(self.kernel.domain):
+                hint = f", eviction_policy={scope.eviction!r}"  # small broadcast operands stay as they are
+            code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0{hint})"
             if self.plan.nodes[base].dtype == "bool":
-                code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0).to(tl.float32)"
+                code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0{hint}).to(tl.float32)"
         found = scope.get(key)
         if found is not None:
             return found

@@ -43,6 +43,8 @@ class RowWriter(Writer):
         self.ridx = "cols[None, :]" if self.last else "rr[:, None]"
         self.nib = math.ceil(kernel.inner / self.bi)
         self.reds = [n for n in kernel.nodes if self.plan.nodes[n].kind is NodeKind.RED]
+        self.eviction: str | None = None
+        """The L2 hint of the loop being written (see ``write``)."""
 
     def space(self, row: bool) -> IndexSpace:
         d0, d1 = self.kernel.dims
@@ -310,9 +312,15 @@ class RowWriter(Writer):
             welford = {
                 p: pair for p, pair in self._welford_pairs(phase).items() if p not in online and p - 1 not in online
             }
-            for p in range(1, max(phase.values(), default=0) + 1):
-                if p - 1 in online or p - 1 in welford:
-                    continue  # its reduction was taken with the one of the phase before
+            runs = [
+                p for p in range(1, max(phase.values(), default=0) + 1) if p - 1 not in online and p - 1 not in welford
+            ]
+            # Loops before the last keep the row in L2 for the next (rows of 256 KB, as in L2 norm
+            # over 65535 columns, can be read again from it); the last read lets it go.
+            self.eviction = "evict_last" if len(runs) + bool(elem_exports) > 1 else None
+            for p in runs:
+                if p == runs[-1] and not elem_exports:
+                    self.eviction = "evict_first" if self.eviction else None
                 if p in online:
                     self._online(top, *online[p])
                     continue
@@ -333,6 +341,8 @@ class RowWriter(Writer):
                 seen = set()
                 for nid in elem_exports:
                     self._row_deps(top, nid, seen)
+                if self.eviction:
+                    self.eviction = "evict_first"
                 loop = self._loop(top)
                 for nid in elem_exports:
                     self.store(loop, nid, row=False)
@@ -359,6 +369,6 @@ class RowWriter(Writer):
 
     def _loop(self, top: Scope) -> Scope:
         self.emit(top, f"for r0 in range(0, {self.r}, BLOCK_R):")
-        loop = Scope(indent=top.indent + "    ", parent=top)
+        loop = Scope(indent=top.indent + "    ", parent=top, eviction=self.eviction)
         self._tile(loop, "r0 + ")
         return loop
