@@ -341,6 +341,18 @@ CASES: tuple[Case, ...] = (
         _MM,
     ),
     Case(
+        "diag_products",
+        _model(
+            "",
+            "",
+            "a, b, c",
+            "return torch.relu(torch.diag(a) @ b) + torch.matmul(b, c.diag()) * 0.5",
+            "torch.randn($M), torch.randn($M, $N), torch.randn($N)",
+            "",
+        ),
+        _MM,
+    ),
+    Case(
         "bmm_scale_softmax",
         _model(
             "",

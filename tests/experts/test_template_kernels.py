@@ -192,3 +192,26 @@ def test_a_multi_pass_row_kernel_keeps_its_rows_in_l2_until_their_last_read(body
     text = render(plan, default_params(plan).with_changes(row_one_pass=False))
     assert re.findall(r"tl\.load\(p0 \+ [^\n]*eviction_policy='(\w+)'", text) == hints, text
     assert all("eviction_policy" not in line for line in text.splitlines() if "tl.load(p1 + " in line)
+
+
+def test_a_product_with_a_diagonal_matrix_is_a_broadcast_product() -> None:
+    """``diag(v) @ b`` scales b's rows (``b @ diag(v)`` its columns): no product node, no N x N
+    matrix; ``diag`` read any other way declines with a reason."""
+    cases = next(c for c in CASES if c.name == "diag_products")
+    plan = analyse(cases.sources()[0])
+    assert isinstance(plan, Plan), plan
+    assert not any(n.kind is NodeKind.MM for n in plan.nodes)
+    assert max(n.numel for n in plan.nodes) == 33 * 47
+    for body, why in (
+        ("torch.diag(a) + b", "torch.diag as an operand of add"),
+        ("torch.diag(b) @ b", "vector on the main diagonal"),
+        ("torch.diag(a) @ torch.diag(a)", "two torch.diag"),
+    ):
+        source = (
+            "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, a, b):\n"
+            f"        return {body}\n\n\ndef get_inputs():\n    return [torch.randn(8), torch.randn(8, 8)]\n\n\n"
+            "def get_init_inputs():\n    return []\n"
+        )
+        declined = analyse(source)
+        assert not isinstance(declined, Plan), body
+        assert why in declined.detail, (body, declined)

@@ -15,7 +15,7 @@ import torch
 from actors.experts.template.attention import lower_sdpa
 from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph, number
-from actors.experts.template.ir import COMPARISONS, Absent, NodeRef, TupleRef
+from actors.experts.template.ir import COMPARISONS, Absent, DiagRef, NodeRef, TupleRef
 from actors.experts.template.loss_lower import LOSSES, lower_loss
 from actors.experts.template.mha_lower import lower_mha
 from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm, mean_var
@@ -119,6 +119,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return _norm(lw, canon, b)
     if canon in ("linear", "matmul"):
         return _matmul(lw, canon, b)
+    if canon == "diag":
+        return _diag(lw, b)
     if canon == "einsum":
         return _einsum(lw, b)
     if canon in ("conv", "conv_transpose"):
@@ -293,7 +295,37 @@ def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     return y
 
 
+def _diag(lw: Lowerer, b: dict[str, Any]) -> DiagRef:
+    """``torch.diag`` of a vector (a matrix-product operand, see :class:`DiagRef`)."""
+    v = lw.tensor(b["input"], "diag")
+    if len(lw.shape(v)) != 1 or b.get("diagonal", 0) != 0:
+        raise UnsupportedGraph("torch.diag is covered for a vector on the main diagonal only")
+    return DiagRef(v)
+
+
+def _diag_product(lw: Lowerer, a: object, w: object) -> NodeRef:
+    """A matrix product with a :class:`DiagRef` operand: each row (or column) of the other one
+    scaled by the vector. Equal to the reference's product for finite values (its other terms are
+    exact zeros); an infinity in the other operand gives the reference NaN where this keeps it."""
+    if isinstance(a, DiagRef) and isinstance(w, DiagRef):
+        raise UnsupportedGraph("a product of two torch.diag matrices is not covered")
+    if isinstance(a, DiagRef):
+        v, other = a.vector, lw.tensor(w, "matmul operand")
+        n, shape = lw.shape(v)[0], lw.shape(other)
+        if len(shape) < 2 or shape[-2] != n:
+            raise UnsupportedGraph(f"matmul of diag({n}) and {shape} does not match")
+        return lw.ew("mul", lw.view(v, (n, 1)), other)
+    assert isinstance(w, DiagRef)
+    other, v = lw.tensor(a, "matmul operand"), w.vector
+    n, shape = lw.shape(v)[0], lw.shape(other)
+    if len(shape) < 2 or shape[-1] != n:
+        raise UnsupportedGraph(f"matmul of {shape} and diag({n}) does not match")
+    return lw.ew("mul", other, v)
+
+
 def _matmul(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
+    if canon == "matmul" and (isinstance(b["input"], DiagRef) or isinstance(b["other"], DiagRef)):
+        return _diag_product(lw, b["input"], b["other"])
     x = lw.tensor(b["input"], canon)
     if canon == "linear":
         weight = _param_or_arg(lw, b, "weight")

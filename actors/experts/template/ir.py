@@ -269,6 +269,15 @@ class TupleRef:
 
 
 @dataclass(frozen=True)
+class DiagRef:
+    """``torch.diag(v)`` of a vector while lowering: the diagonal matrix is never built; only a
+    matrix product reads it, as a broadcast product (``diag(v) @ b`` is ``v[:, None] * b``, with
+    none of the N^3 multiplications by zero that the reference's GEMM does)."""
+
+    vector: NodeRef
+
+
+@dataclass(frozen=True)
 class Absent:
     """An item of a traced tuple the templates do not compute (``MultiheadAttention``'s averaged
     weights); reading it declines with ``reason``."""

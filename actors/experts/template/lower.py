@@ -20,7 +20,7 @@ from torch import fx
 from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import COMPARISONS, EW_OPS, FLOAT_ARG, KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.ir import COMPARISONS, EW_OPS, FLOAT_ARG, DiagRef, KeepTorch, Node, NodeKind, NodeRef
 from actors.experts.template.keep_torch import is_layout, keep
 from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.trace import Traced
@@ -127,6 +127,8 @@ class Lowerer:
 
     def tensor(self, ref: object, what: str) -> NodeRef:
         """``ref`` as a float32 tensor, or decline."""
+        if isinstance(ref, DiagRef):
+            raise UnsupportedGraph(f"{what}: torch.diag is covered only as an operand of a matrix product")
         if not isinstance(ref, NodeRef):
             raise UnsupportedGraph(f"{what} must be a tensor here, got {type(ref).__name__}")
         if self.node(ref).dtype != "float32":
@@ -164,6 +166,8 @@ class Lowerer:
                 shapes.append(self.shape(tid))
             elif isinstance(arg, int | float) and not isinstance(arg, bool):
                 clean.append(float(arg))
+            elif isinstance(arg, DiagRef):
+                raise UnsupportedGraph(f"torch.diag as an operand of {op}: covered only in a matrix product", op=op)
             else:
                 raise UnsupportedGraph(f"an operand of {op} is a {type(arg).__name__}", op=op)
         if not shapes:

@@ -165,6 +165,8 @@ _fn((F.linear,), Spec("linear", (*_IN, ("weight", REQUIRED), ("bias", None))))
 _fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
 _method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
 _fn((torch.einsum, torch.functional.einsum), Spec("einsum", (("equation", REQUIRED), *_BIN)))
+_fn((torch.diag,), Spec("diag", (*_IN, ("diagonal", 0))))
+_method(("diag",), Spec("diag", (*_IN, ("diagonal", 0))))
 
 # Convolutions (weight and bias of a module are read through its path).
 _CONV = (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
