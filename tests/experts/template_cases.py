@@ -353,6 +353,31 @@ CASES: tuple[Case, ...] = (
         _MM,
     ),
     Case(
+        "triangular_products",
+        _model(
+            "",
+            "",
+            "a, b",
+            "u = torch.triu(torch.matmul(a, b))\nl = torch.tril(a @ b, diagonal=-1)\n"
+            "return u + l * 0.5 + torch.softmax(torch.tril(a, 1) * 2.0, dim=-1).triu(-2)",
+            "torch.randn($M, $M), torch.randn($M, $M)",
+            "",
+        ),
+        ({"M": 33}, {"M": 16}),
+    ),
+    Case(
+        "batched_triangles",
+        _model(
+            "",
+            "",
+            "x, y",
+            "return torch.bmm(x, y).tril() - (x + 1.0).triu(2) + x.sum(dim=0).triu(1)",
+            "torch.randn(3, $M, $M), torch.randn(3, $M, $M)",
+            "",
+        ),
+        ({"M": 9}, {"M": 20}),
+    ),
+    Case(
         "bmm_scale_softmax",
         _model(
             "",

@@ -121,6 +121,12 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return _matmul(lw, canon, b)
     if canon == "diag":
         return _diag(lw, b)
+    if canon in ("triu", "tril"):
+        x = lw.tensor(x, canon)
+        k = b.get("diagonal", 0)
+        if len(lw.shape(x)) < 2 or isinstance(k, bool) or not isinstance(k, int):
+            raise UnsupportedGraph(f"{canon} of shape {lw.shape(x)} with diagonal={k!r} is not covered")
+        return lw.ew(canon, x, attrs=(float(k),))
     if canon == "einsum":
         return _einsum(lw, b)
     if canon in ("conv", "conv_transpose"):

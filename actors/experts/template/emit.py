@@ -183,8 +183,21 @@ class Writer:
             else:
                 args.append(self.load(scope, arg, node.shape, row))
         var = f"v{node.id}"
+        if node.op in ("triu", "tril"):
+            self.emit(scope, f"{var} = {self._triangle(node, args[0], row)}")
+            return var
         self.emit(scope, f"{var} = {ew_expr(node.op, args, node.attrs, self.used)}")
         return var
+
+    def _triangle(self, node: Node, x: str, row: bool) -> str:
+        """``x`` where the element's column minus its row is at least (``triu``) or at most
+        (``tril``) the diagonal, else 0.0 (the row and column from the tile's linear index)."""
+        sp = self.space(row)
+        rank = len(node.shape)
+        col = sp.index(node.shape, (rank - 1, rank))
+        line = sp.index(node.shape, (rank - 2, rank - 1))
+        cmp = ">=" if node.op == "triu" else "<="
+        return f"tl.where((({col}) - ({line})) {cmp} {int(node.attrs[0])}, {x}, 0.0)"
 
     def _take_last(self, scope: Scope, node: Node, row: bool) -> str:
         """``x[..., t]`` read from the stored ``x`` at this tile's elements of ``t``'s shape."""

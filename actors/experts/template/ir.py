@@ -109,11 +109,15 @@ EW_OPS: dict[str, tuple[int, int]] = {
     "le": (2, 0),
     "where": (3, 0),
     "take_last": (2, 0),
+    "triu": (1, 1),
+    "tril": (1, 1),
 }
 """Elementwise ops the templates emit, with their arity. Comparisons make ``bool`` nodes (0.0 / 1.0
 inside a kernel, as loaded bool masks are); ``where`` picks by a ``bool`` first argument.
 ``take_last(x, t)`` reads ``x[..., t[...]]``: ``x`` (a stored tensor) of shape ``(*S, C)`` at the
-int64 class index ``t`` of shape ``S`` (0.0 where ``t`` is outside ``[0, C)``)."""
+int64 class index ``t`` of shape ``S`` (0.0 where ``t`` is outside ``[0, C)``). ``triu`` / ``tril``
+keep ``x`` on and above (below) the diagonal ``attrs[0]`` of its last two dims and are 0.0
+elsewhere (the element's own row and column, from the tile's index)."""
 
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "gt", "ge", "lt", "le"})
 

@@ -166,6 +166,10 @@ _fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
 _method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
 _fn((torch.einsum, torch.functional.einsum), Spec("einsum", (("equation", REQUIRED), *_BIN)))
 _fn((torch.diag,), Spec("diag", (*_IN, ("diagonal", 0))))
+_fn((torch.triu,), Spec("triu", (*_IN, ("diagonal", 0))))
+_method(("triu",), Spec("triu", (*_IN, ("diagonal", 0))))
+_fn((torch.tril,), Spec("tril", (*_IN, ("diagonal", 0))))
+_method(("tril",), Spec("tril", (*_IN, ("diagonal", 0))))
 _method(("diag",), Spec("diag", (*_IN, ("diagonal", 0))))
 
 # Convolutions (weight and bias of a module are read through its path).
