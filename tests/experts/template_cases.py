@@ -378,6 +378,18 @@ CASES: tuple[Case, ...] = (
         ({"M": 9}, {"M": 20}),
     ),
     Case(
+        "cosine_similarity_loss",
+        _model(
+            "",
+            "self.cos = nn.CosineSimilarity(dim=-1, eps=1e-6)",
+            "x, y",
+            "c = F.cosine_similarity(x, y, dim=1)\nreturn torch.mean(1 - c) + self.cos(x * 0.5, y).sum()",
+            "torch.randn($B, $N), torch.randn($B, $N)",
+            "",
+        ),
+        _ROWS,
+    ),
+    Case(
         "bmm_scale_softmax",
         _model(
             "",

@@ -121,6 +121,8 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return _matmul(lw, canon, b)
     if canon == "diag":
         return _diag(lw, b)
+    if canon == "cosine_similarity":
+        return _cosine_similarity(lw, b)
     if canon in ("triu", "tril"):
         x = lw.tensor(x, canon)
         k = b.get("diagonal", 0)
@@ -299,6 +301,24 @@ def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     if bias is not None:
         y = lw.ew("add", y, bias)
     return y
+
+
+def _cosine_similarity(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+    """``sum(x1 * x2) / (max(|x1|, eps) * max(|x2|, eps))`` over ``dim`` (PyTorch clamps each norm
+    by ``eps``): the three sums reduce the same rows, so one kernel reads them once."""
+    x1, x2 = lw.tensor(b["x1"], "cosine_similarity"), lw.tensor(b["x2"], "cosine_similarity")
+    if lw.shape(x1) != lw.shape(x2):
+        raise UnsupportedGraph(f"cosine_similarity of shapes {lw.shape(x1)} and {lw.shape(x2)} is not covered")
+    eps, dim = b["eps"], b["dim"]
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or isinstance(dim, bool) or not isinstance(dim, int):
+        raise UnsupportedGraph("cosine_similarity with a non-number eps or dim is not covered")
+    dims = reduce_dims(lw.shape(x1), dim)
+
+    def norm(x: NodeRef) -> NodeRef:
+        return lw.ew("maximum", lw.ew("sqrt", lw.red("sum", lw.ew("mul", x, x), dims, False)), float(eps))
+
+    dot = lw.red("sum", lw.ew("mul", x1, x2), dims, False)
+    return lw.ew("div", dot, lw.ew("mul", norm(x1), norm(x2)))
 
 
 def _diag(lw: Lowerer, b: dict[str, Any]) -> DiagRef:
