@@ -390,6 +390,18 @@ CASES: tuple[Case, ...] = (
         _ROWS,
     ),
     Case(
+        "products_over_rows",
+        _model(
+            "",
+            "",
+            "x",
+            "y = 1.0 + 0.1 * x\nreturn torch.prod(y, dim=1) + y.prod(dim=-1, keepdim=True).sum(dim=1) * 0.5",
+            "torch.randn($B, $C, $L)",
+            "",
+        ),
+        _ROWS3,
+    ),
+    Case(
         "bmm_scale_softmax",
         _model(
             "",

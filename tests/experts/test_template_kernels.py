@@ -129,7 +129,7 @@ def test_cases_cover_the_issue_op_list() -> None:
     activations = {"relu", "leaky_relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu", "mish", "softplus"}
     activations |= {"hardtanh", "hardswish", "hardsigmoid", "elu", "selu", "clamp_min", "clamp_max"}
     assert activations | {"add", "mul", "div", "sub"} <= ew
-    assert {"sum", "amax", "amin", "argmax", "argmin"} <= reductions
+    assert {"sum", "prod", "amax", "amin", "argmax", "argmin"} <= reductions
     norms = {"softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "mean", "logsumexp"}
     assert norms | {"max", "min", "linear", "matmul"} <= canon
     assert kinds == {"pw", "row", "mm"}

@@ -113,7 +113,7 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lw.ew("where", b["mask"], _tensor_or_number(lw, b["value"], canon), lw.tensor(x, canon))
     if canon == "where":
         return lw.ew("where", b["condition"], _tensor_or_number(lw, x, canon), _tensor_or_number(lw, b["other"], canon))
-    if canon in ("sum", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "logsumexp"):
+    if canon in ("sum", "prod", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "logsumexp"):
         return _reduction(lw, canon, b)
     if canon in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm"):
         return _norm(lw, canon, b)
@@ -242,7 +242,7 @@ def _reduction(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
     keep = bool(b["keepdim"])
     if canon in ("argmax", "argmin") and b["dim"] is None and keep:
         raise UnsupportedGraph("argmax over all dims with keepdim is not covered")
-    if canon in ("sum", "amax", "amin", "argmax", "argmin"):
+    if canon in ("sum", "prod", "amax", "amin", "argmax", "argmin"):
         return lw.red(canon, x, dims, keep)
     if canon == "mean":
         count = float(math.prod(shape[dims[0] : dims[1]]))

@@ -123,6 +123,9 @@ class RowWriter(Writer):
         ax, var = self.axis, f"v{red}"
         if node.op == "sum":
             self.emit(s, f"{var} = tl.sum(tl.where(m, {src}, 0.0), axis={ax})")
+        elif node.op == "prod":
+            self.used.add("_kf_mul")
+            self.emit(s, f"{var} = tl.reduce(tl.where(m, {src}, 1.0), {ax}, _kf_mul)")
         elif node.op in ("amax", "amin"):
             fn, pad = ("max", "float('-inf')") if node.op == "amax" else ("min", "float('inf')")
             self.emit(s, f"{var} = tl.{fn}(tl.where(m, {src}, {pad}), axis={ax})")
@@ -137,8 +140,10 @@ class RowWriter(Writer):
 
     def _acc_init(self, s: Scope, red: int) -> None:
         op = self.plan.nodes[red].op
-        if op == "sum":
-            self.emit(s, f"a{red} = tl.zeros({self.tile}, dtype=tl.float32)")
+        if op in ("sum", "prod"):
+            fill = "tl.zeros" if op == "sum" else "tl.full"
+            value = "" if op == "sum" else ", 1.0"
+            self.emit(s, f"a{red} = {fill}({self.tile}{value}, dtype=tl.float32)")
             return
         pad = "float('-inf')" if op in ("amax", "argmax") else "float('inf')"
         self.emit(s, f"a{red} = tl.full({self.tile}, {pad}, tl.float32)")
@@ -151,6 +156,8 @@ class RowWriter(Writer):
         acc = f"a{red}"
         if node.op == "sum":
             self.emit(s, f"{acc} += tl.where(m, {src}, 0.0)")
+        elif node.op == "prod":
+            self.emit(s, f"{acc} = {acc} * tl.where(m, {src}, 1.0)")
         elif node.op in ("amax", "amin"):
             fn, pad = ("maximum", "float('-inf')") if node.op == "amax" else ("minimum", "float('inf')")
             self.emit(s, f"{acc} = tl.{fn}({acc}, tl.where(m, {src}, {pad}))")
@@ -166,6 +173,9 @@ class RowWriter(Writer):
         op, ax, var = self.plan.nodes[red].op, self.axis, f"v{red}"
         if op == "sum":
             self.emit(s, f"{var} = tl.sum(a{red}, axis={ax})")
+        elif op == "prod":
+            self.used.add("_kf_mul")
+            self.emit(s, f"{var} = tl.reduce(a{red}, {ax}, _kf_mul)")
         elif op in ("amax", "amin"):
             self.emit(s, f"{var} = tl.{op[1:]}(a{red}, axis={ax})")
         else:

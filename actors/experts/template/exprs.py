@@ -71,6 +71,12 @@ def _kf_softplus(x, beta, threshold):
     sp = tl.where(z > 0.0, z, 0.0) + _kf_log1p_unit(tl.exp(-tl.abs(z)))
     return tl.where(z > threshold, x, sp / beta)
 """,
+    "_kf_mul": """
+@triton.jit
+def _kf_mul(a, b):
+    \"\"\"The combine function of a product reduction.\"\"\"
+    return a * b
+""",
 }
 """Helper functions by name; ``HELPER_DEPS`` says which helpers each one calls."""
 
@@ -79,6 +85,7 @@ HELPER_DEPS: dict[str, tuple[str, ...]] = {
     "_kf_expm1": (),
     "_kf_log1p_unit": (),
     "_kf_softplus": ("_kf_log1p_unit",),
+    "_kf_mul": (),
 }
 
 

@@ -121,7 +121,7 @@ elsewhere (the element's own row and column, from the tile's index)."""
 
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "gt", "ge", "lt", "le"})
 
-RED_OPS: tuple[str, ...] = ("sum", "amax", "amin", "argmax", "argmin")
+RED_OPS: tuple[str, ...] = ("sum", "prod", "amax", "amin", "argmax", "argmin")
 """Reductions the row template emits (mean is a sum and a division)."""
 
 

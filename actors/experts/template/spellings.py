@@ -127,7 +127,7 @@ _method(("where",), Spec("where", (*_IN, ("condition", REQUIRED), ("other", REQU
 
 # Reductions and normalisations.
 _RED = (*_IN, ("dim", None), ("keepdim", False), ("dtype", None))
-for _name in ("sum", "mean"):
+for _name in ("sum", "mean", "prod"):
     _fn((getattr(torch, _name),), Spec(_name, _RED))
     _method((_name,), Spec(_name, _RED))
 for _name in ("amax", "amin"):
