@@ -33,6 +33,16 @@ def test_norm_kernels_match_pytorch_under_the_interpreter(
     assert_all_correct(verdicts[case])
 
 
+def _norm_source(module: str, shape: str) -> str:
+    """A reference whose forward is the norm module ``module`` on ``torch.rand`` of ``shape``."""
+    return (
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        f"        super().__init__()\n        self.norm = {module}\n\n    def forward(self, x):\n"
+        f"        return self.norm(x)\n\n\ndef get_inputs():\n    return [torch.rand{shape}]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+
+
 _BIG_NORMS = {
     "batch_norm": ("nn.BatchNorm2d(64)", "(64, 64, 512, 512)"),
     "group_norm": ("nn.GroupNorm(8, 64)", "(112, 64, 512, 512)"),
@@ -45,14 +55,7 @@ def test_a_norm_whose_statistics_take_two_kernels_stores_no_full_size_intermedia
     """The normalised output's ``x - mean`` is computed where the output is, from ``x`` and the
     small mean: the kernel that reduces the variance does not store its own ``x - mean`` for it
     (an extra write and read of the whole tensor: batch norm at 33% of speed-of-light on an H200)."""
-    module, shape = _BIG_NORMS[name]
-    source = (
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
-        f"        super().__init__()\n        self.norm = {module}\n\n    def forward(self, x):\n"
-        f"        return self.norm(x)\n\n\ndef get_inputs():\n    return [torch.rand{shape}]\n\n\n"
-        "def get_init_inputs():\n    return []\n"
-    )
-    plan = plan_of(source)
+    plan = plan_of(_norm_source(*_BIG_NORMS[name]))
     sched = schedule(plan, default_params(plan))
     assert sum(k.kind is KernelKind.ROW for k in sched.kernels) >= 2  # statistics in two stages
     full = plan.nodes[plan.output].numel
@@ -68,14 +71,7 @@ def test_a_norm_at_kernelbench_sizes_reads_its_input_twice(name: str) -> None:
     """Once for the statistics (the mean and the squared deviations from one read: Welford per
     lane, Chan's merge over split parts and over the batch) and once for the output; the two
     statistics' passes made three reads of the whole tensor before."""
-    module, shape = _READ_TWICE[name]
-    source = (
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
-        f"        super().__init__()\n        self.norm = {module}\n\n    def forward(self, x):\n"
-        f"        return self.norm(x)\n\n\ndef get_inputs():\n    return [torch.rand{shape}]\n\n\n"
-        "def get_init_inputs():\n    return []\n"
-    )
-    plan = plan_of(source)
+    plan = plan_of(_norm_source(*_READ_TWICE[name]))
     assert plan.nodes[0].kind is NodeKind.INPUT
     rendered = render(plan, default_params(plan))
     assert rendered.count("tl.load(p0 + ") == 2, rendered
