@@ -335,18 +335,14 @@ def _diag_product(lw: Lowerer, a: object, w: object) -> NodeRef:
     exact zeros); an infinity in the other operand gives the reference NaN where this keeps it."""
     if isinstance(a, DiagRef) and isinstance(w, DiagRef):
         raise UnsupportedGraph("a product of two torch.diag matrices is not covered")
-    if isinstance(a, DiagRef):
-        v, other = a.vector, lw.tensor(w, "matmul operand")
-        n, shape = lw.shape(v)[0], lw.shape(other)
-        if len(shape) < 2 or shape[-2] != n:
-            raise UnsupportedGraph(f"matmul of diag({n}) and {shape} does not match")
-        return lw.ew("mul", lw.view(v, (n, 1)), other)
-    assert isinstance(w, DiagRef)
-    other, v = lw.tensor(a, "matmul operand"), w.vector
-    n, shape = lw.shape(v)[0], lw.shape(other)
-    if len(shape) < 2 or shape[-1] != n:
-        raise UnsupportedGraph(f"matmul of {shape} and diag({n}) does not match")
-    return lw.ew("mul", other, v)
+    left = isinstance(a, DiagRef)
+    diag, other = (a, lw.tensor(w, "matmul operand")) if left else (w, lw.tensor(a, "matmul operand"))
+    assert isinstance(diag, DiagRef)
+    n, shape = lw.shape(diag.vector)[0], lw.shape(other)
+    if len(shape) < 2 or shape[-2 if left else -1] != n:
+        raise UnsupportedGraph(f"matmul of diag({n}) and {shape} does not match")
+    # diag(v) @ b scales b's rows: v as a column; b @ diag(v) its columns: v broadcasts as a row
+    return lw.ew("mul", lw.view(diag.vector, (n, 1)) if left else diag.vector, other)
 
 
 def _matmul(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:

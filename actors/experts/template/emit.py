@@ -135,7 +135,7 @@ class Writer:
             index = sp.index(target, block)
             key = ("load", base, index)
             hint = ""
-            if scope.eviction is not None and self.plan.nodes[base].numel == math.prod(self.kernel.domain):
+            if scope.eviction is not None and self.plan.nodes[base].numel == self.kernel.numel:
                 hint = f", eviction_policy={scope.eviction!r}"  # small broadcast operands stay as they are
             code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0{hint})"
             if self.plan.nodes[base].dtype == "bool":

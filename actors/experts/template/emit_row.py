@@ -185,6 +185,13 @@ class RowWriter(Writer):
             self.emit(s, f"{var} = tl.min(tl.where({cond}, i{red}, 2147483647), axis={ax})")
         s.memo[("v", red)] = var
 
+    def _by_phase(self, phase: dict[int, int]) -> dict[int, list[int]]:
+        """The kernel's reductions grouped by phase."""
+        by_phase: dict[int, list[int]] = {}
+        for red in self.reds:
+            by_phase.setdefault(phase[red], []).append(red)
+        return by_phase
+
     def _online_pairs(self, phase: dict[int, int]) -> dict[int, tuple[int, int]]:
         """Phase -> (``amax`` M, ``sum`` T) of a softmax's statistics, taken in one loop.
 
@@ -195,9 +202,7 @@ class RowWriter(Writer):
         three reads and a write, two reads and a write now).
         """
         nodes = self.plan.nodes
-        by_phase: dict[int, list[int]] = {}
-        for red in self.reds:
-            by_phase.setdefault(phase[red], []).append(red)
+        by_phase = self._by_phase(phase)
         pairs: dict[int, tuple[int, int]] = {}
         for p, batch in by_phase.items():
             after = by_phase.get(p + 1, [])
@@ -245,9 +250,7 @@ class RowWriter(Writer):
         reads, one now).
         """
         nodes = self.plan.nodes
-        by_phase: dict[int, list[int]] = {}
-        for red in self.reds:
-            by_phase.setdefault(phase[red], []).append(red)
+        by_phase = self._by_phase(phase)
         pairs: dict[int, tuple[int, int]] = {}
         for p, batch in sorted(by_phase.items()):
             after = by_phase.get(p + 1, [])
@@ -273,18 +276,18 @@ class RowWriter(Writer):
     def _welford(self, top: Scope, s_id: int, q_id: int) -> None:
         """S = sum(X) and Q = sum((X - S / R)^2) in one loop over the row (see ``_welford_pairs``).
 
-        Each lane of the tile keeps its own count, sum, mean and squared deviations (Welford's
-        update: no reduction across lanes inside the loop); the lanes are merged once after it. A
-        lane that takes part in a pass has taken part in every pass before it (the masks cut only
-        the last pass's tail and rows outside the grid), so the count at the k-th pass is k for
-        every lane it updates: one reciprocal per pass, not one division per element.
+        Each lane of the tile keeps its own sum, mean and squared deviations (Welford's update: no
+        reduction across lanes inside the loop); the lanes are merged once after it. A lane that
+        takes part in a pass has taken part in every pass before it (the masks cut only the last
+        pass's tail and rows outside the grid), so the count at the k-th pass is k for every lane
+        it updates (one reciprocal per pass, not one division per element), and a lane's count
+        after the loop follows from its position alone.
         """
         self._row_deps(top, self.plan.nodes[s_id].tensor_args()[0], set())
-        ax, sv, qv = self.axis, f"v{s_id}", f"v{q_id}"
-        acc = {k: self.fresh(k) for k in ("wn", "ws", "wmean", "wq")}
-        for var in acc.values():
+        ax, sv, qv, r = self.axis, f"v{s_id}", f"v{q_id}", self.r
+        total, mean, q = self.fresh("ws"), self.fresh("wmean"), self.fresh("wq")
+        for var in (total, mean, q):
             self.emit(top, f"{var} = tl.zeros({self.tile}, dtype=tl.float32)")
-        n, total, mean, q = acc["wn"], acc["ws"], acc["wmean"], acc["wq"]
         loop = self._loop(top)
         t, delta, inv = self.fresh("t"), self.fresh("dl"), self.fresh("inv")
         self.emit(loop, f"{t} = tl.where(m, {self._source(loop, s_id)}, 0.0)")
@@ -292,12 +295,13 @@ class RowWriter(Writer):
         self.emit(loop, f"{delta} = {t} - {mean}")
         self.emit(loop, f"{mean} = tl.where(m, {mean} + {delta} * {inv}, {mean})")
         self.emit(loop, f"{q} = tl.where(m, {q} + {delta} * ({t} - {mean}), {q})")
-        self.emit(loop, f"{n} = {n} + tl.where(m, 1.0, 0.0)")
         self.emit(loop, f"{total} = {total} + {t}")
-        rows_n, mu = self.fresh("wr"), self.fresh("wmu")
+        n, mu = self.fresh("wn"), self.fresh("wmu")
+        passes = f"({r} - tl.arange(0, BLOCK_R) + BLOCK_R - 1) // BLOCK_R"  # passes that lane took part in
+        lanes, rows = ("[None, :]", "rmask[:, None]") if self.last else ("[:, None]", "imask[None, :]")
+        self.emit(top, f"{n} = tl.where({rows}, ({passes}){lanes}, 0).to(tl.float32)")
         self.emit(top, f"{sv} = tl.sum({total}, axis={ax})")
-        self.emit(top, f"{rows_n} = tl.sum({n}, axis={ax})")
-        self.emit(top, f"{mu} = {sv} / tl.maximum({rows_n}, 1.0)")
+        self.emit(top, f"{mu} = {sv} / {float(r)}")
         spread = f"{n} * ({mean} - {self.broadcast_row(mu)}) * ({mean} - {self.broadcast_row(mu)})"
         self.emit(top, f"{qv} = tl.sum({q}, axis={ax}) + tl.sum({spread}, axis={ax})")
         top.memo[("v", s_id)] = sv

@@ -165,14 +165,11 @@ _fn((F.linear,), Spec("linear", (*_IN, ("weight", REQUIRED), ("bias", None))))
 _fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
 _method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
 _fn((torch.einsum, torch.functional.einsum), Spec("einsum", (("equation", REQUIRED), *_BIN)))
-_fn((torch.diag,), Spec("diag", (*_IN, ("diagonal", 0))))
-_fn((torch.triu,), Spec("triu", (*_IN, ("diagonal", 0))))
+for _name in ("diag", "triu", "tril"):
+    _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("diagonal", 0))))
+    _method((_name,), Spec(_name, (*_IN, ("diagonal", 0))))
 _COSINE = (("x1", REQUIRED), ("x2", REQUIRED), ("dim", 1), ("eps", 1e-8))
 _fn((F.cosine_similarity, torch.cosine_similarity), Spec("cosine_similarity", _COSINE))
-_method(("triu",), Spec("triu", (*_IN, ("diagonal", 0))))
-_fn((torch.tril,), Spec("tril", (*_IN, ("diagonal", 0))))
-_method(("tril",), Spec("tril", (*_IN, ("diagonal", 0))))
-_method(("diag",), Spec("diag", (*_IN, ("diagonal", 0))))
 
 # Convolutions (weight and bias of a module are read through its path).
 _CONV = (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1))
