@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_runner.compare import TrialCheck, correctness, speed_of_light, timing_stats
 from gpu_runner.compiler import CompileOutcome
 from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.crosscheck import canary_check, cross_check
 from gpu_runner.gate import GateReport
 from gpu_runner.pool import ReferenceData
+from gpu_runner.protocol import Blob
+from gpu_runner.timing_session import SessionRecord
 from gpu_runner.verdict import (
     RunRecord,
     checks_from_infos,
     error_status,
-    guard_finding,
     kept_ops,
+    launches,
+    layout_findings,
     profile_findings,
     runtime_findings,
     truncate,
@@ -66,9 +69,12 @@ class Collected:
     """Trial comparisons running in threads, in trial order (gathered before the verdict)."""
     compare_times: list[tuple[float, float, float]] = field(default_factory=list)
     """Per trial: seconds reading its outputs, queued for a comparer, comparing (for logs)."""
-    compiled_ratios: tuple[float, ...] = ()
-    """The task's compiled/eager time ratios measured side by side in other spares, for a spare
-    that skipped the ``torch.compile`` baseline (``RunnerConfig.compiled_first``)."""
+    session: SessionRecord | None = None
+    """The timing session: every batch with the parent's clock, the canaries, the calls kept for judgment."""
+    timed_frames: dict[int, tuple[dict[str, Any], list[Blob], Any]] = field(default_factory=dict)
+    """Shipped timed calls' frames (trial number: header, blobs, pending bulk read), host-compared."""
+    timed_checks: list[TrialCheck] = field(default_factory=list)
+    """The judged timed calls' comparisons."""
 
 
 def _expected(c: Collected) -> int:
@@ -137,8 +143,10 @@ def build(c: Collected) -> EvalResult:
     own_names = set(c.gate.triton_kernels) | set(c.gate.cuda_kernels)
     infos = rec.trial_infos
     admitted = c.gate.admitted_aten_ops
-    checks += checks_from_infos(infos, rec.trial_checks, _expected(c), admitted)
-    findings += runtime_findings(infos, own_names, admitted)
+    namespaces = c.gate.op_namespaces
+    checks += checks_from_infos(infos, rec.trial_checks, _expected(c), admitted, namespaces)
+    findings += runtime_findings(infos, own_names, admitted, namespaces)
+    findings += _integrity(c, checks)
     torch_ops = (*c.gate.torch_ops_kept, *kept_ops(infos, admitted))
     common["torch_ops"] = torch_ops
     findings += profile_findings(rec.profile, own_names, bool(torch_ops))
@@ -201,39 +209,88 @@ def build(c: Collected) -> EvalResult:
     return _timed(c, checks, findings, corr, profile, common)
 
 
-def _timed(
-    c: Collected, checks: list[Check], findings: list[Finding], corr: Any, profile: Profile, common: dict[str, Any]
-) -> EvalResult:
+def _integrity(c: Collected, checks: list[Check]) -> list[Finding]:
+    """What the parent checked of the trials itself: the inputs each trial sent back against the
+    spare's checksums, the first trial's outputs after the later calls, the outputs' layout."""
     rec, ref = c.record, c.reference
     assert rec is not None
     assert ref is not None
-    timing = rec.timing or {}
-    timer = TimerKind(timing.get("timer", "perf_counter"))
-    calls = timing.get("callables", {})
-    stats = {name: timing_stats(v.get("samples", []), timer, v.get("wall") or None) for name, v in calls.items()}
+    out: list[Finding] = []
+    infos = rec.trial_infos
+    in_process = len(infos) - rec.inputs_checked
+    how = f"{rec.inputs_checked} trial(s) sent back and checked here" + (
+        f", {in_process} too large to send, checked in the candidate's process" if in_process > 0 else ""
+    )
+    if rec.mutated_trials:
+        t = rec.mutated_trials[0]
+        msg = f"trial {t}: the inputs changed during forward ({how})"
+        out.append(Finding(rule=R.INPUT_MUTATED, severity=Severity.REJECT, message=msg))
+    outcome = CheckOutcome.FAILED if rec.mutated_trials else CheckOutcome.PASSED if infos else CheckOutcome.SKIPPED
+    checks.append(Check(name=CheckName.INPUTS_UNCHANGED, outcome=outcome, detail=how))
+    if rec.later_changed:
+        msg = "the first trial's outputs changed while later trials ran (one buffer returned every call)"
+        out.append(Finding(rule=R.OUTPUT_ALIASES_INPUT, severity=Severity.REJECT, message=msg))
+    outcome = (
+        CheckOutcome.FAILED if rec.later_changed else CheckOutcome.PASSED if len(infos) > 1 else CheckOutcome.SKIPPED
+    )
+    checks.append(Check(name=CheckName.LATER_CALLS, outcome=outcome))
+    layout, layout_check = layout_findings(infos, list(ref.info.get("out_metas") or []))
+    checks.append(layout_check)
+    out += layout
+    ranged = [s for s in ref.scales if s != 1.0]
+    checks.append(
+        Check(
+            name=CheckName.RANGE_TRIALS,
+            outcome=CheckOutcome.PASSED if ranged else CheckOutcome.SKIPPED,
+            detail=f"inputs x {', '.join(f'{s:g}' for s in ranged)} (the reference stays finite there)"
+            if ranged
+            else "no scale keeps the reference finite, or no floating input",
+        )
+    )
+    return out
+
+
+def _slack(c: Collected) -> tuple[float, float]:
+    cuda = bool(c.device and c.device.get("kind") == "cuda")
+    us = c.cfg.crosscheck_slack_us if c.cfg.crosscheck_slack_us is not None else (25.0 if cuda else 1000.0)
+    ratio = c.cfg.crosscheck_slack_ratio if c.cfg.crosscheck_slack_ratio is not None else (0.04 if cuda else 0.25)
+    return us, ratio
+
+
+def _timed(
+    c: Collected, checks: list[Check], findings: list[Finding], corr: Any, profile: Profile, common: dict[str, Any]
+) -> EvalResult:
+    rec, ref, session = c.record, c.reference, c.session
+    assert rec is not None
+    assert ref is not None
+    batches = [b for b in session.batches if not b.warmup] if session is not None else []
+    timer = TimerKind(session.timer if session is not None else "perf_counter")
+    stats = {
+        name: timing_stats([x for b in batches if b.callable == name for x in b.samples], timer)
+        for name in ("candidate", "eager", "compiled")
+    }
     cand, eager, compiled = stats.get("candidate"), stats.get("eager"), stats.get("compiled")
     review: list[str] = []
-    recheck = timing.get("recheck", {})
+    wrong = [k for k in c.timed_checks if not k.ok]
+    kept = len(c.timed_checks)
     checks.append(
         Check(
             name=CheckName.TIMED_OUTPUTS_RECHECKED,
-            outcome=CheckOutcome.FAILED if recheck.get("failed") else CheckOutcome.PASSED,
-            detail=f"{recheck.get('failed', 0)} wrong of {recheck.get('checked', 0)} timed calls"
-            + (
-                f" ({recheck['skipped']} more not rechecked: large outputs are sampled)"
-                if recheck.get("skipped")
-                else ""
-            ),
+            outcome=CheckOutcome.FAILED if wrong else CheckOutcome.PASSED if kept else CheckOutcome.SKIPPED,
+            detail=f"{len(wrong)} wrong of {kept} timed calls judged (chosen after their batches, truth from "
+            "the referee)" + (f"; first: {wrong[0].detail}" if wrong else ""),
         )
     )
-    per_call = min((i.get("own_launches", 0) for i in rec.trial_infos), default=0)
-    calls_made = int(timing.get("candidate_calls", 0))
-    launches_ok = timing.get("own_launches", 0) >= per_call * calls_made
+    per_call = min((launches(i, c.gate.op_namespaces) for i in rec.trial_infos), default=0)
+    timed_launches = [b.own_launches for b in batches if b.callable == "candidate" and b.own_launches is not None]
+    calls_made = sum(b.calls for b in batches if b.callable == "candidate")
+    launches_ok = not timed_launches or sum(timed_launches) >= per_call * calls_made
     checks.append(
         Check(
             name=CheckName.TIMED_LAUNCHES,
             outcome=CheckOutcome.PASSED if launches_ok else CheckOutcome.FAILED,
-            detail=f"{timing.get('own_launches', 0)} own launches in {calls_made} timed calls",
+            detail=f"{sum(timed_launches)} own launches in {calls_made} timed calls "
+            "(counted in the candidate's process)",
         )
     )
     if not launches_ok:
@@ -244,38 +301,33 @@ def _timed(
                 message="fewer own kernel launches while timed than in the correctness trials",
             )
         )
-    medians = {k: v.median_ms for k, v in stats.items() if v is not None}
-    guard, guard_check = guard_finding(timing, medians, float(per_call), c.cfg.guard_slack_ms, c.cfg.guard_ratio)
-    checks.append(guard_check)
-    findings += [guard] if guard else []
+    slack_us, slack_ratio = _slack(c)
+    cross, forged, _ = cross_check(batches, slack_us, slack_ratio)
+    checks.append(cross)
+    findings += [forged] if forged else []
+    canary, busy = canary_check(
+        batches,
+        session.final_canary_us if session else None,
+        session.canary_quiet_us if session else None,
+        c.cfg.canary_busy_us,
+    )
+    checks.append(canary)
+    findings += [busy] if busy else []
+    flush = session.flush_bytes if session is not None else 0
     checks.append(
         Check(
             name=CheckName.L2_FLUSH,
-            outcome=CheckOutcome.PASSED if timing.get("flush_bytes") else CheckOutcome.SKIPPED,
-            detail=f"{timing.get('flush_bytes', 0)} bytes before every timed call"
-            if timing.get("flush_bytes")
-            else "no device L2 to flush (CPU)",
+            outcome=CheckOutcome.PASSED if flush else CheckOutcome.SKIPPED,
+            detail=f"{flush} bytes before every timed call" if flush else "no device L2 to flush (CPU)",
         )
     )
     checks.append(
         Check(
             name=CheckName.PERSISTING_L2_RESET,
-            outcome=CheckOutcome.PASSED if timing.get("l2_reset") else CheckOutcome.SKIPPED,
+            outcome=CheckOutcome.PASSED if session is not None and session.l2_reset else CheckOutcome.SKIPPED,
         )
     )
     compiled_error = None if compiled else (ref.info.get("compiled_error") or "disabled (torch.compile baseline off)")
-    derived = None
-    if compiled is None and ref.compiled_skipped:
-        compiled_error = (
-            f"not built in this spare (the first {c.cfg.compiled_first} spares of a task build it, then one in "
-            f"{c.cfg.compiled_every})"
-        )
-        if c.compiled_ratios and eager and cand and cand.median_ms > 0:
-            derived = statistics.median(c.compiled_ratios)
-            compiled_error += (
-                f"; vs torch.compile derived: eager x {derived:.4g}, the median compiled/eager time ratio of "
-                f"{len(c.compiled_ratios)} evaluation(s) of this task that timed both beside their candidate"
-            )
     checks.append(
         Check(
             name=CheckName.COMPILED_BASELINE,
@@ -285,8 +337,7 @@ def _timed(
     )
     sol = speed_of_light(ref.info, c.peaks, c.cfg.peak_tflops, c.cfg.peak_gbps, cand.median_ms if cand else None)
     speedup = eager.median_ms / cand.median_ms if cand and eager and cand.median_ms > 0 else None
-    compiled_ms = compiled.median_ms if compiled else eager.median_ms * derived if eager and derived else None
-    speedup_c = compiled_ms / cand.median_ms if cand and compiled_ms and cand.median_ms > 0 else None
+    speedup_c = compiled.median_ms / cand.median_ms if cand and compiled and cand.median_ms > 0 else None
     if sol is not None and sol.fraction is not None and sol.fraction > 1.1:
         msg = f"faster than the speed-of-light bound ({sol.fraction:.2f}x of it, {sol.limiter}-bound)"
         findings.append(Finding(rule=R.IMPLAUSIBLE_SPEED, severity=Severity.REVIEW, message=msg))
@@ -306,15 +357,17 @@ def _timed(
     baselines = Baselines(eager=eager, compiled=compiled, compiled_error=compiled_error)
     rejects = [f for f in findings[len(c.gate.findings) :] if f.severity is Severity.REJECT]
     status, summary = EvalStatus.CORRECT, ""
-    if recheck.get("failed"):
-        status, summary = EvalStatus.INCORRECT, f"incorrect: outputs wrong in {recheck['failed']} timed calls"
+    if cand is None:
+        status, summary = EvalStatus.INCORRECT, "incorrect: no timed call completed"
+    if wrong:
+        status, summary = EvalStatus.INCORRECT, f"incorrect: timed call wrong: {wrong[0].detail}"
     if rejects:
         status, summary = EvalStatus.REJECTED, f"rejected: {rejects[0].rule.value}: {rejects[0].message}"
     if status is EvalStatus.CORRECT:
         where = c.device.get("name", "?") if c.device else "?"
         summary = (
             (f"correct: {speedup:.3g}x vs eager" if speedup else "correct")
-            + (f", {speedup_c:.3g}x vs torch.compile" + (" (derived)" if derived else "") if speedup_c else "")
+            + (f", {speedup_c:.3g}x vs torch.compile" if speedup_c else "")
             + (f", {sol.fraction:.1%} of speed-of-light" if sol and sol.fraction else "")
             + f" on {where}"
         )

@@ -40,6 +40,28 @@ busy event loop stretched from 0.2 s to several seconds (convoying on the GIL). 
 temporaries per step are the price."""
 
 
+CHECKSUM_CHUNK = 1 << 24
+"""Words per step of :func:`host_checksum` (the same steps as the worker's ``checksum``)."""
+
+
+def host_checksum(array: Array) -> int:
+    """The worker's ``gpu_runner.sandboxed.common.checksum`` of a tensor, computed here from its
+    bytes: int32 words weighted by ``position % 65521 + 1``, summed in int64 per step (wrapping as
+    torch's sum does), the steps added exactly."""
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    pad = (-raw.size) % 4
+    if pad:
+        raw = np.concatenate([raw, np.zeros(pad, dtype=np.uint8)])
+    words = raw.view(np.int32)
+    total = 0
+    with np.errstate(over="ignore"):
+        for lo in range(0, words.size, CHECKSUM_CHUNK):
+            part = words[lo : lo + CHECKSUM_CHUNK].astype(np.int64)
+            weights = np.arange(lo, lo + part.size, dtype=np.int64) % 65521 + 1
+            total += int(np.multiply(part, weights).sum(dtype=np.int64))
+    return total
+
+
 def compare_trial(*args: Any) -> TrialCheck:
     """Compare one trial (see :func:`_compare_trial`); garbage outputs may hold any bit pattern."""
     with np.errstate(all="ignore"):

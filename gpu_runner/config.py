@@ -122,23 +122,19 @@ class RunnerConfig:
     """Warm-up time per callable before timing."""
     timing_lead_us: float = 200.0
     """Device-side spin queued before each timed call (CUDA), so host launch delays are not timed."""
-    guard_reps: int = 15
-    """Synchronized wall-clock calls per callable for the deferred-work guard (CUDA)."""
-    guard_slack_ms: float = 0.02
-    """Absolute slack of the deferred-work guard (launch and sync overhead) in ms."""
-    guard_ratio: float = 0.25
-    """Hidden work above this fraction of the candidate's event time (plus slack) is rejected."""
+    timing_batch_s: float = 0.02
+    """Target length of one timed batch: the parent's clock brackets each, so longer batches
+    shrink the pipe's share of it (see ``gpu_runner.crosscheck``)."""
+    crosscheck_slack_us: float | None = None
+    """Time per call outside the timed windows that a candidate's batches may take beyond the
+    referee's (the same harness), absolute; ``None``: 25 us on CUDA, 1000 us on the CPU."""
+    crosscheck_slack_ratio: float | None = None
+    """The same, as a share of the candidate's median call; ``None``: 0.04 on CUDA, 0.25 on the CPU."""
+    canary_busy_us: float = 500.0
+    """The referee's canary above this (and 20x its quiet median) means another process's work
+    held the GPU: a candidate left work running after its batch returned."""
     compiled_baseline: bool | None = None
     """Time ``torch.compile`` of the reference; ``None``: on CUDA yes, on the CPU no."""
-    compiled_first: int = 3
-    """Spares of a task that all build the ``torch.compile`` baseline and time it beside the
-    candidate; after them one in ``compiled_every`` does (and any spare while none has measured
-    it). The others' speedups over ``torch.compile`` are derived from the median compiled/eager
-    time ratio those measured side by side, and say so. Building it was 0.76-0.97 s of every
-    ~1 s spare preparation in ``bench/scale_bench.py``'s streams on an H200 host (0.95-2.1 s in
-    a KernelBench L1-89 run), and spares were what small tasks' streams waited for."""
-    compiled_every: int = 4
-    """After ``compiled_first``, one spare in this many builds the baseline; 1: every spare."""
     review_speedup: float = 10.0
     """Speedups above this need an explanation (speed-of-light headroom) or go to review."""
     peak_tflops: float | None = None
@@ -202,8 +198,6 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
             ("spares", self.spares >= 0, "must be >= 0"),
-            ("compiled_first", self.compiled_first >= 1, "must be >= 1"),
-            ("compiled_every", self.compiled_every >= 1, "must be >= 1"),
             ("max_concurrent_runs", self.max_concurrent_runs >= 1, "must be >= 1"),
             ("compile_workers", self.compile_workers >= 1, "must be >= 1"),
             (
@@ -220,9 +214,18 @@ class RunnerConfig:
             ("timing_budget_s", self.timing_budget_s > 0, "must be > 0"),
             ("warmup_min_calls", self.warmup_min_calls >= 1, "must be >= 1"),
             ("warmup_min_s", self.warmup_min_s >= 0, "must be >= 0"),
-            ("guard_reps", self.guard_reps >= 3, "must be >= 3"),
-            ("guard_slack_ms", self.guard_slack_ms >= 0, "must be >= 0"),
-            ("guard_ratio", self.guard_ratio > 0, "must be > 0"),
+            ("timing_batch_s", 0.0 < self.timing_batch_s <= 1.0, "must be within (0, 1]"),
+            (
+                "crosscheck_slack_us",
+                self.crosscheck_slack_us is None or self.crosscheck_slack_us >= 0,
+                "must be >= 0",
+            ),
+            (
+                "crosscheck_slack_ratio",
+                self.crosscheck_slack_ratio is None or self.crosscheck_slack_ratio >= 0,
+                "must be >= 0",
+            ),
+            ("canary_busy_us", self.canary_busy_us > 0, "must be > 0"),
             ("review_speedup", self.review_speedup > 1, "must be > 1"),
             ("peak_tflops", self.peak_tflops is None or self.peak_tflops > 0, "must be > 0 or None"),
             ("peak_gbps", self.peak_gbps is None or self.peak_gbps > 0, "must be > 0 or None"),

@@ -30,13 +30,25 @@ class Op(StrEnum):
     """What the parent asks of a worker (the ``op`` of a frame it sends)."""
 
     PREPARE = "prepare"
-    """Run worker: load the task's reference and ship its outputs for every trial."""
+    """Spare (a run worker that will take a candidate): draw every trial's inputs and make the
+    output buffers; no reference model, output or baseline ever exists in it."""
     JOB = "job"
-    """Run worker: stage one candidate in the sandbox (then ``go`` and ``time``)."""
+    """Spare: stage one candidate in the sandbox (then ``go``, and ``batch``/``ship`` until ``finish``)."""
     GO = "go"
-    """Run worker: the GPU lease is held; run the correctness trials."""
-    TIME = "time"
-    """Run worker: the GPU is exclusive now; time the candidate and the baselines."""
+    """Spare: the GPU lease is held; run the correctness trials."""
+    BATCH = "batch"
+    """Spare or referee: one timed batch of calls on fresh inputs from the given seeds."""
+    SHIP = "ship"
+    """Spare: send the outputs of one call of the last timed batch (chosen after it ended)."""
+    FINISH = "finish"
+    """Spare: no more timing; profile if asked, then say ``measured`` and ``done``."""
+    TASK = "task"
+    """Referee (a run worker that never takes a candidate): load the task's reference, build its
+    model and ``torch.compile`` baseline, calibrate the canary and the range trials."""
+    TRUTH = "truth"
+    """Referee: ship the reference's outputs (IEEE fp32) and float64 residuals for the given seeds."""
+    CANARY = "canary"
+    """Referee: time a one-block kernel from the host (the GPU idle, or busy with another process's work)."""
     MEASURE = "measure"
     """Run worker: report the task's sizes and FLOPs before any preparation."""
     COMPILE = "compile"
@@ -56,8 +68,18 @@ class Report(StrEnum):
     REFERENCE_ERROR = "reference_error"
     PREPARE_TIME = "prepare_time"
     REFERENCE_DONE = "reference_done"
-    """From a preparing spare: its reference data is made; what follows (the compiled baseline,
-    output buffers) adds only what the memory plan counts in every prepared spare."""
+    """From a preparing spare: its inputs are drawn; what follows (output buffers) adds only what
+    the memory plan counts in every prepared spare."""
+    TASK_READY = "task_ready"
+    """From the referee: the task's model and baselines are built (sizes, FLOPs, output metadata)."""
+    TIMED = "timed"
+    """From a spare or the referee: one timed batch's samples (and the outputs of small ones)."""
+    CANARY = "canary"
+    """From the referee: the canary's latency."""
+    INPUTS = "inputs"
+    """From a spare: one trial's inputs as the candidate's call left them (small inputs)."""
+    LATER_CALLS = "later_calls"
+    """From a spare, after the trials: whether the first trial's outputs changed in later calls."""
     MEASURED = "measured"
     """From a measuring worker: the task's sizes; from a run worker: timing is over."""
     SANDBOX = "sandbox"
@@ -92,34 +114,79 @@ class SandboxSettings(TypedDict, total=False):
 
 
 class PrepareOp(TypedDict):
-    """``prepare``: the task's reference, and the seeds of every trial (the candidate never sees them)."""
+    """``prepare``: the task's reference (for ``get_inputs`` and ``get_init_inputs`` only), every
+    trial's seed and input scale, and the reference's output metadata (for the output buffers)."""
 
     reference_source: str
     init_seed: int
     trial_seeds: list[int]
-    compiled_baseline: bool
-    flops: float | None
+    trial_scales: list[float]
+    out_metas: list[dict[str, Any]]
     device_verdict: bool
     inputs_on_device: bool
     init_on_device: bool
     in_place_bytes: int
     shared_outputs: bool
+    timed_slots: int
+
+
+class TaskOp(TypedDict):
+    """``task``: what the referee builds and keeps for the task until it is stopped."""
+
+    reference_source: str
+    init_seed: int
+    compiled_baseline: bool
+    inputs_on_device: bool
+    init_on_device: bool
+    calibrate_seed: int
+
+
+class TruthOp(TypedDict):
+    """``truth``: the seeds (and input scales) whose reference outputs and residuals to ship."""
+
+    seeds: list[int]
+    scales: list[float]
+    first: int
+    """The trial number of the first seed (the ``reference`` frames count on from it)."""
+
+
+class BatchOp(TypedDict):
+    """``batch``: one timed batch (the same harness in the spare and the referee)."""
+
+    callable: str
+    """``candidate`` (the spare), ``eager`` or ``compiled`` (the referee)."""
+    seeds: list[int]
+    warmup: bool
+    """Warm-up calls: at least ``len(seeds)``, and on until ``warmup_min_s`` (samples not kept)."""
+    warmup_min_s: float
+    lead_us: float
+    outputs: str
+    """``all``: every call's outputs come back with the batch (small outputs); ``keep``: the
+    spare keeps the last batch's outputs until the next one, for a ``ship``; ``none``."""
+    canary: bool
+    """Referee: time the canary before the batch (is the GPU idle?)."""
+
+
+class ShipOp(TypedDict):
+    """``ship``: which call of the last batch, and under which trial number its outputs go."""
+
+    call: int
+    trial: int
 
 
 class JobOp(TypedDict):
-    """``job``: one candidate, the sandbox it runs in, its tolerances and the timing settings."""
+    """``job``: one candidate, the sandbox it runs in, and what its trials send back."""
 
     candidate_path: str
     ext_manifest: dict[str, str]
     sandbox: SandboxSettings
-    atol: float
-    rtol: float
-    timing: dict[str, float]
     profile_kernels: bool
     device_verdict: bool
     poison_bytes: int | None
     in_place_bytes: int
-    admitted_aten_ops: list[str]
+    ship_inputs_bytes: int
+    """Inputs of at most this many bytes per trial go back with its outputs, as they are after the
+    call (the parent checks them against the checksums the spare made before any candidate)."""
 
 
 class MeasureOp(TypedDict):
@@ -145,9 +212,11 @@ class JudgeOp(TypedDict):
     reference_source: str
     init_seed: int
     seed: int
+    scale: float
     on_device: bool
     init_on_device: bool
-    input_sums: list[int | None]
+    input_sums: list[int | None] | None
+    """The spare's checksums of the trial's inputs (None for a timed call's: drawn in its batch)."""
     outputs: list[dict[str, Any]]
 
 
@@ -219,6 +288,31 @@ class JudgedReport(TypedDict):
     results: list[dict[str, Any]]
 
 
+class TaskReadyReport(TypedDict):
+    out_metas: list[dict[str, Any]]
+    phases: dict[str, float]
+
+
+class TimedReport(TypedDict):
+    samples: list[float]
+    """Milliseconds per timed call (CUDA events, or the host clock on the CPU)."""
+    calls: int
+    timer: str
+
+
+class CanaryReport(TypedDict):
+    host_us: float
+
+
+class InputsReport(TypedDict):
+    trial: int
+    tensors: list[dict[str, Any]]
+
+
+class LaterCallsReport(TypedDict):
+    first_outputs_changed: bool
+
+
 class RunErrorReport(TypedDict):
     """The worker's job failed: in which stage, with which exception."""
 
@@ -231,7 +325,12 @@ OPS: dict[Op, type[Any]] = {
     Op.PREPARE: PrepareOp,
     Op.JOB: JobOp,
     Op.GO: NoFields,
-    Op.TIME: NoFields,
+    Op.BATCH: BatchOp,
+    Op.SHIP: ShipOp,
+    Op.FINISH: NoFields,
+    Op.TASK: TaskOp,
+    Op.TRUTH: TruthOp,
+    Op.CANARY: NoFields,
     Op.MEASURE: MeasureOp,
     Op.COMPILE: CompileOp,
     Op.JUDGE: JudgeOp,
@@ -246,6 +345,11 @@ REPORTS: dict[Report, type[Any]] = {
     Report.REFERENCE_ERROR: ReferenceErrorReport,
     Report.PREPARE_TIME: PrepareTimeReport,
     Report.REFERENCE_DONE: NoFields,
+    Report.TASK_READY: TaskReadyReport,
+    Report.TIMED: TimedReport,
+    Report.CANARY: CanaryReport,
+    Report.INPUTS: InputsReport,
+    Report.LATER_CALLS: LaterCallsReport,
     Report.MEASURED: NoFields,
     Report.SANDBOX: SandboxReport,
     Report.ARMED: NoFields,

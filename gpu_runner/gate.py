@@ -32,6 +32,10 @@ class GateReport:
     """Torch operations the candidate leaves to PyTorch that the run's ``reference`` policy admitted."""
     admitted_aten_ops: frozenset[str] = frozenset()
     """Aten compute ops its forward may dispatch (the reference's own, under ``reference``)."""
+    op_namespaces: tuple[str, ...] = ()
+    """Custom-op namespaces its own native sources register (``TORCH_LIBRARY(ns, m)``): calls of
+    ``torch.ops.<ns>.*`` run its compiled kernels. Any other custom op a forward dispatches was
+    registered from Python, and its implementation is PyTorch compute."""
 
     @property
     def rejected(self) -> bool:
@@ -81,6 +85,7 @@ def check_candidate(
         uses_load_inline=gate.uses_load_inline,
         torch_ops_kept=kept,
         admitted_aten_ops=admitted,
+        op_namespaces=tuple(sorted(gate.op_namespaces)),
     )
 
 
@@ -125,6 +130,7 @@ class _Gate:
         """Index in ``findings`` of a torch-compute finding -> the operation's name."""
         self.triton_kernels: set[str] = set()
         self.cuda_kernels: set[str] = set()
+        self.op_namespaces: set[str] = set()
         self.uses_load_inline = False
         self.forward_nodes: set[int] = set()
 
@@ -413,6 +419,8 @@ class _Gate:
             return
         for match in T.CUDA_KERNEL_RE.finditer(text):
             self.cuda_kernels.add(match.group(1))
+        for match in T.TORCH_LIBRARY_RE.finditer(text):
+            self.op_namespaces.add(match.group(1))
         looks_native = any(tok in text for tok in ("#include", "__global__", "torch::", "at::", "PYBIND11"))
         if not looks_native:
             return

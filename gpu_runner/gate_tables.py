@@ -172,6 +172,9 @@ CPP_PATTERNS: tuple[tuple[re.Pattern[str], CheatRule, bool, str], ...] = (
 CUDA_KERNEL_RE = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
 """Names of ``__global__`` kernels in CUDA sources."""
 
+TORCH_LIBRARY_RE = re.compile(r"\bTORCH_LIBRARY(?:_FRAGMENT)?\s*\(\s*(\w+)\s*,")
+"""Custom-op namespaces a native source registers (their ops run its own compiled code)."""
+
 TRITON_DECORATORS = frozenset(
     {"triton.jit", "triton.autotune", "triton.heuristics", "triton.language.jit", "triton.runtime.jit.jit"}
 )

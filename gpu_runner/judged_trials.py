@@ -40,10 +40,14 @@ async def judge_trials(
     max_blob: int,
     verdict_root: Path,
     checks: list[TrialCheck],
+    timed_seeds: dict[int, int] | None = None,
 ) -> None:
     """Add to ``checks`` those of the ``pending`` trials (trial, report header), once nothing of the
-    candidate runs. Raises :class:`~gpu_runner.protocol.FrameError` for a report whose files are not
-    what it announced (``checks`` then holds the trials judged before it)."""
+    candidate runs; trial numbers past the trials' are timed calls shipped under them
+    (``timed_seeds``: their seeds; their inputs were drawn on the device). Raises
+    :class:`~gpu_runner.protocol.FrameError` for a report whose files are not what it announced
+    (``checks`` then holds the trials judged before it)."""
+    timed = timed_seeds or {}
     await worker.proc.wait()
     await asyncio.to_thread(wait_gone, tree, 30.0)
     ref.files = verdict_root / worker.dir.name
@@ -53,19 +57,21 @@ async def judge_trials(
         async with judge.keeping_lease():
             for t, header in pending:
                 outputs, fds = await _take_outputs(cfg, worker, t, header, ref, dst, max_blob)
+                is_timed = t >= len(ref.seeds)
                 job = JudgeOp(
                     reference_source=reference_source,
                     init_seed=ref.init_seed,
-                    seed=ref.seeds[t],
-                    on_device=ref.on_device,
+                    seed=timed[t] if is_timed else ref.seeds[t],
+                    scale=1.0 if is_timed else ref.scales[t],
+                    on_device=True if is_timed else ref.on_device,
                     init_on_device=ref.init_on_device,
-                    input_sums=ref.input_sums[t],
+                    input_sums=None if is_timed else ref.input_sums[t],
                     outputs=outputs,
                 )
                 tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
                 metas = list(header["tensors"])
                 factor = cfg.precision_factor
-                checks.append(await judge.trial(job, metas, ref.metas[t], tolerances, floors, factor, fds))
+                checks.append(await judge.trial(job, metas, _metas(ref, t), tolerances, floors, factor, fds))
                 worker.close_shared([k for k in worker.shared if k[0] == t])  # their memory goes once judged
                 for out in outputs:  # each trial's files go as soon as they are judged
                     if "cand" in out:
@@ -73,6 +79,11 @@ async def judge_trials(
                             os.unlink(out["cand"])
     finally:
         os.close(dst)
+
+
+def _metas(ref: ReferenceData, t: int) -> list[dict[str, Any]]:
+    """The reference's output metadata of trial ``t`` (a timed call's: any trial's, the same)."""
+    return ref.metas[t] if t < len(ref.metas) else ref.metas[0]
 
 
 def _tolerances(cfg: RunnerConfig, dtype: str) -> dict[str, Any]:
@@ -86,7 +97,7 @@ async def _take_outputs(
     """What the judge needs of trial ``t``'s outputs (none if the shapes differ) and the descriptors
     of their shared buffers (none: they were files, moved into ``dst`` here)."""
     assert ref.files is not None
-    ref_metas = ref.metas[t]
+    ref_metas = _metas(ref, t)
     if _shapes(list(header["tensors"])) != _shapes(ref_metas):
         return [], []  # the judge's decision stops at the difference without reading anything
     if header.get("shared"):

@@ -5,10 +5,13 @@ model and ``get_inputs()`` on PyTorch's ``meta`` device, so a 6 GB input costs n
 the device's free memory. From those bytes this module derives what every role of the evaluator
 holds at its peak and picks the largest configuration that fits, with headroom:
 
-* a prepared spare holds the model, every trial's inputs and reference outputs;
-* a spare that prepares also holds the float64 copies of model, inputs and outputs for a moment;
-* the worker running a candidate holds its spare's data plus the candidate's outputs, their
-  snapshot, the poisoned allocator memory and the timing's outputs;
+* the referee (one per task, never a candidate) holds the model, the ``torch.compile`` baseline's
+  buffers, a timed batch's inputs and outputs and, while it computes the truth of a trial, the
+  float64 copies of model, inputs and outputs;
+* a prepared spare holds every trial's inputs (and, where the judge reads them in place, the
+  output buffers of its trials and shipped timed calls);
+* the worker running a candidate holds its spare's data plus the candidate's model, its outputs,
+  their snapshot and the poisoned allocator memory, or a timed batch's inputs and kept outputs;
 * the host holds, per prepared spare, the reference outputs and float64 residuals and the
   candidate's output files (page-locked tmpfs).
 
@@ -62,6 +65,19 @@ SAFETY = 1.15
 """Factor on the summed device needs before they are compared with the budget."""
 MIN_TRIALS = 2
 """Fewest correctness trials a plan may cut to: a single input draw lets a lucky kernel through."""
+SHIP_ALL_BYTES = 1 << 20
+"""Outputs of one call up to this size come back with every timed batch (a host copy of a few
+tens of microseconds, inside the clocked window); larger ones are shipped on demand
+(:mod:`gpu_runner.timing_session`)."""
+SHIPPED_CALLS = 2
+"""Timed calls shipped and judged where outputs stay in the candidate's process (larger ones);
+one where the judge compares them on the device (each is a whole output's buffer)."""
+MAX_BATCH = 32
+"""Most calls in one timed batch."""
+TIMING_INPUT_BYTES = 1 << 30
+"""A batch draws every call's inputs before its first call: at most this many bytes of them."""
+KEPT_OUTPUT_BYTES = 1 << 30
+"""A candidate keeps a batch's outputs (for a ``ship``): at most this many bytes of them."""
 DEVICE_VERDICT_TRIALS = 3
 """Most trials for a task whose outputs the judge compares: each trial moves its outputs, the
 reference's and the residuals through host files (three passes over gigabytes), and three fresh
@@ -119,7 +135,7 @@ class MemoryPlan:
     compiled_baseline: bool
     """Whether the torch.compile baseline fits beside the evaluation."""
     device_per_eval: int
-    """Device bytes one evaluation needs at its peak (a preparing spare and the judge included)."""
+    """Device bytes one evaluation needs at its peak (the referee and the judge included)."""
     device_per_spare: int
     """Device bytes each further idle prepared spare holds."""
     device_per_candidate: int
@@ -132,6 +148,10 @@ class MemoryPlan:
     host_budget: int
     footprint: Footprint
     notes: list[str] = field(default_factory=list)
+    device_referee: int = 0
+    """Device bytes the task's referee holds at its peak (its model, baseline, a batch or a truth)."""
+    timed_slots: int = 0
+    """Output buffers each spare keeps for timed calls shipped for judgment (larger outputs)."""
 
     def summary(self) -> str:
         """One line for logs and the evaluation's checks."""
@@ -150,23 +170,50 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+def timed_slots(fp: Footprint, device_verdict: bool) -> int:
+    """Output buffers a spare keeps for shipped timed calls (none: their outputs come back with the batch)."""
+    if fp.output_bytes <= SHIP_ALL_BYTES:
+        return 0
+    return 1 if device_verdict else SHIPPED_CALLS
+
+
+def _timing_stage(fp: Footprint, keep: bool) -> int:
+    """A timed batch's inputs (every call's, drawn first) and the outputs alive at once."""
+    i, o, big = fp.input_bytes, fp.output_bytes, fp.largest_tensor_bytes
+    inputs = min(MAX_BATCH * i, max(i, TIMING_INPUT_BYTES))
+    outputs = min(MAX_BATCH * o, max(o, KEPT_OUTPUT_BYTES)) if keep or o <= SHIP_ALL_BYTES else o
+    return inputs + outputs + big
+
+
 def _device_needs(
-    fp: Footprint, trials: int, poison: int, compiled: bool = True, judged: bool = False, large: int = LARGE_BYTES
-) -> tuple[int, int, int]:
-    """(idle prepared spare, extra while preparing, extra while running a candidate) in device bytes."""
+    fp: Footprint,
+    trials: int,
+    poison: int,
+    compiled: bool = True,
+    judged: bool = False,
+    large: int = LARGE_BYTES,
+    shipped: int = 0,
+) -> tuple[int, int, int, int, tuple[int, int]]:
+    """Device bytes of each role: (idle prepared spare, the referee's own, the referee's timed
+    batch, the referee's truth or judgment, and the running candidate's process beyond its spare's
+    own during its trials and beyond its context and output buffers during its timing)."""
     i, o, p, big = fp.input_bytes, fp.output_bytes, fp.param_bytes, fp.largest_tensor_bytes
-    # the model, every trial's inputs and reference outputs, the compiled baseline's cached buffers
-    idle = CONTEXT_BYTES + p + trials * (i + o) + ((o + big) if compiled else 0)
-    # one trial at a time: the float64 model, inputs and outputs, and the float32 residual
-    preparing = 2 * (p + i + o) + o if not judged else i + o  # judged: the judge does the float64 run
-    # trials: the working inputs and the outputs' snapshot (small ones only), the outputs, one
-    # intermediate, the poison; timing: two rotating input buffers (small inputs only), one call's
-    # output, one intermediate; both: the quick check's float64 pieces and the L2 flush buffer
+    idle = CONTEXT_BYTES + trials * i
+    # The referee keeps the model and the flush buffer; the compiled baseline's buffers live only
+    # while it runs (in the timed batch). A trial's truth (and, for outputs judged on the device,
+    # the judgment, which the referee also does) needs the inputs and outputs, the float64 copies
+    # of model, inputs and outputs, the residual, and the judge's chunked temporaries.
+    base = CONTEXT_BYTES + p + WORK_BYTES
+    batch = _timing_stage(fp, False) + ((o + big) if compiled else 0) // 2
+    chunk = 3 * 8 * min(JUDGE_CHUNK_ELEMENTS, max(1, o // 4)) if judged else 0
+    truth = i + o + 2 * (p + i + o) + o + chunk
+    # the candidate's model; trials: the working inputs and the outputs' snapshot (small ones
+    # only), the outputs, one intermediate, the poison; timing: a batch's inputs and the outputs
+    # kept for a ship; both: the flush buffer and scratch
     small_in, small_out = i <= large, o <= large
     trials_stage = (i if small_in else 0) + (2 * o if small_out else o) + big + poison
-    timing_stage = (2 * i if small_in else 0) + o + big  # one call's output lives at a time
-    running = max(trials_stage, timing_stage) + WORK_BYTES
-    return idle, preparing, running
+    running = (p + trials_stage + WORK_BYTES, p + _timing_stage(fp, shipped > 0) + WORK_BYTES)
+    return idle, base, batch, truth, running
 
 
 def _host_per_spare(fp: Footprint, trials: int) -> int:
@@ -174,9 +221,9 @@ def _host_per_spare(fp: Footprint, trials: int) -> int:
     return trials * 2 * fp.output_bytes
 
 
-def _host_running(fp: Footprint, trials: int) -> int:
-    """The running candidate's spare data plus its output files (made when its job arrives)."""
-    return trials * 3 * fp.output_bytes
+def _host_running(fp: Footprint, slots: int) -> int:
+    """The running candidate's reference data plus its output files (made when its job arrives)."""
+    return slots * 3 * fp.output_bytes
 
 
 def plan(
@@ -210,33 +257,36 @@ def plan(
         max_trials = DEVICE_VERDICT_TRIALS
     if fp.method.startswith("unknown"):
         notes.append(f"sizes not measured ({fp.method}); planned as if small")
-    # The judge rebuilds the reference (model, one trial's inputs and outputs, the float64 copies,
-    # the residual) and compares in chunks (three float64 temporaries).
-    i, o, p = fp.input_bytes, fp.output_bytes, fp.param_bytes
-    chunk = 3 * 8 * min(JUDGE_CHUNK_ELEMENTS, max(1, o // 4))
-    judge = CONTEXT_BYTES + p + i + o + 2 * (p + i + o) + chunk if device_verdict else 0
+    o = fp.output_bytes
     full_poison = 2 * (fp.input_bytes + fp.output_bytes)
+
+    shipped = timed_slots(fp, device_verdict)
 
     def needs(trials: int, poison: int, spares: int, compiled: bool = True, shared: bool = False) -> tuple[int, int]:
         """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs;
-        ``shared``: every spare also holds its trials' output buffers on the device until judged."""
-        idle, preparing, running = _device_needs(fp, trials, poison, compiled, device_verdict, large_bytes)
-        if shared and on_gpu:
-            idle += trials * o
+        ``shared``: every spare also holds its outputs' buffers (trials and shipped timed calls)
+        on the device until judged."""
+        idle, base, batch, truth, running = _device_needs(
+            fp, trials, poison, compiled, device_verdict, large_bytes, shipped
+        )
+        slots = trials + shipped
+        held = slots * o if shared and on_gpu else 0
+        idle += held
         # judged: each worker's output files (the reference's data never goes to the host)
         host = (
-            (spares + 1) * trials * o
+            (spares + 1) * slots * o
             if device_verdict
-            else _host_running(fp, trials) + spares * _host_per_spare(fp, trials)
+            else _host_running(fp, slots) + spares * _host_per_spare(fp, trials)
         )
-        if spares == 0:
-            if device_verdict:  # evaluations run one at a time: prepare, run, then judge (its context stays)
-                held = trials * o if shared and on_gpu else 0  # the judge reads the buffers the spare left
-                dev = max(idle + max(preparing, running), judge + held) + CONTEXT_BYTES
-            else:
-                dev = idle + max(preparing, running) + judge
-        else:  # a candidate runs while ``spares`` spares wait, one of them still preparing
-            dev = (spares + 1) * idle + running + preparing + judge
+        # The candidate's process frees its trials' inputs before its timing; the referee's truth
+        # (or its judgment, for outputs judged on the device) comes beside the trials of a
+        # candidate for the next spare, or after the candidate's process is gone.
+        trials_phase = idle + running[0]
+        timing_phase = CONTEXT_BYTES + held + running[1] + batch
+        if spares == 0 and device_verdict:  # one at a time: prepare, run, then judge
+            dev = base + max(trials_phase, timing_phase, truth + held)
+        else:  # a candidate runs while ``spares`` spares wait, one of them perhaps being prepared
+            dev = base + spares * idle + max(trials_phase + truth, timing_phase)
         return (0, host + dev) if on_host else (dev, host)
 
     def fits(dev: int, host: int) -> bool:
@@ -285,12 +335,16 @@ def plan(
     if shared_outputs and device_verdict and not shared:
         notes.append("outputs go through host files: shared device buffers do not fit beside the evaluation")
     per_eval = needs(trials, poison, 0, compiled, shared)[0]
-    idle, _, running = _device_needs(fp, trials, poison, compiled, device_verdict, large_bytes)
+    idle, base, batch, truth, running = _device_needs(
+        fp, trials, poison, compiled, device_verdict, large_bytes, shipped
+    )
+    referee = base + max(batch, truth)
     if shared and on_gpu:
-        idle += trials * o
+        idle += (trials + shipped) * o
+    running_peak = max(running)
     if not compiled and compiled_baseline:
         notes.append("no torch.compile baseline: it does not fit beside the evaluation")
-    host = trials * fp.output_bytes if device_verdict else _host_per_spare(fp, trials)
+    host = (trials + shipped) * fp.output_bytes if device_verdict else _host_per_spare(fp, trials)
     if on_host:
         host += idle  # the spare's tensors live in host memory too
     if trials < max_trials:
@@ -308,7 +362,9 @@ def plan(
         compiled_baseline=compiled,
         device_per_eval=per_eval if on_gpu else 0,
         device_per_spare=idle if on_gpu else 0,
-        device_per_candidate=int((idle + running) * SAFETY) if on_gpu else 0,
+        device_per_candidate=int((idle + running_peak) * SAFETY) if on_gpu else 0,
+        device_referee=referee if on_gpu else 0,
+        timed_slots=shipped,
         host_per_spare=host,
         device_budget=device_budget,
         host_budget=host_budget,

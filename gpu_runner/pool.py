@@ -1,10 +1,13 @@
-"""Pools of pre-warmed, single-use workers (parent side).
+"""Pools of pre-warmed, single-use workers (parent side), and the task's referee.
 
 :class:`RunPool` keeps ``spares`` run workers started (torch imported, device initialised) and,
-once a task is known, prepared for it: the reference's outputs for fresh secret seeds are
-computed in the spare and already held by the parent before a candidate arrives. A spare is
-handed out once and never returned. :class:`CompilePool` keeps compile workers warm the same
-way (on CUDA; on the CPU they start on demand).
+once a task is known, prepared for it: each spare draws its trials' inputs from fresh secret seeds
+(and makes its output buffers), while the referee (:mod:`gpu_runner.referee`, one process per
+task that never runs a candidate) computes the reference's outputs for the same seeds and ships
+them to the parent. So the parent holds a spare's reference data before a candidate arrives, and
+the spare, where the candidate will run, never held any. A spare is handed out once and never
+returned. :class:`CompilePool` keeps compile workers warm the same way (on CUDA; on the CPU they
+start on demand).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ import psutil
 import structlog
 
 from gpu_runner.config import RunnerConfig, usable_cores
-from gpu_runner.errors import InvalidReference, ProtocolError, WorkerStartError
+from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
-from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, op_frame
+from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, TaskOp, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
+from gpu_runner.referee import Referee
 from gpu_runner.sandbox import Isolation, SharedOutput, Worker, await_ready, bulk_root, receive_shared, spawn_worker
 from gpu_runner.triton_cache import copy_tree
 from schemas.task import source_fingerprint
@@ -48,7 +52,8 @@ def task_key(reference_source: str) -> str:
 
 @dataclass
 class ReferenceData:
-    """What a prepared spare computed before any candidate existed (held by the parent)."""
+    """What the parent holds for a prepared spare before any candidate exists: the referee's
+    outputs for the spare's seeds, and what the spare reported of its inputs."""
 
     outputs: list[list[npt.NDArray[Any]]] = field(default_factory=list)
     residuals: list[list[npt.NDArray[Any]] | None] = field(default_factory=list)
@@ -56,23 +61,25 @@ class ReferenceData:
     dtypes: list[list[str]] = field(default_factory=list)
     fp64_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    """The referee's ``task_ready`` (FLOPs, bytes, output metadata, baseline) and the spare's
+    ``prepared`` (its phases and output buffers)."""
     lease_s: float = 0.0
     """Seconds the spare held its (shared) GPU lease while preparing."""
     judged: bool = False
-    """The judge compares this spare's trials on the GPU (the spare shipped nothing; the judge
-    rebuilds the reference from ``seeds`` and ``init_seed``, proven by ``input_sums``)."""
+    """The judge compares this spare's trials on the GPU (nothing is shipped; the judge rebuilds
+    the reference from ``seeds`` and ``init_seed``, proven by ``input_sums``)."""
     seeds: list[int] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    """Per trial, the factor its floating inputs were drawn at (1.0, or a range trial's scale)."""
     init_seed: int = 0
     on_device: bool = False
     init_on_device: bool = False
     input_sums: list[list[int | None]] = field(default_factory=list)
+    """Per trial, checksums of the inputs the spare drew, made before any candidate existed."""
     metas: list[list[dict[str, Any]]] = field(default_factory=list)
     """Per trial, the wire metadata (dtype, shape, nbytes) of the reference's outputs."""
     files: Path | None = None
     """Where the candidate's output files wait for the judge (out of every worker's reach)."""
-    compiled_skipped: bool = False
-    """The spare did not build the ``torch.compile`` baseline because the task's sampling had
-    measured it elsewhere (``RunnerConfig.compiled_first``), not because it could not."""
 
     def discard(self) -> None:
         """Remove the reference files (the spare is used up or killed)."""
@@ -81,9 +88,10 @@ class ReferenceData:
             self.files = None
 
 
-def _take_shared(worker: Worker, metas: list[list[dict[str, Any]]]) -> None:
+def _take_shared(worker: Worker, metas: list[list[dict[str, Any]]], timed_slots: int = 0) -> None:
     """Keep the shared output buffers a judged spare sent before its ``prepared`` frame (none:
-    its trials go through host files). They must be one per reference output, each large enough."""
+    its trials go through host files). They must be one per reference output of every trial and
+    of every timed slot (numbered after the trials), each large enough."""
     if worker.share is None:
         return
     try:
@@ -97,7 +105,8 @@ def _take_shared(worker: Worker, metas: list[list[dict[str, Any]]]) -> None:
         worker.shared[key] = SharedOutput(fd, int(entry["size"]), str(entry["dtype"]), tuple(entry["shape"]))
     if not received:
         return
-    wanted = {(t, i): m for t, outs in enumerate(metas) for i, m in enumerate(outs)}
+    slots = metas + [metas[0]] * timed_slots if metas else []
+    wanted = {(t, i): m for t, outs in enumerate(slots) for i, m in enumerate(outs)}
     wrong = set(wanted) != set(worker.shared) or any(
         out.dtype != str(wanted[k].get("dtype"))
         or list(out.shape) != list(wanted[k].get("shape", []))
@@ -109,8 +118,12 @@ def _take_shared(worker: Worker, metas: list[list[dict[str, Any]]]) -> None:
         raise ProtocolError("the spare's shared outputs do not match its reference outputs")
 
 
-RATIOS_KEPT = 32
-"""Compiled/eager ratios kept per task: the latest, so a drift of the machine shows."""
+def trial_scales(trials: int, range_scales: list[float]) -> list[float]:
+    """Per trial, the factor its floating inputs are drawn at: typical draws (1.0) first, then up
+    to two range trials (the referee's large and small scales, where the reference stays finite),
+    always leaving at least one typical draw."""
+    ranged = range_scales[: max(0, min(2, trials - 1))]
+    return [1.0] * (trials - len(ranged)) + ranged
 
 
 @dataclass
@@ -157,16 +170,13 @@ class RunPool:
         self.seeding: set[str | None] = set()
         self.prepared = 0
         """Spares prepared so far (for benchmarks)."""
-        self.compiled_ratios: dict[str, list[float]] = {}
-        """Per task, compiled/eager median time ratios of evaluations that timed both side by side
-        (the latest :data:`RATIOS_KEPT`); spares that skip the baseline derive from them."""
-        self.spares_asked: dict[str, int] = {}
-        """Per task, preparations asked for (what the baseline's sampling counts)."""
+        self.referee = Referee(self.new_worker, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s)
+        """The current task's referee: its reference, truth and baselines (never a candidate)."""
+        self.init_seeds: dict[str, int] = {}
+        """Per task, the seed its models are built under (the referee's, every candidate's, the judge's)."""
         self.preparations: list[tuple[float, float, float]] = []
         """Per prepared spare, when its preparation began (under ``prep_sem``), when its reference
         was done (``prep_sem`` given back) and when it ended (``time.perf_counter``; for benchmarks)."""
-        self.flops: dict[str | None, int] = {}
-        """Per task, the reference's FLOPs as the first prepared spare counted them (later ones skip it)."""
         self.failures = 0
         """Spares that failed in a row; at ``MAX_SPARE_FAILURES`` no more are started."""
         self.failure: str | None = None
@@ -254,11 +264,11 @@ class RunPool:
         return self.plan.trials if self.plan is not None else self.cfg.trials
 
     async def prepare(self, spare: Spare, reference_source: str, timeout_s: float) -> None:
-        """Have a spare compute the reference outputs for fresh secret seeds; keep them here.
+        """Have a spare draw its trials' inputs from fresh secret seeds, and the referee compute the
+        reference's outputs for them; keep those here.
 
-        Under ``prep_sem`` only the reference's own part is one at a time: the spare's
-        ``reference_done`` lets the next one start while this one builds its compiled baseline
-        (whose memory every prepared spare has in the plan)."""
+        Under ``prep_sem`` only the drawing of the inputs is one at a time: the spare's
+        ``reference_done`` lets the next one start while this one makes its output buffers."""
         sem = self.prep_sem
         if sem is not None:
             await sem.acquire()
@@ -286,57 +296,71 @@ class RunPool:
         on_reference_done: Callable[[], None] | None = None,
     ) -> None:
         started = time.perf_counter()
-        seeds = [secrets.randbits(62) for _ in range(self.trials_wanted())]
-        device_verdict = self.plan is not None and self.plan.device_verdict
-        init_seed = secrets.randbits(62)
         task = task_key(reference_source)
-        asked = self.spares_asked[task] = self.spares_asked.get(task, 0) + 1
-        compiled = self.compiled_baseline()
-        sampled = compiled and (
-            asked <= self.cfg.compiled_first
-            or (asked - self.cfg.compiled_first) % self.cfg.compiled_every == 0
-            or not self.compiled_ratios.get(task)
-        )
+        if self.referee.task != task:
+            raise ProtocolError("the task's referee is not ready (its task changed or it failed)")
+        info = dict(self.referee.info)
+        trials = self.trials_wanted()
+        seeds = [secrets.randbits(62) for _ in range(trials)]
+        scales = trial_scales(trials, [float(x) for x in info.get("range_scales") or []])
+        device_verdict = self.plan is not None and self.plan.device_verdict
         on_device = self.plan is not None and self.plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES
-        init_on_device = self.plan is not None and self.plan.footprint.param_bytes >= ON_DEVICE_BYTES
+        init_on_device = bool(info.get("init_on_device"))
+        out_metas = [dict(m) for m in info.get("out_metas") or []]
         msg = op_frame(
             Op.PREPARE,
             PrepareOp(
                 reference_source=reference_source,
-                init_seed=init_seed,
+                init_seed=self.init_seeds[task],
                 trial_seeds=seeds,
-                compiled_baseline=sampled,
-                flops=self.flops.get(task),
+                trial_scales=scales,
+                out_metas=out_metas,
                 device_verdict=device_verdict,
                 inputs_on_device=on_device,
                 init_on_device=init_on_device,
                 in_place_bytes=self.cfg.in_place_bytes,
                 shared_outputs=self.plan is not None and self.plan.shared_outputs,
+                timed_slots=self.plan.timed_slots if self.plan is not None else 0,
             ),
         )
         data = ReferenceData(
             judged=device_verdict,
             seeds=seeds,
-            init_seed=init_seed,
+            scales=scales,
+            init_seed=self.init_seeds[task],
             on_device=on_device,
             init_on_device=init_on_device,
-            compiled_skipped=compiled and not sampled,
+            info=info,
         )
         await spare.worker.send(msg)
         try:
-            await self._collect_reference(spare, data, timeout_s, on_reference_done)
+            # The referee computes the reference's outputs for the spare's seeds meanwhile (the
+            # judge does it after the candidate, for outputs judged on the device).
+            truths = None if device_verdict else asyncio.create_task(self.referee.truths(seeds, scales, 0))
+            try:
+                await self._collect_reference(spare, data, timeout_s, on_reference_done)
+            finally:
+                if truths is not None:
+                    done = await asyncio.gather(truths, return_exceptions=True)
+            if truths is not None:
+                got = done[0]
+                if isinstance(got, BaseException):
+                    raise got
+                for truth in got:
+                    data.outputs.append(truth.outputs)
+                    data.dtypes.append(truth.dtypes)
+                    data.residuals.append(truth.residuals)
+                    data.fp64_error = data.fp64_error or truth.fp64_error
         except asyncio.IncompleteReadError:
             data.discard()
             log = spare.worker.log_text()[-3000:]
-            raise WorkerStartError("run", "the worker died while computing the reference", log) from None
+            raise WorkerStartError("run", "the worker died while drawing its inputs", log) from None
         except BaseException:
             data.discard()
             raise
-        spare.task = task_key(reference_source)
+        spare.task = task
         spare.reference = data
         self.prepared += 1
-        if data.info.get("flops") is not None:
-            self.flops.setdefault(spare.task, int(data.info["flops"]))
         # Start-up phases, then the preparation's (a later name wins; nothing may collide into an error).
         phases = {**(spare.worker.ready.get("phases") or {}), **(data.info.get("phases") or {})}
         logger.info(
@@ -360,32 +384,25 @@ class RunPool:
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
-                    header, blobs = await spare.worker.recv(1 << 40)
+                    header, _ = await spare.worker.recv(1 << 40)
                     kind = header.get("kind")
                     if await lease.handle(kind):
                         continue
-                    if kind is Report.REFERENCE and data.judged:
-                        raise ProtocolError("a judged task's spare shipped reference outputs")
-                    if kind is Report.REFERENCE:
-                        arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
-                        n = int(header["n_outputs"])
-                        data.outputs.append(arrays[:n])
-                        data.dtypes.append([str(m["dtype"]) for m in header["tensors"][:n]])
-                        data.residuals.append(arrays[n:] if header.get("fp64_error") is None else None)
-                        data.fp64_error = data.fp64_error or header.get("fp64_error")
-                    elif kind is Report.REFERENCE_DONE:
+                    if kind is Report.REFERENCE_DONE:
                         if on_reference_done is not None:
                             on_reference_done()
                     elif kind is Report.PREPARED:
-                        data.info = header
-                        # The spare builds on the CPU what it could not build on the device; the judge follows.
-                        data.init_on_device = bool(header.get("init_on_device", data.init_on_device))
+                        data.info = {
+                            **data.info,
+                            "phases": header.get("phases"),
+                            "output_slots": header.get("output_slots"),
+                        }
+                        data.input_sums = [list(x) for x in header.get("input_sums") or []]
+                        data.metas = [list(x) for x in header.get("out_metas") or []]
+                        if len(data.input_sums) != len(data.seeds) or len(data.metas) != len(data.seeds):
+                            raise ProtocolError("the spare reported checksums or outputs for other trials")
                         if data.judged:
-                            data.input_sums = [list(x) for x in header.get("input_sums") or []]
-                            data.metas = [list(x) for x in header.get("out_metas") or []]
-                            if len(data.input_sums) != len(data.seeds) or len(data.metas) != len(data.seeds):
-                                raise ProtocolError("the spare reported checksums or outputs for other trials")
-                            _take_shared(spare.worker, data.metas)
+                            _take_shared(spare.worker, data.metas, self.plan.timed_slots if self.plan else 0)
                     elif kind is Report.PREPARE_TIME:  # the last frame of a preparation
                         break
                     elif kind is Report.REFERENCE_ERROR:
@@ -402,13 +419,6 @@ class RunPool:
         bulk_root(self.base).mkdir(mode=0o711, exist_ok=True)
         path.mkdir(mode=0o700, exist_ok=True)
         return path
-
-    def record_compiled_ratio(self, reference_source: str, ratio: float) -> None:
-        """A side-by-side compiled/eager time ratio of this task (from an evaluation's timing)."""
-        if ratio > 0:
-            kept = self.compiled_ratios.setdefault(task_key(reference_source), [])
-            kept.append(ratio)
-            del kept[:-RATIOS_KEPT]
 
     def compiled_baseline(self) -> bool:
         if self.plan is not None and not self.plan.compiled_baseline:
@@ -560,26 +570,55 @@ class RunPool:
                 await self._dispose(spare)
         self.reference_source = reference_source
         self._recovered()
-        if key in self.plans:
+        if key in self.plans and self.referee.task == key:
             self.plan = self.plans[key]
-        else:
-            self.planned.clear()
-            try:
-                worker = await self.new_worker()
+            self.refill()
+            return
+        self.planned.clear()
+        measurer: Worker | None = None
+        try:
+            if key in self.plans:
+                self.plan = self.plans[key]
+                referee_worker = await self.new_worker()
+            else:
+                # The referee's process starts while another measures the task (it becomes a spare).
+                first, referee_worker = await asyncio.gather(self.new_worker(), self.new_worker())
+                measurer = first
                 try:
-                    self.plan = await self._measure(worker, reference_source)
+                    self.plan = await self._measure(first, reference_source)
                 except BaseException:
-                    await worker.kill(sweep=False)
+                    await referee_worker.kill(sweep=False)
                     raise
-            except BaseException:
-                self.reference_source = None  # no task: spares that started meanwhile stay unprepared
-                raise
-            finally:
-                self.planned.set()
-            cut = self.plan.spares < self.cfg.spares or self.plan.trials < self.cfg.trials
-            self.prep_sem = asyncio.Semaphore(1) if cut or self.plan.device_verdict else None
-            self._spawn_spare(worker)  # prepared and kept even with no spares planned: the first job takes it
+            await self._start_referee(key, reference_source, referee_worker)
+        except BaseException:
+            if measurer is not None:
+                await measurer.kill(sweep=False)
+            self.reference_source = None  # no task: spares that started meanwhile stay unprepared
+            raise
+        finally:
+            self.planned.set()
+        cut = self.plan.spares < self.cfg.spares or self.plan.trials < self.cfg.trials
+        self.prep_sem = asyncio.Semaphore(1) if cut or self.plan.device_verdict else None
+        if measurer is not None:
+            self._spawn_spare(measurer)  # prepared and kept even with no spares planned: the first job takes it
         self.refill()
+
+    async def _start_referee(self, key: str, reference_source: str, worker: Worker) -> None:
+        """The task's referee: its model and baselines built once, before any spare prepares."""
+        assert self.plan is not None
+        seed = self.init_seeds.setdefault(key, secrets.randbits(62))
+        op = TaskOp(
+            reference_source=reference_source,
+            init_seed=seed,
+            compiled_baseline=self.compiled_baseline(),
+            inputs_on_device=self.plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES,
+            init_on_device=self.plan.footprint.param_bytes >= ON_DEVICE_BYTES,
+            calibrate_seed=secrets.randbits(62),
+        )
+        try:
+            await self.referee.start_task(key, op, worker)
+        except EvaluatorFault as exc:
+            raise WorkerStartError("run", f"the referee could not build the task: {exc}") from None
 
     async def _dispose(self, spare: Spare) -> None:
         await spare.worker.kill(sweep=False)
@@ -610,6 +649,7 @@ class RunPool:
         for spare in self.idle:
             await self._dispose(spare)
         self.idle.clear()
+        await self.referee.aclose()
 
 
 def decode_outputs(header: dict[str, Any], blobs: Sequence[Blob]) -> list[npt.NDArray[Any]]:

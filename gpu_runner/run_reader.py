@@ -1,9 +1,11 @@
-"""Reading a run worker's reports into the candidate's record: trials compared in threads, the rest kept.
+"""Reading a spare's reports into the candidate's record: trials compared in threads, the rest kept.
 
-The parent's side of the frames a run worker sends between ``job`` and its exit (see
+The parent's side of the frames a spare sends between ``job`` and its exit (see
 :mod:`gpu_runner.frames`): the sandbox it entered, each trial's outputs (compared with the
-reference's in a thread pool while the worker goes on, or left for the judge when the task's
-outputs are judged on the device), memory, profile, timing, an error or the end.
+referee's in a thread pool while the worker goes on, or left for the judge when the task's
+outputs are judged on the device), each trial's inputs as the call left them (checked against the
+checksums the spare made before the candidate existed), memory, profile, timed batches and shipped
+timed calls (read by :mod:`gpu_runner.timing_session`), an error or the end.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from gpu_runner.assemble import Collected
-from gpu_runner.compare import TrialCheck, compare_trial
+from gpu_runner.compare import TrialCheck, compare_trial, host_checksum
 from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.frames import Report
 from gpu_runner.pool import Spare, decode_outputs
@@ -48,6 +52,8 @@ class ReportReader:
     c: Collected
     spare: Spare
     max_blob: int
+    timed_seeds: dict[int, int] = field(default_factory=dict)
+    """Trial numbers past the trials': the seeds of the timed calls shipped under them."""
 
     @property
     def record(self) -> RunRecord:
@@ -58,6 +64,15 @@ class ReportReader:
     async def until(self, *until: Report) -> Report | None:
         """Absorb frames until one of the kinds ``until`` arrives (that kind) or the worker is done,
         failed or gone (None)."""
+        got = await self._next(until, absorb_wanted=False)
+        return got[0]["kind"] if got is not None else None
+
+    async def take(self, kind: Report) -> tuple[dict[str, Any], list[Blob]] | None:
+        """Absorb frames until one of ``kind`` arrives: its header and blobs (a shipped timed call's
+        frame is also absorbed as its trial); None once the worker is done, failed or gone."""
+        return await self._next((kind,), absorb_wanted=kind is Report.TRIAL)
+
+    async def _next(self, until: tuple[Report, ...], absorb_wanted: bool) -> tuple[dict[str, Any], list[Blob]] | None:
         worker, c = self.worker, self.c
         assert c.record is not None
         while True:
@@ -68,13 +83,16 @@ class ReportReader:
                 c.record.died = exit_description(worker.proc.returncode)
                 return None
             kind = header["kind"]
-            if kind in until:
-                return kind  # type: ignore[no-any-return]
-            blobs: list[Blob] = []
+            if kind in until and not absorb_wanted:
+                blobs = await asyncio.wrap_future(later) if later is not None else []
+                return header, blobs
+            blobs = []
             if later is not None and kind is not Report.TRIAL:  # only trial outputs wait
                 blobs, later = await asyncio.wrap_future(later), None
             if not await self._absorb(header, blobs, later):
                 return None
+            if kind in until:
+                return header, blobs
 
     async def _absorb(self, header: dict[str, Any], blobs: list[Blob], later: Future[list[Blob]] | None) -> bool:
         """Keep one report; False once the worker has said its last word (an error or done)."""
@@ -87,26 +105,58 @@ class ReportReader:
             self.c.checks.append(Check(name=CheckName.SANDBOX_LIMITS, outcome=CheckOutcome.PASSED, detail=detail))
         elif kind is Report.TRIAL:
             self._trial(header, blobs, later)
+        elif kind is Report.INPUTS:
+            self._inputs(header, blobs)
+        elif kind is Report.LATER_CALLS:
+            record.later_changed = bool(header["first_outputs_changed"])
         elif kind is Report.MEMORY:
             record.memory_peak = int(header["peak_bytes"])
         elif kind is Report.PROFILE:
             record.profile = header
-        elif kind is Report.TIMING:
-            record.timing = header
+        elif kind is Report.TIMED:
+            raise FrameError("a timed batch's frame came when none was asked for")
         elif kind is Report.ERROR:
             record.error = header
         elif kind is Report.DONE:
             record.done = header
         return kind not in (Report.ERROR, Report.DONE)
 
+    def _inputs(self, header: dict[str, Any], blobs: list[Blob]) -> None:
+        """A trial's inputs as the call left them, against the checksums of the pristine ones."""
+        ref = self.spare.reference
+        assert ref is not None
+        t = int(header["trial"])
+        if not 0 <= t < len(ref.input_sums):
+            raise FrameError(f"inputs of trial {t}, which does not exist")
+        pristine = [s for s in ref.input_sums[t] if s is not None]
+        metas = list(header["tensors"])
+        if len(metas) != len(blobs):
+            raise FrameError(f"inputs of trial {t}: {len(metas)} tensors announced, {len(blobs)} sent")
+        # Their bytes as they are (the checksum is of the bytes, whatever the dtype).
+        after = [host_checksum(np.frombuffer(b, dtype=np.uint8)) for b in blobs]
+        self.record.inputs_checked += 1
+        if after != pristine:
+            self.record.mutated_trials.append(t)
+
     def _trial(self, header: dict[str, Any], blobs: list[Blob], later: Future[list[Blob]] | None) -> None:
         """One trial's outputs: left for the judge, or compared with the reference's in a thread."""
         ref, c = self.spare.reference, self.c
         assert ref is not None
         t = int(header["trial"])
-        if not 0 <= t < (len(ref.metas) if ref.judged else len(ref.outputs)):
+        timed = t in self.timed_seeds
+        if not (0 <= t < len(ref.seeds) or timed):
             raise FrameError(f"trial {t} does not exist")
-        self.record.trial_infos.append({"trial": t, **header["info"]})
+        if timed:  # a shipped timed call: compared once the referee has its truth
+            if ref.judged:
+                c.pending.append((t, header))
+            else:
+                c.timed_frames[t] = (header, blobs, later)
+            return
+        info = dict(header["info"])
+        self.record.trial_infos.append({"trial": t, **info})
+        after = info.get("input_sums_after")
+        if after is not None and t < len(ref.input_sums) and list(after) != list(ref.input_sums[t]):
+            self.record.mutated_trials.append(t)  # large inputs: checked in the candidate's process
         if ref.judged:  # judged on the GPU once the worker is gone
             c.pending.append((t, header))
             return
@@ -114,10 +164,10 @@ class ReportReader:
         residuals = ref.residuals[t] if t < len(ref.residuals) else None
         # Read (bulk files) and compared in threads while the worker goes on, and after the GPU is
         # released: the run stage gathers every comparison before the verdict.
-        compare = self._compare(header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times)
+        compare = self.compare(header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times)
         c.compares.append(asyncio.create_task(compare))
 
-    async def _compare(
+    async def compare(
         self,
         header: dict[str, Any],
         blobs: list[Blob],

@@ -1,10 +1,13 @@
 """The run stage, parent side: one candidate in a prepared spare, from its job to the data of its verdict.
 
 A candidate runs from ``go`` to ``measured`` under the GPU leases of :mod:`gpu_runner.lease`: the
-candidate lease for its import, construction and trials (spares preparing references may share
-it), then the exclusive lease for its timing. The worker is killed while the GPU is still held.
-Its trials' outputs are compared in threads (:mod:`gpu_runner.run_reader`) or, for tasks whose
-outputs are judged on the device, by the judge once the worker is gone.
+candidate lease for its import, construction and trials (spares preparing beside it may share
+it), then the exclusive lease for its timing, which the parent drives batch by batch against the
+referee's baselines (:mod:`gpu_runner.timing_session`). The worker is killed while the GPU is
+still held. Its trials' outputs are compared in threads (:mod:`gpu_runner.run_reader`) against the
+referee's, or, for tasks whose outputs are judged on the device, by the judge once the worker is
+gone; so are the timed calls chosen for judgment. A candidate whose trials already failed is not
+timed (except where the judge decides after the run: then the timing comes first).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import structlog
 
 from gpu_runner.assemble import Collected
-from gpu_runner.compare import TrialCheck
+from gpu_runner.compare import TrialCheck, compare_trial
 from gpu_runner.config import RunnerConfig
 from gpu_runner.frames import JobOp, Op, OpFrame, Report, op_frame
 from gpu_runner.isolation import Isolation, jit_exec, sandbox_settings
@@ -30,25 +33,18 @@ from gpu_runner.judged_trials import judge_trials
 from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare
 from gpu_runner.protocol import FrameError
-from gpu_runner.run_reader import ReportReader
+from gpu_runner.run_reader import _COMPARERS, ReportReader
 from gpu_runner.sandbox import Worker, chown_tree
+from gpu_runner.timing_session import SessionAborted, TimingSession
 from gpu_runner.triton_cache import copy_tree
-from gpu_runner.verdict import RunRecord
-from schemas import Check, CheckName, CheckOutcome
+from gpu_runner.verdict import RunRecord, runtime_findings
+from schemas import Check, CheckName, CheckOutcome, Severity
 
 logger = structlog.get_logger(__name__)
 
-TIMING_SETTINGS = (
-    "timing_budget_s",
-    "timing_min_reps",
-    "timing_max_reps",
-    "timing_target_rel_err",
-    "warmup_min_calls",
-    "warmup_min_s",
-    "guard_reps",
-    "timing_lead_us",
-)
-"""The config fields a run worker's timing reads (the ``timing`` of its job)."""
+SHIP_INPUTS_BYTES = 256 << 20
+"""A trial's inputs up to this size go back to the parent as the call left them (larger ones are
+checked in the candidate's process, by checksums: an in-process check)."""
 
 PHASES = ("gate", "compile", "spare", "arm", "gpu_wait", "gpu", "verdict")
 """An evaluation's phases in order: the static gate, the compile, waiting for a prepared spare,
@@ -151,13 +147,15 @@ class RunStage:
             c.timed_out = f"the evaluation exceeded {c.job.timeout_s:g} s (after {w.stage})"
         except FrameError as exc:
             w.reader.record.error = _frame_error(w.stage, exc)
+        except SessionAborted:
+            pass  # the worker's error or death is in the record
         finally:
             self._end_worker(w)
         await self._verdict_data(w)
         record = w.reader.record
         measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
-        if record.timing is not None:
-            measured += float(record.timing.get("elapsed_s", 0.0))
+        if c.session is not None:
+            measured += c.session.elapsed_s
         measure_s = measured if record.trial_infos else None
         c.stages = c.stages.model_copy(update={"measure_s": measure_s, "gpu_s": w.held})
         return w.waited
@@ -189,10 +187,10 @@ class RunStage:
     def _job_op(
         self, spare: Spare, c: Collected, manifest: dict[str, str], profiled: bool, poison: int | None
     ) -> OpFrame:
-        """The ``job`` op: the candidate, its sandbox, tolerances and the timing settings."""
+        """The ``job`` op: the candidate, its sandbox, and what its trials send back (no tolerance,
+        no reference: the candidate's process decides nothing)."""
         assert spare.reference is not None
         worker = spare.worker
-        atol, rtol = self.cfg.tolerances.get(spare.reference.info.get("out_dtype", "float32"), (0.0, 0.0))
         exec_ok = jit_exec(self.device, c.compile)
         sandbox = sandbox_settings(self.cfg, self.iso, worker.dir, worker.bulk, "run", exec_ok)
         return op_frame(
@@ -201,14 +199,11 @@ class RunStage:
                 candidate_path=str(worker.dir / "candidate.py"),
                 ext_manifest=manifest,
                 sandbox=sandbox,
-                atol=atol,
-                rtol=rtol,
-                timing={k: getattr(self.cfg, k) for k in TIMING_SETTINGS},
                 profile_kernels=profiled,
                 device_verdict=spare.reference.judged,
                 poison_bytes=poison,
                 in_place_bytes=self.cfg.in_place_bytes,
-                admitted_aten_ops=sorted(c.gate.admitted_aten_ops),
+                ship_inputs_bytes=SHIP_INPUTS_BYTES,
             ),
         )
 
@@ -232,19 +227,20 @@ class RunStage:
             await asyncio.shield(self.gpu.release(exclusive=w.exclusive, candidate=not w.exclusive))
 
     async def _on_gpu(self, w: _Window) -> None:
-        """Trials, timing and the end of the worker's reports under the GPU lease."""
+        """Trials, their first judgment, timing and the end of the worker's reports under the GPU lease."""
         t_go = time.perf_counter()
         w.c.checks.append(self._priority(w.worker))
         try:
             await w.worker.send(op_frame(Op.GO))
-            reached, upgrade_wait = await self._trials_then_timing(w)
-            w.budget -= time.perf_counter() - t_go - upgrade_wait
+            async with asyncio.timeout(max(0.01, w.budget)):
+                reached = await w.reader.until(Report.TRIALS_DONE)
+            w.budget -= time.perf_counter() - t_go
+            if reached is Report.TRIALS_DONE:
+                w.mark("trials_done")
+                if await self._worth_timing(w):
+                    await self._timing(w)
             w.mark("measured")
             w.stage = "measured"
-            if reached is not None:
-                async with asyncio.timeout(max(0.01, w.budget)):
-                    await w.reader.until()
-            w.mark("done")
         finally:
             # Killed while the GPU is still ours: nothing the candidate left running reaches the
             # next timing. (Waiting for its CUDA teardown here cost seconds of exclusive GPU per
@@ -254,26 +250,59 @@ class RunStage:
             w.phase.to("verdict")
             w.mark("killed")
 
-    async def _trials_then_timing(self, w: _Window) -> tuple[Report | None, float]:
-        """Trials on the shared lease, then timing on the exclusive one: (last report, seconds waited to upgrade)."""
-        async with asyncio.timeout(max(0.01, w.budget)) as window:
-            reached = await w.reader.until(Report.TRIALS_DONE, Report.MEASURED)
-            if reached is not Report.TRIALS_DONE:
-                return reached, 0.0
-            w.mark("trials_done")
-            t_up = time.perf_counter()
-            # Waiting for spares to leave the GPU is queueing, not the candidate's time: no
-            # deadline while it lasts, and the deadline moves by the wait.
-            deadline = window.when()
-            window.reschedule(None)
+    async def _worth_timing(self, w: _Window) -> bool:
+        """Whether the trials leave anything to time: no refusal in what the worker saw, inputs
+        unchanged and, where the parent compares, every trial correct (awaited here; outputs the
+        judge compares after the run are timed first)."""
+        record, c = w.reader.record, w.c
+        own = set(c.gate.triton_kernels) | set(c.gate.cuda_kernels)
+        refusals = runtime_findings(record.trial_infos, own, c.gate.admitted_aten_ops, c.gate.op_namespaces)
+        if any(f.severity is Severity.REJECT for f in refusals) or record.mutated_trials or record.later_changed:
+            return False
+        assert w.spare.reference is not None
+        if len(record.trial_infos) < len(w.spare.reference.seeds):
+            return False
+        if w.spare.reference.judged or not c.compares:
+            return True
+        outcomes = await asyncio.gather(*c.compares, return_exceptions=True)
+        return all(isinstance(o, TrialCheck) and o.ok for o in outcomes)
+
+    async def _timing(self, w: _Window) -> None:
+        """The timing session on the exclusive lease, then ``finish`` (the profile, if asked)."""
+        ref = w.spare.reference
+        assert ref is not None
+        referee = self.runs.referee
+        t_up = time.perf_counter()
+        # Waiting for the referee and for spares to leave the GPU is queueing, not the candidate's time.
+        async with referee.session():
             await self.gpu.upgrade()  # the timing has the GPU alone
             w.exclusive = True
-            upgrade_wait = time.perf_counter() - t_up
-            w.waited += upgrade_wait
-            window.reschedule((deadline or 0.0) + upgrade_wait)
+            w.waited += time.perf_counter() - t_up
             w.mark("exclusive")
-            await w.worker.send(op_frame(Op.TIME))
-            return await w.reader.until(Report.MEASURED), upgrade_wait
+            plan = self.runs.plans.get(w.spare.task or "")
+            session = TimingSession(
+                self.cfg,
+                self.device,
+                referee,
+                w.reader,
+                first_timed_trial=len(ref.seeds),
+                in_bytes=plan.footprint.input_bytes if plan is not None else 0,
+                out_bytes=plan.footprint.output_bytes if plan is not None else 0,
+                shippable=plan.timed_slots if plan is not None else 0,
+            )
+            w.c.session = session.rec
+            t0 = time.perf_counter()
+            try:
+                await session.run(max(0.01, w.budget))
+            except SessionAborted:
+                return
+            finally:
+                w.budget -= time.perf_counter() - t0
+        w.stage = "timed"
+        await w.worker.send(op_frame(Op.FINISH))
+        async with asyncio.timeout(max(0.01, w.budget)):
+            if await w.reader.until(Report.MEASURED) is Report.MEASURED:
+                await w.reader.until()
 
     def _end_worker(self, w: _Window) -> None:
         """Kill the worker (if the GPU window did not) and reap it unless the judge still needs its files."""
@@ -286,28 +315,36 @@ class RunStage:
         record.log = worker.log_text()
         w.mark("terminated")
         # Where the run stage's time goes (seconds since the job was sent), for overhead work.
-        timing = record.timing or {}
+        session = w.c.session
         logger.debug(
             "run phases",
             candidate=w.c.job.candidate_id,
             waited_s=w.waited,
             worker=record.phases,
-            timing_rounds=timing.get("rounds"),
-            timing_elapsed_s=timing.get("elapsed_s"),
+            timing_rounds=session.rounds if session else None,
+            timing_elapsed_s=session.elapsed_s if session else None,
             **w.marks,
         )
 
     async def _verdict_data(self, w: _Window) -> None:
-        """The trials' comparisons: judged on the device now, or gathered from the threads that ran them."""
+        """The trials' and the judged timed calls' comparisons: judged on the device now, or
+        gathered from the threads that ran them."""
         c, record = w.c, w.reader.record
-        assert w.spare.reference is not None
+        ref = w.spare.reference
+        assert ref is not None
         assert w.tree is not None
-        if w.spare.reference.judged:
+        trials = len(ref.seeds)
+        if ref.judged:
             try:
                 if c.pending:
-                    record.trial_checks = await self._judge_trials(w, w.tree)
+                    checks = await self._judge_trials(w, w.tree)
+                    order = [t for t, _ in c.pending]
+                    record.trial_checks = [k for t, k in zip(order, checks, strict=False) if t < trials]
+                    c.timed_checks = [k for t, k in zip(order, checks, strict=False) if t >= trials]
             finally:
                 self.background(w.worker.reap(w.tree, sweep=self.iso.pids.startswith("skipped")))
+        else:
+            await self._timed_checks(w)
         if not c.compares:
             return
         t_gather = time.perf_counter()
@@ -328,6 +365,56 @@ class RunStage:
             if isinstance(o, BaseException) and not isinstance(o, FrameError):
                 raise o
         record.trial_checks = [o for o in outcomes if isinstance(o, TrialCheck)]
+
+    async def _timed_checks(self, w: _Window) -> None:
+        """The timed calls chosen for judgment, against the referee's truth of their seeds (host
+        comparison: the outputs came with their batch, or were shipped after it)."""
+        c = w.c
+        session = c.session
+        ref = w.spare.reference
+        assert ref is not None
+        first = len(ref.seeds)
+        if session is None or not (session.kept or c.timed_frames):
+            return
+        kept = [k for k in session.kept if k.outputs is not None]
+        shipped = sorted(c.timed_frames)
+        seeds = [k.seed for k in kept] + [w.reader.timed_seeds[t] for t in shipped]
+        if not seeds:
+            return
+        truths = await self.runs.referee.truths(seeds, [1.0] * len(seeds), first)
+        tolerances, floors = dict(self.cfg.tolerances), dict(self.cfg.precision_floors)
+        loop = asyncio.get_running_loop()
+        jobs: list[Any] = []
+        for k, truth in zip(kept, truths[: len(kept)], strict=True):
+            jobs.append(
+                loop.run_in_executor(
+                    _COMPARERS,
+                    compare_trial,
+                    k.outputs,
+                    k.dtypes,
+                    truth.outputs,
+                    truth.dtypes,
+                    truth.residuals,
+                    tolerances,
+                    floors,
+                    self.cfg.precision_factor,
+                )
+            )
+        for t, truth in zip(shipped, truths[len(kept) :], strict=True):
+            header, blobs, later = c.timed_frames[t]
+            dtypes = [str(m.get("dtype")) for m in header["tensors"]]
+            jobs.append(
+                w.reader.compare(
+                    header, blobs, later, dtypes, truth.outputs, truth.dtypes, truth.residuals, c.compare_times
+                )
+            )
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        for o in outcomes:
+            if isinstance(o, FrameError):
+                w.reader.record.error = _frame_error("timing", o)
+            elif isinstance(o, BaseException):
+                raise o
+        c.timed_checks = [o for o in outcomes if isinstance(o, TrialCheck)]
 
     def _priority(self, worker: Worker) -> Check:
         """Give the worker about to be timed the CPU back from the niceness every worker starts with."""
@@ -366,6 +453,7 @@ class RunStage:
                 w.reader.max_blob,
                 runs.verdict_dir(),
                 checks,
+                w.reader.timed_seeds,
             )
         except FrameError as exc:
             w.reader.record.error = _frame_error("forward", exc)

@@ -259,8 +259,12 @@ class Worker:
         The files stay in the parent-held directory until read; :meth:`reap` waits for the reads
         before removing it.
         """
-        header, _ = await self.recv(max_blob, defer_bulk=True)
+        header, inline = await self.recv(max_blob, defer_bulk=True)
         if "bulk" not in header or self.keep_bulk:
+            if inline:  # small tensors came in the frame itself
+                done: Future[list[Blob]] = Future()
+                done.set_result(list(inline))
+                return header, done
             return header, None
         later = _READERS.submit(read_bulk, self.bulk_fd, header.pop("bulk"), max_blob)
         self.bulk_reads = [f for f in self.bulk_reads if not f.done()]  # reap waits only for unfinished reads

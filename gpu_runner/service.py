@@ -324,7 +324,7 @@ class EvaluationService:
             try:
                 async with asyncio.timeout(self.cfg.worker_start_timeout_s):
                     plan = await runs.plan_for(job.reference_source)
-            except (TimeoutError, WorkerStartError, ProtocolError, FrameError) as exc:
+            except (TimeoutError, WorkerStartError, ProtocolError, FrameError, EvaluatorFault) as exc:
                 return self._no_worker(c, started, exc)
             one_at_a_time = plan is not None and plan.device_verdict and plan.spares == 0
             if one_at_a_time:
@@ -391,11 +391,9 @@ class EvaluationService:
         try:
             async with asyncio.timeout(self.cfg.worker_start_timeout_s):
                 spare, warm = await runs.acquire(job.reference_source, self.cfg.worker_start_timeout_s)
-        except (TimeoutError, WorkerStartError, ProtocolError, FrameError) as exc:
+        except (TimeoutError, WorkerStartError, ProtocolError, FrameError, EvaluatorFault) as exc:
             return self._no_worker(c, started, exc)
         t_run = time.perf_counter()
-        if spare.reference is not None and spare.reference.compiled_skipped:
-            c.compiled_ratios = tuple(runs.compiled_ratios.get(spare.task or "", ()))
         detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
         outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
         c.checks.append(Check(name=CheckName.WARM_WORKER, outcome=outcome, detail=detail))
@@ -417,10 +415,6 @@ class EvaluationService:
     def _finish(self, c: Collected, started: float, result: EvalResult | None = None) -> EvalResult:
         c.stages = c.stages.model_copy(update={"total_s": time.perf_counter() - started})
         result = build(c) if result is None else result.model_copy(update={"stages": c.stages})
-        base = result.baselines
-        eager, compiled = (base.eager, base.compiled) if base is not None else (None, None)
-        if self.runs is not None and eager is not None and compiled is not None and eager.median_ms > 0:
-            self.runs.record_compiled_ratio(c.job.reference_source, compiled.median_ms / eager.median_ms)
         self.stats[result.status.value] = self.stats.get(result.status.value, 0) + 1
         logger.info("evaluated", candidate=c.job.candidate_id, status=result.status.value, summary=result.summary[:200])
         return result

@@ -88,8 +88,18 @@ class CheckName(StrEnum):
     NO_CHILD_PROCESSES = "no_child_processes"
     CORRECTNESS = "correctness"
     TIMED_OUTPUTS_RECHECKED = "timed_outputs_rechecked"
+    """Timed calls' outputs judged by the trial rule (chosen after each batch, truth from the referee)."""
     TIMED_LAUNCHES = "timed_launches"
     DEFERRED_WORK_GUARD = "deferred_work_guard"
+    """The referee's canary: the GPU idle whenever a baseline was timed and after the candidate's last batch."""
+    TIMING_CROSS_CHECK = "timing_cross_check"
+    """The candidate's reported samples against the parent's clock around each of its batches."""
+    OUTPUT_LAYOUT = "output_layout"
+    """Output strides as the reference's (a dense layout where the reference's is dense)."""
+    LATER_CALLS = "later_calls"
+    """A trial's outputs unchanged by the calls after it (no workspace returned every time)."""
+    RANGE_TRIALS = "range_trials"
+    """Trials whose inputs were drawn at large and small magnitudes where the reference stays finite."""
     L2_FLUSH = "l2_flush"
     PERSISTING_L2_RESET = "persisting_l2_reset"
     COMPILED_BASELINE = "compiled_baseline"
@@ -153,6 +163,7 @@ class CheatRule(StrEnum):
     OUTPUT_TYPE = "KF106-output-type"
     RESOURCE_LIMIT = "KF107-resource-limit"
     MISSING_MODEL = "KF108-missing-model"
+    OUTPUT_LAYOUT = "KF109-output-layout"
 
 
 class DiagnosisCategory(StrEnum):
@@ -212,6 +223,7 @@ class DiagnosisCategory(StrEnum):
     REJECTED_OUTPUT_TYPE = "rejected.output_type"
     REJECTED_RESOURCE_LIMIT = "rejected.resource_limit"
     REJECTED_MISSING_MODEL = "rejected.missing_model"
+    REJECTED_OUTPUT_LAYOUT = "rejected.output_layout"
     REJECTED_OTHER = "rejected.other"
     """Rejected, but no finding names the rule (evidence comes from the failed checks)."""
 

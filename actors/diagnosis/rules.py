@@ -41,6 +41,9 @@ _FAILED_CHECK_CATEGORIES: dict[CheckName, C] = {
     CheckName.NO_DEFERRED_OUTPUTS: C.REJECTED_DEFERRED_WORK,
     CheckName.DEFERRED_WORK_GUARD: C.REJECTED_DEFERRED_WORK,
     CheckName.OUTPUT_TYPE: C.REJECTED_OUTPUT_TYPE,
+    CheckName.TIMING_CROSS_CHECK: C.REJECTED_TIMER_TAMPERING,
+    CheckName.OUTPUT_LAYOUT: C.REJECTED_OUTPUT_LAYOUT,
+    CheckName.LATER_CALLS: C.REJECTED_OUTPUT_ALIASES_INPUT,
 }
 """The category a refusal gets from the first failed check that names one (a refusal without findings)."""
 

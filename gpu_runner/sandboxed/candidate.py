@@ -1,34 +1,37 @@
-"""The worker's candidate stage: enter the sandbox, import the candidate, run trials, time it.
+"""The worker's candidate stage: enter the sandbox, import the candidate, run trials, serve timed batches.
 
-Order matters: the reference outputs were already shipped (``gpu_runner.sandboxed.reference``); now the
-process drops its limits and privileges, installs the launch hooks, waits for the parent's GPU
-grant (``go``), and only then imports the candidate. Every trial refills the same input buffers
-with a new trial's data (a cache keyed on the pointer goes stale), hands the allocator NaN-filled
-memory (stale memory cannot pass), and records launches, foreign aten ops, threads, children,
-input mutation, aliasing and output changes after return. The outputs as they were at return go
-to the parent, which decides.
+This process holds the candidate, the inputs the spare drew (:mod:`gpu_runner.sandboxed.spare`)
+and the candidate's outputs, and nothing a verdict depends on: no reference model, output or
+baseline, no tolerance, nothing it could compare with. Order matters: the process drops its
+limits and privileges, installs the launch hooks, waits for the parent's GPU grant (``go``), and
+only then imports the candidate. Every trial refills the same input buffers with a new trial's
+data (a cache keyed on the pointer goes stale) and hands the allocator NaN-filled memory (stale
+memory cannot pass). The outputs as they were at return go to the parent, with the inputs as the
+call left them (small ones) and what this process saw (launches, foreign aten ops, custom ops,
+threads, children, aliasing, strides, output changes after return). Then the parent drives the
+timing: one ``batch`` of fresh seeds at a time, the same harness as the referee's baselines
+(:mod:`gpu_runner.sandboxed.timing`), its own clock around each. Everything this process reports
+after the import may have been rewritten by the candidate: the parent decides from its own data.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import resource
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
 
-from gpu_runner.frames import JobOp, Op, Report
+from gpu_runner.frames import BatchOp, JobOp, Op, Report, ShipOp
 from gpu_runner.memplan import LARGE_BYTES
 from gpu_runner.sandboxed.common import (
     Channel,
     Laps,
     checksum,
-    close_enough,
     describe_exception,
     flatten_outputs,
     pack,
@@ -44,8 +47,9 @@ from gpu_runner.sandboxed.hooks import (
     install_ext_loader,
     install_triton_hooks,
 )
-from gpu_runner.sandboxed.reference import Prepared, build_model, load_module
-from gpu_runner.sandboxed.timing import Rotation, Timed, run_timing
+from gpu_runner.sandboxed.reference import build_model, load_module, make_inputs
+from gpu_runner.sandboxed.spare import Prepared
+from gpu_runner.sandboxed.timing import Flusher, run_batch
 
 
 def enter_sandbox(sb: Mapping[str, Any], device: torch.device) -> dict[str, str]:
@@ -141,7 +145,7 @@ def _children() -> int:
 
 
 def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
-    """Evaluate one candidate against the prepared reference; every outcome goes to the parent."""
+    """Evaluate one candidate: trials, then the parent's timed batches; every outcome goes to the parent."""
     device = prepared.device
     laps = Laps()
     log = LaunchLog()
@@ -168,6 +172,7 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
     laps = Laps()  # from here: the GPU window
     stage = "import"
     try:
+        flusher = Flusher(device)  # the timing harness's L2 flush (made under the lease, before the import)
         ns = import_candidate(msg["candidate_path"])
         laps.lap("import_s")
         stage = "init"
@@ -179,17 +184,15 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
         sync(device)
         laps.lap("init_s")
         stage = "forward"
-        ok = _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
-        if ok:
-            # The trials ran beside spares' work; the timing waits until the GPU is ours alone.
-            channel.send(Report.TRIALS_DONE)
-            if channel.next_op() is not Op.TIME:
-                return
-            laps.lap("exclusive_wait_s")
-            stage = "timing"
-            _timing(prepared, cand, log, msg, channel)
-            laps.lap("timing_s")
-        if ok and profiled:
+        _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
+        # The trials ran beside spares' work; the parent now judges them and, if they pass,
+        # drives the timing batch by batch once the GPU is ours alone.
+        channel.send(Report.TRIALS_DONE)
+        stage = "timing"
+        if not _timed_batches(prepared, cand, log, channel, flusher):
+            return
+        laps.lap("timing_s")
+        if profiled:
             stage = "profile"
             _profile(cand, prepared, channel)
             sync(device)
@@ -199,6 +202,69 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
         channel.send(Report.ERROR, stage=stage, **describe_exception(exc), **_memory_at_oom(exc, device))
         return
     channel.send(Report.DONE, jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
+
+
+def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Channel, flusher: Flusher) -> bool:
+    """Serve the parent's ``batch`` and ``ship`` ops until ``finish`` (True) or anything else (False)."""
+    device = prepared.device
+    ns = prepared.namespace
+    kept: list[list[torch.Tensor]] = []
+
+    def draw(seed: int) -> list[Any]:
+        return make_inputs(ns, seed, device, on_device=True)
+
+    while True:
+        op, header = channel.next()
+        if op is Op.FINISH:
+            return True
+        if op is Op.BATCH:
+            batch = cast(BatchOp, header)
+            log.reset()
+            log.recording = True
+            samples, outputs, calls = run_batch(batch, lambda inputs: cand(*inputs), draw, device, flusher)
+            log.recording = False
+            blobs: list[Any] = []
+            metas: list[dict[str, Any]] = []
+            if batch["outputs"] == "all":
+                for outs in outputs:
+                    m, b = pack(outs)
+                    metas += m
+                    blobs += b
+                kept = []
+            else:
+                kept = outputs if batch["outputs"] == "keep" else []
+            channel.send(
+                Report.TIMED,
+                blobs=blobs,
+                samples=samples,
+                calls=calls,
+                timer="cuda_event" if device.type == "cuda" else "perf_counter",
+                tensors=metas,
+                own_launches=log.own_launches,
+            )
+        elif op is Op.SHIP:
+            ship = cast(ShipOp, header)
+            call = int(ship["call"])
+            outs = kept[call] if 0 <= call < len(kept) else []
+            _send_outputs(prepared, channel, int(ship["trial"]), outs, {"timed": True, "n_outputs": len(outs)})
+        else:
+            return False
+
+
+def _send_outputs(
+    prepared: Prepared, channel: Channel, trial: int, outs: list[torch.Tensor], info: dict[str, Any]
+) -> None:
+    """One trial's (or a shipped timed call's) outputs to the parent: into the shared buffers, the
+    host files, or packed into the frame, whichever this spare has."""
+    shared = prepared.shared.fill(trial, outs) if prepared.shared is not None else None
+    filled = prepared.slots.fill(trial, outs) if prepared.slots is not None and shared is None else None
+    if shared is not None:  # the judge reads them where they are now (device to device on CUDA)
+        channel.send(Report.TRIAL, trial=trial, tensors=shared, info=info, shared=True)
+    elif filled is None:
+        metas, blobs = pack(outs)
+        channel.send(Report.TRIAL, blobs=blobs, trial=trial, tensors=metas, info=info)
+    else:
+        channel.send_bulk(Report.TRIAL, filled[1], trial=trial, tensors=filled[0], info=info)
 
 
 def _large_bytes(msg: JobOp) -> int:
@@ -237,8 +303,13 @@ def _trials(
     threads0: int,
     children0: int,
     laps: Laps,
-) -> bool:
-    """The correctness trials; ``laps`` gets their steps (``trial_*_s``, summed over trials)."""
+) -> None:
+    """The correctness trials; ``laps`` gets their steps (``trial_*_s``, summed over trials).
+
+    Nothing here decides anything: each trial's outputs (and, for inputs up to
+    ``ship_inputs_bytes``, the inputs as the call left them) go to the parent with what this
+    process saw. The parent judges the outputs against the referee's, and the inputs against the
+    checksums this spare made before the candidate existed."""
     device = prepared.device
     recorder = DispatchRecorder(log)
     # Large inputs are used in place (their checksums before and after show a mutation), and
@@ -246,6 +317,7 @@ def _trials(
     # device is idle shows deferred work): either copy would be gigabytes the GPU may not have.
     in_place = prepared.in_nbytes > _large_bytes(msg)
     by_sum = prepared.out_nbytes > _large_bytes(msg)
+    ship_inputs = prepared.in_nbytes <= int(msg.get("ship_inputs_bytes", 0))
     work = (
         list(prepared.trials[0])
         if in_place
@@ -257,15 +329,11 @@ def _trials(
     base_mem = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     poison = msg.get("poison_bytes")
     poison = 2 * (prepared.out_nbytes + prepared.in_nbytes) if poison is None else int(poison)
-    all_ok = True
-    admitted = frozenset(msg.get("admitted_aten_ops") or ())  # the run's policy: the reference's own ops
-    atol, rtol = msg["atol"], msg["rtol"]
+    first: tuple[list[torch.Tensor], list[int]] | None = None
     for t, pristine in enumerate(prepared.trials):
-        in_sums: list[int | None] = []
         if in_place:
             work = list(pristine)
             in_ptrs = storage_ptrs(work)
-            in_sums = [checksum(v) if isinstance(v, torch.Tensor) else None for v in work]
         else:
             for dst, src in zip(work, pristine, strict=True):
                 if isinstance(dst, torch.Tensor):
@@ -286,70 +354,59 @@ def _trials(
         sync(device)
         elapsed = time.perf_counter() - t0
         laps.lap("trial_forward_s")
-        refs = prepared.ref_outputs[t]
         info: dict[str, Any] = {
             "own_launches": log.own_launches,
             "own_names": log.own_names,
             "ext_calls": log.ext_calls,
             "foreign_ops": log.foreign_ops,
+            "custom_ops": log.custom_ops,
             "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
             "n_outputs": len(items),
-            "devices_ok": all(o.device == r.device for o, r in zip(tensors, refs, strict=False)),
+            "devices_ok": all(o.device == device for o in tensors),
+            "strides": [list(o.stride()) for o in tensors],
             "deferred": (
                 any(checksum(o) != s for o, s in zip(tensors, sums, strict=True))
                 if by_sum
                 else any(not same_bits(o.detach(), s) for o, s in zip(tensors, snapshot, strict=True))
-            ),
-            "mutated": (
-                any(checksum(w) != s for w, s in zip(work, in_sums, strict=True) if isinstance(w, torch.Tensor))
-                if in_place
-                else any(
-                    not same_bits(w, p) for w, p in zip(work, pristine, strict=True) if isinstance(w, torch.Tensor)
-                )
             ),
             "aliased": _aliased(tensors, in_ptrs),
             "threads": threading.active_count() - threads0,
             "children": _children() - children0,
             "elapsed_s": elapsed,
         }
-        noise = prepared.noise(t)
-        quick_ok = len(tensors) == len(refs) and all(
-            close_enough(o, r, atol, rtol, noise=n) for o, r, n in zip(snapshot, refs, noise, strict=True)
-        )
-        info["quick_ok"] = quick_ok
+        if not ship_inputs:  # too large to send back: checked here (an in-process check)
+            info["input_sums_after"] = [checksum(v) if isinstance(v, torch.Tensor) else None for v in work]
+        if t == 0:
+            first = (tensors, [checksum(o) for o in snapshot])
         laps.lap("trial_checks_s")
-        shared = prepared.shared.fill(t, snapshot) if prepared.shared is not None else None
-        filled = prepared.slots.fill(t, snapshot) if prepared.slots is not None else None
-        if shared is not None:  # the judge reads them where they are now (device to device on CUDA)
-            laps.lap("trial_pack_s")
-            channel.send(Report.TRIAL, trial=t, tensors=shared, info=info, shared=True)
-        elif filled is None:
-            metas, blobs = pack(snapshot)
-            laps.lap("trial_pack_s")
-            channel.send(Report.TRIAL, blobs=blobs, trial=t, tensors=metas, info=info)
-        else:
-            laps.lap("trial_pack_s")
-            channel.send_bulk(Report.TRIAL, filled[1], trial=t, tensors=filled[0], info=info)
+        _send_outputs(prepared, channel, t, snapshot, info)
+        if ship_inputs:
+            metas, blobs = pack([v.detach() for v in work if isinstance(v, torch.Tensor)])
+            channel.send(Report.INPUTS, blobs=blobs, trial=t, tensors=metas)
         laps.lap("trial_send_s")
-        violation = (
-            info["bad_types"]
-            or info["deferred"]
-            or info["mutated"]
-            or info["aliased"]
-            or info["threads"] > 0
-            or info["children"] > 0
-            or log.own_launches == 0
-            or any(op not in admitted for op in log.foreign_ops)
-            or not info["devices_ok"]
-        )
-        all_ok = all_ok and quick_ok and not violation
-        if violation:
+        if _violation(info):
             break
+    if first is not None and len(prepared.trials) > 1:
+        # Outputs a later call overwrote (one workspace returned every time) are not the user's.
+        changed = [checksum(o) != s for o, s in zip(first[0], first[1], strict=True)]
+        channel.send(Report.LATER_CALLS, first_outputs_changed=any(changed))
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - base_mem
         channel.send(Report.MEMORY, peak_bytes=int(peak))
     laps.lap("trial_memory_s")
-    return all_ok
+
+
+def _violation(info: dict[str, Any]) -> bool:
+    """Whether this process already saw enough to stop the trials (the parent decides the verdict)."""
+    return bool(
+        info["bad_types"]
+        or info["deferred"]
+        or info["aliased"]
+        or info["threads"] > 0
+        or info["children"] > 0
+        or info["own_launches"] == 0
+        or not info["devices_ok"]
+    )
 
 
 def _aliased(tensors: list[torch.Tensor], in_ptrs: set[int]) -> bool:
@@ -373,6 +430,7 @@ def _start_profiler(device: torch.device) -> None:
 
 
 def _profile(cand: Any, prepared: Prepared, channel: Channel) -> None:
+    """The device kernels of one forward, from CUPTI (for candidates that run compiled extension code)."""
     from torch.profiler import ProfilerActivity, profile
 
     inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in prepared.trials[0]]
@@ -384,56 +442,3 @@ def _profile(cand: Any, prepared: Prepared, channel: Channel) -> None:
         channel.send(Report.PROFILE, kernels=names[:64], launches=len(names) or None)
     except RuntimeError as exc:
         channel.send(Report.PROFILE, kernels=[], launches=None, error=str(exc)[:500])
-
-
-RECHECK_ALL_BYTES = 256 << 20
-"""Outputs up to this size are rechecked after every timed call; larger ones after the first
-:data:`RECHECK_FIRST` calls and then after a random share ``RECHECK_ALL_BYTES / size`` of calls
-(on an H100, a 6 GB relu's timing took 6.0 s for 31 rounds of three ~4.2 ms calls, so about
-0.17 s of recheck per candidate call, 40x the kernel; sampled: 1.2 s for 30 rounds). The
-candidate cannot know which calls are checked: the draw comes after the call has returned."""
-
-RECHECK_FIRST = 3
-
-
-def _timing(prepared: Prepared, cand: Any, log: LaunchLog, msg: JobOp, channel: Channel) -> None:
-    atol, rtol = msg["atol"], msg["rtol"]
-    recheck = {"checked": 0, "failed": 0, "skipped": 0}
-    share = min(1.0, RECHECK_ALL_BYTES / max(1, prepared.out_nbytes))
-    draw = random.SystemRandom()
-
-    def after(trial: int, out: object) -> None:
-        if share < 1.0 and recheck["checked"] >= RECHECK_FIRST and draw.random() >= share:
-            recheck["skipped"] += 1
-            return
-        refs = prepared.ref_outputs[trial]
-        noise = prepared.noise(trial)
-        items = flatten_outputs(out)
-        recheck["checked"] += 1
-        good = len(items) == len(refs) and all(
-            isinstance(o, torch.Tensor) and close_enough(o, r, atol, rtol, noise=n)
-            for o, r, n in zip(items, refs, noise, strict=True)
-        )
-        if not good:
-            recheck["failed"] += 1
-
-    model = prepared.model
-    timed = [
-        Timed("candidate", lambda inputs: cand(*inputs), after=after),
-        Timed("eager", lambda inputs: model(*inputs)),
-    ]
-    if prepared.compiled is not None:
-        compiled = prepared.compiled
-        timed.append(Timed("compiled", lambda inputs: compiled(*inputs)))
-    log.reset()
-    log.recording = True
-    rotation = Rotation(
-        prepared.trials,
-        copy=prepared.in_nbytes <= _large_bytes(msg) or len(prepared.trials) < 2,
-    )
-    result = run_timing(timed, rotation, prepared.device, msg["timing"])
-    log.recording = False
-    result["recheck"] = recheck
-    result["own_launches"] = log.own_launches
-    result["candidate_calls"] = timed[0].calls
-    channel.send(Report.TIMING, **result)

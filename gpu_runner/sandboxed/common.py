@@ -63,9 +63,13 @@ class Channel:
         """Whether this process holds the parent's (shared) GPU lease now."""
 
     def next_op(self) -> Op:
-        """Wait for the parent's next op (its fields checked against :data:`gpu_runner.frames.OP_FIELDS`)."""
+        """Wait for the parent's next op (its fields checked against :data:`gpu_runner.frames.OPS`)."""
+        return self.next()[0]
+
+    def next(self) -> tuple[Op, dict[str, Any]]:
+        """Wait for the parent's next op: the op and its whole header (fields checked)."""
         header, _ = read_frame(self.in_fd)
-        return decode_op(header)
+        return decode_op(header), header
 
     def send_bulk(self, kind: Report, bulk: list[dict[str, Any]], **fields: Any) -> None:
         """A frame whose tensors already lie in bulk files (see :class:`OutputSlots`)."""

@@ -8,7 +8,13 @@
   compile stage's directory and records the ``.so``; run mode loads that ``.so`` (or falls back to
   building privately) and hands back a module whose functions count their calls.
 * A ``TorchDispatchMode`` records every aten op the forward dispatches outside the candidate's
-  own launches: a compute op there means the PyTorch op, not a kernel, did the work.
+  own launches: a compute op there means the PyTorch op, not a kernel, did the work. Custom ops
+  (any namespace torch does not own) are recorded apart, by name: the parent counts one as the
+  candidate's own launch only when its native sources register that namespace, and as PyTorch
+  compute otherwise (an op registered from Python runs whatever torch code its implementation holds).
+
+All of it runs in the candidate's process, so a candidate that reaches these objects can rewrite
+what they record: it is evidence for the diagnosis and a filter for honest mistakes, not a wall.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class LaunchLog:
     own_names: list[str] = field(default_factory=list)
     ext_calls: int = 0
     foreign_ops: dict[str, int] = field(default_factory=dict)
+    custom_ops: dict[str, int] = field(default_factory=dict)
+    """Calls of custom ops (``namespace::name``), whose namespace the parent judges."""
     suspended: int = 0
     recording: bool = False
     jit_fallback: list[str] = field(default_factory=list)
@@ -66,6 +74,7 @@ class LaunchLog:
         self.own_names = []
         self.ext_calls = 0
         self.foreign_ops = {}
+        self.custom_ops = {}
 
     def launched(self, name: str) -> None:
         if self.recording:
@@ -227,7 +236,8 @@ class DispatchRecorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             name = func.__name__.split(".", 1)[0]
             namespace = getattr(func, "namespace", "aten")
             if namespace not in BUILTIN_OP_NAMESPACES:
-                self.log.launched(f"{namespace}::{name}")  # a custom op the candidate registered
+                key = f"{namespace}::{name}"  # a custom op the candidate registered: the parent judges it
+                self.log.custom_ops[key] = self.log.custom_ops.get(key, 0) + 1
                 return func(*args, **kwargs)
             allowed = name in ALLOWED_ATEN_OPS
             if name == "_to_copy" and args and isinstance(args[0], torch.Tensor):

@@ -1,14 +1,16 @@
-"""Interleaved timing of the candidate and the reference baselines, inside the run worker.
+"""One timed batch: the harness the candidate's spare and the referee both run, call for call.
 
-Each round times every callable once, in a rotating order, so all of them see the same process
-and device state. Before every timed call, outside the timed region: a distinct input buffer
-(two alternate, and each is refilled with another trial's inputs, so a cache keyed on a pointer
-or on stale contents gives wrong answers) and an L2 flush of twice the L2 size. CUDA events
-bracket each call; the CPU uses ``perf_counter``. Rounds go on until the median of every callable
-is known to the target relative error (:func:`gpu_runner.stats.median_rel_stderr`; the median is
-what the speed-up uses) or the budget runs out. A guard then times synchronized
-calls with the host clock, which exposes work left on side streams or deferred past the call.
-Raw samples go to the parent, which computes the statistics.
+The parent drives the timing (:mod:`gpu_runner.timing_session`): it sends each process a batch of
+fresh seeds and holds its own clock around the whole batch. A batch here draws every call's inputs
+on the device from its seed first (fresh data no earlier call saw), then per call: an L2 flush of
+twice the L2 size, a device-side spin (``lead_us``, so the start event fires right before the
+call's first kernel and host launch delays are not timed), CUDA events around the call; one
+synchronisation at the end. The CPU uses ``perf_counter``. The samples go back raw.
+
+In the referee these numbers are trusted. In a candidate's process everything here runs beside the
+candidate's code and may have been rewritten by it, so the parent trusts none of it: it compares
+the samples with its own clock around the batch (the time outside the timed windows must be what
+the same harness costs the referee) and judges the outputs itself.
 """
 
 from __future__ import annotations
@@ -16,81 +18,37 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from gpu_runner.sandboxed.common import log, sync
-from gpu_runner.stats import median_rel_stderr
-
-
-@dataclass
-class Timed:
-    """One callable to time: it takes the inputs and returns the outputs."""
-
-    name: str
-    fn: Callable[[list[Any]], object]
-    after: Callable[[int, object], None] | None = None
-    samples: list[float] = field(default_factory=list)
-    wall: list[float] = field(default_factory=list)
-    calls: int = 0
-    warmup_calls: int = 0
-
-
-class Rotation:
-    """Distinct input buffers in turn: two copies, each refilled from a different trial before every
-    call, or (inputs over :data:`gpu_runner.memplan.LARGE_BYTES`, ``copy=False``) the
-    trials' own buffers, each its own pointer and data."""
-
-    def __init__(self, trials: list[list[Any]], copy: bool = True) -> None:
-        self.trials = trials
-        self.copy = copy
-        self.buffers = (
-            [[v.clone() if isinstance(v, torch.Tensor) else v for v in trials[0]] for _ in range(2)] if copy else []
-        )
-
-    def load(self, k: int) -> tuple[list[Any], int]:
-        if not self.copy:
-            t = k % len(self.trials)
-            return self.trials[t], t
-        b = k % 2
-        t = (k // 2 + b) % len(self.trials)
-        for dst, src in zip(self.buffers[b], self.trials[t], strict=True):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
-        return self.buffers[b], t
+from gpu_runner.frames import BatchOp
+from gpu_runner.sandboxed.common import flatten_outputs, log, sync
 
 
 class Flusher:
-    """Evicts the L2 cache (and resets persisting L2 lines) between timed calls on CUDA.
+    """Evicts the L2 cache (and resets persisting L2 lines) between timed calls on CUDA, then queues
+    the lead spin."""
 
-    After the flush it queues a short device-side spin (``lead_us``), so the GPU is still busy
-    when the host launches the timed call: the start event then fires right before the call's
-    first kernel, and host-side delays (a launcher's Python overhead, a preempted thread) do not
-    count as kernel time. Work a callable does on the host is caught by the wall-clock guard.
-    """
-
-    def __init__(self, device: torch.device, lead_us: float = 0.0) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
         self.buffer: torch.Tensor | None = None
         self.reset_fn: Any = None
         self.nbytes = 0
-        self.lead_cycles = 0
+        self.cycles_per_us = 0.0
         if device.type != "cuda":
             return
         l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20))
         self.nbytes = 2 * l2
         self.buffer = torch.empty(self.nbytes, dtype=torch.int8, device=device)
         self.reset_fn = _persisting_l2_reset()
-        if lead_us > 0:
-            self.lead_cycles = int(_cycles_per_us(device) * lead_us)
+        self.cycles_per_us = _cycles_per_us(device)
 
-    def flush(self) -> None:
+    def flush(self, lead_us: float) -> None:
         if self.buffer is not None:
             self.buffer.zero_()
-        if self.lead_cycles:
-            torch.cuda._sleep(self.lead_cycles)  # type: ignore[no-untyped-call]
+        if lead_us > 0 and self.cycles_per_us:
+            torch.cuda._sleep(int(self.cycles_per_us * lead_us))  # type: ignore[no-untyped-call]
 
     def reset_persisting(self) -> bool:
         if self.reset_fn is None:
@@ -128,81 +86,60 @@ def _persisting_l2_reset() -> Any:
     return None
 
 
-def _call(tm: Timed, rotation: Rotation, flusher: Flusher, device: torch.device) -> tuple[Any, Any, int]:
-    inputs, trial = rotation.load(tm.calls)
-    flusher.flush()
-    tm.calls += 1
-    if device.type == "cuda":
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        out = tm.fn(inputs)
-        end.record()
-        if tm.after is not None:
-            tm.after(trial, out)
-        return start, end, trial
+def canary_us(device: torch.device, scratch: torch.Tensor | None) -> float:
+    """Host-clock microseconds of one tiny kernel and a synchronisation: a few tens with the GPU
+    idle, milliseconds while another process's kernel holds it (the GPU time-slices contexts)."""
+    if device.type != "cuda" or scratch is None:
+        return 0.0
+    sync(device)
     t0 = time.perf_counter()
-    out = tm.fn(inputs)
-    elapsed = (time.perf_counter() - t0) * 1e3
-    if tm.after is not None:
-        tm.after(trial, out)
-    return elapsed, None, trial
+    scratch.add_(1)
+    sync(device)
+    return (time.perf_counter() - t0) * 1e6
 
 
-def run_timing(timed: list[Timed], rotation: Rotation, device: torch.device, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Warm up, time interleaved rounds to the target error, then run the wall-clock guard."""
-    flusher = Flusher(device, float(cfg.get("timing_lead_us", 0.0)))
-    budget = float(cfg["timing_budget_s"])
+def run_batch(
+    msg: BatchOp,
+    fn: Callable[[list[Any]], object],
+    draw: Callable[[int], list[Any]],
+    device: torch.device,
+    flusher: Flusher,
+) -> tuple[list[float], list[list[torch.Tensor]], int]:
+    """Time one batch: (milliseconds per timed call, each call's output tensors, calls made).
+
+    Warm-up batches go round their seeds until both ``len(seeds)`` calls and ``warmup_min_s`` are
+    done. The outputs are kept (their tensors, as the calls returned them): the caller decides
+    what goes back."""
+    seeds = [int(s) for s in msg["seeds"]]
+    lead = float(msg["lead_us"])
+    warm_s = float(msg["warmup_min_s"]) if msg["warmup"] else 0.0
+    inputs = [draw(s) for s in seeds]  # every call's own inputs, drawn before the first call
+    samples: list[float] = []
+    outputs: list[list[torch.Tensor]] = []
+    events: list[tuple[Any, Any]] = []
     started = time.perf_counter()
+    calls = 0
     with torch.no_grad():
-        for tm in timed:
-            t0 = time.perf_counter()
-            while tm.warmup_calls < cfg["warmup_min_calls"] or time.perf_counter() - t0 < cfg["warmup_min_s"]:
-                _call(tm, rotation, flusher, device)
-                sync(device)
-                tm.warmup_calls += 1
-                if time.perf_counter() - t0 > budget / 4:
-                    break
-        l2_reset = flusher.reset_persisting()
-        rounds = 0
-        timing_started = time.perf_counter()
-        while True:
-            order = timed[rounds % len(timed) :] + timed[: rounds % len(timed)]
-            pending = [(tm, *_call(tm, rotation, flusher, device)) for tm in order]
-            sync(device)
-            for tm, first, second, _trial in pending:
-                tm.samples.append(first.elapsed_time(second) if second is not None else first)
-            rounds += 1
-            if device.type == "cuda" and rounds % 16 == 0:
-                flusher.reset_persisting()
-            spent = time.perf_counter() - timing_started
-            if rounds >= cfg["timing_min_reps"]:
-                converged = all(median_rel_stderr(tm.samples) <= cfg["timing_target_rel_err"] for tm in timed)
-                if converged or rounds >= cfg["timing_max_reps"] or spent > budget:
-                    break
-            elif spent > 2 * budget and rounds >= 3:
-                break
-        if device.type == "cuda":
-            for _ in range(int(cfg["guard_reps"])):
-                for tm in timed:
-                    inputs, trial = rotation.load(tm.calls)
-                    tm.calls += 1
-                    flusher.flush()
-                    sync(device)
-                    t0 = time.perf_counter()
-                    out = tm.fn(inputs)
-                    sync(device)
-                    tm.wall.append((time.perf_counter() - t0) * 1e3)
-                    if tm.after is not None:
-                        tm.after(trial, out)
-    return {
-        "callables": {
-            tm.name: {"samples": tm.samples, "wall": tm.wall, "warmup_calls": tm.warmup_calls} for tm in timed
-        },
-        "rounds": rounds,
-        "flush_bytes": flusher.nbytes,
-        "lead_cycles": flusher.lead_cycles,
-        "l2_reset": l2_reset,
-        "timer": "cuda_event" if device.type == "cuda" else "perf_counter",
-        "elapsed_s": time.perf_counter() - started,
-    }
+        while calls < len(seeds) or time.perf_counter() - started < warm_s:
+            args = inputs[calls % len(inputs)]
+            flusher.flush(lead)
+            if device.type == "cuda":
+                start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                start.record()
+                out = fn(args)
+                end.record()
+                events.append((start, end))
+            else:
+                t0 = time.perf_counter()
+                out = fn(args)
+                samples.append((time.perf_counter() - t0) * 1e3)
+            if calls < len(seeds):
+                outputs.append([o for o in flatten_outputs(out) if isinstance(o, torch.Tensor)])
+            calls += 1
+            if warm_s and calls >= len(seeds):
+                sync(device)  # a warm-up measures its time with the device caught up
+        sync(device)
+    if events:
+        samples = [float(s.elapsed_time(e)) for s, e in events]
+    return samples, outputs, calls

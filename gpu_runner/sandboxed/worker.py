@@ -1,10 +1,12 @@
 """Entry point of a sandboxed worker: ``python -m gpu_runner.sandboxed.worker --mode run|compile ...``.
 
-A worker is single-use. It imports torch (and Triton), initialises the device, reports
-``ready`` and then blocks on its pipe. A run worker may be ``prepare``d for a task (reference
-outputs computed and shipped before any candidate exists) and then takes exactly one ``job``;
-a compile worker takes one ``compile``. After that it exits, so no candidate ever shares a
-process with another. Only stdlib, numpy, psutil, torch and triton are imported here.
+A worker imports torch (and Triton), initialises the device, reports ``ready`` and then blocks on
+its pipe. A run worker becomes one of three things and never another: a spare (``prepare``: the
+trials' inputs drawn, then exactly one ``job`` and its timed batches, then it exits, so no
+candidate shares a process with another), the referee (``task``: the reference and its baselines,
+then ``truth``/``batch``/``canary`` until the parent closes the pipe; it never takes a job), or the
+judge (``judge`` ops only). A compile worker takes one ``compile``. Only stdlib, numpy, psutil,
+torch and triton are imported here.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def preload(mode: str, device: str) -> None:
         import torch.utils.cpp_extension  # the extension loader's (setuptools): not on a job's path
         from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 
-        from gpu_runner.sandboxed import candidate, reference  # noqa: F401
+        from gpu_runner.sandboxed import candidate, referee, reference, spare  # noqa: F401
 
         if device == "cuda":
             try:  # torch.compile's machinery, imported now rather than inside the GPU lease later
@@ -65,7 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     import torch
 
-    from gpu_runner.frames import CompileOp, JobOp, JudgeOp, MeasureOp, Op, PrepareOp, Report, decode_op
+    from gpu_runner.frames import (
+        BatchOp,
+        CompileOp,
+        JobOp,
+        JudgeOp,
+        MeasureOp,
+        Op,
+        PrepareOp,
+        Report,
+        TaskOp,
+        TruthOp,
+        decode_op,
+    )
     from gpu_runner.protocol import FrameError, read_frame
     from gpu_runner.sandboxed.common import Channel, Laps, describe_exception, device_info, log, peaks
 
@@ -106,14 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         pid=os.getpid(),
     )
     prepared = None
+    referee = None
     while True:
         try:
             msg, _blobs = read_frame(args.in_fd)
             op = decode_op(msg)
         except (FrameError, EOFError, OSError):
             break
-        if op is Op.PREPARE:
-            from gpu_runner.sandboxed.reference import ReferenceFault, prepare
+        if op is Op.PREPARE and referee is None:
+            from gpu_runner.sandboxed.reference import ReferenceFault
+            from gpu_runner.sandboxed.spare import prepare
 
             t0 = time.perf_counter()
             try:
@@ -122,6 +138,29 @@ def main(argv: list[str] | None = None) -> int:
                 channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
                 break
             channel.send(Report.PREPARE_TIME, seconds=time.perf_counter() - t0)
+        elif op is Op.TASK and prepared is None and referee is None:
+            # A referee: it holds the reference and its baselines, and never takes a job.
+            from gpu_runner.sandboxed import referee as referee_ops
+            from gpu_runner.sandboxed.reference import ReferenceFault
+
+            try:
+                referee = referee_ops.start_task(cast(TaskOp, msg), device, channel)
+            except ReferenceFault as exc:
+                channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
+                break
+        elif referee is not None and op in (Op.TRUTH, Op.BATCH, Op.CANARY):
+            from gpu_runner.sandboxed import referee as referee_ops
+
+            try:
+                if op is Op.TRUTH:
+                    referee_ops.serve_truth(referee, cast(TruthOp, msg), channel)
+                elif op is Op.BATCH:
+                    referee_ops.serve_batch(referee, cast(BatchOp, msg), channel)
+                else:
+                    referee_ops.serve_canary(referee, channel)
+            except Exception as exc:  # noqa: BLE001 - the reference itself failed: the parent refuses the task
+                channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
+                break
         elif op is Op.JUDGE:  # a judge takes comparisons until the parent closes its pipe
             from gpu_runner.sandboxed.judging import judge
 
@@ -144,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             compile_job(cast(CompileOp, msg), channel)
             break
         else:
+            channel.send(Report.ERROR, stage="protocol", etype="ProtocolError", message=f"unexpected op {op.value}")
             break
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,7 +16,6 @@ from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
 from gpu_runner.run_stage import profile_kernels
 from gpu_runner.stats import NOISE_FACTOR, median_rel_stderr
-from gpu_runner.verdict import guard_finding
 from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
 
 TOL, FLOORS = dict(DEFAULT_TOLERANCES), dict(DEFAULT_PRECISION_FLOORS)
@@ -150,11 +149,10 @@ def test_elements_outside_the_tolerance_are_judged_against_the_truth_and_the_ref
     assert (res.ok, res.category) == (False, "incorrect.other")
 
 
-def test_the_judges_scan_and_the_workers_check_allow_the_same_noise() -> None:
+def test_the_judges_scan_and_the_hosts_allow_the_same_noise() -> None:
     import torch
 
     from gpu_runner.compare import _scan
-    from gpu_runner.sandboxed.common import close_enough
     from gpu_runner.sandboxed.judging import _scan_chunk
 
     cand, eager, exact = _cancelling_sums()
@@ -169,12 +167,6 @@ def test_the_judges_scan_and_the_workers_check_allow_the_same_noise() -> None:
     assert theirs["truth_excess"] == pytest.approx(ours.truth_excess, rel=1e-9)
     assert theirs["ref_err_max"] == pytest.approx(ours.ref_err_max, rel=1e-9)
     assert ours.truth_excess <= NOISE_FACTOR * ours.ref_err_max
-    noise = float(np.abs(residual).max())
-    assert not close_enough(t(cand), t(eager), 1e-4, 1e-4)
-    assert close_enough(t(cand), t(eager), 1e-4, 1e-4, noise=noise)
-    far = cand.copy()
-    far[3] += np.float32((NOISE_FACTOR + 3) * noise)
-    assert not close_enough(t(far), t(eager), 1e-4, 1e-4, noise=noise)
 
 
 def test_the_fp32_ceiling_is_the_fastest_fp32_accurate_scheme_the_check_accepts() -> None:
@@ -230,56 +222,6 @@ def test_median_precision_ignores_outliers_that_the_mean_does_not() -> None:
     mean_rel = np.std(tailed, ddof=1) / np.sqrt(len(tailed)) / np.mean(tailed)
     assert mean_rel > 0.05
     assert median_rel_stderr(tailed) < 0.002
-
-
-def test_timing_stops_on_the_medians_precision_despite_outliers() -> None:
-    import time
-
-    import torch
-
-    from gpu_runner.sandboxed.timing import Rotation, Timed, run_timing
-
-    calls = {"n": 0}
-
-    def work(inputs: list[object]) -> object:
-        calls["n"] += 1
-        end = time.perf_counter() + (0.004 if calls["n"] % 10 == 0 else 0.0005)
-        while time.perf_counter() < end:
-            pass
-        return inputs[0]
-
-    cfg = {"timing_budget_s": 20.0, "timing_min_reps": 30, "timing_max_reps": 2000, "timing_target_rel_err": 0.05,
-           "warmup_min_calls": 1, "warmup_min_s": 0.0, "guard_reps": 3, "timing_lead_us": 0.0}  # fmt: skip
-    result = run_timing([Timed("c", work)], Rotation([[torch.zeros(4)]]), torch.device("cpu"), cfg)
-    samples = result["callables"]["c"]["samples"]
-    # Every tenth call is 8x slower: the mean's error stays near 9%, the median's is tiny.
-    assert np.std(samples, ddof=1) / np.sqrt(len(samples)) / np.mean(samples) > 0.05
-    assert result["rounds"] < 200
-
-
-def test_guard_flags_work_hidden_from_the_events() -> None:
-    timing = {"callables": {"candidate": {"wall": [1.0] * 5}, "eager": {"wall": [0.52] * 5}}}
-    finding, check = guard_finding(timing, {"candidate": 0.01, "eager": 0.5}, 1.0, 0.05, 0.25)
-    assert finding is not None
-    assert finding.rule is CheatRule.DEFERRED_WORK
-    assert check.outcome is CheckOutcome.FAILED
-    honest = {"callables": {"candidate": {"wall": [0.27] * 5}, "eager": {"wall": [0.52] * 5}}}
-    finding, check = guard_finding(honest, {"candidate": 0.25, "eager": 0.5}, 1.0, 0.05, 0.25)
-    assert finding is None
-    assert check.outcome is CheckOutcome.PASSED
-
-
-def test_guard_allows_host_cost_under_load_but_not_hidden_work() -> None:
-    # Seen on an H200 host while 16 spares started: an honest one-launch Triton kernel of 0.052 ms
-    # with a synchronized wall of 0.166 ms, beside an eager reference whose host cost was 0.047 ms.
-    busy = {"callables": {"candidate": {"wall": [0.1661] * 15}, "eager": {"wall": [0.0993] * 15}}}
-    finding, check = guard_finding(busy, {"candidate": 0.0523, "eager": 0.0523}, 1.0, 0.02, 0.25)
-    assert finding is None, check.detail
-    # The same load, but the candidate's events show a fifth of work it really does: flagged.
-    hidden = {"callables": {"candidate": {"wall": [0.36] * 15}, "eager": {"wall": [0.0993] * 15}}}
-    finding, check = guard_finding(hidden, {"candidate": 0.0523, "eager": 0.0523}, 1.0, 0.02, 0.25)
-    assert finding is not None
-    assert finding.rule is CheatRule.DEFERRED_WORK
 
 
 def test_default_cache_dir_follows_kfoundry_home(kf_home: Path) -> None:
@@ -356,28 +298,6 @@ def test_kernel_profile_only_where_launch_hooks_cannot_see() -> None:
     assert profile_kernels("cuda", triton_only, {"ext": "/x/ext.so"}, True)[0] is True
     assert profile_kernels("cuda", "from torch.utils.cpp_extension import load_inline", {}, True)[0] is True
     assert profile_kernels("cpu", "load_inline", {"ext": "/x/ext.so"}, False)[0] is False
-
-
-@pytest.mark.parametrize("transposed", [False, True])
-def test_worker_quick_check_sees_a_fault_in_any_piece(transposed: bool) -> None:
-    import torch
-
-    from gpu_runner.sandboxed.common import close_enough
-
-    ref = torch.randn(37, 53, dtype=torch.float32)
-    out = ref + 1e-7
-    if transposed:  # non-contiguous tensors are compared in slices along dim 0
-        ref, out = ref.t(), out.t()
-    assert close_enough(out, ref, 1e-5, 1e-5, chunk=100)
-    for where in [(0, 0), (20, 30), (-1, -1)]:
-        bad = out.clone()
-        bad[where] += 1.0
-        assert not close_enough(bad, ref, 1e-5, 1e-5, chunk=100), where
-    bad = out.clone()
-    bad[-1, -1] = float("inf")
-    assert not close_enough(bad, ref, 1e-5, 1e-5, chunk=100)
-    # mixed layouts: a contiguous output against a non-contiguous reference of the same shape
-    assert close_enough(out.contiguous(), ref, 1e-5, 1e-5, chunk=64)
 
 
 def test_out_of_memory_within_the_plan_is_the_evaluators_fault_not_the_candidates() -> None:
@@ -492,24 +412,15 @@ class _FailsOnce(torch.nn.Module):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own imports, as in the worker
 def test_the_compiled_baseline_is_tried_again_after_a_failure() -> None:
     from gpu_runner.sandboxed.common import Channel
-    from gpu_runner.sandboxed.reference import Prepared, build_compiled
+    from gpu_runner.sandboxed.reference import build_compiled
 
     x = torch.arange(8, dtype=torch.float32)
-    prepared = Prepared(
-        device=torch.device("cpu"),
-        namespace={},
-        model=_FailsOnce(),
-        init_seed=0,
-        candidate_init_args=[],
-        trials=[[x]],
-        ref_outputs=[[x * 2.0 + 1.0]],
-    )
     read_fd, write_fd = os.pipe()
-    try:
-        build_compiled(prepared, Channel(read_fd, write_fd))  # on the CPU it sends nothing
+    try:  # on the CPU it sends nothing
+        compiled, error = build_compiled(_FailsOnce(), [x], torch.device("cpu"), Channel(read_fd, write_fd))
     finally:
         os.close(read_fd)
         os.close(write_fd)
-    assert prepared.compiled_error is None
-    assert prepared.compiled is not None
-    torch.testing.assert_close(prepared.compiled(x), x * 2.0 + 1.0)
+    assert error is None
+    assert compiled is not None
+    torch.testing.assert_close(compiled(x), x * 2.0 + 1.0)

@@ -1,0 +1,114 @@
+"""What the parent's own clock says about a timing: the check of a candidate's reported samples.
+
+A candidate's timed batches run in its own process, beside code that may rewrite the samples the
+process reports. The parent brackets every batch with its clock (``wall``: from sending the batch
+to its ``timed`` frame, the device synchronised before the frame is sent) and knows how many calls
+it held. The time outside the timed windows, per call, ``(wall - sum(samples)) / calls``, is the
+harness's own cost (drawing the inputs, the flush and the lead spin, the events, the pipe): the
+same code in the candidate's spare and in the referee, on the same GPU, one after the other. A
+candidate whose process reports less time than its calls took, or that does work outside the
+windows (computing answers while its inputs are drawn, finishing work after the end event), shows
+that time here, as overhead the referee's batches do not have.
+
+Measured on an H200 (``bench/crosscheck_probe.py``, 2026-11-28): with the device kept busy by the
+harness, the overhead per call of honest workloads agreed to within 2 us across batches (relu of
+64 MB and 4 GB, an fp32 matmul); samples halved showed up at once as the missing half. What
+remains trusted, and why, is in the README's anti-cheat section.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from gpu_runner.referee import Batch
+from schemas import CheatRule, Check, CheckName, CheckOutcome, Finding, Severity
+
+
+def overhead_us(batch: Batch) -> float:
+    """Microseconds per call of the batch outside its timed windows, by the parent's clock."""
+    return (batch.wall_ms - sum(batch.samples)) * 1e3 / max(1, batch.calls)
+
+
+def _forged(batches: Sequence[Batch]) -> str | None:
+    """A report that cannot be a measurement: samples for other calls than were made, or not times."""
+    for b in batches:
+        if len(b.samples) != b.calls:
+            return f"a batch of {b.calls} calls reported {len(b.samples)} samples"
+        if any(not math.isfinite(s) or s < 0 for s in b.samples):
+            return "a batch reported samples that are not times"
+        if sum(b.samples) > b.wall_ms * 1.02 + 0.05:
+            return f"a batch reported {sum(b.samples):.3f} ms of calls in {b.wall_ms:.3f} ms by the parent's clock"
+    return None
+
+
+def cross_check(
+    batches: Sequence[Batch], slack_us: float, slack_ratio: float
+) -> tuple[Check, Finding | None, float | None]:
+    """The check of the candidate's batches against the referee's: (check, finding, excess in us).
+
+    The excess is the median over the candidate's batches of their overhead per call minus the
+    median of the referee's; it may be ``slack_us + slack_ratio`` times the candidate's median
+    call (the parent's clock has jitter; a host-bound call shifts a few microseconds from the
+    window to outside it)."""
+    cand = [b for b in batches if b.callable == "candidate" and not b.warmup]
+    trusted = [b for b in batches if b.callable != "candidate" and not b.warmup]
+    if not cand or not trusted:
+        return (
+            Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.SKIPPED, detail="no timed batch"),
+            None,
+            None,
+        )
+    forged = _forged(cand)
+    if forged is not None:
+        finding = Finding(rule=CheatRule.TIMER_TAMPERING, severity=Severity.REJECT, message=f"timing report: {forged}")
+        return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.FAILED, detail=forged), finding, None
+    o_cand = statistics.median(overhead_us(b) for b in cand)
+    o_ref = statistics.median(overhead_us(b) for b in trusted)
+    call_us = statistics.median(s for b in cand for s in b.samples) * 1e3
+    allowed = slack_us + slack_ratio * call_us
+    excess = o_cand - o_ref
+    detail = (
+        f"outside the timed windows, per call: candidate {o_cand:.1f} us, referee {o_ref:.1f} us "
+        f"(the same harness; the parent's clock over {len(cand)} + {len(trusted)} batches); "
+        f"excess {excess:.1f} us, allowed {allowed:.1f} us (median call {call_us:.1f} us)"
+    )
+    if excess > allowed:
+        finding = Finding(
+            rule=CheatRule.TIMER_TAMPERING,
+            severity=Severity.REJECT,
+            message=f"the parent's clock contradicts the candidate's timing: {excess:.1f} us per call more than "
+            f"its process reported ({detail})",
+        )
+        return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.FAILED, detail=detail), finding, excess
+    return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.PASSED, detail=detail), None, excess
+
+
+def canary_check(
+    batches: Sequence[Batch], final_us: float | None, quiet_us: float | None, busy_us: float
+) -> tuple[Check, Finding | None]:
+    """Whether the GPU was idle whenever the referee looked (before each of its batches and after
+    the candidate's last): work still running there came from the candidate's process."""
+    seen = [b.canary_us for b in batches if b.canary_us is not None]
+    if final_us is not None:
+        seen.append(final_us)
+    if not seen:
+        return (
+            Check(name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.SKIPPED, detail="no canary on the CPU"),
+            None,
+        )
+    limit = max(busy_us, 20.0 * (quiet_us or 0.0))
+    busy = [v for v in seen if v > limit]
+    detail = (
+        f"canary before each baseline batch and after the last candidate batch: {len(busy)} of {len(seen)} "
+        f"found the GPU busy (up to {max(seen):.0f} us; idle {quiet_us or 0.0:.0f} us, limit {limit:.0f} us)"
+    )
+    if busy:
+        finding = Finding(
+            rule=CheatRule.DEFERRED_WORK,
+            severity=Severity.REJECT,
+            message=f"work left running on the GPU after the candidate's timed batch returned: {detail}",
+        )
+        return Check(name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.FAILED, detail=detail), finding
+    return Check(name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.PASSED, detail=detail), None

@@ -1,0 +1,229 @@
+"""The referee (parent side): the one process that holds a task's reference, its truth and its baselines.
+
+A run worker forked like any spare, given a ``task`` and never a candidate
+(:mod:`gpu_runner.sandboxed.referee`). The pool starts one per task; the run stage asks it for the
+reference's outputs of the seeds a spare's trials (or a timed call) used, and, inside a
+candidate's timing session, for timed batches of the eager and compiled baselines interleaved
+with the candidate's. One op at a time (a lock); its own GPU work outside a timing session runs
+under a shared lease, so it never overlaps a timing. Everything it sends is trusted: no candidate
+code ever ran in its process, and the parent tells it nothing of a candidate but seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy.typing as npt
+import structlog
+
+from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError
+from gpu_runner.frames import BatchOp, Op, Report, TaskOp, TruthOp, op_frame
+from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.protocol import Blob, tensor_from_wire
+from gpu_runner.sandbox import Worker
+
+logger = structlog.get_logger(__name__)
+
+
+@dataclass
+class Truth:
+    """The reference's outputs for one seed: what a trial or a timed call is compared with."""
+
+    trial: int
+    outputs: list[npt.NDArray[Any]]
+    dtypes: list[str]
+    residuals: list[npt.NDArray[Any]] | None
+    """The float64 outputs minus the reference's (None: no float64 run, ``fp64_error`` says why)."""
+    fp64_error: str | None
+
+
+@dataclass
+class Batch:
+    """One timed batch as the parent saw it: the process's samples and the parent's own clock."""
+
+    callable: str
+    calls: int
+    wall_ms: float
+    """The parent's clock from sending the batch to its ``timed`` frame (the device synchronised)."""
+    samples: list[float]
+    warmup: bool = False
+    canary_us: float | None = None
+    """The referee's canary before this batch (its baselines' batches only)."""
+    own_launches: int | None = None
+    """The candidate's own launches during the batch, as its process counted them."""
+
+
+class Referee:
+    """The parent's handle on the referee process of the current task."""
+
+    def __init__(self, start: Callable[[], Awaitable[Worker]], gate: GpuGate, nice: int, timeout_s: float) -> None:
+        self._start = start
+        self.gate = gate
+        self.nice = nice
+        self.timeout_s = timeout_s
+        self.worker: Worker | None = None
+        self.lock = asyncio.Lock()
+        self.info: dict[str, Any] = {}
+        """The ``task_ready`` frame of the current task (sizes, FLOPs, output metadata, range scales)."""
+        self.task: str | None = None
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.info.get("compiled"))
+
+    async def start_task(self, key: str, op: TaskOp, worker: Worker | None = None) -> dict[str, Any]:
+        """(Re)start the referee for a task (in ``worker``, a fresh run worker, or a new one) and
+        wait for its ``task_ready``; raises :class:`InvalidReference` when the reference itself fails."""
+        async with self.lock:
+            await self._stop()
+            self.worker = worker if worker is not None else await self._start()
+            try:
+                await self.worker.send(op_frame(Op.TASK, op))
+                header, _ = await self._until(Report.TASK_READY, 4 * self.timeout_s)
+            except BaseException:
+                await self._stop()
+                raise
+            self.info, self.task = header, key
+            logger.info(
+                "referee_ready",
+                task=key,
+                compiled=header.get("compiled"),
+                range_scales=header.get("range_scales"),
+                canary_quiet_us=header.get("canary_quiet_us"),
+                phases={k: round(float(v), 3) for k, v in (header.get("phases") or {}).items()},
+            )
+            return header
+
+    async def _until(self, kind: Report, timeout_s: float) -> tuple[dict[str, Any], list[Blob]]:
+        """Frames (serving shared-lease requests) until ``kind``; its header and blobs."""
+        worker = self._require()
+        lease = GpuLease(self.gate, worker, self.nice)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    header, blobs = await worker.recv(1 << 40)
+                    got = header.get("kind")
+                    if await lease.handle(got):
+                        continue
+                    if got is kind:
+                        return header, blobs
+                    if got is Report.REFERENCE_ERROR:
+                        raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
+                    raise ProtocolError(f"the referee sent {got!r} while {kind.value} was expected")
+        except (TimeoutError, asyncio.IncompleteReadError) as exc:
+            why = "timed out" if isinstance(exc, TimeoutError) else "died"
+            log = worker.log_text()[-800:]
+            await self._stop()
+            raise EvaluatorFault(f"the referee {why} waiting for {kind.value}: {log}") from None
+        finally:
+            await lease.drop()
+
+    def _require(self) -> Worker:
+        if self.worker is None or self.worker.dead:
+            raise EvaluatorFault("the referee is not running (its task was not started or it died)")
+        return self.worker
+
+    async def truths(self, seeds: list[int], scales: list[float], first: int) -> list[Truth]:
+        """The reference's outputs and float64 residuals of ``seeds`` (trial numbers from ``first``)."""
+        async with self.lock:
+            worker = self._require()
+            await worker.send(op_frame(Op.TRUTH, TruthOp(seeds=seeds, scales=scales, first=first)))
+            out: list[Truth] = []
+            lease = GpuLease(self.gate, worker, self.nice)
+            try:
+                async with asyncio.timeout(4 * self.timeout_s):
+                    while True:
+                        header, blobs = await worker.recv(1 << 40)
+                        kind = header.get("kind")
+                        if await lease.handle(kind):
+                            continue
+                        if kind is Report.REFERENCE_DONE:
+                            break
+                        if kind is Report.REFERENCE_ERROR:
+                            raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
+                        if kind is not Report.REFERENCE:
+                            raise ProtocolError(f"the referee sent {kind!r} while shipping outputs")
+                        arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
+                        n = int(header["n_outputs"])
+                        error = header.get("fp64_error")
+                        out.append(
+                            Truth(
+                                trial=int(header["trial"]),
+                                outputs=arrays[:n],
+                                dtypes=[str(m["dtype"]) for m in header["tensors"][:n]],
+                                residuals=arrays[n:] if error is None else None,
+                                fp64_error=error,
+                            )
+                        )
+            except (TimeoutError, asyncio.IncompleteReadError) as exc:
+                why = "timed out" if isinstance(exc, TimeoutError) else "died"
+                log = worker.log_text()[-800:]
+                await self._stop()
+                raise EvaluatorFault(f"the referee {why} computing reference outputs: {log}") from None
+            finally:
+                await lease.drop()
+            if len(out) != len(seeds):
+                raise ProtocolError(f"the referee shipped {len(out)} outputs for {len(seeds)} seeds")
+            return out
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Referee]:
+        """The referee to oneself for a timing session (taken before the GPU goes exclusive: a
+        truth request holding the referee may be waiting for a shared lease)."""
+        async with self.lock:
+            self._require()
+            yield self
+
+    async def batch(self, op: BatchOp, timeout_s: float) -> tuple[Batch, dict[str, Any]]:
+        """One timed batch of a baseline (inside :meth:`session`, under the exclusive lease)."""
+        worker = self._require()
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await worker.send(op_frame(Op.BATCH, op))
+                header, _ = await worker.recv(1 << 40)
+        except (TimeoutError, asyncio.IncompleteReadError) as exc:
+            why = "timed out" if isinstance(exc, TimeoutError) else "died"
+            log = worker.log_text()[-800:]
+            await self._stop()
+            raise EvaluatorFault(f"the referee {why} timing the {op['callable']} baseline: {log}") from None
+        wall = (time.perf_counter() - t0) * 1e3
+        if header.get("kind") is not Report.TIMED:
+            raise EvaluatorFault(f"the referee could not time {op['callable']}: {str(header.get('message'))[:500]}")
+        samples = [float(x) for x in header.get("samples") or []]
+        canary = header.get("canary_us")
+        batch = Batch(
+            callable=op["callable"],
+            calls=int(header["calls"]),
+            wall_ms=wall,
+            samples=samples,
+            warmup=op["warmup"],
+            canary_us=float(canary) if canary is not None else None,
+        )
+        return batch, header
+
+    async def canary(self, timeout_s: float = 30.0) -> float:
+        """The canary's host latency now (inside :meth:`session`)."""
+        worker = self._require()
+        async with asyncio.timeout(timeout_s):
+            await worker.send(op_frame(Op.CANARY))
+            header, _ = await worker.recv(1 << 20)
+        if header.get("kind") is not Report.CANARY:
+            raise EvaluatorFault(f"the referee answered the canary with {header.get('kind')!r}")
+        return float(header["host_us"])
+
+    async def _stop(self) -> None:
+        if self.worker is not None:
+            await self.worker.kill(sweep=False)
+            self.worker = None
+            self.task = None
+            self.info = {}
+
+    async def aclose(self) -> None:
+        async with self.lock:
+            await self._stop()

@@ -1,0 +1,266 @@
+"""The referee: the task's reference, its truth and its baselines, in a process no candidate ever runs in.
+
+One referee per evaluation service and task. On ``task`` it loads the reference, builds its model
+(and its ``torch.compile`` baseline) once, counts its FLOPs, measures the canary on an idle GPU and
+chooses the range trials' input scales. Then it answers, one op at a time:
+
+* ``truth``: the reference's outputs in IEEE fp32 and their float64 residuals for the seeds (and
+  scales) a spare's trials were drawn from, or a timed call's seed, shipped to the parent;
+* ``batch``: one timed batch of the eager or compiled baseline, with the same harness as the
+  candidate's batches (:func:`gpu_runner.sandboxed.timing.run_batch`), the canary first;
+* ``canary``: whether the GPU is idle (a candidate's process may have left work running).
+
+Nothing it holds is reachable from a candidate: candidates run in other processes, and what the
+parent tells the referee about them is seeds and nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gpu_runner.frames import BatchOp, Report, TaskOp, TruthOp
+from gpu_runner.sandboxed.common import Channel, Laps, log, pack
+from gpu_runner.sandboxed.reference import (
+    REFERENCE_FILENAME,
+    ReferenceFault,
+    build_compiled,
+    build_model,
+    clone_inputs,
+    count_flops,
+    exact_fp32,
+    load_module,
+    make_inputs,
+    ship,
+    tensors,
+    truth,
+)
+from gpu_runner.sandboxed.timing import Flusher, canary_us, run_batch
+
+LARGE_SCALES = (1e6, 1e4, 1e2)
+"""Input scales tried for the large-magnitude range trial, largest first: the first whose reference
+outputs (and float64 truth) stay finite is used. 1e6 leaves fp16's range (65504); a softmax or
+norm that skips its stabilising step overflows well before."""
+SMALL_SCALES = (1e-6, 1e-3)
+"""Input scales tried for the small-magnitude range trial (1e-6 is below fp16's normal range)."""
+CANARY_QUIET_CALLS = 21
+
+
+def _finite(values: list[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in values if v.is_floating_point())
+
+
+@dataclass
+class Referee:
+    """The task as the referee holds it."""
+
+    device: torch.device
+    namespace: dict[str, Any]
+    model: Any
+    init_seed: int
+    inputs_on_device: bool
+    init_on_device: bool
+    compiled: Any = None
+    compiled_error: str | None = None
+    flusher: Flusher | None = None
+    scratch: torch.Tensor | None = None
+    model64: Any = None
+    out_metas: list[dict[str, Any]] = field(default_factory=list)
+
+    def draw(self, seed: int, scale: float = 1.0, on_device: bool | None = None) -> list[Any]:
+        """A trial's or timed call's inputs (as the spare draws them)."""
+        where = self.inputs_on_device if on_device is None else on_device
+        if where:
+            return make_inputs(self.namespace, seed, self.device, on_device=True, scale=scale)
+        from gpu_runner.sandboxed.reference import to_device
+
+        return to_device(make_inputs(self.namespace, seed, torch.device("cpu"), scale=scale), self.device)
+
+    def float64(self) -> Any:
+        """The float64 copy of the model (made once, when the first truth is asked for)."""
+        if self.model64 is None:
+            try:
+                self.model64 = copy.deepcopy(self.model).to(torch.float64)
+            except Exception as exc:  # noqa: BLE001 - truth() then records why there is no float64 run
+                log(f"no float64 copy of the model: {type(exc).__name__}: {exc}")
+                self.model64 = False
+        return self.model64 or None
+
+
+def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
+    """Build the task (model, baseline, canary, range scales) and report ``task_ready``."""
+    laps = Laps()
+    try:
+        ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")
+    except Exception as exc:
+        raise ReferenceFault(f"the reference failed to load: {type(exc).__name__}: {exc}") from exc
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if name not in ns:
+            raise ReferenceFault(f"the reference defines no {name}")
+    init_seed = int(msg["init_seed"])
+    init_on_device = device.type == "cuda" and bool(msg.get("init_on_device"))
+    try:
+        init_args = list(ns["get_init_inputs"]())
+        model = None if init_on_device else build_model(ns["Model"], init_args, init_seed, torch.device("cpu"), False)
+    except Exception as exc:
+        raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
+    laps.lap("build_s")
+    ref = Referee(
+        device=device,
+        namespace=ns,
+        model=model,
+        init_seed=init_seed,
+        inputs_on_device=device.type == "cuda" and bool(msg.get("inputs_on_device")),
+        init_on_device=init_on_device,
+    )
+    quiet: list[float] = []
+    with channel.gpu_lease(device):
+        try:
+            if ref.model is None:
+                try:
+                    ref.model = build_model(ns["Model"], init_args, init_seed, device, True)
+                except Exception as exc:  # noqa: BLE001 - a constructor that needs the CPU: as before
+                    log(f"building the model on the device failed, on the CPU instead: {type(exc).__name__}: {exc}")
+                    ref.init_on_device = False
+                    ref.model = build_model(ns["Model"], init_args, init_seed, torch.device("cpu"), False)
+            ref.model = ref.model.to(device)
+            sample = ref.draw(int(msg["calibrate_seed"]))
+            with torch.no_grad(), exact_fp32():
+                outs = tensors(ref.model(*clone_inputs(sample)), "Model.forward")
+        except ReferenceFault:
+            raise
+        except Exception as exc:
+            raise ReferenceFault(f"the reference's forward failed: {type(exc).__name__}: {exc}") from exc
+        laps.lap("forward_s")
+        ref.out_metas = [
+            {
+                "dtype": str(o.dtype).removeprefix("torch."),
+                "shape": list(o.shape),
+                "nbytes": o.numel() * o.element_size(),
+                "stride": list(o.stride()),
+                "contiguous": o.is_contiguous(),
+            }
+            for o in outs
+        ]
+        scales = _range_scales(ref, int(msg["calibrate_seed"]))
+        laps.lap("range_s")
+        flops = count_flops(ref.model, sample)
+        laps.lap("flops_s")
+        ref.flusher = Flusher(device)
+        if device.type == "cuda":
+            ref.scratch = torch.zeros(1, device=device)
+            quiet = sorted(canary_us(device, ref.scratch) for _ in range(CANARY_QUIET_CALLS))
+        laps.lap("calibrate_s")
+    if msg.get("compiled_baseline"):
+        ref.compiled, ref.compiled_error = build_compiled(ref.model, sample, device, channel)
+        laps.lap("compiled_s")
+    params = sum(p.numel() * p.element_size() for p in list(ref.model.parameters()) + list(ref.model.buffers()))
+    in_bytes = sum(v.numel() * v.element_size() for v in sample if isinstance(v, torch.Tensor))
+    out_bytes = sum(int(m["nbytes"]) for m in ref.out_metas)
+    del sample, outs
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    channel.send(
+        Report.TASK_READY,
+        flops=flops,
+        bytes_moved=in_bytes + out_bytes + params,
+        out_dtype=ref.out_metas[0]["dtype"] if ref.out_metas else "float32",
+        out_metas=ref.out_metas,
+        compiled=ref.compiled is not None,
+        compiled_error=ref.compiled_error,
+        init_on_device=ref.init_on_device,
+        range_scales=scales,
+        canary_quiet_us=quiet[len(quiet) // 2] if quiet else None,
+        phases=laps.seconds,
+    )
+    return ref
+
+
+def _range_scales(ref: Referee, seed: int) -> list[float]:
+    """The input scales of the range trials: the largest of :data:`LARGE_SCALES` and of
+    :data:`SMALL_SCALES` at which the reference's outputs stay finite (none where no floating
+    input exists or no scale keeps them finite)."""
+    chosen: list[float] = []
+    for ladder in (LARGE_SCALES, SMALL_SCALES):
+        for scale in ladder:
+            try:
+                inputs = ref.draw(seed, scale)
+                if not any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in inputs):
+                    return []
+                with torch.no_grad(), exact_fp32():
+                    outs = tensors(ref.model(*inputs), "Model.forward")
+            except Exception as exc:  # noqa: BLE001 - a scale the reference cannot take is not used
+                log(f"range scale {scale:g}: {type(exc).__name__}: {exc}")
+                continue
+            if _finite(outs) and all(
+                math.isfinite(float(o.double().abs().sum())) for o in outs if o.is_floating_point()
+            ):
+                chosen.append(scale)
+                break
+    return chosen
+
+
+def serve_truth(ref: Referee, msg: TruthOp, channel: Channel) -> None:
+    """Ship the reference outputs and float64 residuals of ``msg``'s seeds, then ``reference_done``."""
+    laps = Laps()
+    shipments: list[tuple[int, list[torch.Tensor], int, str | None]] = []
+    first = int(msg["first"])
+    with channel.gpu_lease(ref.device):
+        for k, (seed, scale) in enumerate(zip(msg["seeds"], msg["scales"], strict=True)):
+            inputs = ref.draw(int(seed), float(scale))
+            outs, residuals, fp64_error = truth(ref.model, ref.float64(), inputs)
+            shipments.append((first + k, [o.detach() for o in outs + residuals], len(outs), fp64_error))
+        laps.lap("forward_s")
+    ship(shipments, ref.device, channel, laps)
+    del shipments
+    if ref.device.type == "cuda":
+        torch.cuda.empty_cache()
+    channel.send(Report.REFERENCE_DONE, phases=laps.seconds)
+
+
+def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
+    """One timed batch of a baseline (the parent holds the GPU for it), the canary first."""
+    assert ref.flusher is not None
+    which = msg["callable"]
+    if which == "compiled" and ref.compiled is not None:
+        compiled = ref.compiled
+
+        def fn(inputs: list[Any]) -> object:
+            return compiled(*inputs)
+    elif which == "eager":
+        model = ref.model
+
+        def fn(inputs: list[Any]) -> object:
+            return model(*inputs)
+    else:
+        channel.send(Report.ERROR, stage="timing", etype="ProtocolError", message=f"no baseline {which!r} here")
+        return
+    canary = canary_us(ref.device, ref.scratch) if msg["canary"] else None
+    samples, outputs, calls = run_batch(msg, fn, lambda s: ref.draw(s, on_device=True), ref.device, ref.flusher)
+    blobs: list[Any] = []
+    metas: list[dict[str, Any]] = []
+    if msg["outputs"] == "all":  # the same host copies as the candidate's batch (the parent drops them)
+        for outs in outputs:
+            m, b = pack(outs)
+            metas += m
+            blobs += b
+    del outputs
+    channel.send(
+        Report.TIMED,
+        blobs=blobs,
+        samples=samples,
+        calls=calls,
+        timer="cuda_event" if ref.device.type == "cuda" else "perf_counter",
+        canary_us=canary,
+        tensors=metas,
+        flush_bytes=ref.flusher.nbytes,
+        l2_reset=ref.flusher.reset_persisting(),
+    )
+
+
+def serve_canary(ref: Referee, channel: Channel) -> None:
+    channel.send(Report.CANARY, host_us=canary_us(ref.device, ref.scratch))

@@ -1,0 +1,260 @@
+"""A candidate's timing, driven by the parent: batches in two processes, the parent's clock around each.
+
+The candidate's spare and the referee run the same batch harness
+(:mod:`gpu_runner.sandboxed.timing`) on the same fresh seeds, one batch at a time, in a rotating
+order, while the parent holds the GPU exclusively. Every batch is bracketed by the parent's own
+clock (send to ``timed`` frame, the device synchronised inside), so the time a candidate's
+process claims is checked against time it cannot forge (:func:`gpu_runner.crosscheck.cross_check`).
+The referee times a canary before each of its batches and once after the last candidate batch:
+work a candidate left on the GPU shows there as a busy device.
+
+Timed calls are judged like trials. Small outputs (up to :data:`SHIP_ALL_BYTES` per call) come
+back with every batch, inside the clocked window, and the parent keeps a random sample of them
+(reservoir, :data:`JUDGED_CALLS`); larger ones stay in the candidate's process until the next
+batch, and after a batch chosen at random the parent asks for one call's outputs (``ship``). Which
+calls are judged is decided by the parent after the batch ended and never told to the candidate
+before; the referee (or the judge, for outputs judged on the device) then computes their truth
+from the seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_runner.config import RunnerConfig
+from gpu_runner.frames import BatchOp, Op, Report, ShipOp, op_frame
+from gpu_runner.pool import decode_outputs
+from gpu_runner.protocol import FrameError
+from gpu_runner.referee import Batch, Referee
+from gpu_runner.stats import median_rel_stderr
+
+SHIP_ALL_BYTES = 1 << 20
+"""Outputs of one call up to this size come back with every timed batch (a host copy of a few
+tens of microseconds, inside the clocked window); larger ones are shipped on demand."""
+JUDGED_CALLS = 16
+"""Timed calls whose outputs are judged with the trial rule, where every call's outputs come back."""
+SHIPPED_CALLS = 2
+"""Timed calls shipped and judged, where outputs stay in the candidate's process (larger ones)."""
+MAX_BATCH = 32
+"""Most calls in one batch."""
+TIMING_INPUT_BYTES = 1 << 30
+"""A batch draws every call's inputs before its first call: at most this many bytes of them."""
+KEPT_OUTPUT_BYTES = 1 << 30
+"""A candidate keeps a batch's outputs (for a ``ship``): at most this many bytes of them."""
+
+
+@dataclass
+class Kept:
+    """A timed call chosen for judgment: its seed and where its outputs are."""
+
+    trial: int
+    """The number its outputs go under (after the trials' numbers)."""
+    seed: int
+    outputs: list[Any] | None = None
+    """Its outputs as numpy arrays (small outputs: they came with the batch)."""
+    dtypes: list[str] = field(default_factory=list)
+    header: dict[str, Any] | None = None
+    """The ``trial`` frame a shipped call came in (larger outputs)."""
+    ship_ms: float | None = None
+
+
+@dataclass
+class SessionRecord:
+    """What a timing session leaves for the verdict."""
+
+    batches: list[Batch] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
+    final_canary_us: float | None = None
+    canary_quiet_us: float | None = None
+    flush_bytes: int = 0
+    l2_reset: bool = False
+    lead_us: float = 0.0
+    outputs_mode: str = "all"
+    batch_calls: int = 0
+    timer: str = "perf_counter"
+    rounds: int = 0
+    elapsed_s: float = 0.0
+
+
+class SessionAborted(Exception):
+    """The candidate's process stopped answering the session (its error or death is in the record)."""
+
+
+class TimingSession:
+    """One candidate's timing against the referee's baselines."""
+
+    def __init__(
+        self,
+        cfg: RunnerConfig,
+        device: str,
+        referee: Referee,
+        reader: Any,
+        first_timed_trial: int,
+        in_bytes: int,
+        out_bytes: int,
+        shippable: int,
+    ) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.referee = referee
+        self.reader = reader
+        """The candidate's :class:`gpu_runner.run_reader.ReportReader` (its frames, its record)."""
+        self.next_trial = first_timed_trial
+        self.in_bytes = in_bytes
+        self.out_bytes = out_bytes
+        self.shippable = shippable
+        """Output buffers the spare has for shipped calls (larger outputs)."""
+        self.rec = SessionRecord(canary_quiet_us=referee.info.get("canary_quiet_us"))
+        self.draw = random.SystemRandom()
+        self.callables = ["candidate", "eager"] + (["compiled"] if referee.compiled else [])
+
+    def _op(self, callable_: str, seeds: list[int], warmup: bool, outputs: str) -> BatchOp:
+        return BatchOp(
+            callable=callable_,
+            seeds=seeds,
+            warmup=warmup,
+            warmup_min_s=self.cfg.warmup_min_s,
+            lead_us=self.rec.lead_us,
+            outputs=outputs,
+            canary=callable_ != "candidate" and self.device == "cuda",
+        )
+
+    async def _candidate_batch(self, op: BatchOp, timeout_s: float) -> tuple[Batch, dict[str, Any], list[Any]]:
+        worker = self.reader.worker
+        t0 = time.perf_counter()
+        async with asyncio.timeout(timeout_s):
+            await worker.send(op_frame(Op.BATCH, op))
+            got = await self.reader.take(Report.TIMED)
+        wall = (time.perf_counter() - t0) * 1e3
+        if got is None:
+            raise SessionAborted("the candidate's process stopped during a timed batch")
+        header, blobs = got
+        samples = header.get("samples")
+        if not isinstance(samples, list) or not all(isinstance(x, int | float) for x in samples):
+            raise FrameError("a timed batch's samples are not numbers")
+        launches = header.get("own_launches")
+        batch = Batch(
+            callable="candidate",
+            calls=int(header["calls"]),
+            wall_ms=wall,
+            samples=[float(x) for x in samples],
+            warmup=op["warmup"],
+            own_launches=int(launches) if isinstance(launches, int) else None,
+        )
+        return batch, header, blobs
+
+    async def _batch(self, callable_: str, seeds: list[int], warmup: bool, deadline: float) -> tuple[Batch, Any]:
+        outputs = "none" if warmup else self.rec.outputs_mode
+        op = self._op(callable_, seeds, warmup, outputs)
+        timeout = max(0.5, deadline - time.perf_counter())
+        if callable_ == "candidate":
+            batch, header, blobs = await self._candidate_batch(op, timeout)
+            extra: Any = (header, blobs)
+        else:
+            batch, header = await self.referee.batch(op, timeout)
+            extra = None
+            self.rec.flush_bytes = int(header.get("flush_bytes") or 0)
+            self.rec.l2_reset = self.rec.l2_reset or bool(header.get("l2_reset"))
+            self.rec.timer = str(header.get("timer") or self.rec.timer)
+        self.rec.batches.append(batch)
+        return batch, extra
+
+    def _plan_batches(self, warm: dict[str, Batch]) -> int:
+        """Calls per batch, from the warm-up's per-call time as the parent's clock saw it."""
+        per_call = max(b.wall_ms / max(1, b.calls) for b in warm.values())
+        n = int(self.cfg.timing_batch_s * 1e3 / max(per_call, 1e-3))
+        if self.in_bytes:
+            n = min(n, max(1, TIMING_INPUT_BYTES // self.in_bytes))
+        if self.rec.outputs_mode == "keep" and self.out_bytes:
+            n = min(n, max(1, KEPT_OUTPUT_BYTES // self.out_bytes))
+        return max(1, min(MAX_BATCH, n))
+
+    async def run(self, budget_s: float) -> SessionRecord:
+        """Warm-up, then rounds until every callable's median is known to the target error, the
+        repetitions or the budget run out; then the final canary."""
+        cfg = self.cfg
+        started = time.perf_counter()
+        deadline = started + budget_s
+        self.rec.outputs_mode = "all" if self.out_bytes <= SHIP_ALL_BYTES else "keep"
+        self.rec.lead_us = cfg.timing_lead_us if self.device == "cuda" else 0.0
+        warm: dict[str, Batch] = {}
+        for name in self.callables:
+            seeds = [secrets.randbits(62) for _ in range(cfg.warmup_min_calls)]
+            warm[name], _ = await self._batch(name, seeds, True, deadline)
+        n = self._plan_batches(warm)
+        self.rec.batch_calls = n
+        min_rounds = max(1, math.ceil(cfg.timing_min_reps / n))
+        max_rounds = max(min_rounds, math.ceil(cfg.timing_max_reps / n))
+        ship_rounds: set[int] = set()
+        if self.rec.outputs_mode == "keep" and self.shippable:
+            ship_rounds = set(self.draw.sample(range(min_rounds), min(min_rounds, self.shippable, SHIPPED_CALLS)))
+        samples: dict[str, list[float]] = {name: [] for name in self.callables}
+        seen = 0
+        timing_budget = cfg.timing_budget_s
+        rounds = 0
+        while True:
+            seeds = [secrets.randbits(62) for _ in range(n)]
+            order = self.callables[rounds % len(self.callables) :] + self.callables[: rounds % len(self.callables)]
+            for name in order:
+                batch, extra = await self._batch(name, seeds, False, deadline)
+                samples[name] += batch.samples
+                if name != "candidate":
+                    continue
+                if self.rec.outputs_mode == "all":
+                    seen = self._reservoir(extra, seeds, seen)
+                elif rounds in ship_rounds:
+                    await self._ship(self.draw.randrange(n), seeds, deadline)
+            rounds += 1
+            spent = time.perf_counter() - started
+            if rounds >= min_rounds:
+                converged = all(median_rel_stderr(s) <= cfg.timing_target_rel_err for s in samples.values())
+                if converged or rounds >= max_rounds or spent > timing_budget:
+                    break
+            elif spent > 2 * timing_budget and rounds >= 3:
+                break
+        if self.device == "cuda":
+            self.rec.final_canary_us = await self.referee.canary()
+        self.rec.rounds = rounds
+        self.rec.elapsed_s = time.perf_counter() - started
+        return self.rec
+
+    def _reservoir(self, extra: Any, seeds: list[int], seen: int) -> int:
+        """Keep a uniform sample of :data:`JUDGED_CALLS` of the timed calls whose outputs came back."""
+        header, blobs = extra
+        metas = list(header.get("tensors") or [])
+        per_call = len(metas) // len(seeds) if seeds and len(metas) % len(seeds) == 0 else 0
+        arrays = decode_outputs(header, blobs) if per_call else []
+        for k, seed in enumerate(seeds):
+            seen += 1
+            outs = arrays[k * per_call : (k + 1) * per_call] if per_call else []
+            dtypes = [str(m.get("dtype")) for m in metas[k * per_call : (k + 1) * per_call]] if per_call else []
+            item = Kept(trial=-1, seed=seed, outputs=outs, dtypes=dtypes)
+            if len(self.rec.kept) < JUDGED_CALLS:
+                self.rec.kept.append(item)
+            else:
+                j = self.draw.randrange(seen)
+                if j < JUDGED_CALLS:
+                    self.rec.kept[j] = item
+        return seen
+
+    async def _ship(self, call: int, seeds: list[int], deadline: float) -> None:
+        """Ask for one call's outputs of the last batch (larger outputs), chosen after it ended."""
+        trial = self.next_trial
+        self.next_trial += 1
+        kept = Kept(trial=trial, seed=seeds[call])
+        self.reader.timed_seeds[trial] = seeds[call]
+        t0 = time.perf_counter()
+        async with asyncio.timeout(max(0.5, deadline - time.perf_counter())):
+            await self.reader.worker.send(op_frame(Op.SHIP, ShipOp(call=call, trial=trial)))
+            got = await self.reader.take(Report.TRIAL)
+        if got is None:
+            raise SessionAborted("the candidate's process stopped while shipping a timed call")
+        kept.header = got[0]
+        kept.ship_ms = (time.perf_counter() - t0) * 1e3
+        self.rec.kept.append(kept)

@@ -1,0 +1,146 @@
+"""Unit tests of the trusted side's own checks: the parent's clock against a candidate's timing
+report, the referee's canary, input checksums recomputed from bytes, output layout, custom ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_runner.compare import host_checksum
+from gpu_runner.crosscheck import canary_check, cross_check, overhead_us
+from gpu_runner.pool import trial_scales
+from gpu_runner.referee import Batch
+from gpu_runner.sandboxed.common import checksum, pack
+from gpu_runner.verdict import launches, layout_findings, runtime_findings
+from schemas import CheatRule, CheckOutcome
+
+# Measured on an H200 (bench/crosscheck_probe.py): relu of 64 MB, 36 us a call, 192 us outside the
+# timed windows per call with the harness's flush and lead spin, within 2 us across batches.
+CALL_MS, OUTSIDE_MS, CALLS = 0.036, 0.192, 29
+
+
+def batches(callable_: str, call_ms: float, outside_ms: float, reported: float = 1.0, n: int = 12) -> list[Batch]:
+    """Batches whose parent-clock wall is what the calls and the harness cost; the process reports
+    ``reported`` times the true call time."""
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(n):
+        true = [call_ms * (1 + 0.01 * rng.standard_normal()) for _ in range(CALLS)]
+        wall = sum(true) + CALLS * outside_ms * (1 + 0.005 * rng.standard_normal())
+        out.append(Batch(callable=callable_, calls=CALLS, wall_ms=wall, samples=[t * reported for t in true]))
+    return out
+
+
+def test_an_honest_report_agrees_with_the_parents_clock() -> None:
+    runs = batches("candidate", CALL_MS, OUTSIDE_MS) + batches("eager", 0.036, OUTSIDE_MS)
+    check, finding, excess = cross_check(runs, 25.0, 0.04)
+    assert finding is None, check.detail
+    assert check.outcome is CheckOutcome.PASSED
+    assert excess is not None
+    assert abs(excess) < 5.0
+
+
+@pytest.mark.parametrize("reported", [0.5, 1 / 1.8])
+def test_samples_rewritten_smaller_show_as_time_the_parent_saw(reported: float) -> None:
+    # A 2 ms call reported at half or at eager's median / 1.8: the missing time is outside the windows.
+    runs = batches("candidate", 2.0, OUTSIDE_MS, reported) + batches("eager", 2.0, OUTSIDE_MS)
+    check, finding, excess = cross_check(runs, 25.0, 0.04)
+    assert finding is not None
+    assert finding.rule is CheatRule.TIMER_TAMPERING
+    assert check.outcome is CheckOutcome.FAILED
+    assert excess is not None
+    assert excess > 800.0
+
+
+def test_work_done_outside_the_timed_window_is_seen() -> None:
+    # The answer computed while the inputs are drawn (100 us a call), the window holds a decoy.
+    runs = batches("candidate", 0.004, OUTSIDE_MS + 0.1) + batches("eager", CALL_MS, OUTSIDE_MS)
+    _, finding, _ = cross_check(runs, 25.0, 0.04)
+    assert finding is not None
+
+
+def test_reports_that_cannot_be_measurements_are_refused() -> None:
+    good = batches("eager", CALL_MS, OUTSIDE_MS)
+    short = Batch(callable="candidate", calls=CALLS, wall_ms=10.0, samples=[0.01] * (CALLS - 1))
+    negative = Batch(callable="candidate", calls=2, wall_ms=1.0, samples=[0.1, -0.05])
+    longer = Batch(callable="candidate", calls=2, wall_ms=1.0, samples=[0.8, 0.8])
+    for bad in (short, negative, longer):
+        _, finding, _ = cross_check([bad, *good], 25.0, 0.04)
+        assert finding is not None
+        assert finding.rule is CheatRule.TIMER_TAMPERING
+
+
+def test_warmup_batches_and_a_missing_baseline_are_not_judged() -> None:
+    warm = Batch(callable="candidate", calls=3, wall_ms=500.0, samples=[0.01] * 3, warmup=True)
+    check, finding, _ = cross_check([warm, *batches("eager", CALL_MS, OUTSIDE_MS)], 25.0, 0.04)
+    assert (check.outcome, finding) == (CheckOutcome.SKIPPED, None)
+    assert overhead_us(warm) == pytest.approx((500.0 - 0.03) * 1e3 / 3)
+
+
+def test_the_canary_finds_another_process_s_work_on_the_gpu() -> None:
+    # H200: 14 us idle, 1.7-2.3 ms while another process's kernel ran.
+    idle = [Batch(callable="eager", calls=1, wall_ms=1.0, samples=[0.1], canary_us=15.0) for _ in range(5)]
+    check, finding = canary_check(idle, 16.0, 14.0, 500.0)
+    assert finding is None
+    assert check.outcome is CheckOutcome.PASSED
+    busy = Batch(callable="eager", calls=1, wall_ms=3.0, samples=[0.1], canary_us=2342.0)
+    check, finding = canary_check([*idle, busy], 15.0, 14.0, 500.0)
+    assert finding is not None
+    assert finding.rule is CheatRule.DEFERRED_WORK
+    _, finding = canary_check(idle, 1741.0, 14.0, 500.0)  # after the last candidate batch
+    assert finding is not None
+    check, finding = canary_check([], None, None, 500.0)
+    assert (check.outcome, finding) == (CheckOutcome.SKIPPED, None)
+
+
+@pytest.mark.parametrize(
+    "t",
+    [
+        torch.randn(8193),
+        torch.randint(-(2**31), 2**31 - 1, (3_000_003,), dtype=torch.int32),
+        torch.randn(5, 7, dtype=torch.bfloat16),
+        torch.randn(64, 33).t(),  # a transposed view: its bytes in logical order
+        torch.ones(3, dtype=torch.bool),
+    ],
+)
+def test_the_parent_recomputes_the_spares_checksum_from_the_bytes_sent(t: torch.Tensor) -> None:
+    _, blobs = pack([t])
+    assert host_checksum(np.frombuffer(blobs[0], dtype=np.uint8)) == checksum(t)
+    changed = t.contiguous().clone()
+    flat = changed.view(-1)
+    flat[0] = ~flat[0] if t.dtype is torch.bool else flat[0] + 1
+    _, blobs = pack([changed])
+    assert host_checksum(np.frombuffer(blobs[0], dtype=np.uint8)) != checksum(t)
+
+
+def test_outputs_must_have_the_references_layout() -> None:
+    ref = [{"shape": [64, 128], "stride": [128, 1], "dtype": "float32"}]
+    good = [{"trial": 0, "strides": [[128, 1]]}]
+    column_major = [{"trial": 0, "strides": [[1, 64]]}]
+    findings, check = layout_findings(good, ref)
+    assert (findings, check.outcome) == ([], CheckOutcome.PASSED)
+    findings, check = layout_findings(column_major, ref)
+    assert check.outcome is CheckOutcome.FAILED
+    assert findings[0].rule is CheatRule.OUTPUT_LAYOUT
+    # a dimension of size 1 may have any stride
+    findings, _ = layout_findings([{"trial": 0, "strides": [[5, 1]]}], [{"shape": [1, 128], "stride": [128, 1]}])
+    assert findings == []
+
+
+def test_custom_ops_count_as_own_kernels_only_when_its_native_code_registers_them() -> None:
+    python_op = {"trial": 0, "own_launches": 0, "custom_ops": {"kfhack::relu": 1}, "foreign_ops": {}}
+    findings = runtime_findings([python_op], set(), frozenset(), ())
+    rules = {f.rule for f in findings}
+    assert CheatRule.TORCH_COMPUTE in rules
+    assert CheatRule.NO_KERNEL_LAUNCHED in rules
+    native = dict(python_op, custom_ops={"myext::relu": 1})
+    assert runtime_findings([native], set(), frozenset(), ("myext",)) == []
+    assert launches(native, ("myext",)) == 1
+
+
+def test_range_trials_follow_the_typical_draws_and_never_replace_all_of_them() -> None:
+    assert trial_scales(5, [1e6, 1e-6]) == [1.0, 1.0, 1.0, 1e6, 1e-6]
+    assert trial_scales(3, [1e6, 1e-6]) == [1.0, 1e6, 1e-6]
+    assert trial_scales(2, [1e6, 1e-6]) == [1.0, 1e6]
+    assert trial_scales(5, []) == [1.0] * 5
