@@ -1,12 +1,13 @@
-"""The judge (parent side): one trusted GPU worker per evaluator that compares large outputs.
+"""The judge (parent side): the referee comparing large outputs on the GPU.
 
-Used for tasks the memory plan marks ``device_verdict`` (:mod:`gpu_runner.memplan`). The judge is
-a run worker forked like any spare but never prepared and never given a candidate, so nothing a
-candidate did can reach it. It compares a trial's output files after the candidate's process tree
-is gone and the parent has moved the files out of the worker's directory
-(:func:`gpu_runner.protocol.take_bulk`); it sends back only sums and counts, and the verdict is
-reached here by :func:`gpu_runner.compare.decide`, the same rules the host comparison uses.
-Its GPU work runs under a shared lease, so it never overlaps another candidate's timing.
+Used for tasks the memory plan marks ``device_verdict`` (:mod:`gpu_runner.memplan`). The judging
+runs in the task's referee (:mod:`gpu_runner.referee`), the process that holds the reference and
+never runs a candidate, so nothing a candidate did can reach it, and its model serves the truth.
+It compares a trial's outputs after the candidate's process tree is gone and the parent has moved
+any output files out of the worker's directory (:func:`gpu_runner.protocol.take_bulk`), or maps
+the buffers the spare shared before its candidate existed; it sends back only sums and counts, and
+the verdict is reached here by :func:`gpu_runner.compare.decide`, the same rules the host
+comparison uses. Its GPU work runs under a shared lease, so it never overlaps a timing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import structlog
@@ -24,21 +25,22 @@ from gpu_runner.compare import TrialCheck, decide, scan_from_wire
 from gpu_runner.errors import EvaluatorFault
 from gpu_runner.frames import JudgeOp, Op, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.referee import Referee
 from gpu_runner.sandbox import Worker
 
 logger = structlog.get_logger(__name__)
 
 
 class Judge:
-    """Compares output files on the GPU in a worker that never runs candidate code."""
+    """Compares outputs on the GPU in the referee, a worker that never runs candidate code."""
 
-    def __init__(self, start: Callable[[], Awaitable[Worker]], gate: GpuGate, nice: int, timeout_s: float) -> None:
-        self._start = start
+    def __init__(self, referee: Referee, gate: GpuGate, nice: int, timeout_s: float) -> None:
+        self.referee = referee
         self.gate = gate
         self.nice = nice
         self.timeout_s = timeout_s
-        self.worker: Worker | None = None
-        self.lock = asyncio.Lock()
+        self.lock = referee.lock
+        """The referee's: one op at a time in its process."""
         self.compared = 0
         self.compared_shared = 0
         """Trials whose outputs came as shared buffers (the rest as files)."""
@@ -64,9 +66,10 @@ class Judge:
                     await kept.drop()
 
     async def _worker(self) -> Worker:
-        if self.worker is None or self.worker.dead or self.worker.proc.returncode is not None:
-            self.worker = await self._start()
-        return self.worker
+        worker = self.referee.worker
+        if worker is None or worker.dead or worker.proc.returncode is not None:
+            raise EvaluatorFault("the referee that judges this task is not running")
+        return worker
 
     async def _ask(self, job: JudgeOp, fds: Sequence[int] = ()) -> dict[str, Any]:
         """Send one trial's job to the judge worker (and ``fds``, its shared outputs' descriptors,
@@ -97,12 +100,12 @@ class Judge:
                             break
                         raise EvaluatorFault(f"the judge sent {kind!r} while comparing")
             except (TimeoutError, asyncio.IncompleteReadError, OSError) as exc:
-                await worker.kill(sweep=False)
-                self.worker = None
+                log = worker.log_text()[-500:]
+                await self.referee.stop()  # started again for the task's next evaluation
                 why = "timed out" if isinstance(exc, TimeoutError) else "died"
-                raise EvaluatorFault(f"the judge {why} while comparing outputs: {worker.log_text()[-500:]}") from None
+                raise EvaluatorFault(f"the judge {why} while comparing outputs: {log}") from None
             finally:
-                if not owned or self.worker is not worker:
+                if not owned or self.referee.worker is not worker:
                     await lease.drop()
                     if self._kept is lease:
                         self._kept = None
@@ -152,6 +155,4 @@ class Judge:
         )
 
     async def aclose(self) -> None:
-        if self.worker is not None:
-            await self.worker.kill(sweep=False)
-            self.worker = None
+        """Nothing of its own to close: the pool closes the referee."""

@@ -170,7 +170,7 @@ class RunPool:
         self.seeding: set[str | None] = set()
         self.prepared = 0
         """Spares prepared so far (for benchmarks)."""
-        self.referee = Referee(self.new_worker, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s)
+        self.referee = Referee(self.new_referee, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s)
         """The current task's referee: its reference, truth and baselines (never a candidate)."""
         self.init_seeds: dict[str, int] = {}
         """Per task, the seed its models are built under (the referee's, every candidate's, the judge's)."""
@@ -215,6 +215,10 @@ class RunPool:
                 raise
             self.last_ready = worker.ready
             return worker
+
+    async def new_referee(self) -> Worker:
+        """A run worker to become the task's referee (and judge: it also reads the verdict folder)."""
+        return await self.new_worker({"KF_JUDGE_DIR": str(self.verdict_dir())})
 
     async def _measure(self, worker: Worker, reference_source: str) -> MemoryPlan:
         """Measure the task's working set in ``worker`` (which stays usable as a spare) and derive
@@ -549,8 +553,9 @@ class RunPool:
         """The task's memory plan, measured first if the pool is not ready for this task yet
         (None on an old reference that cannot be measured)."""
         key = task_key(reference_source)
-        if self.reference_source is None or task_key(self.reference_source) != key:
-            await self.retarget(reference_source)
+        stale = self.reference_source is None or task_key(self.reference_source) != key
+        if stale or (self.referee.task != key and self.planned.is_set()):
+            await self.retarget(reference_source)  # a new task, or its referee died
         await self.planned.wait()  # a concurrent first job may still be measuring it
         return self.plans.get(key)
 
@@ -579,10 +584,10 @@ class RunPool:
         try:
             if key in self.plans:
                 self.plan = self.plans[key]
-                referee_worker = await self.new_worker()
+                referee_worker = await self.new_referee()
             else:
                 # The referee's process starts while another measures the task (it becomes a spare).
-                first, referee_worker = await asyncio.gather(self.new_worker(), self.new_worker())
+                first, referee_worker = await asyncio.gather(self.new_worker(), self.new_referee())
                 measurer = first
                 try:
                     self.plan = await self._measure(first, reference_source)

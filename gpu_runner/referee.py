@@ -80,13 +80,13 @@ class Referee:
         """(Re)start the referee for a task (in ``worker``, a fresh run worker, or a new one) and
         wait for its ``task_ready``; raises :class:`InvalidReference` when the reference itself fails."""
         async with self.lock:
-            await self._stop()
+            await self.stop()
             self.worker = worker if worker is not None else await self._start()
             try:
                 await self.worker.send(op_frame(Op.TASK, op))
                 header, _ = await self._until(Report.TASK_READY, 4 * self.timeout_s)
             except BaseException:
-                await self._stop()
+                await self.stop()
                 raise
             self.info, self.task = header, key
             logger.info(
@@ -118,7 +118,7 @@ class Referee:
         except (TimeoutError, asyncio.IncompleteReadError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else "died"
             log = worker.log_text()[-800:]
-            await self._stop()
+            await self.stop()
             raise EvaluatorFault(f"the referee {why} waiting for {kind.value}: {log}") from None
         finally:
             await lease.drop()
@@ -163,7 +163,7 @@ class Referee:
             except (TimeoutError, asyncio.IncompleteReadError) as exc:
                 why = "timed out" if isinstance(exc, TimeoutError) else "died"
                 log = worker.log_text()[-800:]
-                await self._stop()
+                await self.stop()
                 raise EvaluatorFault(f"the referee {why} computing reference outputs: {log}") from None
             finally:
                 await lease.drop()
@@ -190,7 +190,7 @@ class Referee:
         except (TimeoutError, asyncio.IncompleteReadError) as exc:
             why = "timed out" if isinstance(exc, TimeoutError) else "died"
             log = worker.log_text()[-800:]
-            await self._stop()
+            await self.stop()
             raise EvaluatorFault(f"the referee {why} timing the {op['callable']} baseline: {log}") from None
         wall = (time.perf_counter() - t0) * 1e3
         if header.get("kind") is not Report.TIMED:
@@ -217,7 +217,9 @@ class Referee:
             raise EvaluatorFault(f"the referee answered the canary with {header.get('kind')!r}")
         return float(header["host_us"])
 
-    async def _stop(self) -> None:
+    async def stop(self) -> None:
+        """Kill the referee's process (the caller holds :attr:`lock`); the pool starts another for
+        the task's next evaluation."""
         if self.worker is not None:
             await self.worker.kill(sweep=False)
             self.worker = None
@@ -226,4 +228,4 @@ class Referee:
 
     async def aclose(self) -> None:
         async with self.lock:
-            await self._stop()
+            await self.stop()

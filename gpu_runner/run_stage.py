@@ -436,9 +436,7 @@ class RunStage:
         """Compare the trials' output files on the GPU once nothing of the candidate can write them."""
         runs = self.runs
         if self.judge is None:
-            folder = str(runs.verdict_dir())
-            start = self.cfg.worker_start_timeout_s
-            self.judge = Judge(lambda: runs.new_worker({"KF_JUDGE_DIR": folder}), self.gpu, self.cfg.worker_nice, start)
+            self.judge = Judge(runs.referee, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s)
         assert w.spare.reference is not None
         checks: list[TrialCheck] = []
         try:

@@ -266,10 +266,14 @@ class Worker:
                 done.set_result(list(inline))
                 return header, done
             return header, None
-        later = _READERS.submit(read_bulk, self.bulk_fd, header.pop("bulk"), max_blob)
+        return header, self.read_bulk_later(header.pop("bulk"), max_blob)
+
+    def read_bulk_later(self, refs: object, max_blob: int) -> Future[list[Blob]]:
+        """Read a frame's bulk files in the background (``reap`` waits for the read)."""
+        later = _READERS.submit(read_bulk, self.bulk_fd, refs, max_blob)
         self.bulk_reads = [f for f in self.bulk_reads if not f.done()]  # reap waits only for unfinished reads
         self.bulk_reads.append(later)
-        return header, later
+        return later
 
     def log_text(self, keep: int = 1 << 16) -> str:
         """Head and tail of the worker's log (a candidate may have printed gigabytes)."""

@@ -285,6 +285,7 @@ class EvalResult(Message):
     @property
     def compiled_derived(self) -> bool:
         """The speedup over ``torch.compile`` was derived from the task's compiled/eager time ratio
-        as other evaluations measured it (this candidate's process did not build the baseline:
-        ``gpu_runner.config.RunnerConfig.compiled_first``), not timed beside this candidate."""
+        as other evaluations measured it, not timed beside this candidate (results of evaluators
+        before the referee, whose spares took turns building the baseline; the referee builds it
+        once per task and times it beside every candidate)."""
         return self.speedup_vs_compiled is not None and (self.baselines is None or self.baselines.compiled is None)

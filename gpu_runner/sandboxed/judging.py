@@ -222,16 +222,22 @@ _MODULES: dict[int, dict[str, Any]] = {}
 
 
 def _truth(
-    msg: JudgeOp, device: torch.device, laps: Laps
+    msg: JudgeOp, device: torch.device, laps: Laps, held: tuple[dict[str, Any], Any, int] | None = None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None]:
-    """The reference's outputs for the trial's seed and their float64 residuals (None: no float64 run)."""
-    source = str(msg["reference_source"])
-    ns = _MODULES.get(hash(source))
-    if ns is None:
-        ns = _MODULES[hash(source)] = load_module(source, REFERENCE_FILENAME, "kf_reference_judge")
-    init_args = list(ns["get_init_inputs"]())
-    # As the spare built it (it reports where: the CPU on the CPU, or where the device refused).
-    model = build_model(ns["Model"], init_args, int(msg["init_seed"]), device, bool(msg["init_on_device"]))
+    """The reference's outputs for the trial's seed and their float64 residuals (None: no float64 run).
+
+    ``held``: the referee's own namespace, model and init seed, used as they are when the seed is
+    the job's (the referee judges the task it holds); otherwise the model is built here."""
+    if held is not None and held[2] == int(msg["init_seed"]):
+        ns, model = held[0], held[1]
+    else:
+        source = str(msg["reference_source"])
+        if hash(source) not in _MODULES:
+            _MODULES[hash(source)] = load_module(source, REFERENCE_FILENAME, "kf_reference_judge")
+        ns = _MODULES[hash(source)]
+        init_args = list(ns["get_init_inputs"]())
+        # As the referee built it (the CPU on the CPU, or where the device refused).
+        model = build_model(ns["Model"], init_args, int(msg["init_seed"]), device, bool(msg["init_on_device"]))
     on_device = bool(msg.get("on_device"))
     scale = float(msg.get("scale", 1.0))
     if on_device:
@@ -268,7 +274,9 @@ def _truth(
     return outs, residuals, fp64_error
 
 
-def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
+def judge(
+    msg: JudgeOp, device: torch.device, channel: Channel, held: tuple[dict[str, Any], Any, int] | None = None
+) -> None:
     """One trial: the truth, then every output compared, under the parent's GPU lease; one ``judged`` frame."""
     results: list[dict[str, Any]] = []
     has_residual: list[bool] = []
@@ -281,7 +289,7 @@ def judge(msg: JudgeOp, device: torch.device, channel: Channel) -> None:
             fds = _shared_fds(channel, len(specs))
         with channel.gpu_lease(device):
             laps.lap("lease_wait_s")
-            outs, residuals, fp64_error = _truth(msg, device, laps)
+            outs, residuals, fp64_error = _truth(msg, device, laps, held)
             if len(specs) != len(outs):
                 raise ValueError(f"{len(specs)} outputs to compare for {len(outs)} reference outputs")
             for i, (spec, ref, res) in enumerate(zip(specs, outs, residuals, strict=True)):

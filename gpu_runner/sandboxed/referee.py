@@ -68,7 +68,6 @@ class Referee:
     compiled_error: str | None = None
     flusher: Flusher | None = None
     scratch: torch.Tensor | None = None
-    model64: Any = None
     out_metas: list[dict[str, Any]] = field(default_factory=list)
 
     def draw(self, seed: int, scale: float = 1.0, on_device: bool | None = None) -> list[Any]:
@@ -81,14 +80,13 @@ class Referee:
         return to_device(make_inputs(self.namespace, seed, torch.device("cpu"), scale=scale), self.device)
 
     def float64(self) -> Any:
-        """The float64 copy of the model (made once, when the first truth is asked for)."""
-        if self.model64 is None:
-            try:
-                self.model64 = copy.deepcopy(self.model).to(torch.float64)
-            except Exception as exc:  # noqa: BLE001 - truth() then records why there is no float64 run
-                log(f"no float64 copy of the model: {type(exc).__name__}: {exc}")
-                self.model64 = False
-        return self.model64 or None
+        """A float64 copy of the model (made per ``truth`` op and dropped after it: the memory plan
+        counts it as the truth's, not as the referee's own), or None where it cannot be made."""
+        try:
+            return copy.deepcopy(self.model).to(torch.float64)
+        except Exception as exc:  # noqa: BLE001 - truth() then records why there is no float64 run
+            log(f"no float64 copy of the model: {type(exc).__name__}: {exc}")
+            return None
 
 
 def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
@@ -210,10 +208,12 @@ def serve_truth(ref: Referee, msg: TruthOp, channel: Channel) -> None:
     shipments: list[tuple[int, list[torch.Tensor], int, str | None]] = []
     first = int(msg["first"])
     with channel.gpu_lease(ref.device):
+        model64 = ref.float64()
         for k, (seed, scale) in enumerate(zip(msg["seeds"], msg["scales"], strict=True)):
             inputs = ref.draw(int(seed), float(scale))
-            outs, residuals, fp64_error = truth(ref.model, ref.float64(), inputs)
+            outs, residuals, fp64_error = truth(ref.model, model64, inputs)
             shipments.append((first + k, [o.detach() for o in outs + residuals], len(outs), fp64_error))
+        del model64
         laps.lap("forward_s")
     ship(shipments, ref.device, channel, laps)
     del shipments

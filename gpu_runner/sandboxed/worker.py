@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         elif op is Op.JUDGE:  # a judge takes comparisons until the parent closes its pipe
             from gpu_runner.sandboxed.judging import judge
 
-            judge(cast(JudgeOp, msg), device, channel)
+            held = (referee.namespace, referee.model, referee.init_seed) if referee is not None else None
+            judge(cast(JudgeOp, msg), device, channel, held)
         elif op is Op.MEASURE:
             from gpu_runner.sandboxed.measure import measure
 

@@ -12,6 +12,7 @@ import pytest
 
 from gpu_runner.frames import JudgeOp, OpFrame, Report
 from gpu_runner.judge import Judge
+from gpu_runner.referee import Referee
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.sandbox import Worker
 
@@ -277,7 +278,14 @@ class _JudgeWorker:
 
 
 _JOB = JudgeOp(
-    reference_source="", init_seed=0, seed=0, on_device=False, init_on_device=False, input_sums=[], outputs=[]
+    reference_source="",
+    init_seed=0,
+    seed=0,
+    scale=1.0,
+    on_device=False,
+    init_on_device=False,
+    input_sums=[],
+    outputs=[],
 )
 
 
@@ -289,8 +297,10 @@ async def test_the_judge_keeps_its_lease_across_one_candidates_trials(keeping: b
     async def start() -> Worker:
         return cast(Worker, worker)
 
-    judge = Judge(start, gate, nice=0, timeout_s=5.0)
-    await judge._ask(_JOB)  # the judge worker is started; an earlier candidate judged
+    referee = Referee(start, gate, nice=0, timeout_s=5.0)
+    referee.worker = cast(Worker, worker)  # the task's referee, which judges its outputs
+    judge = Judge(referee, gate, nice=0, timeout_s=5.0)
+    await judge._ask(_JOB)  # an earlier candidate judged
     order: list[str] = []
 
     async def timing() -> None:
