@@ -137,7 +137,7 @@ def as_it_must_be(result: Any, case: Case, honest: dict[str, float]) -> str:
     return "NO"
 
 
-async def run(device: str, cases: list[Case], sources: dict[str, str]) -> tuple[int, str]:
+async def run(device: str, cases: list[Case], sources: dict[str, str], details: bool) -> tuple[int, str]:
     from gpu_runner.config import EvalJob, RunnerConfig
     from gpu_runner.service import EvaluationService
     from schemas import DeviceChoice, KernelLanguage
@@ -185,6 +185,10 @@ async def run(device: str, cases: list[Case], sources: dict[str, str]) -> tuple[
             print(row, flush=True)
             if mark != "yes":
                 print(f"    {result.summary[:300]}", flush=True)
+            if details:
+                for name in ("timing_cross_check", "deferred_work_guard"):
+                    if _detail(result, name):
+                        print(f"    {name}: {_detail(result, name)}", flush=True)
     finally:
         await service.aclose()
     import psutil
@@ -223,6 +227,7 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated candidate names")
     parser.add_argument("--code", default="", help="a checkout whose gpu_runner to evaluate with (default: this one)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--details", action="store_true", help="print the cross-check's and the canary's details")
     args = parser.parse_args()
     sys.path.insert(0, args.code or str(HERE))
     if args.device == "cuda":
@@ -237,7 +242,7 @@ def main() -> int:
         cases = [c for c in cases if c.name in wanted]
     sources = {c.name: (HERE / "tests/gpu_runner/candidates" / f"{c.name}.py").read_text() for c in cases}
     sources |= {c.ref: (HERE / "tests/gpu_runner/references" / f"{c.ref}.py").read_text() for c in cases}
-    code, table = asyncio.run(run(args.device, cases, sources))
+    code, table = asyncio.run(run(args.device, cases, sources, args.details))
     if args.out is not None:
         args.out.write_text(table)
     return code

@@ -302,15 +302,12 @@ def _timed(
             )
         )
     slack_us, slack_ratio = _slack(c)
-    cross, forged, _ = cross_check(batches, slack_us, slack_ratio)
+    cuda = bool(c.device and c.device.get("kind") == "cuda")
+    cross, forged, _ = cross_check(batches, slack_us, slack_ratio, lower=cuda)
     checks.append(cross)
     findings += [forged] if forged else []
-    canary, busy = canary_check(
-        batches,
-        session.final_canary_us if session else None,
-        session.canary_quiet_us if session else None,
-        c.cfg.canary_busy_us,
-    )
+    final = (session.final_canary_us, session.final_busy_ms) if session and session.final_canary_us else None
+    canary, busy = canary_check(batches, final, session.canary_quiet_us if session else None, c.cfg.canary_busy_us)
     checks.append(canary)
     findings += [busy] if busy else []
     flush = session.flush_bytes if session is not None else 0

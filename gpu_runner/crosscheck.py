@@ -43,15 +43,21 @@ def _forged(batches: Sequence[Batch]) -> str | None:
     return None
 
 
+def _spread(values: list[float]) -> str:
+    """p10..p90 of sorted values."""
+    return f"{values[len(values) // 10]:.1f}..{values[(9 * len(values)) // 10]:.1f}"
+
+
 def cross_check(
-    batches: Sequence[Batch], slack_us: float, slack_ratio: float
+    batches: Sequence[Batch], slack_us: float, slack_ratio: float, lower: bool = False
 ) -> tuple[Check, Finding | None, float | None]:
     """The check of the candidate's batches against the referee's: (check, finding, excess in us).
 
     The excess is the median over the candidate's batches of their overhead per call minus the
     median of the referee's; it may be ``slack_us + slack_ratio`` times the candidate's median
     call (the parent's clock has jitter; a host-bound call shifts a few microseconds from the
-    window to outside it)."""
+    window to outside it). With ``lower`` (CUDA, where the harness's flush and lead spin take a
+    known share of it) an overhead under half the referee's is flagged for review."""
     cand = [b for b in batches if b.callable == "candidate" and not b.warmup]
     trusted = [b for b in batches if b.callable != "candidate" and not b.warmup]
     if not cand or not trusted:
@@ -64,16 +70,27 @@ def cross_check(
     if forged is not None:
         finding = Finding(rule=CheatRule.TIMER_TAMPERING, severity=Severity.REJECT, message=f"timing report: {forged}")
         return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.FAILED, detail=forged), finding, None
-    o_cand = statistics.median(overhead_us(b) for b in cand)
-    o_ref = statistics.median(overhead_us(b) for b in trusted)
+    o_cands = sorted(overhead_us(b) for b in cand)
+    o_refs = sorted(overhead_us(b) for b in trusted)
+    o_cand, o_ref = statistics.median(o_cands), statistics.median(o_refs)
     call_us = statistics.median(s for b in cand for s in b.samples) * 1e3
     allowed = slack_us + slack_ratio * call_us
     excess = o_cand - o_ref
     detail = (
-        f"outside the timed windows, per call: candidate {o_cand:.1f} us, referee {o_ref:.1f} us "
-        f"(the same harness; the parent's clock over {len(cand)} + {len(trusted)} batches); "
-        f"excess {excess:.1f} us, allowed {allowed:.1f} us (median call {call_us:.1f} us)"
+        f"outside the timed windows, per call: candidate {o_cand:.1f} us [{_spread(o_cands)}], referee "
+        f"{o_ref:.1f} us [{_spread(o_refs)}] (the same harness; the parent's clock over {len(cand)} + "
+        f"{len(trusted)} batches); excess {excess:.1f} us, allowed {allowed:.1f} us (median call {call_us:.1f} us)"
     )
+    if lower and o_cand < 0.5 * o_ref - 5.0:
+        # Less time outside the windows than the harness costs the referee: its process skipped
+        # part of the harness (the L2 flush, the lead spin). Flagged, not refused: the gain is a
+        # warmer cache, and a candidate this much faster to launch is conceivable.
+        finding = Finding(
+            rule=CheatRule.TIMER_TAMPERING,
+            severity=Severity.REVIEW,
+            message=f"less time outside the timed windows than the harness takes: {detail}",
+        )
+        return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.FAILED, detail=detail), finding, excess
     if excess > allowed:
         finding = Finding(
             rule=CheatRule.TIMER_TAMPERING,
@@ -85,26 +102,37 @@ def cross_check(
     return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.PASSED, detail=detail), None, excess
 
 
+BUSY_SHARE = 0.3
+"""Busy canaries in this share of the referee's looks (or more) mean the candidate habitually leaves work."""
+BUSY_MS = 20.0
+"""Work still running this long after a candidate's batch returned is refused however rare."""
+
+
 def canary_check(
-    batches: Sequence[Batch], final_us: float | None, quiet_us: float | None, busy_us: float
+    batches: Sequence[Batch], final: tuple[float, float] | None, quiet_us: float | None, busy_us: float
 ) -> tuple[Check, Finding | None]:
     """Whether the GPU was idle whenever the referee looked (before each of its batches and after
-    the candidate's last): work still running there came from the candidate's process."""
-    seen = [b.canary_us for b in batches if b.canary_us is not None]
-    if final_us is not None:
-        seen.append(final_us)
+    the candidate's last). Where it was busy the referee waited for it before timing, so nothing
+    left running reached a baseline; work that stays busy for :data:`BUSY_MS` or that comes back
+    in :data:`BUSY_SHARE` of the looks is the candidate's process leaving work behind its report.
+    An isolated short busy moment (a spare starting its CUDA context, say) is only recorded."""
+    seen = [(b.canary_us, b.busy_ms) for b in batches if b.canary_us is not None]
+    if final is not None:
+        seen.append(final)
     if not seen:
         return (
             Check(name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.SKIPPED, detail="no canary on the CPU"),
             None,
         )
     limit = max(busy_us, 20.0 * (quiet_us or 0.0))
-    busy = [v for v in seen if v > limit]
+    busy = [(us, ms) for us, ms in seen if us > limit]
+    longest = max((ms for _, ms in busy), default=0.0)
     detail = (
         f"canary before each baseline batch and after the last candidate batch: {len(busy)} of {len(seen)} "
-        f"found the GPU busy (up to {max(seen):.0f} us; idle {quiet_us or 0.0:.0f} us, limit {limit:.0f} us)"
+        f"found the GPU busy (up to {max(us for us, _ in seen):.0f} us, busy for up to {longest:.1f} ms; "
+        f"idle {quiet_us or 0.0:.0f} us, limit {limit:.0f} us)"
     )
-    if busy:
+    if busy and (longest >= BUSY_MS or len(busy) >= BUSY_SHARE * len(seen)):
         finding = Finding(
             rule=CheatRule.DEFERRED_WORK,
             severity=Severity.REJECT,

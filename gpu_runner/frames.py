@@ -148,6 +148,8 @@ class TruthOp(TypedDict):
     scales: list[float]
     first: int
     """The trial number of the first seed (the ``reference`` frames count on from it)."""
+    on_device: bool
+    """Draw the inputs on the device (timed calls' are, in every process), else as trials are."""
 
 
 class BatchOp(TypedDict):

@@ -23,7 +23,7 @@ import structlog
 
 from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError
 from gpu_runner.frames import BatchOp, Op, Report, TaskOp, TruthOp, op_frame
-from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.lease import GpuGate, GpuLease, renice
 from gpu_runner.protocol import Blob, tensor_from_wire
 from gpu_runner.sandbox import Worker
 
@@ -54,6 +54,10 @@ class Batch:
     warmup: bool = False
     canary_us: float | None = None
     """The referee's canary before this batch (its baselines' batches only)."""
+    busy_ms: float = 0.0
+    """How long the GPU stayed busy after that canary (the referee waited before timing)."""
+    host_us: float | None = None
+    """The timing process's host time per call (median; what the lead spin must cover)."""
     own_launches: int | None = None
     """The candidate's own launches during the batch, as its process counted them."""
 
@@ -128,11 +132,13 @@ class Referee:
             raise EvaluatorFault("the referee is not running (its task was not started or it died)")
         return self.worker
 
-    async def truths(self, seeds: list[int], scales: list[float], first: int) -> list[Truth]:
-        """The reference's outputs and float64 residuals of ``seeds`` (trial numbers from ``first``)."""
+    async def truths(self, seeds: list[int], scales: list[float], first: int, timed: bool = False) -> list[Truth]:
+        """The reference's outputs and float64 residuals of ``seeds`` (trial numbers from ``first``;
+        ``timed``: timed calls' seeds, whose inputs are drawn on the device)."""
         async with self.lock:
             worker = self._require()
-            await worker.send(op_frame(Op.TRUTH, TruthOp(seeds=seeds, scales=scales, first=first)))
+            op = TruthOp(seeds=seeds, scales=scales, first=first, on_device=timed)
+            await worker.send(op_frame(Op.TRUTH, op))
             out: list[Truth] = []
             lease = GpuLease(self.gate, worker, self.nice)
             try:
@@ -174,10 +180,17 @@ class Referee:
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[Referee]:
         """The referee to oneself for a timing session (taken before the GPU goes exclusive: a
-        truth request holding the referee may be waiting for a shared lease)."""
+        truth request holding the referee may be waiting for a shared lease); it runs at nice 0
+        meanwhile, as the candidate's process does."""
         async with self.lock:
-            self._require()
-            yield self
+            worker = self._require()
+            if self.nice:
+                renice(worker.pid, 0)
+            try:
+                yield self
+            finally:
+                if self.nice and not worker.dead:
+                    renice(worker.pid, self.nice)
 
     async def batch(self, op: BatchOp, timeout_s: float) -> tuple[Batch, dict[str, Any]]:
         """One timed batch of a baseline (inside :meth:`session`, under the exclusive lease)."""
@@ -204,18 +217,20 @@ class Referee:
             samples=samples,
             warmup=op["warmup"],
             canary_us=float(canary) if canary is not None else None,
+            busy_ms=float(header.get("busy_ms") or 0.0),
+            host_us=float(header["host_us"]) if header.get("host_us") is not None else None,
         )
         return batch, header
 
-    async def canary(self, timeout_s: float = 30.0) -> float:
-        """The canary's host latency now (inside :meth:`session`)."""
+    async def canary(self, timeout_s: float = 30.0) -> tuple[float, float]:
+        """The canary's host latency now and how long the GPU stayed busy (inside :meth:`session`)."""
         worker = self._require()
         async with asyncio.timeout(timeout_s):
             await worker.send(op_frame(Op.CANARY))
             header, _ = await worker.recv(1 << 20)
         if header.get("kind") is not Report.CANARY:
             raise EvaluatorFault(f"the referee answered the canary with {header.get('kind')!r}")
-        return float(header["host_us"])
+        return float(header["host_us"]), float(header.get("busy_ms") or 0.0)
 
     async def stop(self) -> None:
         """Kill the referee's process (the caller holds :attr:`lock`); the pool starts another for

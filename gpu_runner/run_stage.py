@@ -181,7 +181,9 @@ class RunStage:
         biggest = max((a.size for outs in ref.outputs for a in outs), default=1)
         for metas in ref.metas:
             biggest = max([biggest, *(int(m.get("nbytes", 0)) for m in metas)])
-        reader = ReportReader(self.cfg, worker, c, spare, 8 * 4 * biggest + (1 << 20))
+        # the largest frame: a trial's outputs (widened), or its inputs sent back whole
+        inputs = plan.footprint.input_bytes if plan is not None else 0
+        reader = ReportReader(self.cfg, worker, c, spare, max(8 * 4 * biggest, inputs) + (1 << 20))
         return _Window(spare=spare, c=c, reader=reader, phase=phase, budget=budget)
 
     def _job_op(
@@ -381,7 +383,7 @@ class RunStage:
         seeds = [k.seed for k in kept] + [w.reader.timed_seeds[t] for t in shipped]
         if not seeds:
             return
-        truths = await self.runs.referee.truths(seeds, [1.0] * len(seeds), first)
+        truths = await self.runs.referee.truths(seeds, [1.0] * len(seeds), first, timed=True)
         tolerances, floors = dict(self.cfg.tolerances), dict(self.cfg.precision_floors)
         loop = asyncio.get_running_loop()
         jobs: list[Any] = []

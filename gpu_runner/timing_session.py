@@ -29,24 +29,18 @@ from typing import Any
 
 from gpu_runner.config import RunnerConfig
 from gpu_runner.frames import BatchOp, Op, Report, ShipOp, op_frame
+from gpu_runner.memplan import KEPT_OUTPUT_BYTES, MAX_BATCH, SHIP_ALL_BYTES, SHIPPED_CALLS, TIMING_INPUT_BYTES
 from gpu_runner.pool import decode_outputs
 from gpu_runner.protocol import FrameError
 from gpu_runner.referee import Batch, Referee
 from gpu_runner.stats import median_rel_stderr
 
-SHIP_ALL_BYTES = 1 << 20
-"""Outputs of one call up to this size come back with every timed batch (a host copy of a few
-tens of microseconds, inside the clocked window); larger ones are shipped on demand."""
 JUDGED_CALLS = 16
 """Timed calls whose outputs are judged with the trial rule, where every call's outputs come back."""
-SHIPPED_CALLS = 2
-"""Timed calls shipped and judged, where outputs stay in the candidate's process (larger ones)."""
-MAX_BATCH = 32
-"""Most calls in one batch."""
-TIMING_INPUT_BYTES = 1 << 30
-"""A batch draws every call's inputs before its first call: at most this many bytes of them."""
-KEPT_OUTPUT_BYTES = 1 << 30
-"""A candidate keeps a batch's outputs (for a ``ship``): at most this many bytes of them."""
+LEAD_FACTOR = 1.5
+"""The lead spin is at least this many times the slowest process's host time per call."""
+MAX_LEAD_US = 3000.0
+"""The longest lead spin (a call whose host time is longer is timed with its launch gaps)."""
 
 
 @dataclass
@@ -71,6 +65,7 @@ class SessionRecord:
     batches: list[Batch] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
     final_canary_us: float | None = None
+    final_busy_ms: float = 0.0
     canary_quiet_us: float | None = None
     flush_bytes: int = 0
     l2_reset: bool = False
@@ -139,6 +134,7 @@ class TimingSession:
         if not isinstance(samples, list) or not all(isinstance(x, int | float) for x in samples):
             raise FrameError("a timed batch's samples are not numbers")
         launches = header.get("own_launches")
+        host = header.get("host_us")
         batch = Batch(
             callable="candidate",
             calls=int(header["calls"]),
@@ -146,6 +142,7 @@ class TimingSession:
             samples=[float(x) for x in samples],
             warmup=op["warmup"],
             own_launches=int(launches) if isinstance(launches, int) else None,
+            host_us=float(host) if isinstance(host, int | float) and math.isfinite(host) else None,
         )
         return batch, header, blobs
 
@@ -189,6 +186,13 @@ class TimingSession:
             warm[name], _ = await self._batch(name, seeds, True, deadline)
         n = self._plan_batches(warm)
         self.rec.batch_calls = n
+        if self.device == "cuda":
+            # The lead spin must outlast the host's work per call in every process (a candidate
+            # that claims less only makes its own batches host-bound: more time outside its
+            # windows, against it), so the batches are device-bound and the time outside the
+            # windows is the device's, the same for all.
+            host = max((b.host_us or 0.0) for b in warm.values())
+            self.rec.lead_us = min(MAX_LEAD_US, max(cfg.timing_lead_us, LEAD_FACTOR * host))
         min_rounds = max(1, math.ceil(cfg.timing_min_reps / n))
         max_rounds = max(min_rounds, math.ceil(cfg.timing_max_reps / n))
         ship_rounds: set[int] = set()
@@ -219,7 +223,7 @@ class TimingSession:
             elif spent > 2 * timing_budget and rounds >= 3:
                 break
         if self.device == "cuda":
-            self.rec.final_canary_us = await self.referee.canary()
+            self.rec.final_canary_us, self.rec.final_busy_ms = await self.referee.canary()
         self.rec.rounds = rounds
         self.rec.elapsed_s = time.perf_counter() - started
         return self.rec

@@ -185,6 +185,10 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
         laps.lap("init_s")
         stage = "forward"
         _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
+        # The trials' inputs go: the timing draws its own (the memory plan counts one or the other).
+        prepared.trials.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         # The trials ran beside spares' work; the parent now judges them and, if they pass,
         # drives the timing batch by batch once the GPU is ours alone.
         channel.send(Report.TRIALS_DONE)
@@ -219,9 +223,10 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
             return True
         if op is Op.BATCH:
             batch = cast(BatchOp, header)
+            kept = []  # the last batch's outputs go now (as the referee's do: the same allocations)
             log.reset()
             log.recording = True
-            samples, outputs, calls = run_batch(batch, lambda inputs: cand(*inputs), draw, device, flusher)
+            samples, outputs, calls, host_us = run_batch(batch, lambda inputs: cand(*inputs), draw, device, flusher)
             log.recording = False
             blobs: list[Any] = []
             metas: list[dict[str, Any]] = []
@@ -238,6 +243,7 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
                 blobs=blobs,
                 samples=samples,
                 calls=calls,
+                host_us=host_us,
                 timer="cuda_event" if device.type == "cuda" else "perf_counter",
                 tensors=metas,
                 own_launches=log.own_launches,
@@ -433,7 +439,7 @@ def _profile(cand: Any, prepared: Prepared, channel: Channel) -> None:
     """The device kernels of one forward, from CUPTI (for candidates that run compiled extension code)."""
     from torch.profiler import ProfilerActivity, profile
 
-    inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in prepared.trials[0]]
+    inputs = make_inputs(prepared.namespace, 0, prepared.device, on_device=True)
     try:
         with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
             cand(*inputs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,10 @@ class Referee:
     compiled_error: str | None = None
     flusher: Flusher | None = None
     scratch: torch.Tensor | None = None
+    quiet_us: float | None = None
+    """The canary's median with the GPU idle (measured at the task's start)."""
+    last_outputs: list[list[torch.Tensor]] = field(default_factory=list)
+    """The last timed batch's outputs, held until the next batch as a candidate holds its own."""
     out_metas: list[dict[str, Any]] = field(default_factory=list)
 
     def draw(self, seed: int, scale: float = 1.0, on_device: bool | None = None) -> list[Any]:
@@ -152,6 +157,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         if device.type == "cuda":
             ref.scratch = torch.zeros(1, device=device)
             quiet = sorted(canary_us(device, ref.scratch) for _ in range(CANARY_QUIET_CALLS))
+            ref.quiet_us = quiet[len(quiet) // 2]
         laps.lap("calibrate_s")
     if msg.get("compiled_baseline"):
         ref.compiled, ref.compiled_error = build_compiled(ref.model, sample, device, channel)
@@ -209,8 +215,9 @@ def serve_truth(ref: Referee, msg: TruthOp, channel: Channel) -> None:
     first = int(msg["first"])
     with channel.gpu_lease(ref.device):
         model64 = ref.float64()
+        on_device = True if msg["on_device"] else None
         for k, (seed, scale) in enumerate(zip(msg["seeds"], msg["scales"], strict=True)):
-            inputs = ref.draw(int(seed), float(scale))
+            inputs = ref.draw(int(seed), float(scale), on_device=on_device)
             outs, residuals, fp64_error = truth(ref.model, model64, inputs)
             shipments.append((first + k, [o.detach() for o in outs + residuals], len(outs), fp64_error))
         del model64
@@ -239,8 +246,11 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
     else:
         channel.send(Report.ERROR, stage="timing", etype="ProtocolError", message=f"no baseline {which!r} here")
         return
-    canary = canary_us(ref.device, ref.scratch) if msg["canary"] else None
-    samples, outputs, calls = run_batch(msg, fn, lambda s: ref.draw(s, on_device=True), ref.device, ref.flusher)
+    canary, busy_ms = wait_idle(ref) if msg["canary"] else (None, 0.0)
+    ref.last_outputs = []  # the last batch's outputs go now, as a candidate's do (the same allocations)
+    samples, outputs, calls, host_us = run_batch(
+        msg, fn, lambda s: ref.draw(s, on_device=True), ref.device, ref.flusher
+    )
     blobs: list[Any] = []
     metas: list[dict[str, Any]] = []
     if msg["outputs"] == "all":  # the same host copies as the candidate's batch (the parent drops them)
@@ -248,19 +258,39 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
             m, b = pack(outs)
             metas += m
             blobs += b
-    del outputs
+    ref.last_outputs = outputs if msg["outputs"] == "keep" else []
     channel.send(
         Report.TIMED,
         blobs=blobs,
         samples=samples,
         calls=calls,
+        host_us=host_us,
         timer="cuda_event" if ref.device.type == "cuda" else "perf_counter",
         canary_us=canary,
+        busy_ms=busy_ms,
         tensors=metas,
         flush_bytes=ref.flusher.nbytes,
         l2_reset=ref.flusher.reset_persisting(),
     )
 
 
+BUSY_POLL_S = 0.5
+"""How long the referee waits for a busy GPU to go idle before it times anyway."""
+
+
+def wait_idle(ref: Referee) -> tuple[float, float]:
+    """The canary now, and how long the GPU then stayed busy (ms; the referee waits for it, up to
+    :data:`BUSY_POLL_S`, so nothing left running inflates the baseline it times next)."""
+    first = canary_us(ref.device, ref.scratch)
+    if ref.quiet_us is None or first <= max(200.0, 10.0 * ref.quiet_us):
+        return first, 0.0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < BUSY_POLL_S:
+        if canary_us(ref.device, ref.scratch) <= max(200.0, 10.0 * ref.quiet_us):
+            break
+    return first, (time.perf_counter() - t0) * 1e3
+
+
 def serve_canary(ref: Referee, channel: Channel) -> None:
-    channel.send(Report.CANARY, host_us=canary_us(ref.device, ref.scratch))
+    canary, busy_ms = wait_idle(ref)
+    channel.send(Report.CANARY, host_us=canary, busy_ms=busy_ms)

@@ -104,12 +104,13 @@ def run_batch(
     draw: Callable[[int], list[Any]],
     device: torch.device,
     flusher: Flusher,
-) -> tuple[list[float], list[list[torch.Tensor]], int]:
-    """Time one batch: (milliseconds per timed call, each call's output tensors, calls made).
+) -> tuple[list[float], list[list[torch.Tensor]], int, float]:
+    """Time one batch: (milliseconds per timed call, each call's output tensors, calls made, the
+    host's median microseconds per call from its flush to its end event).
 
     Warm-up batches go round their seeds until both ``len(seeds)`` calls and ``warmup_min_s`` are
     done. The outputs are kept (their tensors, as the calls returned them): the caller decides
-    what goes back."""
+    what goes back. The host time tells the parent how long a lead spin hides the launches."""
     seeds = [int(s) for s in msg["seeds"]]
     lead = float(msg["lead_us"])
     warm_s = float(msg["warmup_min_s"]) if msg["warmup"] else 0.0
@@ -117,11 +118,13 @@ def run_batch(
     samples: list[float] = []
     outputs: list[list[torch.Tensor]] = []
     events: list[tuple[Any, Any]] = []
+    host: list[float] = []
     started = time.perf_counter()
     calls = 0
     with torch.no_grad():
         while calls < len(seeds) or time.perf_counter() - started < warm_s:
             args = inputs[calls % len(inputs)]
+            t_host = time.perf_counter()
             flusher.flush(lead)
             if device.type == "cuda":
                 start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -134,6 +137,7 @@ def run_batch(
                 t0 = time.perf_counter()
                 out = fn(args)
                 samples.append((time.perf_counter() - t0) * 1e3)
+            host.append((time.perf_counter() - t_host) * 1e6)
             if calls < len(seeds):
                 outputs.append([o for o in flatten_outputs(out) if isinstance(o, torch.Tensor)])
             calls += 1
@@ -142,4 +146,4 @@ def run_batch(
         sync(device)
     if events:
         samples = [float(s.elapsed_time(e)) for s, e in events]
-    return samples, outputs, calls
+    return samples, outputs, calls, sorted(host)[len(host) // 2]

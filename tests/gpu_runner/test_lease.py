@@ -12,8 +12,8 @@ import pytest
 
 from gpu_runner.frames import JudgeOp, OpFrame, Report
 from gpu_runner.judge import Judge
-from gpu_runner.referee import Referee
 from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.referee import Referee
 from gpu_runner.sandbox import Worker
 
 

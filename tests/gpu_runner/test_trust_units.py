@@ -71,6 +71,17 @@ def test_reports_that_cannot_be_measurements_are_refused() -> None:
         assert finding.rule is CheatRule.TIMER_TAMPERING
 
 
+def test_skipping_the_harness_flush_is_flagged_for_review_on_cuda() -> None:
+    # The probe's relu of 64 MB: 192 us outside the windows with the flush and lead, 118 us without.
+    honest = batches("eager", CALL_MS, OUTSIDE_MS)
+    skipped = batches("candidate", CALL_MS, 0.05)
+    _, finding, _ = cross_check([*skipped, *honest], 25.0, 0.04, lower=True)
+    assert finding is not None
+    assert finding.severity.value == "review"
+    _, finding, _ = cross_check([*skipped, *honest], 25.0, 0.04, lower=False)
+    assert finding is None
+
+
 def test_warmup_batches_and_a_missing_baseline_are_not_judged() -> None:
     warm = Batch(callable="candidate", calls=3, wall_ms=500.0, samples=[0.01] * 3, warmup=True)
     check, finding, _ = cross_check([warm, *batches("eager", CALL_MS, OUTSIDE_MS)], 25.0, 0.04)
@@ -81,15 +92,24 @@ def test_warmup_batches_and_a_missing_baseline_are_not_judged() -> None:
 def test_the_canary_finds_another_process_s_work_on_the_gpu() -> None:
     # H200: 14 us idle, 1.7-2.3 ms while another process's kernel ran.
     idle = [Batch(callable="eager", calls=1, wall_ms=1.0, samples=[0.1], canary_us=15.0) for _ in range(5)]
-    check, finding = canary_check(idle, 16.0, 14.0, 500.0)
+    check, finding = canary_check(idle, (16.0, 0.0), 14.0, 500.0)
     assert finding is None
     assert check.outcome is CheckOutcome.PASSED
-    busy = Batch(callable="eager", calls=1, wall_ms=3.0, samples=[0.1], canary_us=2342.0)
-    check, finding = canary_check([*idle, busy], 15.0, 14.0, 500.0)
+    # busy for long after a candidate's batch: refused, even once
+    busy = Batch(callable="eager", calls=1, wall_ms=3.0, samples=[0.1], canary_us=2342.0, busy_ms=48.0)
+    check, finding = canary_check([*idle, busy], (15.0, 0.0), 14.0, 500.0)
     assert finding is not None
     assert finding.rule is CheatRule.DEFERRED_WORK
-    _, finding = canary_check(idle, 1741.0, 14.0, 500.0)  # after the last candidate batch
+    _, finding = canary_check(idle, (1741.0, 35.0), 14.0, 500.0)  # after the last candidate batch
     assert finding is not None
+    # busy briefly, but after most of the candidate's batches: refused
+    brief = Batch(callable="eager", calls=1, wall_ms=3.0, samples=[0.1], canary_us=900.0, busy_ms=2.0)
+    _, finding = canary_check([brief, brief, *idle[:3]], (15.0, 0.0), 14.0, 500.0)
+    assert finding is not None
+    # one brief busy look among many (another process starting its context): recorded only
+    check, finding = canary_check([brief, *idle, *idle], (15.0, 0.0), 14.0, 500.0)
+    assert finding is None
+    assert "1 of 12 found the GPU busy" in (check.detail or "")
     check, finding = canary_check([], None, None, 500.0)
     assert (check.outcome, finding) == (CheckOutcome.SKIPPED, None)
 

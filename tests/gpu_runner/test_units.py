@@ -16,7 +16,7 @@ from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
 from gpu_runner.run_stage import profile_kernels
 from gpu_runner.stats import NOISE_FACTOR, median_rel_stderr
-from schemas import CheatRule, CheckOutcome, KernelLanguage, TimerKind
+from schemas import KernelLanguage, TimerKind
 
 TOL, FLOORS = dict(DEFAULT_TOLERANCES), dict(DEFAULT_PRECISION_FLOORS)
 

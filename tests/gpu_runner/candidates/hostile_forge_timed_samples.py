@@ -1,10 +1,10 @@
-# Cheat: computes honestly, but finds its own process's report channel through gc (reached as torch.accelerator.graphs.gc) and rewrites every `timed` batch report: each sample divided by 4 (the speed-up it claims is 4x what its calls cost). Aimed at a parent that trusts the samples a candidate's process sends.
+# Cheat: computes honestly, but finds its own process's report channel through gc (reached as torch.sys.modules["gc"]) and rewrites every `timed` batch report: each sample divided by 4 (the speed-up it claims is 4x what its calls cost). Aimed at a parent that trusts the samples a candidate's process sends.
 import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
 
-_gc = torch.accelerator.graphs.gc
+_gc = torch.sys.modules["gc"]
 _wrapped = []
 
 

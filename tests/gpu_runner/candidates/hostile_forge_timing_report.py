@@ -1,10 +1,10 @@
-# Cheat: computes honestly, but wraps the worker's Channel.send/send_bulk (the instance found through gc, reached as torch.accelerator.graphs.gc) so the TIMING report's candidate samples become the eager samples / 4 and its wall-clock guard samples are shifted to match (fools the speed-up and the deferred-work guard: the parent trusts the numbers the candidate's process sends).
+# Cheat: computes honestly, but wraps the worker's Channel.send/send_bulk (the instance found through gc, reached as torch.sys.modules["gc"]) so the TIMING report's candidate samples become the eager samples / 4 and its wall-clock guard samples are shifted to match (fools the speed-up and the deferred-work guard: the parent trusts the numbers the candidate's process sends).
 import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
 
-_gc = torch.accelerator.graphs.gc
+_gc = torch.sys.modules["gc"]
 FACTOR = 4.0
 
 

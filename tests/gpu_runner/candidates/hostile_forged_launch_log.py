@@ -1,8 +1,8 @@
-# Cheat: computes with PyTorch (torch.relu through a plain module-level alias, which the gate does not resolve) and launches no kernel at all, then rewrites the worker's LaunchLog (found through gc, torch.accelerator.graphs.gc) after each call: one own launch named add_relu_kernel, foreign_ops emptied, so every TRIAL info and the TIMING launch count are clean (fools the gate's torch-compute rule and the kernels-launched, no-torch-compute and timed-launches checks).
+# Cheat: computes with PyTorch (torch.relu through a plain module-level alias, which the gate does not resolve) and launches no kernel at all, then rewrites the worker's LaunchLog (found through gc, torch.sys.modules["gc"]) after each call: one own launch named add_relu_kernel, foreign_ops emptied, so every TRIAL info and the TIMING launch count are clean (fools the gate's torch-compute rule and the kernels-launched, no-torch-compute and timed-launches checks).
 import torch
 import torch.nn as nn
 
-_gc = torch.accelerator.graphs.gc
+_gc = torch.sys.modules["gc"]
 _relu = torch.relu  # an alias the gate does not follow
 _log = []
 

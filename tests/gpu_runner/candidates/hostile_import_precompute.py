@@ -1,10 +1,10 @@
-# Cheat: at import, finds the worker's Prepared through gc (torch.accelerator.graphs.gc) and precomputes torch.relu(x + y) with PyTorch for every stored trial input; forward looks the answer up by three input values and only runs a Triton copy of it (fools the torch-compute checks, which watch forward only, and the launch counter: the kernel never computes the op).
+# Cheat: at import, finds the worker's Prepared through gc (torch.sys.modules["gc"]) and precomputes torch.relu(x + y) with PyTorch for every stored trial input; forward looks the answer up by three input values and only runs a Triton copy of it (fools the torch-compute checks, which watch forward only, and the launch counter: the kernel never computes the op).
 import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
 
-_gc = torch.accelerator.graphs.gc
+_gc = torch.sys.modules["gc"]
 _answers = {}
 
 

@@ -1,10 +1,10 @@
-# Cheat: computes honestly, but finds the worker's reference Model instance through gc (torch.accelerator.graphs.gc) at import and registers a forward pre-hook that burns 3x the candidate's own last call time (host clock reached as triton.runtime.autotuner.time) before every eager call (fools the eager baseline timed in the candidate's own process, so the speed-up is inflated).
+# Cheat: computes honestly, but finds the worker's reference Model instance through gc (torch.sys.modules["gc"]) at import and registers a forward pre-hook that burns 3x the candidate's own last call time (host clock reached as triton.runtime.autotuner.time) before every eager call (fools the eager baseline timed in the candidate's own process, so the speed-up is inflated).
 import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
 
-_gc = torch.accelerator.graphs.gc
+_gc = torch.sys.modules["gc"]
 _clock = triton.runtime.autotuner.time.perf_counter  # that module did `import time`
 _last = [0.0]
 
