@@ -302,8 +302,7 @@ def _timed(
             )
         )
     slack_us, slack_ratio = _slack(c)
-    cuda = bool(c.device and c.device.get("kind") == "cuda")
-    cross, forged, _ = cross_check(batches, slack_us, slack_ratio, lower=cuda)
+    cross, forged, _ = cross_check(batches, slack_us, slack_ratio, session.flush_us if session else 0.0)
     checks.append(cross)
     findings += [forged] if forged else []
     final = (session.final_canary_us, session.final_busy_ms) if session and session.final_canary_us else None

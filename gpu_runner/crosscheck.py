@@ -49,15 +49,16 @@ def _spread(values: list[float]) -> str:
 
 
 def cross_check(
-    batches: Sequence[Batch], slack_us: float, slack_ratio: float, lower: bool = False
+    batches: Sequence[Batch], slack_us: float, slack_ratio: float, flush_us: float = 0.0
 ) -> tuple[Check, Finding | None, float | None]:
     """The check of the candidate's batches against the referee's: (check, finding, excess in us).
 
     The excess is the median over the candidate's batches of their overhead per call minus the
     median of the referee's; it may be ``slack_us + slack_ratio`` times the candidate's median
     call (the parent's clock has jitter; a host-bound call shifts a few microseconds from the
-    window to outside it). With ``lower`` (CUDA, where the harness's flush and lead spin take a
-    known share of it) an overhead under half the referee's is flagged for review."""
+    window to outside it), and no less than four times the referee's own spread (the median
+    absolute deviation of its batches). With ``flush_us`` (CUDA: the L2 flush's device time, part
+    of every call's overhead) an overhead that much under the referee's is flagged for review."""
     cand = [b for b in batches if b.callable == "candidate" and not b.warmup]
     trusted = [b for b in batches if b.callable != "candidate" and not b.warmup]
     if not cand or not trusted:
@@ -74,14 +75,15 @@ def cross_check(
     o_refs = sorted(overhead_us(b) for b in trusted)
     o_cand, o_ref = statistics.median(o_cands), statistics.median(o_refs)
     call_us = statistics.median(s for b in cand for s in b.samples) * 1e3
-    allowed = slack_us + slack_ratio * call_us
+    spread = statistics.median(abs(o - o_ref) for o in o_refs)
+    allowed = max(slack_us, 4.0 * spread) + slack_ratio * call_us
     excess = o_cand - o_ref
     detail = (
         f"outside the timed windows, per call: candidate {o_cand:.1f} us [{_spread(o_cands)}], referee "
         f"{o_ref:.1f} us [{_spread(o_refs)}] (the same harness; the parent's clock over {len(cand)} + "
         f"{len(trusted)} batches); excess {excess:.1f} us, allowed {allowed:.1f} us (median call {call_us:.1f} us)"
     )
-    if lower and o_cand < 0.5 * o_ref - 5.0:
+    if flush_us > 0 and o_cand < o_ref - 0.5 * flush_us - max(5.0, 2.0 * spread):
         # Less time outside the windows than the harness costs the referee: its process skipped
         # part of the harness (the L2 flush, the lead spin). Flagged, not refused: the gain is a
         # warmer cache, and a candidate this much faster to launch is conceivable.

@@ -161,7 +161,12 @@ class BatchOp(TypedDict):
     warmup: bool
     """Warm-up calls: at least ``len(seeds)``, and on until ``warmup_min_s`` (samples not kept)."""
     warmup_min_s: float
-    lead_us: float
+    lead_cycles: int
+    """The device spin before each timed call, in GPU cycles (the same count in every process:
+    the referee measured the spin rate once, so both spin equally long)."""
+    cover_cycles: int
+    """A device spin queued before the batch draws its inputs, as long as the host takes to draw
+    them: the device never idles while the host works, so the batch's time is the device's."""
     outputs: str
     """``all``: every call's outputs come back with the batch (small outputs); ``keep``: the
     spare keeps the last batch's outputs until the next one, for a ``ship``; ``none``."""

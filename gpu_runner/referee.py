@@ -58,6 +58,8 @@ class Batch:
     """How long the GPU stayed busy after that canary (the referee waited before timing)."""
     host_us: float | None = None
     """The timing process's host time per call (median; what the lead spin must cover)."""
+    draw_us: float | None = None
+    """Its host time per call drawing the batch's inputs (what the cover spin must cover)."""
     own_launches: int | None = None
     """The candidate's own launches during the batch, as its process counted them."""
 
@@ -219,6 +221,7 @@ class Referee:
             canary_us=float(canary) if canary is not None else None,
             busy_ms=float(header.get("busy_ms") or 0.0),
             host_us=float(header["host_us"]) if header.get("host_us") is not None else None,
+            draw_us=float(header["draw_us"]) if header.get("draw_us") is not None else None,
         )
         return batch, header
 

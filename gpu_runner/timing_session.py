@@ -39,7 +39,7 @@ JUDGED_CALLS = 16
 """Timed calls whose outputs are judged with the trial rule, where every call's outputs come back."""
 LEAD_FACTOR = 1.5
 """The lead spin is at least this many times the slowest process's host time per call."""
-MAX_LEAD_US = 3000.0
+MAX_LEAD_US = 1000.0
 """The longest lead spin (a call whose host time is longer is timed with its launch gaps)."""
 
 
@@ -70,11 +70,20 @@ class SessionRecord:
     flush_bytes: int = 0
     l2_reset: bool = False
     lead_us: float = 0.0
+    flush_us: float = 0.0
+    """The flush's device time as the referee measured it (a candidate skipping it saves that)."""
+    cover_us: float = 0.0
+    """Device spin per call queued before a batch draws its inputs."""
     outputs_mode: str = "all"
     batch_calls: int = 0
     timer: str = "perf_counter"
     rounds: int = 0
     elapsed_s: float = 0.0
+
+
+def _number(value: object) -> float | None:
+    """A finite non-negative number a candidate's process reported, or None."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value >= 0 else None
 
 
 class SessionAborted(Exception):
@@ -106,16 +115,20 @@ class TimingSession:
         self.shippable = shippable
         """Output buffers the spare has for shipped calls (larger outputs)."""
         self.rec = SessionRecord(canary_quiet_us=referee.info.get("canary_quiet_us"))
+        self.cycles_per_us = float(referee.info.get("cycles_per_us") or 0.0)
+        """The GPU's spin rate as the referee measured it: every process spins the same cycles."""
         self.draw = random.SystemRandom()
         self.callables = ["candidate", "eager"] + (["compiled"] if referee.compiled else [])
 
     def _op(self, callable_: str, seeds: list[int], warmup: bool, outputs: str) -> BatchOp:
+        rate = self.cycles_per_us
         return BatchOp(
             callable=callable_,
             seeds=seeds,
             warmup=warmup,
             warmup_min_s=self.cfg.warmup_min_s,
-            lead_us=self.rec.lead_us,
+            lead_cycles=int(self.rec.lead_us * rate),
+            cover_cycles=0 if warmup else int(self.rec.cover_us * len(seeds) * rate),
             outputs=outputs,
             canary=callable_ != "candidate" and self.device == "cuda",
         )
@@ -134,7 +147,7 @@ class TimingSession:
         if not isinstance(samples, list) or not all(isinstance(x, int | float) for x in samples):
             raise FrameError("a timed batch's samples are not numbers")
         launches = header.get("own_launches")
-        host = header.get("host_us")
+        host, draw = header.get("host_us"), header.get("draw_us")
         batch = Batch(
             callable="candidate",
             calls=int(header["calls"]),
@@ -142,7 +155,8 @@ class TimingSession:
             samples=[float(x) for x in samples],
             warmup=op["warmup"],
             own_launches=int(launches) if isinstance(launches, int) else None,
-            host_us=float(host) if isinstance(host, int | float) and math.isfinite(host) else None,
+            host_us=_number(host),
+            draw_us=_number(draw),
         )
         return batch, header, blobs
 
@@ -180,6 +194,7 @@ class TimingSession:
         deadline = started + budget_s
         self.rec.outputs_mode = "all" if self.out_bytes <= SHIP_ALL_BYTES else "keep"
         self.rec.lead_us = cfg.timing_lead_us if self.device == "cuda" else 0.0
+        self.rec.flush_us = float(self.referee.info.get("flush_us") or 0.0)
         warm: dict[str, Batch] = {}
         for name in self.callables:
             seeds = [secrets.randbits(62) for _ in range(cfg.warmup_min_calls)]
@@ -187,12 +202,13 @@ class TimingSession:
         n = self._plan_batches(warm)
         self.rec.batch_calls = n
         if self.device == "cuda":
-            # The lead spin must outlast the host's work per call in every process (a candidate
-            # that claims less only makes its own batches host-bound: more time outside its
-            # windows, against it), so the batches are device-bound and the time outside the
-            # windows is the device's, the same for all.
+            # The lead spin must outlast the host's work per call in every process, and a spin
+            # before the draws the host's drawing (a candidate that claims less only makes its
+            # own batches host-bound: more time outside its windows, against it), so the batches
+            # are device-bound and the time outside the windows is the device's, the same for all.
             host = max((b.host_us or 0.0) for b in warm.values())
             self.rec.lead_us = min(MAX_LEAD_US, max(cfg.timing_lead_us, LEAD_FACTOR * host))
+            self.rec.cover_us = min(MAX_LEAD_US, LEAD_FACTOR * max((b.draw_us or 0.0) for b in warm.values()))
         min_rounds = max(1, math.ceil(cfg.timing_min_reps / n))
         max_rounds = max(min_rounds, math.ceil(cfg.timing_max_reps / n))
         ship_rounds: set[int] = set()

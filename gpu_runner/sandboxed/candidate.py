@@ -226,7 +226,9 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
             kept = []  # the last batch's outputs go now (as the referee's do: the same allocations)
             log.reset()
             log.recording = True
-            samples, outputs, calls, host_us = run_batch(batch, lambda inputs: cand(*inputs), draw, device, flusher)
+            samples, outputs, calls, host_us, draw_us = run_batch(
+                batch, lambda inputs: cand(*inputs), draw, device, flusher
+            )
             log.recording = False
             blobs: list[Any] = []
             metas: list[dict[str, Any]] = []
@@ -244,6 +246,7 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
                 samples=samples,
                 calls=calls,
                 host_us=host_us,
+                draw_us=draw_us,
                 timer="cuda_event" if device.type == "cuda" else "perf_counter",
                 tensors=metas,
                 own_launches=log.own_launches,

@@ -153,7 +153,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         laps.lap("range_s")
         flops = count_flops(ref.model, sample)
         laps.lap("flops_s")
-        ref.flusher = Flusher(device)
+        ref.flusher = Flusher(device, measure=True)
         if device.type == "cuda":
             ref.scratch = torch.zeros(1, device=device)
             quiet = sorted(canary_us(device, ref.scratch) for _ in range(CANARY_QUIET_CALLS))
@@ -179,6 +179,8 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         init_on_device=ref.init_on_device,
         range_scales=scales,
         canary_quiet_us=quiet[len(quiet) // 2] if quiet else None,
+        cycles_per_us=ref.flusher.cycles_per_us,
+        flush_us=ref.flusher.flush_us,
         phases=laps.seconds,
     )
     return ref
@@ -248,7 +250,7 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
         return
     canary, busy_ms = wait_idle(ref) if msg["canary"] else (None, 0.0)
     ref.last_outputs = []  # the last batch's outputs go now, as a candidate's do (the same allocations)
-    samples, outputs, calls, host_us = run_batch(
+    samples, outputs, calls, host_us, draw_us = run_batch(
         msg, fn, lambda s: ref.draw(s, on_device=True), ref.device, ref.flusher
     )
     blobs: list[Any] = []
@@ -265,6 +267,7 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
         samples=samples,
         calls=calls,
         host_us=host_us,
+        draw_us=draw_us,
         timer="cuda_event" if ref.device.type == "cuda" else "perf_counter",
         canary_us=canary,
         busy_ms=busy_ms,

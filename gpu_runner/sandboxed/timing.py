@@ -28,27 +28,49 @@ from gpu_runner.sandboxed.common import flatten_outputs, log, sync
 
 class Flusher:
     """Evicts the L2 cache (and resets persisting L2 lines) between timed calls on CUDA, then queues
-    the lead spin."""
+    the lead spin (a number of GPU cycles the parent chose)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, measure: bool = False) -> None:
+        """``measure``: also measure the spin rate and the flush's own time (the referee does)."""
         self.device = device
         self.buffer: torch.Tensor | None = None
         self.reset_fn: Any = None
         self.nbytes = 0
         self.cycles_per_us = 0.0
+        self.flush_us = 0.0
         if device.type != "cuda":
             return
         l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20))
         self.nbytes = 2 * l2
         self.buffer = torch.empty(self.nbytes, dtype=torch.int8, device=device)
         self.reset_fn = _persisting_l2_reset()
-        self.cycles_per_us = _cycles_per_us(device)
+        if measure:
+            self.cycles_per_us = _cycles_per_us(device)
+            self.flush_us = self._flush_us()
 
-    def flush(self, lead_us: float) -> None:
+    def _flush_us(self) -> float:
+        """The flush's device time (median of 7, CUDA events)."""
+        assert self.buffer is not None
+        times = []
+        for _ in range(7):
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            self.buffer.zero_()
+            end.record()
+            sync(self.device)
+            times.append(float(start.elapsed_time(end)) * 1e3)
+        return sorted(times)[3]
+
+    def flush(self, lead_cycles: int) -> None:
         if self.buffer is not None:
             self.buffer.zero_()
-        if lead_us > 0 and self.cycles_per_us:
-            torch.cuda._sleep(int(self.cycles_per_us * lead_us))  # type: ignore[no-untyped-call]
+        self.spin(lead_cycles)
+
+    def spin(self, cycles: int) -> None:
+        """Keep the device busy for ``cycles`` GPU cycles (nothing on the CPU)."""
+        if cycles > 0 and self.device.type == "cuda":
+            torch.cuda._sleep(int(cycles))  # type: ignore[no-untyped-call]
 
     def reset_persisting(self) -> bool:
         if self.reset_fn is None:
@@ -104,17 +126,21 @@ def run_batch(
     draw: Callable[[int], list[Any]],
     device: torch.device,
     flusher: Flusher,
-) -> tuple[list[float], list[list[torch.Tensor]], int, float]:
+) -> tuple[list[float], list[list[torch.Tensor]], int, float, float]:
     """Time one batch: (milliseconds per timed call, each call's output tensors, calls made, the
-    host's median microseconds per call from its flush to its end event).
+    host's median microseconds per call from its flush to its end event, and per call drawing
+    its inputs).
 
     Warm-up batches go round their seeds until both ``len(seeds)`` calls and ``warmup_min_s`` are
     done. The outputs are kept (their tensors, as the calls returned them): the caller decides
     what goes back. The host time tells the parent how long a lead spin hides the launches."""
     seeds = [int(s) for s in msg["seeds"]]
-    lead = float(msg["lead_us"])
+    lead = int(msg["lead_cycles"])
     warm_s = float(msg["warmup_min_s"]) if msg["warmup"] else 0.0
+    flusher.spin(int(msg["cover_cycles"]))
+    t_draw = time.perf_counter()
     inputs = [draw(s) for s in seeds]  # every call's own inputs, drawn before the first call
+    draw_us = (time.perf_counter() - t_draw) * 1e6 / max(1, len(seeds))
     samples: list[float] = []
     outputs: list[list[torch.Tensor]] = []
     events: list[tuple[Any, Any]] = []
@@ -146,4 +172,5 @@ def run_batch(
         sync(device)
     if events:
         samples = [float(s.elapsed_time(e)) for s, e in events]
-    return samples, outputs, calls, sorted(host)[len(host) // 2]
+    late = sorted(host[len(host) // 2 :])  # past the first calls (a warm-up's first launches build things)
+    return samples, outputs, calls, late[len(late) // 2], draw_us
