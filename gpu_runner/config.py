@@ -130,6 +130,10 @@ class RunnerConfig:
     referee's (the same harness), absolute; ``None``: 25 us on CUDA, 1000 us on the CPU."""
     crosscheck_slack_ratio: float | None = None
     """The same, as a share of the candidate's median call; ``None``: 0.04 on CUDA, 0.25 on the CPU."""
+    timing_ship_all_bytes: int = 1 << 20
+    """A timed call's outputs up to this size come back with its batch (the parent judges a random
+    sample of them); larger ones stay in the candidate's process and one call of some batches is
+    shipped after it (``gpu_runner.timing_session``)."""
     canary_busy_us: float = 500.0
     """The referee's canary above this (and 20x its quiet median) means another process's work
     held the GPU: a candidate left work running after its batch returned."""
@@ -226,6 +230,7 @@ class RunnerConfig:
                 "must be >= 0",
             ),
             ("canary_busy_us", self.canary_busy_us > 0, "must be > 0"),
+            ("timing_ship_all_bytes", self.timing_ship_all_bytes >= 0, "must be >= 0"),
             ("review_speedup", self.review_speedup > 1, "must be > 1"),
             ("peak_tflops", self.peak_tflops is None or self.peak_tflops > 0, "must be > 0 or None"),
             ("peak_gbps", self.peak_gbps is None or self.peak_gbps > 0, "must be > 0 or None"),

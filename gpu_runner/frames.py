@@ -145,6 +145,8 @@ class TruthOp(TypedDict):
     """``truth``: the seeds (and input scales) whose reference outputs and residuals to ship."""
 
     seeds: list[int]
+    skips: list[int]
+    """Per seed, how many draws come before the one wanted (a timed call's place in its batch)."""
     scales: list[float]
     first: int
     """The trial number of the first seed (the ``reference`` frames count on from it)."""
@@ -157,9 +159,11 @@ class BatchOp(TypedDict):
 
     callable: str
     """``candidate`` (the spare), ``eager`` or ``compiled`` (the referee)."""
-    seeds: list[int]
+    seed: int
+    calls: int
+    """Call ``k`` times the inputs of the ``k``-th draw from ``seed`` (one seeding per batch)."""
     warmup: bool
-    """Warm-up calls: at least ``len(seeds)``, and on until ``warmup_min_s`` (samples not kept)."""
+    """Warm-up calls: at least ``calls``, and on until ``warmup_min_s`` (samples not kept)."""
     warmup_min_s: float
     lead_cycles: int
     """The device spin before each timed call, in GPU cycles (the same count in every process:
@@ -219,6 +223,7 @@ class JudgeOp(TypedDict):
     reference_source: str
     init_seed: int
     seed: int
+    skip: int
     scale: float
     on_device: bool
     init_on_device: bool

@@ -40,7 +40,7 @@ async def judge_trials(
     max_blob: int,
     verdict_root: Path,
     checks: list[TrialCheck],
-    timed_seeds: dict[int, int] | None = None,
+    timed_seeds: dict[int, tuple[int, int]] | None = None,
 ) -> None:
     """Add to ``checks`` those of the ``pending`` trials (trial, report header), once nothing of the
     candidate runs; trial numbers past the trials' are timed calls shipped under them
@@ -61,7 +61,8 @@ async def judge_trials(
                 job = JudgeOp(
                     reference_source=reference_source,
                     init_seed=ref.init_seed,
-                    seed=timed[t] if is_timed else ref.seeds[t],
+                    seed=timed[t][0] if is_timed else ref.seeds[t],
+                    skip=timed[t][1] if is_timed else 0,
                     scale=1.0 if is_timed else ref.scales[t],
                     on_device=True if is_timed else ref.on_device,
                     init_on_device=ref.init_on_device,

@@ -170,18 +170,19 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def timed_slots(fp: Footprint, device_verdict: bool) -> int:
+def timed_slots(fp: Footprint, device_verdict: bool, ship_all_bytes: int = SHIP_ALL_BYTES) -> int:
     """Output buffers a spare keeps for shipped timed calls (none: their outputs come back with the batch)."""
-    if fp.output_bytes <= SHIP_ALL_BYTES:
+    if fp.output_bytes <= ship_all_bytes:
         return 0
     return 1 if device_verdict else SHIPPED_CALLS
 
 
 def _timing_stage(fp: Footprint, keep: bool) -> int:
-    """A timed batch's inputs (every call's, drawn first) and the outputs alive at once."""
+    """A timed batch's inputs (every call's, drawn first) and the outputs alive at once (every
+    call's where they come back with the batch or are kept for a ship)."""
     i, o, big = fp.input_bytes, fp.output_bytes, fp.largest_tensor_bytes
     inputs = min(MAX_BATCH * i, max(i, TIMING_INPUT_BYTES))
-    outputs = min(MAX_BATCH * o, max(o, KEPT_OUTPUT_BYTES)) if keep or o <= SHIP_ALL_BYTES else o
+    outputs = min(MAX_BATCH * o, max(o, KEPT_OUTPUT_BYTES)) if keep else o
     return inputs + outputs + big
 
 
@@ -193,6 +194,7 @@ def _device_needs(
     judged: bool = False,
     large: int = LARGE_BYTES,
     shipped: int = 0,
+    ship_all_bytes: int = SHIP_ALL_BYTES,
 ) -> tuple[int, int, int, int, tuple[int, int]]:
     """Device bytes of each role: (idle prepared spare, the referee's own, the referee's timed
     batch, the referee's truth or judgment, and the running candidate's process beyond its spare's
@@ -204,7 +206,8 @@ def _device_needs(
     # the judgment, which the referee also does) needs the inputs and outputs, the float64 copies
     # of model, inputs and outputs, the residual, and the judge's chunked temporaries.
     base = CONTEXT_BYTES + p + WORK_BYTES
-    batch = _timing_stage(fp, False) + ((o + big) if compiled else 0) // 2
+    keep = o <= ship_all_bytes  # a batch's outputs all alive until they are sent
+    batch = _timing_stage(fp, keep) + ((o + big) if compiled else 0) // 2
     chunk = 3 * 8 * min(JUDGE_CHUNK_ELEMENTS, max(1, o // 4)) if judged else 0
     truth = i + o + 2 * (p + i + o) + o + chunk
     # the candidate's model; trials: the working inputs and the outputs' snapshot (small ones
@@ -212,7 +215,7 @@ def _device_needs(
     # kept for a ship; both: the flush buffer and scratch
     small_in, small_out = i <= large, o <= large
     trials_stage = (i if small_in else 0) + (2 * o if small_out else o) + big + poison
-    running = (p + trials_stage + WORK_BYTES, p + _timing_stage(fp, shipped > 0) + WORK_BYTES)
+    running = (p + trials_stage + WORK_BYTES, p + _timing_stage(fp, True) + WORK_BYTES)
     return idle, base, batch, truth, running
 
 
@@ -238,6 +241,7 @@ def plan(
     large_bytes: int = LARGE_BYTES,
     shared_outputs: bool = False,
     compiled_baseline: bool = True,
+    ship_all_bytes: int = SHIP_ALL_BYTES,
 ) -> MemoryPlan:
     """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs.
 
@@ -260,14 +264,14 @@ def plan(
     o = fp.output_bytes
     full_poison = 2 * (fp.input_bytes + fp.output_bytes)
 
-    shipped = timed_slots(fp, device_verdict)
+    shipped = timed_slots(fp, device_verdict, ship_all_bytes)
 
     def needs(trials: int, poison: int, spares: int, compiled: bool = True, shared: bool = False) -> tuple[int, int]:
         """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs;
         ``shared``: every spare also holds its outputs' buffers (trials and shipped timed calls)
         on the device until judged."""
         idle, base, batch, truth, running = _device_needs(
-            fp, trials, poison, compiled, device_verdict, large_bytes, shipped
+            fp, trials, poison, compiled, device_verdict, large_bytes, shipped, ship_all_bytes
         )
         slots = trials + shipped
         held = slots * o if shared and on_gpu else 0
@@ -336,7 +340,7 @@ def plan(
         notes.append("outputs go through host files: shared device buffers do not fit beside the evaluation")
     per_eval = needs(trials, poison, 0, compiled, shared)[0]
     idle, base, batch, truth, running = _device_needs(
-        fp, trials, poison, compiled, device_verdict, large_bytes, shipped
+        fp, trials, poison, compiled, device_verdict, large_bytes, shipped, ship_all_bytes
     )
     referee = base + max(batch, truth)
     if shared and on_gpu:

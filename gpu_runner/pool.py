@@ -243,6 +243,7 @@ class RunPool:
             host_available=int(psutil.virtual_memory().available * self.cfg.host_memory_share),
             device_verdict_bytes=self.cfg.device_verdict_bytes,
             large_bytes=self.cfg.in_place_bytes,
+            ship_all_bytes=self.cfg.timing_ship_all_bytes,
             shared_outputs=self.cfg.shared_outputs,
             compiled_baseline=self.device == "cuda"
             if self.cfg.compiled_baseline is None

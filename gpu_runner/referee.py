@@ -134,12 +134,15 @@ class Referee:
             raise EvaluatorFault("the referee is not running (its task was not started or it died)")
         return self.worker
 
-    async def truths(self, seeds: list[int], scales: list[float], first: int, timed: bool = False) -> list[Truth]:
+    async def truths(
+        self, seeds: list[int], scales: list[float], first: int, skips: list[int] | None = None, timed: bool = False
+    ) -> list[Truth]:
         """The reference's outputs and float64 residuals of ``seeds`` (trial numbers from ``first``;
-        ``timed``: timed calls' seeds, whose inputs are drawn on the device)."""
+        ``skips``: per seed, the draws before the one wanted; ``timed``: timed calls' inputs, which
+        are drawn on the device)."""
         async with self.lock:
             worker = self._require()
-            op = TruthOp(seeds=seeds, scales=scales, first=first, on_device=timed)
+            op = TruthOp(seeds=seeds, skips=skips or [0] * len(seeds), scales=scales, first=first, on_device=timed)
             await worker.send(op_frame(Op.TRUTH, op))
             out: list[Truth] = []
             lease = GpuLease(self.gate, worker, self.nice)

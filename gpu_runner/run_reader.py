@@ -52,8 +52,8 @@ class ReportReader:
     c: Collected
     spare: Spare
     max_blob: int
-    timed_seeds: dict[int, int] = field(default_factory=dict)
-    """Trial numbers past the trials': the seeds of the timed calls shipped under them."""
+    timed_seeds: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Trial numbers past the trials': the (seed, place in its batch) of the timed calls shipped under them."""
 
     @property
     def record(self) -> RunRecord:

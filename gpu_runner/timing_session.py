@@ -8,7 +8,7 @@ process claims is checked against time it cannot forge (:func:`gpu_runner.crossc
 The referee times a canary before each of its batches and once after the last candidate batch:
 work a candidate left on the GPU shows there as a busy device.
 
-Timed calls are judged like trials. Small outputs (up to :data:`SHIP_ALL_BYTES` per call) come
+Timed calls are judged like trials. Small outputs (up to ``timing_ship_all_bytes`` per call) come
 back with every batch, inside the clocked window, and the parent keeps a random sample of them
 (reservoir, :data:`JUDGED_CALLS`); larger ones stay in the candidate's process until the next
 batch, and after a batch chosen at random the parent asks for one call's outputs (``ship``). Which
@@ -29,7 +29,7 @@ from typing import Any
 
 from gpu_runner.config import RunnerConfig
 from gpu_runner.frames import BatchOp, Op, Report, ShipOp, op_frame
-from gpu_runner.memplan import KEPT_OUTPUT_BYTES, MAX_BATCH, SHIP_ALL_BYTES, SHIPPED_CALLS, TIMING_INPUT_BYTES
+from gpu_runner.memplan import KEPT_OUTPUT_BYTES, MAX_BATCH, SHIPPED_CALLS, TIMING_INPUT_BYTES
 from gpu_runner.pool import decode_outputs
 from gpu_runner.protocol import FrameError
 from gpu_runner.referee import Batch, Referee
@@ -50,6 +50,8 @@ class Kept:
     trial: int
     """The number its outputs go under (after the trials' numbers)."""
     seed: int
+    skip: int
+    """Its place in its batch: its inputs are the draw after ``skip`` others from ``seed``."""
     outputs: list[Any] | None = None
     """Its outputs as numpy arrays (small outputs: they came with the batch)."""
     dtypes: list[str] = field(default_factory=list)
@@ -120,15 +122,16 @@ class TimingSession:
         self.draw = random.SystemRandom()
         self.callables = ["candidate", "eager"] + (["compiled"] if referee.compiled else [])
 
-    def _op(self, callable_: str, seeds: list[int], warmup: bool, outputs: str) -> BatchOp:
+    def _op(self, callable_: str, seed: int, calls: int, warmup: bool, outputs: str) -> BatchOp:
         rate = self.cycles_per_us
         return BatchOp(
             callable=callable_,
-            seeds=seeds,
+            seed=seed,
+            calls=calls,
             warmup=warmup,
             warmup_min_s=self.cfg.warmup_min_s,
             lead_cycles=int(self.rec.lead_us * rate),
-            cover_cycles=0 if warmup else int(self.rec.cover_us * len(seeds) * rate),
+            cover_cycles=0 if warmup else int(self.rec.cover_us * calls * rate),
             outputs=outputs,
             canary=callable_ != "candidate" and self.device == "cuda",
         )
@@ -160,9 +163,9 @@ class TimingSession:
         )
         return batch, header, blobs
 
-    async def _batch(self, callable_: str, seeds: list[int], warmup: bool, deadline: float) -> tuple[Batch, Any]:
+    async def _batch(self, callable_: str, seed: int, calls: int, warmup: bool, deadline: float) -> tuple[Batch, Any]:
         outputs = "none" if warmup else self.rec.outputs_mode
-        op = self._op(callable_, seeds, warmup, outputs)
+        op = self._op(callable_, seed, calls, warmup, outputs)
         timeout = max(0.5, deadline - time.perf_counter())
         if callable_ == "candidate":
             batch, header, blobs = await self._candidate_batch(op, timeout)
@@ -176,15 +179,21 @@ class TimingSession:
         self.rec.batches.append(batch)
         return batch, extra
 
-    def _plan_batches(self, warm: dict[str, Batch]) -> int:
-        """Calls per batch, from the warm-up's per-call time as the parent's clock saw it."""
-        per_call = max(b.wall_ms / max(1, b.calls) for b in warm.values())
-        n = int(self.cfg.timing_batch_s * 1e3 / max(per_call, 1e-3))
+    def _memory_cap(self) -> int:
+        """Most calls in one batch by memory: every call's inputs are drawn first, and where
+        outputs stay for a ship every call's outputs live until the next batch."""
+        n = MAX_BATCH
         if self.in_bytes:
             n = min(n, max(1, TIMING_INPUT_BYTES // self.in_bytes))
         if self.rec.outputs_mode == "keep" and self.out_bytes:
             n = min(n, max(1, KEPT_OUTPUT_BYTES // self.out_bytes))
-        return max(1, min(MAX_BATCH, n))
+        return n
+
+    def _plan_batches(self, warm: dict[str, Batch]) -> int:
+        """Calls per batch, from the warm-up's per-call time as the parent's clock saw it."""
+        per_call = max(b.wall_ms / max(1, b.calls) for b in warm.values())
+        n = int(self.cfg.timing_batch_s * 1e3 / max(per_call, 1e-3))
+        return max(1, min(self._memory_cap(), n))
 
     async def run(self, budget_s: float) -> SessionRecord:
         """Warm-up, then rounds until every callable's median is known to the target error, the
@@ -192,13 +201,13 @@ class TimingSession:
         cfg = self.cfg
         started = time.perf_counter()
         deadline = started + budget_s
-        self.rec.outputs_mode = "all" if self.out_bytes <= SHIP_ALL_BYTES else "keep"
+        self.rec.outputs_mode = "all" if self.out_bytes <= cfg.timing_ship_all_bytes else "keep"
         self.rec.lead_us = cfg.timing_lead_us if self.device == "cuda" else 0.0
         self.rec.flush_us = float(self.referee.info.get("flush_us") or 0.0)
         warm: dict[str, Batch] = {}
+        warm_calls = max(1, min(cfg.warmup_min_calls, self._memory_cap()))  # then round its inputs
         for name in self.callables:
-            seeds = [secrets.randbits(62) for _ in range(cfg.warmup_min_calls)]
-            warm[name], _ = await self._batch(name, seeds, True, deadline)
+            warm[name], _ = await self._batch(name, secrets.randbits(62), warm_calls, True, deadline)
         n = self._plan_batches(warm)
         self.rec.batch_calls = n
         if self.device == "cuda":
@@ -219,17 +228,17 @@ class TimingSession:
         timing_budget = cfg.timing_budget_s
         rounds = 0
         while True:
-            seeds = [secrets.randbits(62) for _ in range(n)]
+            seed = secrets.randbits(62)  # fresh inputs for the round, the same for every callable
             order = self.callables[rounds % len(self.callables) :] + self.callables[: rounds % len(self.callables)]
             for name in order:
-                batch, extra = await self._batch(name, seeds, False, deadline)
+                batch, extra = await self._batch(name, seed, n, False, deadline)
                 samples[name] += batch.samples
                 if name != "candidate":
                     continue
                 if self.rec.outputs_mode == "all":
-                    seen = self._reservoir(extra, seeds, seen)
+                    seen = self._reservoir(extra, seed, n, seen)
                 elif rounds in ship_rounds:
-                    await self._ship(self.draw.randrange(n), seeds, deadline)
+                    await self._ship(self.draw.randrange(n), seed, deadline)
             rounds += 1
             spent = time.perf_counter() - started
             if rounds >= min_rounds:
@@ -244,17 +253,17 @@ class TimingSession:
         self.rec.elapsed_s = time.perf_counter() - started
         return self.rec
 
-    def _reservoir(self, extra: Any, seeds: list[int], seen: int) -> int:
+    def _reservoir(self, extra: Any, seed: int, calls: int, seen: int) -> int:
         """Keep a uniform sample of :data:`JUDGED_CALLS` of the timed calls whose outputs came back."""
         header, blobs = extra
         metas = list(header.get("tensors") or [])
-        per_call = len(metas) // len(seeds) if seeds and len(metas) % len(seeds) == 0 else 0
+        per_call = len(metas) // calls if calls and len(metas) % calls == 0 else 0
         arrays = decode_outputs(header, blobs) if per_call else []
-        for k, seed in enumerate(seeds):
+        for k in range(calls):
             seen += 1
             outs = arrays[k * per_call : (k + 1) * per_call] if per_call else []
             dtypes = [str(m.get("dtype")) for m in metas[k * per_call : (k + 1) * per_call]] if per_call else []
-            item = Kept(trial=-1, seed=seed, outputs=outs, dtypes=dtypes)
+            item = Kept(trial=-1, seed=seed, skip=k, outputs=outs, dtypes=dtypes)
             if len(self.rec.kept) < JUDGED_CALLS:
                 self.rec.kept.append(item)
             else:
@@ -263,12 +272,12 @@ class TimingSession:
                     self.rec.kept[j] = item
         return seen
 
-    async def _ship(self, call: int, seeds: list[int], deadline: float) -> None:
+    async def _ship(self, call: int, seed: int, deadline: float) -> None:
         """Ask for one call's outputs of the last batch (larger outputs), chosen after it ended."""
         trial = self.next_trial
         self.next_trial += 1
-        kept = Kept(trial=trial, seed=seeds[call])
-        self.reader.timed_seeds[trial] = seeds[call]
+        kept = Kept(trial=trial, seed=seed, skip=call)
+        self.reader.timed_seeds[trial] = (seed, call)
         t0 = time.perf_counter()
         async with asyncio.timeout(max(0.5, deadline - time.perf_counter())):
             await self.reader.worker.send(op_frame(Op.SHIP, ShipOp(call=call, trial=trial)))

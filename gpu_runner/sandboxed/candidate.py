@@ -47,7 +47,7 @@ from gpu_runner.sandboxed.hooks import (
     install_ext_loader,
     install_triton_hooks,
 )
-from gpu_runner.sandboxed.reference import build_model, load_module, make_inputs
+from gpu_runner.sandboxed.reference import build_model, load_module, make_batch_inputs, make_inputs
 from gpu_runner.sandboxed.spare import Prepared
 from gpu_runner.sandboxed.timing import Flusher, run_batch
 
@@ -214,8 +214,8 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
     ns = prepared.namespace
     kept: list[list[torch.Tensor]] = []
 
-    def draw(seed: int) -> list[Any]:
-        return make_inputs(ns, seed, device, on_device=True)
+    def draw(seed: int, count: int) -> list[list[Any]]:
+        return make_batch_inputs(ns, seed, count, device, on_device=True)
 
     while True:
         op, header = channel.next()

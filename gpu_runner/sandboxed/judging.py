@@ -240,10 +240,11 @@ def _truth(
         model = build_model(ns["Model"], init_args, int(msg["init_seed"]), device, bool(msg["init_on_device"]))
     on_device = bool(msg.get("on_device"))
     scale = float(msg.get("scale", 1.0))
+    skip = int(msg.get("skip", 0))
     if on_device:
-        inputs = make_inputs(ns, int(msg["seed"]), device, on_device=True, scale=scale)
+        inputs = make_inputs(ns, int(msg["seed"]), device, on_device=True, scale=scale, skip=skip)
     else:
-        inputs = to_device(make_inputs(ns, int(msg["seed"]), torch.device("cpu"), scale=scale), device)
+        inputs = to_device(make_inputs(ns, int(msg["seed"]), torch.device("cpu"), scale=scale, skip=skip), device)
     sums = [checksum(v) if isinstance(v, torch.Tensor) else None for v in inputs]
     expected = msg.get("input_sums")
     if expected is not None and sums != expected:

@@ -35,6 +35,7 @@ from gpu_runner.sandboxed.reference import (
     count_flops,
     exact_fp32,
     load_module,
+    make_batch_inputs,
     make_inputs,
     ship,
     tensors,
@@ -75,14 +76,15 @@ class Referee:
     """The last timed batch's outputs, held until the next batch as a candidate holds its own."""
     out_metas: list[dict[str, Any]] = field(default_factory=list)
 
-    def draw(self, seed: int, scale: float = 1.0, on_device: bool | None = None) -> list[Any]:
+    def draw(self, seed: int, scale: float = 1.0, on_device: bool | None = None, skip: int = 0) -> list[Any]:
         """A trial's or timed call's inputs (as the spare draws them)."""
         where = self.inputs_on_device if on_device is None else on_device
         if where:
-            return make_inputs(self.namespace, seed, self.device, on_device=True, scale=scale)
+            return make_inputs(self.namespace, seed, self.device, on_device=True, scale=scale, skip=skip)
         from gpu_runner.sandboxed.reference import to_device
 
-        return to_device(make_inputs(self.namespace, seed, torch.device("cpu"), scale=scale), self.device)
+        cpu = make_inputs(self.namespace, seed, torch.device("cpu"), scale=scale, skip=skip)
+        return to_device(cpu, self.device)
 
     def float64(self) -> Any:
         """A float64 copy of the model (made per ``truth`` op and dropped after it: the memory plan
@@ -218,8 +220,8 @@ def serve_truth(ref: Referee, msg: TruthOp, channel: Channel) -> None:
     with channel.gpu_lease(ref.device):
         model64 = ref.float64()
         on_device = True if msg["on_device"] else None
-        for k, (seed, scale) in enumerate(zip(msg["seeds"], msg["scales"], strict=True)):
-            inputs = ref.draw(int(seed), float(scale), on_device=on_device)
+        for k, (seed, skip, scale) in enumerate(zip(msg["seeds"], msg["skips"], msg["scales"], strict=True)):
+            inputs = ref.draw(int(seed), float(scale), on_device=on_device, skip=int(skip))
             outs, residuals, fp64_error = truth(ref.model, model64, inputs)
             shipments.append((first + k, [o.detach() for o in outs + residuals], len(outs), fp64_error))
         del model64
@@ -251,7 +253,7 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
     canary, busy_ms = wait_idle(ref) if msg["canary"] else (None, 0.0)
     ref.last_outputs = []  # the last batch's outputs go now, as a candidate's do (the same allocations)
     samples, outputs, calls, host_us, draw_us = run_batch(
-        msg, fn, lambda s: ref.draw(s, on_device=True), ref.device, ref.flusher
+        msg, fn, lambda seed, n: make_batch_inputs(ref.namespace, seed, n, ref.device, True), ref.device, ref.flusher
     )
     blobs: list[Any] = []
     metas: list[dict[str, Any]] = []

@@ -118,30 +118,53 @@ def as_double(values: list[Any]) -> list[Any]:
 
 
 def make_inputs(
-    ns: dict[str, Any], seed: int, device: torch.device, on_device: bool = False, scale: float = 1.0
+    ns: dict[str, Any],
+    seed: int,
+    device: torch.device,
+    on_device: bool = False,
+    scale: float = 1.0,
+    skip: int = 0,
 ) -> list[Any]:
-    """The reference's ``get_inputs()`` under ``seed``, on ``device`` (floating inputs times ``scale``).
+    """The reference's ``get_inputs()`` under ``seed``, on ``device`` (floating inputs times
+    ``scale``): the draw after ``skip`` others from the same seed (a timed batch's call ``skip``).
 
     With ``on_device`` the factory functions it calls allocate on ``device`` directly (a 6 GB
     ``torch.randn`` takes milliseconds on a GPU and many seconds and gigabytes of the host's
     memory on the CPU); tensors it places explicitly are moved after. A ``get_inputs`` that fails
     so (one that calls ``.numpy()``, say) is drawn again on the CPU under the same seed: it fails
-    the same way wherever the same inputs are drawn (the spare, the judge), so they agree.
+    the same way wherever the same inputs are drawn (the spare, the referee, the judge), so they agree.
     """
-    torch.manual_seed(seed)
+    return scale_inputs(make_batch_inputs(ns, seed, skip + 1, device, on_device)[-1], scale)
+
+
+def make_batch_inputs(
+    ns: dict[str, Any], seed: int, count: int, device: torch.device, on_device: bool
+) -> list[list[Any]]:
+    """``count`` draws of ``get_inputs()`` one after another from ``seed`` (one seeding for a whole
+    timed batch: seeding the generators is most of a small draw's host time), on ``device``."""
+
+    def draws() -> list[Any]:
+        torch.manual_seed(seed)
+        out = []
+        for _ in range(count):
+            values = ns["get_inputs"]()
+            if not isinstance(values, list | tuple):
+                raise ReferenceFault(f"get_inputs() returned {type(values).__name__}, not a list")
+            out.append(list(values))
+        return out
+
     if on_device:
         try:
             with torch.device(device):
-                values = ns["get_inputs"]()
+                drawn = draws()
+        except ReferenceFault:
+            raise
         except Exception as exc:  # noqa: BLE001 - a get_inputs that needs the CPU: drawn there instead
             log(f"get_inputs() failed drawing on {device} ({type(exc).__name__}: {exc}); drawn on the CPU")
-            torch.manual_seed(seed)
-            values = ns["get_inputs"]()
+            drawn = draws()
     else:
-        values = ns["get_inputs"]()
-    if not isinstance(values, list | tuple):
-        raise ReferenceFault(f"get_inputs() returned {type(values).__name__}, not a list")
-    return scale_inputs(to_device(list(values), device), scale)
+        drawn = draws()
+    return [to_device(values, device) for values in drawn]
 
 
 def build_model(factory: Any, init_args: list[Any], seed: int, device: torch.device, on_device: bool) -> Any:

@@ -123,7 +123,7 @@ def canary_us(device: torch.device, scratch: torch.Tensor | None) -> float:
 def run_batch(
     msg: BatchOp,
     fn: Callable[[list[Any]], object],
-    draw: Callable[[int], list[Any]],
+    draw: Callable[[int, int], list[list[Any]]],
     device: torch.device,
     flusher: Flusher,
 ) -> tuple[list[float], list[list[torch.Tensor]], int, float, float]:
@@ -131,16 +131,16 @@ def run_batch(
     host's median microseconds per call from its flush to its end event, and per call drawing
     its inputs).
 
-    Warm-up batches go round their seeds until both ``len(seeds)`` calls and ``warmup_min_s`` are
+    Warm-up batches go round their inputs until both ``calls`` calls and ``warmup_min_s`` are
     done. The outputs are kept (their tensors, as the calls returned them): the caller decides
     what goes back. The host time tells the parent how long a lead spin hides the launches."""
-    seeds = [int(s) for s in msg["seeds"]]
+    count = int(msg["calls"])
     lead = int(msg["lead_cycles"])
     warm_s = float(msg["warmup_min_s"]) if msg["warmup"] else 0.0
     flusher.spin(int(msg["cover_cycles"]))
     t_draw = time.perf_counter()
-    inputs = [draw(s) for s in seeds]  # every call's own inputs, drawn before the first call
-    draw_us = (time.perf_counter() - t_draw) * 1e6 / max(1, len(seeds))
+    inputs = draw(int(msg["seed"]), count)  # every call's own inputs, drawn before the first call
+    draw_us = (time.perf_counter() - t_draw) * 1e6 / max(1, count)
     samples: list[float] = []
     outputs: list[list[torch.Tensor]] = []
     events: list[tuple[Any, Any]] = []
@@ -148,7 +148,7 @@ def run_batch(
     started = time.perf_counter()
     calls = 0
     with torch.no_grad():
-        while calls < len(seeds) or time.perf_counter() - started < warm_s:
+        while calls < count or time.perf_counter() - started < warm_s:
             args = inputs[calls % len(inputs)]
             t_host = time.perf_counter()
             flusher.flush(lead)
@@ -164,10 +164,10 @@ def run_batch(
                 out = fn(args)
                 samples.append((time.perf_counter() - t0) * 1e3)
             host.append((time.perf_counter() - t_host) * 1e6)
-            if calls < len(seeds):
+            if calls < count:
                 outputs.append([o for o in flatten_outputs(out) if isinstance(o, torch.Tensor)])
             calls += 1
-            if warm_s and calls >= len(seeds):
+            if warm_s and calls >= count:
                 sync(device)  # a warm-up measures its time with the device caught up
         sync(device)
     if events:

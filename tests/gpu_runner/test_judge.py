@@ -200,3 +200,34 @@ async def test_the_referee_builds_the_compiled_baseline_once_and_times_it_beside
         assert r.speedup_vs_compiled is not None
         assert not r.compiled_derived
         assert "(derived)" not in r.summary
+
+
+@pytest.mark.parametrize("judged_on_device", [True, False])
+async def test_timed_calls_shipped_after_their_batch_are_judged(judged_on_device: bool) -> None:
+    """Outputs too large to come back with every timed batch stay in the candidate's process; after
+    some batches, chosen when they are over, the parent asks for one call's outputs and judges them
+    against the referee's truth of that call's draw (on the device by the judge, or on the host).
+    A candidate computing honestly only in its trials is caught there."""
+    cfg = RunnerConfig(
+        device=DeviceChoice.CPU,
+        spares=1,
+        compile_workers=2,
+        timing_budget_s=1.0,
+        timing_ship_all_bytes=0,  # every output counts as large here
+        device_verdict_bytes=0 if judged_on_device else 1 << 40,
+        shared_outputs=True,
+    )
+    async with EvaluationService(cfg) as service:
+        honest = await service.evaluate(_job(service, "honest_add_relu.py"))
+        stale = await service.evaluate(_job(service, "hostile_stale_when_timed.py"))
+        assert service.runs is not None
+        assert service.runs.plan is not None
+        assert service.runs.plan.timed_slots >= 1
+    assert honest.status is EvalStatus.CORRECT, honest.summary
+    judged = next(c for c in honest.checks if c.name == CheckName.TIMED_OUTPUTS_RECHECKED)
+    assert judged.outcome is CheckOutcome.PASSED, judged.detail
+    assert judged.detail is not None
+    assert judged.detail.startswith("0 wrong of ")
+    assert not judged.detail.startswith("0 wrong of 0 ")
+    assert stale.status is EvalStatus.INCORRECT, stale.summary
+    assert "timed call wrong" in stale.summary

@@ -281,6 +281,7 @@ _JOB = JudgeOp(
     reference_source="",
     init_seed=0,
     seed=0,
+    skip=0,
     scale=1.0,
     on_device=False,
     init_on_device=False,
