@@ -44,7 +44,7 @@ def triton_relu() -> Callable[[torch.Tensor], torch.Tensor]:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit  # type: ignore[untyped-decorator]
     def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         pid = tl.program_id(0).to(tl.int64)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -131,10 +131,22 @@ def main() -> int:
                 wall, samples = batch(call, shapes, n, 1000 * b + 7, variant, device)
                 overheads.append((wall - sum(samples)) / n * 1e3)
                 meds.append(statistics.median(samples) * 1e3)
-            rows.append((name, variant, n, statistics.median(meds), statistics.median(overheads),
-                         q(overheads, 0.1), q(overheads, 0.9)))
-            print(f"{name:26s} {variant:9s} n={n:3d} sample {rows[-1][3]:10.1f} us  o {rows[-1][4]:8.1f} us "
-                  f"[{rows[-1][5]:.1f}, {rows[-1][6]:.1f}]", flush=True)
+            rows.append(
+                (
+                    name,
+                    variant,
+                    n,
+                    statistics.median(meds),
+                    statistics.median(overheads),
+                    q(overheads, 0.1),
+                    q(overheads, 0.9),
+                )
+            )
+            print(
+                f"{name:26s} {variant:9s} n={n:3d} sample {rows[-1][3]:10.1f} us  o {rows[-1][4]:8.1f} us "
+                f"[{rows[-1][5]:.1f}, {rows[-1][6]:.1f}]",
+                flush=True,
+            )
         torch.cuda.empty_cache()
     # the canary: idle, then beside another process's running kernel
     tiny = torch.zeros(1, device=device)
@@ -154,7 +166,8 @@ def main() -> int:
         "torch.cuda.synchronize()\n"
     )
     other = subprocess.Popen([sys.executable, "-c", busy_src], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert other.stdout is not None and other.stdin is not None
+    assert other.stdout is not None
+    assert other.stdin is not None
     other.stdout.readline()
     other.stdin.write("go\n")
     other.stdin.flush()
@@ -169,8 +182,10 @@ def main() -> int:
         print(f"| {name} | {variant} | {n} | {med:.1f} | {o:.1f} | {lo:.1f}..{hi:.1f} |")
     print()
     print(f"canary host latency, GPU idle: median {statistics.median(idle):.1f} us, max {max(idle):.1f} us")
-    print(f"canary host latency, another process's kernel running: median {statistics.median(busy):.1f} us, "
-          f"min {min(busy):.1f} us")
+    print(
+        f"canary host latency, another process's kernel running: median {statistics.median(busy):.1f} us, "
+        f"min {min(busy):.1f} us"
+    )
     return 0
 
 
