@@ -55,7 +55,7 @@ class Judge:
         before each trial. In an H200 run of KernelBench L2-4 two candidates' trials took turns
         on the judge, and some waited ~2 s for the lease behind a timing: the first verdict came
         7.3 s after the candidate's run."""
-        async with self.lock:
+        async with self.referee.background():
             self._owner = asyncio.current_task()
             try:
                 yield
@@ -75,7 +75,7 @@ class Judge:
         """Send one trial's job to the judge worker (and ``fds``, its shared outputs' descriptors,
         over the worker's share socket first); its ``judged`` frame."""
         owned = self._owner is not None and self._owner is asyncio.current_task()
-        async with contextlib.nullcontext() if owned else self.lock:
+        async with contextlib.nullcontext() if owned else self.referee.background():
             worker = await self._worker()
             lease = self._kept if owned and self._kept is not None and self._kept.worker is worker else None
             if lease is None:

@@ -59,7 +59,9 @@ class Batch:
     host_us: float | None = None
     """The timing process's host time per call (median; what the lead spin must cover)."""
     draw_us: float | None = None
-    """Its host time per call drawing the batch's inputs (what the cover spin must cover)."""
+    """Its host time per call drawing the batch's inputs, and once seeding the draws (what the
+    cover spin must cover)."""
+    seed_us: float | None = None
     own_launches: int | None = None
     """The candidate's own launches during the batch, as its process counted them."""
 
@@ -74,6 +76,10 @@ class Referee:
         self.timeout_s = timeout_s
         self.worker: Worker | None = None
         self.lock = asyncio.Lock()
+        """One op at a time in the referee's process (timing sessions go first: :meth:`background`)."""
+        self.sessions_waiting = 0
+        self._no_session = asyncio.Event()
+        self._no_session.set()
         self.info: dict[str, Any] = {}
         """The ``task_ready`` frame of the current task (sizes, FLOPs, output metadata, range scales)."""
         self.task: str | None = None
@@ -134,13 +140,28 @@ class Referee:
             raise EvaluatorFault("the referee is not running (its task was not started or it died)")
         return self.worker
 
+    @contextlib.asynccontextmanager
+    async def background(self) -> AsyncIterator[None]:
+        """The referee for work that can wait (a spare's truth, a judgment): a timing session that
+        asks meanwhile goes first (the candidate it times holds the GPU waiting for it)."""
+        while True:
+            await self._no_session.wait()
+            await self.lock.acquire()
+            if not self.sessions_waiting:
+                break
+            self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     async def truths(
         self, seeds: list[int], scales: list[float], first: int, skips: list[int] | None = None, timed: bool = False
     ) -> list[Truth]:
         """The reference's outputs and float64 residuals of ``seeds`` (trial numbers from ``first``;
         ``skips``: per seed, the draws before the one wanted; ``timed``: timed calls' inputs, which
         are drawn on the device)."""
-        async with self.lock:
+        async with self.background():
             worker = self._require()
             op = TruthOp(seeds=seeds, skips=skips or [0] * len(seeds), scales=scales, first=first, on_device=timed)
             await worker.send(op_frame(Op.TRUTH, op))
@@ -187,7 +208,15 @@ class Referee:
         """The referee to oneself for a timing session (taken before the GPU goes exclusive: a
         truth request holding the referee may be waiting for a shared lease); it runs at nice 0
         meanwhile, as the candidate's process does."""
-        async with self.lock:
+        self.sessions_waiting += 1
+        self._no_session.clear()
+        try:
+            await self.lock.acquire()
+        finally:
+            self.sessions_waiting -= 1
+            if not self.sessions_waiting:
+                self._no_session.set()
+        try:
             worker = self._require()
             if self.nice:
                 renice(worker.pid, 0)
@@ -196,6 +225,8 @@ class Referee:
             finally:
                 if self.nice and not worker.dead:
                     renice(worker.pid, self.nice)
+        finally:
+            self.lock.release()
 
     async def batch(self, op: BatchOp, timeout_s: float) -> tuple[Batch, dict[str, Any]]:
         """One timed batch of a baseline (inside :meth:`session`, under the exclusive lease)."""
@@ -225,6 +256,7 @@ class Referee:
             busy_ms=float(header.get("busy_ms") or 0.0),
             host_us=float(header["host_us"]) if header.get("host_us") is not None else None,
             draw_us=float(header["draw_us"]) if header.get("draw_us") is not None else None,
+            seed_us=float(header["seed_us"]) if header.get("seed_us") is not None else None,
         )
         return batch, header
 

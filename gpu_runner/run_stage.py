@@ -42,6 +42,9 @@ from schemas import Check, CheckName, CheckOutcome, Severity
 
 logger = structlog.get_logger(__name__)
 
+WORTH_WAIT_S = 0.05
+"""How long the run stage waits, GPU held, for the trials' comparisons before it times anyway
+(an H200 stream of 64 MB relu candidates held the GPU ~1 s each waiting for them)."""
 SHIP_INPUTS_BYTES = 16 << 20
 """A trial's inputs up to this size go back to the parent as the call left them (larger ones are
 checked in the candidate's process, by checksums: an in-process check). Sending back and
@@ -267,8 +270,10 @@ class RunStage:
             return False
         if w.spare.reference.judged or not c.compares:
             return True
-        outcomes = await asyncio.gather(*c.compares, return_exceptions=True)
-        return all(isinstance(o, TrialCheck) and o.ok for o in outcomes)
+        # Comparisons still running are not waited for with the GPU held: the candidate is timed,
+        # and its verdict waits for them (a wrong one is then incorrect, timed for nothing).
+        done, _ = await asyncio.wait(c.compares, timeout=WORTH_WAIT_S)
+        return all(not t.cancelled() and t.exception() is None and t.result().ok for t in done)
 
     async def _timing(self, w: _Window) -> None:
         """The timing session on the exclusive lease, then ``finish`` (the profile, if asked)."""

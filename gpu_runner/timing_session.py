@@ -75,7 +75,8 @@ class SessionRecord:
     flush_us: float = 0.0
     """The flush's device time as the referee measured it (a candidate skipping it saves that)."""
     cover_us: float = 0.0
-    """Device spin per call queued before a batch draws its inputs."""
+    """Device spin per call queued before a batch draws its inputs (and once per batch ``cover_seed_us``)."""
+    cover_seed_us: float = 0.0
     outputs_mode: str = "all"
     batch_calls: int = 0
     timer: str = "perf_counter"
@@ -131,7 +132,7 @@ class TimingSession:
             warmup=warmup,
             warmup_min_s=self.cfg.warmup_min_s,
             lead_cycles=int(self.rec.lead_us * rate),
-            cover_cycles=0 if warmup else int(self.rec.cover_us * calls * rate),
+            cover_cycles=0 if warmup else int((self.rec.cover_seed_us + self.rec.cover_us * calls) * rate),
             outputs=outputs,
             canary=callable_ != "candidate" and self.device == "cuda",
         )
@@ -150,7 +151,7 @@ class TimingSession:
         if not isinstance(samples, list) or not all(isinstance(x, int | float) for x in samples):
             raise FrameError("a timed batch's samples are not numbers")
         launches = header.get("own_launches")
-        host, draw = header.get("host_us"), header.get("draw_us")
+        host, draw, seeding = header.get("host_us"), header.get("draw_us"), header.get("seed_us")
         batch = Batch(
             callable="candidate",
             calls=int(header["calls"]),
@@ -160,6 +161,7 @@ class TimingSession:
             own_launches=int(launches) if isinstance(launches, int) else None,
             host_us=_number(host),
             draw_us=_number(draw),
+            seed_us=_number(seeding),
         )
         return batch, header, blobs
 
@@ -218,6 +220,7 @@ class TimingSession:
             host = max((b.host_us or 0.0) for b in warm.values())
             self.rec.lead_us = min(MAX_LEAD_US, max(cfg.timing_lead_us, LEAD_FACTOR * host))
             self.rec.cover_us = min(MAX_LEAD_US, LEAD_FACTOR * max((b.draw_us or 0.0) for b in warm.values()))
+            self.rec.cover_seed_us = min(10 * MAX_LEAD_US, LEAD_FACTOR * max((b.seed_us or 0.0) for b in warm.values()))
         min_rounds = max(1, math.ceil(cfg.timing_min_reps / n))
         max_rounds = max(min_rounds, math.ceil(cfg.timing_max_reps / n))
         ship_rounds: set[int] = set()

@@ -214,8 +214,8 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
     ns = prepared.namespace
     kept: list[list[torch.Tensor]] = []
 
-    def draw(seed: int, count: int) -> list[list[Any]]:
-        return make_batch_inputs(ns, seed, count, device, on_device=True)
+    def draw(seed: int, count: int, laps: dict[str, float]) -> list[list[Any]]:
+        return make_batch_inputs(ns, seed, count, device, True, laps)
 
     while True:
         op, header = channel.next()
@@ -226,7 +226,7 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
             kept = []  # the last batch's outputs go now (as the referee's do: the same allocations)
             log.reset()
             log.recording = True
-            samples, outputs, calls, host_us, draw_us = run_batch(
+            samples, outputs, calls, host_us, drawing = run_batch(
                 batch, lambda inputs: cand(*inputs), draw, device, flusher
             )
             log.recording = False
@@ -246,7 +246,7 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
                 samples=samples,
                 calls=calls,
                 host_us=host_us,
-                draw_us=draw_us,
+                **drawing,
                 timer="cuda_event" if device.type == "cuda" else "perf_counter",
                 tensors=metas,
                 own_launches=log.own_launches,

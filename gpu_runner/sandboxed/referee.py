@@ -252,8 +252,12 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
         return
     canary, busy_ms = wait_idle(ref) if msg["canary"] else (None, 0.0)
     ref.last_outputs = []  # the last batch's outputs go now, as a candidate's do (the same allocations)
-    samples, outputs, calls, host_us, draw_us = run_batch(
-        msg, fn, lambda seed, n: make_batch_inputs(ref.namespace, seed, n, ref.device, True), ref.device, ref.flusher
+    samples, outputs, calls, host_us, drawing = run_batch(
+        msg,
+        fn,
+        lambda seed, n, laps: make_batch_inputs(ref.namespace, seed, n, ref.device, True, laps),
+        ref.device,
+        ref.flusher,
     )
     blobs: list[Any] = []
     metas: list[dict[str, Any]] = []
@@ -269,7 +273,7 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
         samples=samples,
         calls=calls,
         host_us=host_us,
-        draw_us=draw_us,
+        **drawing,
         timer="cuda_event" if ref.device.type == "cuda" else "perf_counter",
         canary_us=canary,
         busy_ms=busy_ms,

@@ -123,13 +123,13 @@ def canary_us(device: torch.device, scratch: torch.Tensor | None) -> float:
 def run_batch(
     msg: BatchOp,
     fn: Callable[[list[Any]], object],
-    draw: Callable[[int, int], list[list[Any]]],
+    draw: Callable[[int, int, dict[str, float]], list[list[Any]]],
     device: torch.device,
     flusher: Flusher,
-) -> tuple[list[float], list[list[torch.Tensor]], int, float, float]:
+) -> tuple[list[float], list[list[torch.Tensor]], int, float, dict[str, float]]:
     """Time one batch: (milliseconds per timed call, each call's output tensors, calls made, the
-    host's median microseconds per call from its flush to its end event, and per call drawing
-    its inputs).
+    host's median microseconds per call from its flush to its end event, and the host's time
+    drawing the inputs: ``seed_us`` once, ``draw_us`` per call).
 
     Warm-up batches go round their inputs until both ``calls`` calls and ``warmup_min_s`` are
     done. The outputs are kept (their tensors, as the calls returned them): the caller decides
@@ -138,9 +138,9 @@ def run_batch(
     lead = int(msg["lead_cycles"])
     warm_s = float(msg["warmup_min_s"]) if msg["warmup"] else 0.0
     flusher.spin(int(msg["cover_cycles"]))
-    t_draw = time.perf_counter()
-    inputs = draw(int(msg["seed"]), count)  # every call's own inputs, drawn before the first call
-    draw_us = (time.perf_counter() - t_draw) * 1e6 / max(1, count)
+    laps: dict[str, float] = {}
+    inputs = draw(int(msg["seed"]), count, laps)  # every call's own inputs, drawn before the first call
+    drawing = {"seed_us": laps.get("seed_s", 0.0) * 1e6, "draw_us": laps.get("draws_s", 0.0) * 1e6 / max(1, count)}
     samples: list[float] = []
     outputs: list[list[torch.Tensor]] = []
     events: list[tuple[Any, Any]] = []
@@ -173,4 +173,4 @@ def run_batch(
     if events:
         samples = [float(s.elapsed_time(e)) for s, e in events]
     late = sorted(host[len(host) // 2 :])  # past the first calls (a warm-up's first launches build things)
-    return samples, outputs, calls, late[len(late) // 2], draw_us
+    return samples, outputs, calls, late[len(late) // 2], drawing
