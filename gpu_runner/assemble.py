@@ -302,7 +302,13 @@ def _timed(
             )
         )
     slack_us, slack_ratio = _slack(c)
-    cross, forged, _ = cross_check(batches, slack_us, slack_ratio, session.flush_us if session else 0.0)
+    harness = (
+        f"harness: lead {session.lead_us:.0f} us, cover {session.cover_us:.0f} us a call + "
+        f"{session.cover_seed_us:.0f} us a batch, flush {session.flush_us:.0f} us, {session.batch_calls} calls a batch"
+        if session is not None and session.lead_us
+        else ""
+    )
+    cross, forged, _ = cross_check(batches, slack_us, slack_ratio, session.flush_us if session else 0.0, harness)
     checks.append(cross)
     findings += [forged] if forged else []
     final = (session.final_canary_us, session.final_busy_ms) if session and session.final_canary_us else None
