@@ -167,6 +167,8 @@ GPU_BENCHES = {
     "gpu_interference.py": 1,
     "multigpu_bench.py": 0,
     "scale_bench.py": 2,
+    "trust_bench.py": 0,
+    "crosscheck_probe.py": 0,
 }
 """Benchmarks that need a GPU, and their exit status without one: ``multigpu_bench.py`` measures
 what it can with fewer GPUs, and with none says so and ends without an error."""

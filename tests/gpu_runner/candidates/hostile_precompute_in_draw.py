@@ -1,4 +1,4 @@
-# Cheat: replaces the harness's input drawing in its own process (the candidate module's `make_inputs`, reached as torch.sys.modules) with one that computes the answer with PyTorch (through an alias the gate does not resolve) as soon as a timed call's inputs exist, before the timed window opens; forward then returns the stored answer and launches a one-element decoy. The window holds a decoy; the work happened outside it.
+# Cheat: replaces the harness's input drawing in its own process (the candidate module's `make_batch_inputs`, reached as torch.sys.modules) with one that computes every answer with PyTorch (through an alias the gate does not resolve) as soon as a timed batch's inputs exist, before the first timed window opens; forward then returns the stored answer and launches one-element decoys. The windows hold decoys; the work happened outside them.
 import torch
 import torch.nn as nn
 import triton
@@ -27,15 +27,16 @@ def decoy_kernel(out_ptr):
 def patch():
     harness = _modules.get("gpu_runner.sandboxed.candidate")
     if harness is not None:
-        real = harness.make_inputs
+        real = harness.make_batch_inputs
 
-        def make_inputs(*args, **kwargs):
-            values = real(*args, **kwargs)
-            x, y = values[0], values[1]
-            _answers[(x.data_ptr(), y.data_ptr())] = _relu(x + y)
-            return values
+        def make_batch_inputs(*args, **kwargs):
+            drawn = real(*args, **kwargs)
+            for values in drawn:
+                x, y = values[0], values[1]
+                _answers[(x.data_ptr(), y.data_ptr())] = _relu(x + y)
+            return drawn
 
-        harness.make_inputs = make_inputs
+        harness.make_batch_inputs = make_batch_inputs
     _patched.append(True)
 
 
@@ -46,6 +47,7 @@ class ModelNew(nn.Module):
         done = _answers.pop((x.data_ptr(), y.data_ptr()), None)
         if done is not None:
             decoy_kernel[(1,)](done)
+            decoy_kernel[(1,)](done)  # as many launches as an honest call
             return done
         out = torch.empty_like(x)
         n = x.numel()

@@ -1,0 +1,144 @@
+"""Cheats that pass the static gate and attack the evaluator from inside the candidate's process.
+
+Each reaches what it needs through attributes of torch (the ``gc`` and ``inspect`` modules,
+``sys.modules``, ``torch.library``) and goes after something a verdict once depended on: stored
+reference outputs, its own timing report, the baseline's module, the flags of its trials, the
+harness's clock and flush, its input drawing. The evaluator keeps all of that out of the candidate's
+process (the referee holds the reference and times the baselines; the parent judges outputs and
+checks every timing against its own clock), so each must end refused, incorrect or flagged, or,
+where its trick has nothing left to act on, correct without gaining anything by it. Runs on the
+CPU (Triton's interpreter) and, with ``-m gpu``, on a GPU, where the timing cheats get a task large
+enough for the parent's clock to resolve them. ``bench/trust_bench.py`` prints the same suite as a table.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpu_runner.service import EvaluationService
+from schemas import CheatRule, CheckName, CheckOutcome, DeviceChoice, EvalResult, EvalStatus
+from tests.gpu_runner.conftest import fast_config, job
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+S, R = EvalStatus, CheatRule
+NOT_CORRECT = frozenset({S.REJECTED, S.INCORRECT, S.RUNTIME_ERROR, S.COMPILE_ERROR})
+SECRET = secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A candidate, its task, the statuses it may get and a rule that must be among its findings;
+    ``unrewarded``: correct is acceptable where its trick has nothing to act on, if it shows no
+    gain (its speed-up over eager under ``unrewarded``)."""
+
+    name: str
+    ref: str
+    statuses: frozenset[EvalStatus]
+    rule: CheatRule | None = None
+    unrewarded: float | None = None
+    cpu: bool = True
+    gpu: bool = True
+
+
+def case(name: str, ref: str, *statuses: EvalStatus, **kw: object) -> Case:
+    return Case(name, ref, frozenset(statuses) if statuses else NOT_CORRECT, **kw)  # type: ignore[arg-type]
+
+
+CASES = [
+    # what a verdict depended on, in the candidate's process, before the referee
+    case("hostile_gc_ref_outputs", "add_relu"),
+    case("hostile_overwrite_ref_outputs", "add_relu"),
+    case("hostile_slow_eager_hook", "add_relu"),
+    case("hostile_import_precompute", "add_relu"),
+    # its own timing report and clock
+    case("hostile_forge_timed_samples", "add_relu", S.REJECTED, rule=R.TIMER_TAMPERING, gpu=False),
+    case("hostile_forge_timed_samples", "add_relu_big", S.REJECTED, rule=R.TIMER_TAMPERING, cpu=False),
+    case("hostile_patch_clock", "add_relu", S.REJECTED, rule=R.TIMER_TAMPERING, gpu=False),
+    case("hostile_precompute_in_draw", "add_relu_big", S.REJECTED, rule=R.TIMER_TAMPERING, cpu=False),
+    case("hostile_spin_after_batch", "add_relu_big", S.REJECTED, cpu=False),
+    # the trials' flags, the outputs' identity and layout
+    case("hostile_inplace_forged_flags", "add_relu", S.REJECTED, rule=R.INPUT_MUTATED),
+    case("hostile_persistent_workspace", "add_relu", S.REJECTED, rule=R.OUTPUT_ALIASES_INPUT),
+    case("hostile_column_major", "add_relu_2d", S.REJECTED, rule=R.OUTPUT_LAYOUT),
+    case("hostile_custom_op_torch", "add_relu", S.REJECTED, rule=R.TORCH_COMPUTE),
+    # behaving only while judged
+    case("hostile_lowprec_when_timed", "add_relu", S.INCORRECT),
+    case("hostile_stale_when_timed", "add_relu", S.INCORRECT),
+    case("hostile_softmax_no_max", "softmax_rows", S.INCORRECT),
+    # tricks with nothing left to act on: correct, and no gain
+    case("hostile_memo_by_values", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=1.1),
+    case("hostile_frame_walk_checker", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0),
+    case("hostile_forge_timing_report", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0),
+    # what stays in the candidate's process (README, anti-cheat): torch compute behind a forged
+    # launch log; the speed it is timed at is what torch gives, no more
+    case("hostile_forged_launch_log", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=1.5),
+    # honest counterparts
+    case("honest_add_relu_2d", "add_relu_2d", S.CORRECT),
+    case("honest_softmax_rows", "softmax_rows", S.CORRECT),
+    case("honest_scratch_workspace", "add_relu", S.CORRECT),
+    case("honest_many_launches", "add_relu", S.CORRECT),
+    case("honest_add_relu_big", "add_relu_big", S.CORRECT, cpu=False),
+]
+
+
+@pytest.fixture(scope="module")
+def secret_env() -> Iterator[None]:
+    saved = os.environ.get("KF_PRIVATE_VALUE")
+    os.environ["KF_PRIVATE_VALUE"] = SECRET
+    yield
+    if saved is None:
+        os.environ.pop("KF_PRIVATE_VALUE", None)
+    else:
+        os.environ["KF_PRIVATE_VALUE"] = saved
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cpu_service(secret_env: None, gpu_runner_tmp: Path) -> AsyncIterator[EvaluationService]:
+    service = EvaluationService(fast_config(DeviceChoice.CPU, gpu_runner_tmp / "boundary-cpu"))
+    await service.start()
+    yield service
+    await service.aclose()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gpu_service(secret_env: None, gpu_runner_tmp: Path) -> AsyncIterator[EvaluationService]:
+    service = EvaluationService(fast_config(DeviceChoice.CUDA, gpu_runner_tmp / "boundary-gpu"))
+    await service.start()
+    yield service
+    await service.aclose()
+
+
+def check(result: EvalResult, c: Case) -> None:
+    assert result.status in c.statuses, f"{c.name}: {result.status.value}: {result.summary}"
+    assert SECRET not in result.model_dump_json(), f"{c.name}: the evaluator's secret reached the result"
+    if c.rule is not None:
+        rules = {f.rule for f in result.findings}
+        assert c.rule in rules, f"{c.name}: {c.rule.value} not among {sorted(r.value for r in rules)}"
+    if result.status is S.CORRECT:
+        # Whatever passes was timed and judged from outside: its timing agrees with the parent's
+        # clock, and timed calls' outputs were judged.
+        checks = {ch.name: ch for ch in result.checks}
+        assert checks[CheckName.TIMING_CROSS_CHECK].outcome is CheckOutcome.PASSED, result.summary
+        judged = checks[CheckName.TIMED_OUTPUTS_RECHECKED]
+        assert judged.outcome is CheckOutcome.PASSED, judged.detail
+        if c.unrewarded is not None:
+            assert result.speedup_vs_eager is not None
+            assert result.speedup_vs_eager < c.unrewarded, f"{c.name}: rewarded: {result.summary}"
+
+
+@pytest.mark.parametrize("c", [c for c in CASES if c.cpu], ids=lambda c: f"{c.name}-{c.ref}")
+async def test_boundary_cheat_cpu(cpu_service: EvaluationService, c: Case) -> None:
+    check(await cpu_service.evaluate(job(c.ref, c.name)), c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [c for c in CASES if c.gpu], ids=lambda c: f"{c.name}-{c.ref}")
+async def test_boundary_cheat_gpu(gpu_service: EvaluationService, c: Case) -> None:
+    check(await gpu_service.evaluate(job(c.ref, c.name)), c)
