@@ -88,7 +88,6 @@ class Report(StrEnum):
     TRIALS_DONE = "trials_done"
     MEMORY = "memory"
     PROFILE = "profile"
-    TIMING = "timing"
     DONE = "done"
     ERROR = "error"
     COMPILED = "compiled"
@@ -139,6 +138,8 @@ class TaskOp(TypedDict):
     inputs_on_device: bool
     init_on_device: bool
     calibrate_seed: int
+    light: bool
+    """A truth worker: only the model, for ``truth`` ops (no baseline, canary, range or FLOPs)."""
 
 
 class TruthOp(TypedDict):
@@ -369,7 +370,6 @@ REPORTS: dict[Report, type[Any]] = {
     Report.TRIALS_DONE: NoFields,
     Report.MEMORY: MemoryReport,
     Report.PROFILE: ProfileReport,
-    Report.TIMING: NoFields,
     Report.DONE: DoneReport,
     Report.ERROR: RunErrorReport,
     Report.COMPILED: CompiledReport,

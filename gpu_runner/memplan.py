@@ -8,6 +8,7 @@ holds at its peak and picks the largest configuration that fits, with headroom:
 * the referee (one per task, never a candidate) holds the model, the ``torch.compile`` baseline's
   buffers, a timed batch's inputs and outputs and, while it computes the truth of a trial, the
   float64 copies of model, inputs and outputs;
+* truth workers (small tasks only: :func:`truth_workers`) each hold the model and one trial's truth;
 * a prepared spare holds every trial's inputs (and, where the judge reads them in place, the
   output buffers of its trials and shipped timed calls);
 * the worker running a candidate holds its spare's data plus the candidate's model, its outputs,
@@ -59,8 +60,8 @@ in place and timed from the trials' own buffers (:class:`gpu_runner.sandboxed.ti
 fingerprinted instead of snapshotted (each copy of a 6 GB tensor was the difference between fitting
 the GPU and not)."""
 WORK_BYTES = 512 << 20
-"""Fixed scratch of a running candidate's process: the quick check's float64 pieces
-(:data:`gpu_runner.sandboxed.common.CLOSE_CHUNK_ELEMENTS`) and the L2 flush buffer."""
+"""Fixed scratch of a process that runs or times calls: the L2 flush buffer (twice the L2) and
+the allocator's rounding around it."""
 SAFETY = 1.15
 """Factor on the summed device needs before they are compared with the budget."""
 MIN_TRIALS = 2
@@ -72,6 +73,11 @@ tens of microseconds, inside the clocked window); larger ones are shipped on dem
 SHIPPED_CALLS = 2
 """Timed calls shipped and judged where outputs stay in the candidate's process (larger ones);
 one where the judge compares them on the device (each is a whole output's buffer)."""
+TRUTH_WORKERS = 2
+"""Truth workers alive at once, where a plan has them."""
+TRUTH_WORKER_BYTES = 2 << 30
+"""A truth worker (its context, the model and one trial's truth) at most this large: a larger
+task's truths are the referee's (one at a time, in memory the plan already holds)."""
 MAX_BATCH = 32
 """Most calls in one timed batch."""
 TIMING_INPUT_BYTES = 1 << 30
@@ -152,6 +158,8 @@ class MemoryPlan:
     """Device bytes the task's referee holds at its peak (its model, baseline, a batch or a truth)."""
     timed_slots: int = 0
     """Output buffers each spare keeps for timed calls shipped for judgment (larger outputs)."""
+    truth_workers: int = 0
+    """Truth workers at once (0: the referee computes every truth itself)."""
 
     def summary(self) -> str:
         """One line for logs and the evaluation's checks."""
@@ -175,6 +183,15 @@ def timed_slots(fp: Footprint, device_verdict: bool, ship_all_bytes: int = SHIP_
     if fp.output_bytes <= ship_all_bytes:
         return 0
     return 1 if device_verdict else SHIPPED_CALLS
+
+
+def truth_workers(fp: Footprint, device_verdict: bool, large: int = LARGE_BYTES) -> int:
+    """Truth workers for the task: none where the judge computes the truth (outputs judged on the
+    device) or where one would be large (:data:`TRUTH_WORKER_BYTES`)."""
+    if device_verdict:
+        return 0
+    truth = _device_needs(fp, 1, 0, False, False, large)[3]
+    return TRUTH_WORKERS if CONTEXT_BYTES + fp.param_bytes + truth <= TRUTH_WORKER_BYTES else 0
 
 
 def _timing_stage(fp: Footprint, keep: bool) -> int:
@@ -265,6 +282,7 @@ def plan(
     full_poison = 2 * (fp.input_bytes + fp.output_bytes)
 
     shipped = timed_slots(fp, device_verdict, ship_all_bytes)
+    workers = truth_workers(fp, device_verdict, large_bytes)
 
     def needs(trials: int, poison: int, spares: int, compiled: bool = True, shared: bool = False) -> tuple[int, int]:
         """(device, host) bytes with ``spares`` prepared spares waiting while a candidate runs;
@@ -291,6 +309,8 @@ def plan(
             dev = base + max(trials_phase, timing_phase, truth + held)
         else:  # a candidate runs while ``spares`` spares wait, one of them perhaps being prepared
             dev = base + spares * idle + max(trials_phase + truth, timing_phase)
+        # truth workers beside it all: a spare's trials', a finished candidate's timed calls'
+        dev += workers * (CONTEXT_BYTES + fp.param_bytes + truth)
         return (0, host + dev) if on_host else (dev, host)
 
     def fits(dev: int, host: int) -> bool:
@@ -369,6 +389,7 @@ def plan(
         device_per_candidate=int((idle + running_peak) * SAFETY) if on_gpu else 0,
         device_referee=referee if on_gpu else 0,
         timed_slots=shipped,
+        truth_workers=workers,
         host_per_spare=host,
         device_budget=device_budget,
         host_budget=host_budget,

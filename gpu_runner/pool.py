@@ -32,9 +32,9 @@ from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, W
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, TaskOp, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
-from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, Footprint, MemoryPlan, plan
+from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, TRUTH_WORKERS, Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
-from gpu_runner.referee import Referee
+from gpu_runner.referee import Referee, Truth
 from gpu_runner.sandbox import Isolation, SharedOutput, Worker, await_ready, bulk_root, receive_shared, spawn_worker
 from gpu_runner.triton_cache import copy_tree
 from schemas.task import source_fingerprint
@@ -172,6 +172,12 @@ class RunPool:
         """Spares prepared so far (for benchmarks)."""
         self.referee = Referee(self.new_referee, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s)
         """The current task's referee: its reference, truth and baselines (never a candidate)."""
+        self.truth_workers = asyncio.Semaphore(TRUTH_WORKERS)
+        """Truth workers alive at once: a spare's trials' truths and a finished candidate's judged
+        timed calls' are computed in short-lived processes that never run a candidate, beside the
+        referee (which times and judges) instead of queued behind it. On an H200 the referee alone,
+        shipping 640 MB of reference data per spare of a 64 MB relu, bounded a stream of such
+        candidates to ~0.6 a second (bench/results/trust_h200.md)."""
         self.init_seeds: dict[str, int] = {}
         """Per task, the seed its models are built under (the referee's, every candidate's, the judge's)."""
         self.preparations: list[tuple[float, float, float]] = []
@@ -341,7 +347,7 @@ class RunPool:
         try:
             # The referee computes the reference's outputs for the spare's seeds meanwhile (the
             # judge does it after the candidate, for outputs judged on the device).
-            truths = None if device_verdict else asyncio.create_task(self.referee.truths(seeds, scales, 0))
+            truths = None if device_verdict else asyncio.create_task(self.truths(reference_source, seeds, scales, 0))
             try:
                 await self._collect_reference(spare, data, timeout_s, on_reference_done)
             finally:
@@ -417,6 +423,38 @@ class RunPool:
         finally:
             await lease.drop()
             data.lease_s += lease.seconds
+
+    async def truths(
+        self,
+        reference_source: str,
+        seeds: list[int],
+        scales: list[float],
+        first: int,
+        skips: list[int] | None = None,
+        timed: bool = False,
+    ) -> list[Truth]:
+        """The reference's outputs and float64 residuals of ``seeds`` (see :meth:`Referee.truths`),
+        from a truth worker, or from the referee itself where the plan has none (a large task)."""
+        key = task_key(reference_source)
+        plan = self.plans.get(key)
+        if plan is None or not plan.truth_workers or self.referee.task != key:
+            return await self.referee.truths(seeds, scales, first, skips, timed)
+        async with self.truth_workers:
+            worker = Referee(self.new_worker, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s)
+            op = TaskOp(
+                reference_source=reference_source,
+                init_seed=self.init_seeds[key],
+                compiled_baseline=False,
+                inputs_on_device=plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES,
+                init_on_device=bool(self.referee.info.get("init_on_device")),
+                calibrate_seed=0,
+                light=True,
+            )
+            try:
+                await worker.start_task(key, op)
+                return await worker.truths(seeds, scales, first, skips, timed)
+            finally:
+                await worker.aclose()
 
     def verdict_dir(self) -> Path:
         """Where the judge's files wait, on the bulk files' file system (moves are renames)."""
@@ -620,6 +658,7 @@ class RunPool:
             inputs_on_device=self.plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES,
             init_on_device=self.plan.footprint.param_bytes >= ON_DEVICE_BYTES,
             calibrate_seed=secrets.randbits(62),
+            light=False,
         )
         try:
             await self.referee.start_task(key, op, worker)

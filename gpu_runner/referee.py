@@ -101,8 +101,9 @@ class Referee:
                 await self.stop()
                 raise
             self.info, self.task = header, key
-            logger.info(
-                "referee_ready",
+            log = logger.debug if op.get("light") else logger.info
+            log(
+                "truth_worker_ready" if op.get("light") else "referee_ready",
                 task=key,
                 compiled=header.get("compiled"),
                 range_scales=header.get("range_scales"),

@@ -390,7 +390,7 @@ class RunStage:
         if not keys:
             return
         seeds, skips = [s for s, _ in keys], [k for _, k in keys]
-        truths = await self.runs.referee.truths(seeds, [1.0] * len(seeds), first, skips, timed=True)
+        truths = await self.runs.truths(c.job.reference_source, seeds, [1.0] * len(seeds), first, skips, timed=True)
         tolerances, floors = dict(self.cfg.tolerances), dict(self.cfg.precision_floors)
         loop = asyncio.get_running_loop()
         jobs: list[Any] = []

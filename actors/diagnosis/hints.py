@@ -154,8 +154,9 @@ _RULE_HINTS: Mapping[CheatRule, str] = MappingProxyType(
         CheatRule.PRECISION_FLAGS: "Do not change global precision flags; keep the reference's precision.",
         CheatRule.DEFERRED_WORK: "Finish all work inside forward on the current stream; no side streams or threads.",
         CheatRule.IMPLAUSIBLE_SPEED: "The timing is faster than physics allows: make sure all the work is done.",
-        CheatRule.TIMER_TAMPERING: "Do every call's work inside forward and never touch timers or what the "
-        "process reports: the evaluator's own clock disagreed with the timing.",
+        CheatRule.TIMER_TAMPERING: "Do every call's work inside forward, never synchronise with the device "
+        "there (.item(), .cpu(), printing tensors) and never touch timers or what the process reports: the "
+        "evaluator's own clock saw time outside the timed call.",
         CheatRule.OUTPUT_LAYOUT: "Return outputs in the reference's layout (contiguous where it is contiguous).",
     }
 )

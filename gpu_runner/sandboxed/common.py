@@ -28,7 +28,6 @@ from gpu_runner.protocol import (
     write_bulk,
     write_frame,
 )
-from gpu_runner.stats import NOISE_FACTOR
 
 # Memory bandwidth (GB/s) and arithmetic ceilings (TFLOP/s, dense: fp32 on CUDA cores, TF32 and
 # 16-bit on tensor cores), SXM parts unless named.
@@ -46,6 +45,21 @@ contractions that includes three TF32 tensor-core passes (``tl.dot(..., input_pr
 so the fp32 ceiling is the faster of the CUDA cores and a third of the TF32 peak. With the CUDA-core
 figure alone, honest tf32x3 GEMMs on an H100 (1.54x over eager) measured 117% of speed-of-light
 and were all flagged for review."""
+
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+"""Torch dtypes by the names the wire and the metadata use."""
 
 
 class Channel:
@@ -309,54 +323,6 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         both_nan = torch.isnan(a) & torch.isnan(b)
         return bool(((a == b) | both_nan).all())
     return bool(torch.equal(a, b))
-
-
-CLOSE_CHUNK_ELEMENTS = 1 << 24
-"""Elements :func:`close_enough` compares per step: two float64 temporaries of 128 MB each, whatever
-the output's size (a whole-tensor float64 comparison of a 6 GB output needed about 60 GB)."""
-
-
-def _pieces(a: torch.Tensor, b: torch.Tensor, elements: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Matching flat pieces of two same-shaped tensors, about ``elements`` each (views when both are
-    contiguous, else slices along dim 0, each flattened)."""
-    if (a.is_contiguous() and b.is_contiguous()) or a.dim() == 0:
-        fa, fb = a.reshape(-1), b.reshape(-1)
-        for start in range(0, fa.numel(), elements):
-            yield fa[start : start + elements], fb[start : start + elements]
-        return
-    rows = max(1, elements // max(1, a[0].numel()))
-    for start in range(0, a.shape[0], rows):
-        yield a[start : start + rows].reshape(-1), b[start : start + rows].reshape(-1)
-
-
-def close_enough(
-    out: torch.Tensor,
-    ref: torch.Tensor,
-    atol: float,
-    rtol: float,
-    chunk: int = CLOSE_CHUNK_ELEMENTS,
-    noise: float = 0.0,
-) -> bool:
-    """A quick device-side allclose (the parent makes the verdict; this only decides whether to time).
-
-    ``noise``: the reference's largest error against float64, where known. The parent forgives an
-    element within the tolerance of the truth plus ``NOISE_FACTOR`` times it, so this admits one
-    within ``NOISE_FACTOR + 1`` times it of the reference (a superset: the verdict stays the
-    parent's). Compared in float64, a piece at a time, so its memory stays bounded at any output size."""
-    slack = atol + (NOISE_FACTOR + 1.0) * noise * (1.0 + rtol)
-    if out.shape != ref.shape or out.dtype != ref.dtype:
-        return False
-    if not out.is_floating_point():
-        return bool(torch.equal(out, ref))
-    for a_part, b_part in _pieces(out, ref, chunk):
-        a = a_part.double()
-        if not bool(torch.isfinite(a).all()):
-            return False
-        b = b_part.double()
-        diff = a.sub_(b).abs_()
-        if not bool((diff <= b.abs_().mul_(rtol).add_(slack)).all()):
-            return False
-    return True
 
 
 def poison_allocator(device: torch.device, nbytes: int) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from gpu_runner.frames import JudgeOp, Report
 from gpu_runner.protocol import MAX_SHARED_OUTPUTS
-from gpu_runner.sandboxed.common import Channel, Laps, checksum, flatten_outputs, sync
+from gpu_runner.sandboxed.common import TORCH_DTYPES, Channel, Laps, checksum, flatten_outputs, sync
 from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
     ReferenceFault,
@@ -41,19 +41,6 @@ from gpu_runner.sandboxed.shared_slots import open_slot
 
 CHUNK = 1 << 26
 """Elements per step (64M: three float64 temporaries of 512 MB)."""
-
-_DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
 
 
 class _Mapped:
@@ -157,7 +144,7 @@ def judge_output(
 ) -> dict[str, Any]:
     """Scan one candidate output (a file, or the shared buffer ``fd``) against the reference's
     output (and residual) on the device."""
-    dtype = _DTYPES[str(spec["dtype"])]
+    dtype = TORCH_DTYPES[str(spec["dtype"])]
     numel = ref.numel()
     cand = (
         _Shared(fd, int(spec["size"]), dtype, numel, device)

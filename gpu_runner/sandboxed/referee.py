@@ -1,5 +1,9 @@
 """The referee: the task's reference, its truth and its baselines, in a process no candidate ever runs in.
 
+A truth worker is the same process started ``light``: the model alone, for the ``truth`` ops of
+one spare's trials or of a candidate's judged timed calls, then stopped; it spares the referee,
+whose timing sessions must not wait behind gigabytes of reference outputs being shipped.
+
 One referee per evaluation service and task. On ``task`` it loads the reference, builds its model
 (and its ``torch.compile`` baseline) once, counts its FLOPs, measures the canary on an idle GPU and
 chooses the range trials' input scales. Then it answers, one op at a time:
@@ -133,6 +137,11 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
                     ref.init_on_device = False
                     ref.model = build_model(ns["Model"], init_args, init_seed, torch.device("cpu"), False)
             ref.model = ref.model.to(device)
+            if msg.get("light"):  # a truth worker: the model is all it needs
+                laps.lap("model_s")
+                channel.release_gpu(device)
+                channel.send(Report.TASK_READY, out_metas=[], init_on_device=ref.init_on_device, phases=laps.seconds)
+                return ref
             sample = ref.draw(int(msg["calibrate_seed"]))
             with torch.no_grad(), exact_fp32():
                 outs = tensors(ref.model(*clone_inputs(sample)), "Model.forward")

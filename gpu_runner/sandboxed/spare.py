@@ -19,7 +19,7 @@ import torch
 
 from gpu_runner.frames import PrepareOp, Report
 from gpu_runner.memplan import LARGE_BYTES
-from gpu_runner.sandboxed.common import Channel, Laps, OutputSlots, checksum, log, unregister_host
+from gpu_runner.sandboxed.common import TORCH_DTYPES, Channel, Laps, OutputSlots, checksum, log, unregister_host
 from gpu_runner.sandboxed.reference import (
     REFERENCE_FILENAME,
     ReferenceFault,
@@ -30,25 +30,12 @@ from gpu_runner.sandboxed.reference import (
 )
 from gpu_runner.sandboxed.shared_slots import SharedSlots
 
-_DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-
 
 def meta_templates(metas: list[dict[str, Any]]) -> list[torch.Tensor]:
     """Storage-less tensors of the reference's outputs' shapes and dtypes (for sizing buffers)."""
     out = []
     for m in metas:
-        dtype = _DTYPES.get(str(m.get("dtype")))
+        dtype = TORCH_DTYPES.get(str(m.get("dtype")))
         if dtype is None:
             raise ReferenceFault(f"the reference returns a {m.get('dtype')} tensor, which cannot be compared")
         out.append(torch.empty([int(n) for n in m.get("shape", [])], dtype=dtype, device="meta"))
