@@ -79,6 +79,7 @@ CASES = [
         what="side-stream spin in timing",
         moot="it looks for the old harness's frames; its spin then only slows its own batches",
     ),
+    Case("hostile_thread_while_timed", "add_relu", True, what="starts a spinning thread once timed"),
     Case("hostile_inplace_forged_flags", "add_relu", True, what="in place, clears the flags"),
     Case(
         "hostile_memo_by_values",

@@ -234,6 +234,15 @@ def _integrity(c: Collected, checks: list[Check]) -> list[Finding]:
         CheckOutcome.FAILED if rec.later_changed else CheckOutcome.PASSED if len(infos) > 1 else CheckOutcome.SKIPPED
     )
     checks.append(Check(name=CheckName.LATER_CALLS, outcome=outcome))
+    before, after = rec.census.get("trials_done"), rec.census.get("timed")
+    if before is not None and after is not None and (after[0] > before[0] or after[1] > before[1]):
+        threads, procs = after[0] - before[0], after[1] - before[1]
+        rule = R.PROCESSES if procs > 0 else R.THREADS
+        msg = (
+            f"the candidate's process tree grew while it was timed: {max(0, threads)} more thread(s), "
+            f"{max(0, procs)} more process(es) (read by the evaluator from /proc)"
+        )
+        out.append(Finding(rule=rule, severity=Severity.REJECT, message=msg))
     layout, layout_check = layout_findings(infos, list(ref.info.get("out_metas") or []))
     checks.append(layout_check)
     out += layout
@@ -308,7 +317,14 @@ def _timed(
         if session is not None and session.lead_us
         else ""
     )
-    cross, forged, _ = cross_check(batches, slack_us, slack_ratio, session.flush_us if session else 0.0, harness)
+    cross, forged, _ = cross_check(
+        batches,
+        slack_us,
+        slack_ratio,
+        session.flush_us if session else 0.0,
+        harness,
+        session.empty_kernel_us if session else None,
+    )
     checks.append(cross)
     findings += [forged] if forged else []
     final = (session.final_canary_us, session.final_busy_ms) if session and session.final_canary_us else None

@@ -54,8 +54,18 @@ def _spread(values: list[float]) -> str:
     return f"{values[len(values) // 10]:.1f}..{values[(9 * len(values)) // 10]:.1f}"
 
 
+FLOOR_SHARE = 0.5
+"""A candidate's median call may not be under this share of the empty kernel's time: a call that
+launches a kernel of its own cannot take less than an empty launch (with a margin for clocks)."""
+
+
 def cross_check(
-    batches: Sequence[Batch], slack_us: float, slack_ratio: float, flush_us: float = 0.0, harness: str = ""
+    batches: Sequence[Batch],
+    slack_us: float,
+    slack_ratio: float,
+    flush_us: float = 0.0,
+    harness: str = "",
+    floor_us: float | None = None,
 ) -> tuple[Check, Finding | None, float | None]:
     """The check of the candidate's batches against the referee's: (check, finding, excess in us).
 
@@ -66,7 +76,9 @@ def cross_check(
     absolute deviation of its batches) nor :data:`OVERHEAD_SHARE` of the referee's overhead.
     With ``flush_us`` (CUDA: the L2 flush's device time, part of every call's overhead) an
     overhead that much under the referee's is flagged for review. ``harness`` (the lead and
-    cover spins chosen) goes into the detail."""
+    cover spins chosen) goes into the detail. With ``floor_us`` (the referee's empty kernel) a
+    median call under :data:`FLOOR_SHARE` of it is refused: on calls of a few microseconds the
+    parent's clock cannot resolve a forged report, but physics bounds it from below."""
     cand = [b for b in batches if b.callable == "candidate" and not b.warmup]
     trusted = [b for b in batches if b.callable != "candidate" and not b.warmup]
     if not cand or not trusted:
@@ -79,10 +91,17 @@ def cross_check(
     if forged is not None:
         finding = Finding(rule=CheatRule.TIMER_TAMPERING, severity=Severity.REJECT, message=f"timing report: {forged}")
         return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.FAILED, detail=forged), finding, None
+    call_us = statistics.median(s for b in cand for s in b.samples) * 1e3
+    if floor_us and call_us < FLOOR_SHARE * floor_us:
+        why = (
+            f"its calls report a median of {call_us:.2f} us, under an empty kernel's {floor_us:.2f} us "
+            "(the least time the events can see around one launch)"
+        )
+        finding = Finding(rule=CheatRule.TIMER_TAMPERING, severity=Severity.REJECT, message=f"timing report: {why}")
+        return Check(name=CheckName.TIMING_CROSS_CHECK, outcome=CheckOutcome.FAILED, detail=why), finding, None
     o_cands = sorted(overhead_us(b) for b in cand)
     o_refs = sorted(overhead_us(b) for b in trusted)
     o_cand, o_ref = statistics.median(o_cands), statistics.median(o_refs)
-    call_us = statistics.median(s for b in cand for s in b.samples) * 1e3
     spread = statistics.median(abs(o - o_ref) for o in o_refs)
     allowed = max(slack_us, 4.0 * spread, OVERHEAD_SHARE * o_ref) + slack_ratio * call_us
     excess = o_cand - o_ref

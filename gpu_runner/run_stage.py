@@ -34,7 +34,7 @@ from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare
 from gpu_runner.protocol import FrameError
 from gpu_runner.run_reader import _COMPARERS, ReportReader
-from gpu_runner.sandbox import Worker, chown_tree
+from gpu_runner.sandbox import Worker, census, chown_tree
 from gpu_runner.timing_session import SessionAborted, TimingSession
 from gpu_runner.triton_cache import copy_tree
 from gpu_runner.verdict import RunRecord, runtime_findings
@@ -243,6 +243,7 @@ class RunStage:
             w.budget -= time.perf_counter() - t_go
             if reached is Report.TRIALS_DONE:
                 w.mark("trials_done")
+                w.reader.record.census["trials_done"] = census(w.worker.pid)
                 if await self._worth_timing(w):
                     await self._timing(w)
             w.mark("measured")
@@ -307,6 +308,7 @@ class RunStage:
             finally:
                 w.budget -= time.perf_counter() - t0
         w.stage = "timed"
+        w.reader.record.census["timed"] = census(w.worker.pid)
         await w.worker.send(op_frame(Op.FINISH))
         async with asyncio.timeout(max(0.01, w.budget)):
             if await w.reader.until(Report.MEASURED) is Report.MEASURED:

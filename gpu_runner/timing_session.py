@@ -74,6 +74,8 @@ class SessionRecord:
     lead_us: float = 0.0
     flush_us: float = 0.0
     """The flush's device time as the referee measured it (a candidate skipping it saves that)."""
+    empty_kernel_us: float | None = None
+    """The least event time around one launched kernel, as the referee measured it."""
     cover_us: float = 0.0
     """Device spin per call queued before a batch draws its inputs (and once per batch ``cover_seed_us``)."""
     cover_seed_us: float = 0.0
@@ -206,6 +208,8 @@ class TimingSession:
         self.rec.outputs_mode = "all" if self.out_bytes <= cfg.timing_ship_all_bytes else "keep"
         self.rec.lead_us = cfg.timing_lead_us if self.device == "cuda" else 0.0
         self.rec.flush_us = float(self.referee.info.get("flush_us") or 0.0)
+        floor = self.referee.info.get("empty_kernel_us")
+        self.rec.empty_kernel_us = float(floor) if isinstance(floor, int | float) else None
         warm: dict[str, Batch] = {}
         warm_calls = max(1, min(cfg.warmup_min_calls, self._memory_cap()))  # then round its inputs
         for name in self.callables:

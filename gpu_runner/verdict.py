@@ -41,6 +41,9 @@ class RunRecord:
     """Trials whose inputs came back changed."""
     later_changed: bool = False
     """The first trial's outputs changed during the later trials (as the spare saw it)."""
+    census: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """(threads, processes) of the candidate's process tree as the parent read them from ``/proc``:
+    when its trials were done and when its timing was."""
 
 
 def truncate(text: str, limit: int) -> str:

@@ -56,6 +56,27 @@ SMALL_SCALES = (1e-6, 1e-3)
 CANARY_QUIET_CALLS = 21
 
 
+def empty_kernel_us(
+    device: torch.device, scratch: torch.Tensor | None, flusher: Flusher, reps: int = 21
+) -> float | None:
+    """The least time CUDA events can see around one launched kernel (a one-element add), timed as
+    the harness times a call (a lead spin first, so the launch waits queued): the floor under any
+    call that launches its own kernel (the fastest of ``reps``)."""
+    if device.type != "cuda" or scratch is None or not flusher.cycles_per_us:
+        return None
+    best = float("inf")
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        flusher.spin(int(100 * flusher.cycles_per_us))
+        start.record()
+        scratch.add_(1)
+        end.record()
+        end.synchronize()
+        best = min(best, float(start.elapsed_time(end)) * 1e3)
+    return best
+
+
 def _finite(values: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in values if v.is_floating_point())
 
@@ -127,6 +148,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         init_on_device=init_on_device,
     )
     quiet: list[float] = []
+    floor: float | None = None
     with channel.gpu_lease(device):
         try:
             if ref.model is None:
@@ -169,6 +191,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
             ref.scratch = torch.zeros(1, device=device)
             quiet = sorted(canary_us(device, ref.scratch) for _ in range(CANARY_QUIET_CALLS))
             ref.quiet_us = quiet[len(quiet) // 2]
+            floor = empty_kernel_us(device, ref.scratch, ref.flusher)
         laps.lap("calibrate_s")
     if msg.get("compiled_baseline"):
         ref.compiled, ref.compiled_error = build_compiled(ref.model, sample, device, channel)
@@ -191,6 +214,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         range_scales=scales,
         canary_quiet_us=quiet[len(quiet) // 2] if quiet else None,
         cycles_per_us=ref.flusher.cycles_per_us,
+        empty_kernel_us=floor,
         flush_us=ref.flusher.flush_us,
         phases=laps.seconds,
     )

@@ -63,6 +63,7 @@ CASES = [
     case("hostile_patch_clock", "add_relu", S.REJECTED, rule=R.TIMER_TAMPERING, gpu=False),
     case("hostile_precompute_in_draw", "add_relu_big", S.REJECTED, rule=R.TIMER_TAMPERING, cpu=False),
     case("hostile_spin_after_batch", "add_relu_big", S.REJECTED, cpu=False),
+    case("hostile_thread_while_timed", "add_relu", S.REJECTED, rule=R.THREADS),
     # the trials' flags, the outputs' identity and layout
     case("hostile_inplace_forged_flags", "add_relu", S.REJECTED, rule=R.INPUT_MUTATED),
     case("hostile_persistent_workspace", "add_relu", S.REJECTED, rule=R.OUTPUT_ALIASES_INPUT),

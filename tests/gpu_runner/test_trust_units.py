@@ -53,6 +53,18 @@ def test_samples_rewritten_smaller_show_as_time_the_parent_saw(reported: float) 
     assert excess > 800.0
 
 
+def test_a_tiny_call_reported_faster_than_an_empty_kernel_is_refused() -> None:
+    # An 8K-element add takes ~4.3 us on an H200; forged to a quarter it is under the parent's
+    # clock's resolution, but under the ~2.5 us an empty launch takes too.
+    runs = batches("candidate", 0.0043, OUTSIDE_MS, 0.25) + batches("eager", 0.0051, OUTSIDE_MS)
+    _, finding, _ = cross_check(runs, 25.0, 0.04, floor_us=2.5)
+    assert finding is not None
+    assert "empty kernel" in finding.message
+    honest = batches("candidate", 0.0043, OUTSIDE_MS) + batches("eager", 0.0051, OUTSIDE_MS)
+    _, finding, _ = cross_check(honest, 25.0, 0.04, floor_us=2.5)
+    assert finding is None
+
+
 def test_work_done_outside_the_timed_window_is_seen() -> None:
     # The answer computed while the inputs are drawn (100 us a call), the window holds a decoy.
     runs = batches("candidate", 0.004, OUTSIDE_MS + 0.1) + batches("eager", CALL_MS, OUTSIDE_MS)
