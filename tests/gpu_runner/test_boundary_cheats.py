@@ -78,8 +78,9 @@ CASES = [
     case("hostile_frame_walk_checker", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0),
     case("hostile_forge_timing_report", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0),
     # what stays in the candidate's process (README, anti-cheat): torch compute behind a forged
-    # launch log; the speed it is timed at is what torch gives, no more
-    case("hostile_forged_launch_log", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=1.5),
+    # launch log; the speed it is timed at is what torch gives, no more (torch against torch:
+    # ~1x, though microsecond CPU timings under a busy test run varied up to 1.6x)
+    case("hostile_forged_launch_log", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=3.0),
     # honest counterparts
     case("honest_add_relu_2d", "add_relu_2d", S.CORRECT),
     case("honest_softmax_rows", "softmax_rows", S.CORRECT),
