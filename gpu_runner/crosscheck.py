@@ -10,10 +10,12 @@ candidate whose process reports less time than its calls took, or that does work
 windows (computing answers while its inputs are drawn, finishing work after the end event), shows
 that time here, as overhead the referee's batches do not have.
 
-Measured on an H200 (``bench/crosscheck_probe.py``, 2026-11-28): with the device kept busy by the
-harness, the overhead per call of honest workloads agreed to within 2 us across batches (relu of
-64 MB and 4 GB, an fp32 matmul); samples halved showed up at once as the missing half. What
-remains trusted, and why, is in the README's anti-cheat section.
+Measured on an H200 (``bench/crosscheck_probe.py``, 2026-11-28, one run): with the device kept
+busy by the harness, the overhead per call of honest workloads spread (p10..p90 over batches)
+2 us for a 64 MB relu, 7 us for a 2048 fp32 matmul and 15 us (of 2.6 ms) for a 4 GB relu; samples
+halved showed up as the missing half (+18 us, +170 us, +1013 us). On calls of a few microseconds
+(an 8K relu) the spread was 60-140 us, far above the call: there only the empty-kernel floor
+binds. What remains trusted, and why, is in the README's anti-cheat section.
 """
 
 from __future__ import annotations

@@ -210,7 +210,6 @@ def _device_needs(
     compiled: bool = True,
     judged: bool = False,
     large: int = LARGE_BYTES,
-    shipped: int = 0,
     ship_all_bytes: int = SHIP_ALL_BYTES,
 ) -> tuple[int, int, int, int, tuple[int, int]]:
     """Device bytes of each role: (idle prepared spare, the referee's own, the referee's timed
@@ -289,7 +288,7 @@ def plan(
         ``shared``: every spare also holds its outputs' buffers (trials and shipped timed calls)
         on the device until judged."""
         idle, base, batch, truth, running = _device_needs(
-            fp, trials, poison, compiled, device_verdict, large_bytes, shipped, ship_all_bytes
+            fp, trials, poison, compiled, device_verdict, large_bytes, ship_all_bytes
         )
         slots = trials + shipped
         held = slots * o if shared and on_gpu else 0
@@ -360,7 +359,7 @@ def plan(
         notes.append("outputs go through host files: shared device buffers do not fit beside the evaluation")
     per_eval = needs(trials, poison, 0, compiled, shared)[0]
     idle, base, batch, truth, running = _device_needs(
-        fp, trials, poison, compiled, device_verdict, large_bytes, shipped, ship_all_bytes
+        fp, trials, poison, compiled, device_verdict, large_bytes, ship_all_bytes
     )
     referee = base + max(batch, truth)
     if shared and on_gpu:

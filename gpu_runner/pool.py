@@ -441,15 +441,8 @@ class RunPool:
             return await self.referee.truths(seeds, scales, first, skips, timed)
         async with self.truth_workers:
             worker = Referee(self.new_worker, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s)
-            op = TaskOp(
-                reference_source=reference_source,
-                init_seed=self.init_seeds[key],
-                compiled_baseline=False,
-                inputs_on_device=plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES,
-                init_on_device=bool(self.referee.info.get("init_on_device")),
-                calibrate_seed=0,
-                light=True,
-            )
+            # built where the referee built its model (it falls back to the CPU where the device refuses)
+            op = self._task_op(reference_source, plan, bool(self.referee.info.get("init_on_device")), light=True)
             try:
                 await worker.start_task(key, op)
                 return await worker.truths(seeds, scales, first, skips, timed)
@@ -647,19 +640,25 @@ class RunPool:
             self._spawn_spare(measurer)  # prepared and kept even with no spares planned: the first job takes it
         self.refill()
 
+    def _task_op(self, reference_source: str, plan: MemoryPlan, init_on_device: bool, light: bool) -> TaskOp:
+        """The ``task`` op of a planned task: for its referee, or ``light`` for a truth worker (the
+        model alone: no baseline, canary, range trials or FLOPs)."""
+        return TaskOp(
+            reference_source=reference_source,
+            init_seed=self.init_seeds[task_key(reference_source)],
+            compiled_baseline=not light and self.compiled_baseline(),
+            inputs_on_device=plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES,
+            init_on_device=init_on_device,
+            calibrate_seed=0 if light else secrets.randbits(62),
+            light=light,
+        )
+
     async def _start_referee(self, key: str, reference_source: str, worker: Worker) -> None:
         """The task's referee: its model and baselines built once, before any spare prepares."""
         assert self.plan is not None
-        seed = self.init_seeds.setdefault(key, secrets.randbits(62))
-        op = TaskOp(
-            reference_source=reference_source,
-            init_seed=seed,
-            compiled_baseline=self.compiled_baseline(),
-            inputs_on_device=self.plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES,
-            init_on_device=self.plan.footprint.param_bytes >= ON_DEVICE_BYTES,
-            calibrate_seed=secrets.randbits(62),
-            light=False,
-        )
+        self.init_seeds.setdefault(key, secrets.randbits(62))
+        on_device = self.plan.footprint.param_bytes >= ON_DEVICE_BYTES
+        op = self._task_op(reference_source, self.plan, on_device, light=False)
         try:
             await self.referee.start_task(key, op, worker)
         except EvaluatorFault as exc:

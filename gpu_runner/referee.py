@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy.typing as npt
 import structlog
@@ -64,6 +65,30 @@ class Batch:
     seed_us: float | None = None
     own_launches: int | None = None
     """The candidate's own launches during the batch, as its process counted them."""
+
+    @classmethod
+    def from_report(cls, callable_: str, header: dict[str, Any], wall_ms: float, warmup: bool) -> Batch:
+        """A ``timed`` frame as the parent keeps it (numbers that are not finite times are dropped:
+        a candidate's process may send anything)."""
+        launches, canary = header.get("own_launches"), _number(header.get("canary_us"))
+        return cls(
+            callable=callable_,
+            calls=int(header["calls"]),
+            wall_ms=wall_ms,
+            samples=[float(x) for x in header.get("samples") or []],
+            warmup=warmup,
+            canary_us=canary,
+            busy_ms=_number(header.get("busy_ms")) or 0.0,
+            host_us=_number(header.get("host_us")),
+            draw_us=_number(header.get("draw_us")),
+            seed_us=_number(header.get("seed_us")),
+            own_launches=launches if isinstance(launches, int) else None,
+        )
+
+
+def _number(value: object) -> float | None:
+    """A finite non-negative number, or None."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value >= 0 else None
 
 
 class Referee:
@@ -113,28 +138,46 @@ class Referee:
             return header
 
     async def _until(self, kind: Report, timeout_s: float) -> tuple[dict[str, Any], list[Blob]]:
-        """Frames (serving shared-lease requests) until ``kind``; its header and blobs."""
+        """Frames until ``kind``; its header and blobs."""
+        got: list[tuple[dict[str, Any], list[Blob]]] = []
+
+        def take(header: dict[str, Any], blobs: list[Blob]) -> bool:
+            if header.get("kind") is not kind:
+                raise ProtocolError(f"the referee sent {header.get('kind')!r} while {kind.value} was expected")
+            got.append((header, blobs))
+            return True
+
+        await self._receive(f"waiting for {kind.value}", timeout_s, take)
+        return got[0]
+
+    async def _receive(self, what: str, timeout_s: float, take: Callable[[dict[str, Any], list[Blob]], bool]) -> None:
+        """The referee's frames to ``take`` until it says it has the last (True), serving the
+        shared-lease requests between; a ``reference_error`` raises :class:`InvalidReference`, and
+        a referee that times out or dies is stopped (:class:`EvaluatorFault`, naming ``what``)."""
         worker = self._require()
         lease = GpuLease(self.gate, worker, self.nice)
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
                     header, blobs = await worker.recv(1 << 40)
-                    got = header.get("kind")
-                    if await lease.handle(got):
+                    kind = header.get("kind")
+                    if await lease.handle(kind):
                         continue
-                    if got is kind:
-                        return header, blobs
-                    if got is Report.REFERENCE_ERROR:
+                    if kind is Report.REFERENCE_ERROR:
                         raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
-                    raise ProtocolError(f"the referee sent {got!r} while {kind.value} was expected")
+                    if take(header, blobs):
+                        return
         except (TimeoutError, asyncio.IncompleteReadError) as exc:
-            why = "timed out" if isinstance(exc, TimeoutError) else "died"
-            log = worker.log_text()[-800:]
-            await self.stop()
-            raise EvaluatorFault(f"the referee {why} waiting for {kind.value}: {log}") from None
+            await self._fault(worker, exc, what)
         finally:
             await lease.drop()
+
+    async def _fault(self, worker: Worker, exc: BaseException, what: str) -> NoReturn:
+        """Stop the referee that timed out or died while ``what``: :class:`EvaluatorFault` with its log."""
+        why = "timed out" if isinstance(exc, TimeoutError) else "died"
+        log = worker.log_text()[-800:]
+        await self.stop()
+        raise EvaluatorFault(f"the referee {why} {what}: {log}") from None
 
     def _require(self) -> Worker:
         if self.worker is None or self.worker.dead:
@@ -167,39 +210,28 @@ class Referee:
             op = TruthOp(seeds=seeds, skips=skips or [0] * len(seeds), scales=scales, first=first, on_device=timed)
             await worker.send(op_frame(Op.TRUTH, op))
             out: list[Truth] = []
-            lease = GpuLease(self.gate, worker, self.nice)
-            try:
-                async with asyncio.timeout(4 * self.timeout_s):
-                    while True:
-                        header, blobs = await worker.recv(1 << 40)
-                        kind = header.get("kind")
-                        if await lease.handle(kind):
-                            continue
-                        if kind is Report.REFERENCE_DONE:
-                            break
-                        if kind is Report.REFERENCE_ERROR:
-                            raise InvalidReference(str(header.get("message")), str(header.get("traceback", ""))[-2000:])
-                        if kind is not Report.REFERENCE:
-                            raise ProtocolError(f"the referee sent {kind!r} while shipping outputs")
-                        arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
-                        n = int(header["n_outputs"])
-                        error = header.get("fp64_error")
-                        out.append(
-                            Truth(
-                                trial=int(header["trial"]),
-                                outputs=arrays[:n],
-                                dtypes=[str(m["dtype"]) for m in header["tensors"][:n]],
-                                residuals=arrays[n:] if error is None else None,
-                                fp64_error=error,
-                            )
-                        )
-            except (TimeoutError, asyncio.IncompleteReadError) as exc:
-                why = "timed out" if isinstance(exc, TimeoutError) else "died"
-                log = worker.log_text()[-800:]
-                await self.stop()
-                raise EvaluatorFault(f"the referee {why} computing reference outputs: {log}") from None
-            finally:
-                await lease.drop()
+
+            def take(header: dict[str, Any], blobs: list[Blob]) -> bool:
+                kind = header.get("kind")
+                if kind is Report.REFERENCE_DONE:
+                    return True
+                if kind is not Report.REFERENCE:
+                    raise ProtocolError(f"the referee sent {kind!r} while shipping outputs")
+                arrays = [tensor_from_wire(m, b) for m, b in zip(header["tensors"], blobs, strict=True)]
+                n = int(header["n_outputs"])
+                error = header.get("fp64_error")
+                out.append(
+                    Truth(
+                        trial=int(header["trial"]),
+                        outputs=arrays[:n],
+                        dtypes=[str(m["dtype"]) for m in header["tensors"][:n]],
+                        residuals=arrays[n:] if error is None else None,
+                        fp64_error=error,
+                    )
+                )
+                return False
+
+            await self._receive("computing reference outputs", 4 * self.timeout_s, take)
             if len(out) != len(seeds):
                 raise ProtocolError(f"the referee shipped {len(out)} outputs for {len(seeds)} seeds")
             return out
@@ -238,27 +270,11 @@ class Referee:
                 await worker.send(op_frame(Op.BATCH, op))
                 header, _ = await worker.recv(1 << 40)
         except (TimeoutError, asyncio.IncompleteReadError) as exc:
-            why = "timed out" if isinstance(exc, TimeoutError) else "died"
-            log = worker.log_text()[-800:]
-            await self.stop()
-            raise EvaluatorFault(f"the referee {why} timing the {op['callable']} baseline: {log}") from None
+            await self._fault(worker, exc, f"timing the {op['callable']} baseline")
         wall = (time.perf_counter() - t0) * 1e3
         if header.get("kind") is not Report.TIMED:
             raise EvaluatorFault(f"the referee could not time {op['callable']}: {str(header.get('message'))[:500]}")
-        samples = [float(x) for x in header.get("samples") or []]
-        canary = header.get("canary_us")
-        batch = Batch(
-            callable=op["callable"],
-            calls=int(header["calls"]),
-            wall_ms=wall,
-            samples=samples,
-            warmup=op["warmup"],
-            canary_us=float(canary) if canary is not None else None,
-            busy_ms=float(header.get("busy_ms") or 0.0),
-            host_us=float(header["host_us"]) if header.get("host_us") is not None else None,
-            draw_us=float(header["draw_us"]) if header.get("draw_us") is not None else None,
-            seed_us=float(header["seed_us"]) if header.get("seed_us") is not None else None,
-        )
+        batch = Batch.from_report(op["callable"], header, wall, op["warmup"])
         return batch, header
 
     async def canary(self, timeout_s: float = 30.0) -> tuple[float, float]:

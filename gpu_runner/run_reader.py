@@ -180,28 +180,44 @@ class ReportReader:
         residuals: list[Any] | None,
         timings: list[tuple[float, float, float]],
     ) -> TrialCheck:
+        """One trial's outputs as its frame brought them (read from its files when they are), compared."""
         t0 = time.perf_counter()
         if later is not None:
             blobs = await asyncio.wrap_future(later)
         cand = decode_outputs(header, blobs)
         t_read = time.perf_counter()
         began: list[float] = []
+        check = await self.compare_arrays(cand, dtypes, ref_outputs, ref_dtypes, residuals, began)
+        end = time.perf_counter()
+        # Where a comparison's time goes (for throughput work): reading the outputs, the queue, the arithmetic.
+        timings.append((t_read - t0, began[0] - t_read, end - began[0]))
+        return check
+
+    async def compare_arrays(
+        self,
+        cand: list[Any],
+        dtypes: list[str],
+        ref_outputs: list[Any],
+        ref_dtypes: list[str],
+        residuals: list[Any] | None,
+        began: list[float] | None = None,
+    ) -> TrialCheck:
+        """Outputs already in host memory compared with the reference's, in a comparer thread
+        (``began`` gets the moment the thread took it)."""
+        cfg = self.cfg
 
         def run() -> TrialCheck:
-            began.append(time.perf_counter())
+            if began is not None:
+                began.append(time.perf_counter())
             return compare_trial(
                 cand,
                 dtypes,
                 ref_outputs,
                 ref_dtypes,
                 residuals,
-                dict(self.cfg.tolerances),
-                dict(self.cfg.precision_floors),
-                self.cfg.precision_factor,
+                dict(cfg.tolerances),
+                dict(cfg.precision_floors),
+                cfg.precision_factor,
             )
 
-        check = await asyncio.get_running_loop().run_in_executor(_COMPARERS, run)
-        end = time.perf_counter()
-        # Where a comparison's time goes (for throughput work): reading the outputs, the queue, the arithmetic.
-        timings.append((t_read - t0, began[0] - t_read, end - began[0]))
-        return check
+        return await asyncio.get_running_loop().run_in_executor(_COMPARERS, run)

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from gpu_runner.assemble import Collected
-from gpu_runner.compare import TrialCheck, compare_trial
+from gpu_runner.compare import TrialCheck
 from gpu_runner.config import RunnerConfig
 from gpu_runner.frames import JobOp, Op, OpFrame, Report, op_frame
 from gpu_runner.isolation import Isolation, jit_exec, sandbox_settings
@@ -33,7 +33,7 @@ from gpu_runner.judged_trials import judge_trials
 from gpu_runner.lease import GpuGate, renice
 from gpu_runner.pool import RunPool, Spare
 from gpu_runner.protocol import FrameError
-from gpu_runner.run_reader import _COMPARERS, ReportReader
+from gpu_runner.run_reader import ReportReader
 from gpu_runner.sandbox import Worker, census, chown_tree
 from gpu_runner.timing_session import SessionAborted, TimingSession
 from gpu_runner.triton_cache import copy_tree
@@ -393,24 +393,10 @@ class RunStage:
             return
         seeds, skips = [s for s, _ in keys], [k for _, k in keys]
         truths = await self.runs.truths(c.job.reference_source, seeds, [1.0] * len(seeds), first, skips, timed=True)
-        tolerances, floors = dict(self.cfg.tolerances), dict(self.cfg.precision_floors)
-        loop = asyncio.get_running_loop()
-        jobs: list[Any] = []
-        for k, truth in zip(kept, truths[: len(kept)], strict=True):
-            jobs.append(
-                loop.run_in_executor(
-                    _COMPARERS,
-                    compare_trial,
-                    k.outputs,
-                    k.dtypes,
-                    truth.outputs,
-                    truth.dtypes,
-                    truth.residuals,
-                    tolerances,
-                    floors,
-                    self.cfg.precision_factor,
-                )
-            )
+        jobs: list[Any] = [
+            w.reader.compare_arrays(k.outputs or [], k.dtypes, truth.outputs, truth.dtypes, truth.residuals)
+            for k, truth in zip(kept, truths[: len(kept)], strict=True)
+        ]
         for t, truth in zip(shipped, truths[len(kept) :], strict=True):
             header, blobs, later = c.timed_frames[t]
             dtypes = [str(m.get("dtype")) for m in header["tensors"]]

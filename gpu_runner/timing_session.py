@@ -86,11 +86,6 @@ class SessionRecord:
     elapsed_s: float = 0.0
 
 
-def _number(value: object) -> float | None:
-    """A finite non-negative number a candidate's process reported, or None."""
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value >= 0 else None
-
-
 class SessionAborted(Exception):
     """The candidate's process stopped answering the session (its error or death is in the record)."""
 
@@ -152,19 +147,7 @@ class TimingSession:
         samples = header.get("samples")
         if not isinstance(samples, list) or not all(isinstance(x, int | float) for x in samples):
             raise FrameError("a timed batch's samples are not numbers")
-        launches = header.get("own_launches")
-        host, draw, seeding = header.get("host_us"), header.get("draw_us"), header.get("seed_us")
-        batch = Batch(
-            callable="candidate",
-            calls=int(header["calls"]),
-            wall_ms=wall,
-            samples=[float(x) for x in samples],
-            warmup=op["warmup"],
-            own_launches=int(launches) if isinstance(launches, int) else None,
-            host_us=_number(host),
-            draw_us=_number(draw),
-            seed_us=_number(seeding),
-        )
+        batch = Batch.from_report("candidate", header, wall, op["warmup"])
         return batch, header, blobs
 
     async def _batch(self, callable_: str, seed: int, calls: int, warmup: bool, deadline: float) -> tuple[Batch, Any]:

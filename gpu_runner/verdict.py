@@ -76,16 +76,20 @@ def kept_ops(infos: list[dict[str, Any]], admitted: frozenset[str]) -> tuple[str
     return tuple(sorted({f"aten.{k}" for i in infos for k in (i.get("foreign_ops") or {}) if k in admitted}))
 
 
+def _custom_ops(info: dict[str, Any], namespaces: tuple[str, ...], own: bool) -> dict[str, int]:
+    """Calls of custom ops by name: those in ``namespaces`` (``own``), or the others."""
+    ops = info.get("custom_ops") or {}
+    return {str(k): int(n) for k, n in ops.items() if (str(k).split("::", 1)[0] in namespaces) is own}
+
+
 def own_custom_ops(info: dict[str, Any], namespaces: tuple[str, ...]) -> int:
     """Calls of custom ops the candidate's own native sources register (its compiled kernels)."""
-    ops = info.get("custom_ops") or {}
-    return sum(int(n) for k, n in ops.items() if str(k).split("::", 1)[0] in namespaces)
+    return sum(_custom_ops(info, namespaces, True).values())
 
 
 def foreign_custom_ops(info: dict[str, Any], namespaces: tuple[str, ...]) -> dict[str, int]:
     """Custom ops registered elsewhere (from Python: their implementation is PyTorch code)."""
-    ops = info.get("custom_ops") or {}
-    return {str(k): int(n) for k, n in ops.items() if str(k).split("::", 1)[0] not in namespaces}
+    return _custom_ops(info, namespaces, False)
 
 
 def launches(info: dict[str, Any], namespaces: tuple[str, ...]) -> int:

@@ -49,7 +49,7 @@ from gpu_runner.sandboxed.hooks import (
 )
 from gpu_runner.sandboxed.reference import build_model, load_module, make_batch_inputs, make_inputs
 from gpu_runner.sandboxed.spare import Prepared
-from gpu_runner.sandboxed.timing import Flusher, run_batch
+from gpu_runner.sandboxed.timing import Flusher, run_batch, send_timed
 
 
 def enter_sandbox(sb: Mapping[str, Any], device: torch.device) -> dict[str, str]:
@@ -226,31 +226,9 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
             kept = []  # the last batch's outputs go now (as the referee's do: the same allocations)
             log.reset()
             log.recording = True
-            samples, outputs, calls, host_us, drawing = run_batch(
-                batch, lambda inputs: cand(*inputs), draw, device, flusher
-            )
+            result = run_batch(batch, lambda inputs: cand(*inputs), draw, device, flusher)
             log.recording = False
-            blobs: list[Any] = []
-            metas: list[dict[str, Any]] = []
-            if batch["outputs"] == "all":
-                for outs in outputs:
-                    m, b = pack(outs)
-                    metas += m
-                    blobs += b
-                kept = []
-            else:
-                kept = outputs if batch["outputs"] == "keep" else []
-            channel.send(
-                Report.TIMED,
-                blobs=blobs,
-                samples=samples,
-                calls=calls,
-                host_us=host_us,
-                **drawing,
-                timer="cuda_event" if device.type == "cuda" else "perf_counter",
-                tensors=metas,
-                own_launches=log.own_launches,
-            )
+            kept = send_timed(channel, batch, device, result, own_launches=log.own_launches)
         elif op is Op.SHIP:
             ship = cast(ShipOp, header)
             call = int(ship["call"])

@@ -29,23 +29,23 @@ from typing import Any
 import torch
 
 from gpu_runner.frames import BatchOp, Report, TaskOp, TruthOp
-from gpu_runner.sandboxed.common import Channel, Laps, log, pack
+from gpu_runner.sandboxed.common import Channel, Laps, log
 from gpu_runner.sandboxed.reference import (
-    REFERENCE_FILENAME,
     ReferenceFault,
     build_compiled,
     build_model,
     clone_inputs,
     count_flops,
     exact_fp32,
-    load_module,
+    load_reference,
     make_batch_inputs,
     make_inputs,
     ship,
     tensors,
+    to_device,
     truth,
 )
-from gpu_runner.sandboxed.timing import Flusher, canary_us, run_batch
+from gpu_runner.sandboxed.timing import Flusher, canary_us, run_batch, send_timed
 
 LARGE_SCALES = (1e6, 1e4, 1e2)
 """Input scales tried for the large-magnitude range trial, largest first: the first whose reference
@@ -106,8 +106,6 @@ class Referee:
         where = self.inputs_on_device if on_device is None else on_device
         if where:
             return make_inputs(self.namespace, seed, self.device, on_device=True, scale=scale, skip=skip)
-        from gpu_runner.sandboxed.reference import to_device
-
         cpu = make_inputs(self.namespace, seed, torch.device("cpu"), scale=scale, skip=skip)
         return to_device(cpu, self.device)
 
@@ -124,13 +122,7 @@ class Referee:
 def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
     """Build the task (model, baseline, canary, range scales) and report ``task_ready``."""
     laps = Laps()
-    try:
-        ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")
-    except Exception as exc:
-        raise ReferenceFault(f"the reference failed to load: {type(exc).__name__}: {exc}") from exc
-    for name in ("Model", "get_inputs", "get_init_inputs"):
-        if name not in ns:
-            raise ReferenceFault(f"the reference defines no {name}")
+    ns = load_reference(msg["reference_source"])
     init_seed = int(msg["init_seed"])
     init_on_device = device.type == "cuda" and bool(msg.get("init_on_device"))
     try:
@@ -212,7 +204,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         compiled_error=ref.compiled_error,
         init_on_device=ref.init_on_device,
         range_scales=scales,
-        canary_quiet_us=quiet[len(quiet) // 2] if quiet else None,
+        canary_quiet_us=ref.quiet_us,
         cycles_per_us=ref.flusher.cycles_per_us,
         empty_kernel_us=floor,
         flush_us=ref.flusher.flush_us,
@@ -285,32 +277,21 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
         return
     canary, busy_ms = wait_idle(ref) if msg["canary"] else (None, 0.0)
     ref.last_outputs = []  # the last batch's outputs go now, as a candidate's do (the same allocations)
-    samples, outputs, calls, host_us, drawing = run_batch(
+    result = run_batch(
         msg,
         fn,
         lambda seed, n, laps: make_batch_inputs(ref.namespace, seed, n, ref.device, True, laps),
         ref.device,
         ref.flusher,
     )
-    blobs: list[Any] = []
-    metas: list[dict[str, Any]] = []
-    if msg["outputs"] == "all":  # the same host copies as the candidate's batch (the parent drops them)
-        for outs in outputs:
-            m, b = pack(outs)
-            metas += m
-            blobs += b
-    ref.last_outputs = outputs if msg["outputs"] == "keep" else []
-    channel.send(
-        Report.TIMED,
-        blobs=blobs,
-        samples=samples,
-        calls=calls,
-        host_us=host_us,
-        **drawing,
-        timer="cuda_event" if ref.device.type == "cuda" else "perf_counter",
+    # The same host copies of small outputs as the candidate's batch (the parent drops them).
+    ref.last_outputs = send_timed(
+        channel,
+        msg,
+        ref.device,
+        result,
         canary_us=canary,
         busy_ms=busy_ms,
-        tensors=metas,
         flush_bytes=ref.flusher.nbytes,
         l2_reset=ref.flusher.reset_persisting(),
     )

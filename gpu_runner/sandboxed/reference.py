@@ -50,6 +50,19 @@ def load_module(source: str, filename: str, name: str) -> dict[str, Any]:
     return module.__dict__
 
 
+def load_reference(source: str) -> dict[str, Any]:
+    """The user's reference loaded, with its ``Model``, ``get_inputs`` and ``get_init_inputs``;
+    raises :class:`ReferenceFault` (the task, not a candidate, is at fault)."""
+    try:
+        ns = load_module(source, REFERENCE_FILENAME, "kf_reference")
+    except Exception as exc:
+        raise ReferenceFault(f"the reference failed to load: {type(exc).__name__}: {exc}") from exc
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if name not in ns:
+            raise ReferenceFault(f"the reference defines no {name}")
+    return ns
+
+
 def to_device(values: list[Any], device: torch.device, non_blocking: bool = False) -> list[Any]:
     """Tensors moved to ``device``; other values as they are."""
     return [v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for v in values]

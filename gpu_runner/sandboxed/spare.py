@@ -21,9 +21,8 @@ from gpu_runner.frames import PrepareOp, Report
 from gpu_runner.memplan import LARGE_BYTES
 from gpu_runner.sandboxed.common import TORCH_DTYPES, Channel, Laps, OutputSlots, checksum, log, unregister_host
 from gpu_runner.sandboxed.reference import (
-    REFERENCE_FILENAME,
     ReferenceFault,
-    load_module,
+    load_reference,
     lock_host,
     make_inputs,
     to_device,
@@ -69,13 +68,7 @@ class Prepared:
 
 def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
     """Draw the trials' inputs and make the output buffers; raises :class:`ReferenceFault`."""
-    try:
-        ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference")
-    except Exception as exc:
-        raise ReferenceFault(f"the reference failed to load: {type(exc).__name__}: {exc}") from exc
-    for name in ("Model", "get_inputs", "get_init_inputs"):
-        if name not in ns:
-            raise ReferenceFault(f"the reference defines no {name}")
+    ns = load_reference(msg["reference_source"])
     laps = Laps()
     seeds, scales = [int(s) for s in msg["trial_seeds"]], [float(s) for s in msg["trial_scales"]]
     if len(seeds) != len(scales):

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from gpu_runner.frames import BatchOp
-from gpu_runner.sandboxed.common import flatten_outputs, log, sync
+from gpu_runner.frames import BatchOp, Report
+from gpu_runner.sandboxed.common import Channel, flatten_outputs, log, pack, sync
 
 
 class Flusher:
@@ -126,7 +126,7 @@ def run_batch(
     draw: Callable[[int, int, dict[str, float]], list[list[Any]]],
     device: torch.device,
     flusher: Flusher,
-) -> tuple[list[float], list[list[torch.Tensor]], int, float, dict[str, float]]:
+) -> BatchResult:
     """Time one batch: (milliseconds per timed call, each call's output tensors, calls made, the
     host's median microseconds per call from its flush to its end event, and the host's time
     drawing the inputs: ``seed_us`` once, ``draw_us`` per call).
@@ -174,3 +174,34 @@ def run_batch(
         samples = [float(s.elapsed_time(e)) for s, e in events]
     late = sorted(host[len(host) // 2 :])  # past the first calls (a warm-up's first launches build things)
     return samples, outputs, calls, late[len(late) // 2], drawing
+
+
+BatchResult = tuple[list[float], list[list[torch.Tensor]], int, float, dict[str, float]]
+"""What :func:`run_batch` returns."""
+
+
+def send_timed(
+    channel: Channel, msg: BatchOp, device: torch.device, result: BatchResult, **extra: Any
+) -> list[list[torch.Tensor]]:
+    """The batch's ``timed`` frame (every call's outputs packed into it where ``msg`` asks for
+    ``all``, ``extra`` fields added); returns the outputs to keep until the next batch (``keep``)."""
+    samples, outputs, calls, host_us, drawing = result
+    blobs: list[Any] = []
+    metas: list[dict[str, Any]] = []
+    if msg["outputs"] == "all":
+        for outs in outputs:
+            m, b = pack(outs)
+            metas += m
+            blobs += b
+    channel.send(
+        Report.TIMED,
+        blobs=blobs,
+        samples=samples,
+        calls=calls,
+        host_us=host_us,
+        **drawing,
+        timer="cuda_event" if device.type == "cuda" else "perf_counter",
+        tensors=metas,
+        **extra,
+    )
+    return outputs if msg["outputs"] == "keep" else []
