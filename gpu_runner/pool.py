@@ -178,6 +178,10 @@ class RunPool:
         referee (which times and judges) instead of queued behind it. On an H200 the referee alone,
         shipping 640 MB of reference data per spare of a 64 MB relu, bounded a stream of such
         candidates to ~0.6 a second (bench/results/trust_h200.md)."""
+        self.idle_truth: list[Referee] = []
+        """Truth workers of the current task between jobs: kept, not restarted for every job (a
+        start, its CUDA context and the model cost ~0.3-1 s on an H200 host, twice a candidate).
+        They never run a candidate, so one may serve many."""
         self.init_seeds: dict[str, int] = {}
         """Per task, the seed its models are built under (the referee's, every candidate's, the judge's)."""
         self.preparations: list[tuple[float, float, float]] = []
@@ -440,14 +444,39 @@ class RunPool:
         if plan is None or not plan.truth_workers or self.referee.task != key:
             return await self.referee.truths(seeds, scales, first, skips, timed)
         async with self.truth_workers:
-            worker = Referee(self.new_worker, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s)
-            # built where the referee built its model (it falls back to the CPU where the device refuses)
-            op = self._task_op(reference_source, plan, bool(self.referee.info.get("init_on_device")), light=True)
+            worker = await self._idle_truth_worker(key)
+            if worker is None:
+                worker = Referee(self.new_worker, self.gpu, self.cfg.worker_nice, self.cfg.worker_start_timeout_s)
+                # built where the referee built its model (it falls back to the CPU where the device refuses)
+                op = self._task_op(reference_source, plan, bool(self.referee.info.get("init_on_device")), light=True)
+                try:
+                    await worker.start_task(key, op)
+                except BaseException:
+                    await worker.aclose()
+                    raise
+            kept = False
             try:
-                await worker.start_task(key, op)
-                return await worker.truths(seeds, scales, first, skips, timed)
+                got = await worker.truths(seeds, scales, first, skips, timed)
+                kept = not self.closed and self.referee.task == key and worker.alive
+                if kept:
+                    self.idle_truth.append(worker)
+                return got
             finally:
-                await worker.aclose()
+                if not kept:
+                    await worker.aclose()
+
+    async def _idle_truth_worker(self, key: str) -> Referee | None:
+        """A truth worker of task ``key`` waiting for work (others are stopped), or None."""
+        while self.idle_truth:
+            worker = self.idle_truth.pop()
+            if worker.task == key and worker.alive:
+                return worker
+            await worker.aclose()
+        return None
+
+    async def _close_truth_workers(self) -> None:
+        while self.idle_truth:
+            await self.idle_truth.pop().aclose()
 
     def verdict_dir(self) -> Path:
         """Where the judge's files wait, on the bulk files' file system (moves are renames)."""
@@ -659,6 +688,7 @@ class RunPool:
         self.init_seeds.setdefault(key, secrets.randbits(62))
         on_device = self.plan.footprint.param_bytes >= ON_DEVICE_BYTES
         op = self._task_op(reference_source, self.plan, on_device, light=False)
+        await self._close_truth_workers()  # the previous task's
         try:
             await self.referee.start_task(key, op, worker)
         except EvaluatorFault as exc:
@@ -693,6 +723,7 @@ class RunPool:
         for spare in self.idle:
             await self._dispose(spare)
         self.idle.clear()
+        await self._close_truth_workers()
         await self.referee.aclose()
 
 

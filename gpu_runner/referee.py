@@ -110,6 +110,11 @@ class Referee:
         self.task: str | None = None
 
     @property
+    def alive(self) -> bool:
+        """Its process runs (a task was started and it has not died or been stopped)."""
+        return self.worker is not None and not self.worker.dead
+
+    @property
     def compiled(self) -> bool:
         return bool(self.info.get("compiled"))
 
