@@ -9,7 +9,7 @@ from typing import Any
 from gpu_runner.compare import TrialCheck, correctness, speed_of_light, timing_stats
 from gpu_runner.compiler import CompileOutcome
 from gpu_runner.config import EvalJob, RunnerConfig
-from gpu_runner.crosscheck import canary_check, cross_check
+from gpu_runner.crosscheck import canary_check, cross_check, crosscheck_slack
 from gpu_runner.gate import GateReport
 from gpu_runner.pool import ReferenceData
 from gpu_runner.protocol import Blob
@@ -259,13 +259,6 @@ def _integrity(c: Collected, checks: list[Check]) -> list[Finding]:
     return out
 
 
-def _slack(c: Collected) -> tuple[float, float]:
-    cuda = bool(c.device and c.device.get("kind") == "cuda")
-    us = c.cfg.crosscheck_slack_us if c.cfg.crosscheck_slack_us is not None else (25.0 if cuda else 1000.0)
-    ratio = c.cfg.crosscheck_slack_ratio if c.cfg.crosscheck_slack_ratio is not None else (0.04 if cuda else 0.25)
-    return us, ratio
-
-
 def _timed(
     c: Collected, checks: list[Check], findings: list[Finding], corr: Any, profile: Profile, common: dict[str, Any]
 ) -> EvalResult:
@@ -291,8 +284,9 @@ def _timed(
         )
     )
     per_call = min((launches(i, c.gate.op_namespaces) for i in rec.trial_infos), default=0)
-    timed_launches = [b.own_launches for b in batches if b.callable == "candidate" and b.own_launches is not None]
-    calls_made = sum(b.calls for b in batches if b.callable == "candidate")
+    every = batches + (session.superseded if session is not None else [])  # a re-check's first rounds too
+    timed_launches = [b.own_launches for b in every if b.callable == "candidate" and b.own_launches is not None]
+    calls_made = sum(b.calls for b in every if b.callable == "candidate")
     launches_ok = not timed_launches or sum(timed_launches) >= per_call * calls_made
     checks.append(
         Check(
@@ -310,13 +304,18 @@ def _timed(
                 message="fewer own kernel launches while timed than in the correctness trials",
             )
         )
-    slack_us, slack_ratio = _slack(c)
+    slack_us, slack_ratio = crosscheck_slack(c.cfg, bool(c.device and c.device.get("kind") == "cuda"))
     harness = (
         f"harness: lead {session.lead_us:.0f} us, cover {session.cover_us:.0f} us a call + "
         f"{session.cover_seed_us:.0f} us a batch, flush {session.flush_us:.0f} us, {session.batch_calls} calls a batch"
         if session is not None and session.lead_us
         else ""
     )
+    if session is not None and session.recheck_excess_us is not None:
+        harness += (
+            f"; timed again with longer spins after the first {len(session.superseded)} batches showed "
+            f"{session.recheck_excess_us:.1f} us a call over (only the new batches count)"
+        )
     cross, forged, _ = cross_check(
         batches,
         slack_us,
@@ -328,7 +327,7 @@ def _timed(
     checks.append(cross)
     findings += [forged] if forged else []
     final = (session.final_canary_us, session.final_busy_ms) if session and session.final_canary_us else None
-    canary, busy = canary_check(batches, final, session.canary_quiet_us if session else None, c.cfg.canary_busy_us)
+    canary, busy = canary_check(every, final, session.canary_quiet_us if session else None, c.cfg.canary_busy_us)
     checks.append(canary)
     findings += [busy] if busy else []
     flush = session.flush_bytes if session is not None else 0

@@ -24,6 +24,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from gpu_runner.config import RunnerConfig
 from gpu_runner.referee import Batch
 from schemas import CheatRule, Check, CheckName, CheckOutcome, Finding, Severity
 
@@ -59,6 +60,14 @@ def _spread(values: list[float]) -> str:
 FLOOR_SHARE = 0.5
 """A candidate's median call may not be under this share of the empty kernel's time: a call that
 launches a kernel of its own cannot take less than an empty launch (with a margin for clocks)."""
+
+
+def crosscheck_slack(cfg: RunnerConfig, cuda: bool) -> tuple[float, float]:
+    """(microseconds, share of the median call) a candidate's time outside the windows may exceed
+    the referee's by: the config's, else 25 us and 4% on CUDA, 1000 us and 25% on the CPU."""
+    us = cfg.crosscheck_slack_us if cfg.crosscheck_slack_us is not None else (25.0 if cuda else 1000.0)
+    ratio = cfg.crosscheck_slack_ratio if cfg.crosscheck_slack_ratio is not None else (0.04 if cuda else 0.25)
+    return us, ratio
 
 
 def cross_check(

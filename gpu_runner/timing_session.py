@@ -27,13 +27,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from gpu_runner.config import RunnerConfig
+from gpu_runner.crosscheck import cross_check, crosscheck_slack
 from gpu_runner.frames import BatchOp, Op, Report, ShipOp, op_frame
 from gpu_runner.memplan import KEPT_OUTPUT_BYTES, MAX_BATCH, SHIPPED_CALLS, TIMING_INPUT_BYTES
 from gpu_runner.pool import decode_outputs
 from gpu_runner.protocol import FrameError
 from gpu_runner.referee import Batch, Referee
 from gpu_runner.stats import median_rel_stderr
+from schemas import Severity
+
+logger = structlog.get_logger(__name__)
 
 JUDGED_CALLS = 16
 """Timed calls whose outputs are judged with the trial rule, where every call's outputs come back."""
@@ -41,6 +47,9 @@ LEAD_FACTOR = 1.5
 """The lead spin is at least this many times the slowest process's host time per call."""
 MAX_LEAD_US = 1000.0
 """The longest lead spin (a call whose host time is longer is timed with its launch gaps)."""
+RECHECK_FACTOR = 2.0
+"""A re-check's lead and cover spins are this many times the first rounds' (and may reach this
+many times :data:`MAX_LEAD_US`): room for a host that was slow for a moment."""
 
 
 @dataclass
@@ -84,6 +93,13 @@ class SessionRecord:
     timer: str = "perf_counter"
     rounds: int = 0
     elapsed_s: float = 0.0
+    superseded: list[Batch] = field(default_factory=list)
+    """Timed batches of the rounds a re-check replaced: their canaries and launch counts still
+    count, their samples and clock do not."""
+    recheck_excess_us: float | None = None
+    """Where the parent's clock contradicted the first rounds (more time outside the windows than
+    allowed), by how much per call; those rounds were then timed again with longer spins, and
+    only the new rounds decide the timing and the cross-check."""
 
 
 class SessionAborted(Exception):
@@ -119,6 +135,8 @@ class TimingSession:
         """The GPU's spin rate as the referee measured it: every process spins the same cycles."""
         self.draw = random.SystemRandom()
         self.callables = ["candidate", "eager"] + (["compiled"] if referee.compiled else [])
+        self.cover_factor = LEAD_FACTOR
+        self.shipped = 0
 
     def _op(self, callable_: str, seed: int, calls: int, warmup: bool, outputs: str) -> BatchOp:
         rate = self.cycles_per_us
@@ -207,13 +225,38 @@ class TimingSession:
             host = max((b.host_us or 0.0) for b in warm.values())
             self.rec.lead_us = min(MAX_LEAD_US, max(cfg.timing_lead_us, LEAD_FACTOR * host))
             self._size_cover(list(warm.values()))
+        first_s = await self._rounds(n, deadline)
+        excess = self._contradicted()
+        if excess is not None and deadline - time.perf_counter() > 2 * first_s:
+            # Before calling the report forged, time it again with room for a host that was slow
+            # for a moment (compiles beside it, say): a forged report stays short of the parent's
+            # clock however long the spins, and only the new rounds' samples count.
+            self.rec.recheck_excess_us = excess
+            logger.info("timing_recheck", excess_us=round(excess, 1), first_s=round(first_s, 3))
+            self.rec.superseded = [b for b in self.rec.batches if not b.warmup]
+            self.rec.batches = [b for b in self.rec.batches if b.warmup]
+            self.rec.lead_us = min(RECHECK_FACTOR * MAX_LEAD_US, RECHECK_FACTOR * self.rec.lead_us)
+            self.cover_factor = RECHECK_FACTOR * LEAD_FACTOR
+            self._size_cover(self.rec.superseded)
+            await self._rounds(n, deadline)
+        if self.device == "cuda":
+            self.rec.final_canary_us, self.rec.final_busy_ms = await self.referee.canary()
+        self.rec.elapsed_s = time.perf_counter() - started
+        return self.rec
+
+    async def _rounds(self, n: int, deadline: float) -> float:
+        """Rounds of ``n`` calls per callable until every callable's median is known to the
+        target error, the repetitions or the budget run out; the seconds they took."""
+        cfg = self.cfg
+        started = time.perf_counter()
         min_rounds = max(1, math.ceil(cfg.timing_min_reps / n))
         max_rounds = max(min_rounds, math.ceil(cfg.timing_max_reps / n))
         ship_rounds: set[int] = set()
-        if self.rec.outputs_mode == "keep" and self.shippable:
-            ship_rounds = set(self.draw.sample(range(min_rounds), min(min_rounds, self.shippable, SHIPPED_CALLS)))
+        can_ship = min(self.shippable, SHIPPED_CALLS) - self.shipped
+        if self.rec.outputs_mode == "keep" and can_ship > 0:
+            ship_rounds = set(self.draw.sample(range(min_rounds), min(min_rounds, can_ship)))
         samples: dict[str, list[float]] = {name: [] for name in self.callables}
-        seen = 0
+        seen = len(self.rec.kept)
         timing_budget = cfg.timing_budget_s
         rounds = 0
         while True:
@@ -238,19 +281,30 @@ class TimingSession:
                     break
             elif spent > 2 * timing_budget and rounds >= 3:
                 break
-        if self.device == "cuda":
-            self.rec.final_canary_us, self.rec.final_busy_ms = await self.referee.canary()
-        self.rec.rounds = rounds
-        self.rec.elapsed_s = time.perf_counter() - started
-        return self.rec
+        self.rec.rounds += rounds
+        return time.perf_counter() - started
+
+    def _contradicted(self) -> float | None:
+        """The excess per call outside the windows where the parent's clock contradicts the
+        candidate's report beyond what is allowed (None: it does not, or the report is refused on
+        other grounds that no re-timing changes)."""
+        slack_us, slack_ratio = crosscheck_slack(self.cfg, cuda=self.device == "cuda")
+        _, finding, excess = cross_check(
+            self.rec.batches, slack_us, slack_ratio, self.rec.flush_us, "", self.rec.empty_kernel_us
+        )
+        if finding is None or finding.severity is not Severity.REJECT:
+            return None
+        return excess
 
     def _size_cover(self, batches: list[Batch]) -> None:
         """The cover spins from the host's drawing in ``batches`` (the slowest process's, times
-        :data:`LEAD_FACTOR`): sized again after every round, so a first draw's one-time costs
-        (the allocator's first blocks) do not stretch every later batch. The callables of one
-        round always share one cover, so their times outside the windows stay comparable."""
-        self.rec.cover_us = min(MAX_LEAD_US, LEAD_FACTOR * max((b.draw_us or 0.0) for b in batches))
-        self.rec.cover_seed_us = min(10 * MAX_LEAD_US, LEAD_FACTOR * max((b.seed_us or 0.0) for b in batches))
+        :data:`LEAD_FACTOR`, or :data:`RECHECK_FACTOR` times that on a re-check): sized again after
+        every round, so a first draw's one-time costs (the allocator's first blocks) do not stretch
+        every later batch. The callables of one round always share one cover, so their times
+        outside the windows stay comparable."""
+        f, top = self.cover_factor, MAX_LEAD_US * self.cover_factor / LEAD_FACTOR
+        self.rec.cover_us = min(top, f * max((b.draw_us or 0.0) for b in batches))
+        self.rec.cover_seed_us = min(10 * top, f * max((b.seed_us or 0.0) for b in batches))
 
     def _reservoir(self, extra: Any, seed: int, calls: int, seen: int) -> int:
         """Keep a uniform sample of :data:`JUDGED_CALLS` of the timed calls whose outputs came back."""
@@ -285,4 +339,5 @@ class TimingSession:
             raise SessionAborted("the candidate's process stopped while shipping a timed call")
         kept.header = got[0]
         kept.ship_ms = (time.perf_counter() - t0) * 1e3
+        self.shipped += 1
         self.rec.kept.append(kept)

@@ -123,6 +123,11 @@ def check(result: EvalResult, c: Case) -> None:
     if c.rule is not None:
         rules = {f.rule for f in result.findings}
         assert c.rule in rules, f"{c.name}: {c.rule.value} not among {sorted(r.value for r in rules)}"
+    cross = next((ch for ch in result.checks if ch.name is CheckName.TIMING_CROSS_CHECK), None)
+    if c.rule is R.TIMER_TAMPERING and cross is not None and "excess" in (cross.detail or ""):
+        # refused on the parent's clock only after a second timing with longer spins: a slow
+        # moment of the host is not called a forgery, a forged report stays one
+        assert "timed again" in (cross.detail or ""), cross.detail
     if result.status is S.CORRECT:
         # Whatever passes was timed and judged from outside: its timing agrees with the parent's
         # clock, and timed calls' outputs were judged.
