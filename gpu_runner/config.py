@@ -120,8 +120,11 @@ class RunnerConfig:
     """Warm-up calls per callable before timing."""
     warmup_min_s: float = 0.025
     """Warm-up time per callable before timing."""
-    timing_lead_us: float = 200.0
-    """Device-side spin queued before each timed call (CUDA), so host launch delays are not timed."""
+    timing_lead_us: float = 50.0
+    """The least device-side spin queued before each timed call (CUDA), so host launch delays are
+    not timed; the session lengthens it to 1.5 times the slowest process's host time per call.
+    On an H200 a 200 us floor was two thirds of the harness's time per call of a 64 MB row sum
+    (~320 us around a ~30 us kernel), with the host's own time per call near 50 us."""
     timing_batch_s: float = 0.02
     """Target length of one timed batch: the parent's clock brackets each, so longer batches
     shrink the pipe's share of it (see ``gpu_runner.crosscheck``)."""
