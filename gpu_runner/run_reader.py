@@ -28,10 +28,14 @@ from gpu_runner.sandbox import Worker
 from gpu_runner.verdict import RunRecord, exit_description
 from schemas import Check, CheckName, CheckOutcome
 
-_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(4, usable_cores() // 4)), thread_name_prefix="kf-compare")
+_COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(8, usable_cores() // 2)), thread_name_prefix="kf-compare")
 """Output comparisons (tens to hundreds of ms of numpy each) run here, not in the event loop's
 default executor, so a burst of them cannot queue the short steps on a candidate's path (the
-gate, staging files, storing a compile) behind it, nor take every core from the compilers."""
+gate, staging files, storing a compile) behind it, nor take every core from the compilers. Half
+the cores, at most 8: a candidate's outputs are judged here for every trial and for the timed
+calls shipped from its process (seven comparisons of 0.4-0.9 s each per candidate of a 64 MB
+relu on an H200 host), and with 4 threads of 16 cores they queued up to 1.6 s behind each other
+and bounded that task's stream."""
 
 
 def _numbers(value: object, limit: int = 16) -> dict[str, float]:
