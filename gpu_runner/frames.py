@@ -166,6 +166,9 @@ class BatchOp(TypedDict):
     warmup: bool
     """Warm-up calls: at least ``calls``, and on until ``warmup_min_s`` (samples not kept)."""
     warmup_min_s: float
+    predraw: int
+    """Warm-up: draws of this many calls' inputs made and dropped before the measured draw, so the
+    allocator holds the blocks a timed batch of up to that many calls needs (0: none)."""
     lead_cycles: int
     """The device spin before each timed call, in GPU cycles (the same count in every process:
     the referee measured the spin rate once, so both spin equally long)."""

@@ -138,9 +138,10 @@ def run_batch(
     lead = int(msg["lead_cycles"])
     warm_s = float(msg["warmup_min_s"]) if msg["warmup"] else 0.0
     if msg["warmup"]:
-        # A first draw pays for the allocator's first blocks and the generators' first use; the
-        # draw that is measured (the parent sizes the cover spin from it) costs what later ones do.
-        draw(int(msg["seed"]), count, {})
+        # A first draw pays for the allocator's first blocks (as many as the largest timed batch
+        # needs) and the generators' first use; the draw that is measured (the parent sizes the
+        # cover spin from it) then costs what the timed batches' draws will.
+        draw(int(msg["seed"]), max(count, int(msg.get("predraw") or 0)), {})
     flusher.spin(int(msg["cover_cycles"]))
     laps: dict[str, float] = {}
     inputs = draw(int(msg["seed"]), count, laps)  # every call's own inputs, drawn before the first call
