@@ -16,6 +16,11 @@ busy by the harness, the overhead per call of honest workloads spread (p10..p90 
 halved showed up as the missing half (+18 us, +170 us, +1013 us). On calls of a few microseconds
 (an 8K relu) the spread was 60-140 us, far above the call: there only the empty-kernel floor
 binds. What remains trusted, and why, is in the README's anti-cheat section.
+
+A host slow for a moment (compiles beside the timing) also shows as time outside the windows:
+on an H200 two honest 64 MB row sums of a stream of eight were 44 us and 476 us over. So the
+timing session (:mod:`gpu_runner.timing_session`) times a contradicted report again with
+longer spins before the verdict runs this check on the new rounds alone.
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ class Case:
     unrewarded: float | None = None
     cpu: bool = True
     gpu: bool = True
+    flagged: CheatRule | None = None
+    """Also as it must be: correct but flagged for review with this rule (never a run's best)."""
 
 
 def case(name: str, ref: str, *statuses: EvalStatus, **kw: object) -> Case:
@@ -59,9 +61,25 @@ CASES = [
     case("hostile_import_precompute", "add_relu"),
     # its own timing report and clock
     case("hostile_forge_timed_samples", "add_relu", S.REJECTED, rule=R.TIMER_TAMPERING, gpu=False),
-    case("hostile_forge_timed_samples", "add_relu_big", S.REJECTED, rule=R.TIMER_TAMPERING, cpu=False),
+    # on calls of tens of microseconds the clock's slack can hide these; the speed-of-light bound
+    # flags them (README, "what stays trusted"; bench/results/trust_h200.md)
+    case(
+        "hostile_forge_timed_samples",
+        "add_relu_big",
+        S.REJECTED,
+        rule=R.TIMER_TAMPERING,
+        cpu=False,
+        flagged=R.IMPLAUSIBLE_SPEED,
+    ),
     case("hostile_patch_clock", "add_relu", S.REJECTED, rule=R.TIMER_TAMPERING, gpu=False),
-    case("hostile_precompute_in_draw", "add_relu_big", S.REJECTED, rule=R.TIMER_TAMPERING, cpu=False),
+    case(
+        "hostile_precompute_in_draw",
+        "add_relu_big",
+        S.REJECTED,
+        rule=R.TIMER_TAMPERING,
+        cpu=False,
+        flagged=R.IMPLAUSIBLE_SPEED,
+    ),
     case("hostile_spin_after_batch", "add_relu_big", S.REJECTED, cpu=False),
     case("hostile_thread_while_timed", "add_relu", S.REJECTED, rule=R.THREADS),
     # the trials' flags, the outputs' identity and layout
@@ -118,6 +136,11 @@ async def gpu_service(secret_env: None, gpu_runner_tmp: Path) -> AsyncIterator[E
 
 
 def check(result: EvalResult, c: Case) -> None:
+    assert SECRET not in result.model_dump_json(), f"{c.name}: the evaluator's secret reached the result"
+    if c.flagged is not None and result.status is S.CORRECT:
+        assert not result.clean, f"{c.name}: correct and clean: {result.summary}"
+        assert c.flagged in {f.rule for f in result.findings}, f"{c.name}: {result.summary}"
+        return
     assert result.status in c.statuses, f"{c.name}: {result.status.value}: {result.summary}"
     assert SECRET not in result.model_dump_json(), f"{c.name}: the evaluator's secret reached the result"
     if c.rule is not None:
