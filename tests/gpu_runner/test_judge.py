@@ -231,3 +231,33 @@ async def test_timed_calls_shipped_after_their_batch_are_judged(judged_on_device
     assert not judged.detail.startswith("0 wrong of 0 ")
     assert stale.status is EvalStatus.INCORRECT, stale.summary
     assert "timed call wrong" in stale.summary
+
+
+async def test_truth_workers_serve_many_jobs_of_their_task_and_stop_with_it() -> None:
+    """A truth worker never runs a candidate, so it is kept between jobs of its task (a start, its
+    CUDA context and the model cost ~0.3-1 s, twice per candidate, on an H200 host): the spares'
+    truths and the timed calls' of two candidates come from the same workers, and none is left
+    once the service closes."""
+    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    service = EvaluationService(cfg)
+    await service.start()
+    try:
+        status, summary = await _evaluate(service, "honest_add_relu.py")
+        assert status is EvalStatus.CORRECT, summary
+        runs = service.runs
+        assert runs is not None
+        assert runs.plan is not None
+        assert runs.plan.truth_workers >= 1, runs.plan.summary()
+        await runs.wait_idle(1, 120)
+        first = {id(w): w.worker.pid for w in runs.idle_truth if w.worker is not None}
+        assert first, "no truth worker kept after the first candidate"
+        status, summary = await _evaluate(service, "honest_add_relu.py")
+        assert status is EvalStatus.CORRECT, summary
+        await runs.wait_idle(1, 120)
+        again = {id(w): w.worker.pid for w in runs.idle_truth if w.worker is not None}
+        assert set(first.items()) & set(again.items()), (first, again)
+        assert len(runs.idle_truth) <= runs.plan.truth_workers
+        kept = list(runs.idle_truth)
+    finally:
+        await service.aclose()
+    assert all(not w.alive for w in kept)
