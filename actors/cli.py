@@ -351,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except TaskRefused as exc:
+    except TaskRefused as exc:  # TaskInvalid (the task's own fault) included
         _out(f"kfoundry: {exc}", sys.stderr)
-        return TaskRefused.exit_code
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:  # the CLI's one boundary: a known error is one line, never a traceback

@@ -24,6 +24,14 @@ class TaskRefused(KfError):
     exit_code = 3
 
 
+class TaskInvalid(TaskRefused):
+    """The task itself does not work (its ``get_inputs``, constructor or forward fails, or its
+    outputs are not tensors): the user's file, not this machine. ``kfoundry`` exits with status 2,
+    as for any other bad input."""
+
+    exit_code = 2
+
+
 class NatsServerError(KfError):
     """The embedded NATS server could not be found or started."""
 

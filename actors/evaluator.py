@@ -15,12 +15,12 @@ import time
 
 from actors.base import Actor
 from actors.bus import ConsumerSpec, Delivery
-from actors.errors import Retry, TaskRefused
+from actors.errors import Retry, TaskInvalid, TaskRefused
 from actors.kv import get_run
 from actors.latency import EVALUATION_SECONDS
 from actors.logs import bound
 from actors.runners import Runner
-from gpu_runner.errors import IsolationUnavailable, TaskTooLarge
+from gpu_runner.errors import InvalidReference, IsolationUnavailable, TaskTooLarge
 from schemas import ActorKind, Candidate, EvalStatus, RunEnd, RunSpec, Task, subjects
 
 
@@ -78,6 +78,9 @@ class EvaluatorActor(Actor):
             await preparing  # the task's plan: a refusal (too large) ends the set-up here
         except (TaskTooLarge, IsolationUnavailable) as exc:  # no candidate can run here: the run says so and ends
             self.refused = TaskRefused(str(exc))
+            raise self.refused from None
+        except InvalidReference as exc:  # the task itself fails: no candidate can be judged against it
+            self.refused = TaskInvalid(f"the task does not work: {exc.one_line()}")
             raise self.refused from None
 
     async def _consume(self) -> None:

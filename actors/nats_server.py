@@ -153,11 +153,38 @@ def stop_server(pid: int, timeout: float = 10.0) -> None:
 
 
 def _connections(http_url: str) -> int | None:
+    """Clients connected to the server, this process's own left open not counted (a command
+    that failed may not have closed its connections when it releases the server it started:
+    they end with the process, and must not keep the server running after it)."""
     try:
-        with urllib.request.urlopen(f"{http_url}/varz", timeout=1.0) as resp:
-            return int(json.loads(resp.read())["connections"])
-    except (OSError, ValueError, KeyError):
+        with urllib.request.urlopen(f"{http_url}/connz?limit=1024", timeout=1.0) as resp:
+            conns = json.loads(resp.read())["connections"] or []
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+    own = _own_tcp_ports()
+    return sum(1 for c in conns if not (c.get("ip") in ("127.0.0.1", "::1") and c.get("port") in own))
+
+
+def _own_tcp_ports() -> set[int]:
+    """Local ports of this process's TCP sockets (from ``/proc``; empty where it cannot tell)."""
+    inodes: set[str] = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    ports: set[int] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            next(fh, None)
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 class EmbeddedServer:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from actors.actor_command import add_actor_options
 from actors.controller import RunController
-from actors.errors import ConfigError, refusal_in
+from actors.errors import ConfigError, TaskRefused, refusal_in
 from actors.options import ALL_EXPERTS, RunOptions
 from actors.process import add_nats_options, nats_url, run_async
 from schemas import (
@@ -251,31 +251,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     seeds = [p.read_text() for p in args.seed_candidate]
 
-    async def main(stop: asyncio.Event) -> int:
-        with nats_url(args.nats) as url:
-            controller = RunController(
-                spec=spec,
-                url=url,
-                run_dir=run_dir,
-                options=options,
-                seeds=seeds,
-                progress=None if args.quiet else sys.stderr,
-                gpu_claims=claims,
-            )
-            started = time.time()
-            try:
-                outcome = await controller.run(stop)
-            except BaseExceptionGroup as group:  # a local actor refused the task: one line, exit 3
-                refused = refusal_in(group)
-                if refused is None:
-                    raise
-                raise refused from None
-            sys.stdout.write(outcome.summary(time.time() - started) + "\n")
-            from actors.report import isolation_warning
+    async def main(stop: asyncio.Event, url: str) -> int:
+        controller = RunController(
+            spec=spec,
+            url=url,
+            run_dir=run_dir,
+            options=options,
+            seeds=seeds,
+            progress=None if args.quiet else sys.stderr,
+            gpu_claims=claims,
+        )
+        started = time.time()
+        refused: TaskRefused | None = None
+        try:
+            outcome = await controller.run(stop)
+        except BaseExceptionGroup as group:  # a local actor refused the task: one line, exit 3 (2: the task's fault)
+            found = refusal_in(group)
+            if found is None:
+                raise
+            # raised afresh outside the handler: the group's tracebacks hold the actors (their
+            # worker processes' transports), which are then freed while the loop still runs
+            refused = type(found)(str(found))
+        if refused is not None:
+            raise refused
+        sys.stdout.write(outcome.summary(time.time() - started) + "\n")
+        from actors.report import isolation_warning
 
-            warning = isolation_warning(run_dir / "report.json")
-            if warning is not None:
-                sys.stdout.write(warning + "\n")
-            return outcome.exit_code
+        warning = isolation_warning(run_dir / "report.json")
+        if warning is not None:
+            sys.stdout.write(warning + "\n")
+        return outcome.exit_code
 
-    return run_async(main)
+    # The embedded server is released once the event loop is gone: a run that failed (a task
+    # that does not work, say) leaves its actors' connections to be closed while the loop winds
+    # down, and a release inside the loop, which waits without yielding, found them still open
+    # and left the server running.
+    with nats_url(args.nats) as url:
+        return run_async(lambda stop: main(stop, url))

@@ -19,7 +19,7 @@ import structlog
 
 from gpu_runner.config import EvalJob, IsolationMode, RunnerConfig
 from gpu_runner.counters_step import with_counters
-from gpu_runner.errors import RunnerError
+from gpu_runner.errors import InvalidReference, RunnerError
 from gpu_runner.probe import validate_reference
 from gpu_runner.service import EvaluationService
 from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage, TorchOpsPolicy
@@ -200,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                 args.profile_counters,
             )
         )
+    except InvalidReference as exc:  # the task's own fault: one line (the traceback with --verbose), as `run` says it
+        sys.stderr.write(f"kfoundry eval: error: the task does not work: {exc.one_line()}\n")
+        if args.verbose and exc.detail:
+            sys.stderr.write(exc.detail.rstrip() + "\n")
+        return 2
     except RunnerError as exc:
         sys.stderr.write(f"kfoundry eval: error: {exc}\n")
         return 1

@@ -7,6 +7,8 @@ does ends as an :class:`schemas.EvalResult` with a status.
 
 from __future__ import annotations
 
+import re
+
 
 class RunnerError(Exception):
     """Root of every error ``gpu_runner`` raises on purpose."""
@@ -29,6 +31,24 @@ class InvalidReference(RunnerError):
         super().__init__(f"invalid reference: {reason}" + (f"\n{detail}" if detail else ""))
         self.reason = reason
         self.detail = detail
+
+    def one_line(self) -> str:
+        """The reason and, where the traceback reaches the task file, its line: what a user reads."""
+        where = task_location(self.detail)
+        return self.reason + (f" (task file {where})" if where else "")
+
+
+REFERENCE_FILENAME = "<kfoundry-reference>"
+"""The file name a reference's code is compiled under in the workers (its frames carry it)."""
+
+
+def task_location(traceback_text: str) -> str | None:
+    """``line N, in NAME`` of the innermost frame of the task file in a traceback, if any."""
+    found = re.findall(r'File "' + re.escape(REFERENCE_FILENAME) + r'", line (\d+), in (\S+)', traceback_text)
+    if not found:
+        return None
+    line, name = found[-1]
+    return f"line {line}, in {name}"
 
 
 class WorkerStartError(RunnerError):

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import CompileOp, Report
 from gpu_runner.memplan import ON_DEVICE_BYTES
 from gpu_runner.sandboxed import common
@@ -26,7 +27,7 @@ from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
 from gpu_runner.sandboxed.common import Channel, Laps, describe_exception
 from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.sandboxed.measure import measured_sizes
-from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, build_model, load_module, make_inputs
+from gpu_runner.sandboxed.reference import build_model, load_module, make_inputs
 
 
 class _CompileOnlyDriver:

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
+from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import JudgeOp, Report
 from gpu_runner.protocol import MAX_SHARED_OUTPUTS
 from gpu_runner.sandboxed.common import TORCH_DTYPES, Channel, Laps, checksum, flatten_outputs, sync
 from gpu_runner.sandboxed.reference import (
-    REFERENCE_FILENAME,
     ReferenceFault,
     as_double,
     build_model,

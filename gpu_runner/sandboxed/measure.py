@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import MeasureOp
 from gpu_runner.sandboxed.common import flatten_outputs
-from gpu_runner.sandboxed.reference import REFERENCE_FILENAME, load_module
+from gpu_runner.sandboxed.reference import load_module
 
 
 def _nbytes(values: list[Any]) -> tuple[int, int]:

@@ -156,7 +156,12 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
                 channel.release_gpu(device)
                 channel.send(Report.TASK_READY, out_metas=[], init_on_device=ref.init_on_device, phases=laps.seconds)
                 return ref
-            sample = ref.draw(int(msg["calibrate_seed"]))
+            try:
+                sample = ref.draw(int(msg["calibrate_seed"]))
+            except ReferenceFault:
+                raise
+            except Exception as exc:
+                raise ReferenceFault(f"get_inputs() failed: {type(exc).__name__}: {exc}") from exc
             with torch.no_grad(), exact_fp32():
                 outs = tensors(ref.model(*clone_inputs(sample)), "Model.forward")
         except ReferenceFault:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import Report
 from gpu_runner.sandboxed.common import (
     Channel,
@@ -32,8 +33,6 @@ from gpu_runner.sandboxed.common import (
     register_host,
     sync,
 )
-
-REFERENCE_FILENAME = "<kfoundry-reference>"
 
 
 class ReferenceFault(Exception):
@@ -212,7 +211,8 @@ def tensors(out: object, what: str) -> list[torch.Tensor]:
     """A forward's outputs as detached tensors; :class:`ReferenceFault` unless it returned tensors."""
     items = flatten_outputs(out)
     if not items or not all(isinstance(t, torch.Tensor) for t in items):
-        raise ReferenceFault(f"{what} did not return a tensor or a tuple of tensors")
+        got = type(out).__name__ if not items else ", ".join(sorted({type(t).__name__ for t in items}))
+        raise ReferenceFault(f"{what} did not return a tensor or a tuple of tensors (it returned {got})")
     return [t.detach() for t in items if isinstance(t, torch.Tensor)]
 
 

@@ -57,7 +57,15 @@ async def analyse_in_child(
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await asyncio.shield(proc.wait())
+            try:
+                await asyncio.shield(proc.wait())
+            finally:
+                # Cancelled again while waiting (a run that ends at once): its pipes are closed
+                # now, with the loop running, not by the collector after the loop is gone (which
+                # printed "Exception ignored ... Event loop is closed" under the command's output).
+                transport = getattr(proc, "_transport", None)
+                if transport is not None:
+                    transport.close()
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return Unsupported(detail=f"the analysis process failed ({proc.returncode}): {tail[0][:300]}")

@@ -1,0 +1,99 @@
+"""A task that cannot work ends `kfoundry run` and `kfoundry eval` within seconds: one line that
+names the cause (and the task file's line where the traceback reaches it), exit status 2, no
+traceback, and no embedded NATS server left running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CANDIDATE = ROOT / "tests" / "gpu_runner" / "candidates" / "honest_add_relu.py"
+
+HEAD = "import torch\nimport torch.nn as nn\n\n\n"
+RELU = "class Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n\n\n"
+NO_INIT = "def get_init_inputs():\n    return []\n"
+
+TASKS = {
+    "get_inputs_raises": (
+        HEAD + RELU + "def get_inputs():\n    raise ValueError('no data here')\n\n\n" + NO_INIT,
+        ["get_inputs() failed: ValueError: no data here", "task file line 11, in get_inputs"],
+    ),
+    "get_inputs_returns_a_tensor": (
+        HEAD + RELU + "def get_inputs():\n    return torch.randn(16, 16)\n\n\n" + NO_INIT,
+        ["get_inputs() returned Tensor, not a list"],
+    ),
+    "forward_returns_a_dict": (
+        HEAD
+        + "class Model(nn.Module):\n    def forward(self, x):\n        return {'y': torch.relu(x)}\n\n\n"
+        + "def get_inputs():\n    return [torch.randn(16, 16)]\n\n\n"
+        + NO_INIT,
+        ["Model.forward did not return a tensor or a tuple of tensors (it returned dict)"],
+    ),
+    "constructor_argument_missing": (
+        HEAD
+        + "class Model(nn.Module):\n    def __init__(self, n, scale):\n        super().__init__()\n"
+        + "        self.scale = scale\n\n    def forward(self, x):\n        return x * self.scale\n\n\n"
+        + "def get_inputs():\n    return [torch.randn(16, 16)]\n\n\n"
+        + "def get_init_inputs():\n    return [16]\n",
+        ["building the reference failed: TypeError", "missing 1 required positional argument: 'scale'"],
+    ),
+}
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    env.pop("NATS_URL", None)
+    return env
+
+
+def _kfoundry(*args: str, env: dict[str, str], timeout: float) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "actors.cli", *args],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT, check=False,
+    )  # fmt: skip
+    return done, time.monotonic() - t0
+
+
+def _one_line(done: subprocess.CompletedProcess[str], prefix: str, causes: list[str]) -> None:
+    assert done.returncode == 2, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith(prefix)]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert "the task does not work: " in lines[0], lines[0]
+    for cause in causes:
+        assert cause in lines[0], lines[0]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_eval_of_a_task_that_does_not_work_is_one_line_and_status_2(tmp_path: Path, name: str) -> None:
+    source, causes = TASKS[name]
+    task = tmp_path / f"{name}.py"
+    task.write_text(source)
+    done, _ = _kfoundry("eval", str(task), str(CANDIDATE), "--device", "cpu", env=_env(tmp_path), timeout=100)
+    _one_line(done, "kfoundry eval: error:", causes)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", ["get_inputs_raises", "forward_returns_a_dict"])
+def test_run_of_a_task_that_does_not_work_ends_in_seconds_and_leaves_no_server(tmp_path: Path, name: str) -> None:
+    source, causes = TASKS[name]
+    task = tmp_path / f"{name}.py"
+    task.write_text(source)
+    env = _env(tmp_path)
+    args = ("run", str(task), "--device", "cpu", "--seconds", "120", "--candidates", "4")
+    done, took = _kfoundry(*args, "--run-dir", str(tmp_path / "run"), env=env, timeout=150)
+    _one_line(done, "kfoundry:", causes)
+    assert took < 60, f"a run of a broken task took {took:.0f} s of its 120 s budget"
+    # the embedded server it started is gone: its state file removed, its process stopped
+    state = list((tmp_path / "home").rglob("server.json"))
+    assert not state, [p.read_text() for p in state]
+    running = subprocess.run(["pgrep", "-f", str(tmp_path / "home")], capture_output=True, text=True, check=False)
+    assert running.stdout.strip() == "", running.stdout
