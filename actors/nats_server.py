@@ -152,16 +152,16 @@ def stop_server(pid: int, timeout: float = 10.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _connections(http_url: str) -> int | None:
-    """Clients connected to the server, this process's own left open not counted (a command
-    that failed may not have closed its connections when it releases the server it started:
-    they end with the process, and must not keep the server running after it)."""
+def _connections(http_url: str, ignore_own: bool = False) -> int | None:
+    """Clients connected to the server; with ``ignore_own``, this process's own left open not
+    counted (a command that failed may not have closed its connections when it releases the
+    server it started: they end with the process, and must not keep the server running after it)."""
     try:
         with urllib.request.urlopen(f"{http_url}/connz?limit=1024", timeout=1.0) as resp:
             conns = json.loads(resp.read())["connections"] or []
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    own = _own_tcp_ports()
+    own = _own_tcp_ports() if ignore_own else set()
     return sum(1 for c in conns if not (c.get("ip") in ("127.0.0.1", "::1") and c.get("port") in own))
 
 
@@ -233,19 +233,20 @@ class EmbeddedServer:
             self.info = self._load()
         return self.info
 
-    def release(self, *, grace_s: float = 0.5) -> bool:
-        """Stop the server if no client is connected any more. Returns whether it stopped it."""
+    def release(self, *, grace_s: float = 0.5, ignore_own: bool = False) -> bool:
+        """Stop the server if no client is connected any more (``ignore_own``: none but this
+        process's own, which end with it). Returns whether it stopped it."""
         info = self.info
         if info is None:
             return False
         deadline = time.monotonic() + grace_s
         while True:
-            conns = _connections(info.http_url)
+            conns = _connections(info.http_url, ignore_own)
             if conns is None:
                 return False
             if conns == 0:
                 with self._locked():  # a command that starts now either reuses it first or finds it gone
-                    if _connections(info.http_url) != 0:
+                    if _connections(info.http_url, ignore_own) != 0:
                         return False
                     stop_server(info.pid)
                     with contextlib.suppress(FileNotFoundError):

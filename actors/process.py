@@ -47,7 +47,9 @@ def nats_url(arg: str | None) -> Iterator[str]:
     try:
         yield url
     finally:
-        server.release()
+        # The command is ending: connections it left open end with it and do not keep a server
+        # it started itself running (one it found running counts every client, this one's too).
+        server.release(ignore_own=server.started_here)
 
 
 def positive_seconds(text: str) -> float:

@@ -88,14 +88,14 @@ def test_cli_missing_file_is_a_usage_error(tmp_path: Path, capsys: pytest.Captur
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_cli_invalid_reference_means_the_evaluator_cannot_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_invalid_reference_is_a_bad_task_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "ref.py"
     bad.write_text("import torch\nclass Model: pass\n")
     code = main([str(bad), str(CANDIDATES / "honest_add_relu.py"), "--device", "cpu"])
-    assert code == 1
-    assert "get_inputs" in capsys.readouterr().err
+    assert code == 2  # the task's fault, as `kfoundry run` reports it (README, exit statuses)
+    err = capsys.readouterr().err
+    assert "the task does not work" in err, err
+    assert "get_inputs" in err, err
 
 
 def test_cli_cuda_without_a_gpu_is_an_evaluator_error(capsys: pytest.CaptureFixture[str]) -> None:
