@@ -82,7 +82,7 @@ def test_eval_of_a_task_that_does_not_work_is_one_line_and_status_2(tmp_path: Pa
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", ["get_inputs_raises", "forward_returns_a_dict"])
+@pytest.mark.parametrize("name", ["get_inputs_raises", pytest.param("forward_returns_a_dict", marks=pytest.mark.slow)])
 def test_run_of_a_task_that_does_not_work_ends_in_seconds_and_leaves_no_server(tmp_path: Path, name: str) -> None:
     source, causes = TASKS[name]
     task = tmp_path / f"{name}.py"
