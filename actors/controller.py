@@ -35,7 +35,7 @@ from actors.kv import get_expert_config, list_expert_configs, put_expert_config,
 from actors.launch import run_actors, run_local_actors
 from actors.logs import get_logger
 from actors.options import RunOptions
-from actors.outcome import RunOutcome
+from actors.outcome import RunOutcome, declines_sentence
 from actors.progress import Progress, RunWatcher
 from actors.run_stream import publish_seeds, write_results
 from schemas import (
@@ -382,7 +382,7 @@ class RunController:
             await self.watcher.stop()
             self._show(final=True)
             log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
-            await write_results(bus, self.spec, self.progress.best, self.run_dir)
+            report = await write_results(bus, self.spec, self.progress.best, self.run_dir)
             best = self.progress.best
             return RunOutcome(
                 run_id=self.spec.run_id,
@@ -396,6 +396,7 @@ class RunController:
                 cancelled=len(self.cancelled),
                 best_vs_compiled=best.speedup_vs_compiled if best else None,
                 best_compiled_derived=best.compiled_derived if best else False,
+                declined=declines_sentence(report.islands),
             )
         finally:
             actors_stop.set()

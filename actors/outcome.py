@@ -9,11 +9,16 @@ one-line summary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from schemas import DeviceChoice, StopReason
+from schemas import DeclineReason, DeviceChoice, StopReason
+
+if TYPE_CHECKING:
+    from actors.report.model import IslandReport
 
 
 class RunVerdict(StrEnum):
@@ -128,6 +133,8 @@ class RunOutcome:
     """The best's speedup over ``torch.compile``; ``None`` when that baseline was not measured."""
     best_compiled_derived: bool = False
     """``best_vs_compiled`` came from the task's measured compiled/eager ratio (``EvalResult.compiled_derived``)."""
+    declined: str | None = None
+    """What the experts declined and why (:func:`declines_sentence`), where they declined any."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -151,13 +158,34 @@ class RunOutcome:
         if self.best_fitness is not None:
             best += f" ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
         cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""
+        what = f"{self.evaluated} evaluated" + (f" ({counts})" if counts else "")
+        if self.declined and not self.evaluated:  # nothing to judge: say why before anything else
+            what += f": {self.declined}"
         line = (
-            f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {self.evaluated} evaluated "
-            f"({counts}){cancelled}; {best}; report in {self.run_dir / 'report.json'}"
+            f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {what}"
+            f"{cancelled}; {best}; report in {self.run_dir / 'report.json'}"
         )
         if self.device is DeviceChoice.CPU:
             line += f"\n{CPU_TIMINGS_NOTE}"
         return line
+
+
+def declines_sentence(islands: Sequence[IslandReport]) -> str | None:
+    """``the experts declined N request(s): REASON: DETAIL`` (the decline of the island that had
+    the most) with a suggestion where one helps; None when no expert declined."""
+    declined = [i for i in islands if i.last_decline is not None and i.declines]
+    if not declined:
+        return None
+    total = sum(i.declines for i in declined)
+    last = max(declined, key=lambda i: i.declines).last_decline
+    assert last is not None
+    text = f"the experts declined {total} request(s): {last.reason}" + (f": {last.detail}" if last.detail else "")
+    if last.reason == DeclineReason.UNSUPPORTED:
+        text += (
+            " (try --torch-ops reference, which leaves the reference's own ops to PyTorch, or an LLM "
+            "expert: kfoundry expert set NAME --kind llm ..., then --experts template,NAME)"
+        )
+    return text
 
 
 CPU_TIMINGS_NOTE = (

@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from actors.bus import Bus
 from actors.logs import get_logger
 from actors.outcome import model_header_note, verdict_of
 from actors.quota import CandidateQuota
 from schemas import Candidate, DeviceChoice, EvalResult, Message, Proposal, RunSpec, decode_any, subjects
+
+if TYPE_CHECKING:
+    from actors.report.model import RunReport
 
 log = get_logger(__name__)
 
@@ -60,9 +64,9 @@ async def replay(bus: Bus, run_id: str) -> list[Message]:
     return out
 
 
-async def write_results(bus: Bus, spec: RunSpec, best: EvalResult | None, run_dir: Path) -> None:
+async def write_results(bus: Bus, spec: RunSpec, best: EvalResult | None, run_dir: Path) -> RunReport:
     """``best_model.py`` (the best candidate, standalone, with a header saying what it is worth)
-    and the report with its plots, in ``run_dir``."""
+    and the report with its plots, in ``run_dir``; the report."""
     from actors.kv import load_text
 
     messages = await replay(bus, spec.run_id)
@@ -97,3 +101,4 @@ async def write_results(bus: Bus, spec: RunSpec, best: EvalResult | None, run_di
     report = await asyncio.to_thread(build_report, spec, messages, states)
     await asyncio.to_thread(write_report, report, run_dir)
     log.info("results written", run_dir=str(run_dir), messages=len(messages))
+    return report

@@ -97,3 +97,21 @@ def test_run_of_a_task_that_does_not_work_ends_in_seconds_and_leaves_no_server(t
     assert not state, [p.read_text() for p in state]
     running = subprocess.run(["pgrep", "-f", str(tmp_path / "home")], capture_output=True, text=True, check=False)
     assert running.stdout.strip() == "", running.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_run_whose_requests_were_all_declined_says_why(tmp_path: Path) -> None:
+    task = tmp_path / "random_forward.py"
+    task.write_text(
+        HEAD
+        + "class Model(nn.Module):\n    def forward(self, x):\n        return x + torch.randn_like(x)\n\n\n"
+        + "def get_inputs():\n    return [torch.randn(64, 64)]\n\n\n"
+        + NO_INIT
+    )
+    args = ("run", str(task), "--device", "cpu", "--seconds", "15", "--candidates", "2")
+    done, _ = _kfoundry(*args, "--run-dir", str(tmp_path / "run"), env=_env(tmp_path), timeout=150)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    line = done.stdout.splitlines()[0]
+    assert "0 evaluated: the experts declined" in line, line
+    assert "torch.randn_like" in line, line

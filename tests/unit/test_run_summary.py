@@ -94,3 +94,28 @@ def test_best_model_header_marks_a_kernel_slower_than_a_measured_baseline(
         assert mark in note
     assert all(line.startswith("# ") for line in note.splitlines())
     assert bool(note) == bool(marks)
+
+
+def test_a_run_that_evaluated_nothing_names_the_declines_and_what_to_try() -> None:
+    from actors.outcome import declines_sentence
+    from actors.report.model import IslandReport
+    from schemas import Decline, DeclineReason
+
+    why = Decline(reason=DeclineReason.UNSUPPORTED, detail="function torch.randn_like is not covered by the templates")
+    islands = [
+        IslandReport(island="i0", evaluated=0, declines=9, last_decline=why),
+        IslandReport(island="i1", evaluated=0, declines=7, last_decline=why),
+        IslandReport(island="i2", evaluated=0),
+    ]
+    said = declines_sentence(islands)
+    assert said is not None
+    assert said.startswith("the experts declined 16 request(s): unsupported: function torch.randn_like"), said
+    assert "--torch-ops reference" in said
+    outcome = dataclasses.replace(_outcome(DeviceChoice.CPU, best=None), evaluated=0, statuses={}, declined=said)
+    text = outcome.summary(20.0)
+    assert "0 evaluated: the experts declined 16 request(s)" in text, text
+    assert "()" not in text, text
+    assert declines_sentence([IslandReport(island="i0", evaluated=3)]) is None
+    timeout = Decline(reason=DeclineReason.TIMEOUT, detail="no reply in 60 s")
+    other = declines_sentence([IslandReport(island="i0", evaluated=0, declines=2, last_decline=timeout)])
+    assert other == "the experts declined 2 request(s): timeout: no reply in 60 s"
