@@ -118,6 +118,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_task_source(path: Path) -> str:
     """Read a task file and check it is in KernelBench format, naming what is missing."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a task file (give the .py file of one task)")
     if not path.is_file():
         raise ConfigError(f"task file not found: {path}")
     source = path.read_text()

@@ -64,3 +64,10 @@ def test_a_task_missing_its_functions_is_refused_by_name(tmp_path: Path) -> None
         check_task_source(path)
     with pytest.raises(InvalidReference, match="get_inputs, get_init_inputs"):
         validate_reference(MISSING)
+
+
+def test_a_directory_given_as_a_task_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory, not a task file"):
+        check_task_source(tmp_path)
+    with pytest.raises(ConfigError, match="task file not found"):
+        check_task_source(tmp_path / "nothing.py")
