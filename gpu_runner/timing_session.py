@@ -137,6 +137,8 @@ class TimingSession:
         self.callables = ["candidate", "eager"] + (["compiled"] if referee.compiled else [])
         self.cover_factor = LEAD_FACTOR
         self.shipped = 0
+        self.seen = 0
+        """Timed calls whose outputs came back so far (the reservoir's count, across a re-check)."""
 
     def _op(self, callable_: str, seed: int, calls: int, warmup: bool, outputs: str) -> BatchOp:
         rate = self.cycles_per_us
@@ -257,7 +259,6 @@ class TimingSession:
         if self.rec.outputs_mode == "keep" and can_ship > 0:
             ship_rounds = set(self.draw.sample(range(min_rounds), min(min_rounds, can_ship)))
         samples: dict[str, list[float]] = {name: [] for name in self.callables}
-        seen = len(self.rec.kept)
         timing_budget = cfg.timing_budget_s
         rounds = 0
         while True:
@@ -269,7 +270,7 @@ class TimingSession:
                 if name != "candidate":
                     continue
                 if self.rec.outputs_mode == "all":
-                    seen = self._reservoir(extra, seed, n, seen)
+                    self.seen = self._reservoir(extra, seed, n, self.seen)
                 elif rounds in ship_rounds:
                     await self._ship(self.draw.randrange(n), seed, deadline)
             rounds += 1
