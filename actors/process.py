@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import os
 import signal
 import sys
@@ -114,11 +113,6 @@ def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            # Subprocess transports a failed command dropped without closing are finalised while
-            # the loop still runs: collected after it closed, each printed "Exception ignored
-            # ... Event loop is closed" with a traceback under the command's one-line error.
-            gc.collect()
-            await asyncio.sleep(0)
         final = 130 if signal.SIGINT in received else code
         # The command's work is done (a run's results are written): the event loop's own teardown
         # (tasks still being cancelled, threads of the default executor) must not hold the process.

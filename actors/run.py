@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from actors.actor_command import add_actor_options
 from actors.controller import RunController
-from actors.errors import ConfigError, TaskRefused, refusal_in
+from actors.errors import ConfigError, refusal_in
 from actors.options import ALL_EXPERTS, RunOptions
 from actors.process import add_nats_options, nats_url, run_async
 from schemas import (
@@ -264,18 +264,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             gpu_claims=claims,
         )
         started = time.time()
-        refused: TaskRefused | None = None
         try:
             outcome = await controller.run(stop)
         except BaseExceptionGroup as group:  # a local actor refused the task: one line, exit 3 (2: the task's fault)
-            found = refusal_in(group)
-            if found is None:
+            refused = refusal_in(group)
+            if refused is None:
                 raise
-            # raised afresh outside the handler: the group's tracebacks hold the actors (their
-            # worker processes' transports), which are then freed while the loop still runs
-            refused = type(found)(str(found))
-        if refused is not None:
-            raise refused
+            raise refused from None
         sys.stdout.write(outcome.summary(time.time() - started) + "\n")
         from actors.report import isolation_warning
 
