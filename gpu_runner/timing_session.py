@@ -228,6 +228,14 @@ class TimingSession:
             host = max((b.host_us or 0.0) for b in warm.values())
             self.rec.lead_us = min(MAX_LEAD_US, max(cfg.timing_lead_us, LEAD_FACTOR * host))
             self._size_cover(list(warm.values()))
+        logger.debug(
+            "timing_harness",
+            calls=n,
+            host_us={k: round(b.host_us or 0.0, 1) for k, b in warm.items()},
+            draw_us={k: round(b.draw_us or 0.0, 1) for k, b in warm.items()},
+            lead_us=round(self.rec.lead_us, 1),
+            cover_us=round(self.rec.cover_us, 1),
+        )
         first_s = await self._rounds(n, deadline)
         excess = self._contradicted()
         if excess is not None and deadline - time.perf_counter() > 2 * first_s:
