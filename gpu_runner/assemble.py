@@ -267,8 +267,13 @@ def _timed(
     assert ref is not None
     batches = [b for b in session.batches if not b.warmup] if session is not None else []
     timer = TimerKind(session.timer if session is not None else "perf_counter")
-    stats = {
-        name: timing_stats([x for b in batches if b.callable == name for x in b.samples], timer)
+    pooled = session.pooled if session is not None else {}
+    stats = {  # a baseline's earlier sessions' samples too, where this one pooled them (they agreed)
+        name: timing_stats(
+            [x for b in batches if b.callable == name for x in b.samples] + pooled.get(name, []),
+            timer,
+            earlier=len(pooled.get(name, [])),
+        )
         for name in ("candidate", "eager", "compiled")
     }
     cand, eager, compiled = stats.get("candidate"), stats.get("eager"), stats.get("compiled")

@@ -148,7 +148,8 @@ def summary_text(result: EvalResult) -> str:
     if result.baselines is not None:
         for name, stats in (("eager", result.baselines.eager), ("torch.compile", result.baselines.compiled)):
             if stats is not None:
-                lines.append(f"{name}: median {stats.median_ms:.4f} ms ({stats.reps} reps)")
+                earlier = f", {stats.earlier_reps} in earlier sessions of the task" if stats.earlier_reps else ""
+                lines.append(f"{name}: median {stats.median_ms:.4f} ms ({stats.reps} reps{earlier})")
     if result.speedup_vs_eager is not None:
         lines.append(
             f"speedup vs eager {result.speedup_vs_eager:.3f}x"

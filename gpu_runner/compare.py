@@ -393,8 +393,10 @@ def correctness(trials: list[TrialCheck], expected: int, tolerance: tuple[float,
     )
 
 
-def timing_stats(samples: list[float], timer: TimerKind, wall: list[float] | None = None) -> TimingStats | None:
-    """Statistics of raw per-call times (ms)."""
+def timing_stats(
+    samples: list[float], timer: TimerKind, wall: list[float] | None = None, earlier: int = 0
+) -> TimingStats | None:
+    """Statistics of raw per-call times (ms); ``earlier`` of them from the task's earlier timing sessions."""
     values = np.asarray([s for s in samples if np.isfinite(s) and s >= 0], dtype=np.float64)
     if values.size == 0:
         return None
@@ -410,6 +412,7 @@ def timing_stats(samples: list[float], timer: TimerKind, wall: list[float] | Non
         p10_ms=float(np.percentile(values, 10)),
         p90_ms=float(np.percentile(values, 90)),
         reps=int(values.size),
+        earlier_reps=earlier,
         rel_stderr=std / np.sqrt(values.size) / mean if mean > 0 else float("inf"),
         median_rel_stderr=med_err if np.isfinite(med_err) else None,
         timer=timer,

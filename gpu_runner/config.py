@@ -116,6 +116,13 @@ class RunnerConfig:
     """Most timed calls per callable."""
     timing_budget_s: float = 6.0
     """Wall-clock budget of the timing phase (all callables together)."""
+    timing_pool_sessions: int = 3
+    """A task's timing sessions whose baseline samples a later one pools with its own (timing
+    each baseline in every other round only, where they agree: ``gpu_runner.timing_session``);
+    0 times both baselines in every round of every session."""
+    timing_pool_agree: float = 0.02
+    """How far (a share) a session's own median of a baseline may be from the pooled sessions'
+    for the pool to count (or three of their combined standard errors, if more, up to five times this)."""
     warmup_min_calls: int = 3
     """Warm-up calls per callable before timing."""
     warmup_min_s: float = 0.025
@@ -220,6 +227,8 @@ class RunnerConfig:
             ("timing_min_reps", self.timing_min_reps >= 3, "must be >= 3"),
             ("timing_max_reps", self.timing_max_reps >= self.timing_min_reps, "must be >= timing_min_reps"),
             ("timing_budget_s", self.timing_budget_s > 0, "must be > 0"),
+            ("timing_pool_sessions", self.timing_pool_sessions >= 0, "must be >= 0"),
+            ("timing_pool_agree", self.timing_pool_agree > 0, "must be > 0"),
             ("warmup_min_calls", self.warmup_min_calls >= 1, "must be >= 1"),
             ("warmup_min_s", self.warmup_min_s >= 0, "must be >= 0"),
             ("timing_batch_s", 0.0 < self.timing_batch_s <= 1.0, "must be within (0, 1]"),

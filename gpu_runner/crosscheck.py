@@ -154,6 +154,12 @@ BUSY_MS = 20.0
 """Work still running this long after a candidate's batch returned is refused however rare."""
 
 
+def canary_limit_us(quiet_us: float | None, busy_us: float) -> float:
+    """A canary above this found another process's work holding the GPU: ``busy_us`` (the
+    config's) and 20 times the canary's quiet median, whichever is more."""
+    return max(busy_us, 20.0 * (quiet_us or 0.0))
+
+
 def canary_check(
     batches: Sequence[Batch], final: tuple[float, float] | None, quiet_us: float | None, busy_us: float
 ) -> tuple[Check, Finding | None]:
@@ -170,7 +176,7 @@ def canary_check(
             Check(name=CheckName.DEFERRED_WORK_GUARD, outcome=CheckOutcome.SKIPPED, detail="no canary on the CPU"),
             None,
         )
-    limit = max(busy_us, 20.0 * (quiet_us or 0.0))
+    limit = canary_limit_us(quiet_us, busy_us)
     busy = [(us, ms) for us, ms in seen if us > limit]
     longest = max((ms for _, ms in busy), default=0.0)
     detail = (

@@ -170,7 +170,9 @@ class RunPool:
         self.seeding: set[str | None] = set()
         self.prepared = 0
         """Spares prepared so far (for benchmarks)."""
-        self.referee = Referee(self.new_referee, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s)
+        self.referee = Referee(
+            self.new_referee, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s, cfg.timing_pool_sessions
+        )
         """The current task's referee: its reference, truth and baselines (never a candidate)."""
         self.truth_workers = asyncio.Semaphore(TRUTH_WORKERS)
         """Truth workers alive at once: a spare's trials' truths and a finished candidate's judged

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -91,10 +92,52 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value >= 0 else None
 
 
+POOL_SESSIONS = 3
+"""Timing sessions of a task whose baseline samples a later session may pool with its own."""
+
+
+class BaselineLedger:
+    """The baselines' samples of a task's recent timing sessions, as the referee measured them.
+
+    Every session times the eager and compiled baselines interleaved with its candidate, but the
+    baselines do not change from candidate to candidate: a session that finds samples here times
+    each baseline in every other round only (one baseline per round, so the referee still times,
+    and looks for left work with its canary, between any two candidate batches), and judges the
+    baselines on its own samples and these together, provided the two agree
+    (:mod:`gpu_runner.timing_session`). Only sessions whose canaries all found the GPU idle and
+    whose own baselines agreed with what was here are added; a disagreement empties it. It lives
+    as long as the referee's process (one task, one GPU)."""
+
+    def __init__(self, sessions: int = POOL_SESSIONS) -> None:
+        self.sessions: deque[dict[str, list[float]]] = deque(maxlen=max(1, sessions))
+        self.enabled = sessions > 0
+
+    def pooled(self, names: list[str]) -> dict[str, list[float]]:
+        """Per baseline in ``names``, the samples of the sessions kept ({} where any is missing)."""
+        if not self.enabled:
+            return {}
+        out = {name: [x for s in self.sessions for x in s.get(name, [])] for name in names}
+        return out if out and all(out.values()) else {}
+
+    def add(self, samples: dict[str, list[float]]) -> None:
+        if self.enabled and samples and all(samples.values()):
+            self.sessions.append({k: list(v) for k, v in samples.items()})
+
+    def clear(self) -> None:
+        self.sessions.clear()
+
+
 class Referee:
     """The parent's handle on the referee process of the current task."""
 
-    def __init__(self, start: Callable[[], Awaitable[Worker]], gate: GpuGate, nice: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        start: Callable[[], Awaitable[Worker]],
+        gate: GpuGate,
+        nice: int,
+        timeout_s: float,
+        pool_sessions: int = POOL_SESSIONS,
+    ) -> None:
         self._start = start
         self.gate = gate
         self.nice = nice
@@ -108,6 +151,8 @@ class Referee:
         self.info: dict[str, Any] = {}
         """The ``task_ready`` frame of the current task (sizes, FLOPs, output metadata, range scales)."""
         self.task: str | None = None
+        self.ledger = BaselineLedger(pool_sessions)
+        """The current task's baseline samples from earlier timing sessions."""
 
     @property
     def alive(self) -> bool:
@@ -300,6 +345,7 @@ class Referee:
             self.worker = None
             self.task = None
             self.info = {}
+        self.ledger.clear()
 
     async def aclose(self) -> None:
         async with self.lock:

@@ -23,6 +23,7 @@ import asyncio
 import math
 import random
 import secrets
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import structlog
 
 from gpu_runner.config import RunnerConfig
-from gpu_runner.crosscheck import cross_check, crosscheck_slack
+from gpu_runner.crosscheck import canary_limit_us, cross_check, crosscheck_slack
 from gpu_runner.frames import BatchOp, Op, Report, ShipOp, op_frame
 from gpu_runner.memplan import KEPT_OUTPUT_BYTES, MAX_BATCH, SHIPPED_CALLS, TIMING_INPUT_BYTES
 from gpu_runner.pool import decode_outputs
@@ -47,6 +48,9 @@ LEAD_FACTOR = 1.5
 """The lead spin is at least this many times the slowest process's host time per call."""
 MAX_LEAD_US = 1000.0
 """The longest lead spin (a call whose host time is longer is timed with its launch gaps)."""
+POOL_MIN_OWN = 8
+"""The fewest samples of each baseline a session takes itself where it pools (the median's
+standard error is known from 8)."""
 RECHECK_FACTOR = 2.0
 """A re-check's lead and cover spins are this many times the first rounds' (and may reach this
 many times :data:`MAX_LEAD_US`): room for a host that was slow for a moment."""
@@ -96,6 +100,12 @@ class SessionRecord:
     superseded: list[Batch] = field(default_factory=list)
     """Timed batches of the rounds a re-check replaced: their canaries and launch counts still
     count, their samples and clock do not."""
+    pooled: dict[str, list[float]] = field(default_factory=dict)
+    """Per baseline, the samples of the task's earlier sessions this one pooled with its own
+    (the referee's, :class:`gpu_runner.referee.BaselineLedger`); empty where it timed both
+    baselines in every round."""
+    pool_note: str = ""
+    """What became of the pool: why it was not used, or dropped."""
     recheck_excess_us: float | None = None
     """Where the parent's clock contradicted the first rounds (more time outside the windows than
     allowed), by how much per call; those rounds were then timed again with longer spins, and
@@ -135,6 +145,11 @@ class TimingSession:
         """The GPU's spin rate as the referee measured it: every process spins the same cycles."""
         self.draw = random.SystemRandom()
         self.callables = ["candidate", "eager"] + (["compiled"] if referee.compiled else [])
+        self.baselines = self.callables[1:]
+        self.pool: dict[str, list[float]] = {}
+        """The earlier sessions' baseline samples while they count (then each round times the
+        candidate and one baseline)."""
+        self.pool_dropped = False
         self.cover_factor = LEAD_FACTOR
         self.shipped = 0
         self.seen = 0
@@ -236,6 +251,9 @@ class TimingSession:
             lead_us=round(self.rec.lead_us, 1),
             cover_us=round(self.rec.cover_us, 1),
         )
+        self.pool = self.referee.ledger.pooled(self.baselines)
+        if not self.pool:
+            self.rec.pool_note = "no earlier session of this task to pool with"
         first_s = await self._rounds(n, deadline)
         excess = self._contradicted()
         if excess is not None and deadline - time.perf_counter() > 2 * first_s:
@@ -252,8 +270,71 @@ class TimingSession:
             await self._rounds(n, deadline)
         if self.device == "cuda":
             self.rec.final_canary_us, self.rec.final_busy_ms = await self.referee.canary()
+        self._settle_pool()
         self.rec.elapsed_s = time.perf_counter() - started
         return self.rec
+
+    def _own(self, name: str) -> list[float]:
+        return [x for b in self.rec.batches if b.callable == name and not b.warmup for x in b.samples]
+
+    def _agrees(self, name: str) -> bool:
+        """Whether this session's own samples of baseline ``name`` agree with the pooled ones."""
+        own, pool = self._own(name), self.pool[name]
+        if not own:
+            return False
+        m_own, m_pool = statistics.median(own), statistics.median(pool)
+        err = math.hypot(median_rel_stderr(own), median_rel_stderr(pool))
+        agree = self.cfg.timing_pool_agree  # widened by noise, never past 5x (a CPU's medians can be 30% unsure)
+        allowed = max(agree, min(3 * err, 5 * agree))
+        return m_pool > 0 and abs(m_own - m_pool) / m_pool <= allowed
+
+    def _drop_pool(self, name: str) -> None:
+        """The pool disagrees with this session's own ``name``: neither counts for the other (the
+        ledger is emptied; the next session seeds it afresh)."""
+        own, pool = self._own(name), self.pool[name]
+        self.rec.pool_note = (
+            f"earlier sessions' {name} ({statistics.median(pool):.4g} ms, {len(pool)} calls) disagreed with this "
+            f"session's ({statistics.median(own) if own else math.nan:.4g} ms, {len(own)} calls): not pooled"
+        )
+        logger.info("baseline_pool_dropped", detail=self.rec.pool_note)
+        self.pool, self.pool_dropped = {}, True
+        self.referee.ledger.clear()
+
+    def _settle_pool(self) -> None:
+        """Record what was pooled, and add this session's baselines to the ledger where every
+        canary found the GPU idle and nothing disagreed."""
+        for name in list(self.pool):
+            if self.pool and not self._agrees(name):
+                self._drop_pool(name)
+        self.rec.pooled = dict(self.pool)
+        own = {name: self._own(name) for name in self.baselines}
+        limit = canary_limit_us(self.rec.canary_quiet_us, self.cfg.canary_busy_us)
+        looks = [b.canary_us for b in self.rec.batches + self.rec.superseded if b.canary_us is not None]
+        if self.rec.final_canary_us is not None:
+            looks.append(self.rec.final_canary_us)
+        if not self.pool_dropped and all(us <= limit for us in looks):
+            self.referee.ledger.add(own)
+
+    def _converged(self, samples: dict[str, list[float]]) -> bool:
+        """Every callable's median known to the target error: the candidate's from its samples,
+        each baseline's from its own, or, while the pool counts, from its own (at least
+        :data:`POOL_MIN_OWN`, agreeing with the pool) and the pool's together."""
+        target = self.cfg.timing_target_rel_err
+        if median_rel_stderr(samples["candidate"]) > target:
+            return False
+        for name in self.baselines:
+            if not self.pool:
+                if median_rel_stderr(samples[name]) > target:
+                    return False
+                continue
+            if len(self._own(name)) < POOL_MIN_OWN:
+                return False
+            if not self._agrees(name):
+                self._drop_pool(name)
+                return False
+            if median_rel_stderr(self._own(name) + self.pool[name]) > target:
+                return False
+        return True
 
     async def _rounds(self, n: int, deadline: float) -> float:
         """Rounds of ``n`` calls per callable until every callable's median is known to the
@@ -271,7 +352,10 @@ class TimingSession:
         rounds = 0
         while True:
             seed = secrets.randbits(62)  # fresh inputs for the round, the same for every callable
-            order = self.callables[rounds % len(self.callables) :] + self.callables[: rounds % len(self.callables)]
+            if self.pool:  # one baseline a round, after the candidate: a referee batch follows every candidate batch
+                order = ["candidate", self.baselines[rounds % len(self.baselines)]]
+            else:
+                order = self.callables[rounds % len(self.callables) :] + self.callables[: rounds % len(self.callables)]
             for name in order:
                 batch, extra = await self._batch(name, seed, n, False, deadline)
                 samples[name] += batch.samples
@@ -286,7 +370,7 @@ class TimingSession:
                 self._size_cover(self.rec.batches[-len(order) :], shrink_only=True)
             spent = time.perf_counter() - started
             if rounds >= min_rounds:
-                converged = all(median_rel_stderr(s) <= cfg.timing_target_rel_err for s in samples.values())
+                converged = self._converged(samples)
                 if converged or rounds >= max_rounds or spent > timing_budget:
                     break
             elif spent > 2 * timing_budget and rounds >= 3:

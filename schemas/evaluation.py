@@ -55,6 +55,9 @@ class TimingStats(Model):
     """90th percentile."""
     reps: int = Field(ge=1)
     """Timed calls behind these numbers (after warm-up)."""
+    earlier_reps: int = Field(default=0, ge=0)
+    """Of ``reps``, calls timed in the task's earlier timing sessions (a baseline's, pooled where
+    this session's own calls agreed with them; the referee timed them all)."""
     rel_stderr: float
     """Relative standard error of the mean (std / sqrt(reps) / mean)."""
     median_rel_stderr: float | None = None

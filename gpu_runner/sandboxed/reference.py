@@ -150,6 +150,19 @@ def make_inputs(
     return scale_inputs(make_batch_inputs(ns, seed, skip + 1, device, on_device)[-1], scale)
 
 
+def seed_generators(seed: int) -> None:
+    """What ``torch.manual_seed`` does to the generators a ``get_inputs`` can draw from here (the
+    CPU's and every visible GPU's), without its look at other backends: on an H200 host that took
+    ~600 us, once per timed batch in every process, and the cover spin queued before each batch's
+    draws is sized at 1.5 times it (``gpu_runner.timing_session``)."""
+    torch.random.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        for generator in torch.cuda.default_generators:
+            generator.manual_seed(seed)
+    elif torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)  # seeded when CUDA starts, as torch.manual_seed does
+
+
 def make_batch_inputs(
     ns: dict[str, Any],
     seed: int,
@@ -164,7 +177,7 @@ def make_batch_inputs(
 
     def draws() -> list[Any]:
         t0 = time.perf_counter()
-        torch.manual_seed(seed)
+        seed_generators(seed)
         t1 = time.perf_counter()
         out = []
         for _ in range(count):

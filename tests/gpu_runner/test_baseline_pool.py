@@ -1,0 +1,108 @@
+"""Baselines pooled across a task's timing sessions (``gpu_runner.referee.BaselineLedger``), on the CPU.
+
+The second candidate of a task judges the eager baseline on its own samples and the first
+session's together, where they agree; a pool that disagrees with a session's own samples counts
+for nothing and is emptied; ``timing_pool_sessions=0`` turns pooling off.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.referee import BaselineLedger
+from gpu_runner.service import EvaluationService
+from schemas import DeviceChoice, EvalResult, EvalStatus, KernelLanguage
+from tests.gpu_runner.conftest import candidate, reference
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _job(service: EvaluationService, name: str) -> EvalJob:
+    ref = reference("add_relu")
+    return EvalJob(
+        reference_source=ref,
+        candidate_source=candidate("honest_add_relu"),
+        language=KernelLanguage.TRITON,
+        timeout_s=120.0,
+        task_id=service.task_id(ref),
+        candidate_id=name,
+    )
+
+
+def _cfg(**overrides: object) -> RunnerConfig:
+    base: dict[str, object] = {
+        "device": DeviceChoice.CPU,
+        "spares": 1,
+        "compile_workers": 2,
+        "timing_budget_s": 1.0,
+    }
+    return RunnerConfig(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+def _eager_reps(result: EvalResult) -> tuple[int, int]:
+    assert result.status is EvalStatus.CORRECT, result.summary
+    assert result.baselines is not None and result.baselines.eager is not None
+    return result.baselines.eager.reps, result.baselines.eager.earlier_reps
+
+
+def test_the_ledger_pools_only_what_every_baseline_has_and_keeps_the_last_sessions() -> None:
+    ledger = BaselineLedger(sessions=2)
+    assert ledger.pooled(["eager"]) == {}
+    ledger.add({"eager": [1.0, 2.0], "compiled": []})  # a baseline without samples: not kept
+    assert ledger.pooled(["eager"]) == {}
+    for k in range(3):
+        ledger.add({"eager": [float(k)], "compiled": [10.0 + k]})
+    assert ledger.pooled(["eager", "compiled"]) == {"eager": [1.0, 2.0], "compiled": [11.0, 12.0]}
+    assert ledger.pooled(["eager", "other"]) == {}
+    ledger.clear()
+    assert ledger.pooled(["eager"]) == {}
+    off = BaselineLedger(sessions=0)
+    off.add({"eager": [1.0]})
+    assert off.pooled(["eager"]) == {}
+
+
+async def test_a_later_candidate_pools_the_earlier_sessions_baselines() -> None:
+    """Loose agreement (on this CPU two sessions' medians differed 2x): the point is what is pooled and counted."""
+    async with EvaluationService(_cfg(timing_pool_agree=5.0)) as service:
+        first = await service.evaluate(_job(service, "c0"))
+        assert service.runs is not None
+        ledger = service.runs.referee.ledger
+        kept = ledger.pooled(["eager"])
+        second = await service.evaluate(_job(service, "c1"))
+    reps0, earlier0 = _eager_reps(first)
+    reps1, earlier1 = _eager_reps(second)
+    assert earlier0 == 0
+    assert kept and len(kept["eager"]) == reps0  # the first session's own samples went to the ledger
+    assert earlier1 == reps0  # ... and counted in the second's baseline
+    assert reps1 > earlier1  # beside samples of its own
+
+
+async def test_a_pool_that_disagrees_is_not_counted_and_is_emptied() -> None:
+    async with EvaluationService(_cfg()) as service:
+        first = await service.evaluate(_job(service, "c0"))
+        assert service.runs is not None
+        ledger = service.runs.referee.ledger
+        pooled = ledger.pooled(["eager"])["eager"]
+        ledger.clear()
+        ledger.add({"eager": [10.0 * x for x in pooled]})  # a GPU that was 10x slower then
+        second = await service.evaluate(_job(service, "c1"))
+        left = ledger.pooled(["eager"])
+    _, earlier1 = _eager_reps(second)
+    assert earlier1 == 0
+    assert left == {}  # emptied; this session's own samples were not added either
+    assert second.baselines is not None and second.baselines.eager is not None
+    eager0 = first.baselines.eager if first.baselines is not None else None
+    assert eager0 is not None
+    assert second.baselines.eager.median_ms < 5 * statistics.median(pooled)
+
+
+async def test_pooling_off_times_every_baseline_in_every_session() -> None:
+    async with EvaluationService(_cfg(timing_pool_sessions=0)) as service:
+        await service.evaluate(_job(service, "c0"))
+        second = await service.evaluate(_job(service, "c1"))
+        assert service.runs is not None
+        assert service.runs.referee.ledger.pooled(["eager"]) == {}
+    assert _eager_reps(second)[1] == 0
