@@ -155,8 +155,8 @@ def seed_generators(seed: int) -> None:
     CPU's and every visible GPU's), without its look at other backends: on an H200 host that took
     ~600 us, once per timed batch in every process, and the cover spin queued before each batch's
     draws is sized at 1.5 times it (``gpu_runner.timing_session``)."""
-    torch.random.default_generator.manual_seed(seed)
-    if torch.cuda.is_initialized():
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         for generator in torch.cuda.default_generators:
             generator.manual_seed(seed)
     elif torch.cuda.is_available():
