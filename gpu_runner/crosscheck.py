@@ -150,6 +150,10 @@ def cross_check(
 
 BUSY_SHARE = 0.3
 """Busy canaries in this share of the referee's looks (or more) mean the candidate habitually leaves work."""
+BUSY_LOOKS = 2
+"""... and at least this many: a session that pools its baselines may look only three times, and on
+an H200 one honest 64 MB relu of a stream of eight found the GPU busy once (a spare starting its
+CUDA context beside the timing, say), 1 of 3."""
 BUSY_MS = 20.0
 """Work still running this long after a candidate's batch returned is refused however rare."""
 
@@ -166,7 +170,8 @@ def canary_check(
     """Whether the GPU was idle whenever the referee looked (before each of its batches and after
     the candidate's last). Where it was busy the referee waited for it before timing, so nothing
     left running reached a baseline; work that stays busy for :data:`BUSY_MS` or that comes back
-    in :data:`BUSY_SHARE` of the looks is the candidate's process leaving work behind its report.
+    in :data:`BUSY_SHARE` of the looks (:data:`BUSY_LOOKS` at least) is the candidate's process
+    leaving work behind its report.
     An isolated short busy moment (a spare starting its CUDA context, say) is only recorded."""
     seen = [(b.canary_us, b.busy_ms) for b in batches if b.canary_us is not None]
     if final is not None:
@@ -184,7 +189,7 @@ def canary_check(
         f"found the GPU busy (up to {max(us for us, _ in seen):.0f} us, busy for up to {longest:.1f} ms; "
         f"idle {quiet_us or 0.0:.0f} us, limit {limit:.0f} us)"
     )
-    if busy and (longest >= BUSY_MS or len(busy) >= BUSY_SHARE * len(seen)):
+    if busy and (longest >= BUSY_MS or len(busy) >= max(BUSY_LOOKS, BUSY_SHARE * len(seen))):
         finding = Finding(
             rule=CheatRule.DEFERRED_WORK,
             severity=Severity.REJECT,

@@ -162,7 +162,9 @@ class TimingSession:
             seed=seed,
             calls=calls,
             warmup=warmup,
-            warmup_min_s=self.cfg.warmup_min_s,
+            # A pooled baseline was timed in the task's last session: its warm-up is its calls alone
+            # (three 25 ms warm-ups were ~50 ms more a candidate than one, of ~300 ms on an H200).
+            warmup_min_s=0.0 if callable_ in self.pool else self.cfg.warmup_min_s,
             predraw=self._memory_cap() if warmup else 0,
             lead_cycles=int(self.rec.lead_us * rate),
             cover_cycles=0 if warmup else int((self.rec.cover_seed_us + self.rec.cover_us * calls) * rate),
@@ -229,6 +231,9 @@ class TimingSession:
         self.rec.flush_us = float(self.referee.info.get("flush_us") or 0.0)
         floor = self.referee.info.get("empty_kernel_us")
         self.rec.empty_kernel_us = float(floor) if isinstance(floor, int | float) else None
+        self.pool = self.referee.ledger.pooled(self.baselines)
+        if not self.pool:
+            self.rec.pool_note = "no earlier session of this task to pool with"
         warm: dict[str, Batch] = {}
         warm_calls = max(1, min(cfg.warmup_min_calls, self._memory_cap()))  # then round its inputs
         for name in self.callables:
@@ -250,10 +255,8 @@ class TimingSession:
             draw_us={k: round(b.draw_us or 0.0, 1) for k, b in warm.items()},
             lead_us=round(self.rec.lead_us, 1),
             cover_us=round(self.rec.cover_us, 1),
+            pooled={k: len(v) for k, v in self.pool.items()},
         )
-        self.pool = self.referee.ledger.pooled(self.baselines)
-        if not self.pool:
-            self.rec.pool_note = "no earlier session of this task to pool with"
         first_s = await self._rounds(n, deadline)
         excess = self._contradicted()
         if excess is not None and deadline - time.perf_counter() > 2 * first_s:

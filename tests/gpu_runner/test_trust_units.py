@@ -123,6 +123,12 @@ def test_the_canary_finds_another_process_s_work_on_the_gpu() -> None:
     check, finding = canary_check([brief, *idle, *idle], (15.0, 0.0), 14.0, 500.0)
     assert finding is None
     assert "1 of 12 found the GPU busy" in (check.detail or "")
+    # ... and one among three (a session pooling its baselines looks few times): recorded only
+    check, finding = canary_check([brief, idle[0]], (15.0, 0.0), 14.0, 500.0)
+    assert finding is None
+    assert "1 of 3 found the GPU busy" in (check.detail or "")
+    _, finding = canary_check([brief, idle[0]], (900.0, 2.0), 14.0, 500.0)  # twice in three: refused
+    assert finding is not None
     check, finding = canary_check([], None, None, 500.0)
     assert (check.outcome, finding) == (CheckOutcome.SKIPPED, None)
 
