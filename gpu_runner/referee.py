@@ -104,8 +104,8 @@ class BaselineLedger:
     each baseline in every other round only (one baseline per round, so the referee still times,
     and looks for left work with its canary, between any two candidate batches), and judges the
     baselines on its own samples and these together, provided the two agree
-    (:mod:`gpu_runner.timing_session`). Only sessions whose canaries all found the GPU idle and
-    whose own baselines agreed with what was here are added; a disagreement empties it. It lives
+    (:mod:`gpu_runner.timing_session`). Only sessions whose canaries found no work left running
+    (``KF104``) and whose own baselines agreed with what was here are added; a disagreement empties it. It lives
     as long as the referee's process (one task, one GPU)."""
 
     def __init__(self, sessions: int = POOL_SESSIONS) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 
 from gpu_runner.config import RunnerConfig
-from gpu_runner.crosscheck import canary_limit_us, cross_check, crosscheck_slack
+from gpu_runner.crosscheck import canary_check, cross_check, crosscheck_slack
 from gpu_runner.frames import BatchOp, Op, Report, ShipOp, op_frame
 from gpu_runner.memplan import KEPT_OUTPUT_BYTES, MAX_BATCH, SHIPPED_CALLS, TIMING_INPUT_BYTES
 from gpu_runner.pool import decode_outputs
@@ -304,18 +304,21 @@ class TimingSession:
         self.referee.ledger.clear()
 
     def _settle_pool(self) -> None:
-        """Record what was pooled, and add this session's baselines to the ledger where every
-        canary found the GPU idle and nothing disagreed."""
+        """Record what was pooled, and add this session's baselines to the ledger where its
+        canaries refuse nothing and nothing disagreed."""
         for name in list(self.pool):
             if self.pool and not self._agrees(name):
                 self._drop_pool(name)
         self.rec.pooled = dict(self.pool)
         own = {name: self._own(name) for name in self.baselines}
-        limit = canary_limit_us(self.rec.canary_quiet_us, self.cfg.canary_busy_us)
-        looks = [b.canary_us for b in self.rec.batches + self.rec.superseded if b.canary_us is not None]
-        if self.rec.final_canary_us is not None:
-            looks.append(self.rec.final_canary_us)
-        if not self.pool_dropped and all(us <= limit for us in looks):
+        final = None if self.rec.final_canary_us is None else (self.rec.final_canary_us, self.rec.final_busy_ms)
+        # The referee waits out a busy GPU before its batches, so a brief busy look (a spare
+        # starting its CUDA context: in most 8 GB relu sessions on an H200) leaves its samples
+        # clean; a session refused for work left running (KF104) is not kept.
+        _, left_work = canary_check(
+            self.rec.batches + self.rec.superseded, final, self.rec.canary_quiet_us, self.cfg.canary_busy_us
+        )
+        if not self.pool_dropped and left_work is None:
             self.referee.ledger.add(own)
 
     def _converged(self, samples: dict[str, list[float]]) -> bool:
