@@ -35,6 +35,7 @@ from schemas import (
     EvalResult,
     EvalStatus,
     Finding,
+    PrecisionMode,
     Profile,
     Severity,
     StageTimes,
@@ -418,7 +419,7 @@ def _correctness(c: Collected) -> Any:
     assert c.reference is not None
     dtype = c.reference.info.get("out_dtype", "float32")
     tol = c.cfg.tolerances.get(dtype, (0.0, 0.0))
-    return correctness(c.record.trial_checks, _expected(c), tol)
+    return correctness(c.record.trial_checks, _expected(c), tol, PrecisionMode(c.cfg.precision))
 
 
 def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:

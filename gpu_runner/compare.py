@@ -6,6 +6,7 @@ number the worker computed about itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_runner.stats import NOISE_FACTOR, median_rel_stderr
-from schemas import Correctness, SpeedOfLight, TimerKind, TimingStats
+from schemas import Correctness, PrecisionMode, SpeedOfLight, TimerKind, TimingStats
 
 Array = npt.NDArray[Any]
 
@@ -29,8 +30,71 @@ class TrialCheck:
     max_rel: float = 0.0
     err64: float | None = None
     ref_err64: float | None = None
+    default_err64: float | None = None
+    """The reference's relative L2 error at PyTorch's defaults (where precision parity applied)."""
     mismatch_fraction: float | None = None
     first_bad: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ParityError:
+    """An output's error against float64 when the reference runs with PyTorch's defaults (TF32 in
+    cuDNN convolutions, say), measured by the referee: the precision the user's own model has."""
+
+    rel_l2: float
+    """Relative L2 error."""
+    max_rms: float
+    """Largest absolute error over the truth's RMS (scaled by each trial's own RMS)."""
+
+
+PARITY_FACTOR = 3.0
+"""A candidate's relative L2 error against float64 may be this many times the reference's at
+PyTorch's defaults. TF32 with its inputs truncated rather than rounded errs ~2.7x as much as
+rounded TF32 (cuDNN's), bf16 rounded ~4x (8 mantissa bits against 10): between the two."""
+
+
+@dataclass(frozen=True)
+class PrecisionRule:
+    """How far from float64 a candidate may be: ``factor`` times the IEEE float32 reference's
+    error, and, per output where the referee measured it (``parity``), ``parity_factor`` times
+    the error of the reference run with PyTorch's defaults (precision parity)."""
+
+    factor: float = 10.0
+    parity: tuple[ParityError | None, ...] = ()
+    parity_factor: float = PARITY_FACTOR
+
+    @property
+    def mode(self) -> str:
+        """``reference`` where some output's bar is the defaults' precision, else ``exact``."""
+        return "reference" if any(p is not None for p in self.parity) else "exact"
+
+    @classmethod
+    def of(
+        cls, factor: float, default_errors: Any, parity: bool = True, parity_factor: float = PARITY_FACTOR
+    ) -> PrecisionRule:
+        """The rule from the config's factor and the referee's ``default_errors`` (its
+        ``task_ready``; ignored unless ``parity``)."""
+        found: list[ParityError | None] = []
+        if parity and isinstance(default_errors, list):
+            for item in default_errors:
+                ok = isinstance(item, dict) and all(
+                    isinstance(item.get(k), int | float) and np.isfinite(item[k]) and item[k] >= 0
+                    for k in ("rel_l2", "max_rms")
+                )
+                found.append(ParityError(float(item["rel_l2"]), float(item["max_rms"])) if ok else None)
+        return cls(factor=factor, parity=tuple(found), parity_factor=parity_factor)
+
+
+def precision_rule(cfg: Any, info: dict[str, Any]) -> PrecisionRule:
+    """The rule of a task: ``cfg`` (a :class:`gpu_runner.config.RunnerConfig`: its factor, its
+    ``precision`` mode, its parity factor) and the referee's ``task_ready`` ``info``."""
+    return PrecisionRule.of(
+        cfg.precision_factor, info.get("default_errors"), cfg.precision == "reference", cfg.precision_parity_factor
+    )
+
+
+def as_rule(rule: PrecisionRule | float) -> PrecisionRule:
+    return rule if isinstance(rule, PrecisionRule) else PrecisionRule(factor=float(rule))
 
 
 CHUNK = 1 << 20
@@ -222,7 +286,7 @@ def _compare_trial(
     residuals: list[Array | None] | None,
     tolerances: dict[str, tuple[float, float]],
     floors: dict[str, float],
-    factor: float,
+    factor: PrecisionRule | float,
 ) -> TrialCheck:
     """Compare one trial: count, shape, dtype, NaN/Inf, element-wise tolerance, precision vs float64.
 
@@ -289,7 +353,7 @@ def decide(
     scan: Any,
     tolerances: dict[str, tuple[float, float]],
     floors: dict[str, float],
-    factor: float,
+    factor: PrecisionRule | float,
 ) -> TrialCheck:
     """The verdict on one trial from its outputs' shapes and dtypes and, per output, ``exact(i)``
     (mismatches and the first, for outputs compared exactly) or ``scan(i, atol, rtol)`` (the
@@ -298,6 +362,7 @@ def decide(
         return TrialCheck(
             False, "incorrect.shape", f"{len(cand_shapes)} outputs, the reference returns {len(ref_shapes)}"
         )
+    rule = as_rule(factor)
     worst = TrialCheck(True)
     for i, (cs, rs, cd, rd) in enumerate(zip(cand_shapes, ref_shapes, cand_dtypes, ref_dtypes, strict=True)):
         if cs != rs:
@@ -321,7 +386,13 @@ def decide(
         scan_i: _Scan = scan(i, atol, rtol)
         # Elements outside the tolerance around the reference are forgiven when each is within it
         # around the float64 truth plus the reference's own error (``gpu_runner.stats.NOISE_FACTOR``).
-        forgiven = with_residual and scan_i.truth_excess <= NOISE_FACTOR * scan_i.ref_err_max
+        # Under precision parity the reference's own error is the one it has at PyTorch's
+        # defaults where that is larger (scaled to this trial's outputs).
+        par = rule.parity[i] if i < len(rule.parity) else None
+        noise = scan_i.ref_err_max
+        if par is not None and scan_i.size and scan_i.sq_exact > 0:
+            noise = max(noise, par.max_rms * math.sqrt(scan_i.sq_exact / scan_i.size))
+        forgiven = with_residual and scan_i.truth_excess <= NOISE_FACTOR * noise
         outside = 0 if forgiven else scan_i.outside
         if scan_i.nan_bad:
             frac = scan_i.nan_bad / scan_i.size
@@ -340,18 +411,26 @@ def decide(
             err, ref_err = _rel(scan_i.sq_err, scan_i.sq_exact), _rel(scan_i.sq_ref_err, scan_i.sq_exact)
             worst.err64 = max(worst.err64 or 0.0, err)
             worst.ref_err64 = max(worst.ref_err64 or 0.0, ref_err)
-            bar = max(factor * ref_err, floors.get(rd, 0.0))
+            bar = max(rule.factor * ref_err, floors.get(rd, 0.0))
+            if par is not None:
+                worst.default_err64 = max(worst.default_err64 or 0.0, par.rel_l2)
+                bar = max(bar, rule.parity_factor * par.rel_l2)
             if err > bar:
+                has = (
+                    f"the reference has {ref_err:.2e} in IEEE float32 and {par.rel_l2:.2e} at PyTorch's defaults"
+                    if par is not None
+                    else f"the eager reference has {ref_err:.2e}"
+                )
                 return TrialCheck(
                     False,
                     "incorrect.precision",
-                    f"output {i}: relative L2 error {err:.2e} against "
-                    f"float64, the eager reference has {ref_err:.2e} (bar {bar:.2e}): lower "
+                    f"output {i}: relative L2 error {err:.2e} against float64, {has} (bar {bar:.2e}): lower "
                     "precision than the reference (TF32/bf16?)",
                     max_abs=scan_i.max_abs,
                     max_rel=scan_i.max_rel,
                     err64=err,
                     ref_err64=ref_err,
+                    default_err64=worst.default_err64,
                     mismatch_fraction=frac,
                 )
         if outside:
@@ -371,12 +450,18 @@ def decide(
     return worst
 
 
-def correctness(trials: list[TrialCheck], expected: int, tolerance: tuple[float, float]) -> Correctness:
-    """Aggregate trial checks into the schema's :class:`Correctness`."""
+def correctness(
+    trials: list[TrialCheck],
+    expected: int,
+    tolerance: tuple[float, float],
+    precision: PrecisionMode = PrecisionMode.EXACT,
+) -> Correctness:
+    """Aggregate trial checks into the schema's :class:`Correctness` (judged at ``precision``)."""
     passed = sum(t.ok for t in trials)
     first_bad = next((t for t in trials if not t.ok), None)
     err64 = [t.err64 for t in trials if t.err64 is not None]
     ref64 = [t.ref_err64 for t in trials if t.ref_err64 is not None]
+    default64 = [t.default_err64 for t in trials if t.default_err64 is not None]
     detail = first_bad.detail if first_bad else (None if len(trials) == expected else "not every trial ran")
     return Correctness(
         trials=len(trials),
@@ -387,6 +472,8 @@ def correctness(trials: list[TrialCheck], expected: int, tolerance: tuple[float,
         max_rel_err=max((t.max_rel for t in trials), default=None),
         err_vs_fp64=max(err64) if err64 else None,
         ref_err_vs_fp64=max(ref64) if ref64 else None,
+        precision=precision,
+        ref_default_err_vs_fp64=max(default64) if default64 else None,
         mismatch_fraction=first_bad.mismatch_fraction if first_bad else None,
         first_bad_index=first_bad.first_bad if first_bad else None,
         detail=detail,

@@ -18,6 +18,9 @@ from types import MappingProxyType
 from gpu_runner.errors import ConfigError
 from schemas import DeviceChoice, KernelLanguage, TorchOpsPolicy
 
+PRECISION_MODES = ("reference", "exact")
+"""``RunnerConfig.precision``'s values."""
+
 GIB = 1 << 30
 
 DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = MappingProxyType(
@@ -106,6 +109,13 @@ class RunnerConfig:
     """(atol, rtol) per floating output dtype."""
     precision_factor: float = 10.0
     """The candidate's error against float64 may be this many times the eager reference's."""
+    precision: str = "reference"
+    """``reference``: precision parity, a candidate may err against float64 as much as the
+    reference does when it runs with PyTorch's defaults (TF32 in cuDNN convolutions), measured
+    per task and output by the referee (``precision_parity_factor`` times it); ``exact``: only
+    ``precision_factor`` times the IEEE float32 reference's error."""
+    precision_parity_factor: float = 3.0
+    """See ``precision`` and ``gpu_runner.compare.PARITY_FACTOR``."""
     precision_floors: Mapping[str, float] = field(default_factory=lambda: DEFAULT_PRECISION_FLOORS)
     """Relative L2 error against float64 always allowed, per dtype."""
     timing_target_rel_err: float = 0.005
@@ -223,6 +233,8 @@ class RunnerConfig:
             ("host_memory_share", 0 < self.host_memory_share <= 1, "must be in (0, 1]"),
             ("trials", self.trials >= 5, "must be >= 5 (fresh-seed trials the candidate cannot predict)"),
             ("precision_factor", self.precision_factor >= 1.0, "must be >= 1"),
+            ("precision", self.precision in PRECISION_MODES, f"must be one of {', '.join(PRECISION_MODES)}"),
+            ("precision_parity_factor", self.precision_parity_factor >= 1.0, "must be >= 1"),
             ("timing_target_rel_err", 0 < self.timing_target_rel_err < 1, "must be in (0, 1)"),
             ("timing_min_reps", self.timing_min_reps >= 3, "must be >= 3"),
             ("timing_max_reps", self.timing_max_reps >= self.timing_min_reps, "must be >= timing_min_reps"),

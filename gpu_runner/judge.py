@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from gpu_runner.compare import TrialCheck, decide, scan_from_wire
+from gpu_runner.compare import PrecisionRule, TrialCheck, decide, scan_from_wire
 from gpu_runner.errors import EvaluatorFault
 from gpu_runner.frames import JudgeOp, Op, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
@@ -125,7 +125,7 @@ class Judge:
         ref_meta: list[dict[str, Any]],
         tolerances: dict[str, tuple[float, float]],
         floors: dict[str, float],
-        factor: float,
+        factor: PrecisionRule | float,
         fds: Sequence[int] = (),
     ) -> TrialCheck:
         """The verdict on one trial: ``job`` names the seeds and the output files, or the shared

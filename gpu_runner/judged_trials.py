@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_runner.compare import TrialCheck
+from gpu_runner.compare import TrialCheck, precision_rule
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import EvaluatorFault
 from gpu_runner.frames import JudgeOp
@@ -71,7 +71,7 @@ async def judge_trials(
                 )
                 tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
                 metas = list(header["tensors"])
-                factor = cfg.precision_factor
+                factor = precision_rule(cfg, ref.info)
                 checks.append(await judge.trial(job, metas, _metas(ref, t), tolerances, floors, factor, fds))
                 worker.close_shared([k for k in worker.shared if k[0] == t])  # their memory goes once judged
                 for out in outputs:  # each trial's files go as soon as they are judged

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpu_runner.assemble import Collected
-from gpu_runner.compare import TrialCheck, compare_trial, host_checksum
+from gpu_runner.compare import TrialCheck, compare_trial, host_checksum, precision_rule
 from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.frames import Report
 from gpu_runner.pool import Spare, decode_outputs
@@ -209,6 +209,8 @@ class ReportReader:
         """Outputs already in host memory compared with the reference's, in a comparer thread
         (``began`` gets the moment the thread took it)."""
         cfg = self.cfg
+        assert self.spare.reference is not None
+        rule = precision_rule(cfg, self.spare.reference.info)
 
         def run() -> TrialCheck:
             if began is not None:
@@ -221,7 +223,7 @@ class ReportReader:
                 residuals,
                 dict(cfg.tolerances),
                 dict(cfg.precision_floors),
-                cfg.precision_factor,
+                rule,
             )
 
         return await asyncio.get_running_loop().run_in_executor(_COMPARERS, run)

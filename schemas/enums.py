@@ -47,6 +47,16 @@ class TorchOpsPolicy(StrEnum):
     at least one of the candidate's own kernels must still run."""
 
 
+class PrecisionMode(StrEnum):
+    """The standard a candidate's outputs are held to against the float64 truth."""
+
+    REFERENCE = "reference"
+    """Precision parity: as far as the reference itself errs when it runs with PyTorch's
+    defaults (TF32 in cuDNN convolutions; IEEE float32 matmuls), measured per task and output."""
+    EXACT = "exact"
+    """As far as the reference errs in IEEE float32 (TF32 off everywhere)."""
+
+
 class TimerKind(StrEnum):
     """The clock behind a timing."""
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.base import Message, Model, now
-from schemas.enums import CheatRule, CheckOutcome, DeviceKind, EvalStatus, Severity, TimerKind
+from schemas.enums import CheatRule, CheckOutcome, DeviceKind, EvalStatus, PrecisionMode, Severity, TimerKind
 
 
 class Finding(Model):
@@ -99,6 +99,12 @@ class Correctness(Model):
     """Candidate's relative L2 error against a float64 reference."""
     ref_err_vs_fp64: float | None = None
     """The eager reference's own relative L2 error against float64 (for a fair precision bar)."""
+    precision: PrecisionMode = PrecisionMode.EXACT
+    """The standard the outputs were judged at."""
+    ref_default_err_vs_fp64: float | None = None
+    """Under ``reference`` precision, the reference's relative L2 error against float64 when it
+    runs with PyTorch's defaults (the bar is ``precision_parity_factor`` times it); ``None``
+    where the defaults give the IEEE float32 outputs (the bar is then the exact one)."""
     mismatch_fraction: float | None = None
     """Fraction of output elements outside tolerance in the first failing trial."""
     first_bad_index: tuple[int, ...] | None = None

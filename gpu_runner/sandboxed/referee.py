@@ -32,6 +32,7 @@ from gpu_runner.frames import BatchOp, Report, TaskOp, TruthOp
 from gpu_runner.sandboxed.common import Channel, Laps, log
 from gpu_runner.sandboxed.reference import (
     ReferenceFault,
+    as_double,
     build_compiled,
     build_model,
     clone_inputs,
@@ -179,6 +180,8 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
             }
             for o in outs
         ]
+        defaults = default_errors(ref, sample, outs)
+        laps.lap("defaults_s")
         scales = _range_scales(ref, int(msg["calibrate_seed"]))
         laps.lap("range_s")
         flops = count_flops(ref.model, sample)
@@ -209,6 +212,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         compiled_error=ref.compiled_error,
         init_on_device=ref.init_on_device,
         range_scales=scales,
+        default_errors=defaults,
         canary_quiet_us=ref.quiet_us,
         cycles_per_us=ref.flusher.cycles_per_us,
         empty_kernel_us=floor,
@@ -216,6 +220,75 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         phases=laps.seconds,
     )
     return ref
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True)
+    )
+
+
+PARITY_CHUNK = 1 << 22
+"""Elements per step of :func:`default_errors` (a float64 copy of that many at a time)."""
+
+
+def default_errors(ref: Referee, sample: list[Any], exact: list[torch.Tensor]) -> list[dict[str, float] | None] | None:
+    """Per output, the error against float64 of the reference run as a user's model runs, with
+    PyTorch's defaults (TF32 in cuDNN convolutions; whatever the reference file itself set): its
+    relative L2 error (``rel_l2``) and its largest error over the truth's RMS (``max_rms``); the
+    IEEE float32 run's relative L2 error beside (``exact_rel_l2``). ``None`` where the defaults
+    give the IEEE float32 outputs bit for bit (no precision to grant: the rule stays the exact
+    one, and no float64 run is spent here) or where the float64 run fails; ``None`` per output
+    that is not floating or whose float64 shape differs."""
+    with torch.no_grad():
+        outs = tensors(ref.model(*clone_inputs(sample)), "Model.forward (PyTorch's defaults)")
+        if _same(outs, exact):
+            return None
+        with exact_fp32():
+            again = tensors(ref.model(*clone_inputs(sample)), "Model.forward")
+        if not _same(again, exact):
+            # A forward that differs from itself (random, or atomics) would grant whatever its
+            # spread is: the exact rule stays.
+            log("the reference's IEEE float32 forward is not deterministic: no precision parity")
+            return None
+        model64 = ref.float64()
+        if model64 is None:
+            return None
+        try:
+            outs64 = tensors(model64(*as_double(sample)), "Model.forward (float64)")
+        except Exception as exc:  # noqa: BLE001 - no float64 run: the exact rule stays
+            log(f"no float64 run for the defaults' error: {type(exc).__name__}: {exc}")
+            return None
+        found: list[dict[str, float] | None] = []
+        for o, e, t in zip(outs, exact, outs64, strict=False):
+            if not o.is_floating_point() or o.shape != t.shape or e.shape != t.shape:
+                found.append(None)
+                continue
+            sums = [0.0, 0.0, 0.0]  # |t|^2, |o - t|^2, |e - t|^2
+            worst = 0.0
+            tf, of, ef = t.reshape(-1), o.reshape(-1), e.reshape(-1)
+            for lo in range(0, tf.numel(), PARITY_CHUNK):
+                tc = tf[lo : lo + PARITY_CHUNK]
+                d = of[lo : lo + PARITY_CHUNK].double() - tc
+                x = ef[lo : lo + PARITY_CHUNK].double() - tc
+                sums[0] += float(torch.dot(tc, tc))
+                sums[1] += float(torch.dot(d, d))
+                sums[2] += float(torch.dot(x, x))
+                worst = max(worst, float(d.abs().max())) if d.numel() else worst
+            if not all(math.isfinite(v) for v in [*sums, worst]) or sums[0] <= 0:
+                found.append(None)
+                continue
+            rms = math.sqrt(sums[0] / tf.numel())
+            found.append(
+                {
+                    "rel_l2": math.sqrt(sums[1] / sums[0]),
+                    "max_rms": worst / rms,
+                    "exact_rel_l2": math.sqrt(sums[2] / sums[0]),
+                }
+            )
+        del outs64, model64
+    log(f"the reference at PyTorch's defaults against float64: {found}")
+    return found
 
 
 def _range_scales(ref: Referee, seed: int) -> list[float]:

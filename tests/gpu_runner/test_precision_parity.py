@@ -1,0 +1,80 @@
+"""Precision parity on the CPU: a candidate may err against float64 as much as the user's model
+does at PyTorch's defaults, and no more.
+
+The CPU has no TF32, so the reference asks for TF32 matmuls (``allow_tf32 = True``) and rounds its
+operands to TF32 itself whenever the flag is on; the evaluator's IEEE float32 run turns the flag
+off, and the referee measures the error of both runs against float64. Candidates round their
+operands in a Triton kernel (under ``TRITON_INTERPRET=1``): to TF32 (the reference's own
+precision: admitted), to bfloat16 (narrower: refused), or compute in float16 (TF32's mantissa,
+not its range: refused on the range trials). The GPU suite has the same with cuDNN's own TF32
+convolutions (``test_precision_parity_gpu``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_runner.config import EvalJob, RunnerConfig
+from gpu_runner.service import EvaluationService
+from schemas import DeviceChoice, EvalResult, EvalStatus, KernelLanguage, PrecisionMode
+from tests.gpu_runner.conftest import candidate, reference
+
+pytestmark = pytest.mark.timeout(600)
+
+
+async def _run(ref: str, names: list[str], **overrides: object) -> dict[str, EvalResult]:
+    base: dict[str, object] = {"device": DeviceChoice.CPU, "spares": 1, "compile_workers": 2, "timing_budget_s": 0.3}
+    cfg = RunnerConfig(**{**base, **overrides})  # type: ignore[arg-type]
+    source = reference(ref)
+    out: dict[str, EvalResult] = {}
+    async with EvaluationService(cfg) as service:
+        for name in names:
+            job = EvalJob(
+                reference_source=source,
+                candidate_source=candidate(name),
+                language=KernelLanguage.TRITON,
+                timeout_s=300.0,
+                task_id=service.task_id(source),
+                candidate_id=name,
+            )
+            out[name] = await service.evaluate(job)
+    return out
+
+
+async def test_the_reference_s_own_tf32_is_granted_and_narrower_formats_are_not() -> None:
+    got = await _run("matmul_tf32_flag", ["rounded_tf32_matmul", "rounded_bf16_matmul", "fp16_matmul"])
+    tf32, bf16, fp16 = got["rounded_tf32_matmul"], got["rounded_bf16_matmul"], got["fp16_matmul"]
+    assert tf32.status is EvalStatus.CORRECT, tf32.summary
+    corr = tf32.correctness
+    assert corr is not None
+    assert corr.precision is PrecisionMode.REFERENCE
+    assert corr.ref_default_err_vs_fp64 is not None
+    assert corr.ref_err_vs_fp64 is not None
+    # the reference at its defaults errs far more than in IEEE float32, and the candidate as much
+    assert corr.ref_default_err_vs_fp64 > 100 * corr.ref_err_vs_fp64
+    assert corr.err_vs_fp64 is not None
+    assert corr.err_vs_fp64 < 3 * corr.ref_default_err_vs_fp64
+    assert bf16.status is EvalStatus.INCORRECT, bf16.summary
+    assert "lower precision than the reference" in bf16.summary
+    assert fp16.status is EvalStatus.INCORRECT, fp16.summary  # its range trials overflow
+
+
+async def test_exact_precision_refuses_the_reference_s_own_tf32() -> None:
+    got = await _run("matmul_tf32_flag", ["rounded_tf32_matmul"], precision="exact")
+    tf32 = got["rounded_tf32_matmul"]
+    assert tf32.status is EvalStatus.INCORRECT, tf32.summary
+    assert tf32.correctness is not None
+    assert tf32.correctness.precision is PrecisionMode.EXACT
+    assert tf32.correctness.ref_default_err_vs_fp64 is None
+
+
+async def test_tf32_is_a_downcast_where_the_reference_runs_in_ieee_float32() -> None:
+    """PyTorch's default for matmuls is IEEE float32: its defaults give the exact outputs, so no
+    precision is granted (and no float64 run is spent on measuring it)."""
+    got = await _run("matmul_ieee", ["rounded_tf32_matmul"])
+    tf32 = got["rounded_tf32_matmul"]
+    assert tf32.status is EvalStatus.INCORRECT, tf32.summary
+    assert "lower precision than the reference" in tf32.summary
+    assert tf32.correctness is not None
+    assert tf32.correctness.precision is PrecisionMode.REFERENCE
+    assert tf32.correctness.ref_default_err_vs_fp64 is None
