@@ -108,6 +108,7 @@ class EvaluatorActor(Actor):
                 evaluator=self.actor_id,
                 timeout_s=self.spec.eval_timeout_s,
                 torch_ops=self.spec.torch_ops,
+                precision=self.spec.precision,
             )
             EVALUATION_SECONDS.labels(self.rid, result.status.value).observe(time.perf_counter() - started)
             if result.status is EvalStatus.EVALUATOR_ERROR and delivery.num_delivered < self.max_deliver:

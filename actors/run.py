@@ -35,6 +35,7 @@ from schemas import (
     KernelLanguage,
     MigrationPolicy,
     MigrationReason,
+    PrecisionMode,
     RunSpec,
     Task,
     TorchOpsPolicy,
@@ -98,6 +99,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=TorchOpsPolicy.FORBID.value,
         help="forbid (default): every op is a kernel; reference: a candidate may leave the reference's own ops "
         "to PyTorch (the report lists them)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=[m.value for m in PrecisionMode],
+        default=PrecisionMode.REFERENCE.value,
+        help="reference (default): precision parity, a candidate may err against float64 as much as the "
+        "reference does at PyTorch's defaults (TF32 in cuDNN convolutions), never more; exact: as the "
+        "reference in IEEE float32",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-id", default=None, help="run id (default: random)")
@@ -169,6 +178,7 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice, *, e
         target_sol_fraction=args.target_sol,
         eval_timeout_s=args.eval_timeout,
         torch_ops=TorchOpsPolicy(args.torch_ops),
+        precision=PrecisionMode(args.precision),
         seed=args.seed,
         **kwargs,
     )

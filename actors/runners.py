@@ -19,6 +19,7 @@ from schemas import (
     EvalResult,
     EvalStatus,
     KernelLanguage,
+    PrecisionMode,
     StageTimes,
     Task,
     TorchOpsPolicy,
@@ -49,6 +50,7 @@ class Runner(Protocol):
         evaluator: str,
         timeout_s: float | None = None,
         torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+        precision: PrecisionMode = PrecisionMode.REFERENCE,
     ) -> EvalResult:
         """The verdict on one candidate, bounded by ``timeout_s`` (the run's ``eval_timeout_s``;
         ``None``: the runner's own default)."""
@@ -84,6 +86,7 @@ class NoopRunner:
         evaluator: str,
         timeout_s: float | None = None,
         torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+        precision: PrecisionMode = PrecisionMode.REFERENCE,
     ) -> EvalResult:
         started = time.perf_counter()
         if self.delay_s:
@@ -157,6 +160,7 @@ class GpuRunner:
         evaluator: str,
         timeout_s: float | None = None,
         torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+        precision: PrecisionMode = PrecisionMode.REFERENCE,
     ) -> EvalResult:
         from gpu_runner.service import EvalJob
 
@@ -172,6 +176,7 @@ class GpuRunner:
             attempt=attempt,
             evaluator=evaluator,
             torch_ops=torch_ops,
+            precision=precision.value,
         )
         result = await self.service.evaluate(job)
         return stamp_gpu(result, self.gpu)

@@ -419,7 +419,7 @@ def _correctness(c: Collected) -> Any:
     assert c.reference is not None
     dtype = c.reference.info.get("out_dtype", "float32")
     tol = c.cfg.tolerances.get(dtype, (0.0, 0.0))
-    return correctness(c.record.trial_checks, _expected(c), tol, PrecisionMode(c.cfg.precision))
+    return correctness(c.record.trial_checks, _expected(c), tol, PrecisionMode(c.job.precision or c.cfg.precision))
 
 
 def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:

@@ -22,7 +22,7 @@ from gpu_runner.counters_step import with_counters
 from gpu_runner.errors import InvalidReference, RunnerError
 from gpu_runner.probe import validate_reference
 from gpu_runner.service import EvaluationService
-from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage, TorchOpsPolicy
+from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage, PrecisionMode, TorchOpsPolicy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +52,14 @@ def _parser() -> argparse.ArgumentParser:
         default=TorchOpsPolicy.FORBID.value,
         help="forbid (default): every compute op must be the candidate's kernel; reference: the reference's own "
         "ops may stay in PyTorch",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=[m.value for m in PrecisionMode],
+        default=PrecisionMode.REFERENCE.value,
+        help="reference (default): precision parity, a candidate may err against float64 as much as the "
+        "reference does at PyTorch's defaults (TF32 in cuDNN convolutions), never more; exact: as the "
+        "reference in IEEE float32",
     )
     parser.add_argument(
         "--profile-counters",
@@ -94,6 +102,7 @@ async def _evaluate(
     isolation: str,
     torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     profile_counters: bool = False,
+    precision: str = "reference",
 ) -> EvalResult:
     validate_reference(reference)
     config = RunnerConfig(
@@ -115,6 +124,7 @@ async def _evaluate(
             task_id=service.task_id(reference),
             candidate_id="cli",
             torch_ops=torch_ops,
+            precision=precision,
         )
         result = await service.evaluate(job)
         if profile_counters:
@@ -199,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.isolation,
                 TorchOpsPolicy(args.torch_ops),
                 args.profile_counters,
+                args.precision,
             )
         )
     except InvalidReference as exc:  # the task's own fault: one line (the traceback with --verbose), as `run` says it

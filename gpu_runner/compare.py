@@ -85,12 +85,12 @@ class PrecisionRule:
         return cls(factor=factor, parity=tuple(found), parity_factor=parity_factor)
 
 
-def precision_rule(cfg: Any, info: dict[str, Any]) -> PrecisionRule:
+def precision_rule(cfg: Any, info: dict[str, Any], mode: str | None = None) -> PrecisionRule:
     """The rule of a task: ``cfg`` (a :class:`gpu_runner.config.RunnerConfig`: its factor, its
-    ``precision`` mode, its parity factor) and the referee's ``task_ready`` ``info``."""
-    return PrecisionRule.of(
-        cfg.precision_factor, info.get("default_errors"), cfg.precision == "reference", cfg.precision_parity_factor
-    )
+    ``precision`` mode, its parity factor), the job's ``mode`` (None: the config's) and the
+    referee's ``task_ready`` ``info``."""
+    parity = (mode or cfg.precision) == "reference"
+    return PrecisionRule.of(cfg.precision_factor, info.get("default_errors"), parity, cfg.precision_parity_factor)
 
 
 def as_rule(rule: PrecisionRule | float) -> PrecisionRule:

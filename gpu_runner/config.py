@@ -348,6 +348,8 @@ class EvalJob:
     """Free-form labels carried into logs."""
     torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID
     """The run's policy for PyTorch ops a candidate may keep (the reference's own, or none)."""
+    precision: str | None = None
+    """This job's precision standard (``reference`` or ``exact``); ``None``: the config's."""
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -356,3 +358,5 @@ class EvalJob:
             raise ConfigError("EvalJob.attempt", self.attempt, "must be >= 1")
         if not self.reference_source.strip():
             raise ConfigError("EvalJob.reference_source", "", "is empty")
+        if self.precision is not None and self.precision not in PRECISION_MODES:
+            raise ConfigError("EvalJob.precision", self.precision, f"must be one of {', '.join(PRECISION_MODES)}")

@@ -41,12 +41,13 @@ async def judge_trials(
     verdict_root: Path,
     checks: list[TrialCheck],
     timed_seeds: dict[int, tuple[int, int]] | None = None,
+    precision: str | None = None,
 ) -> None:
     """Add to ``checks`` those of the ``pending`` trials (trial, report header), once nothing of the
     candidate runs; trial numbers past the trials' are timed calls shipped under them
     (``timed_seeds``: their seeds; their inputs were drawn on the device). Raises
     :class:`~gpu_runner.protocol.FrameError` for a report whose files are not what it announced
-    (``checks`` then holds the trials judged before it)."""
+    (``checks`` then holds the trials judged before it). ``precision``: the job's standard (None: the config's)."""
     timed = timed_seeds or {}
     await worker.proc.wait()
     await asyncio.to_thread(wait_gone, tree, 30.0)
@@ -71,7 +72,7 @@ async def judge_trials(
                 )
                 tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
                 metas = list(header["tensors"])
-                factor = precision_rule(cfg, ref.info)
+                factor = precision_rule(cfg, ref.info, precision)
                 checks.append(await judge.trial(job, metas, _metas(ref, t), tolerances, floors, factor, fds))
                 worker.close_shared([k for k in worker.shared if k[0] == t])  # their memory goes once judged
                 for out in outputs:  # each trial's files go as soon as they are judged

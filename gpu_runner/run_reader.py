@@ -210,7 +210,7 @@ class ReportReader:
         (``began`` gets the moment the thread took it)."""
         cfg = self.cfg
         assert self.spare.reference is not None
-        rule = precision_rule(cfg, self.spare.reference.info)
+        rule = precision_rule(cfg, self.spare.reference.info, self.c.job.precision)
 
         def run() -> TrialCheck:
             if began is not None:

@@ -449,6 +449,7 @@ class RunStage:
                 runs.verdict_dir(),
                 checks,
                 w.reader.timed_seeds,
+                w.c.job.precision,
             )
         except FrameError as exc:
             w.reader.record.error = _frame_error("forward", exc)

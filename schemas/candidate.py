@@ -8,7 +8,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from schemas.base import Message, Model, Token, new_id, now
 from schemas.diagnosis import Diagnosis
-from schemas.enums import DeclineReason, ExpertKind, KernelLanguage, TorchOpsPolicy
+from schemas.enums import DeclineReason, ExpertKind, KernelLanguage, PrecisionMode, TorchOpsPolicy
 from schemas.evaluation import EvalResult
 from schemas.experience import ExperienceHit
 from schemas.task import Task, source_fingerprint
@@ -109,6 +109,9 @@ class GenerateRequest(Message):
     """Tokens the expert may spend on this request; ``None`` is the expert's own limit."""
     torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID
     """The run's policy: whether a candidate may leave some of the reference's own operations to PyTorch."""
+    precision: PrecisionMode = PrecisionMode.REFERENCE
+    """The run's precision standard: under ``reference`` a candidate may compute as the reference
+    does at PyTorch's defaults (TF32 convolutions where cuDNN runs them so)."""
 
 
 class GenerateReply(Message):

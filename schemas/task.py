@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from schemas.base import Message, Model, Token, new_id, now
-from schemas.enums import DeviceChoice, KernelLanguage, MigrationReason, TorchOpsPolicy
+from schemas.enums import DeviceChoice, KernelLanguage, MigrationReason, PrecisionMode, TorchOpsPolicy
 
 
 def source_fingerprint(source: str) -> str:
@@ -183,6 +183,9 @@ class RunSpec(Message):
     """Seed of every random choice of the run's policies."""
     torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID
     """Which PyTorch operations a candidate may leave to PyTorch: none, or the reference's own."""
+    precision: PrecisionMode = PrecisionMode.REFERENCE
+    """The standard outputs are held to against float64: the reference's own at PyTorch's defaults
+    (precision parity, TF32 where cuDNN convolutions run it), or ``exact`` (IEEE float32)."""
     created_at: float = Field(default_factory=now)
     """When the run was created (seconds since the epoch)."""
 

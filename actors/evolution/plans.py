@@ -129,6 +129,7 @@ class RequestPlan:
             avoid=tuple(avoid),
             token_budget=token_budget,
             torch_ops=spec.torch_ops,
+            precision=spec.precision,
         )
 
     def candidate(

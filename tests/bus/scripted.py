@@ -12,6 +12,7 @@ from schemas import (
     GenerateReply,
     GenerateRequest,
     KernelLanguage,
+    PrecisionMode,
     Proposal,
     Task,
     TimerKind,
@@ -67,6 +68,7 @@ class ScriptedRunner:
         evaluator: str,
         timeout_s: float | None = None,
         torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+        precision: PrecisionMode = PrecisionMode.REFERENCE,
     ) -> EvalResult:
         await asyncio.sleep(self.delay_s)
         self.count += 1

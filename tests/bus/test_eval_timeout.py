@@ -10,7 +10,7 @@ from actors.cli import build_parser
 from actors.evaluator import EvaluatorActor
 from actors.run import build_spec, check_task_source
 from actors.runners import NoopRunner
-from schemas import Candidate, DeviceChoice, EvalResult, Task, TorchOpsPolicy, subjects
+from schemas import Candidate, DeviceChoice, EvalResult, PrecisionMode, Task, TorchOpsPolicy, subjects
 from tests.bus.helpers import collect, publish_candidates, register_run
 
 
@@ -30,10 +30,17 @@ class RecordingRunner(NoopRunner):
         evaluator: str,
         timeout_s: float | None = None,
         torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+        precision: PrecisionMode = PrecisionMode.REFERENCE,
     ) -> EvalResult:
         self.timeouts.append(timeout_s)
         return await super().evaluate(
-            task, candidate, attempt=attempt, evaluator=evaluator, timeout_s=timeout_s, torch_ops=torch_ops
+            task,
+            candidate,
+            attempt=attempt,
+            evaluator=evaluator,
+            timeout_s=timeout_s,
+            torch_ops=torch_ops,
+            precision=precision,
         )
 
 

@@ -13,7 +13,7 @@ from actors.errors import TaskRefused
 from actors.evaluator import EvaluatorActor
 from actors.runners import NoopRunner
 from gpu_runner.errors import TaskTooLarge
-from schemas import Candidate, EvalResult, Task, TorchOpsPolicy, subjects
+from schemas import Candidate, EvalResult, PrecisionMode, Task, TorchOpsPolicy, subjects
 from tests.bus.helpers import collect, publish_candidates, register_run
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,12 +45,19 @@ class SlowPreparation(NoopRunner):
         evaluator: str,
         timeout_s: float | None = None,
         torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
+        precision: PrecisionMode = PrecisionMode.REFERENCE,
     ) -> EvalResult:
         if not self.prepared:
             self.before_prepared += 1
             await self.release.wait()  # as the real runner: the run stage waits for the task's plan
         return await super().evaluate(
-            task, candidate, attempt=attempt, evaluator=evaluator, timeout_s=timeout_s, torch_ops=torch_ops
+            task,
+            candidate,
+            attempt=attempt,
+            evaluator=evaluator,
+            timeout_s=timeout_s,
+            torch_ops=torch_ops,
+            precision=precision,
         )
 
 

@@ -7,7 +7,19 @@ import triton.language as tl
 
 
 @triton.jit
-def mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, HALF: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def mm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    HALF: tl.constexpr,
+    MASK: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
