@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_runner.compare import TrialCheck, correctness, speed_of_light, timing_stats
+from gpu_runner.compare import TrialCheck, correctness, precision_rule, speed_of_light, timing_stats
 from gpu_runner.compiler import CompileOutcome
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.crosscheck import canary_check, cross_check, crosscheck_slack
@@ -358,7 +358,8 @@ def _timed(
             detail=None if compiled else compiled_error,
         )
     )
-    sol = speed_of_light(ref.info, c.peaks, c.cfg.peak_tflops, c.cfg.peak_gbps, cand.median_ms if cand else None)
+    tf32 = precision_rule(c.cfg, ref.info, c.job.precision).mode == "reference"  # TF32 admitted: its ceiling
+    sol = speed_of_light(ref.info, c.peaks, c.cfg.peak_tflops, c.cfg.peak_gbps, cand.median_ms if cand else None, tf32)
     speedup = eager.median_ms / cand.median_ms if cand and eager and cand.median_ms > 0 else None
     speedup_c = compiled.median_ms / cand.median_ms if cand and compiled and cand.median_ms > 0 else None
     if sol is not None and sol.fraction is not None and sol.fraction > 1.1:

@@ -513,11 +513,14 @@ def speed_of_light(
     cfg_tflops: float | None,
     cfg_gbps: float | None,
     median_ms: float | None,
+    tf32: bool = False,
 ) -> SpeedOfLight | None:
-    """The bound from the reference's FLOPs and bytes and the device's ceilings."""
+    """The bound from the reference's FLOPs and bytes and the device's ceilings (``tf32``: float32
+    products at one TF32 pass, where precision parity admits the reference's own TF32)."""
     flops, nbytes = info.get("flops"), info.get("bytes_moved")
     sixteen = info.get("out_dtype") in ("float16", "bfloat16")
-    tflops = cfg_tflops or peaks.get("tflops_16" if sixteen else "tflops_fp32")
+    kind = "tflops_16" if sixteen else "tflops_tf32" if tf32 and peaks.get("tflops_tf32") else "tflops_fp32"
+    tflops = cfg_tflops or peaks.get(kind)
     gbps = cfg_gbps or peaks.get("gbps")
     if nbytes is None or not gbps or not tflops:
         return None

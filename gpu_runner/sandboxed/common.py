@@ -369,12 +369,19 @@ def device_info(device: torch.device, interpreter: bool) -> dict[str, Any]:
 
 def table_peaks(name: str) -> dict[str, Any]:
     """The ceilings of a GPU named ``name`` from :data:`PEAKS` (``None`` each when it is not there);
-    ``tflops_fp32`` is the fastest fp32-accurate scheme's (see :data:`TF32_PASSES`)."""
+    ``tflops_fp32`` is the fastest fp32-accurate scheme's (see :data:`TF32_PASSES`), ``tflops_tf32``
+    one TF32 pass's (the ceiling where precision parity admits the reference's own TF32)."""
     for key, gbps, fp32, tf32, tf16 in PEAKS:
         if key in name:
             fp32_accurate = max(fp32, tf32 / TF32_PASSES)
-            return {"gbps": gbps, "tflops_fp32": fp32_accurate, "tflops_16": tf16, "source": f"table:{key}"}
-    return {"gbps": None, "tflops_fp32": None, "tflops_16": None}
+            return {
+                "gbps": gbps,
+                "tflops_fp32": fp32_accurate,
+                "tflops_tf32": tf32,
+                "tflops_16": tf16,
+                "source": f"table:{key}",
+            }
+    return {"gbps": None, "tflops_fp32": None, "tflops_tf32": None, "tflops_16": None}
 
 
 def peaks(device: torch.device) -> dict[str, Any]:
@@ -396,7 +403,7 @@ def peaks(device: torch.device) -> dict[str, Any]:
         torch.mm(a, a)
         best = min(best, time.perf_counter() - t0)
     tflops = 2 * 384**3 / best / 1e12
-    return {"gbps": gbps, "tflops_fp32": tflops, "tflops_16": tflops, "source": "measured"}
+    return {"gbps": gbps, "tflops_fp32": tflops, "tflops_tf32": tflops, "tflops_16": tflops, "source": "measured"}
 
 
 def describe_exception(exc: BaseException) -> dict[str, Any]:

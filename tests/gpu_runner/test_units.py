@@ -185,6 +185,11 @@ def test_the_fp32_ceiling_is_the_fastest_fp32_accurate_scheme_the_check_accepts(
     assert sol is not None
     assert sol.limiter == "compute"
     assert sol.fraction == pytest.approx(0.416, abs=0.01)
+    # where precision parity admits the reference's own TF32, one TF32 pass is the ceiling
+    tf32 = speed_of_light(info, h100, None, None, 2.0, tf32=True)
+    assert tf32 is not None
+    assert tf32.peak_tflops == pytest.approx(494.0)
+    assert tf32.fraction == pytest.approx(0.416 / 3, abs=0.01)
     assert table_peaks("NVIDIA L40S")["tflops_fp32"] == 91.6  # its CUDA cores beat a third of its TF32
     assert table_peaks("NVIDIA H200")["tflops_16"] == 989.0
     assert table_peaks("Some GPU")["tflops_fp32"] is None
