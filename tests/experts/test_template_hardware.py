@@ -228,6 +228,41 @@ def test_first_convolutions_sum_few_channels_without_dot_and_use_tf32x3_where_it
         TemplateParams(conv_precision="fma", conv_block_m=256, conv_block_n=128, conv_warps=1)
 
 
+def test_convolutions_start_in_tf32_where_the_run_admits_the_reference_s_own_precision() -> None:
+    """Under precision parity a fp32 convolution may run as cuDNN runs it at PyTorch's defaults:
+    one TF32 pass (the narrow ones keep fma); otherwise no mutation proposes TF32."""
+    import numpy as np
+
+    from actors.experts.template import mutate
+    from actors.experts.template.expert import tf32_admitted
+    from schemas import GenerateRequest, PrecisionMode, Task
+
+    dense = plan_of(CONV.format(cin=16, cout=128, groups=1))
+    assert default_params(dense, H200, tf32=True).conv_precision == "tf32"
+    assert default_params(dense, H200).conv_precision == "ieee"  # as before
+    assert default_params(dense, CPU_FALLBACK, tf32=True).conv_precision == "ieee"  # no tensor cores
+    depthwise = plan_of(CONV.format(cin=64, cout=64, groups=64))
+    assert default_params(depthwise, H200, tf32=True).conv_precision == "fma"
+    assert 'input_precision="tf32"' in render(dense, default_params(dense, H200, tf32=True))
+    rng = np.random.default_rng(0)
+    base = default_params(dense, H200)
+    seen = {mutate(dense, base, rng, diagnosis=None).conv_precision for _ in range(300)}
+    assert "tf32" not in seen
+    assert "tf32x3" in seen
+    seen = {mutate(dense, base, rng, diagnosis=None, tf32=True).conv_precision for _ in range(300)}
+    assert "tf32" in seen
+
+    source = CONV.format(cin=16, cout=128, groups=1)
+
+    def request(precision: PrecisionMode, text: str = source) -> GenerateRequest:
+        return GenerateRequest(run_id="r", island="i0", task=Task.from_source("conv", text), precision=precision)
+
+    assert tf32_admitted(request(PrecisionMode.REFERENCE))
+    assert not tf32_admitted(request(PrecisionMode.EXACT))
+    own = "import torch\ntorch.backends.cudnn.allow_tf32 = False\n" + source
+    assert not tf32_admitted(request(PrecisionMode.REFERENCE, own))
+
+
 def test_convolution_mutations_change_the_kernel() -> None:
     """A mutation steps only parameters the convolution's kernel reads: the input tile's layout only
     for dots walked taps outside, the channel tile and the order not for outer products."""

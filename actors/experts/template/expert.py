@@ -41,6 +41,7 @@ from schemas import (
     GenerateReply,
     GenerateRequest,
     KernelLanguage,
+    PrecisionMode,
     Proposal,
     TorchOpsPolicy,
     source_fingerprint,
@@ -81,6 +82,26 @@ def _params_of(candidate: Candidate) -> TemplateParams | None:
             pass
     found = params_from_source(candidate.proposal.source)
     return found[1] if found is not None else None
+
+
+_CUDNN_PRECISION_KNOBS = ("cudnn.allow_tf32", "fp32_precision")
+"""Names a task file would use to set its convolutions' precision itself."""
+
+
+def tf32_admitted(request: GenerateRequest) -> bool:
+    """Whether this request's run admits TF32 convolutions: precision parity (the run's
+    ``precision`` is ``reference``) and a task that leaves cuDNN at PyTorch's default (TF32 for
+    fp32 convolutions). A task file that sets cuDNN's precision itself gets the fp32-accurate
+    schemes (the evaluator measures what it runs at and judges by that in any case)."""
+    if request.precision is not PrecisionMode.REFERENCE:
+        return False
+    return not any(knob in request.task.source for knob in _CUDNN_PRECISION_KNOBS)
+
+
+def _admitted(params: TemplateParams, tf32: bool) -> TemplateParams:
+    """``params`` with TF32 convolutions replaced by the three-pass scheme where TF32 is not admitted
+    (a retrieved experience may come from a run that admitted it)."""
+    return params if tf32 or params.conv_precision != "tf32" else params.with_changes(conv_precision="tf32x3")
 
 
 def _from_experience(hits: tuple[ExperienceHit, ...], plan: Plan) -> tuple[TemplateParams, str] | None:
@@ -245,9 +266,10 @@ class TemplateExpert:
         (first when it was measured on this very task), then mutations of them in turn, drawn from
         a generator seeded by the task. Kernels in ``avoid`` (the island's own) are passed over."""
         hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
-        default = default_params(plan, hw)
+        tf32 = tf32_admitted(request)
+        default = default_params(plan, hw, tf32)
         found = _from_experience(request.experiences, plan)
-        learned, where = found if found is not None else (None, "")
+        learned, where = (_admitted(found[0], tf32), found[1]) if found is not None else (None, "")
         listed: list[tuple[TemplateParams, str, str]] = []
         if learned == default:
             # What worked best on a similar task is this task's default: the start is still the
@@ -270,7 +292,7 @@ class TemplateExpert:
             if len(listed) >= want:
                 break
             base = bases[i % len(bases)]
-            child = mutate(plan, base, rng, diagnosis=None)
+            child = mutate(plan, base, rng, diagnosis=None, tf32=tf32)
             if child not in seen:
                 seen.add(child)
                 label = "mutate.default" if base is default else "mutate.experience"
@@ -302,7 +324,7 @@ class TemplateExpert:
                 for _ in range(8 * n):
                     if len(chosen) == n:
                         break
-                    child = mutate(plan, parent, rng, diagnosis=steer)
+                    child = mutate(plan, parent, rng, diagnosis=steer, tf32=tf32_admitted(request))
                     if child not in seen:
                         seen.add(child)
                         if source_fingerprint(self._render(plan, child)) not in avoid:

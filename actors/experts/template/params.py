@@ -5,7 +5,9 @@ kernel ``row_*``, every matrix-product kernel ``mm_*``, every convolution ``conv
 fusion switches. Every value in
 the space renders a correct kernel; the space only changes speed (and, for ``mm_precision``,
 which fp32-accurate dot algorithm runs: ``ieee`` or the three-pass ``tf32x3``; likewise
-``conv_precision``, which also has ``fma``, a product summed without ``tl.dot``; ``mm_split_k``
+``conv_precision``, which also has ``fma``, a product summed without ``tl.dot``, and ``tf32``, one
+TF32 pass: the precision of the reference's own cuDNN convolutions at PyTorch's defaults, which
+precision parity admits, and only where the run's precision is ``reference``; ``mm_split_k``
 also changes the order of the fp32 sums, towards more accurate).
 """
 
@@ -46,7 +48,7 @@ SPACE: dict[str, tuple[object, ...]] = {
     "conv_block_k": (16, 32, 64),
     "conv_warps": (1, 2, 4, 8),
     "conv_stages": (1, 2, 3, 4),
-    "conv_precision": ("ieee", "tf32x3", "fma"),
+    "conv_precision": ("ieee", "tf32x3", "tf32", "fma"),
     "conv_taps_outer": (False, True),
     "conv_a_transposed": (False, True),
     "attn_block_m": (16, 32, 64, 128),
@@ -126,10 +128,11 @@ class TemplateParams:
     conv_stages: int = 2
     """Software-pipelining stages of the convolution's reduction loop."""
     conv_precision: str = "ieee"
-    """How a convolution's products are summed: ``tl.dot`` in ``ieee`` fp32 or ``tf32x3`` (three TF32
-    tensor-core passes), or ``fma``: outer products of a vector of inputs and a vector of weights,
-    one input channel and tap at a time, in fp32 (a dot needs 16 output channels at least; a
-    depthwise convolution has one per group, so 15 of 16 columns of every dot were masked out)."""
+    """How a convolution's products are summed: ``tl.dot`` in ``ieee`` fp32, ``tf32x3`` (three
+    TF32 tensor-core passes) or ``tf32`` (one, as cuDNN under PyTorch's defaults), or ``fma``:
+    outer products of a vector of inputs and a vector of weights, one input channel and tap at a
+    time, in fp32 (a dot needs 16 output channels at least; a depthwise convolution has one per
+    group, so 15 of 16 columns of every dot were masked out)."""
     conv_taps_outer: bool = False
     """The order of a convolution's ``tl.dot`` reduction: kernel taps outside and chunks of
     ``conv_block_k`` input channels inside, with each tap's input positions and padding masks

@@ -66,9 +66,10 @@ _TILES = (
 _SHRINK = (*_TILES, "mm_stages", "conv_stages", "row_stages", "row_one_pass")
 
 
-def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
+def default_params(plan: Plan, hw: GpuModel | None = None, tf32: bool = False) -> TemplateParams:
     """A good first configuration for the plan's shapes; with a model of the target GPU, the
-    sizes that fill it (``hardware.py``)."""
+    sizes that fill it (``hardware.py``). ``tf32``: the run admits the reference's own TF32 in its
+    convolutions (precision parity; cuDNN runs fp32 convolutions so at PyTorch's defaults)."""
     values: dict[str, object] = {}
     sched = schedule(plan, TemplateParams())
     seen: set[KernelKind] = set()
@@ -110,7 +111,7 @@ def default_params(plan: Plan, hw: GpuModel | None = None) -> TemplateParams:
             else:
                 values.update(mm_block_m=64, mm_block_n=64, mm_block_k=32, mm_warps=4, mm_stages=3)
     if hw is not None and hw.is_gpu:
-        values.update(_fit_to(hw, plan, sched))
+        values.update(_fit_to(hw, plan, sched, tf32))
     return TemplateParams.from_dict(values)
 
 
@@ -118,7 +119,7 @@ def _dtype_bytes(plan: Plan, node: int) -> int:
     return element_size(plan.nodes[node].dtype if node >= 0 else "float32")
 
 
-def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
+def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule, tf32: bool = False) -> dict[str, object]:
     """First sizes from the GPU model, per kernel kind (the first kernel of each kind decides)."""
     values: dict[str, object] = {}
     for kernel in sched.kernels:
@@ -149,6 +150,16 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule) -> dict[str, object]:
         # subset on an H200, in ieee fp32 (no tensor cores), ran at 0.11-0.13x of eager. A plan
         # of narrow ones keeps the fma that ``_conv_defaults`` chose, and forward convolutions
         # of several taps walked taps outside keep ieee (``_forward_taps_ieee``).
+        elif (
+            kernel.kind is KernelKind.CONV
+            and tf32
+            and hw.tf32x3_pays
+            and _dtype_bytes(plan, kernel.mm) == 4
+            and not _convs_all_narrow(plan, sched)
+        ):
+            # The reference's own precision (cuDNN's TF32), admitted by precision parity: one
+            # tensor-core pass instead of three.
+            values["conv_precision"] = "tf32"
         elif (
             kernel.kind is KernelKind.CONV
             and hw.tf32x3_pays
@@ -342,6 +353,8 @@ def _choices(
         for name in ("mm_precision", "conv_precision", "attn_precision"):
             if getattr(params, name) == "tf32x3":  # fma sums in fp32 already
                 forced[name] = "ieee"
+            elif getattr(params, name) == "tf32":  # TF32 refused: the fp32-accurate passes
+                forced[name] = "tf32x3"
     return relevant, 0, forced
 
 
@@ -351,8 +364,10 @@ def mutate(
     rng: np.random.Generator,
     *,
     diagnosis: DiagnosisCategory | None,
+    tf32: bool = False,
 ) -> TemplateParams:
-    """A valid neighbour of ``params`` for ``plan``, steered by ``diagnosis``.
+    """A valid neighbour of ``params`` for ``plan``, steered by ``diagnosis`` (``tf32``: the run
+    admits TF32 convolutions; else none is proposed).
 
     Returns ``params`` itself only when no other valid configuration is reachable.
     """
@@ -373,6 +388,8 @@ def mutate(
         except InvalidParams:
             continue
         if (candidate.fuse_epilogue, candidate.fuse_prologue) not in plan.fusions:
+            continue
+        if not tf32 and candidate.conv_precision == "tf32" and params.conv_precision != "tf32":
             continue
         if candidate != params:
             return candidate
