@@ -15,7 +15,7 @@ from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from schemas import DeclineReason, DeviceChoice, StopReason
+from schemas import Correctness, DeclineReason, DeviceChoice, PrecisionMode, StopReason
 
 if TYPE_CHECKING:
     from actors.report.model import IslandReport
@@ -114,6 +114,21 @@ def model_header_note(verdict: RunVerdict, speedup_vs_eager: float | None, speed
     if verdict is not RunVerdict.NOT_TIMED_ON_GPU and speedup_vs_compiled is not None and speedup_vs_compiled <= 1.0:
         lines.append(f"# slower than torch.compile ({speedup_vs_compiled:.3f}x)\n")
     return "".join(lines)
+
+
+def precision_note(correctness: Correctness | None) -> str:
+    """The comment line of ``best_model.py`` that says what precision its outputs were judged at."""
+    if correctness is None or correctness.err_vs_fp64 is None:
+        return ""
+    err = f"relative error {correctness.err_vs_fp64:.2e} against float64"
+    if correctness.precision is PrecisionMode.EXACT:
+        return f"# judged at exact precision (IEEE float32 reference): {err}\n"
+    if correctness.ref_default_err_vs_fp64 is None:
+        return f"# judged at the reference's precision (IEEE float32 at PyTorch's defaults): {err}\n"
+    return (
+        f"# judged at the reference's precision (PyTorch's defaults, TF32 in cuDNN convolutions: the reference "
+        f"errs {correctness.ref_default_err_vs_fp64:.2e}): {err}\n"
+    )
 
 
 @dataclass

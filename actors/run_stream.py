@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from actors.bus import Bus
 from actors.logs import get_logger
-from actors.outcome import model_header_note, verdict_of
+from actors.outcome import model_header_note, precision_note, verdict_of
 from actors.quota import CandidateQuota
 from schemas import Candidate, DeviceChoice, EvalResult, Message, Proposal, RunSpec, decode_any, subjects
 
@@ -86,6 +86,7 @@ async def write_results(bus: Bus, spec: RunSpec, best: EvalResult | None, run_di
             header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
         verdict = verdict_of(best.speedup_vs_eager, spec.device)
         header += model_header_note(verdict, best.speedup_vs_eager, best.speedup_vs_compiled)
+        header += precision_note(best.correctness)
         if best.torch_ops:
             header += (
                 f"# left to PyTorch (the reference's own ops, --torch-ops reference): {', '.join(best.torch_ops)}\n"

@@ -65,6 +65,12 @@ class ProblemResult(_Frozen):
     timed beside the best (the report's ``best.compiled_derived``)."""
     sol_fraction: float | None = None
     """The same candidate: speed-of-light bound / its median."""
+    precision: str | None = None
+    """The standard its outputs were judged at (``reference``: precision parity; ``exact``)."""
+    err_vs_fp64: float | None = None
+    """Its relative L2 error against float64."""
+    ref_default_err_vs_fp64: float | None = None
+    """The reference's at PyTorch's defaults, where they are not IEEE float32 (TF32 convolutions)."""
     evaluated: int | None = None
     """Candidates evaluated; ``None`` when no report was written."""
     first_correct_s: float | None = None
@@ -195,6 +201,14 @@ def _status(r: ProblemResult) -> str:
     return text
 
 
+def _precision(r: ProblemResult) -> str:
+    """The best's precision standard and errors, for the table."""
+    if r.precision is None:
+        return "–"
+    errs = f"{_num(r.err_vs_fp64, '.1e')} / {_num(r.ref_default_err_vs_fp64, '.1e')}"
+    return f"{r.precision} ({errs})" if r.err_vs_fp64 is not None else r.precision
+
+
 def markdown(bench: BenchFile) -> str:
     """The bench as a Markdown table with its totals beneath."""
     lines = [
@@ -207,8 +221,8 @@ def markdown(bench: BenchFile) -> str:
         lines += [f"Problems ran {bench.parallel} at a time, each run on {where}.", ""]
     lines += [
         "| problem | status | vs eager | vs compile | % SOL | evaluated | first correct (s) "
-        "| peak GPU (GiB) | peak host (GiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak GPU (GiB) | peak host (GiB) | precision (error vs float64: best / reference at defaults) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in bench.results:
         sol = r.sol_fraction * 100 if r.sol_fraction is not None else None
@@ -218,7 +232,8 @@ def markdown(bench: BenchFile) -> str:
         lines.append(
             f"| {r.name} | {_status(r)} | {_num(r.speedup_vs_eager, '.3g', 'x')} "
             f"| {_num(r.speedup_vs_compiled, '.3g', 'x')}{'*' if r.compiled_derived else ''} | {_num(sol, '.1f')} "
-            f"| {_num(r.evaluated, 'd')} | {_num(r.first_correct_s, '.0f')} | {gpu} | {_gib(r.peak_host_bytes)} |"
+            f"| {_num(r.evaluated, 'd')} | {_num(r.first_correct_s, '.0f')} | {gpu} | {_gib(r.peak_host_bytes)} "
+            f"| {_precision(r)} |"
         )
     if any(r.compiled_derived for r in bench.results):
         lines += [

@@ -225,6 +225,10 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
         source=cand.proposal.source,
         lineage=tuple(steps),
         torch_ops=top.torch_ops,
+        precision=top.correctness.precision.value if top.correctness else None,
+        err_vs_fp64=top.correctness.err_vs_fp64 if top.correctness else None,
+        ref_err_vs_fp64=top.correctness.ref_err_vs_fp64 if top.correctness else None,
+        ref_default_err_vs_fp64=top.correctness.ref_default_err_vs_fp64 if top.correctness else None,
     )
 
 

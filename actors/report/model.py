@@ -54,6 +54,14 @@ class BestKernel(_Frozen):
     lineage: tuple[LineageStep, ...]
     torch_ops: tuple[str, ...] = ()
     """Operations the kernel leaves to PyTorch (the reference's own; run policy ``reference``)."""
+    precision: str | None = None
+    """The standard its outputs were judged at: ``reference`` (precision parity) or ``exact``."""
+    err_vs_fp64: float | None = None
+    """Its relative L2 error against float64 (the worst trial's)."""
+    ref_err_vs_fp64: float | None = None
+    """The reference's own in IEEE float32."""
+    ref_default_err_vs_fp64: float | None = None
+    """The reference's at PyTorch's defaults, where they differ from IEEE float32 (TF32 convolutions)."""
 
 
 class FitnessSample(_Frozen):
