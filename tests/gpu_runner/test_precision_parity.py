@@ -6,9 +6,8 @@ operands to TF32 itself whenever the flag is on; the evaluator's IEEE float32 ru
 off, and the referee measures the error of both runs against float64. Candidates round their
 operands in a Triton kernel (under ``TRITON_INTERPRET=1``): to TF32 (the reference's own
 precision: admitted), to bfloat16 (narrower: refused), or compute in float16 (TF32's mantissa,
-not its range: refused on the range trials). The GPU suite has the same with cuDNN's own TF32
-convolutions (``test_precision_parity_gpu``).
-"""
+not its range: refused on the range trials). The GPU suite has the same against cuBLAS's own
+TF32 (``test_precision_parity_gpu``)."""
 
 from __future__ import annotations
 
