@@ -104,8 +104,6 @@ class SessionRecord:
     """Per baseline, the samples of the task's earlier sessions this one pooled with its own
     (the referee's, :class:`gpu_runner.referee.BaselineLedger`); empty where it timed both
     baselines in every round."""
-    pool_note: str = ""
-    """What became of the pool: why it was not used, or dropped."""
     recheck_excess_us: float | None = None
     """Where the parent's clock contradicted the first rounds (more time outside the windows than
     allowed), by how much per call; those rounds were then timed again with longer spins, and
@@ -232,8 +230,6 @@ class TimingSession:
         floor = self.referee.info.get("empty_kernel_us")
         self.rec.empty_kernel_us = float(floor) if isinstance(floor, int | float) else None
         self.pool = self.referee.ledger.pooled(self.baselines)
-        if not self.pool:
-            self.rec.pool_note = "no earlier session of this task to pool with"
         warm: dict[str, Batch] = {}
         warm_calls = max(1, min(cfg.warmup_min_calls, self._memory_cap()))  # then round its inputs
         for name in self.callables:
@@ -295,11 +291,11 @@ class TimingSession:
         """The pool disagrees with this session's own ``name``: neither counts for the other (the
         ledger is emptied; the next session seeds it afresh)."""
         own, pool = self._own(name), self.pool[name]
-        self.rec.pool_note = (
+        detail = (
             f"earlier sessions' {name} ({statistics.median(pool):.4g} ms, {len(pool)} calls) disagreed with this "
             f"session's ({statistics.median(own) if own else math.nan:.4g} ms, {len(own)} calls): not pooled"
         )
-        logger.info("baseline_pool_dropped", detail=self.rec.pool_note)
+        logger.info("baseline_pool_dropped", detail=detail)
         self.pool, self.pool_dropped = {}, True
         self.referee.ledger.clear()
 
