@@ -270,7 +270,20 @@ class RuleDiagnoser:
                 confidence=0.75,
             )
         if self._small_errors(corr):
-            return _Reading(C.INCORRECT_PRECISION, "Errors are small but above the precision bar.", ev, confidence=0.8)
+            tf32 = (
+                (
+                    "The reference itself runs in TF32 at PyTorch's defaults (its error against float64 "
+                    f"{_fmt(corr.ref_default_err_vs_fp64)}), so TF32 is allowed, as cuDNN computes it: round the "
+                    "fp32 operands to nearest first, x = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000)"
+                    ".to(tl.float32, bitcast=True), then tl.dot(a, b, input_precision='tf32'); the dot alone "
+                    "truncates and errs about 3x as much. Never bf16 or fp16.",
+                )
+                if corr.ref_default_err_vs_fp64 is not None
+                else ()
+            )
+            return _Reading(
+                C.INCORRECT_PRECISION, "Errors are small but above the precision bar.", ev, tf32, confidence=0.8
+            )
         if 0 < corr.passed_trials < corr.trials:
             note = f"{corr.passed_trials}/{corr.trials} trials passed with fresh inputs"
             return _Reading(C.INCORRECT_RACE, "Some trials pass and others fail.", (*ev, note), confidence=0.5)
@@ -290,6 +303,8 @@ class RuleDiagnoser:
         parts.append(f"max rel err {_fmt(c.max_rel_err)}")
         if c.err_vs_fp64 is not None:
             parts.append(f"err vs fp64 {_fmt(c.err_vs_fp64)} (reference {_fmt(c.ref_err_vs_fp64)})")
+        if c.ref_default_err_vs_fp64 is not None:
+            parts.append(f"the reference at PyTorch's defaults errs {_fmt(c.ref_default_err_vs_fp64)} (TF32)")
         if c.mismatch_fraction is not None:
             parts.append(f"{c.mismatch_fraction:.2%} of elements mismatch")
         if c.first_bad_index is not None:

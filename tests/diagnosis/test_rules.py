@@ -125,6 +125,20 @@ def test_rejection_category_comes_from_the_failed_checks_name_not_its_spelling(n
     assert d.category is expected
 
 
+def test_a_truncated_tf32_kernel_is_told_to_round_where_the_reference_runs_tf32() -> None:
+    """Precision parity admits the reference's own TF32: a kernel whose truncated TF32 missed the
+    bar is told how to round its operands; where the reference runs in IEEE float32 it is not."""
+    tf32 = _corr(err_vs_fp64=1.03e-3, ref_err_vs_fp64=5.5e-7, max_abs_err=0.01, mismatch_fraction=0.9)
+    parity = tf32.model_copy(update={"ref_default_err_vs_fp64": 3.0e-4})
+    d = RULES.diagnose(f.incorrect(f.candidate(), parity))
+    assert d.category is C.INCORRECT_PRECISION
+    assert any("round the fp32 operands to nearest" in h for h in d.hints)
+    assert any("at PyTorch's defaults errs" in e for e in d.evidence)
+    plain = RULES.diagnose(f.incorrect(f.candidate(), tf32))
+    assert plain.category is C.INCORRECT_PRECISION
+    assert not any("round the fp32 operands" in h for h in plain.hints)
+
+
 @pytest.mark.parametrize(
     ("corr", "expected"),
     [
