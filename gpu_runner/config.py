@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpu_runner.errors import ConfigError
+from gpu_runner.stats import DEFAULT_TOLERANCES as DEFAULT_TOLERANCES
 from schemas import DeviceChoice, KernelLanguage, TorchOpsPolicy
 
 PRECISION_MODES = ("reference", "exact")
@@ -23,15 +24,6 @@ PRECISION_MODES = ("reference", "exact")
 
 GIB = 1 << 30
 
-DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = MappingProxyType(
-    {
-        # (atol, rtol) per output dtype; float32 follows KernelBench's current 1e-4 (torchbench).
-        "float64": (1e-7, 1e-7),
-        "float32": (1e-4, 1e-4),
-        "float16": (1e-2, 1e-2),
-        "bfloat16": (2e-2, 2e-2),
-    }
-)
 """Element-wise tolerances per output dtype; integer and bool outputs must match exactly."""
 
 DEFAULT_PRECISION_FLOORS: Mapping[str, float] = MappingProxyType(

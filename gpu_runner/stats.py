@@ -6,7 +6,20 @@ Only the standard library: the worker and the parent both import it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        # (atol, rtol) per output dtype; float32 follows KernelBench's current 1e-4 (torchbench).
+        "float64": (1e-7, 1e-7),
+        "float32": (1e-4, 1e-4),
+        "float16": (1e-2, 1e-2),
+        "bfloat16": (2e-2, 2e-2),
+    }
+)
+"""The evaluator's default tolerances (``RunnerConfig.tolerances``); also the referee's bar for a
+forward that differs from itself."""
 
 Z95 = 1.959963984540054
 """Two-sided 95% quantile of the standard normal."""

@@ -35,6 +35,13 @@ TASKS = {
         + NO_INIT,
         ["Model.forward did not return a tensor or a tuple of tensors (it returned dict)"],
     ),
+    "forward_is_random": (
+        HEAD
+        + "class Model(nn.Module):\n    def forward(self, x):\n        return x + torch.randn_like(x)\n\n\n"
+        + "def get_inputs():\n    return [torch.randn(16, 16)]\n\n\n"
+        + NO_INIT,
+        ["the reference's forward is not deterministic: two runs on the same inputs differ in", "randn_like"],
+    ),
     "constructor_argument_missing": (
         HEAD
         + "class Model(nn.Module):\n    def __init__(self, n, scale):\n        super().__init__()\n"
