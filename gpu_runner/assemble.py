@@ -85,6 +85,9 @@ def _expected(c: Collected) -> int:
 def _base(c: Collected, status: EvalStatus, summary: str, **kw: Any) -> EvalResult:
     job = c.job
     device = DeviceInfo.model_validate(c.device) if c.device else None
+    share = _nonfinite_share(c.reference)
+    if share and status in (EvalStatus.CORRECT, EvalStatus.INCORRECT):  # what its outputs were judged against
+        summary += f" (the reference's outputs hold NaN/Inf, {share:.1%} of elements: judged on matching positions)"
     return EvalResult(
         run_id=job.run_id,
         candidate_id=job.candidate_id,
@@ -252,7 +255,8 @@ def _integrity(c: Collected, checks: list[Check]) -> list[Finding]:
         Check(
             name=CheckName.RANGE_TRIALS,
             outcome=CheckOutcome.PASSED if ranged else CheckOutcome.SKIPPED,
-            detail=f"inputs x {', '.join(f'{s:g}' for s in ranged)} (the reference stays finite there)"
+            detail=f"inputs x {', '.join(f'{s:g}' for s in ranged)} (the reference stays finite there"
+            + (", its NaN/Inf where they are at scale 1)" if _nonfinite_share(ref) else ")")
             if ranged
             else "no scale keeps the reference finite, or no floating input",
         )
@@ -413,6 +417,12 @@ def _timed(
         review=tuple(review),
         **common,
     )
+
+
+def _nonfinite_share(ref: Any) -> float:
+    """The share of the reference's floating output elements that are NaN/Inf (its first draw)."""
+    value = ref.info.get("nonfinite_share") if ref is not None else None
+    return float(value) if isinstance(value, int | float) and value > 0 else 0.0
 
 
 def _correctness(c: Collected) -> Any:

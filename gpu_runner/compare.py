@@ -400,7 +400,8 @@ def decide(
             return TrialCheck(
                 False,
                 "incorrect.nan_inf",
-                f"output {i}: NaN/Inf where the reference has none ({frac:.1%} of elements)",
+                f"output {i}: NaN/Inf not where the reference has them (where it has none, or finite values "
+                f"where it has NaN/Inf: {frac:.1%} of elements)",
                 first_bad=_index(scan_i.nan_first, rs),
                 mismatch_fraction=frac,
             )

@@ -83,6 +83,22 @@ def _finite(values: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in values if v.is_floating_point())
 
 
+def _nonfinite_as(values: list[torch.Tensor], where: list[torch.Tensor | None]) -> bool:
+    """Whether the floating ``values`` are non-finite exactly ``where`` (finite where it is None)."""
+    if len(values) != len(where):
+        return _finite(values)
+    for v, m in zip(values, where, strict=True):
+        if not v.is_floating_point():
+            continue
+        bad = ~torch.isfinite(v)
+        if m is None or m.shape != v.shape:
+            if bool(bad.any()):
+                return False
+        elif not torch.equal(bad, m):
+            return False
+    return True
+
+
 @dataclass
 class Referee:
     """The task as the referee holds it."""
@@ -187,7 +203,11 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         ]
         defaults = default_errors(ref, sample, outs)
         laps.lap("defaults_s")
-        scales = _range_scales(ref, int(msg["calibrate_seed"]))
+        nonfinite = [~torch.isfinite(o) if o.is_floating_point() else None for o in outs]
+        floating = sum(o.numel() for o in outs if o.is_floating_point())
+        nonfinite_share = sum(int(m.sum()) for m in nonfinite if m is not None) / max(1, floating)
+        scales = _range_scales(ref, int(msg["calibrate_seed"]), nonfinite)
+        del nonfinite
         laps.lap("range_s")
         flops = count_flops(ref.model, sample)
         laps.lap("flops_s")
@@ -217,6 +237,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         compiled_error=ref.compiled_error,
         init_on_device=ref.init_on_device,
         range_scales=scales,
+        nonfinite_share=nonfinite_share,
         default_errors=defaults,
         canary_quiet_us=ref.quiet_us,
         cycles_per_us=ref.flusher.cycles_per_us,
@@ -344,10 +365,11 @@ def default_errors(ref: Referee, sample: list[Any], exact: list[torch.Tensor]) -
     return found
 
 
-def _range_scales(ref: Referee, seed: int) -> list[float]:
+def _range_scales(ref: Referee, seed: int, nonfinite: list[torch.Tensor | None]) -> list[float]:
     """The input scales of the range trials: the largest of :data:`LARGE_SCALES` and of
-    :data:`SMALL_SCALES` at which the reference's outputs stay finite (none where no floating
-    input exists or no scale keeps them finite)."""
+    :data:`SMALL_SCALES` at which the reference's outputs stay finite, or, where they hold NaN/Inf
+    at scale 1 (``nonfinite``: per output, where; ``log`` of a normal draw), keep them exactly
+    there (none where no floating input exists or no scale does)."""
     chosen: list[float] = []
     for ladder in (LARGE_SCALES, SMALL_SCALES):
         for scale in ladder:
@@ -360,8 +382,10 @@ def _range_scales(ref: Referee, seed: int) -> list[float]:
             except Exception as exc:  # noqa: BLE001 - a scale the reference cannot take is not used
                 log(f"range scale {scale:g}: {type(exc).__name__}: {exc}")
                 continue
-            if _finite(outs) and all(
-                math.isfinite(float(o.double().abs().sum())) for o in outs if o.is_floating_point()
+            if _nonfinite_as(outs, nonfinite) and all(
+                math.isfinite(float(o.double().abs().nan_to_num(0.0, 0.0, 0.0).sum()))
+                for o in outs
+                if o.is_floating_point()
             ):
                 chosen.append(scale)
                 break

@@ -1,0 +1,28 @@
+"""A reference whose outputs hold NaN (``log`` of a normal draw) is judged on matching positions,
+and the verdict says so; its range trials keep the NaN where they are (CPU, Triton's interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_runner.config import RunnerConfig
+from gpu_runner.service import EvaluationService
+from schemas import CheckName, CheckOutcome, DeviceChoice, EvalStatus
+from tests.gpu_runner.conftest import job
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def test_a_nan_reference_is_judged_on_matching_positions_and_said_so() -> None:
+    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    async with EvaluationService(cfg) as service:
+        honest = await service.evaluate(job("log_of_normal", "honest_log"))
+        zeroed = await service.evaluate(job("log_of_normal", "log_zero_where_nan"))
+    assert honest.status is EvalStatus.CORRECT, honest.summary
+    assert "the reference's outputs hold NaN/Inf" in honest.summary
+    ranged = next(c for c in honest.checks if c.name == CheckName.RANGE_TRIALS)
+    assert ranged.outcome is CheckOutcome.PASSED, ranged.detail
+    assert "NaN/Inf where they are" in (ranged.detail or "")
+    assert zeroed.status is EvalStatus.INCORRECT, zeroed.summary
+    assert "finite values where it has NaN/Inf" in zeroed.summary
+    assert "the reference's outputs hold NaN/Inf" in zeroed.summary
