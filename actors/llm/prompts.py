@@ -12,6 +12,7 @@ the job for this request (first version, repair, or speed-up).
 from __future__ import annotations
 
 from actors.diagnosis.counters import describe
+from actors.experts.precision import precision_text
 from actors.llm.redact import shorten
 from schemas import (
     Diagnosis,
@@ -119,7 +120,7 @@ def build_messages(request: GenerateRequest, config: ExpertConfig, role: Role | 
     role = Role.of(named)
     if role is None or role not in ROLES:
         raise KeyError(f"unknown role {named!r}")
-    parts = [_task_section(request), _device_section(request)]
+    parts = [_task_section(request), _device_section(request), precision_text(request)]
     if request.parent is not None:
         parts.append(
             f"## Current candidate (the parent, generation {request.parent.generation}, "

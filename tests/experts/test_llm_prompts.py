@@ -102,6 +102,21 @@ def test_long_sources_are_shortened_and_experiences_capped() -> None:
     assert user["content"].count("tried something") == MAX_EXPERIENCES
 
 
+def test_the_prompt_says_what_precision_the_run_admits() -> None:
+    """Under precision parity a convolution may take cuDNN's TF32, rounded as cuDNN rounds it; a
+    matmul may not, nor anything at --precision exact."""
+    conv = Task.from_source("conv", "import torch.nn as nn\n\n\nclass Model(nn.Module):\n    pass  # nn.Conv2d\n")
+    _, user = build_messages(request(task=conv), CONFIG)
+    assert "may use one TF32 tensor-core pass" in user["content"]
+    assert "0x1000) & -0x2000" in user["content"]
+    _, user = build_messages(request(task=conv, precision="exact"), CONFIG)
+    assert "Judged at exact precision" in user["content"]
+    assert "TF32 tensor-core pass" not in user["content"]
+    _, user = build_messages(request(), CONFIG)  # no convolution
+    assert "must be IEEE-accurate" in user["content"]
+    assert "TF32 tensor-core pass" not in user["content"]
+
+
 def test_unknown_role_is_refused() -> None:
     with pytest.raises(KeyError, match="unknown role 'poetry'"):
         build_messages(request(), CONFIG, "poetry")  # type: ignore[arg-type]

@@ -233,8 +233,8 @@ def test_convolutions_start_in_tf32_where_the_run_admits_the_reference_s_own_pre
     one TF32 pass (the narrow ones keep fma); otherwise no mutation proposes TF32."""
     import numpy as np
 
+    from actors.experts.precision import tf32_admitted
     from actors.experts.template import mutate
-    from actors.experts.template.expert import tf32_admitted
     from schemas import GenerateRequest, PrecisionMode, Task
 
     dense = plan_of(CONV.format(cin=16, cout=128, groups=1))

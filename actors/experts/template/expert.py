@@ -25,6 +25,7 @@ from enum import StrEnum
 import numpy as np
 import structlog
 
+from actors.experts.precision import tf32_admitted
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.hardware import detect
 from actors.experts.template.ir import KeepTorch, Plan, Unsupported
@@ -41,7 +42,6 @@ from schemas import (
     GenerateReply,
     GenerateRequest,
     KernelLanguage,
-    PrecisionMode,
     Proposal,
     TorchOpsPolicy,
     source_fingerprint,
@@ -82,20 +82,6 @@ def _params_of(candidate: Candidate) -> TemplateParams | None:
             pass
     found = params_from_source(candidate.proposal.source)
     return found[1] if found is not None else None
-
-
-_CUDNN_PRECISION_KNOBS = ("cudnn.allow_tf32", "fp32_precision")
-"""Names a task file would use to set its convolutions' precision itself."""
-
-
-def tf32_admitted(request: GenerateRequest) -> bool:
-    """Whether this request's run admits TF32 convolutions: precision parity (the run's
-    ``precision`` is ``reference``) and a task that leaves cuDNN at PyTorch's default (TF32 for
-    fp32 convolutions). A task file that sets cuDNN's precision itself gets the fp32-accurate
-    schemes (the evaluator measures what it runs at and judges by that in any case)."""
-    if request.precision is not PrecisionMode.REFERENCE:
-        return False
-    return not any(knob in request.task.source for knob in _CUDNN_PRECISION_KNOBS)
 
 
 def _admitted(params: TemplateParams, tf32: bool) -> TemplateParams:
