@@ -158,7 +158,8 @@ class _Builder:
                 self._red(node)
             else:
                 self._ew(node)
-        self.export(self.plan.output)
+        for nid in self.plan.outputs:
+            self.export(nid)
         return Schedule(plan=self.plan, kernels=self.kernels, kernel_of=self.kernel_of)
 
     def _view(self, node: Node) -> None:

@@ -83,20 +83,30 @@ def _check(job: dict[str, Any]) -> Verdict:
         for x, y in zip(inputs, before, strict=True):
             if isinstance(x, torch.Tensor) and not torch.equal(x, y):
                 return Verdict(False, "the candidate changed an input")
-        if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.dtype != expected.dtype:
-            got = (getattr(actual, "shape", None), getattr(actual, "dtype", None))
-            return Verdict(False, f"output {got} vs expected {(expected.shape, expected.dtype)}")
-        if not expected.is_floating_point():
-            if not torch.equal(actual, expected):
-                return Verdict(False, f"integer output differs at {int((actual != expected).sum())} places")
-            continue
-        max_abs = float((actual - expected).abs().max()) if actual.numel() else 0.0
-        err, ref_err = _rel_l2(actual, exact), _rel_l2(expected, exact)
-        if not torch.allclose(actual, expected, atol=job["atol"], rtol=job["rtol"]):
-            return Verdict(False, f"mismatch under seed {seed}: max abs err {max_abs:.3g}", max_abs, err, ref_err)
-        if worst is None or (worst.err_vs_fp64 or 0.0) < err:
-            worst = Verdict(True, "ok", max_abs, err, ref_err)
+        expected_all, actual_all, exact_all = _listed(expected), _listed(actual), _listed(exact)
+        if len(actual_all) != len(expected_all):
+            return Verdict(False, f"{len(actual_all)} outputs, the reference returns {len(expected_all)}")
+        for actual, expected, exact in zip(actual_all, expected_all, exact_all, strict=True):
+            bad = not isinstance(actual, torch.Tensor)
+            if bad or actual.shape != expected.shape or actual.dtype != expected.dtype:
+                got = (getattr(actual, "shape", None), getattr(actual, "dtype", None))
+                return Verdict(False, f"output {got} vs expected {(expected.shape, expected.dtype)}")
+            if not expected.is_floating_point():
+                if not torch.equal(actual, expected):
+                    return Verdict(False, f"integer output differs at {int((actual != expected).sum())} places")
+                continue
+            max_abs = float((actual - expected).abs().max()) if actual.numel() else 0.0
+            err, ref_err = _rel_l2(actual, exact), _rel_l2(expected, exact)
+            if not torch.allclose(actual, expected, atol=job["atol"], rtol=job["rtol"]):
+                return Verdict(False, f"mismatch under seed {seed}: max abs err {max_abs:.3g}", max_abs, err, ref_err)
+            if worst is None or (worst.err_vs_fp64 or 0.0) < err:
+                worst = Verdict(True, "ok", max_abs, err, ref_err)
     return worst or Verdict(True, "ok")
+
+
+def _listed(value: Any) -> list[Any]:
+    """A forward's outputs as a list (one tensor, or a tuple or list of them)."""
+    return list(value) if isinstance(value, tuple | list) else [value]
 
 
 def main(argv: list[str] | None = None) -> int:

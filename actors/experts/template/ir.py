@@ -213,7 +213,7 @@ class Plan:
 
     nodes: tuple[Node, ...]
     output: int
-    """Id of the node ``forward`` returns."""
+    """Id of the node ``forward`` returns (the first, where it returns several)."""
     arg_names: tuple[str, ...]
     """Names of ``forward``'s positional arguments."""
     init_source: str
@@ -226,6 +226,14 @@ class Plan:
     """Kernel kinds of the fully fused schedule, e.g. ``mm+row`` (names the template)."""
     fusions: tuple[tuple[bool, bool], ...] = ((True, True),)
     """The (fuse_epilogue, fuse_prologue) settings that render, each a distinct schedule."""
+    extra_outputs: tuple[int, ...] = ()
+    """Ids of the further tensors ``forward`` returns, in order, where it returns a tuple or list
+    (rendered as a tuple: every tensor is judged)."""
+
+    @property
+    def outputs(self) -> tuple[int, ...]:
+        """Ids of every tensor ``forward`` returns, in order."""
+        return (self.output, *self.extra_outputs)
 
     def node(self, node_id: int) -> Node:
         """The node with this id."""
@@ -237,9 +245,9 @@ class Plan:
         return tuple(sorted((n for n in self.nodes if n.kind is NodeKind.INPUT), key=lambda n: n.index))
 
     def live(self) -> frozenset[int]:
-        """Ids of the nodes the output depends on."""
+        """Ids of the nodes the outputs depend on."""
         seen: set[int] = set()
-        stack = [self.output]
+        stack = list(self.outputs)
         while stack:
             nid = stack.pop()
             if nid in seen:
@@ -361,4 +369,5 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         ops=tuple(str(o) for o in data["ops"]),
         template=str(data["template"]),
         fusions=tuple((bool(f[0]), bool(f[1])) for f in data["fusions"]),
+        extra_outputs=tuple(int(x) for x in data.get("extra_outputs") or ()),
     )

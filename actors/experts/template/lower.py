@@ -234,9 +234,9 @@ class Lowerer:
         return self.add(NodeKind.RED, out, op=op, args=(src.id,), dims=dims, keepdim=keepdim, dtype=dtype)
 
     # -- the walk --------------------------------------------------------------------------
-    def lower(self) -> int:
-        """Lower the whole graph; return the output node id."""
-        output: int | None = None
+    def lower(self) -> tuple[int, ...]:
+        """Lower the whole graph; return the ids of the nodes ``forward`` returns, in order."""
+        output: tuple[int, ...] | None = None
         for fxn in self.traced.graph_module.graph.nodes:
             if fxn.op == "output":
                 output = self._output(fxn)
@@ -246,16 +246,24 @@ class Lowerer:
             raise UnsupportedGraph("forward returns nothing")
         return output
 
-    def _output(self, fxn: fx.Node) -> int:
-        ref = self._arg(fxn.args[0])
-        if not isinstance(ref, NodeRef):
-            raise UnsupportedGraph("forward must return exactly one tensor")
-        root = self.node(ref)
-        while root.kind is NodeKind.VIEW:
-            root = self.nodes[root.tensor_args()[0]]
-        if root.kind in (NodeKind.INPUT, NodeKind.PARAM, NodeKind.PERM):
-            raise UnsupportedGraph("forward returns an input or parameter without computing on it")
-        return ref.id
+    def _output(self, fxn: fx.Node) -> tuple[int, ...]:
+        """The returned tensors: one, or a tuple or list of them (each computed here, none an
+        alias of another: the evaluator refuses outputs that share memory)."""
+        value = self._arg(fxn.args[0])
+        refs = list(value) if isinstance(value, tuple | list) else [value]
+        if not refs or not all(isinstance(r, NodeRef) for r in refs):
+            raise UnsupportedGraph("forward must return a tensor or a tuple or list of tensors")
+        roots: list[int] = []
+        for ref in refs:
+            root = self.node(ref)
+            while root.kind is NodeKind.VIEW:
+                root = self.nodes[root.tensor_args()[0]]
+            if root.kind in (NodeKind.INPUT, NodeKind.PARAM, NodeKind.PERM):
+                raise UnsupportedGraph("forward returns an input or parameter without computing on it")
+            roots.append(root.id)
+        if len(set(roots)) != len(roots):
+            raise UnsupportedGraph("forward returns two views of one tensor")
+        return tuple(r.id for r in refs)
 
     def _arg(self, value: Any) -> Any:
         if isinstance(value, fx.Node):

@@ -57,10 +57,11 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
         traced = trace_reference(reference_source)
         init_text, prelude = init_source(reference_source)
         lowerer = Lowerer(traced, KeepTorch(keep_torch))
-        output = lowerer.lower()
+        outputs = lowerer.lower()
         plan = Plan(
             nodes=tuple(lowerer.nodes),
-            output=output,
+            output=outputs[0],
+            extra_outputs=outputs[1:],
             arg_names=traced.arg_names,
             init_source=init_text,
             prelude_source=prelude,
@@ -212,10 +213,10 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
             body.append(f"_b{nid} = torch.empty({tuple(node.shape)!r}, device={device}, dtype=torch.{node.dtype})")
         body.extend(launch.setup)
         body.extend(_launch_line(stage) for stage in (*launch.pre, launch))
-    out, _ = base_of(plan, plan.output, sched.is_exported)
-    if out == plan.output:
-        body.append(f"return _b{out}")
-    else:
-        body.append(f"return _b{out}.view({tuple(plan.nodes[plan.output].shape)!r})")
+    returned = []
+    for nid in plan.outputs:
+        out, _ = base_of(plan, nid, sched.is_exported)
+        returned.append(f"_b{out}" if out == nid else f"_b{out}.view({tuple(plan.nodes[nid].shape)!r})")
+    body.append(f"return {returned[0]}" if len(returned) == 1 else f"return ({', '.join(returned)})")
     lines.append(textwrap.indent("\n".join(body), "        "))
     return "\n".join(lines)
