@@ -33,6 +33,18 @@ def test_cli_json_prints_exactly_one_result_object() -> None:
     assert result["timing"]["timer"] == "perf_counter"
 
 
+@pytest.mark.timeout(240)
+def test_cli_precision_flag_sets_the_standard_and_the_result_records_it() -> None:
+    """``--precision exact`` holds a candidate to the IEEE float32 reference although the reference
+    asks for TF32; by default (precision parity) the same candidate is correct."""
+    ref, cand = str(REFERENCES / "matmul_tf32_flag.py"), str(CANDIDATES / "rounded_tf32_matmul.py")
+    for flag, status, precision in (("reference", "correct", "reference"), ("exact", "incorrect", "exact")):
+        done = run_cli(ref, cand, "--device", "cpu", "--json", "--precision", flag, timeout=200)
+        result = json.loads(done.stdout)
+        assert result["status"] == status, result["summary"]
+        assert result["correctness"]["precision"] == precision
+
+
 def test_cli_timeout_is_the_candidates_own_time() -> None:
     """An infinite loop is stopped about ``--timeout`` seconds into its own run, whatever the
     evaluator's start-up cost before it."""
