@@ -88,6 +88,13 @@ def _base(c: Collected, status: EvalStatus, summary: str, **kw: Any) -> EvalResu
     share = _nonfinite_share(c.reference)
     if share and status in (EvalStatus.CORRECT, EvalStatus.INCORRECT):  # what its outputs were judged against
         summary += f" (the reference's outputs hold NaN/Inf, {share:.1%} of elements: judged on matching positions)"
+    mutated = c.reference.info.get("mutated_inputs") if c.reference is not None else None
+    if mutated and isinstance(mutated, list) and status in (EvalStatus.CORRECT, EvalStatus.INCORRECT):
+        which = ", ".join(str(i) for i in mutated if isinstance(i, int))
+        summary += (
+            f" (the reference modifies its input(s) {which} in place: judged on its outputs alone, each side "
+            "on its own copy; a candidate may not modify its inputs)"
+        )
     return EvalResult(
         run_id=job.run_id,
         candidate_id=job.candidate_id,

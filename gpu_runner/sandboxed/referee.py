@@ -83,6 +83,18 @@ def _finite(values: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in values if v.is_floating_point())
 
 
+def _unchanged(after: Any, before: Any) -> bool:
+    """Whether a forward left an input as it was (tensors: the same values, NaN where NaN)."""
+    if not isinstance(after, torch.Tensor) or not isinstance(before, torch.Tensor):
+        return True
+    if after.shape != before.shape or after.dtype != before.dtype:
+        return False
+    same = after == before
+    if after.is_floating_point():
+        same |= after.isnan() & before.isnan()
+    return bool(same.all())
+
+
 def _nonfinite_as(values: list[torch.Tensor], where: list[torch.Tensor | None]) -> bool:
     """Whether the floating ``values`` are non-finite exactly ``where`` (finite where it is None)."""
     if len(values) != len(where):
@@ -180,12 +192,15 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
                 raise
             except Exception as exc:
                 raise ReferenceFault(f"get_inputs() failed: {type(exc).__name__}: {exc}") from exc
+            args = clone_inputs(sample)
             with torch.no_grad(), exact_fp32():
-                outs = tensors(ref.model(*clone_inputs(sample)), "Model.forward")
+                outs = tensors(ref.model(*args), "Model.forward")
                 if sum(o.numel() * o.element_size() for o in outs) <= DETERMINISM_MAX_BYTES:
                     again = tensors(ref.model(*clone_inputs(sample)), "Model.forward")
                     _require_deterministic(outs, again)
                     del again
+            mutated = [i for i, (a, b) in enumerate(zip(args, sample, strict=True)) if not _unchanged(a, b)]
+            del args
         except ReferenceFault:
             raise
         except Exception as exc:
@@ -238,6 +253,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         init_on_device=ref.init_on_device,
         range_scales=scales,
         nonfinite_share=nonfinite_share,
+        mutated_inputs=mutated,
         default_errors=defaults,
         canary_quiet_us=ref.quiet_us,
         cycles_per_us=ref.flusher.cycles_per_us,

@@ -1,5 +1,7 @@
-"""A reference whose outputs hold NaN (``log`` of a normal draw) is judged on matching positions,
-and the verdict says so; its range trials keep the NaN where they are (CPU, Triton's interpreter)."""
+"""Unusual valid references, on the CPU (Triton's interpreter): one whose outputs hold NaN (``log``
+of a normal draw) is judged on matching positions and the verdict says so, its range trials
+keeping the NaN where they are; one that modifies its input in place is judged on its outputs,
+each side on its own copy, and the verdict says that too."""
 
 from __future__ import annotations
 
@@ -26,3 +28,11 @@ async def test_a_nan_reference_is_judged_on_matching_positions_and_said_so() -> 
     assert zeroed.status is EvalStatus.INCORRECT, zeroed.summary
     assert "finite values where it has NaN/Inf" in zeroed.summary
     assert "the reference's outputs hold NaN/Inf" in zeroed.summary
+
+
+async def test_an_in_place_reference_is_judged_on_its_outputs_and_said_so() -> None:
+    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    async with EvaluationService(cfg) as service:
+        result = await service.evaluate(job("inplace_scale_relu", "honest_scale_relu"))
+    assert result.status is EvalStatus.CORRECT, result.summary
+    assert "the reference modifies its input(s) 0 in place" in result.summary
