@@ -44,3 +44,15 @@ def test_outputs_that_share_memory_are_declined() -> None:
     found = analyse(VIEWS)
     assert isinstance(found, Unsupported)
     assert "two views of one tensor" in found.detail
+
+
+def test_an_input_modified_in_place_and_returned_is_declined_as_in_place() -> None:
+    """``x.relu_(); return x``: the statement's result is unused, but the decline names the
+    in-place op, not "returns an input without computing on it"."""
+    for body in ("        x.relu_()\n        return x\n", "        torch.relu_(x)\n        return x\n"):
+        found = analyse(HEAD + body + TAIL)
+        assert isinstance(found, Unsupported)
+        assert "in-place op on an input" in found.detail
+    found = analyse(HEAD + "        return x.view(-1)\n" + TAIL)
+    assert isinstance(found, Unsupported)
+    assert "returns an input or parameter without computing on it" in found.detail

@@ -249,7 +249,11 @@ class Lowerer:
     def _output(self, fxn: fx.Node) -> tuple[int, ...]:
         """The returned tensors: one, or a tuple or list of them (each computed here, none an
         alias of another: the evaluator refuses outputs that share memory)."""
-        value = self._arg(fxn.args[0])
+        returned = fxn.args[0]
+        for item in returned if isinstance(returned, tuple | list) else [returned]:
+            if isinstance(item, fx.Node) and any(_modifies_in_place(user, item) for user in item.users):
+                raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
+        value = self._arg(returned)
         refs = list(value) if isinstance(value, tuple | list) else [value]
         if not refs or not all(isinstance(r, NodeRef) for r in refs):
             raise UnsupportedGraph("forward must return a tensor or a tuple or list of tensors")
@@ -398,3 +402,12 @@ def _describe(fxn: fx.Node) -> str:
         return "indexing"
     name = getattr(target, "__name__", str(target))
     return f"function {getattr(target, '__module__', '') or ''}.{name}".replace("..", ".")
+
+
+def _modifies_in_place(user: fx.Node, src: fx.Node) -> bool:
+    """Whether ``user`` writes ``src`` in place (``x.relu_()``, ``torch.relu_(x)``, ``inplace=True``):
+    a statement whose result is unused, so the walk never lowers it, but the returned ``src`` is it."""
+    if user.op not in ("call_method", "call_function") or not user.args or user.args[0] is not src:
+        return False
+    name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or user.kwargs.get("inplace") is True
