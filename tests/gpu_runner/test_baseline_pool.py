@@ -100,6 +100,7 @@ async def test_a_pool_that_disagrees_is_not_counted_and_is_emptied() -> None:
     assert second.baselines.eager.median_ms < 5 * statistics.median(pooled)  # its own samples alone
 
 
+@pytest.mark.slow
 async def test_pooling_off_times_every_baseline_in_every_session() -> None:
     async with EvaluationService(_cfg(timing_pool_sessions=0)) as service:
         await service.evaluate(_job(service, "c0"))

@@ -33,6 +33,7 @@ def test_cli_json_prints_exactly_one_result_object() -> None:
     assert result["timing"]["timer"] == "perf_counter"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_cli_precision_flag_sets_the_standard_and_the_result_records_it() -> None:
     """``--precision exact`` holds a candidate to the IEEE float32 reference although the reference
