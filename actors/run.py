@@ -27,6 +27,7 @@ from actors.controller import RunController
 from actors.errors import ConfigError, refusal_in
 from actors.options import ALL_EXPERTS, RunOptions
 from actors.process import add_nats_options, nats_url, run_async
+from gpu_runner.config import add_precision_option
 from schemas import (
     Ablations,
     Budget,
@@ -100,14 +101,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="forbid (default): every op is a kernel; reference: a candidate may leave the reference's own ops "
         "to PyTorch (the report lists them)",
     )
-    p.add_argument(
-        "--precision",
-        choices=[m.value for m in PrecisionMode],
-        default=PrecisionMode.REFERENCE.value,
-        help="reference (default): precision parity, a candidate may err against float64 as much as the "
-        "reference does at PyTorch's defaults (TF32 in cuDNN convolutions), never more; exact: as the "
-        "reference in IEEE float32",
-    )
+    add_precision_option(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-id", default=None, help="run id (default: random)")
     p.add_argument("--run-dir", type=Path, default=None, help="where to write results (default runs/<run-id>)")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import structlog
 
-from gpu_runner.config import EvalJob, IsolationMode, RunnerConfig
+from gpu_runner.config import EvalJob, IsolationMode, RunnerConfig, add_precision_option
 from gpu_runner.counters_step import with_counters
 from gpu_runner.errors import InvalidReference, RunnerError
 from gpu_runner.probe import validate_reference
 from gpu_runner.service import EvaluationService
-from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage, PrecisionMode, TorchOpsPolicy
+from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage, TorchOpsPolicy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,14 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         help="forbid (default): every compute op must be the candidate's kernel; reference: the reference's own "
         "ops may stay in PyTorch",
     )
-    parser.add_argument(
-        "--precision",
-        choices=[m.value for m in PrecisionMode],
-        default=PrecisionMode.REFERENCE.value,
-        help="reference (default): precision parity, a candidate may err against float64 as much as the "
-        "reference does at PyTorch's defaults (TF32 in cuDNN convolutions), never more; exact: as the "
-        "reference in IEEE float32",
-    )
+    add_precision_option(parser)
     parser.add_argument(
         "--profile-counters",
         action="store_true",

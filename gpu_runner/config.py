@@ -7,6 +7,7 @@ Both are re-exported by :mod:`gpu_runner.service`, the module others import them
 
 from __future__ import annotations
 
+import argparse
 import enum
 import os
 import sys
@@ -21,6 +22,19 @@ from schemas import DeviceChoice, KernelLanguage, TorchOpsPolicy
 
 PRECISION_MODES = ("reference", "exact")
 """``RunnerConfig.precision``'s values."""
+
+
+def add_precision_option(parser: argparse.ArgumentParser) -> None:
+    """``--precision reference|exact`` (``kfoundry eval``, ``kfoundry run``)."""
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISION_MODES),
+        default=PRECISION_MODES[0],
+        help="reference (default): precision parity, a candidate may err against float64 as much as the "
+        "reference does at PyTorch's defaults (TF32 in cuDNN convolutions), never more; exact: as the "
+        "reference in IEEE float32",
+    )
+
 
 GIB = 1 << 30
 
