@@ -26,7 +26,7 @@ import torch
 from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import JudgeOp, Report
 from gpu_runner.protocol import MAX_SHARED_OUTPUTS
-from gpu_runner.sandboxed.common import TORCH_DTYPES, Channel, Laps, checksum, flatten_outputs, sync
+from gpu_runner.sandboxed.common import TORCH_DTYPES, Channel, Laps, checksum, flatten_outputs, log, sync
 from gpu_runner.sandboxed.reference import (
     ReferenceFault,
     as_double,
@@ -180,7 +180,12 @@ def judge_output(
         }
         atol, rtol = float(spec["atol"]), float(spec["rtol"])
         if _fused(device, numel, dtype, ref, residual):
-            fused = _fused_scan(cand.t, r_flat, d_flat, device, atol, rtol)
+            try:
+                fused = _fused_scan(cand.t, r_flat, d_flat, device, atol, rtol)
+            except Exception as exc:  # noqa: BLE001 - the kernel did not build or run here: the PyTorch path judges
+                _FUSED_OFF.append(f"{type(exc).__name__}: {exc}"[:300])
+                log(f"fused scan unavailable, the PyTorch path compares: {_FUSED_OFF[0]}")
+                fused = None
             if fused is not None:
                 return fused
         for lo in range(0, numel, CHUNK):
@@ -197,6 +202,8 @@ FUSED_MIN_ELEMENTS = 1 << 24
 """Outputs at least this large are scanned in one pass by :mod:`gpu_runner.sandboxed.fused_scan`
 on a CUDA device (smaller ones take the PyTorch path, which needs no kernel compiled)."""
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_FUSED_OFF: list[str] = []
+"""Why the fused scan failed in this process, if it did (it is not tried again)."""
 
 
 def _fused(
@@ -205,6 +212,7 @@ def _fused(
     """Whether one output is scanned by the fused kernel."""
     return (
         device.type == "cuda"
+        and not _FUSED_OFF
         and numel >= FUSED_MIN_ELEMENTS
         and dtype in _FUSED_DTYPES
         and ref.dtype in _FUSED_DTYPES
