@@ -344,7 +344,13 @@ def _timed(
     checks.append(cross)
     findings += [forged] if forged else []
     final = (session.final_canary_us, session.final_busy_ms) if session and session.final_canary_us else None
-    canary, busy = canary_check(every, final, session.canary_quiet_us if session else None, c.cfg.canary_busy_us)
+    canary, busy = canary_check(
+        every,
+        final,
+        session.canary_quiet_us if session else None,
+        c.cfg.canary_busy_us,
+        session.looks + session.superseded_looks if session else (),
+    )
     checks.append(canary)
     findings += [busy] if busy else []
     flush = session.flush_bytes if session is not None else 0

@@ -165,15 +165,21 @@ def canary_limit_us(quiet_us: float | None, busy_us: float) -> float:
 
 
 def canary_check(
-    batches: Sequence[Batch], final: tuple[float, float] | None, quiet_us: float | None, busy_us: float
+    batches: Sequence[Batch],
+    final: tuple[float, float] | None,
+    quiet_us: float | None,
+    busy_us: float,
+    looks: Sequence[tuple[float, float]] = (),
 ) -> tuple[Check, Finding | None]:
     """Whether the GPU was idle whenever the referee looked (before each of its batches and after
-    the candidate's last). Where it was busy the referee waited for it before timing, so nothing
+    the candidate's last; ``looks``: its canaries alone, after candidate batches no baseline batch
+    followed). Where it was busy the referee waited for it before timing, so nothing
     left running reached a baseline; work that stays busy for :data:`BUSY_MS` or that comes back
     in :data:`BUSY_SHARE` of the looks (:data:`BUSY_LOOKS` at least) is the candidate's process
     leaving work behind its report.
     An isolated short busy moment (a spare starting its CUDA context, say) is only recorded."""
     seen = [(b.canary_us, b.busy_ms) for b in batches if b.canary_us is not None]
+    seen += list(looks)
     if final is not None:
         seen.append(final)
     if not seen:
@@ -185,7 +191,8 @@ def canary_check(
     busy = [(us, ms) for us, ms in seen if us > limit]
     longest = max((ms for _, ms in busy), default=0.0)
     detail = (
-        f"canary before each baseline batch and after the last candidate batch: {len(busy)} of {len(seen)} "
+        f"canary before each baseline batch, after every candidate batch no baseline followed and after the "
+        f"last: {len(busy)} of {len(seen)} "
         f"found the GPU busy (up to {max(us for us, _ in seen):.0f} us, busy for up to {longest:.1f} ms; "
         f"idle {quiet_us or 0.0:.0f} us, limit {limit:.0f} us)"
     )

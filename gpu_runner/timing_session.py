@@ -81,6 +81,11 @@ class SessionRecord:
     kept: list[Kept] = field(default_factory=list)
     final_canary_us: float | None = None
     final_busy_ms: float = 0.0
+    looks: list[tuple[float, float]] = field(default_factory=list)
+    """The referee's canaries alone (host microseconds, busy milliseconds) after the candidate
+    batches of rounds that timed no baseline (pooled baselines already known: see
+    :meth:`TimingSession._settled`)."""
+    superseded_looks: list[tuple[float, float]] = field(default_factory=list)
     canary_quiet_us: float | None = None
     flush_bytes: int = 0
     l2_reset: bool = False
@@ -263,6 +268,7 @@ class TimingSession:
             logger.info("timing_recheck", excess_us=round(excess, 1), first_s=round(first_s, 3))
             self.rec.superseded = [b for b in self.rec.batches if not b.warmup]
             self.rec.batches = [b for b in self.rec.batches if b.warmup]
+            self.rec.superseded_looks, self.rec.looks = self.rec.looks, []
             self.rec.lead_us = min(RECHECK_FACTOR * MAX_LEAD_US, RECHECK_FACTOR * self.rec.lead_us)
             self.cover_factor = RECHECK_FACTOR * LEAD_FACTOR
             self._size_cover(self.rec.superseded)
@@ -312,10 +318,32 @@ class TimingSession:
         # starting its CUDA context: in most 8 GB relu sessions on an H200) leaves its samples
         # clean; a session refused for work left running (KF104) is not kept.
         _, left_work = canary_check(
-            self.rec.batches + self.rec.superseded, final, self.rec.canary_quiet_us, self.cfg.canary_busy_us
+            self.rec.batches + self.rec.superseded,
+            final,
+            self.rec.canary_quiet_us,
+            self.cfg.canary_busy_us,
+            self.rec.looks + self.rec.superseded_looks,
         )
         if not self.pool_dropped and left_work is None:
             self.referee.ledger.add(own)
+
+    def _settled(self) -> bool:
+        """While the pool counts: whether every baseline's median is known (at least
+        :data:`POOL_MIN_OWN` samples of its own, agreeing with the pool, and its own and the pool's
+        together to the target error). Rounds after that time the candidate alone, and the referee
+        looks with its canary after each candidate batch (a baseline batch would look first too):
+        on an 8 GB row sum, 30 rounds of a candidate batch and a baseline batch, each drawing its
+        8 GB of fresh inputs, were twice cd37ca4's timing time per candidate on an H200."""
+        if not self.pool:
+            return False
+        target = self.cfg.timing_target_rel_err
+        for name in self.baselines:
+            own = self._own(name)
+            if len(own) < POOL_MIN_OWN or not self._agrees(name):
+                return False
+            if median_rel_stderr(own + self.pool[name]) > target:
+                return False
+        return True
 
     def _converged(self, samples: dict[str, list[float]]) -> bool:
         """Every callable's median known to the target error: the candidate's from its samples,
@@ -354,7 +382,10 @@ class TimingSession:
         rounds = 0
         while True:
             seed = secrets.randbits(62)  # fresh inputs for the round, the same for every callable
-            if self.pool:  # one baseline a round, after the candidate: a referee batch follows every candidate batch
+            look = False
+            if self._settled():  # the candidate alone, then the referee's canary
+                order, look = ["candidate"], self.device == "cuda"
+            elif self.pool:  # one baseline a round, after the candidate: a referee batch follows every candidate batch
                 order = ["candidate", self.baselines[rounds % len(self.baselines)]]
             else:
                 order = self.callables[rounds % len(self.callables) :] + self.callables[: rounds % len(self.callables)]
@@ -367,6 +398,8 @@ class TimingSession:
                     self.seen = self._reservoir(extra, seed, n, self.seen)
                 elif rounds in ship_rounds:
                     await self._ship(self.draw.randrange(n), seed, deadline)
+            if look:
+                self.rec.looks.append(await self.referee.canary())
             rounds += 1
             if self.device == "cuda" and rounds == 1:
                 self._size_cover(self.rec.batches[-len(order) :], shrink_only=True)

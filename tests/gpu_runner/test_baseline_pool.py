@@ -108,3 +108,18 @@ async def test_pooling_off_times_every_baseline_in_every_session() -> None:
         assert service.runs is not None
         assert service.runs.referee.ledger.pooled(["eager"]) == {}
     assert _eager_reps(second)[1] == 0
+
+
+async def test_once_pooled_baselines_are_known_later_rounds_time_the_candidate_alone() -> None:
+    """With the pool agreeing and every baseline known to the target from its own samples and the
+    pool's, the remaining rounds time only the candidate (on a GPU the referee's canary looks after
+    each): far fewer baseline samples of its own than the candidate's."""
+    cfg = _cfg(timing_pool_agree=5.0, timing_target_rel_err=0.2, timing_min_reps=200, timing_budget_s=3.0)
+    async with EvaluationService(cfg) as service:
+        await service.evaluate(_job(service, "c0"))
+        second = await service.evaluate(_job(service, "c1"))
+    reps, earlier = _eager_reps(second)
+    assert earlier > 0
+    assert second.timing is not None
+    assert second.timing.reps >= 200
+    assert reps - earlier <= second.timing.reps / 3
