@@ -283,20 +283,45 @@ def unregister_host(t: torch.Tensor) -> None:
     torch.cuda.cudart().cudaHostUnregister(t.data_ptr())  # type: ignore[no-untyped-call]
 
 
+_CHECKSUM_PRIME = 65521
+_WEIGHTS: dict[tuple[str, int], torch.Tensor] = {}
+"""Per device and step: the weights of one step at every phase, ``(k % 65521) + 1`` for
+``k < chunk + 65520`` (int32; a step starting at word ``lo`` takes them from ``lo % 65521``)."""
+
+
+def _weights(device: torch.device, chunk: int) -> torch.Tensor:
+    key = (str(device), chunk)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        n = chunk + _CHECKSUM_PRIME - 1
+        w = (torch.arange(n, device=device, dtype=torch.int64) % _CHECKSUM_PRIME + 1).to(torch.int32)
+        _WEIGHTS[key] = w
+    return w
+
+
 def checksum(t: torch.Tensor, chunk: int = 1 << 24) -> int:
     """An exact, order-independent fingerprint of a tensor's bits (its bytes as int32 words, each
-    weighted by its position, summed in int64 in steps of ``chunk`` words), the same for the same data."""
+    weighted by its position, summed in int64 in steps of ``chunk`` words), the same for the same data.
+
+    Tensors of a step or more take their weights from a window made once per process and device
+    (int32, 67 MB for the default step), and every step's sum stays on the device until the last:
+    the position arithmetic (an int64 modulo per word) and a synchronisation per step made an 8 GB
+    input's checksum ~0.19 s on an H200, paid by the spare, the candidate's trials and the judge."""
     flat = t.detach().contiguous().view(-1).view(torch.uint8)
     pad = (-flat.numel()) % 4
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     words = flat.view(torch.int32)
-    total = 0
+    if words.numel() < chunk:
+        weights = torch.arange(words.numel(), device=words.device, dtype=torch.int64) % _CHECKSUM_PRIME + 1
+        return int((words.to(torch.int64) * weights).sum())
+    window = _weights(words.device, chunk)
+    sums = []
     for lo in range(0, words.numel(), chunk):
         part = words[lo : lo + chunk].to(torch.int64)
-        weights = torch.arange(lo, lo + part.numel(), device=part.device, dtype=torch.int64) % 65521 + 1
-        total += int((part * weights).sum())
-    return total
+        phase = lo % _CHECKSUM_PRIME
+        sums.append(part.mul_(window[phase : phase + part.numel()]).sum())
+    return sum(int(x) for x in torch.stack(sums).tolist())
 
 
 def flatten_outputs(out: object) -> list[object]:

@@ -183,3 +183,12 @@ def test_range_trials_follow_the_typical_draws_and_never_replace_all_of_them() -
     assert trial_scales(3, [1e6, 1e-6]) == [1.0, 1e6, 1e-6]
     assert trial_scales(2, [1e6, 1e-6]) == [1.0, 1e6]
     assert trial_scales(5, []) == [1.0] * 5
+
+
+def test_a_checksum_of_several_steps_matches_the_hosts() -> None:
+    """Past one step the worker's checksum takes its weights from a window at each step's phase."""
+    g = torch.Generator().manual_seed(11)
+    t = torch.randint(-(2**31), 2**31 - 1, ((1 << 24) + 70_001,), dtype=torch.int32, generator=g)
+    assert checksum(t) == host_checksum(t.numpy())
+    t[(1 << 24) + 5] += 1  # a word in the second step
+    assert checksum(t) == host_checksum(t.numpy())
