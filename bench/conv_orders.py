@@ -1,5 +1,8 @@
 """Time the convolution template's reduction orders and tile layouts side by side on one GPU.
 
+With ``--sweep``, the first candidate in one TF32 pass (as precision parity admits) and tile shapes,
+warps and stages around it instead.
+
 For each KernelBench-format reference (a KernelBench checkout's convolution problems, say) it
 renders the template expert's first candidate for this GPU and its variants in the orders of
 ``conv_taps_outer`` / ``conv_a_transposed`` / ``conv_precision``, loads each in this process
@@ -37,6 +40,30 @@ _VARIANTS: tuple[tuple[str, dict[str, object]], ...] = (
 )
 
 
+def _tiles(bm: int, bn: int, bk: int, warps: int, stages: int, **more: object) -> tuple[str, dict[str, object]]:
+    label = f"tf32 {'flat ' if more.get('conv_taps_outer') is False else ''}{bm}x{bn}x{bk} w{warps} s{stages}"
+    label += " rows fast" if more.get("conv_a_transposed") else ""
+    tiles = {"conv_block_m": bm, "conv_block_n": bn, "conv_block_k": bk, "conv_warps": warps, "conv_stages": stages}
+    return label, {**tiles, **more}
+
+
+_SWEEP: tuple[tuple[str, dict[str, object]], ...] = (
+    _tiles(64, 128, 16, 8, 3),
+    _tiles(128, 128, 16, 8, 2),
+    _tiles(128, 128, 16, 8, 3),
+    _tiles(128, 128, 32, 8, 3),
+    _tiles(128, 64, 32, 4, 3),
+    _tiles(128, 64, 16, 4, 4),
+    _tiles(256, 128, 16, 8, 3),
+    _tiles(256, 64, 32, 8, 3),
+    _tiles(128, 128, 32, 8, 3, conv_a_transposed=True),
+    _tiles(128, 128, 32, 8, 3, conv_taps_outer=False),
+    _tiles(128, 64, 64, 8, 3, conv_taps_outer=False),
+)
+"""``--sweep``: tile shapes, warps and stages in one TF32 pass (the first candidate's order unless
+the label says flat), for choosing the first candidate's tiles on a GPU."""
+
+
 def _ms(fn: Callable[..., Any], args: list[Any], reps: int) -> float:
     fn(*args)
     torch.cuda.synchronize()
@@ -49,7 +76,7 @@ def _ms(fn: Callable[..., Any], args: list[Any], reps: int) -> float:
     return float(start.elapsed_time(end)) / reps
 
 
-def bench(path: Path, reps: int) -> list[str]:
+def bench(path: Path, reps: int, sweep: bool = False) -> list[str]:
     """One table row per variant of the reference at ``path``."""
     source = path.read_text(encoding="utf-8")
     plan = analyse(source)
@@ -65,9 +92,11 @@ def bench(path: Path, reps: int) -> list[str]:
         torch.backends.cudnn.allow_tf32 = False
         want = model(*inputs)
         torch.backends.cudnn.allow_tf32 = True
-        first = default_params(plan, detect())
+        first = default_params(plan, detect(), tf32=sweep)
         variants: list[tuple[str, TemplateParams]] = [("first", first)]
-        for label, changes in _VARIANTS:
+        for label, changes in _SWEEP if sweep else _VARIANTS:
+            if sweep:
+                changes = {"conv_precision": "tf32", "conv_taps_outer": True, **changes}
             try:
                 variants.append((label, first.with_changes(**changes)))
             except InvalidParams as exc:  # e.g. fma's tile too large for its warps
@@ -91,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.conv_orders", description=__doc__.splitlines()[0])
     parser.add_argument("references", nargs="+", type=Path)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument(
+        "--sweep", action="store_true", help="tile shapes, warps and stages in TF32 instead of the orders"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.stderr.write("conv_orders: needs a CUDA GPU\n")
@@ -99,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| problem | variant | ms | max error | conv parameters |")
     print("|---|---|---|---|---|")
     for path in args.references:
-        for row in bench(path, args.reps):
+        for row in bench(path, args.reps, args.sweep):
             print(row, flush=True)
     return 0
 
