@@ -35,8 +35,12 @@ from schemas import CheatRule, Check, CheckName, CheckOutcome, Finding, Severity
 
 
 def overhead_us(batch: Batch) -> float:
-    """Microseconds per call of the batch outside its timed windows, by the parent's clock."""
-    return (batch.wall_ms - sum(batch.samples)) * 1e3 / max(1, batch.calls)
+    """Microseconds per call of the batch outside its timed windows, by the parent's clock (a
+    referee's batch less its canary and L2 reset, :attr:`Batch.referee_us`: on an H200 those made
+    honest candidates' time outside the windows look short of the harness's, flagged for review in
+    19 of 44 evaluations of a stream and 5 of 7 correct convolutions of KernelBench L2-4)."""
+    outside_ms = batch.wall_ms - sum(batch.samples) - batch.referee_us / 1e3
+    return outside_ms * 1e3 / max(1, batch.calls)
 
 
 def _forged(batches: Sequence[Batch]) -> str | None:

@@ -66,6 +66,11 @@ class Batch:
     seed_us: float | None = None
     own_launches: int | None = None
     """The candidate's own launches during the batch, as its process counted them."""
+    referee_us: float = 0.0
+    """The referee's time inside the parent's window on work a candidate's batch does not do (its
+    canary and the wait after it, the persisting-L2 reset), by its own clock: taken out of its
+    time outside the timed windows, so the cross-check compares the same harness (a candidate's
+    process cannot set it: read from the referee's batches only)."""
 
     @classmethod
     def from_report(cls, callable_: str, header: dict[str, Any], wall_ms: float, warmup: bool) -> Batch:
@@ -84,6 +89,7 @@ class Batch:
             draw_us=_number(header.get("draw_us")),
             seed_us=_number(header.get("seed_us")),
             own_launches=launches if isinstance(launches, int) else None,
+            referee_us=(_number(header.get("referee_extra_us")) or 0.0) if callable_ != "candidate" else 0.0,
         )
 
 

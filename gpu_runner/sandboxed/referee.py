@@ -446,7 +446,9 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
     else:
         channel.send(Report.ERROR, stage="timing", etype="ProtocolError", message=f"no baseline {which!r} here")
         return
+    t_canary = time.perf_counter()
     canary, busy_ms = wait_idle(ref) if msg["canary"] else (None, 0.0)
+    extra_s = time.perf_counter() - t_canary
     ref.last_outputs = []  # the last batch's outputs go now, as a candidate's do (the same allocations)
     result = run_batch(
         msg,
@@ -455,6 +457,9 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
         ref.device,
         ref.flusher,
     )
+    t_reset = time.perf_counter()
+    l2_reset = ref.flusher.reset_persisting()
+    extra_s += time.perf_counter() - t_reset
     # The same host copies of small outputs as the candidate's batch (the parent drops them).
     ref.last_outputs = send_timed(
         channel,
@@ -464,7 +469,8 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
         canary_us=canary,
         busy_ms=busy_ms,
         flush_bytes=ref.flusher.nbytes,
-        l2_reset=ref.flusher.reset_persisting(),
+        l2_reset=l2_reset,
+        referee_extra_us=extra_s * 1e6,
     )
 
 

@@ -238,7 +238,10 @@ def test_convolutions_start_in_tf32_where_the_run_admits_the_reference_s_own_pre
     from schemas import GenerateRequest, PrecisionMode, Task
 
     dense = plan_of(CONV.format(cin=16, cout=128, groups=1))
-    assert default_params(dense, H200, tf32=True).conv_precision == "tf32"
+    first = default_params(dense, H200, tf32=True)
+    assert first.conv_precision == "tf32"
+    # the tiles that suit one TF32 pass (bench.conv_orders --sweep on an H200)
+    assert (first.conv_block_m, first.conv_block_n, first.conv_warps, first.conv_stages) == (128, 64, 4, 3)
     assert default_params(dense, H200).conv_precision == "ieee"  # as before
     assert default_params(dense, CPU_FALLBACK, tf32=True).conv_precision == "ieee"  # no tensor cores
     depthwise = plan_of(CONV.format(cin=64, cout=64, groups=64))

@@ -192,3 +192,32 @@ def test_a_checksum_of_several_steps_matches_the_hosts() -> None:
     assert checksum(t) == host_checksum(t.numpy())
     t[(1 << 24) + 5] += 1  # a word in the second step
     assert checksum(t) == host_checksum(t.numpy())
+
+
+def test_the_referees_canary_and_reset_are_not_counted_as_its_harness() -> None:
+    """A referee batch's wall holds its canary and its L2 reset, which a candidate's batch does
+    not: taken out (by the referee's own count), an honest candidate is not short of the harness;
+    counted, it looked so (flagged for review) and a forging one gained that much room. One call a
+    batch (an 11 ms convolution), 60 us of canary and reset a batch."""
+    rng = np.random.default_rng(3)
+    extra_ms = 0.060
+
+    def one(callable_: str, extra: float) -> Batch:
+        call = 11.0 * (1 + 0.001 * rng.standard_normal())
+        wall = call + OUTSIDE_MS * (1 + 0.005 * rng.standard_normal()) + extra
+        return Batch(callable=callable_, calls=1, wall_ms=wall, samples=[call])
+
+    cand = [one("candidate", 0.0) for _ in range(30)]
+    refs = [one("eager", extra_ms) for _ in range(16)]
+    check, finding, _ = cross_check(cand + refs, 25.0, 0.04, flush_us=30.0)
+    assert finding is not None, check.detail  # the canary read as harness: the honest one looks short of it
+    for b in refs:
+        b.referee_us = extra_ms * 1e3
+    assert overhead_us(refs[0]) < (refs[0].wall_ms - 11.0) * 1e3
+    check, finding, excess = cross_check(cand + refs, 25.0, 0.04, flush_us=30.0)
+    assert finding is None, check.detail
+    assert excess is not None
+    assert abs(excess) < 5.0
+    header = {"calls": 1, "samples": [1.0], "referee_extra_us": 500.0}
+    assert Batch.from_report("candidate", header, 2.0, False).referee_us == 0.0  # never from a candidate
+    assert Batch.from_report("eager", header, 2.0, False).referee_us == 500.0

@@ -158,8 +158,9 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule, tf32: bool = False) -> di
             and not _convs_all_narrow(plan, sched)
         ):
             # The reference's own precision (cuDNN's TF32), admitted by precision parity: one
-            # tensor-core pass instead of three.
+            # tensor-core pass instead of three, in the tiles that suit it (``_tf32_conv_tiles``).
             values["conv_precision"] = "tf32"
+            values.update(_tf32_conv_tiles(plan, sched))
         elif (
             kernel.kind is KernelKind.CONV
             and hw.tf32x3_pays
@@ -240,6 +241,16 @@ def _conv_defaults(plan: Plan, sched: Schedule) -> dict[str, object]:
     block_k = min(32, next_pow2(_cin_per_group(plan, conv))) if taps_outer else 32
     return {"conv_block_m": block_m, "conv_block_n": block_n, "conv_block_k": max(16, block_k), "conv_warps": warps,
             "conv_taps_outer": taps_outer}  # fmt: skip
+
+
+def _tf32_conv_tiles(plan: Plan, sched: Schedule) -> dict[str, object]:
+    """Tiles of a convolution in one TF32 pass: 128 output positions by up to 64 output channels,
+    4 warps, 3 stages. On an H200 (``python -m bench.conv_orders --sweep``, 2026-11-29) that shape
+    was within 1.25x of the fastest of eleven on six development convolutions (2D, 1D, 3D,
+    transposed; 0.73-0.84x of eager cuDNN) and the tiles chosen for IEEE (64x128, 8 warps, 2
+    stages) were 1.2-2.4x slower than it."""
+    cout_g = _cout_per_group(plan, _heaviest_conv(plan, sched))
+    return {"conv_block_m": 128, "conv_block_n": max(16, min(64, next_pow2(cout_g))), "conv_warps": 4, "conv_stages": 3}
 
 
 def _conv_reduction(plan: Plan, conv: int) -> int:
