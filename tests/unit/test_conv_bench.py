@@ -28,7 +28,14 @@ def test_only_development_convolutions_are_picked(tmp_path: Path) -> None:
 
 
 def test_the_table_sets_each_row_against_eager_and_compile() -> None:
-    common: dict[str, Any] = {"problem": "L1-63 x", "tflops": 1.0, "pct_tf32": 1.0, "pct_fp32": 1.0, "rel_err": 1e-4, "max_err": 1e-3}
+    common: dict[str, Any] = {
+        "problem": "L1-63 x",
+        "tflops": 1.0,
+        "pct_tf32": 1.0,
+        "pct_fp32": 1.0,
+        "rel_err": 1e-4,
+        "max_err": 1e-3,
+    }
     rows: list[dict[str, Any]] = [
         {**common, "row": "eager (TF32, PyTorch's default)", "ms": 6.0},
         {**common, "row": "torch.compile", "ms": 3.0},
