@@ -34,12 +34,11 @@ from gpu_runner.referee import Batch
 from schemas import CheatRule, Check, CheckName, CheckOutcome, Finding, Severity
 
 
-def overhead_us(batch: Batch) -> float:
-    """Microseconds per call of the batch outside its timed windows, by the parent's clock (a
-    referee's batch less its canary and L2 reset, :attr:`Batch.referee_us`: on an H200 those made
-    honest candidates' time outside the windows look short of the harness's, flagged for review in
-    19 of 44 evaluations of a stream and 5 of 7 correct convolutions of KernelBench L2-4)."""
-    outside_ms = batch.wall_ms - sum(batch.samples) - batch.referee_us / 1e3
+def overhead_us(batch: Batch, harness_only: bool = False) -> float:
+    """Microseconds per call of the batch outside its timed windows, by the parent's clock;
+    ``harness_only``: a referee's batch less its canary and L2 reset (:attr:`Batch.referee_us`),
+    what the harness alone costs it."""
+    outside_ms = batch.wall_ms - sum(batch.samples) - (batch.referee_us / 1e3 if harness_only else 0.0)
     return outside_ms * 1e3 / max(1, batch.calls)
 
 
@@ -131,7 +130,14 @@ def cross_check(
         f"{len(trusted)} batches); excess {excess:.1f} us, allowed {allowed:.1f} us (median call {call_us:.1f} us)"
         + (f"; {harness}" if harness else "")
     )
-    if flush_us > 0 and o_cand < o_ref - 0.5 * flush_us - max(5.0, 2.0 * spread):
+    # Whether the candidate skipped part of the harness is asked against the referee's harness
+    # alone: its canary and L2 reset counted, honest candidates looked short of it (flagged in 19 of
+    # 44 evaluations of an H200 stream, 5 of 7 correct convolutions of KernelBench L2-4). Whether
+    # the parent's clock contradicts the report keeps the whole batch, as calibrated: without the
+    # canary there, 2 of 8 honest 64 MB row sums and 1 of 8 honest trust-bench candidates were
+    # refused on the same H200.
+    o_harness = statistics.median(overhead_us(b, harness_only=True) for b in trusted)
+    if flush_us > 0 and o_cand < o_harness - 0.5 * flush_us - max(5.0, 2.0 * spread):
         # Less time outside the windows than the harness costs the referee: its process skipped
         # part of the harness (the L2 flush, the lead spin). Flagged, not refused: the gain is a
         # warmer cache, and a candidate this much faster to launch is conceivable.

@@ -69,8 +69,8 @@ class Batch:
     referee_us: float = 0.0
     """The referee's time inside the parent's window on work a candidate's batch does not do (its
     canary and the wait after it, the persisting-L2 reset), by its own clock: taken out of its
-    time outside the timed windows, so the cross-check compares the same harness (a candidate's
-    process cannot set it: read from the referee's batches only)."""
+    time outside the timed windows where the cross-check asks whether a candidate skipped the
+    harness (a candidate's process cannot set it: read from the referee's batches only)."""
 
     @classmethod
     def from_report(cls, callable_: str, header: dict[str, Any], wall_ms: float, warmup: bool) -> Batch:

@@ -196,9 +196,10 @@ def test_a_checksum_of_several_steps_matches_the_hosts() -> None:
 
 def test_the_referees_canary_and_reset_are_not_counted_as_its_harness() -> None:
     """A referee batch's wall holds its canary and its L2 reset, which a candidate's batch does
-    not: taken out (by the referee's own count), an honest candidate is not short of the harness;
-    counted, it looked so (flagged for review) and a forging one gained that much room. One call a
-    batch (an 11 ms convolution), 60 us of canary and reset a batch."""
+    not: whether a candidate skipped the harness is asked against the referee's harness alone
+    (counted, honest candidates looked short of it and were flagged for review), while the clock's
+    contradiction keeps the whole batch, as calibrated. One call a batch (an 11 ms convolution),
+    60 us of canary and reset a batch."""
     rng = np.random.default_rng(3)
     extra_ms = 0.060
 
@@ -213,11 +214,14 @@ def test_the_referees_canary_and_reset_are_not_counted_as_its_harness() -> None:
     assert finding is not None, check.detail  # the canary read as harness: the honest one looks short of it
     for b in refs:
         b.referee_us = extra_ms * 1e3
-    assert overhead_us(refs[0]) < (refs[0].wall_ms - 11.0) * 1e3
+    assert overhead_us(refs[0], harness_only=True) == pytest.approx(overhead_us(refs[0]) - extra_ms * 1e3)
     check, finding, excess = cross_check(cand + refs, 25.0, 0.04, flush_us=30.0)
     assert finding is None, check.detail
     assert excess is not None
-    assert abs(excess) < 5.0
+    assert excess == pytest.approx(-extra_ms * 1e3, abs=5.0)  # the contradiction test: the whole batch
+    skipped = [one("candidate", -0.1) for _ in range(30)]  # 100 us of harness skipped: still flagged
+    _, finding, _ = cross_check(skipped + refs, 25.0, 0.04, flush_us=30.0)
+    assert finding is not None
     header = {"calls": 1, "samples": [1.0], "referee_extra_us": 500.0}
     assert Batch.from_report("candidate", header, 2.0, False).referee_us == 0.0  # never from a candidate
     assert Batch.from_report("eager", header, 2.0, False).referee_us == 500.0
