@@ -35,8 +35,9 @@ from actors.kv import get_expert_config, list_expert_configs, put_expert_config,
 from actors.launch import run_actors, run_local_actors
 from actors.logs import get_logger
 from actors.options import RunOptions
-from actors.outcome import RunOutcome, declines_sentence
+from actors.outcome import RunOutcome
 from actors.progress import Progress, RunWatcher
+from actors.report.model import declines_sentence
 from actors.run_stream import publish_seeds, write_results
 from schemas import (
     ActorInfo,

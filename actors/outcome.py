@@ -9,16 +9,11 @@ one-line summary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from schemas import Correctness, DeclineReason, DeviceChoice, PrecisionMode, StopReason
-
-if TYPE_CHECKING:
-    from actors.report.model import IslandReport
+from schemas import Correctness, DeviceChoice, PrecisionMode, StopReason
 
 
 class RunVerdict(StrEnum):
@@ -149,7 +144,7 @@ class RunOutcome:
     best_compiled_derived: bool = False
     """``best_vs_compiled`` came from the task's measured compiled/eager ratio (``EvalResult.compiled_derived``)."""
     declined: str | None = None
-    """What the experts declined and why (:func:`declines_sentence`), where they declined any."""
+    """What the experts declined and why (``actors.report.model.declines_sentence``), where they declined any."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -183,24 +178,6 @@ class RunOutcome:
         if self.device is DeviceChoice.CPU:
             line += f"\n{CPU_TIMINGS_NOTE}"
         return line
-
-
-def declines_sentence(islands: Sequence[IslandReport]) -> str | None:
-    """``the experts declined N request(s): REASON: DETAIL`` (the decline of the island that had
-    the most) with a suggestion where one helps; None when no expert declined."""
-    declined = [i for i in islands if i.last_decline is not None and i.declines]
-    if not declined:
-        return None
-    total = sum(i.declines for i in declined)
-    last = max(declined, key=lambda i: i.declines).last_decline
-    assert last is not None
-    text = f"the experts declined {total} request(s): {last.reason}" + (f": {last.detail}" if last.detail else "")
-    if last.reason == DeclineReason.UNSUPPORTED:
-        text += (
-            " (try --torch-ops reference, which leaves the reference's own ops to PyTorch, or an LLM "
-            "expert: kfoundry expert set NAME --kind llm ..., then --experts template,NAME)"
-        )
-    return text
 
 
 CPU_TIMINGS_NOTE = (

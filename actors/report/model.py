@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, ConfigDict
 
 from actors.gpu_usage import GpuUsage
@@ -9,6 +11,7 @@ from actors.outcome import RunVerdict
 from actors.report.experts import ExpertReport, FamilyReport
 from schemas import (
     Decline,
+    DeclineReason,
     DiagnosisCategory,
     KernelLanguage,
     MigrationReason,
@@ -190,3 +193,21 @@ class RunReport(_Frozen):
     isolation_gaps: dict[str, str] = {}
     """Sandbox layers that did not hold for the run's candidates (layer -> why), from the verdicts;
     empty when every layer held or was switched off by config (``--isolation best-effort`` runs)."""
+
+
+def declines_sentence(islands: Sequence[IslandReport]) -> str | None:
+    """``the experts declined N request(s): REASON: DETAIL`` (the decline of the island that had
+    the most) with a suggestion where one helps; None when no expert declined."""
+    declined = [i for i in islands if i.last_decline is not None and i.declines]
+    if not declined:
+        return None
+    total = sum(i.declines for i in declined)
+    last = max(declined, key=lambda i: i.declines).last_decline
+    assert last is not None
+    text = f"the experts declined {total} request(s): {last.reason}" + (f": {last.detail}" if last.detail else "")
+    if last.reason == DeclineReason.UNSUPPORTED:
+        text += (
+            " (try --torch-ops reference, which leaves the reference's own ops to PyTorch, or an LLM "
+            "expert: kfoundry expert set NAME --kind llm ..., then --experts template,NAME)"
+        )
+    return text

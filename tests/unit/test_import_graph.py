@@ -1,6 +1,6 @@
 """The modules of each package import one another without loops: the import graph, read from the
-source with ``ast`` (imports inside functions count; imports only for type checkers do not), has
-no cycle."""
+source with ``ast`` (imports inside functions and imports only for type checkers count), has no
+cycle."""
 
 from __future__ import annotations
 
@@ -26,10 +26,6 @@ def _modules(package: str) -> dict[str, Path]:
     return found
 
 
-def _only_for_type_checkers(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def import_graph(package: str) -> dict[str, set[str]]:
     """Module → the modules of ``package`` it imports anywhere in its body."""
     modules = _modules(package)
@@ -41,8 +37,6 @@ def import_graph(package: str) -> dict[str, set[str]]:
         while stack:
             node = stack.pop()
             for child in ast.iter_child_nodes(node):
-                if _only_for_type_checkers(child):
-                    continue
                 if isinstance(child, ast.Import):
                     edges |= {a.name for a in child.names if a.name in modules}
                 elif isinstance(child, ast.ImportFrom):

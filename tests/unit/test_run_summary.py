@@ -97,8 +97,7 @@ def test_best_model_header_marks_a_kernel_slower_than_a_measured_baseline(
 
 
 def test_a_run_that_evaluated_nothing_names_the_declines_and_what_to_try() -> None:
-    from actors.outcome import declines_sentence
-    from actors.report.model import IslandReport
+    from actors.report.model import IslandReport, declines_sentence
     from schemas import Decline, DeclineReason
 
     why = Decline(reason=DeclineReason.UNSUPPORTED, detail="function torch.randn_like is not covered by the templates")

@@ -14,21 +14,19 @@ import ast
 import math
 import operator
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
 
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeRef
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+from actors.experts.template.lowering import LowerContext, lower_fn
 
 _TRIL = re.compile(r"^torch\.tril\(torch\.ones\([^()]*\)\)(\.view\([^()]*\)|\.reshape\([^()]*\))?$")
 
 
-def _canon(lw: Lowerer, node: Any) -> tuple[str, dict[str, Any]] | None:
+def _canon(lw: LowerContext, node: Any) -> tuple[str, dict[str, Any]] | None:
     """The canonical op of an FX call node with its bound arguments (FX nodes, not lowered), or ``None``."""
     from actors.experts.template.spellings import bind, resolve
 
@@ -45,7 +43,7 @@ def _canon(lw: Lowerer, node: Any) -> tuple[str, dict[str, Any]] | None:
     return spec.canon, bound
 
 
-def _shape(lw: Lowerer, node: Any) -> tuple[int, ...]:
+def _shape(lw: LowerContext, node: Any) -> tuple[int, ...]:
     """The traced shape of an FX node's tensor value (empty when it is not a tensor)."""
     value = lw.traced.values.get(node) if isinstance(node, fx.Node) else None
     return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
@@ -70,7 +68,7 @@ def _tril_buffers(source: str | None) -> set[str]:
     return names
 
 
-def _causal_mask(lw: Lowerer, mask: Any, lq: int, lk: int) -> bool:
+def _causal_mask(lw: LowerContext, mask: Any, lq: int, lk: int) -> bool:
     """Whether ``mask`` is ``<tril buffer>[..., :lq, :lk] == 0`` with ``lq == lk``."""
     if not isinstance(mask, fx.Node) or mask.target is not operator.eq or mask.args[1] != 0 or lq != lk:
         return False
@@ -90,10 +88,8 @@ def _causal_mask(lw: Lowerer, mask: Any, lq: int, lk: int) -> bool:
     )
 
 
-def explicit_attention(lw: Lowerer, fxn: fx.Node) -> NodeRef | None:
+def explicit_attention(lw: LowerContext, fxn: fx.Node) -> NodeRef | None:
     """One ``ATTN`` node when ``fxn`` (a matrix product) closes the explicit attention pattern."""
-    from actors.experts.template.attention import lower_sdpa
-
     if len(fxn.args) != 2 or fxn.kwargs:
         return None
     probs, v = fxn.args
@@ -149,7 +145,11 @@ def explicit_attention(lw: Lowerer, fxn: fx.Node) -> NodeRef | None:
     values = {"query": lw.env.get(q), "key": lw.env.get(k), "value": lw.env.get(v)}
     if not all(isinstance(t, NodeRef) for t in values.values()):
         return None
+    sdpa = lower_fn("sdpa")  # the attention family's lowering, as ``F.scaled_dot_product_attention``
+    if sdpa is None:
+        return None
     try:
-        return lower_sdpa(lw, {**values, "scale": scale, "is_causal": causal})
+        out = sdpa(lw, "sdpa", {**values, "scale": scale, "is_causal": causal}, None)
     except UnsupportedGraph:
         return None
+    return out if isinstance(out, NodeRef) else None

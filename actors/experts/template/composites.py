@@ -8,23 +8,14 @@ variance and ``1 / sqrt(var + eps)``.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from actors.experts.template.attention import lower_sdpa
-from actors.experts.template.conv_lower import lower_conv
 from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import COMPARISONS, Absent, DiagRef, NodeRef, TupleRef
-from actors.experts.template.loss_lower import LOSSES, lower_loss
-from actors.experts.template.mha_lower import lower_mha
-from actors.experts.template.norm_lower import lower_batch_norm, lower_instance_norm, lower_vector_norm, mean_var
-from actors.experts.template.pool_lower import lower_pool
+from actors.experts.template.lowering import LowerContext, lower_fn
 from actors.experts.template.products import product
-from actors.experts.template.scan import lower_flip, lower_scan
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
 
 _UNARY = frozenset(
     {
@@ -77,12 +68,12 @@ def reduce_dims(shape: tuple[int, ...], dim: object) -> tuple[int, int]:
     return norm[0], norm[-1] + 1
 
 
-def _reduced_view(lw: Lowerer, ref: NodeRef, src_shape: tuple[int, ...], dims: tuple[int, int]) -> NodeRef:
+def _reduced_view(lw: LowerContext, ref: NodeRef, src_shape: tuple[int, ...], dims: tuple[int, int]) -> NodeRef:
     """A keepdim result viewed without the reduced dims."""
     return lw.view(ref, (*src_shape[: dims[0]], *src_shape[dims[1] :]))
 
 
-def _param_or_arg(lw: Lowerer, bound: dict[str, Any], name: str) -> NodeRef | None:
+def param_or_arg(lw: LowerContext, bound: dict[str, Any], name: str) -> NodeRef | None:
     """A weight/bias given as an argument, or read from the module at ``__path__``."""
     if "__path__" in bound:
         module = lw.traced.root.get_submodule(bound["__path__"])
@@ -95,7 +86,7 @@ def _param_or_arg(lw: Lowerer, bound: dict[str, Any], name: str) -> NodeRef | No
     return lw.tensor(value, name)
 
 
-def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
+def apply(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> object:
     """Build the nodes of one canonical op; return what the FX node stands for."""
     if canon == "tensor_const":
         data, dtype = b["data"], b.get("dtype")
@@ -115,8 +106,6 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lw.ew("where", b["condition"], _tensor_or_number(lw, x, canon), _tensor_or_number(lw, b["other"], canon))
     if canon in ("sum", "prod", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "logsumexp"):
         return _reduction(lw, canon, b)
-    if canon in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm"):
-        return _norm(lw, canon, b)
     if canon in ("linear", "matmul"):
         return _matmul(lw, canon, b)
     if canon == "diag":
@@ -131,31 +120,13 @@ def apply(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
         return lw.ew(canon, x, attrs=(float(k),))
     if canon == "einsum":
         return _einsum(lw, b)
-    if canon in ("conv", "conv_transpose"):
-        return lower_conv(lw, canon, b, traced)
-    if canon in ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"):
-        return lower_pool(lw, canon, b, traced)
-    if canon == "sdpa":
-        return lower_sdpa(lw, b)
-    if canon == "mha":
-        return lower_mha(lw, b)
-    if canon in ("cumsum", "cumprod"):
-        return lower_scan(lw, canon, b)
-    if canon == "flip":
-        return lower_flip(lw, b)
-    if canon in LOSSES:
-        return lower_loss(lw, canon, b)
-    if canon == "batch_norm":
-        return lower_batch_norm(lw, b)
-    if canon == "instance_norm":
-        return lower_instance_norm(lw, b)
-    if canon == "norm":
-        x = lw.tensor(b["input"], canon)
-        return lower_vector_norm(lw, b, reduce_dims(lw.shape(x), b.get("dim")))
+    family = lower_fn(canon)  # an op family's own module (``families/``), registered by name
+    if family is not None:
+        return family(lw, canon, b, traced)
     return _other(lw, canon, b, traced)
 
 
-def _activation(lw: Lowerer, canon: str, x: NodeRef, b: dict[str, Any]) -> NodeRef:
+def _activation(lw: LowerContext, canon: str, x: NodeRef, b: dict[str, Any]) -> NodeRef:
     if canon == "gelu":
         approximate = b["approximate"]
         if approximate not in ("none", "tanh"):
@@ -183,14 +154,14 @@ def _activation(lw: Lowerer, canon: str, x: NodeRef, b: dict[str, Any]) -> NodeR
     raise UnsupportedGraph(f"{canon} is not covered", op=canon)
 
 
-def _tensor_or_number(lw: Lowerer, value: object, what: str) -> NodeRef | float:
+def _tensor_or_number(lw: LowerContext, value: object, what: str) -> NodeRef | float:
     """A float32 tensor operand, or a Python number (a 0-dim constant of the trace counts as one)."""
     if isinstance(value, NodeRef):
         return lw.tensor(value, f"an operand of {what}")
     return number(value, what)
 
 
-def _binary(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
+def _binary(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
     x, other = b["input"], b["other"] if canon != "pow" else b["exponent"]
     if canon == "pow":
         return _pow(lw, x, other)
@@ -202,7 +173,7 @@ def _binary(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
     return lw.ew(canon, x, other)
 
 
-def _pow(lw: Lowerer, x: object, exponent: object) -> NodeRef:
+def _pow(lw: LowerContext, x: object, exponent: object) -> NodeRef:
     if not isinstance(x, NodeRef) or _is_id(exponent):
         raise UnsupportedGraph("pow with a tensor exponent is not covered")
     e = number(exponent, "exponent")
@@ -221,7 +192,7 @@ def _pow(lw: Lowerer, x: object, exponent: object) -> NodeRef:
     return lw.ew("reciprocal", result) if e < 0 else result
 
 
-def _reduction(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
+def _reduction(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
     if canon in ("max", "min"):
         if b.get("other") is not None or _is_id(b.get("dim")) or isinstance(b.get("dim"), float):
             other = b["other"] if b.get("other") is not None else b["dim"]
@@ -254,56 +225,7 @@ def _reduction(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
     return out if keep else _reduced_view(lw, out, shape, dims)
 
 
-def _norm(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
-    x = lw.tensor(b["input"], canon)
-    shape = lw.shape(x)
-    rank = len(shape)
-    if canon in ("softmax", "log_softmax"):
-        if b.get("dim") is None or b.get("dtype") is not None:
-            raise UnsupportedGraph(f"{canon} without an explicit dim (or with a dtype) is not covered")
-        dims = reduce_dims(shape, b["dim"])
-        m = lw.red("amax", x, dims, True)
-        shifted = lw.ew("sub", x, m)
-        e = lw.ew("exp", shifted)
-        s = lw.red("sum", e, dims, True)
-        return lw.ew("div", e, s) if canon == "softmax" else lw.ew("sub", shifted, lw.ew("log", s))
-    if canon == "group_norm":
-        groups = int(number(b["num_groups"], "num_groups"))
-        if rank < 2 or shape[1] % groups != 0:
-            raise UnsupportedGraph(f"group_norm of shape {shape} with {groups} groups")
-        spatial = math.prod(shape[2:])
-        grouped = lw.view(x, (shape[0], groups, shape[1] // groups * spatial))
-        centred, var = mean_var(lw, grouped, (2, 3))
-        y = lw.view(lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps")))), shape)
-        per_channel = (shape[1], *([1] * (rank - 2)))
-        for name, op in (("weight", "mul"), ("bias", "add")):
-            p = _param_or_arg(lw, b, name)
-            if p is not None:
-                y = lw.ew(op, y, lw.view(p, per_channel))
-        return y
-    ns = b["normalized_shape"]
-    ns = (ns,) if isinstance(ns, int) else tuple(ns)
-    if not ns or tuple(shape[rank - len(ns) :]) != ns:
-        raise UnsupportedGraph(f"{canon} over {ns} of shape {shape}")
-    dims = (rank - len(ns), rank)
-    if canon == "layer_norm":
-        centred, var = mean_var(lw, x, dims)
-        y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps"))))
-    else:
-        eps = b["eps"] if b["eps"] is not None else torch.finfo(torch.float32).eps
-        count = float(math.prod(ns))
-        ms = lw.ew("div", lw.red("sum", lw.ew("mul", x, x), dims, True), count)
-        y = lw.ew("mul", x, lw.ew("rsqrt", lw.ew("add", ms, number(eps, "eps"))))
-    weight = _param_or_arg(lw, b, "weight")
-    if weight is not None:
-        y = lw.ew("mul", y, weight)
-    bias = _param_or_arg(lw, b, "bias") if canon == "layer_norm" else None
-    if bias is not None:
-        y = lw.ew("add", y, bias)
-    return y
-
-
-def _cosine_similarity(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+def _cosine_similarity(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     """``sum(x1 * x2) / (max(|x1|, eps) * max(|x2|, eps))`` over ``dim`` (PyTorch clamps each norm
     by ``eps``): the three sums reduce the same rows, so one kernel reads them once."""
     x1, x2 = lw.tensor(b["x1"], "cosine_similarity"), lw.tensor(b["x2"], "cosine_similarity")
@@ -321,7 +243,7 @@ def _cosine_similarity(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     return lw.ew("div", dot, lw.ew("mul", norm(x1), norm(x2)))
 
 
-def _diag(lw: Lowerer, b: dict[str, Any]) -> DiagRef:
+def _diag(lw: LowerContext, b: dict[str, Any]) -> DiagRef:
     """``torch.diag`` of a vector (a matrix-product operand, see :class:`DiagRef`)."""
     v = lw.tensor(b["input"], "diag")
     if len(lw.shape(v)) != 1 or b.get("diagonal", 0) != 0:
@@ -329,7 +251,7 @@ def _diag(lw: Lowerer, b: dict[str, Any]) -> DiagRef:
     return DiagRef(v)
 
 
-def _diag_product(lw: Lowerer, a: object, w: object) -> NodeRef:
+def _diag_product(lw: LowerContext, a: object, w: object) -> NodeRef:
     """A matrix product with a :class:`DiagRef` operand: each row (or column) of the other one
     scaled by the vector. Equal to the reference's product for finite values (its other terms are
     exact zeros); an infinity in the other operand gives the reference NaN where this keeps it."""
@@ -345,21 +267,21 @@ def _diag_product(lw: Lowerer, a: object, w: object) -> NodeRef:
     return lw.ew("mul", lw.view(diag.vector, (n, 1)) if left else diag.vector, other)
 
 
-def _matmul(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
+def _matmul(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
     if canon == "matmul" and (isinstance(b["input"], DiagRef) or isinstance(b["other"], DiagRef)):
         return _diag_product(lw, b["input"], b["other"])
     x = lw.tensor(b["input"], canon)
     if canon == "linear":
-        weight = _param_or_arg(lw, b, "weight")
+        weight = param_or_arg(lw, b, "weight")
         if weight is None:
             raise UnsupportedGraph("linear without a weight")
         out = product(lw, x, lw.perm(weight))
-        bias = _param_or_arg(lw, b, "bias")
+        bias = param_or_arg(lw, b, "bias")
         return lw.ew("add", out, bias) if bias is not None else out
     return product(lw, x, lw.tensor(b["other"], "matmul operand"))
 
 
-def _einsum(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+def _einsum(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     """An ``einsum`` of two operands that is a matrix product: one index contracted, the last of
     the first operand with the first (``...c,cn``) or last (``...c,nc``) of a matrix, or a batched
     product ``Pmc,Pcn->Pmn``; the output lists the free indices in operand order."""
@@ -393,7 +315,7 @@ def _present(item: NodeRef | Absent) -> NodeRef:
     return item
 
 
-def _whole_slice(lw: Lowerer, x: object, index: object, traced: Any) -> bool:
+def _whole_slice(lw: LowerContext, x: object, index: object, traced: Any) -> bool:
     """Whether indexing ``x`` by ``index`` selects all of it, in order (plain slices from the start,
     step 1, that the traced result shows to end at each extent)."""
     if not isinstance(x, NodeRef) or not isinstance(traced, torch.Tensor) or tuple(traced.shape) != lw.shape(x):
@@ -402,7 +324,7 @@ def _whole_slice(lw: Lowerer, x: object, index: object, traced: Any) -> bool:
     return all(p is Ellipsis or (isinstance(p, slice) and p.start in (None, 0) and p.step in (None, 1)) for p in parts)
 
 
-def _other(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> object:
+def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> object:
     x = b.get("input")
     if canon == "view":
         if not isinstance(traced, torch.Tensor) or not isinstance(x, NodeRef):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
@@ -20,9 +20,7 @@ from torch import fx
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import attr_path
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+from actors.experts.template.lowering import LowerContext
 
 _BINARY = {
     operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/", operator.floordiv: "//",
@@ -102,7 +100,7 @@ def _literal(value: Any) -> str:
 class _Spelling:
     """Turns lowered arguments into expression text with ``{i}`` slots for tensors."""
 
-    def __init__(self, lw: Lowerer) -> None:
+    def __init__(self, lw: LowerContext) -> None:
         self.lw = lw
         self.tensors: list[int] = []
 
@@ -113,7 +111,7 @@ class _Spelling:
 
     def arg(self, value: Any) -> str:
         if isinstance(value, fx.Node):
-            value = self.lw._arg(value)  # an uncovered operand declines with its own reason
+            value = self.lw.arg(value)  # an uncovered operand declines with its own reason
         if isinstance(value, NodeRef):
             return self.slot(value)
         if isinstance(value, TupleRef):
@@ -130,7 +128,7 @@ class _Spelling:
         return ", ".join(parts)
 
 
-def _expression(lw: Lowerer, fxn: fx.Node, source: str) -> tuple[str, list[int]]:
+def _expression(lw: LowerContext, fxn: fx.Node, source: str) -> tuple[str, list[int]]:
     sp = _Spelling(lw)
     target = fxn.target
     if fxn.op == "call_module":
@@ -162,7 +160,7 @@ def _dtype(value: torch.Tensor) -> str:
     return name
 
 
-def keep(lw: Lowerer, fxn: fx.Node, traced: Any, source: str) -> object:
+def keep(lw: LowerContext, fxn: fx.Node, traced: Any, source: str) -> object:
     """The ``TORCH`` node(s) for ``fxn``: one per tensor it returns (a tuple becomes a ``TupleRef``)."""
     text, tensors = _expression(lw, fxn, source)
     lw.ops.append(f"torch:{fxn.target if isinstance(fxn.target, str) else getattr(fxn.target, '__name__', '?')}")

@@ -22,6 +22,7 @@ from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import COMPARISONS, EW_OPS, FLOAT_ARG, DiagRef, KeepTorch, Node, NodeKind, NodeRef
 from actors.experts.template.keep_torch import is_layout, keep
+from actors.experts.template.lowering import load_families
 from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.trace import Traced
 
@@ -217,7 +218,7 @@ class Lowerer:
 
     def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool, split_rows: bool = True) -> NodeRef:
         """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge,
-        unless ``split_rows`` is False: the caller chose the stages, see ``norm_lower.moments``)."""
+        unless ``split_rows`` is False: the caller chose the stages, see ``families.norm.moments``)."""
         shape = self.shape(src)
         d0, d1 = dims
         out = (*shape[:d0], *([1] * (d1 - d0)), *shape[d1:]) if keepdim else (*shape[:d0], *shape[d1:])
@@ -236,6 +237,7 @@ class Lowerer:
     # -- the walk --------------------------------------------------------------------------
     def lower(self) -> tuple[int, ...]:
         """Lower the whole graph; return the ids of the nodes ``forward`` returns, in order."""
+        load_families()  # their spellings and lowerings, before the first node is resolved
         output: tuple[int, ...] | None = None
         for fxn in self.traced.graph_module.graph.nodes:
             if fxn.op == "output":
@@ -253,7 +255,7 @@ class Lowerer:
         for item in returned if isinstance(returned, tuple | list) else [returned]:
             if isinstance(item, fx.Node) and any(_modifies_in_place(user, item) for user in item.users):
                 raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
-        value = self._arg(returned)
+        value = self.arg(returned)
         refs = list(value) if isinstance(value, tuple | list) else [value]
         if not refs or not all(isinstance(r, NodeRef) for r in refs):
             raise UnsupportedGraph("forward must return a tensor or a tuple or list of tensors")
@@ -269,16 +271,16 @@ class Lowerer:
             raise UnsupportedGraph("forward returns two views of one tensor")
         return tuple(r.id for r in refs)
 
-    def _arg(self, value: Any) -> Any:
+    def arg(self, value: Any) -> Any:
         if isinstance(value, fx.Node):
             found = self.env[value]
             if isinstance(found, _Uncovered):
                 raise found.error
             return found
         if isinstance(value, tuple | list):
-            return type(value)(self._arg(v) for v in value)
+            return type(value)(self.arg(v) for v in value)
         if isinstance(value, dict):
-            return {k: self._arg(v) for k, v in value.items()}
+            return {k: self.arg(v) for k, v in value.items()}
         return value
 
     def _node(self, fxn: fx.Node) -> object:
@@ -329,8 +331,8 @@ class Lowerer:
             if attention is not None:
                 self.ops.append("attention")
                 return attention
-        args = [self._arg(a) for a in fxn.args]
-        kwargs = {k: self._arg(v) for k, v in fxn.kwargs.items()}
+        args = [self.arg(a) for a in fxn.args]
+        kwargs = {k: self.arg(v) for k, v in fxn.kwargs.items()}
         bound = bind(spec, args, kwargs, module)
         if module is not None:
             bound["__path__"] = str(fxn.target)

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeKind, NodeRef
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+from actors.experts.template.lowering import LowerContext
 
 
-def product(lw: Lowerer, a: NodeRef, w: NodeRef) -> NodeRef:
+def product(lw: LowerContext, a: NodeRef, w: NodeRef) -> NodeRef:
     """``a @ w``: an ``MM`` node, or a row reduction when ``w`` is one column."""
     sa, sb = lw.shape(a), lw.shape(w)
     if len(sa) < 2 or len(sb) < 2:
@@ -28,7 +24,7 @@ def product(lw: Lowerer, a: NodeRef, w: NodeRef) -> NodeRef:
     return lw.add(NodeKind.MM, (*(ba or bb), sa[-2], sb[-1]), args=(a.id, w.id))
 
 
-def _as_row(lw: Lowerer, column: NodeRef) -> NodeRef | None:
+def _as_row(lw: LowerContext, column: NodeRef) -> NodeRef | None:
     """A ``(K, 1)`` operand as the ``(K,)`` row it broadcasts like (``None`` if it cannot be read so)."""
     node = lw.node(column)
     if node.kind is NodeKind.PERM:  # the transpose of a (1, K) weight (``linear`` to one output)
@@ -39,7 +35,7 @@ def _as_row(lw: Lowerer, column: NodeRef) -> NodeRef | None:
     return lw.view(column, (lw.shape(column)[-2],))
 
 
-def _matvec(lw: Lowerer, a: NodeRef, row: NodeRef) -> NodeRef:
+def _matvec(lw: LowerContext, a: NodeRef, row: NodeRef) -> NodeRef:
     """``a @ v`` for a column ``v``: each output is the sum over a row of ``a * v``, a memory-bound
     row reduction (the product template would pad the one column to a whole tile)."""
     rank = len(lw.shape(a))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 
-from actors.experts.template.attention import AttentionWriter
 from actors.experts.template.emit import Launch, PointwiseWriter, Writer
 from actors.experts.template.emit_conv import ConvWriter
 from actors.experts.template.emit_mm import MatmulWriter
@@ -20,11 +19,12 @@ from actors.experts.template.emit_pool import PoolWriter
 from actors.experts.template.emit_row import RowWriter
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import attr_path, helpers_source
+from actors.experts.template.families.attention import AttentionWriter
+from actors.experts.template.families.scan import ScanWriter
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
 from actors.experts.template.ir import FLOAT_ARG, KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
-from actors.experts.template.scan import ScanWriter
 from actors.experts.template.trace import init_source, trace_reference
 
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))

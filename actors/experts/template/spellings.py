@@ -57,6 +57,14 @@ def _fn(targets: tuple[object, ...], spec: Spec) -> None:
         FUNCTIONS[target] = spec
 
 
+def spell(spec: Spec, functions: tuple[object, ...] = (), methods: tuple[str, ...] = ()) -> Spec:
+    """Make ``spec`` the spelling of the given functions and tensor methods (an op family's module
+    calls this for the ops it brings; in-place methods ``name_`` come with the methods)."""
+    _fn(functions, spec)
+    _method(methods, spec)
+    return spec
+
+
 def _method(names: tuple[str, ...], spec: Spec) -> None:
     for name in names:
         METHODS[name] = spec

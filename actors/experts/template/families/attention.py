@@ -16,19 +16,22 @@ and stops the key loop at the diagonal. The elementwise ops that follow run befo
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule, base_of
 from actors.experts.template.ir import NodeKind, NodeRef
+from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.params import TemplateParams
 
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+
+@lowering("sdpa")
+def _sdpa(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    return lower_sdpa(lw, b)
 
 
-def lower_sdpa(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+def lower_sdpa(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     """One ``ATTN`` node for ``scaled_dot_product_attention``."""
     dtype = _dtype(lw, [b[n] for n in ("query", "key", "value")])
     if dtype == "float32":
@@ -57,7 +60,7 @@ def lower_sdpa(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
 _HALF = ("float16", "bfloat16")
 
 
-def _dtype(lw: Lowerer, operands: list[Any]) -> str:
+def _dtype(lw: LowerContext, operands: list[Any]) -> str:
     """The common dtype of q, k and v: float32, or one half type (computed in float32, stored half)."""
     if not all(isinstance(t, NodeRef) for t in operands):
         raise UnsupportedGraph("scaled_dot_product_attention of a non-tensor operand")

@@ -10,15 +10,13 @@ with whatever elementwise ops follow. Declined, with the reason: non-zero paddin
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import ConvSpec, NodeKind, NodeRef
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+from actors.experts.template.lowering import LowerContext, lowering
 
 
 def int_tuple(value: object, nd: int, what: str) -> tuple[int, ...]:
@@ -44,7 +42,7 @@ def _padding(value: object, nd: int, kernel: tuple[int, ...], dilation: tuple[in
     return int_tuple(value, nd, "padding")
 
 
-def _weight_and_bias(lw: Lowerer, b: dict[str, Any]) -> tuple[NodeRef, NodeRef | None]:
+def _weight_and_bias(lw: LowerContext, b: dict[str, Any]) -> tuple[NodeRef, NodeRef | None]:
     if "__path__" in b:
         module = lw.traced.root.get_submodule(b["__path__"])
         weight = lw.param(f"{b['__path__']}.weight")
@@ -55,7 +53,8 @@ def _weight_and_bias(lw: Lowerer, b: dict[str, Any]) -> tuple[NodeRef, NodeRef |
     return weight, bias
 
 
-def lower_conv(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+@lowering("conv", "conv_transpose")
+def lower_conv(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
     """The nodes of one convolution; ``traced`` is its output on meta tensors."""
     transposed = canon == "conv_transpose"
     x = lw.tensor(b["input"], canon)

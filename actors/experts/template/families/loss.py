@@ -16,13 +16,11 @@ and inputs of other than two dims.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import NodeRef
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+from actors.experts.template.lowering import LowerContext, lowering
 
 LOSSES = (
     "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "triplet_margin_loss", "cross_entropy", "nll_loss"
@@ -30,7 +28,7 @@ LOSSES = (
 """The canonical loss ops lowered here."""
 
 
-def _reduce(lw: Lowerer, loss: NodeRef, reduction: object, batch: int | None = None) -> NodeRef:
+def _reduce(lw: LowerContext, loss: NodeRef, reduction: object, batch: int | None = None) -> NodeRef:
     shape = lw.shape(loss)
     if reduction == "none":
         return loss
@@ -45,7 +43,12 @@ def _reduce(lw: Lowerer, loss: NodeRef, reduction: object, batch: int | None = N
     return lw.ew("div", total, float(count))
 
 
-def lower_loss(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
+@lowering(*LOSSES)
+def _loss(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    return lower_loss(lw, canon, b)
+
+
+def lower_loss(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
     """The nodes of one loss op."""
     for name in ("size_average", "reduce", "weight"):
         if b.get(name) is not None:
@@ -91,7 +94,7 @@ def lower_loss(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
     return _reduce(lw, loss, reduction)
 
 
-def _triplet(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+def _triplet(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     a, p, n = (lw.tensor(b[k], "triplet_margin_loss") for k in ("anchor", "positive", "negative"))
     shape = lw.shape(a)
     if lw.shape(p) != shape or lw.shape(n) != shape or len(shape) != 2:
@@ -109,7 +112,7 @@ def _triplet(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     return _reduce(lw, lw.ew("clamp_min", gap, attrs=(0.0,)), b.get("reduction", "mean"))
 
 
-def _classes(lw: Lowerer, canon: str, b: dict[str, Any]) -> NodeRef:
+def _classes(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
     """``cross_entropy`` (of logits) and ``nll_loss`` (of log-probabilities) over ``(N, C)``.
 
     With int64 class indices ``t`` the per-row loss is ``logsumexp(x_i) - x_i[t_i]`` (cross

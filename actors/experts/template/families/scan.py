@@ -17,17 +17,15 @@ identity, so the chunk's last position is the new carry). A reversed scan walks 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule
 from actors.experts.template.ir import FlipRef, NodeKind
+from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.params import TemplateParams
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
 
 
 def _one_dim(value: object, rank: int, what: str) -> int:
@@ -38,7 +36,12 @@ def _one_dim(value: object, rank: int, what: str) -> int:
     return value % rank
 
 
-def lower_flip(lw: Lowerer, b: dict[str, Any]) -> object:
+@lowering("flip")
+def _flip(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> object:
+    return lower_flip(lw, b)
+
+
+def lower_flip(lw: LowerContext, b: dict[str, Any]) -> object:
     """``flip`` along one dim: a marker a scan (or a second flip) consumes."""
     x = b["input"]
     if isinstance(x, FlipRef):
@@ -49,7 +52,12 @@ def lower_flip(lw: Lowerer, b: dict[str, Any]) -> object:
     return FlipRef(t, _one_dim(b["dims"], len(lw.shape(t)), "flip"))
 
 
-def lower_scan(lw: Lowerer, canon: str, b: dict[str, Any]) -> object:
+@lowering("cumsum", "cumprod")
+def _scan(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> object:
+    return lower_scan(lw, canon, b)
+
+
+def lower_scan(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
     """``cumsum`` / ``cumprod`` along one dim (reversed when its input is flipped along it)."""
     if b.get("dtype") is not None:
         raise UnsupportedGraph(f"{canon} with a dtype is not covered")

@@ -11,16 +11,14 @@ not float32.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from actors.experts.template.conv_lower import int_tuple
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.families.conv import int_tuple
 from actors.experts.template.ir import NodeKind, NodeRef, PoolSpec
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+from actors.experts.template.lowering import LowerContext, lowering
 
 
 def _out(traced: Any) -> tuple[int, ...]:
@@ -29,7 +27,8 @@ def _out(traced: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in traced.shape)
 
 
-def lower_pool(lw: Lowerer, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+@lowering("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")
+def lower_pool(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
     """The nodes of one pooling op; ``b["nd"]`` is its spatial rank."""
     x = lw.tensor(b["input"], canon)
     nd = int(b["nd"])

@@ -15,14 +15,12 @@ separate key/value widths (``kdim``/``vdim``) and causal attention asked by ``is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import Absent, NodeKind, NodeRef, TupleRef
+from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.products import product
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
 
 _WEIGHTS = "the averaged attention weights that MultiheadAttention returns are not computed by the templates"
 
@@ -42,17 +40,22 @@ def _refuse(b: dict[str, Any]) -> str | None:
     return None
 
 
-def _layout(lw: Lowerer, src: NodeRef, shape: tuple[int, ...], expr: str) -> NodeRef:
+def _layout(lw: LowerContext, src: NodeRef, shape: tuple[int, ...], expr: str) -> NodeRef:
     """A PyTorch data-movement op of ``src`` (``{0}`` in ``expr``), copied contiguous."""
     return lw.add(NodeKind.TORCH, shape, dtype="float32", args=(src.id,), path=expr)
 
 
-def _project(lw: Lowerer, x: NodeRef, weight: NodeRef, bias: NodeRef | None) -> NodeRef:
+def _project(lw: LowerContext, x: NodeRef, weight: NodeRef, bias: NodeRef | None) -> NodeRef:
     out = product(lw, x, lw.perm(weight))
     return lw.ew("add", out, bias) if bias is not None else out
 
 
-def lower_mha(lw: Lowerer, b: dict[str, Any]) -> TupleRef:
+@lowering("mha")
+def _mha(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> TupleRef:
+    return lower_mha(lw, b)
+
+
+def lower_mha(lw: LowerContext, b: dict[str, Any]) -> TupleRef:
     """``(output, Absent weights)`` for a ``MultiheadAttention`` module call."""
     why = _refuse(b)
     if why is not None:
@@ -89,7 +92,7 @@ def lower_mha(lw: Lowerer, b: dict[str, Any]) -> TupleRef:
             b_i = None if bias is None else _layout(lw, bias, (e,), f"{{0}}[{i * e}:{(i + 1) * e}]")
             projected.append(heads(_project(lw, x, w_i, b_i), 1, 0))
         hq, hk, hv = projected
-    from actors.experts.template.attention import lower_sdpa
+    from actors.experts.template.families.attention import lower_sdpa
 
     attn = lower_sdpa(lw, {"query": hq, "key": hk, "value": hv, "scale": None, "is_causal": False})
     n, _, length, _ = lw.shape(attn)

@@ -12,16 +12,17 @@ PyTorch updates in training mode are not updated (only the output is computed).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from actors.experts.template.errors import UnsupportedGraph
+import torch
+
+from actors.experts.template.composites import param_or_arg, reduce_dims
+from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import NodeRef
-
-if TYPE_CHECKING:
-    from actors.experts.template.lower import Lowerer
+from actors.experts.template.lowering import LowerContext, lowering
 
 
-def recentred(lw: Lowerer, x: NodeRef, mean: NodeRef) -> NodeRef:
+def recentred(lw: LowerContext, x: NodeRef, mean: NodeRef) -> NodeRef:
     """``x - mean`` again, as a node of its own for the normalised output.
 
     The variance's ``x - mean`` lives in the kernel that reduces it; when the output is computed
@@ -36,7 +37,7 @@ def recentred(lw: Lowerer, x: NodeRef, mean: NodeRef) -> NodeRef:
     return lw.ew("sub", x, mean)
 
 
-def _moments(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef, int]:
+def _moments(lw: LowerContext, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef, int]:
     """``(mean, M2, n)`` of ``x`` over ``dims`` (keepdim): ``M2 = sum((x - mean)^2)`` about the
     row's own mean, in one reduction stage (the row template reads such a row once; see
     ``emit_row.RowWriter._welford_pairs``)."""
@@ -46,7 +47,7 @@ def _moments(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, N
     return mean, lw.red("sum", lw.ew("mul", d, d), dims, True, split_rows=False), count
 
 
-def _combine(lw: Lowerer, mean: NodeRef, m2: NodeRef, count: int, dim: int) -> tuple[NodeRef, NodeRef, int]:
+def _combine(lw: LowerContext, mean: NodeRef, m2: NodeRef, count: int, dim: int) -> tuple[NodeRef, NodeRef, int]:
     """The moments of ``k`` groups of ``count`` elements each, along ``dim`` (keepdim), merged:
     ``mean = sum(mean_i) / k`` and ``M2 = sum(M2_i) + count * sum((mean_i - mean)^2)`` (Chan et al.;
     no difference of large sums, so as accurate as two passes over the data)."""
@@ -60,7 +61,7 @@ def _combine(lw: Lowerer, mean: NodeRef, m2: NodeRef, count: int, dim: int) -> t
     return merged, lw.ew("add", lw.red("sum", m2, dims, True), spread), count * k
 
 
-def moments(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef, int]:
+def moments(lw: LowerContext, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef, int]:
     """``(mean, M2, n)`` of ``x`` over ``dims`` (keepdim), reading ``x`` once.
 
     Where a reduction over few huge rows is split in parts for parallelism (``Lowerer.split_parts``),
@@ -81,13 +82,13 @@ def moments(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, No
     return lw.view(mean, keep), lw.view(m2, keep), count
 
 
-def mean_var(lw: Lowerer, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef]:
+def mean_var(lw: LowerContext, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeRef, NodeRef]:
     """``(x - mean, var)`` over ``dims`` (keepdim, biased variance) from :func:`moments`."""
     mean, m2, count = moments(lw, x, dims)
     return recentred(lw, x, mean), lw.ew("div", m2, float(count))
 
 
-def _affine(lw: Lowerer, y: NodeRef, b: dict[str, Any], channels: int, rank: int) -> NodeRef:
+def _affine(lw: LowerContext, y: NodeRef, b: dict[str, Any], channels: int, rank: int) -> NodeRef:
     per_channel = (channels, *([1] * (rank - 2)))
     for name, op in (("weight", "mul"), ("bias", "add")):
         p = _param(lw, b, name)
@@ -96,7 +97,7 @@ def _affine(lw: Lowerer, y: NodeRef, b: dict[str, Any], channels: int, rank: int
     return y
 
 
-def _param(lw: Lowerer, b: dict[str, Any], name: str) -> NodeRef | None:
+def _param(lw: LowerContext, b: dict[str, Any], name: str) -> NodeRef | None:
     if "__path__" in b:
         module = lw.traced.root.get_submodule(b["__path__"])
         if getattr(module, name, None) is None:
@@ -113,7 +114,7 @@ def _eps(b: dict[str, Any]) -> float:
     return float(eps)
 
 
-def lower_batch_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+def lower_batch_norm(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     """``batch_norm`` over ``(N, C, *spatial)``."""
     x = lw.tensor(b["input"], "batch_norm")
     shape = lw.shape(x)
@@ -147,7 +148,7 @@ def lower_batch_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     return _affine(lw, y, b, shape[1], rank)
 
 
-def _channel_moments(lw: Lowerer, x: NodeRef) -> tuple[NodeRef, NodeRef]:
+def _channel_moments(lw: LowerContext, x: NodeRef) -> tuple[NodeRef, NodeRef]:
     """Per-channel ``(mean, var)`` of ``(N, C, *spatial)``, shaped ``(C, 1, ...)``: each sample's
     spatial moments (:func:`moments`), merged over the batch."""
     shape = lw.shape(x)
@@ -162,7 +163,7 @@ def _channel_moments(lw: Lowerer, x: NodeRef) -> tuple[NodeRef, NodeRef]:
     return lw.view(mean, per_channel), lw.ew("div", lw.view(m2, per_channel), float(count))
 
 
-def lower_instance_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
+def lower_instance_norm(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     """``instance_norm`` over ``(N, C, *spatial)`` with the instance's own statistics."""
     x = lw.tensor(b["input"], "instance_norm")
     shape = lw.shape(x)
@@ -180,7 +181,7 @@ def lower_instance_norm(lw: Lowerer, b: dict[str, Any]) -> NodeRef:
     return _affine(lw, y, b, shape[1], rank)
 
 
-def lower_vector_norm(lw: Lowerer, b: dict[str, Any], dims: tuple[int, int]) -> NodeRef:
+def lower_vector_norm(lw: LowerContext, b: dict[str, Any], dims: tuple[int, int]) -> NodeRef:
     """``torch.norm`` / ``vector_norm`` over ``dims`` for p in 1, 2, ``"fro"``, inf."""
     x = lw.tensor(b["input"], "norm")
     p = b["ord"] if "ord" in b else b.get("p")
@@ -195,3 +196,70 @@ def lower_vector_norm(lw: Lowerer, b: dict[str, Any], dims: tuple[int, int]) -> 
     if p == math.inf:
         return lw.red("amax", lw.ew("abs", x), dims, keep)
     raise UnsupportedGraph(f"norm with p={p!r} is not covered")
+
+
+@lowering("batch_norm")
+def _batch_norm(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    return lower_batch_norm(lw, b)
+
+
+@lowering("instance_norm")
+def _instance_norm(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    return lower_instance_norm(lw, b)
+
+
+@lowering("norm")
+def _vector_norm(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    x = lw.tensor(b["input"], canon)
+    return lower_vector_norm(lw, b, reduce_dims(lw.shape(x), b.get("dim")))
+
+
+@lowering("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm")
+def _norm(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """Softmax and log-softmax (the row maximum subtracted first), layer, RMS and group norms."""
+    x = lw.tensor(b["input"], canon)
+    shape = lw.shape(x)
+    rank = len(shape)
+    if canon in ("softmax", "log_softmax"):
+        if b.get("dim") is None or b.get("dtype") is not None:
+            raise UnsupportedGraph(f"{canon} without an explicit dim (or with a dtype) is not covered")
+        dims = reduce_dims(shape, b["dim"])
+        m = lw.red("amax", x, dims, True)
+        shifted = lw.ew("sub", x, m)
+        e = lw.ew("exp", shifted)
+        s = lw.red("sum", e, dims, True)
+        return lw.ew("div", e, s) if canon == "softmax" else lw.ew("sub", shifted, lw.ew("log", s))
+    if canon == "group_norm":
+        groups = int(number(b["num_groups"], "num_groups"))
+        if rank < 2 or shape[1] % groups != 0:
+            raise UnsupportedGraph(f"group_norm of shape {shape} with {groups} groups")
+        spatial = math.prod(shape[2:])
+        grouped = lw.view(x, (shape[0], groups, shape[1] // groups * spatial))
+        centred, var = mean_var(lw, grouped, (2, 3))
+        y = lw.view(lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps")))), shape)
+        per_channel = (shape[1], *([1] * (rank - 2)))
+        for name, op in (("weight", "mul"), ("bias", "add")):
+            p = param_or_arg(lw, b, name)
+            if p is not None:
+                y = lw.ew(op, y, lw.view(p, per_channel))
+        return y
+    ns = b["normalized_shape"]
+    ns = (ns,) if isinstance(ns, int) else tuple(ns)
+    if not ns or tuple(shape[rank - len(ns) :]) != ns:
+        raise UnsupportedGraph(f"{canon} over {ns} of shape {shape}")
+    dims = (rank - len(ns), rank)
+    if canon == "layer_norm":
+        centred, var = mean_var(lw, x, dims)
+        y = lw.ew("mul", centred, lw.ew("rsqrt", lw.ew("add", var, number(b["eps"], "eps"))))
+    else:
+        eps = b["eps"] if b["eps"] is not None else torch.finfo(torch.float32).eps
+        count = float(math.prod(ns))
+        ms = lw.ew("div", lw.red("sum", lw.ew("mul", x, x), dims, True), count)
+        y = lw.ew("mul", x, lw.ew("rsqrt", lw.ew("add", ms, number(eps, "eps"))))
+    weight = param_or_arg(lw, b, "weight")
+    if weight is not None:
+        y = lw.ew("mul", y, weight)
+    bias = param_or_arg(lw, b, "bias") if canon == "layer_norm" else None
+    if bias is not None:
+        y = lw.ew("add", y, bias)
+    return y

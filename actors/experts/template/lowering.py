@@ -1,0 +1,95 @@
+"""The seam between the lowerer and the op families: what a family may ask, and where it registers.
+
+A family (``actors/experts/template/families/``) is one module: it writes its lowering as a
+function ``(lw, canon, bound, traced) -> value`` and registers it for the canonical op names it
+covers with :func:`lowering`. The lowerer (``lower.py``) and the core ops (``composites.py``) never
+import a family by name: :func:`lower_fn` loads the families package once and looks the op up.
+``lw`` is a :class:`LowerContext`, the building blocks of the plan (the lowerer is one); nothing
+here imports the lowerer, so no family, and no module a family uses, depends on it.
+
+Adding an op family: write ``families/<name>.py`` whose functions carry
+``@lowering("canon", ...)``, the canonical names the spellings table (``spellings.py``) gives the
+op. Its emitter, where the family needs a kernel of its own, is a ``KernelKind`` and a writer
+(``emit_*.py``) registered in ``emit.py``'s writer table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from actors.experts.template.ir import KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.trace import Traced
+
+
+class LowerContext(Protocol):
+    """What a family's lowering may use of the lowerer: the traced model and the plan's building blocks."""
+
+    traced: Traced
+    keep_torch: KeepTorch
+    env: dict[Any, Any]
+    """FX node -> what it lowered to."""
+    ops: list[str]
+    """The ops met, in order (for the plan's description)."""
+
+    def add(self, kind: NodeKind, shape: tuple[int, ...], **kw: Any) -> NodeRef: ...
+    def node(self, ref: NodeRef) -> Node: ...
+    def shape(self, ref: NodeRef) -> tuple[int, ...]: ...
+    def param(self, path: str) -> NodeRef: ...
+    def tensor(self, ref: object, what: str) -> NodeRef: ...
+    def ew(self, op: str, *args: object, attrs: tuple[float, ...] = ()) -> NodeRef: ...
+    def view(self, src: NodeRef, shape: tuple[int, ...]) -> NodeRef: ...
+    def perm(self, src: NodeRef) -> NodeRef: ...
+    def transposed(self, ref: NodeRef) -> bool: ...
+    def split_parts(self, op: str, src: NodeRef, dims: tuple[int, int]) -> int | None: ...
+    def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool, split_rows: bool = True) -> NodeRef: ...
+    def arg(self, value: Any) -> Any: ...
+
+
+LowerFn = Callable[[LowerContext, str, dict[str, Any], Any], object]
+"""A family's lowering: ``(lw, canonical op, bound arguments, the op's output on meta tensors)``."""
+
+_REGISTRY: dict[str, LowerFn] = {}
+_FAMILIES = "actors.experts.template.families"
+_loaded: list[str] = []
+
+
+def lowering(*canons: str) -> Callable[[LowerFn], LowerFn]:
+    """Register the decorated function as the lowering of ``canons`` (each name once, program-wide)."""
+    if not canons:
+        raise ValueError("lowering() needs at least one canonical op name")
+
+    def register(fn: LowerFn) -> LowerFn:
+        for canon in canons:
+            held = _REGISTRY.get(canon)
+            if held is not None and held is not fn:
+                raise ValueError(f"the lowering of {canon!r} is registered twice: {held.__module__}, {fn.__module__}")
+            _REGISTRY[canon] = fn
+        return fn
+
+    return register
+
+
+def load_families() -> tuple[str, ...]:
+    """Import every module of the families package once (each registers itself); their names."""
+    if not _loaded:
+        package = importlib.import_module(_FAMILIES)
+        names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+        for name in names:
+            importlib.import_module(f"{_FAMILIES}.{name}")
+        _loaded.extend(names)
+    return tuple(_loaded)
+
+
+def lower_fn(canon: str) -> LowerFn | None:
+    """The registered lowering of ``canon`` (the families loaded first), or None."""
+    load_families()
+    return _REGISTRY.get(canon)
+
+
+def registered() -> dict[str, str]:
+    """Canonical op -> the module of its lowering (for tests and the coverage report)."""
+    load_families()
+    return {canon: fn.__module__ for canon, fn in sorted(_REGISTRY.items())}
