@@ -25,6 +25,7 @@ import argparse
 import copy
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -239,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1 or args.warmup < 0:
         parser.error("--reps must be >= 1 and --warmup >= 0")
     if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+        sys.stderr.write("conv_bench: needs a CUDA GPU\n")
+        return 1
     try:
         problems = conv_problems(args.root, levels, args.problems)
     except BenchError as exc:

@@ -81,10 +81,26 @@ def test_half_attention_matches_pytorch_under_the_interpreter(tmp_path: Path) ->
         assert v.err_vs_fp64 <= 4 * v.ref_err_vs_fp64
 
 
-def test_half_operands_outside_attention_are_declined() -> None:
-    result = analyse(_half_source("float16", "return F.scaled_dot_product_attention(q, k, v) * 2.0"))
+def test_half_products_outside_attention_are_declined() -> None:
+    result = analyse(_half_source("float16", "return q @ k.transpose(-2, -1)"))
     assert isinstance(result, Unsupported)
-    assert "float32" in result.detail
+    assert "float16/bfloat16" in result.detail
+
+
+def test_half_attention_followed_by_elementwise_ops_matches_pytorch(tmp_path: Path) -> None:
+    source = _half_source("bfloat16", "return F.scaled_dot_product_attention(q, k, v) * 2.0 + 1.0")
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    assert plan.nodes[plan.output].dtype == "bfloat16"
+    job = {
+        "reference": source,
+        "candidate": render(plan, default_params(plan)),
+        "seeds": [2],
+        "atol": 2e-2,
+        "rtol": 2e-2,
+    }
+    verdicts = check_in_subprocess([job], tmp_path, timeout=280)
+    assert verdicts[0].ok, verdicts[0].detail
 
 
 def _masked_attention(mask_buffer: str, between: str) -> str:

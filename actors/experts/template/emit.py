@@ -129,7 +129,8 @@ class Writer:
         ptr = self.pointer(base)
         if block[0] == block[1]:
             key: tuple[object, ...] = ("scalar", base)
-            code = f"tl.load({ptr})" + (".to(tl.float32)" if self.plan.nodes[base].dtype == "bool" else "")
+            widen = self.plan.nodes[base].dtype in ("bool", "float16", "bfloat16")
+            code = f"tl.load({ptr})" + (".to(tl.float32)" if widen else "")
         else:
             sp = self.space(row)
             index = sp.index(target, block)
@@ -140,6 +141,8 @@ class Writer:
             code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0{hint})"
             if self.plan.nodes[base].dtype == "bool":
                 code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0{hint}).to(tl.float32)"
+            elif self.plan.nodes[base].dtype in ("float16", "bfloat16"):  # computed in float32
+                code += ".to(tl.float32)"
         found = scope.get(key)
         if found is not None:
             return found
@@ -211,7 +214,10 @@ class Writer:
         at = sp.index(node.shape, (0, len(node.shape)))
         var = f"v{node.id}"
         ok = f"({sp.mask}) & ({t} >= 0) & ({t} < {classes})"
-        self.emit(scope, f"{var} = tl.load({self.pointer(base)} + ({at}) * {classes} + {t}, mask={ok}, other=0.0)")
+        self.emit(
+            scope,
+            f"{var} = tl.load({self.pointer(base)} + ({at}) * {classes} + {t}, mask={ok}, other=0.0).to(tl.float32)",
+        )
         return var
 
     def store_exports(self, scope: Scope, nid: int, var: str) -> None:
@@ -229,6 +235,8 @@ class Writer:
             var = f"{var}.to(tl.int64)"
         elif self.plan.nodes[nid].dtype == "bool":  # a comparison's 0.0 / 1.0
             var = f"({var} != 0.0)"
+        elif self.plan.nodes[nid].dtype in ("float16", "bfloat16"):  # rounded once, where it is stored
+            var = f"{var}.to(tl.{self.plan.nodes[nid].dtype})"
         self.emit(scope, f"tl.store({self.pointer(nid)} + {sp.lin}, {var}, mask={sp.mask})")
 
     def signature(self, constexprs: list[str]) -> str:

@@ -84,6 +84,19 @@ class _Uncovered:
     error: UnsupportedGraph
 
 
+HALF = ("float16", "bfloat16")
+"""Half types the templates read and write (computing in float32, as PyTorch does inside each op)."""
+_HALF_KINDS = frozenset({NodeKind.INPUT, NodeKind.PARAM, NodeKind.EW, NodeKind.RED, NodeKind.VIEW, NodeKind.ATTN})
+"""Node kinds that may take half operands (the others decline them: products, convolutions, pools, scans)."""
+
+
+def _promoted(dtypes: list[str]) -> str:
+    """The floating result type of an elementwise op on tensors of ``dtypes`` (PyTorch's promotion:
+    one half type stays; float32, a mix of the two half types or no floating tensor gives float32)."""
+    floating = {d for d in dtypes if d in ("float32", *HALF)}
+    return floating.pop() if len(floating) == 1 and floating <= set(HALF) else "float32"
+
+
 class Lowerer:
     """Walks the FX graph once, building nodes."""
 
@@ -102,6 +115,9 @@ class Lowerer:
     # -- building blocks -------------------------------------------------------------------
     def add(self, kind: NodeKind, shape: tuple[int, ...], **kw: Any) -> NodeRef:
         """Append a node and return a reference to it."""
+        if kind not in _HALF_KINDS and any(self.nodes[a].dtype in HALF for a in kw.get("args", ()) if type(a) is int):
+            raise UnsupportedGraph(f"a {kind.value} node of float16/bfloat16 tensors is not covered (elementwise, "
+                                   "reductions and attention are)")  # fmt: skip
         node = Node(id=len(self.nodes), kind=kind, shape=tuple(int(s) for s in shape), **kw)
         self.nodes.append(node)
         return NodeRef(node.id)
@@ -119,21 +135,26 @@ class Lowerer:
         tensor = self.param_paths.get(path)
         if tensor is None:
             raise UnsupportedGraph(f"forward reads {path!r}, which is not a parameter or buffer")
-        if tensor.dtype != torch.float32:
-            raise UnsupportedGraph(f"parameter {path} is {tensor.dtype}; only float32 is covered")
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in ("float32", *HALF):
+            raise UnsupportedGraph(
+                f"parameter {path} is {tensor.dtype}; only float32, float16 and bfloat16 are covered"
+            )
         for node in self.nodes:
             if node.kind is NodeKind.PARAM and node.path == path:
                 return NodeRef(node.id)
-        return self.add(NodeKind.PARAM, tuple(tensor.shape), path=path)
+        return self.add(NodeKind.PARAM, tuple(tensor.shape), path=path, dtype=dtype)
 
     def tensor(self, ref: object, what: str) -> NodeRef:
-        """``ref`` as a float32 tensor, or decline."""
+        """``ref`` as a floating tensor (float32, or float16/bfloat16: computed in float32), or decline."""
         if isinstance(ref, DiagRef):
             raise UnsupportedGraph(f"{what}: torch.diag is covered only as an operand of a matrix product")
         if not isinstance(ref, NodeRef):
             raise UnsupportedGraph(f"{what} must be a tensor here, got {type(ref).__name__}")
-        if self.node(ref).dtype != "float32":
-            raise UnsupportedGraph(f"{what} is {self.node(ref).dtype}; elementwise math covers float32 only")
+        if self.node(ref).dtype not in ("float32", *HALF):
+            raise UnsupportedGraph(
+                f"{what} is {self.node(ref).dtype}; elementwise math covers float32, float16, bfloat16"
+            )
         return ref
 
     def ew(self, op: str, *args: object, attrs: tuple[float, ...] = ()) -> NodeRef:
@@ -174,7 +195,9 @@ class Lowerer:
         if not shapes:
             raise UnsupportedGraph(f"{op} of constants only", op=op)
         shape = _broadcast(shapes, op)
-        dtype = "bool" if op in COMPARISONS else "float32"
+        dtype = (
+            "bool" if op in COMPARISONS else _promoted([self.node(NodeRef(a)).dtype for a in clean if type(a) is int])
+        )
         return self.add(NodeKind.EW, shape, op=op, args=tuple(clean), attrs=tuple(float(a) for a in attrs), dtype=dtype)
 
     def _take_last(self, x: object, index: object) -> NodeRef:
@@ -186,7 +209,9 @@ class Lowerer:
             raise UnsupportedGraph(f"class indices of shape {self.shape(index)} into {self.shape(src)} are not covered")
         if self.transposed(src):
             raise UnsupportedGraph("class indices into a transposed tensor are not covered")
-        return self.add(NodeKind.EW, self.shape(index), op="take_last", args=(src.id, index.id))
+        return self.add(
+            NodeKind.EW, self.shape(index), op="take_last", args=(src.id, index.id), dtype=self.node(src).dtype
+        )
 
     def view(self, src: NodeRef, shape: tuple[int, ...]) -> NodeRef:
         """A reshape of ``src`` (same elements, row-major order)."""
@@ -231,7 +256,8 @@ class Lowerer:
                 op, self.view(src, (*rows, split, math.prod(shape[d0:]) // split)), (d0 + 1, d0 + 2), False
             )
             return self.view(self.red(op, parts, (d0, d0 + 1), False), out)
-        dtype = "int64" if op.startswith("arg") else "float32"
+        src_dtype = self.node(src).dtype
+        dtype = "int64" if op.startswith("arg") else src_dtype if src_dtype in HALF else "float32"
         return self.add(NodeKind.RED, out, op=op, args=(src.id,), dims=dims, keepdim=keepdim, dtype=dtype)
 
     # -- the walk --------------------------------------------------------------------------
