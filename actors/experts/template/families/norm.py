@@ -91,20 +91,10 @@ def mean_var(lw: LowerContext, x: NodeRef, dims: tuple[int, int]) -> tuple[NodeR
 def _affine(lw: LowerContext, y: NodeRef, b: dict[str, Any], channels: int, rank: int) -> NodeRef:
     per_channel = (channels, *([1] * (rank - 2)))
     for name, op in (("weight", "mul"), ("bias", "add")):
-        p = _param(lw, b, name)
+        p = param_or_arg(lw, b, name)
         if p is not None:
             y = lw.ew(op, y, lw.view(p, per_channel))
     return y
-
-
-def _param(lw: LowerContext, b: dict[str, Any], name: str) -> NodeRef | None:
-    if "__path__" in b:
-        module = lw.traced.root.get_submodule(b["__path__"])
-        if getattr(module, name, None) is None:
-            return None
-        return lw.param(f"{b['__path__']}.{name}")
-    value = b.get(name)
-    return None if value is None else lw.tensor(value, name)
 
 
 def _eps(b: dict[str, Any]) -> float:
@@ -124,8 +114,8 @@ def lower_batch_norm(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     if "__path__" in b:
         module = lw.traced.root.get_submodule(b["__path__"])
         batch_stats = bool(module.training) or not bool(module.track_running_stats)
-        mean_ref = _param(lw, b, "running_mean") if not batch_stats else None
-        var_ref = _param(lw, b, "running_var") if not batch_stats else None
+        mean_ref = param_or_arg(lw, b, "running_mean") if not batch_stats else None
+        var_ref = param_or_arg(lw, b, "running_var") if not batch_stats else None
     else:
         batch_stats = bool(b.get("training"))
         has_running = b.get("running_mean") is not None and b.get("running_var") is not None
