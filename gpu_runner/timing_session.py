@@ -327,19 +327,24 @@ class TimingSession:
         if not self.pool_dropped and left_work is None:
             self.referee.ledger.add(own)
 
-    def _settled(self) -> bool:
+    def _settled(self, drop: bool = False) -> bool:
         """While the pool counts: whether every baseline's median is known (at least
         :data:`POOL_MIN_OWN` samples of its own, agreeing with the pool, and its own and the pool's
-        together to the target error). Rounds after that time the candidate alone, and the referee
-        looks with its canary after each candidate batch (a baseline batch would look first too):
-        on an 8 GB row sum, 30 rounds of a candidate batch and a baseline batch, each drawing its
-        8 GB of fresh inputs, were twice cd37ca4's timing time per candidate on an H200."""
+        together to the target error); ``drop``: a baseline that disagrees empties the pool.
+        Rounds after that time the candidate alone, and the referee looks with its canary after
+        each candidate batch (a baseline batch would look first too): on an 8 GB row sum, 30 rounds
+        of a candidate batch and a baseline batch, each drawing its 8 GB of fresh inputs, were
+        twice cd37ca4's timing time per candidate on an H200."""
         if not self.pool:
             return False
         target = self.cfg.timing_target_rel_err
         for name in self.baselines:
             own = self._own(name)
-            if len(own) < POOL_MIN_OWN or not self._agrees(name):
+            if len(own) < POOL_MIN_OWN:
+                return False
+            if not self._agrees(name):
+                if drop:
+                    self._drop_pool(name)
                 return False
             if median_rel_stderr(own + self.pool[name]) > target:
                 return False
@@ -347,24 +352,13 @@ class TimingSession:
 
     def _converged(self, samples: dict[str, list[float]]) -> bool:
         """Every callable's median known to the target error: the candidate's from its samples,
-        each baseline's from its own, or, while the pool counts, from its own (at least
-        :data:`POOL_MIN_OWN`, agreeing with the pool) and the pool's together."""
+        each baseline's from its own, or, while the pool counts, as :meth:`_settled` says."""
         target = self.cfg.timing_target_rel_err
         if median_rel_stderr(samples["candidate"]) > target:
             return False
-        for name in self.baselines:
-            if not self.pool:
-                if median_rel_stderr(samples[name]) > target:
-                    return False
-                continue
-            if len(self._own(name)) < POOL_MIN_OWN:
-                return False
-            if not self._agrees(name):
-                self._drop_pool(name)
-                return False
-            if median_rel_stderr(self._own(name) + self.pool[name]) > target:
-                return False
-        return True
+        if self.pool:
+            return self._settled(drop=True)
+        return all(median_rel_stderr(samples[name]) <= target for name in self.baselines)
 
     async def _rounds(self, n: int, deadline: float) -> float:
         """Rounds of ``n`` calls per callable until every callable's median is known to the

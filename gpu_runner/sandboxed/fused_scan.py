@@ -116,11 +116,6 @@ def launch(
     """Scan the flat, contiguous ``c`` against ``r`` (and the residual ``d``) into ``part``
     (``[programs(c.numel()), FIELDS]`` float64); indexes are reported plus ``offset``."""
     n = c.numel()
-    if n == 0:
-        part.zero_()
-        part[:, 2] = _NO_INDEX
-        part[:, 9] = float("-inf")
-        return
     _scan_kernel[(programs(n),)](
         c, r, d if d is not None else r, part, n, offset, float(atol), float(rtol),
         HAS_D=d is not None, BLOCK=BLOCK, STEPS=STEPS, num_warps=WARPS,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import ew_expr, lit
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
-from actors.experts.template.ir import Node, NodeKind, broadcast_block
+from actors.experts.template.ir import HALF, Node, NodeKind, broadcast_block
 from actors.experts.template.params import TemplateParams
 
 INT32_LIMIT = 2**31 - 1
@@ -129,7 +129,7 @@ class Writer:
         ptr = self.pointer(base)
         if block[0] == block[1]:
             key: tuple[object, ...] = ("scalar", base)
-            widen = self.plan.nodes[base].dtype in ("bool", "float16", "bfloat16")
+            widen = self.plan.nodes[base].dtype in ("bool", *HALF)
             code = f"tl.load({ptr})" + (".to(tl.float32)" if widen else "")
         else:
             sp = self.space(row)
@@ -141,7 +141,7 @@ class Writer:
             code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0{hint})"
             if self.plan.nodes[base].dtype == "bool":
                 code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0{hint}).to(tl.float32)"
-            elif self.plan.nodes[base].dtype in ("float16", "bfloat16"):  # computed in float32
+            elif self.plan.nodes[base].dtype in HALF:  # computed in float32
                 code += ".to(tl.float32)"
         found = scope.get(key)
         if found is not None:
@@ -235,7 +235,7 @@ class Writer:
             var = f"{var}.to(tl.int64)"
         elif self.plan.nodes[nid].dtype == "bool":  # a comparison's 0.0 / 1.0
             var = f"({var} != 0.0)"
-        elif self.plan.nodes[nid].dtype in ("float16", "bfloat16"):  # rounded once, where it is stored
+        elif self.plan.nodes[nid].dtype in HALF:  # rounded once, where it is stored
             var = f"{var}.to(tl.{self.plan.nodes[nid].dtype})"
         self.emit(scope, f"tl.store({self.pointer(nid)} + {sp.lin}, {var}, mask={sp.mask})")
 

@@ -64,6 +64,9 @@ FLOAT_ARG = "float"
 """The ``path`` of an ``INPUT`` node that ``forward`` receives as a Python float (a 0-dim float32
 value in the plan; the rendered ``forward`` turns the number into one)."""
 
+HALF = ("float16", "bfloat16")
+"""Half types the templates read and write (computing in float32, as PyTorch does inside each op)."""
+
 EW_OPS: dict[str, tuple[int, int]] = {
     # op: (tensor-or-constant arguments, float attributes)
     "add": (2, 0),

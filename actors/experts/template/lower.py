@@ -20,7 +20,17 @@ from torch import fx
 from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import COMPARISONS, EW_OPS, FLOAT_ARG, DiagRef, KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.ir import (
+    COMPARISONS,
+    EW_OPS,
+    FLOAT_ARG,
+    HALF,
+    DiagRef,
+    KeepTorch,
+    Node,
+    NodeKind,
+    NodeRef,
+)
 from actors.experts.template.keep_torch import is_layout, keep
 from actors.experts.template.lowering import load_families
 from actors.experts.template.spellings import bind, resolve
@@ -84,8 +94,6 @@ class _Uncovered:
     error: UnsupportedGraph
 
 
-HALF = ("float16", "bfloat16")
-"""Half types the templates read and write (computing in float32, as PyTorch does inside each op)."""
 _HALF_KINDS = frozenset({NodeKind.INPUT, NodeKind.PARAM, NodeKind.EW, NodeKind.RED, NodeKind.VIEW, NodeKind.ATTN})
 """Node kinds that may take half operands (the others decline them: products, convolutions, pools, scans)."""
 

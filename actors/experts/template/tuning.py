@@ -247,7 +247,7 @@ def _tf32_conv_tiles(plan: Plan, sched: Schedule) -> dict[str, object]:
     """Tiles of a convolution in one TF32 pass: 128 output positions by up to 64 output channels,
     4 warps, 3 stages. On an H200 (``python -m bench.conv_orders --sweep``, 2026-11-29) that shape
     was within 1.25x of the fastest of eleven on six development convolutions (2D, 1D, 3D,
-    transposed; 0.73-0.84x of eager cuDNN) and the tiles chosen for IEEE (64x128, 8 warps, 2
+    transposed; 0.73-1.13x of eager cuDNN) and the tiles chosen for IEEE (64x128, 8 warps, 2
     stages) were 1.2-2.4x slower than it."""
     cout_g = _cout_per_group(plan, _heaviest_conv(plan, sched))
     return {"conv_block_m": 128, "conv_block_n": max(16, min(64, next_pow2(cout_g))), "conv_warps": 4, "conv_stages": 3}

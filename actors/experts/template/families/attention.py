@@ -21,7 +21,7 @@ from typing import Any
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule, base_of
-from actors.experts.template.ir import NodeKind, NodeRef
+from actors.experts.template.ir import HALF, NodeKind, NodeRef
 from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.params import TemplateParams
 
@@ -57,15 +57,12 @@ def lower_sdpa(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     return lw.add(NodeKind.ATTN, out, args=(q.id, k.id, v.id), attrs=(float(scale), float(causal)), dtype=dtype)
 
 
-_HALF = ("float16", "bfloat16")
-
-
 def _dtype(lw: LowerContext, operands: list[Any]) -> str:
     """The common dtype of q, k and v: float32, or one half type (computed in float32, stored half)."""
     if not all(isinstance(t, NodeRef) for t in operands):
         raise UnsupportedGraph("scaled_dot_product_attention of a non-tensor operand")
     dtypes = {lw.node(t).dtype for t in operands}
-    if len(dtypes) == 1 and dtypes <= {"float32", *_HALF}:
+    if len(dtypes) == 1 and dtypes <= {"float32", *HALF}:
         return dtypes.pop()
     raise UnsupportedGraph(f"attention of {sorted(dtypes)} operands is not covered (float32, float16, bfloat16)")
 
