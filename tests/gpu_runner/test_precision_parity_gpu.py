@@ -43,3 +43,18 @@ async def test_cublas_tf32_is_granted_and_narrower_formats_are_not(tmp_path: Pat
 async def test_exact_refuses_tf32_on_a_gpu(tmp_path: Path) -> None:
     got = await _run(tmp_path, "exact", ("rounded_tf32_matmul",))
     assert got["rounded_tf32_matmul"].status is EvalStatus.INCORRECT, got["rounded_tf32_matmul"].summary
+
+
+async def test_parity_is_measured_for_outputs_past_four_gib(tmp_path: Path) -> None:
+    """A 4.5 GiB output (KernelBench L1-63's is 8.5 GB) is measured at PyTorch's defaults where the
+    GPU has the room: the TF32 candidate is admitted, the bfloat16 one is not."""
+    got: dict[str, EvalResult] = {}
+    async with EvaluationService(fast_config(DeviceChoice.CUDA, tmp_path)) as service:
+        for name in ("rounded_tf32_matmul", "rounded_bf16_matmul"):
+            got[name] = await service.evaluate(job("matmul_tf32_cublas_large", name, timeout_s=400.0))
+    tf32 = got["rounded_tf32_matmul"]
+    assert tf32.status is EvalStatus.CORRECT, tf32.summary
+    assert tf32.correctness is not None
+    assert tf32.correctness.precision is PrecisionMode.REFERENCE
+    assert tf32.correctness.ref_default_err_vs_fp64 is not None
+    assert got["rounded_bf16_matmul"].status is EvalStatus.INCORRECT, got["rounded_bf16_matmul"].summary
