@@ -64,6 +64,27 @@ _SWEEP: tuple[tuple[str, dict[str, object]], ...] = (
 the label says flat), for choosing the first candidate's tiles on a GPU."""
 
 
+def _layouts() -> tuple[tuple[str, dict[str, object]], ...]:
+    rows: list[tuple[str, dict[str, object]]] = []
+    tiles = ((128, 64, 32, 4, 3), (256, 64, 32, 8, 3), (128, 128, 32, 8, 3), (256, 128, 16, 8, 3))
+    for bm, bn, bk, warps, stages in tiles:
+        for label, more in (
+            ("pre-rounded", {"conv_preround": True}),
+            ("nhwc", {"conv_layout": "nhwc"}),
+            ("nhwc pre-rounded", {"conv_layout": "nhwc", "conv_preround": True}),
+        ):
+            if label == "nhwc" and (bm, bn) != (128, 64):
+                continue
+            tile_label, changes = _tiles(bm, bn, bk, warps, stages, **more)
+            rows.append((f"{tile_label} {label}", changes))
+    return tuple(rows)
+
+
+_LAYOUT = _layouts()
+"""``--sweep layout``: the input copied channels-last (``conv_layout``) and the operands rounded to
+TF32 once before the loop (``conv_preround``), in the tiles around the first candidate's."""
+
+
 def _ms(fn: Callable[..., Any], args: list[Any], reps: int) -> float:
     fn(*args)
     torch.cuda.synchronize()
@@ -76,7 +97,7 @@ def _ms(fn: Callable[..., Any], args: list[Any], reps: int) -> float:
     return float(start.elapsed_time(end)) / reps
 
 
-def bench(path: Path, reps: int, sweep: bool = False) -> list[str]:
+def bench(path: Path, reps: int, sweep: str | None = None) -> list[str]:
     """One table row per variant of the reference at ``path``."""
     source = path.read_text(encoding="utf-8")
     plan = analyse(source)
@@ -92,9 +113,10 @@ def bench(path: Path, reps: int, sweep: bool = False) -> list[str]:
         torch.backends.cudnn.allow_tf32 = False
         want = model(*inputs)
         torch.backends.cudnn.allow_tf32 = True
-        first = default_params(plan, detect(), tf32=sweep)
+        first = default_params(plan, detect(), tf32=sweep is not None)
         variants: list[tuple[str, TemplateParams]] = [("first", first)]
-        for label, changes in _SWEEP if sweep else _VARIANTS:
+        listed = {"tiles": _SWEEP, "layout": _LAYOUT}.get(sweep or "", _VARIANTS)
+        for label, changes in listed:
             if sweep:
                 changes = {"conv_precision": "tf32", "conv_taps_outer": True, **changes}
             try:
@@ -121,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("references", nargs="+", type=Path)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument(
-        "--sweep", action="store_true", help="tile shapes, warps and stages in TF32 instead of the orders"
+        "--sweep",
+        nargs="?",
+        const="tiles",
+        choices=("tiles", "layout"),
+        help="instead of the orders, in TF32: tile shapes, warps and stages (tiles, the default), or "
+        "the channels-last input and operands rounded before the loop (layout)",
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

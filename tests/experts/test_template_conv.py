@@ -35,13 +35,34 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[s
 
 def _other_order(default: TemplateParams) -> list[dict[str, object]]:
     """The reduction order the default did not choose (``conv_taps_outer``), taps outside with
-    the other input tile layout (``conv_a_transposed``), outer products (``fma``) and one TF32 pass
-    of rounded operands (``tf32``)."""
+    the other input tile layout (``conv_a_transposed``), outer products (``fma``), one TF32 pass
+    of rounded operands (``tf32``), the input copied channels-last (``conv_layout``), and the
+    operands rounded once before the loop (``conv_preround``), channels-last and not."""
     return [
         {"conv_taps_outer": not default.conv_taps_outer},
         {"conv_taps_outer": True, "conv_a_transposed": not default.conv_a_transposed},
         {"conv_precision": "fma"},
         {"conv_precision": "tf32", "conv_block_n": max(16, default.conv_block_n)},  # a dot: 16 columns at least
+        {
+            "conv_taps_outer": True,
+            "conv_layout": "nhwc",
+            "conv_precision": "ieee",
+            "conv_block_n": max(16, default.conv_block_n),
+        },
+        {
+            "conv_taps_outer": True,
+            "conv_layout": "nhwc",
+            "conv_a_transposed": True,
+            "conv_precision": "tf32",
+            "conv_preround": True,
+            "conv_block_n": max(16, default.conv_block_n),
+        },
+        {
+            "conv_taps_outer": False,
+            "conv_precision": "tf32",
+            "conv_preround": True,
+            "conv_block_n": max(16, default.conv_block_n),
+        },
     ]
 
 
@@ -49,7 +70,7 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
 def test_convolution_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
-    assert_all_correct(verdicts[case], tf32=("also3",))
+    assert_all_correct(verdicts[case], tf32=("also3", "also5", "also6"))
 
 
 def test_conv_cases_cover_every_geometry() -> None:

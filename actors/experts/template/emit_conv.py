@@ -126,6 +126,20 @@ class ConvWriter(Writer):
         one channel at a time: no ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products)."""
         return self.params.conv_taps_outer or outer_products(self.params, self.cin_g)
 
+    def channels_last(self) -> bool:
+        """Whether the input is read from a channels-last copy (``conv_layout`` ``nhwc``): only
+        for ``tl.dot`` reductions walked taps outside, whose channel chunks are then contiguous."""
+        return self.params.conv_layout == "nhwc" and self.taps_outer() and not outer_products(self.params, self.cin_g)
+
+    def preround(self) -> bool:
+        """Whether the operands are rounded to TF32 before the loop (``conv_preround``) instead
+        of per tile inside it."""
+        return (
+            self.params.conv_precision == "tf32"
+            and self.params.conv_preround
+            and not outer_products(self.params, self.cin_g)
+        )
+
     def blocks(self) -> tuple[int, int, int]:
         """``BLOCK_M, BLOCK_N, BLOCK_K`` of this kernel. Taps outside, the channel tiles shrink to
         the channels there are. For ``outer_products`` ``BLOCK_K`` is 1 and the rows grow to keep
@@ -147,8 +161,9 @@ class ConvWriter(Writer):
         plane = math.prod(self.sin)
         so = math.prod(self.sout)
         bm, bn, bk = self.blocks()
-        packed = self.taps_outer() and bk > 1
-        px = self.pointer(self.xbase)
+        packed = (self.taps_outer() and bk > 1) or self.preround()
+        copied = self.channels_last() or self.preround()
+        px = "xc" if copied else self.pointer(self.xbase)
         pw = "wp" if packed else self.pointer(self.wbase)
         npn = math.ceil(self.cout_g / bn)
         start = len(self.lines)
@@ -163,7 +178,10 @@ class ConvWriter(Writer):
         e(s, f"nb = rm // {so}")
         e(s, f"sp = rm % {so}")
         outs = coords(self, s, "sp", self.sout, "o")
-        e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g * plane}")
+        if self.channels_last():  # [batch, *spatial, channels]: a group's channels start at g * cin_g
+            e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g}")
+        else:
+            e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g * plane}")
         e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         if self.taps_outer():
             self._taps_outer(s, px, pw, plane, outs, bk)
@@ -175,9 +193,20 @@ class ConvWriter(Writer):
         body = self.lines[start:]
         signature = self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K"])
         setup: tuple[str, ...] = ()
+        lead: tuple[str, ...] = ()
+        reads: tuple[int, ...] = ()
+        pre: tuple[Launch, ...] = ()
+        idx = self.kernel.index
+        if copied:
+            signature = signature.replace("(", "(xc, ", 1)
+            copy = self._input_copy()
+            shape = self._copy_shape()
+            setup = (f"_xc{idx} = torch.empty({shape!r}, device=_b{self.xbase}.device, dtype=torch.float32)",)
+            lead, reads, pre = (f"_xc{idx}",), (self.xbase,), (copy,)
         if packed:
             signature = signature.replace("(", "(wp, ", 1)
-            setup = (f"_wp{self.kernel.index} = {self._packed_weight()}",)
+            setup = (*setup, f"_wp{idx} = {self._packed_weight()}")
+            lead, reads = (f"_wp{idx}", *lead), (self.wbase, *reads)
         return Launch(
             source="\n".join(["@triton.jit", signature, *body]),
             name=self.kernel.name,
@@ -186,19 +215,82 @@ class ConvWriter(Writer):
             constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
             num_warps=p.conv_warps,
             num_stages=p.conv_stages,
-            lead_args=(f"_wp{self.kernel.index}",) if packed else (),
+            lead_args=lead,
             setup=setup,
-            reads=(self.wbase,) if packed else (),
+            pre=pre,
+            reads=reads,
+        )
+
+    def _copy_shape(self) -> tuple[int, ...]:
+        """The shape of the input's copy: channels-last, or the input's own."""
+        n = self.out_shape[0]
+        return (n, *self.sin, self.cin) if self.channels_last() else (n, self.cin, *self.sin)
+
+    def _input_copy(self) -> Launch:
+        """The pass before the convolution that copies its input channels-last (``nhwc``) and/or
+        rounds it to TF32 (``conv_preround``): one read and one write of the input, in the
+        candidate's own time."""
+        name = f"{self.kernel.name}_in"
+        plane, c, n = math.prod(self.sin), self.cin, self.out_shape[0]
+        rnd = "v = ((v.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)"
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        lines = ["@triton.jit", f"def {name}(xc, p{self.xbase}, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):"]
+        body: list[str] = [f"pid = {pid}"]
+        if self.channels_last():
+            bs, bc = 64, max(4, min(64, next_pow2(c)))
+            nsb = math.ceil(plane / bs)
+            body += [
+                f"nb = pid // {nsb}",
+                f"rs = (pid % {nsb}) * BLOCK_S + tl.arange(0, BLOCK_S)",
+                f"smask = rs < {plane}",
+                f"for c0 in range(0, {c}, BLOCK_C):",
+                "    rc = c0 + tl.arange(0, BLOCK_C)",
+                f"    m = smask[:, None] & (rc < {c})[None, :]" if c % bc else "    m = smask[:, None]",
+                f"    v = tl.load(p{self.xbase} + nb * {c * plane} + rc[None, :] * {plane} + rs[:, None], "
+                "mask=m, other=0.0)",
+                *([f"    {rnd}"] if self.preround() else []),
+                f"    tl.store(xc + nb * {c * plane} + rs[:, None] * {c} + rc[None, :], v, mask=m)",
+            ]
+            grid, consts = (n * nsb,), {"BLOCK_S": bs, "BLOCK_C": bc}
+        else:
+            bs, total = 1024, n * c * plane
+            body += [
+                "offs = pid * BLOCK_S + tl.arange(0, BLOCK_S)",
+                f"m = offs < {total}",
+                f"v = tl.load(p{self.xbase} + offs, mask=m, other=0.0)",
+                rnd,
+                "tl.store(xc + offs, v, mask=m)",
+            ]
+            grid, consts = (math.ceil(total / bs),), {"BLOCK_S": bs, "BLOCK_C": 1}
+        return Launch(
+            source="\n".join([*lines, *("    " + b for b in body)]),
+            name=name,
+            pointers=[self.xbase],
+            grid=grid,
+            constexprs=consts,
+            num_warps=4,
+            num_stages=1,
+            lead_args=(f"_xc{self.kernel.index}",),
         )
 
     def _packed_weight(self) -> str:
-        """The forward-side expression of the weights as ``[groups, taps, cin_g, cout_g]``, each
-        tap's ``[BLOCK_K, BLOCK_N]`` tile rows of contiguous output channels (a copy per call,
-        of the weights alone: the reference's weights are read where they are, never kept)."""
+        """The forward-side expression of the weights (a copy per call, of the weights alone: the
+        reference's weights are read where they are, never kept). Taps outside, as ``[groups,
+        taps, cin_g, cout_g]`` (each tap's ``[BLOCK_K, BLOCK_N]`` tile rows of contiguous output
+        channels) or, channels-last, ``[groups, taps, cout_g, cin_g]`` (input channels contiguous,
+        as the input's); in the flat order as they are. Rounded to TF32 with ``preround``."""
         g, w = self.spec.groups, f"_b{self.wbase}"
-        if self.spec.transposed:  # [cin, cout_g, *k] = [g, cin_g, cout_g, taps]
-            return f"{w}.reshape({g}, {self.cin_g}, {self.cout_g}, {self.taps}).permute(0, 3, 1, 2).contiguous()"
-        return f"{w}.reshape({g}, {self.cout_g}, {self.cin_g}, {self.taps}).permute(0, 3, 2, 1).contiguous()"
+        if not self.taps_outer():
+            expr = w
+        elif self.spec.transposed:  # [cin, cout_g, *k] = [g, cin_g, cout_g, taps]
+            order = "0, 3, 2, 1" if self.channels_last() else "0, 3, 1, 2"
+            expr = f"{w}.reshape({g}, {self.cin_g}, {self.cout_g}, {self.taps}).permute({order}).contiguous()"
+        else:  # [cout, cin_g, *k] = [g, cout_g, cin_g, taps]
+            order = "0, 3, 1, 2" if self.channels_last() else "0, 3, 2, 1"
+            expr = f"{w}.reshape({g}, {self.cout_g}, {self.cin_g}, {self.taps}).permute({order}).contiguous()"
+        if self.preround():  # to nearest, as the kernel's per-tile rounding (a new tensor: the weights stay)
+            expr = f"(({expr}).view(torch.int32) + 0x1000).bitwise_and_(-0x2000).view(torch.float32)"
+        return expr
 
     def _accumulate(self, loop: Scope) -> None:
         """``acc`` += the ``[BLOCK_M, BLOCK_K]`` tile ``a`` times the ``[BLOCK_K, BLOCK_N]`` tile ``b``.
@@ -207,7 +299,7 @@ class ConvWriter(Writer):
         low 13 mantissa bits, and truncated operands erred 2.7-3.4x as much as cuDNN's TF32 against
         float64 on an H200 (KernelBench L1-63, L2-4), past precision parity's bar of 3x; rounded,
         they err as cuDNN does."""
-        if self.params.conv_precision == "tf32":
+        if self.params.conv_precision == "tf32" and not self.preround():
             for t in ("a", "b"):
                 self.emit(
                     loop, f"{t} = (({t}.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)"
@@ -251,7 +343,10 @@ class ConvWriter(Writer):
         taps = coords(self, loop, "kt", self.ks, "q")
         offset, valid = self._positions(loop, outs, taps)
         e(loop, f"rmask = mmask & {valid}" if valid else "rmask = mmask")
-        e(loop, f"xo = xrow + {offset}")
+        if self.channels_last():  # the tap's position times the channels, a chunk's channels contiguous
+            e(loop, f"xo = xrow + ({offset}) * {self.cin}")
+        else:
+            e(loop, f"xo = xrow + {offset}")
         transposed = self.spec.transposed
         if bk == 1:  # outer products, one input channel at a time
             ci = "c0" if chunks > 1 else "0"
@@ -266,13 +361,21 @@ class ConvWriter(Writer):
             return
         ci = "c0 + tl.arange(0, BLOCK_K)" if chunks > 1 else "tl.arange(0, BLOCK_K)"
         e(loop, f"ci = {ci}")
-        e(loop, f"kmask = ci < {self.cin_g}")
+        ragged = self.cin_g % bk != 0  # the last chunk runs past the group's channels
+        if ragged:
+            e(loop, f"kmask = ci < {self.cin_g}")
+        last = self.channels_last()
+        step = "" if last else f" * {plane}"
+        rows_t, rows = ("rmask[None, :] & kmask[:, None]", "rmask[:, None] & kmask[None, :]") if ragged else (
+            "rmask[None, :]", "rmask[:, None]")  # fmt: skip
         if self.params.conv_a_transposed:  # a [channels, rows] tile, transposed for the dot
-            e(loop, f"a = tl.trans(tl.load({px} + xo[None, :] + ci[:, None] * {plane}, "
-                    "mask=rmask[None, :] & kmask[:, None], other=0.0))")  # fmt: skip
+            e(loop, f"a = tl.trans(tl.load({px} + xo[None, :] + ci[:, None]{step}, mask={rows_t}, other=0.0))")
         else:
-            e(loop, f"a = tl.load({px} + xo[:, None] + ci[None, :] * {plane}, "
-                    "mask=rmask[:, None] & kmask[None, :], other=0.0)")  # fmt: skip
-        w_index = f"((g * {self.taps} + kt) * {self.cin_g} + ci[:, None]) * {self.cout_g} + rn[None, :]"
-        e(loop, f"b = tl.load({pw} + {w_index}, mask=kmask[:, None] & nmask[None, :], other=0.0)")
+            e(loop, f"a = tl.load({px} + xo[:, None] + ci[None, :]{step}, mask={rows}, other=0.0)")
+        if last:  # [g, taps, cout_g, cin_g]
+            w_index = f"((g * {self.taps} + kt) * {self.cout_g} + rn[None, :]) * {self.cin_g} + ci[:, None]"
+        else:  # [g, taps, cin_g, cout_g]
+            w_index = f"((g * {self.taps} + kt) * {self.cin_g} + ci[:, None]) * {self.cout_g} + rn[None, :]"
+        wmask = "kmask[:, None] & nmask[None, :]" if ragged else "nmask[None, :]"
+        e(loop, f"b = tl.load({pw} + {w_index}, mask={wmask}, other=0.0)")
         self._accumulate(loop)

@@ -51,6 +51,8 @@ SPACE: dict[str, tuple[object, ...]] = {
     "conv_precision": ("ieee", "tf32x3", "tf32", "fma"),
     "conv_taps_outer": (False, True),
     "conv_a_transposed": (False, True),
+    "conv_layout": ("nchw", "nhwc"),
+    "conv_preround": (False, True),
     "attn_block_m": (16, 32, 64, 128),
     "attn_block_n": (16, 32, 64, 128),
     "attn_block_k": (16, 32, 64, 128),
@@ -142,6 +144,16 @@ class TemplateParams:
     conv_a_transposed: bool = False
     """Taps outside, load each input tile as ``[channels, rows]`` (consecutive output positions
     on consecutive threads) and transpose it for the dot, else as ``[rows, channels]``."""
+    conv_layout: str = "nchw"
+    """Where a convolution walked taps outside with ``tl.dot`` reads its input: ``nchw``, the
+    model's own layout (a tile's input channels a plane apart), or ``nhwc``: the candidate first
+    copies the input channels-last (one pass, counted in its time), so that a tile's input
+    channels are contiguous (vector loads, the operand K-major as the tensor cores take it), and
+    packs the weights with input channels contiguous too."""
+    conv_preround: bool = False
+    """In ``tf32``, round the operands to TF32 once, before the reduction (the weights where they
+    are packed, the input in a copy pass, fused with the ``nhwc`` copy where there is one), instead
+    of every tile in the loop: the loop's loads then go to the tensor cores untouched."""
     attn_block_m: int = 64
     """Query rows per attention program."""
     attn_block_n: int = 32

@@ -45,7 +45,7 @@ _HOPPER = ("mm_split_k", "mm_persistent", "mm_tma", "mm_pad")
 """Matmul schedule variants; relevant only to single (or flattened) products (``relevant_params``)."""
 _CONV = (
     "conv_block_m", "conv_block_n", "conv_block_k", "conv_warps", "conv_stages", "conv_precision", "conv_taps_outer",
-    "conv_a_transposed",
+    "conv_a_transposed", "conv_layout", "conv_preround",
 )  # fmt: skip
 _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
 _COMPUTE_ALL = (*_COMPUTE, *_HOPPER, *_CONV, *_ATTN)
@@ -279,7 +279,9 @@ def _conv_relevant(plan: Plan, conv: int, params: TemplateParams) -> list[str]:
     if not outer:
         names += ["conv_block_k", "conv_taps_outer"]
         if params.conv_taps_outer:
-            names.append("conv_a_transposed")
+            names += ["conv_a_transposed", "conv_layout"]
+        if params.conv_precision == "tf32":
+            names.append("conv_preround")
     return names
 
 
