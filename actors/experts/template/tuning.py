@@ -244,13 +244,26 @@ def _conv_defaults(plan: Plan, sched: Schedule) -> dict[str, object]:
 
 
 def _tf32_conv_tiles(plan: Plan, sched: Schedule) -> dict[str, object]:
-    """Tiles of a convolution in one TF32 pass: 128 output positions by up to 64 output channels,
-    4 warps, 3 stages. On an H200 (``python -m bench.conv_orders --sweep``, 2026-11-29) that shape
-    was within 1.25x of the fastest of eleven on six development convolutions (2D, 1D, 3D,
-    transposed; 0.73-1.13x of eager cuDNN) and the tiles chosen for IEEE (64x128, 8 warps, 2
-    stages) were 1.2-2.4x slower than it."""
+    """A convolution in one TF32 pass: taps outside, the input copied channels-last with the
+    operands rounded to TF32 in that copy (``conv_layout``, ``conv_preround``), 128 output
+    positions by up to 64 output channels by 32 input channels, 4 warps, 3 stages. On an H200
+    (``python -m bench.conv_orders --sweep layout``, 2026-11-29, bench/results/conv_sweep_h200.md)
+    this was the fastest of ten variants on six of eight development convolutions and within 1.12x
+    of the fastest on the other two; against the earlier first candidate (the model's layout,
+    operands rounded per tile) it was 1.11-1.82x faster on all eight (1.04-2.55x of eager cuDNN
+    in TF32). Rounding before the loop without the channels-last copy was slower than that earlier
+    candidate on seven of the eight."""
     cout_g = _cout_per_group(plan, _heaviest_conv(plan, sched))
-    return {"conv_block_m": 128, "conv_block_n": max(16, min(64, next_pow2(cout_g))), "conv_warps": 4, "conv_stages": 3}
+    return {
+        "conv_block_m": 128,
+        "conv_block_n": max(16, min(64, next_pow2(cout_g))),
+        "conv_block_k": 32,
+        "conv_warps": 4,
+        "conv_stages": 3,
+        "conv_taps_outer": True,
+        "conv_layout": "nhwc",
+        "conv_preround": True,
+    }
 
 
 def _conv_reduction(plan: Plan, conv: int) -> int:
