@@ -144,3 +144,64 @@ def test_the_gpu_family_test_variants_build_and_render() -> None:
                 assert "@triton.jit" in render(plan, params)
                 rendered += 1
     assert rendered >= 5 * len(_CASES)
+
+
+_ATEN_SCRIPT = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from actors.experts.template import analyse, default_params, render
+from gpu_runner.aten_policy import ALLOWED_ATEN_OPS
+from gpu_runner.sandboxed.reference import load_module
+src = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+def get_inputs():
+    return [torch.randn(2, 8, 10, 10)]
+def get_init_inputs():
+    return []
+'''
+plan = analyse(src)
+class Rec(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+tf32 = {"conv_precision": "tf32", "conv_block_n": 16, "conv_preround": True}
+for i, changes in enumerate([
+    {**tf32, "conv_taps_outer": True, "conv_layout": "nhwc"},
+    {**tf32, "conv_taps_outer": False},
+    {**tf32, "conv_taps_outer": True, "conv_layout": "nchw"},
+]):
+    ns = load_module(render(plan, default_params(plan).with_changes(**changes)), "<c>", f"kf_aten_{i}")
+    model = ns["ModelNew"]()
+    before = model.conv.weight.detach().clone()
+    x = torch.randn(2, 8, 10, 10)
+    with torch.no_grad(), Rec() as rec:
+        model(x)
+    bad = sorted(op for op in rec.ops if op.rstrip("_") not in ALLOWED_ATEN_OPS and op not in ALLOWED_ATEN_OPS)
+    print(i, bad, bool(torch.equal(before, model.conv.weight)))
+"""
+
+
+def test_pre_rounding_and_channels_last_copies_dispatch_no_torch_compute(tmp_path: Path) -> None:
+    """The copies before a convolution (channels-last, TF32 rounding of input and weights) are
+    Triton kernels: the evaluator rejects a forward that computes with PyTorch ops (only data
+    movement is allowed, ``gpu_runner.aten_policy``), and the model's weights stay as they were."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "aten.py"
+    script.write_text(_ATEN_SCRIPT)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.strip().splitlines()
+    assert lines == ["0 [] True", "1 [] True", "2 [] True"], run.stdout

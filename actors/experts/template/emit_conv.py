@@ -206,7 +206,12 @@ class ConvWriter(Writer):
         if packed:
             signature = signature.replace("(", "(wp, ", 1)
             setup = (*setup, f"_wp{idx} = {self._packed_weight()}")
-            lead, reads = (f"_wp{idx}", *lead), (self.wbase, *reads)
+            weights = f"_wp{idx}"
+            if self.preround():  # rounded by a kernel into a new buffer: the model's weights stay
+                setup = (*setup, f"_wr{idx} = torch.empty_like(_wp{idx})")
+                pre = (*pre, self._rounding(f"{self.kernel.name}_wr", f"_wr{idx}", f"_wp{idx}", self._weight_count()))
+                weights = f"_wr{idx}"
+            lead, reads = (weights, *lead), (self.wbase, *reads)
         return Launch(
             source="\n".join(["@triton.jit", signature, *body]),
             name=self.kernel.name,
@@ -232,36 +237,27 @@ class ConvWriter(Writer):
         candidate's own time."""
         name = f"{self.kernel.name}_in"
         plane, c, n = math.prod(self.sin), self.cin, self.out_shape[0]
+        if not self.channels_last():
+            return self._rounding(name, f"_xc{self.kernel.index}", f"_b{self.xbase}", n * c * plane)
         rnd = "v = ((v.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)"
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         lines = ["@triton.jit", f"def {name}(xc, p{self.xbase}, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):"]
-        body: list[str] = [f"pid = {pid}"]
-        if self.channels_last():
-            bs, bc = 64, max(4, min(64, next_pow2(c)))
-            nsb = math.ceil(plane / bs)
-            body += [
-                f"nb = pid // {nsb}",
-                f"rs = (pid % {nsb}) * BLOCK_S + tl.arange(0, BLOCK_S)",
-                f"smask = rs < {plane}",
-                f"for c0 in range(0, {c}, BLOCK_C):",
-                "    rc = c0 + tl.arange(0, BLOCK_C)",
-                f"    m = smask[:, None] & (rc < {c})[None, :]" if c % bc else "    m = smask[:, None]",
-                f"    v = tl.load(p{self.xbase} + nb * {c * plane} + rc[None, :] * {plane} + rs[:, None], "
-                "mask=m, other=0.0)",
-                *([f"    {rnd}"] if self.preround() else []),
-                f"    tl.store(xc + nb * {c * plane} + rs[:, None] * {c} + rc[None, :], v, mask=m)",
-            ]
-            grid, consts = (n * nsb,), {"BLOCK_S": bs, "BLOCK_C": bc}
-        else:
-            bs, total = 1024, n * c * plane
-            body += [
-                "offs = pid * BLOCK_S + tl.arange(0, BLOCK_S)",
-                f"m = offs < {total}",
-                f"v = tl.load(p{self.xbase} + offs, mask=m, other=0.0)",
-                rnd,
-                "tl.store(xc + offs, v, mask=m)",
-            ]
-            grid, consts = (math.ceil(total / bs),), {"BLOCK_S": bs, "BLOCK_C": 1}
+        bs, bc = 64, max(4, min(64, next_pow2(c)))
+        nsb = math.ceil(plane / bs)
+        body = [
+            f"pid = {pid}",
+            f"nb = pid // {nsb}",
+            f"rs = (pid % {nsb}) * BLOCK_S + tl.arange(0, BLOCK_S)",
+            f"smask = rs < {plane}",
+            f"for c0 in range(0, {c}, BLOCK_C):",
+            "    rc = c0 + tl.arange(0, BLOCK_C)",
+            f"    m = smask[:, None] & (rc < {c})[None, :]" if c % bc else "    m = smask[:, None]",
+            f"    v = tl.load(p{self.xbase} + nb * {c * plane} + rc[None, :] * {plane} + rs[:, None], "
+            "mask=m, other=0.0)",
+            *([f"    {rnd}"] if self.preround() else []),
+            f"    tl.store(xc + nb * {c * plane} + rs[:, None] * {c} + rc[None, :], v, mask=m)",
+        ]
+        grid, consts = (n * nsb,), {"BLOCK_S": bs, "BLOCK_C": bc}
         return Launch(
             source="\n".join([*lines, *("    " + b for b in body)]),
             name=name,
@@ -273,12 +269,40 @@ class ConvWriter(Writer):
             lead_args=(f"_xc{self.kernel.index}",),
         )
 
+    def _weight_count(self) -> int:
+        """Elements of the weights (``[cout, cin_g, *k]`` or, transposed, ``[cin, cout_g, *k]``)."""
+        return self.cout * self.cin_g * self.taps if not self.spec.transposed else self.cin * self.cout_g * self.taps
+
+    def _rounding(self, name: str, dst: str, src: str, total: int) -> Launch:
+        """A kernel that writes ``src`` rounded to TF32 (to nearest) into ``dst``, ``total``
+        elements: Triton, not PyTorch ops (a candidate's forward may only move data in PyTorch)."""
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        body = [
+            f"offs = {pid} * BLOCK_S + tl.arange(0, BLOCK_S)",
+            f"m = offs < {total}",
+            "v = tl.load(src + offs, mask=m, other=0.0)",
+            "v = ((v.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)",
+            "tl.store(dst + offs, v, mask=m)",
+        ]
+        lines = ["@triton.jit", f"def {name}(dst, src, BLOCK_S: tl.constexpr):", *("    " + b for b in body)]
+        return Launch(
+            source="\n".join(lines),
+            name=name,
+            pointers=[],
+            grid=(math.ceil(total / 1024),),
+            constexprs={"BLOCK_S": 1024},
+            num_warps=4,
+            num_stages=1,
+            lead_args=(dst, src),
+        )
+
     def _packed_weight(self) -> str:
         """The forward-side expression of the weights (a copy per call, of the weights alone: the
         reference's weights are read where they are, never kept). Taps outside, as ``[groups,
         taps, cin_g, cout_g]`` (each tap's ``[BLOCK_K, BLOCK_N]`` tile rows of contiguous output
         channels) or, channels-last, ``[groups, taps, cout_g, cin_g]`` (input channels contiguous,
-        as the input's); in the flat order as they are. Rounded to TF32 with ``preround``."""
+        as the input's); in the flat order as they are (``preround`` rounds them by a kernel into a
+        new buffer, :meth:`_rounding`)."""
         g, w = self.spec.groups, f"_b{self.wbase}"
         if not self.taps_outer():
             expr = w
@@ -288,8 +312,6 @@ class ConvWriter(Writer):
         else:  # [cout, cin_g, *k] = [g, cout_g, cin_g, taps]
             order = "0, 3, 1, 2" if self.channels_last() else "0, 3, 2, 1"
             expr = f"{w}.reshape({g}, {self.cout_g}, {self.cin_g}, {self.taps}).permute({order}).contiguous()"
-        if self.preround():  # to nearest, as the kernel's per-tile rounding (a new tensor: the weights stay)
-            expr = f"(({expr}).view(torch.int32) + 0x1000).bitwise_and_(-0x2000).view(torch.float32)"
         return expr
 
     def _accumulate(self, loop: Scope) -> None:
