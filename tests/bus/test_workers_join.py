@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from actors.bus import _Workers
+from actors.runtime.bus import _Workers
 
 
 def test_join_returns_when_handlers_finished_but_their_callbacks_have_not_run() -> None:
