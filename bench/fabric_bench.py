@@ -33,8 +33,8 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from actors.bus import Bus, ConsumerSpec, Delivery
-from actors.nats_server import ServerInfo, start_server, stop_server
+from actors.runtime.bus import Bus, ConsumerSpec, Delivery
+from actors.runtime.nats_server import ServerInfo, start_server, stop_server
 from bench.loop_bench import Layout, describe, run_noop_loop
 from schemas import (
     Candidate,
@@ -268,7 +268,7 @@ def loop_table(loops: list[tuple[Layout, int, dict[str, float]]]) -> str:
 def main() -> int:
     if __package__ in (None, ""):  # run as ``python bench/fabric_bench.py``: the repository root is not on the path
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from actors.logs import configure_logging
+    from actors.runtime.logs import configure_logging
 
     # The actors' per-message info lines would go to the console and cost as much as a part of
     # the loop: at warning, like ``bench.loop_bench``, the bench times the fabric.

@@ -36,20 +36,20 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from actors.actor_kinds import default_expert_config
-from actors.base import Actor
-from actors.bus import Bus
-from actors.curator import CuratorActor
-from actors.diagnoser import DiagnoserActor, RuleDiagnose
-from actors.errors import BusError
-from actors.evaluator import EvaluatorActor
-from actors.expert_actor import ExpertActor
-from actors.island_actor import IslandActor
-from actors.kv import put_expert_config, put_run
-from actors.launch import run_actors
-from actors.migrator import MigratorActor
-from actors.nats_server import start_server, stop_server
-from actors.runners import NoopRunner
+from actors.commands.launch import run_actors
+from actors.kinds.curator import CuratorActor
+from actors.kinds.diagnoser import DiagnoserActor, RuleDiagnose
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_runners import NoopRunner
+from actors.kinds.expert import ExpertActor
+from actors.kinds.island import IslandActor
+from actors.kinds.migrator import MigratorActor
+from actors.kinds.registry import default_expert_config
+from actors.runtime.base import Actor
+from actors.runtime.bus import Bus
+from actors.runtime.errors import BusError
+from actors.runtime.kv import put_expert_config, put_run
+from actors.runtime.nats_server import start_server, stop_server
 from schemas import ActorInfo, ActorState, Budget, Control, ControlAction, DeviceChoice, RunSpec, Task, subjects
 
 TASK = Path(__file__).resolve().parents[1] / "examples" / "quickstart.py"
@@ -81,7 +81,7 @@ async def run_noop_loop(
     processes too, each as ``cpu_ms.<name>``), messages through the server per candidate (when its
     monitoring URL ``server_http`` is given) and, per actor kind, the seconds its slowest actor
     took to stop after the stop request (``stop_s.<kind>``)."""
-    from actors.signature import with_signature
+    from actors.commands.signature import with_signature
 
     run_id = f"loop{int(time.time() * 1000) % 10**9}"
     task = with_signature(Task.from_source("quickstart", TASK.read_text()))
@@ -253,7 +253,7 @@ async def _until_running(bus: Bus, procs: dict[str, _Process], timeout_s: float 
 
 
 def main() -> int:
-    from actors.logs import configure_logging
+    from actors.runtime.logs import configure_logging
 
     configure_logging(level="warning")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)

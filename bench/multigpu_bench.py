@@ -40,9 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.gpu_usage import gpu_usage
-from actors.gpus import Gpu, compile_workers_per_gpu, list_gpus
-from actors.runners import stamp_gpu
+from actors.kinds.evaluator_runners import stamp_gpu
+from actors.runtime.gpu_usage import gpu_usage
+from actors.runtime.gpus import Gpu, compile_workers_per_gpu, list_gpus
 from bench.gpu_runner_bench import REFERENCE, TORCH_REFERENCE, candidate, job, log
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.gate import check_candidate

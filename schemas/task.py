@@ -229,7 +229,7 @@ class IslandLimits(Model):
     """One island's share of its run's limits (computed by ``RunSpec.island_limits``)."""
 
     candidates: int | None
-    """Its fair share of the candidate budget (the run's quota, ``actors.quota``, stays shared:
+    """Its fair share of the candidate budget (the run's quota, ``actors.runtime.quota``, stays shared:
     an island may issue more when others issue fewer); ``None``: no candidate budget."""
     tokens: int | None
     """LLM tokens this island may spend; ``None``: no token budget."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.nats_server import EmbeddedServer, ServerInfo, start_server, stop_server
+from actors.runtime.nats_server import EmbeddedServer, ServerInfo, start_server, stop_server
 
 # Nothing a test starts may reach a model hub or use a GPU by accident.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -19,7 +19,7 @@ its seed and the order of messages, and a restarted island continues from ``to_j
   target is no longer refined, and when all are, the island asks for fresh (different) plans.
 - **Stagnation** (``stagnation.py``) and **budgets**: the island stops at its share of the run's
   token budget, at the wall-time limit, or when its best reaches the target fraction of
-  speed-of-light; the candidate budget is the run's shared quota (``actors.quota``), which the
+  speed-of-light; the candidate budget is the run's shared quota (``actors.runtime.quota``), which the
   actor applies through :meth:`IslandBrain.stop`.
 """
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from actors.errors import ConfigError
 from actors.experts.base import Expert
+from actors.runtime.errors import ConfigError
 from schemas import ExpertConfig, ExpertKind
 
 

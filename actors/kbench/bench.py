@@ -236,8 +236,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench = load_existing(out / "bench.json", args.level) or BenchFile(
         kernelbench_dir=str(args.kernelbench_dir.resolve()), level=args.level, problems_spec=args.problems
     )
-    from actors.gpus import list_gpus
     from actors.kbench.runner import RunOptions
+    from actors.runtime.gpus import list_gpus
 
     slots = plan_slots(
         args.parallel,

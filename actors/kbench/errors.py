@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.errors import KfError
+from actors.runtime.errors import KfError
 
 
 class BenchError(KfError):

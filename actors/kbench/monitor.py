@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from actors.logs import get_logger
+from actors.runtime.logs import get_logger
 
 log = get_logger(__name__)
 _MIB = 2**20

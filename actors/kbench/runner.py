@@ -30,9 +30,9 @@ from actors.kbench.monitor import TreeMonitor, reap
 from actors.kbench.problems import Problem
 from actors.kbench.results import ProblemResult, ProblemStatus
 from actors.kbench.slots import Slot
-from actors.logs import get_logger
-from actors.nats_server import EmbeddedServer
 from actors.report import RunReport
+from actors.runtime.logs import get_logger
+from actors.runtime.nats_server import EmbeddedServer
 
 log = get_logger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from actors.gpus import Gpu
 from actors.kbench.errors import BenchError
+from actors.runtime.gpus import Gpu
 
 
 @dataclass(frozen=True)

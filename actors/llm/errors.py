@@ -7,7 +7,7 @@ or reply built from these errors can carry an API key.
 
 from __future__ import annotations
 
-from actors.errors import ConfigError, KfError
+from actors.runtime.errors import ConfigError, KfError
 
 
 class LLMError(KfError):

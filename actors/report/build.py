@@ -16,10 +16,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from actors.commands.outcome import beats, verdict_of
 from actors.evolution.brain import IslandBrain
 from actors.evolution.errors import StateError
-from actors.gpu_usage import gpu_usage
-from actors.outcome import beats, verdict_of
 from actors.report.experts import (
     expert_reports,
     family_reports,
@@ -38,6 +37,7 @@ from actors.report.model import (
     RunReport,
 )
 from actors.report.plots import plot_credit, plot_fitness, plot_heatmaps
+from actors.runtime.gpu_usage import gpu_usage
 from schemas import (
     Candidate,
     DeviceChoice,

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from actors.gpu_usage import GpuUsage
-from actors.outcome import RunVerdict
+from actors.commands.outcome import RunVerdict
 from actors.report.experts import ExpertReport, FamilyReport
+from actors.runtime.gpu_usage import GpuUsage
 from schemas import (
     Decline,
     DeclineReason,
@@ -188,7 +188,7 @@ class RunReport(_Frozen):
     experiences: tuple[ExperienceUse, ...] = ()
     gpus: tuple[GpuUsage, ...] = ()
     """Per GPU (or unpinned evaluator): verdicts, candidates per second and busy fraction over the
-    run's evaluation window (``actors.gpu_usage``)."""
+    run's evaluation window (``actors.runtime.gpu_usage``)."""
     plots: dict[str, str] = {}
     isolation_gaps: dict[str, str] = {}
     """Sandbox layers that did not hold for the run's candidates (layer -> why), from the verdicts;

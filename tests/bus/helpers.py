@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.bus import Bus
-from actors.errors import BusError
-from actors.kv import put_run
-from actors.nats_server import find_binary
+from actors.runtime.bus import Bus
+from actors.runtime.errors import BusError
+from actors.runtime.kv import put_run
+from actors.runtime.nats_server import find_binary
 from schemas import (
     ActorInfo,
     ActorState,
@@ -39,8 +39,8 @@ from schemas import (
 )
 
 if TYPE_CHECKING:
-    from actors.base import Actor
-    from actors.island_actor import IslandActor
+    from actors.kinds.island import IslandActor
+    from actors.runtime.base import Actor
 
 REFERENCE = """import torch
 import torch.nn as nn

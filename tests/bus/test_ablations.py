@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from actors.bus import Bus
-from actors.evaluator import EvaluatorActor
 from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
-from actors.expert_actor import ExpertActor
-from actors.island_actor import IslandActor
-from actors.kv import put_expert_config
-from actors.migrator import MigratorActor
-from actors.runners import NoopRunner
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_runners import NoopRunner
+from actors.kinds.expert import ExpertActor
+from actors.kinds.island import IslandActor
+from actors.kinds.migrator import MigratorActor
+from actors.runtime.bus import Bus
+from actors.runtime.kv import put_expert_config
 from schemas import (
     Ablations,
     Budget,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from actors.base import Actor
+from actors.runtime.base import Actor
 from schemas import ActorKind, ActorState
 
 pytestmark = pytest.mark.timeout(60)

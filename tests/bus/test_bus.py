@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from actors.bus import Bus, ConsumerSpec, Delivery
-from actors.errors import NoResponders, Poison, RemoteError, Retry
+from actors.runtime.bus import Bus, ConsumerSpec, Delivery
+from actors.runtime.errors import NoResponders, Poison, RemoteError, Retry
 from schemas import Control, ControlAction, DeadLetter, Diagnosis, DiagnosisCategory, subjects
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.bus import Bus
-from actors.curator import CuratorActor
-from actors.errors import BusError
-from actors.nats_server import start_server, stop_server
+from actors.kinds.curator import CuratorActor
+from actors.runtime.bus import Bus
+from actors.runtime.errors import BusError
+from actors.runtime.nats_server import start_server, stop_server
 from experience import ExperienceLibrary, HashingEmbedder
 from experience.embedders import Matrix
 from schemas import (

@@ -16,16 +16,16 @@ import nats
 import nats.errors
 import pytest
 
-from actors.base import Actor
-from actors.bus import Bus
-from actors.curator import CuratorActor
-from actors.diagnoser import DiagnoserActor, RuleDiagnose
-from actors.evaluator import EvaluatorActor
-from actors.expert_actor import ExpertActor
-from actors.island_actor import IslandActor
-from actors.kv import put_expert_config
-from actors.migrator import MigratorActor
-from actors.nats_server import find_binary
+from actors.kinds.curator import CuratorActor
+from actors.kinds.diagnoser import DiagnoserActor, RuleDiagnose
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.expert import ExpertActor
+from actors.kinds.island import IslandActor
+from actors.kinds.migrator import MigratorActor
+from actors.runtime.base import Actor
+from actors.runtime.bus import Bus
+from actors.runtime.kv import put_expert_config
+from actors.runtime.nats_server import find_binary
 from schemas import (
     ActorKind,
     Budget,

@@ -10,9 +10,9 @@ import asyncio
 import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from actors.bus import Bus
-from actors.diagnoser import Diagnose, DiagnoserActor, RuleDiagnose
-from actors.kv import put_run
+from actors.kinds.diagnoser import Diagnose, DiagnoserActor, RuleDiagnose
+from actors.runtime.bus import Bus
+from actors.runtime.kv import put_run
 from schemas import Candidate, Diagnosis, EvalResult, EvalStatus, Feedback, RunSpec, Task, subjects
 from tests.bus.helpers import REFERENCE, candidate, collect, publish_candidates
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.bus import Bus
-from actors.cli import build_parser
-from actors.evaluator import EvaluatorActor
-from actors.run import build_spec, check_task_source
-from actors.runners import NoopRunner
+from actors.commands.cli import build_parser
+from actors.commands.run import build_spec, check_task_source
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_runners import NoopRunner
+from actors.runtime.bus import Bus
 from schemas import Candidate, DeviceChoice, EvalResult, PrecisionMode, Task, TorchOpsPolicy, subjects
 from tests.bus.helpers import collect, publish_candidates, register_run
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
-from actors.kv import put_run
+from actors.runtime.bus import Bus
+from actors.runtime.kv import put_run
 from schemas import (
     ActorInfo,
     Candidate,

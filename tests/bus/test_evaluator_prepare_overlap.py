@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from actors.bus import Bus
-from actors.errors import TaskRefused
-from actors.evaluator import EvaluatorActor
-from actors.runners import NoopRunner
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_runners import NoopRunner
+from actors.runtime.bus import Bus
+from actors.runtime.errors import TaskRefused
 from gpu_runner.errors import TaskTooLarge
 from schemas import Candidate, EvalResult, PrecisionMode, Task, TorchOpsPolicy, subjects
 from tests.bus.helpers import collect, publish_candidates, register_run

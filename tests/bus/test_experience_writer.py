@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from actors.bus import Bus
-from actors.experience_writer import ExperienceWriter
+from actors.kinds.island_experience import ExperienceWriter
+from actors.runtime.bus import Bus
 from schemas import Experience, ExperienceBatch, ExperienceOutcome, TaskSignature, subjects
 from tests.bus.helpers import experience_record
 

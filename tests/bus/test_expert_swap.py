@@ -6,8 +6,8 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from actors.bus import Bus
-from actors.errors import BusError
+from actors.runtime.bus import Bus
+from actors.runtime.errors import BusError
 from schemas import ActorInfo, Control, ControlAction, GenerateReply, GenerateRequest, Task, subjects
 from tests.bus.helpers import spawn_actor, stop_process, wait_up
 

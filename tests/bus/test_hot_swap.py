@@ -16,7 +16,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
+from actors.runtime.bus import Bus
 from schemas import (
     ActorInfo,
     Control,
@@ -29,7 +29,7 @@ from tests.bus.helpers import candidate, collect, register_run, result_for, spaw
 
 TOTAL = 300
 ACK_WAIT_S = 30.0
-"""The diagnosers' consumer's ack wait (``actors.diagnoser``): a message a drained diagnoser
+"""The diagnosers' consumer's ack wait (``actors.kinds.diagnoser``): a message a drained diagnoser
 dropped would come back only after it."""
 
 

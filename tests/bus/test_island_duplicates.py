@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from actors.bus import Bus
-from actors.expert_actor import ExpertActor
-from actors.island_actor import IslandActor
-from actors.kv import put_expert_config
+from actors.kinds.expert import ExpertActor
+from actors.kinds.island import IslandActor
+from actors.runtime.bus import Bus
+from actors.runtime.kv import put_expert_config
 from schemas import (
     Budget,
     Candidate,

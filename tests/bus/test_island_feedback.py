@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from actors.bus import Bus
-from actors.island_actor import IslandActor
+from actors.kinds.island import IslandActor
+from actors.runtime.bus import Bus
 from schemas import Diagnosis, DiagnosisCategory, EvalStatus, Feedback, subjects
 from tests.bus.helpers import candidate, publish_candidates, register_run, result_for, wait_evaluated
 from tests.evolution.factories import timing

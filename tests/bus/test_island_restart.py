@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
-from actors.kv import load_text, put_run
+from actors.runtime.bus import Bus
+from actors.runtime.kv import load_text, put_run
 from schemas import Budget, IslandStatus, RunSpec, Task, subjects
 from tests.bus.helpers import spawn_actor, stop_process, wait_up
 

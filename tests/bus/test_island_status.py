@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from actors.bus import Bus
-from actors.island_actor import IslandActor
+from actors.kinds.island import IslandActor
+from actors.runtime.bus import Bus
 from schemas import (
     Diagnosis,
     DiagnosisCategory,

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from actors.bus import Bus
-from actors.errors import TaskRefused
-from actors.evaluator import EvaluatorActor
-from actors.runners import NoopRunner
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_runners import NoopRunner
+from actors.runtime.bus import Bus
+from actors.runtime.errors import TaskRefused
 from gpu_runner.config import IsolationMode
 from gpu_runner.confine.policy import LAYERS, Layers
 from gpu_runner.errors import IsolationUnavailable

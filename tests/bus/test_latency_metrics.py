@@ -9,12 +9,12 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.bus import Bus
-from actors.evaluator import EvaluatorActor
-from actors.expert_actor import ExpertActor
-from actors.island_actor import IslandActor
-from actors.metrics import serve_metrics
-from actors.runners import NoopRunner
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_runners import NoopRunner
+from actors.kinds.expert import ExpertActor
+from actors.kinds.island import IslandActor
+from actors.runtime.bus import Bus
+from actors.runtime.metrics import serve_metrics
 from schemas import (
     Budget,
     ExpertConfig,

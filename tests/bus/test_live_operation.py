@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.bus import Bus
+from actors.runtime.bus import Bus
 from schemas import EvalResult, EvalStatus, GenerateReply, subjects
 from tests.bus.helpers import candidate, register_run, spawn_actor, stop_process, wait_up
 from tests.experts.llm_server import GOOD_MODELNEW, Chat, RecordedRequest, ScriptedLLMServer, answer, generate_request

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.bus import Bus, ConsumerSpec
-from actors.observe import dead_letters, tap
+from actors.runtime.bus import Bus, ConsumerSpec
+from actors.runtime.observe import dead_letters, tap
 from schemas import Control, ControlAction, subjects
 from tests.bus.helpers import candidate, register_run
 

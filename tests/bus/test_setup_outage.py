@@ -13,9 +13,9 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, ConsumerSpec, transient
-from actors.errors import BusError
-from actors.kv import get_run
+from actors.runtime.bus import Bus, ConsumerSpec, transient
+from actors.runtime.errors import BusError
+from actors.runtime.kv import get_run
 from schemas import Control, ControlAction, Feedback, subjects
 from tests.bus.helpers import RestartableServer, register_run
 
@@ -76,7 +76,7 @@ async def test_creating_a_consumer_waits_out_a_server_restart(server: Restartabl
 async def test_a_server_that_stays_away_ends_the_wait_with_one_clear_error(
     server: RestartableServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("actors.bus.SETTLE_S", 8.0)
+    monkeypatch.setattr("actors.runtime.bus.calls.SETTLE_S", 8.0)
     bus = await Bus.connect(server.url, name="t", actor_id="t-gone", connect_timeout=None)
     try:
         await register_run(bus, "outage3")

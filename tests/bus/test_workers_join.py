@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from actors.bus import _Workers
+from actors.runtime.bus.delivery import Workers
 
 
 def test_join_returns_when_handlers_finished_but_their_callbacks_have_not_run() -> None:
@@ -17,7 +17,7 @@ def test_join_returns_when_handlers_finished_but_their_callbacks_have_not_run() 
     outcome: list[str] = []
 
     async def main() -> None:
-        workers = _Workers(4)
+        workers = Workers(4)
 
         async def handler() -> None:
             return None

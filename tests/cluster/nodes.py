@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.nats_server import find_binary
+from actors.runtime.nats_server import find_binary
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from actors.bus import Bus
-from actors.cli import build_parser
-from actors.controller import RunController
-from actors.options import RunOptions
-from actors.outcome import RunOutcome
-from actors.quota import CandidateQuota
-from actors.run import build_spec, check_task_source
+from actors.commands.cli import build_parser
+from actors.commands.controller import RunController
+from actors.commands.outcome import RunOutcome
+from actors.commands.run import build_spec, check_task_source
+from actors.runtime.bus import Bus
+from actors.runtime.options import RunOptions
+from actors.runtime.quota import CandidateQuota
 from schemas import Candidate, DeviceChoice, EvalResult, Message, RunEnd, StopReason, decode_any, subjects
 from tests.bus.helpers import RestartableServer
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.bus import Bus
-from actors.nats_server import ServerInfo
+from actors.runtime.bus import Bus
+from actors.runtime.nats_server import ServerInfo
 from schemas import RunEnd, StopReason, subjects
 from tests.bus.helpers import RestartableServer, register_run, wait_up
 

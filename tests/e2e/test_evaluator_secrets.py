@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.evaluator_process import holds_secrets, scrubbed
+from actors.kinds.evaluator_process import holds_secrets, scrubbed
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.nats_server import ServerInfo, start_server, stop_server
+from actors.runtime.nats_server import ServerInfo, start_server, stop_server
 from tests.experts.llm_server import BROKEN_MODELNEW, GOOD_MODELNEW, REFERENCE_SOURCE, Chat, ScriptedLLMServer, answer
 
 ROOT = Path(__file__).resolve().parents[2]

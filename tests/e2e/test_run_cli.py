@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.bus import Bus
-from actors.errors import ConfigError
-from actors.kv import get_run
-from actors.nats_server import ServerInfo
+from actors.runtime.bus import Bus
+from actors.runtime.errors import ConfigError
+from actors.runtime.kv import get_run
+from actors.runtime.nats_server import ServerInfo
 from tests.bus.helpers import spawn_actor, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from actors.island_requests import params_only
+from actors.kinds.island_requests import params_only
 from schemas import ExperienceHit
 from tests.experience.helpers import record
 

@@ -174,7 +174,7 @@ def test_budget_stops_the_island_on_tokens_time_quota_and_speed_of_light() -> No
     by_count = _brain(islands=2, budget=Budget(candidates=6, wall_s=None))
     for _ in range(4):
         _step(by_count, env)
-    # The candidate budget is the run's shared quota (actors.quota), not a share per island.
+    # The candidate budget is the run's shared quota (actors.runtime.quota), not a share per island.
     assert by_count.budget_exhausted(now=0.0) is None
     by_count.stop(StopReason.CANDIDATES)
     assert by_count.budget_exhausted(now=0.0) is StopReason.CANDIDATES

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.childenv import child_pythonpath
 from actors.experts.template.ir import Plan, Unsupported
 from actors.experts.template.isolate import analyse_in_child
+from actors.runtime.childenv import child_pythonpath
 
 REFERENCE = """import torch
 import torch.nn as nn

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from actors.errors import ConfigError
 from actors.evolution.metaprompt import MetaPromptEvolver, parse_strategy
 from actors.experts.base import Expert
 from actors.experts.llm import LLMExpert
 from actors.experts.llm.expert import MIN_COMPLETION_TOKENS
 from actors.llm.errors import MissingApiKey, UnknownRole
+from actors.runtime.errors import ConfigError
 from schemas import (
     Candidate,
     DeclineReason,

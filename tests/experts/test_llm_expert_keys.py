@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 import structlog
 
-from actors.errors import ConfigError
 from actors.experts.llm import LLMExpert
 from actors.llm.errors import MissingApiKey
+from actors.runtime.errors import ConfigError
 from schemas import ExpertConfig, ExpertKind
 from tests.experts.llm_server import (
     FAST_RETRY,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.cli import build_parser
-from actors.options import ActorOptions, isolation_mode
+from actors.commands.cli import build_parser
+from actors.runtime.options import ActorOptions, isolation_mode
 from gpu_runner.config import IsolationMode, RunnerConfig
 from gpu_runner.confine.policy import LAYERS, Layers
 from gpu_runner.errors import ConfigError

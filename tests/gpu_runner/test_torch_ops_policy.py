@@ -116,8 +116,8 @@ def test_trial_that_keeps_every_admitted_op_is_rejected_and_a_partial_one_is_not
 
 
 def test_torch_ops_option_lands_in_the_run_spec_and_defaults_to_forbid() -> None:
-    from actors.cli import build_parser
-    from actors.run import build_spec
+    from actors.commands.cli import build_parser
+    from actors.commands.run import build_spec
 
     task = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
     for argv, want in (([], P.FORBID), (["--torch-ops", "reference"], P.REFERENCE)):

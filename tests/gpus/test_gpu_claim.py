@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.gpu_claim import GpuTaken, claim_gpu
-from actors.gpus import Gpu
+from actors.runtime.gpu_claim import GpuTaken, claim_gpu
+from actors.runtime.gpus import Gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = Gpu(index=1, uuid="GPU-11111111-2222-3333-4444-555555555555", name="NVIDIA H200", memory_bytes=1 << 30)
@@ -20,8 +20,8 @@ OTHER = Gpu(index=2, uuid="GPU-99999999-2222-3333-4444-555555555555", name="NVID
 HOLDER = """
 import sys, time
 from pathlib import Path
-from actors.gpu_claim import claim_gpu
-from actors.gpus import Gpu
+from actors.runtime.gpu_claim import claim_gpu
+from actors.runtime.gpus import Gpu
 claim = claim_gpu(Gpu(index=1, uuid=sys.argv[2], name="NVIDIA H200", memory_bytes=1), run_id="other-run",
                   lock_dir=Path(sys.argv[1]))
 print("held", flush=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.errors import ConfigError
-from actors.gpus import (
+from actors.commands.run import default_inflight
+from actors.runtime.errors import ConfigError
+from actors.runtime.gpus import (
     BUSY_CORES,
     Gpu,
     SelectionKind,
@@ -18,7 +19,6 @@ from actors.gpus import (
     select_one,
     visible,
 )
-from actors.run import default_inflight
 from tests.gpus.conftest import FakeSmi, four_h200
 
 SMI = """0, GPU-aaaa0000-1111-2222-3333-444444444444, NVIDIA H200, 143771

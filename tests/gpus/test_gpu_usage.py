@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from actors.gpu_usage import gpu_usage, live_rows, progress_part, usage_table
 from actors.report import build_report, write_report
+from actors.runtime.gpu_usage import gpu_usage, live_rows, progress_part, usage_table
 from schemas import DeviceInfo, DeviceKind, EvalResult, EvalStatus, StageTimes
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import build_parser
-from actors.errors import ConfigError
-from actors.evaluator import EvaluatorActor
-from actors.gpu_claim import claim_gpu
-from actors.gpus import Gpu, list_gpus
-from actors.launch import build_actor
-from actors.options import ActorOptions
-from actors.run import run_gpus
-from actors.runners import GpuRunner, stamp_gpu
+from actors.commands.cli import build_parser
+from actors.commands.launch import build_actor
+from actors.commands.run import run_gpus
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_runners import GpuRunner, stamp_gpu
+from actors.runtime.errors import ConfigError
+from actors.runtime.gpu_claim import claim_gpu
+from actors.runtime.gpus import Gpu, list_gpus
+from actors.runtime.options import ActorOptions
 from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.errors import ConfigError as RunnerConfigError
 from gpu_runner.pool import RunPool
@@ -189,7 +189,7 @@ def test_a_run_refuses_a_gpu_another_evaluator_holds_before_it_starts_anything(
 
 
 def test_a_hand_started_evaluator_without_gpu_claims_the_first_visible_one(fake_smi: FakeSmi) -> None:
-    from actors.actor_command import hand_started_gpu
+    from actors.commands.actor import hand_started_gpu
 
     fake_smi(four_h200())
     parse = build_parser().parse_args

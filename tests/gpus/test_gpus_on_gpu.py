@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.gpus import list_gpus
+from actors.runtime.gpus import list_gpus
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
@@ -45,7 +45,7 @@ def test_a_run_uses_every_visible_gpu_and_reports_each(tmp_path: Path) -> None:
         assert row["busy_fraction"] > 0, row
         assert row["candidates_per_s"] > 0, row
     # Every GPU was given back when the run ended.
-    from actors.gpu_claim import claim_gpu
+    from actors.runtime.gpu_claim import claim_gpu
 
     for gpu in gpus:
         claim_gpu(gpu).release()

@@ -15,7 +15,7 @@ import pytest
 
 from actors.kbench.monitor import TreeMonitor, reap, tree_host_bytes
 from actors.kbench.runner import reap_run
-from actors.nats_server import EmbeddedServer, find_binary
+from actors.runtime.nats_server import EmbeddedServer, find_binary
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,7 +150,7 @@ def test_a_killed_runs_embedded_server_is_stopped_once_no_client_is_left(tmp_pat
     home = tmp_path / "home"
     env = dict(os.environ, KFOUNDRY_HOME=str(home), PYTHONPATH=str(ROOT))
     code = (
-        "from actors.nats_server import EmbeddedServer; import time\n"
+        "from actors.runtime.nats_server import EmbeddedServer; import time\n"
         "print(EmbeddedServer().acquire(), flush=True)\n"
         "time.sleep(60)\n"
     )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.gpus import Gpu
 from actors.kbench.errors import BenchError
 from actors.kbench.slots import Slot, plan_slots
+from actors.runtime.gpus import Gpu
 
 
 def _gpus(n: int) -> list[Gpu]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from actors.commands.outcome import RunVerdict
 from actors.evolution.brain import IslandBrain
 from actors.evolution.credit import ExpertProfile
 from actors.evolution.migration import MigrationPlanner
-from actors.outcome import RunVerdict
 from actors.report import RunReport, build_report, write_report
 from schemas import (
     Candidate,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actors.nats_server import find_binary
+from actors.runtime.nats_server import find_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NATS = DEPLOY / "nats"

@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 from prometheus_client.core import CounterMetricFamily
 
-from actors.latency import METRIC_NAMES
-from actors.metrics import ActorCollector
+from actors.runtime.latency import METRIC_NAMES
+from actors.runtime.metrics import ActorCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -43,7 +43,7 @@ def test_dashboard_charts_only_exported_metrics_and_every_latency_histogram() ->
 def test_dashboard_actor_values_are_statistics_some_actor_reports() -> None:
     # kfoundry_actor_value{name="..."} carries an actor's extra_stats keys.
     names = {n for e in _exprs() for n in re.findall(r'kfoundry_actor_value\{[^}]*name="(\w+)"', e)}
-    sources = "".join(p.read_text() for p in (ROOT / "actors").glob("*.py"))
+    sources = "".join(p.read_text() for d in ("kinds", "runtime") for p in (ROOT / "actors" / d).glob("*.py"))
     reported = set(re.findall(r'"(\w+)":', sources))
     assert names
     assert names <= reported, sorted(names - reported)

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from actors.cli import build_parser
+from actors.commands.cli import build_parser
 from schemas import ActorKind
 
 ROOT = Path(__file__).resolve().parents[2]

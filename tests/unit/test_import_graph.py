@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _modules(package: str) -> dict[str, Path]:
     found = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py")):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -96,7 +96,10 @@ def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-@pytest.mark.parametrize("package", ["actors", "schemas", "gpu_runner", "experience"])
+@pytest.mark.parametrize(
+    "package",
+    ["actors", "actors.runtime", "actors.kinds", "actors.commands", "schemas", "gpu_runner", "experience"],
+)
 def test_modules_of_a_package_import_each_other_without_a_loop(package: str) -> None:
     graph = import_graph(package)
     assert len(graph) > 3
@@ -111,14 +114,23 @@ def test_a_loop_through_an_import_inside_a_function_is_found() -> None:
 
 def test_the_command_line_modules_sit_above_the_controller_and_the_launcher() -> None:
     graph = import_graph("actors")
-    below = {"actors.controller", "actors.launch", "actors.options", "actors.process"}
+    below = {"actors.commands.controller", "actors.commands.launch", "actors.runtime.options", "actors.runtime.process"}
     for module in below:
-        assert not graph[module] & {"actors.cli", "actors.run", "actors.actor_command"}, module
+        assert not graph[module] & {"actors.commands.cli", "actors.commands.run", "actors.commands.actor"}, module
+
+
+def test_the_runtime_imports_no_actor_kind_and_no_command_and_kinds_import_no_command() -> None:
+    graph = import_graph("actors")
+    for module, imported in graph.items():
+        if module.startswith("actors.runtime"):
+            assert not {m for m in imported if m.startswith(("actors.kinds", "actors.commands"))}, module
+        if module.startswith("actors.kinds"):
+            assert not {m for m in imported if m.startswith("actors.commands")}, module
 
 
 def test_an_island_process_never_loads_the_openai_sdk() -> None:
     code = (
-        "import sys, actors.island_actor, actors.evolution.metaprompt\n"
+        "import sys, actors.kinds.island, actors.evolution.metaprompt\n"
         "loaded = sorted(m for m in sys.modules if m == 'openai' or m.startswith(('actors.llm', 'actors.experts')))\n"
         "print(','.join(loaded))\n"
     )

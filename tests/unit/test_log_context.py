@@ -1,4 +1,4 @@
-"""Per-message log context: ``actors.logs.bound`` binds ids for a block and restores what was there."""
+"""Per-message log context: ``actors.runtime.logs.bound`` binds ids for a block and restores what was there."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from actors.logs import bound
+from actors.runtime.logs import bound
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.nats_server import EmbeddedServer, ServerInfo
+from actors.runtime.nats_server import EmbeddedServer, ServerInfo
 
 
 def test_fixture_server_speaks_nats_with_jetstream(nats_server: ServerInfo) -> None:
@@ -80,8 +80,8 @@ def test_missing_binary_error_says_how_to_install(monkeypatch: pytest.MonkeyPatc
     import sys
     import sysconfig
 
-    from actors.errors import NatsServerError
-    from actors.nats_server import find_binary
+    from actors.runtime.errors import NatsServerError
+    from actors.runtime.nats_server import find_binary
 
     monkeypatch.setattr(sysconfig, "get_path", lambda _name: str(tmp_path))
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))

@@ -7,20 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from actors.actor_kinds import default_expert_config
-from actors.cli import build_parser
-from actors.curator import CuratorActor
-from actors.diagnoser import DiagnoserActor, RuleDiagnose
-from actors.errors import ConfigError
-from actors.evaluator import EvaluatorActor
-from actors.evaluator_process import child_argv
-from actors.expert_actor import ExpertActor
-from actors.island_actor import IslandActor
-from actors.launch import build_actor, run_local_actors
-from actors.migrator import MigratorActor
-from actors.options import ActorOptions, RunOptions
-from actors.run import build_spec
-from actors.runners import GpuRunner, NoopRunner
+from actors.commands.cli import build_parser
+from actors.commands.launch import build_actor, run_local_actors
+from actors.commands.run import build_spec
+from actors.kinds.curator import CuratorActor
+from actors.kinds.diagnoser import DiagnoserActor, RuleDiagnose
+from actors.kinds.evaluator import EvaluatorActor
+from actors.kinds.evaluator_process import child_argv
+from actors.kinds.evaluator_runners import GpuRunner, NoopRunner
+from actors.kinds.expert import ExpertActor
+from actors.kinds.island import IslandActor
+from actors.kinds.migrator import MigratorActor
+from actors.kinds.registry import default_expert_config
+from actors.runtime.errors import ConfigError
+from actors.runtime.options import ActorOptions, RunOptions
 from gpu_runner.config import IsolationMode
 from schemas import ActorKind, DeviceChoice, ExpertConfig, ExpertKind
 
@@ -155,7 +155,7 @@ def test_an_evaluator_on_the_cpu_keeps_two_spares_and_judges_two_at_once_by_defa
 
 
 def test_a_run_on_a_gpu_sizes_in_flight_by_the_evaluators_default() -> None:
-    from actors.gpus import compile_workers_per_gpu, evaluator_sizing
+    from actors.runtime.gpus import compile_workers_per_gpu, evaluator_sizing
 
     judged = evaluator_sizing(True, compile_workers_per_gpu(1))[0]
     spec = build_spec(_run_args("--device", "cuda"), TASK.read_text(), DeviceChoice.CUDA)

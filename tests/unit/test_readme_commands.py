@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import build_parser
+from actors.commands.cli import build_parser
 from gpu_runner.cli import _parser as eval_parser
 
 pytestmark = pytest.mark.timeout(120)

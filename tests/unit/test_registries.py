@@ -7,12 +7,12 @@ import argparse
 
 import pytest
 
-from actors.actor_kinds import ACTOR_KINDS, actor_kind_entry
-from actors.cli import build_parser
-from actors.errors import ConfigError
+from actors.commands.cli import build_parser
+from actors.commands.launch import build_actor
 from actors.experts.registry import EXPERT_KINDS, build_expert
-from actors.launch import build_actor
-from actors.options import ActorOptions
+from actors.kinds.registry import ACTOR_KINDS, actor_kind_entry
+from actors.runtime.errors import ConfigError
+from actors.runtime.options import ActorOptions
 from schemas import ActorKind, ExpertConfig, ExpertKind, Role
 
 pytestmark = pytest.mark.timeout(30)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.outcome import ExitCode, RunOutcome, RunVerdict, model_header_note
+from actors.commands.outcome import ExitCode, RunOutcome, RunVerdict, model_header_note
 from schemas import DeviceChoice, StopReason
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.cli import build_parser
-from actors.options import ALL_EXPERTS
+from actors.commands.cli import build_parser
+from actors.commands.run import build_spec
 from actors.report import build_report
-from actors.run import build_spec
+from actors.runtime.options import ALL_EXPERTS
 from schemas import DeviceChoice
 
 TASK = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from actors.signature import signature_of
+from actors.commands.signature import signature_of
 
 pytestmark = pytest.mark.timeout(60)
 

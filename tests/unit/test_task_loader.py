@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from actors.errors import ConfigError
-from actors.run import check_task_source
+from actors.commands.run import check_task_source
+from actors.runtime.errors import ConfigError
 from gpu_runner.errors import InvalidReference
 from gpu_runner.probe import validate_reference
 

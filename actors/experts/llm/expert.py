@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from actors.errors import ConfigError
 from actors.evolution.metaprompt import section_id_for_text, strategy_tag
 from actors.experts.llm.extract import ExtractOutcome, extract
 from actors.llm.client import ChatClient, ChatResult, RetryPolicy, estimate_tokens
 from actors.llm.errors import BudgetExhausted, EndpointError, EndpointTimeout, UnknownRole
 from actors.llm.prompts import ROLES, build_messages
 from actors.llm.redact import shorten
+from actors.runtime.errors import ConfigError
 from schemas import (
     Decline,
     DeclineReason,

@@ -6,7 +6,7 @@ value (a decline, not a failure); the other errors mean a bug or a bad input fro
 
 from __future__ import annotations
 
-from actors.errors import KfError
+from actors.runtime.errors import KfError
 
 
 class TemplateError(KfError):

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 
-from actors.logs import get_logger
+from actors.runtime.logs import get_logger
 
 log = get_logger(__name__)
 

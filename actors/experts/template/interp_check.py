@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.childenv import child_pythonpath
+from actors.runtime.childenv import child_pythonpath
 
 _ENV_KEY = "TRITON_INTERPRET"
 

@@ -21,8 +21,8 @@ import signal
 import sys
 from pathlib import Path
 
-from actors.childenv import child_pythonpath
 from actors.experts.template.ir import KeepTorch, Plan, Unsupported, plan_from_dict, plan_to_dict
+from actors.runtime.childenv import child_pythonpath
 
 _ROOT = Path(__file__).resolve().parents[3]
 _KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")

@@ -1,0 +1,410 @@
+"""The run controller: sets a run up, watches it, ends it, and writes its results.
+
+Reads:  the run stream through its durable ``controller`` consumer (``actors.commands.progress``: counts,
+        budget and summary survive an outage) and, at the end, the whole run stream (ordered
+        consumer) for the report.
+Writes: the ``RunSpec`` (``kf_runs`` KV), expert configs it needs (``kf_experts`` KV), seed
+        candidates, ``Control`` drain to the run's islands, ``RunEnd`` on ``kf.<run>.end``.
+
+Ending a run: on the candidate budget, every candidate issued has been evaluated (the islands'
+shared quota, ``actors.runtime.quota``, issues exactly N); the controller waits briefly for the last
+feedback, drains the islands, then ``RunEnd`` tells every other actor to leave. On any other end
+(the deadline, the token budget, speed-of-light) it does not wait: ``RunEnd`` lists the candidates
+still in flight as cancelled, and evaluators stop them at once. A first interrupt waits for what
+is in flight (saying so, bounded by the evaluation timeout); a second one stops at once and is
+recorded the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import faulthandler
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import nats.errors
+
+from actors.commands.launch import run_actors, run_local_actors
+from actors.commands.outcome import RunOutcome
+from actors.commands.progress import Progress, RunWatcher
+from actors.commands.run_stream import publish_seeds, write_results
+from actors.kinds.registry import default_expert_config
+from actors.report.model import declines_sentence
+from actors.runtime.base import Actor
+from actors.runtime.bus import Bus
+from actors.runtime.errors import BusError, ConfigError
+from actors.runtime.kv import get_expert_config, list_expert_configs, put_expert_config, put_run
+from actors.runtime.logs import get_logger
+from actors.runtime.options import RunOptions
+from schemas import (
+    ActorInfo,
+    ActorKind,
+    ActorState,
+    Control,
+    ControlAction,
+    ExpertConfig,
+    ExpertKind,
+    ExpertRef,
+    RunEnd,
+    RunSpec,
+    StopReason,
+    subjects,
+)
+
+if TYPE_CHECKING:
+    from actors.runtime.gpu_claim import GpuClaim
+
+log = get_logger(__name__)
+ACTOR_STOP_S = 20.0
+"""Longest the local actors may drain after the run ended before they are stopped at once."""
+ACTOR_ABORT_S = 10.0
+"""Longest a stop at once may take before the run goes on to write its results without them."""
+
+INTERRUPT_WAIT_S = 6.0
+"""After a first SIGINT/SIGTERM, how long the candidates in flight may finish before they are
+cancelled: the run stops within 10 s of the signal and still writes its results (with the
+evaluation timeout as the wait, a benchmarked run ignored SIGINT for its whole grace and was
+stopped at once, without a report)."""
+
+MISSING_GRACE_S = 30.0
+"""How long a run waits for its islands to announce themselves before it names the missing ones
+(it names them earlier, at its first result)."""
+
+
+class RunController:
+    """Runs one run end to end (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        spec: RunSpec,
+        url: str,
+        run_dir: Path,
+        options: RunOptions,
+        seeds: list[str] | None = None,
+        progress: TextIO | None = None,
+        gpu_claims: Sequence[GpuClaim] = (),
+    ) -> None:
+        self.spec = spec
+        self.gpu_claims = tuple(gpu_claims)
+        """GPUs claimed for this run's local evaluators, one evaluator each (none: ``--evaluators`` unpinned)."""
+        self.url = url
+        self.run_dir = run_dir
+        self.options = options
+        self.seeds = seeds or []
+        self.out = progress
+        self.progress = Progress(spec)
+        self.actors: list[Actor] = []
+        self.llm_diagnoser: ExpertConfig | None = None
+        self.watcher: RunWatcher | None = None
+        self.cancelled: tuple[str, ...] = ()
+        self.connect_timeout: float | None = options.connect_timeout_s
+
+    async def _setup(self, bus: Bus) -> None:
+        from actors.commands.signature import with_signature
+
+        task = await asyncio.to_thread(with_signature, self.spec.task)
+        self.spec = self.spec.model_copy(update={"task": task})
+        if self.options.all_llm_experts:
+            await self._add_llm_experts(bus)
+        self.progress.spec = self.spec
+        await bus.ensure_shared_streams()
+        await bus.ensure_run_stream(self.spec.run_id)
+        await put_run(bus, self.spec)
+
+    async def _add_llm_experts(self, bus: Bus) -> None:
+        """``--experts`` with no value: every configured LLM expert joins the template expert."""
+        names = {e.name for e in self.spec.experts}
+        llms = [c.name for c in await list_expert_configs(bus) if c.kind is ExpertKind.LLM and c.name not in names]
+        experts = (*self.spec.experts, *(ExpertRef(name=n) for n in llms))
+        self.spec = self.spec.model_copy(update={"experts": experts})
+        log.info("experts of the run", experts=[e.name for e in experts])
+        if not llms:
+            self._say(
+                "--experts: no LLM expert is configured (`kfoundry expert set NAME --kind llm ...`); template only"
+            )
+
+    async def _expert_configs(self, bus: Bus) -> list[ExpertConfig]:
+        configs = []
+        for ref in self.spec.experts:
+            config = await get_expert_config(bus, ref.name)
+            if config is None:
+                config = default_expert_config(ref.name)
+                await put_expert_config(bus, config)
+            configs.append(config)
+        return configs
+
+    def _show(self, final: bool = False) -> None:
+        if self.out is None:
+            return
+        if self.out.isatty():
+            self.out.write("\r" + self.progress.line() + ("\n" if final else ""))
+        else:
+            self.out.write(self.progress.line() + "\n")
+        self.out.flush()
+
+    def _say(self, text: str) -> None:
+        if self.out is not None:
+            self.out.write(("\n" if self.out.isatty() else "") + text + "\n")
+            self.out.flush()
+
+    async def _wait(self, until: Any, *, timeout: float | None, stop: asyncio.Event | None = None) -> bool:
+        """Wait until ``until()`` holds (re-checked whenever the stream moved), ``timeout`` passed
+        or ``stop`` was set; returns whether ``until()`` held. Shows progress meanwhile."""
+        watcher = self.watcher
+        assert watcher is not None
+        end = None if timeout is None else time.monotonic() + timeout
+        last_line = time.monotonic()
+        interval = 1.0 if self.out is not None and self.out.isatty() else 10.0
+        while not until():
+            if stop is not None and stop.is_set():
+                return False
+            now = time.monotonic()
+            if end is not None and now >= end:
+                return False
+            if now - last_line >= interval:
+                self._show()
+                last_line = now
+            watcher.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await watcher.changed.wait()
+        return True
+
+    def _warn_missing_islands(self) -> bool:
+        """Say once which expected islands nobody started (they get no migrants, and the run
+        ends on its other budgets without them). Returns whether it has said it."""
+        missing = self.progress.missing_islands()
+        if not missing:
+            return False
+        started = sorted(self.progress.islands)
+        hint = " ".join(
+            f"`kfoundry actor island --island {i} --run {self.spec.run_id} --nats {self.url}`" for i in missing
+        )
+        text = (
+            f"run {self.spec.run_id}: island(s) {', '.join(missing)} of the {self.spec.islands} it expects have not "
+            f"started (running: {', '.join(started) or 'none'}); start them: {hint}"
+        )
+        log.warning("islands missing", missing=missing, running=started)
+        if self.out is not None:
+            self.out.write(text + "\n")
+            self.out.flush()
+        return True
+
+    async def _wait_for_end(self, stop: asyncio.Event, actors_done: asyncio.Future[Any] | None) -> StopReason:
+        reason: StopReason | None = None
+
+        warned_missing = False
+
+        def ended() -> bool:
+            nonlocal reason, warned_missing
+            if not warned_missing and (self.progress.evaluated or self.progress.elapsed >= MISSING_GRACE_S):
+                warned_missing = self._warn_missing_islands()
+            if stop.is_set() or (actors_done is not None and actors_done.done()):
+                reason = StopReason.INTERRUPTED
+            else:
+                reason = self.progress.stop_reason()
+            return reason is not None
+
+        await self._wait(ended, timeout=None, stop=None)
+        assert reason is not None
+        return reason
+
+    async def _finish_in_flight(self, reason: StopReason) -> None:
+        """Before the islands are drained: let what is in flight end as the reason asks."""
+        progress = self.progress
+        if reason is StopReason.INTERRUPTED and progress.in_flight:
+            grace = min(INTERRUPT_WAIT_S, self.spec.eval_timeout_s)
+            self._say(
+                f"interrupted: waiting up to {grace:.0f} s for {len(progress.in_flight)} candidate(s) in flight, "
+                "then cancelling them and writing the results (Ctrl-C again to stop at once)"
+            )
+            await self._wait(lambda: not progress.in_flight, timeout=grace)
+        if reason is not StopReason.WALL_TIME:
+            # The last results' feedback (the islands' archives learn from it): a short wait.
+            await self._wait(lambda: progress.results.keys() <= progress.feedback, timeout=5.0)
+
+    async def _drain_islands(self, bus: Bus, reason: StopReason) -> None:
+        from actors.runtime.observe import discover
+
+        why = f"run ended ({reason})"
+        islands = [a for a in self.actors if a.kind is ActorKind.ISLAND]
+        for actor in islands:
+            actor.request_stop(why)
+        remote = [
+            r
+            for r in await discover(bus.nc, wait_s=0.3, run_id=self.spec.run_id)
+            if r.kind == "island" and r.actor_id not in {a.actor_id for a in islands}
+        ]
+        for row in remote:
+            with contextlib.suppress(BusError):
+                await bus.request(
+                    subjects.control(row.actor_id),
+                    Control(action=ControlAction.DRAIN, reason=why),
+                    ActorInfo,
+                    timeout=2.0,
+                )
+        # Islands stop within seconds (their unread feedback stays in their durable consumers).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10.0):
+                for actor in islands:
+                    await actor.wait_stopped()
+
+    def _run_end(self, reason: StopReason, cancelled: tuple[str, ...] = ()) -> RunEnd:
+        best = self.progress.best
+        return RunEnd(
+            run_id=self.spec.run_id,
+            reason=reason,
+            best_candidate_id=best.candidate_id if best else None,
+            best_fitness=best.fitness if best else None,
+            evaluated=self.progress.evaluated,
+            cancelled=cancelled,
+        )
+
+    async def _abort(self, bus: Bus) -> None:
+        """A second interrupt: record the run's end (what was in flight is cancelled) at once."""
+        cancelled = tuple(sorted(self.progress.in_flight))
+        self.cancelled = cancelled
+        with contextlib.suppress(BusError, TimeoutError, nats.errors.Error):
+            async with asyncio.timeout(2.0):
+                await bus.publish_durable(
+                    subjects.run_end(self.spec.run_id),
+                    self._run_end(StopReason.INTERRUPTED, cancelled),
+                    msg_id=f"end-{self.spec.run_id}",
+                    attempts=1,
+                )
+        log.warning("run stopped at once", cancelled=len(cancelled), evaluated=self.progress.evaluated)
+        self._say(
+            f"run {self.spec.run_id} stopped at once after {self.progress.evaluated} evaluated: "
+            f"{len(cancelled)} evaluation(s) in flight cancelled (recorded in its RunEnd); no report written"
+        )
+
+    async def _stop_actors(self, task: asyncio.Task[None]) -> None:
+        """Wait for the local actors to drain, for a bounded time; then stop the rest at once.
+
+        Their results are in the run's stream already (the report is built from it), so an actor
+        whose drain hangs (seen on an H100: an evaluator whose cancelled evaluations never returned
+        held the run 400 s past its budget) costs nothing but its unfinished work, which is named."""
+        done, _ = await asyncio.wait([task], timeout=ACTOR_STOP_S)
+        if not done:
+            still = [f"{a.actor_id} ({a.state.value})" for a in self.actors if a.state is not ActorState.STOPPED]
+            log.warning("actors did not stop in time: stopping them at once", seconds=ACTOR_STOP_S, actors=still)
+            self._say(
+                f"{len(still)} actor(s) still stopping after {ACTOR_STOP_S:g} s, stopped at once: {', '.join(still)}"
+            )
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=ACTOR_ABORT_S)
+            if not done:
+                log.warning("actors did not stop at once either; going on without them", seconds=ACTOR_ABORT_S)
+        if done and not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
+
+    async def run(self, stop: asyncio.Event) -> RunOutcome:
+        """Set up, run until a stop condition, end the run and write its results."""
+        bus = await Bus.connect(
+            self.url,
+            name="kfoundry-run",
+            actor_id=f"controller-{self.spec.run_id}",
+            connect_timeout=self.connect_timeout,
+        )
+        actors_task: asyncio.Task[None] | None = None
+        actors_stop = asyncio.Event()
+        aborted = False
+        try:
+            await self._setup(bus)
+            self.watcher = RunWatcher(bus, self.progress)
+            await self.watcher.start()
+            if self.out is not None:
+                self.out.write(f"run {self.spec.run_id}: task {self.spec.task.name} on {self.spec.device}, ")
+                self.out.write(f"{self.spec.islands} islands, NATS {self.url}, results in {self.run_dir}\n")
+                self.out.write(f"watch it: kfoundry tap --run {self.spec.run_id} --nats {self.url}\n")
+                if self.gpu_claims and self.options.local_actors:
+                    gpus = ", ".join(f"{c.gpu.index} ({c.gpu.name})" for c in self.gpu_claims)
+                    self.out.write(f"evaluators: one per GPU on GPU {gpus}\n")
+            if self.options.local_actors:
+                configs = await self._expert_configs(bus)
+                wanted = self.options.actors.llm_diagnoser
+                if wanted:
+                    self.llm_diagnoser = await get_expert_config(bus, wanted)
+                    if self.llm_diagnoser is None:
+                        raise ConfigError(f"--llm-diagnoser {wanted}: no such expert configuration")
+                self.actors = run_local_actors(
+                    self.spec, self.options, self.url, configs, self.llm_diagnoser, self.gpu_claims
+                )
+                actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
+                # Actors that start slowly do not hold the run past its deadline.
+                deadline = self.progress.deadline
+                ready: asyncio.Future[Any] = asyncio.ensure_future(
+                    asyncio.gather(*(a.wait_ready() for a in self.actors))
+                )
+                # An interrupt during start-up ends the wait too.
+                stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+                await asyncio.wait(
+                    [ready, stopped],
+                    timeout=None if deadline is None else max(0.0, deadline - time.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for waiter in (ready, stopped):
+                    if not waiter.done():
+                        waiter.cancel()
+                refused = next((r for a in self.actors if (r := getattr(a, "refused", None)) is not None), None)
+                if refused is not None:  # the task cannot be evaluated here: stop everything at once
+                    aborted = True
+                    raise refused
+            await publish_seeds(bus, self.spec, self.seeds)
+            try:
+                reason = await self._wait_for_end(stop, actors_task)
+                log.info("run ending", reason=str(reason), evaluated=self.progress.evaluated)
+                await self._finish_in_flight(reason)
+                # Whatever is still in flight now is not waited for: the deadline passed, the goal
+                # was reached, or the interrupt's grace ended. Evaluators stop it at once.
+                self.cancelled = tuple(sorted(self.progress.in_flight))
+                await self._drain_islands(bus, reason)
+                end = self._run_end(reason, self.cancelled)
+            except asyncio.CancelledError:
+                aborted = True
+                await self._abort(bus)
+                raise
+            await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
+            if self.cancelled:
+                self._say(f"{len(self.cancelled)} evaluation(s) in flight cancelled at the end of the run")
+            actors_stop.set()
+            if actors_task is not None:
+                # If the event loop itself is blocked (no timeout can fire), say where: every
+                # thread's stack goes to stderr once the actors should long have stopped.
+                faulthandler.dump_traceback_later(ACTOR_STOP_S + ACTOR_ABORT_S + 15.0, exit=False)
+                try:
+                    await self._stop_actors(actors_task)
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
+            await self.watcher.stop()
+            self._show(final=True)
+            log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
+            report = await write_results(bus, self.spec, self.progress.best, self.run_dir)
+            best = self.progress.best
+            return RunOutcome(
+                run_id=self.spec.run_id,
+                reason=reason,
+                evaluated=self.progress.evaluated,
+                statuses=dict(self.progress.statuses),
+                best_fitness=best.fitness if best else None,
+                best_candidate_id=best.candidate_id if best else None,
+                run_dir=self.run_dir,
+                device=self.spec.device,
+                cancelled=len(self.cancelled),
+                best_vs_compiled=best.speedup_vs_compiled if best else None,
+                best_compiled_derived=best.compiled_derived if best else False,
+                declined=declines_sentence(report.islands),
+            )
+        finally:
+            actors_stop.set()
+            if actors_task is not None and not actors_task.done():
+                if aborted:
+                    actors_task.cancel()  # every local actor stops at once too
+                await self._stop_actors(actors_task)
+            if self.watcher is not None:
+                await self.watcher.stop()
+            await bus.close()

