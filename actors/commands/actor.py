@@ -71,6 +71,13 @@ def add_actor_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="refine diagnoses with the LLM endpoint of this stored expert configuration",
     )
+    p.add_argument(
+        "--confine-task",
+        action="store_true",
+        help="import the task file confined in this process's run controller and template experts too, as "
+        "the evaluator does (namespaces, no network, a read-only view); refused where this machine cannot "
+        "(same as KF_CONFINE_TASK=1)",
+    )
     p.add_argument("--per-request", type=int, default=1, help="candidates an island asks of an expert at once")
     p.add_argument("--library-dir", type=Path, default=None, help="curator snapshot folder")
     p.add_argument(

@@ -350,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "confine_task", False):
+            from actors.runtime.task_confine import enable
+
+            enable()  # before anything imports the task file; a machine that cannot: one line, exit 2
         return int(args.func(args))
     except TaskRefused as exc:  # TaskInvalid (the task's own fault) included
         _out(f"kfoundry: {exc}", sys.stderr)

@@ -102,10 +102,66 @@ def _nbytes(tensors: list[Any]) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors))
 
 
-def with_signature(task: Task) -> Task:
-    """The task with its signature filled in (left empty if the reference cannot run here)."""
+def with_signature(task: Task, confine: bool | None = None) -> Task:
+    """The task with its signature filled in (left empty if the reference cannot run here). With
+    ``confine`` (default: ``--confine-task``, :mod:`actors.runtime.task_confine`) the reference
+    runs in a confined child process, never in this one."""
+    from actors.runtime import task_confine
+
     try:
-        signature = signature_of(task.source, task.name)
+        if task_confine.wanted() if confine is None else confine:
+            signature = _confined_signature(task)
+        else:
+            signature = signature_of(task.source, task.name)
     except Exception:  # noqa: BLE001 - a reference that needs a GPU still gets evaluated there
         return task
     return task.model_copy(update={"signature": signature})
+
+
+CHILD_TIMEOUT_S = 180.0
+
+
+def _confined_signature(task: Task) -> TaskSignature:
+    """:func:`signature_of` in ``python -m actors.commands.signature`` started confined (the
+    source on stdin, the signature's JSON on stdout); raises where it cannot be had."""
+    import subprocess
+    import sys
+
+    from actors.runtime import task_confine
+
+    workdir = task_confine.private_dir()
+    try:
+        command = task_confine.confined_command([sys.executable, "-m", "actors.commands.signature", task.name], workdir)
+        done = subprocess.run(
+            command,
+            input=task.source,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+            env=task_confine.child_env(workdir),
+            cwd=workdir,
+            check=False,
+        )
+    finally:
+        task_confine.remove(workdir)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the confined signature process failed ({done.returncode}): {tail[0][:300]}")
+    return TaskSignature.model_validate_json(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry: the reference's source on stdin, its signature as one JSON line on stdout."""
+    import contextlib
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    source = sys.stdin.read()
+    with contextlib.redirect_stdout(sys.stderr):  # the reference may print; stdout carries the answer
+        signature = signature_of(source, args[0] if args else "task")
+    sys.stdout.write(signature.model_dump_json() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

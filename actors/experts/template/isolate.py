@@ -29,23 +29,46 @@ _KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 
 
 async def analyse_in_child(
-    source: str, timeout: float = 180.0, keep_torch: KeepTorch = KeepTorch.NONE
+    source: str, timeout: float = 180.0, keep_torch: KeepTorch = KeepTorch.NONE, confine: bool | None = None
 ) -> Plan | Unsupported:
-    """``analyse(source, keep_torch)`` in a child process; a child that fails or times out is a decline."""
-    env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
-    env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
-    env["CUDA_VISIBLE_DEVICES"] = ""
+    """``analyse(source, keep_torch)`` in a child process; a child that fails or times out is a
+    decline. ``confine`` (default: ``--confine-task``, :mod:`actors.runtime.task_confine`) starts
+    the child confined as an evaluator's worker is (its own namespaces, no network, a read-only
+    view of the machine); a machine that cannot confine it declines with the reason."""
+    from actors.runtime import task_confine
+
+    command = [sys.executable, "-m", "actors.experts.template.isolate", f"--keep-torch={KeepTorch(keep_torch).value}"]
+    workdir: Path | None = None
+    try:
+        if task_confine.wanted() if confine is None else confine:
+            workdir = task_confine.private_dir()
+            command = task_confine.confined_command(command, workdir)  # in its own PID namespace: no parent check
+            env, cwd = task_confine.child_env(workdir), str(workdir)
+        else:
+            command.append(f"--parent={os.getpid()}")
+            env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
+            env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            cwd = str(_ROOT)
+    except task_confine.TaskConfineError as exc:
+        return Unsupported(detail=str(exc))
+    try:
+        return await _analyse(command, env, cwd, source, timeout)
+    finally:
+        if workdir is not None:
+            task_confine.remove(workdir)
+
+
+async def _analyse(
+    command: list[str], env: dict[str, str], cwd: str, source: str, timeout: float
+) -> Plan | Unsupported:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "actors.experts.template.isolate",
-        f"--keep-torch={KeepTorch(keep_torch).value}",
-        f"--parent={os.getpid()}",
+        *command,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
-        cwd=str(_ROOT),
+        cwd=cwd,
         start_new_session=True,
     )
     try:
