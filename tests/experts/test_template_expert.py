@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from actors.experts.base import Expert
-from actors.experts.template import Plan, TemplateParams, analyse, default_params, params_from_source
+from actors.experts.template import Plan, TemplateParams, analyse, default_params, params_from_source, render
 from actors.experts.template.expert import AnalysisMode, TemplateExpert
 from actors.experts.template.hardware import detect
 from actors.experts.template.interp_check import check_in_subprocess
@@ -253,3 +253,65 @@ async def test_requests_pass_over_the_kernels_the_island_has() -> None:
     assert fresh.proposals[0].strategy.endswith("/default")
     assert other.proposals[0].fingerprint != fresh.proposals[0].fingerprint
     await expert.aclose()
+
+
+_CONV_SOURCE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 64, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def get_inputs():
+    return [torch.randn(2, 16, 12, 12)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+async def test_a_tf32_convolution_refused_for_its_precision_ends_tf32_for_that_task() -> None:
+    """Where the reference's cuDNN computes in IEEE fp32 (few input channels), the evaluator judges
+    at exact precision and refuses a TF32 candidate (``incorrect.precision``): the expert then
+    proposes no TF32 for that task, neither from that parent nor later. Control: before the
+    refusal, mutations of the same parent propose TF32."""
+    from actors.experts.template.hardware import lookup
+
+    task = Task.from_source("conv_relu_16", _CONV_SOURCE)
+    plan = analyse(_CONV_SOURCE)
+    assert isinstance(plan, Plan)
+    tf32_parent = default_params(plan, lookup("NVIDIA H200"), tf32=True)
+    assert tf32_parent.conv_precision == "tf32"
+    ieee_parent = tf32_parent.with_changes(conv_precision="ieee")
+
+    def parent(params: TemplateParams) -> Candidate:
+        proposal = Proposal(source=render(plan, params), language=KernelLanguage.TRITON, params=params.as_dict())
+        return Candidate(run_id="r1", island="i0", task_id=task.task_id, expert="template", proposal=proposal)
+
+    def request(p: TemplateParams, seed: int, diagnosis: Diagnosis | None = None) -> GenerateRequest:
+        return GenerateRequest(
+            run_id="r1", island="i0", task=task, n=8, seed=seed, parent=parent(p), diagnosis=diagnosis
+        )
+
+    async def precisions(expert: TemplateExpert, p: TemplateParams) -> set[str]:
+        seen: set[str] = set()
+        for seed in range(12):
+            reply = await expert.generate(request(p, seed))
+            seen |= {str(pr.params["conv_precision"]) for pr in reply.proposals}
+        return seen
+
+    expert = _expert()
+    assert "tf32" in await precisions(expert, ieee_parent)  # the control: TF32 is proposed
+    refused = Diagnosis(candidate_id="c0", category=DiagnosisCategory.INCORRECT_PRECISION, summary="above the bar")
+    reply = await expert.generate(request(tf32_parent, 99, refused))
+    assert reply.proposals
+    assert all(pr.params["conv_precision"] != "tf32" for pr in reply.proposals)
+    assert "tf32" not in await precisions(expert, ieee_parent)

@@ -242,6 +242,8 @@ def test_convolutions_start_in_tf32_where_the_run_admits_the_reference_s_own_pre
     assert first.conv_precision == "tf32"
     # the tiles that suit one TF32 pass (bench.conv_orders --sweep on an H200)
     assert (first.conv_block_m, first.conv_block_n, first.conv_warps, first.conv_stages) == (128, 64, 4, 3)
+    # the input copied channels-last and rounded to TF32 in that copy (bench.conv_orders --sweep layout)
+    assert (first.conv_taps_outer, first.conv_layout, first.conv_preround) == (True, "nhwc", True)
     assert default_params(dense, H200).conv_precision == "ieee"  # as before
     assert default_params(dense, CPU_FALLBACK, tf32=True).conv_precision == "ieee"  # no tensor cores
     depthwise = plan_of(CONV.format(cin=64, cout=64, groups=64))

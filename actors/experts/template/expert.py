@@ -37,6 +37,7 @@ from schemas import (
     Candidate,
     Decline,
     DeclineReason,
+    DiagnosisCategory,
     EvalStatus,
     ExperienceHit,
     GenerateReply,
@@ -138,6 +139,10 @@ class TemplateExpert:
         self.analysis = AnalysisMode(analysis)
         self.analysis_timeout_s = analysis_timeout_s
         self._plans: OrderedDict[tuple[str, KeepTorch], Plan | Unsupported] = OrderedDict()
+        self._exact_tasks: OrderedDict[str, None] = OrderedDict()
+        """Tasks whose TF32 convolution came back ``incorrect.precision``: the evaluator judged it
+        at exact precision (the reference's cuDNN computes IEEE fp32 there, as it does for few
+        input channels); no further proposal for them is in TF32."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._sources: OrderedDict[tuple[int, TemplateParams], tuple[Plan, str]] = OrderedDict()
         """Rendered sources by plan and parameters (the plan kept with its source, so its id is
@@ -252,7 +257,7 @@ class TemplateExpert:
         (first when it was measured on this very task), then mutations of them in turn, drawn from
         a generator seeded by the task. Kernels in ``avoid`` (the island's own) are passed over."""
         hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
-        tf32 = tf32_admitted(request)
+        tf32 = self._tf32(request)
         default = default_params(plan, hw, tf32)
         found = _from_experience(request.experiences, plan)
         learned, where = (_admitted(found[0], tf32), found[1]) if found is not None else (None, "")
@@ -293,10 +298,29 @@ class TemplateExpert:
                 fresh.append(entry)
         return fresh or walk[:n]
 
+    def _tf32(self, request: GenerateRequest) -> bool:
+        """Whether this request's proposals may compute convolutions in TF32: the run admits it
+        (:func:`tf32_admitted`) and no TF32 candidate of this task was refused for its precision."""
+        return tf32_admitted(request) and request.task.task_id not in self._exact_tasks
+
+    def _learn_precision(self, request: GenerateRequest, parent: TemplateParams | None) -> None:
+        """A TF32 parent diagnosed ``incorrect.precision``: the task is judged at exact precision."""
+        diagnosis = request.diagnosis.category if request.diagnosis is not None else None
+        refused = diagnosis is DiagnosisCategory.INCORRECT_PRECISION
+        if parent is not None and parent.conv_precision == "tf32" and refused:
+            self._exact_tasks[request.task.task_id] = None
+            self._exact_tasks.move_to_end(request.task.task_id)
+            while len(self._exact_tasks) > _PLAN_CACHE:
+                self._exact_tasks.popitem(last=False)
+
     def _propose(self, plan: Plan, request: GenerateRequest) -> tuple[Proposal, ...]:
         rng = np.random.default_rng(request.seed)
         n = min(request.n, self.max_variants)
         parent = _params_of(request.parent) if request.parent is not None else None
+        self._learn_precision(request, parent)
+        tf32 = self._tf32(request)
+        if parent is not None:
+            parent = _admitted(parent, tf32)  # a refused TF32 parent goes on in three passes
         if parent is not None and (parent.fuse_epilogue, parent.fuse_prologue) not in plan.fusions:
             parent = parent.with_changes(fuse_epilogue=True, fuse_prologue=True)
         chosen: list[tuple[TemplateParams, str, str]] = []
@@ -310,7 +334,7 @@ class TemplateExpert:
                 for _ in range(8 * n):
                     if len(chosen) == n:
                         break
-                    child = mutate(plan, parent, rng, diagnosis=steer, tf32=tf32_admitted(request))
+                    child = mutate(plan, parent, rng, diagnosis=steer, tf32=tf32)
                     if child not in seen:
                         seen.add(child)
                         if source_fingerprint(self._render(plan, child)) not in avoid:
