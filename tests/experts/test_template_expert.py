@@ -14,9 +14,11 @@ from actors.experts.template.hardware import detect
 from actors.experts.template.interp_check import check_in_subprocess
 from schemas import (
     Candidate,
+    Correctness,
     DeclineReason,
     Diagnosis,
     DiagnosisCategory,
+    EvalResult,
     EvalStatus,
     Experience,
     ExperienceHit,
@@ -278,7 +280,7 @@ def get_init_inputs():
 """
 
 
-async def test_a_tf32_convolution_refused_for_its_precision_ends_tf32_for_that_task() -> None:
+async def test_tf32_refused_or_a_verdict_at_exact_precision_ends_tf32_for_that_task() -> None:
     """Where the reference's cuDNN computes in IEEE fp32 (few input channels), the evaluator judges
     at exact precision and refuses a TF32 candidate (``incorrect.precision``): the expert then
     proposes no TF32 for that task, neither from that parent nor later. Control: before the
@@ -296,10 +298,13 @@ async def test_a_tf32_convolution_refused_for_its_precision_ends_tf32_for_that_t
         proposal = Proposal(source=render(plan, params), language=KernelLanguage.TRITON, params=params.as_dict())
         return Candidate(run_id="r1", island="i0", task_id=task.task_id, expert="template", proposal=proposal)
 
-    def request(p: TemplateParams, seed: int, diagnosis: Diagnosis | None = None) -> GenerateRequest:
+    def request(
+        p: TemplateParams, seed: int, diagnosis: Diagnosis | None = None, result: EvalResult | None = None
+    ) -> GenerateRequest:
         return GenerateRequest(
-            run_id="r1", island="i0", task=task, n=8, seed=seed, parent=parent(p), diagnosis=diagnosis
-        )
+            run_id="r1", island="i0", task=task, n=8, seed=seed, parent=parent(p), diagnosis=diagnosis,
+            parent_result=result,
+        )  # fmt: skip
 
     async def precisions(expert: TemplateExpert, p: TemplateParams) -> set[str]:
         seen: set[str] = set()
@@ -314,4 +319,15 @@ async def test_a_tf32_convolution_refused_for_its_precision_ends_tf32_for_that_t
     reply = await expert.generate(request(tf32_parent, 99, refused))
     assert reply.proposals
     assert all(pr.params["conv_precision"] != "tf32" for pr in reply.proposals)
+    assert "tf32" not in await precisions(expert, ieee_parent)
+
+    # The verdict of any parent says so too: the reference's IEEE error measured, none other at
+    # PyTorch's defaults (no precision parity granted for this task).
+    expert = _expert()
+    assert "tf32" in await precisions(expert, ieee_parent)
+    exact = Correctness(trials=2, passed_trials=2, atol=1e-4, rtol=1e-4, err_vs_fp64=2e-7, ref_err_vs_fp64=1.6e-7)
+    judged = EvalResult(
+        run_id="r1", candidate_id="c1", task_id=task.task_id, status=EvalStatus.CORRECT, summary="ok", correctness=exact
+    )
+    await expert.generate(request(ieee_parent, 98, result=judged))
     assert "tf32" not in await precisions(expert, ieee_parent)

@@ -304,10 +304,16 @@ class TemplateExpert:
         return tf32_admitted(request) and request.task.task_id not in self._exact_tasks
 
     def _learn_precision(self, request: GenerateRequest, parent: TemplateParams | None) -> None:
-        """A TF32 parent diagnosed ``incorrect.precision``: the task is judged at exact precision."""
+        """Whether the task is judged at exact precision, from the parent's verdict: its
+        correctness measured the reference's IEEE error against float64 but found no other error
+        at PyTorch's defaults (the defaults compute IEEE fp32 there, or were too large to measure),
+        or a TF32 parent was diagnosed ``incorrect.precision``."""
         diagnosis = request.diagnosis.category if request.diagnosis is not None else None
-        refused = diagnosis is DiagnosisCategory.INCORRECT_PRECISION
-        if parent is not None and parent.conv_precision == "tf32" and refused:
+        tf32_parent = parent is not None and parent.conv_precision == "tf32"
+        refused = tf32_parent and diagnosis is DiagnosisCategory.INCORRECT_PRECISION
+        corr = request.parent_result.correctness if request.parent_result is not None else None
+        exact = corr is not None and corr.ref_err_vs_fp64 is not None and corr.ref_default_err_vs_fp64 is None
+        if refused or exact:
             self._exact_tasks[request.task.task_id] = None
             self._exact_tasks.move_to_end(request.task.task_id)
             while len(self._exact_tasks) > _PLAN_CACHE:
