@@ -10,12 +10,13 @@ with cheaper forms where the tile's own coordinates already say it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import ew_expr, lit
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
-from actors.experts.template.ir import HALF, Node, NodeKind, broadcast_block
+from actors.experts.template.ir import GATHER_OPS, HALF, Node, NodeKind, broadcast_block
 from actors.experts.template.params import TemplateParams
 
 INT32_LIMIT = 2**31 - 1
@@ -174,8 +175,8 @@ class Writer:
 
     def _ew(self, scope: Scope, node: Node) -> str:
         row = self.row_level(node.id)
-        if node.op == "take_last":
-            return self._take_last(scope, node, row)
+        if node.op in GATHER_OPS:
+            return GATHER_EMITTERS[node.op](self, scope, node, row)
         args: list[str] = []
         for arg in node.args:
             if isinstance(arg, float):
@@ -202,23 +203,14 @@ class Writer:
         cmp = ">=" if node.op == "triu" else "<="
         return f"tl.where((({col}) - ({line})) {cmp} {int(node.attrs[0])}, {x}, 0.0)"
 
-    def _take_last(self, scope: Scope, node: Node, row: bool) -> str:
-        """``x[..., t]`` read from the stored ``x`` at this tile's elements of ``t``'s shape."""
-        src, index = node.tensor_args()
+    def gather_source(self, node: Node, what: str) -> int:
+        """The stored tensor a gather op (``GATHER_OPS``) reads: its base (not transposed, not
+        computed in this kernel)."""
+        src = node.tensor_args()[0]
         base, transposed = base_of(self.plan, src, self.sched.is_exported)
         if transposed or self.inside(src):
-            raise UnsupportedGraph("class indices into a tensor computed in the same kernel are not covered")
-        classes = self.plan.nodes[src].shape[-1]
-        t = self.operand(scope, index, node.shape, row)
-        sp = self.space(row)
-        at = sp.index(node.shape, (0, len(node.shape)))
-        var = f"v{node.id}"
-        ok = f"({sp.mask}) & ({t} >= 0) & ({t} < {classes})"
-        self.emit(
-            scope,
-            f"{var} = tl.load({self.pointer(base)} + ({at}) * {classes} + {t}, mask={ok}, other=0.0).to(tl.float32)",
-        )
-        return var
+            raise UnsupportedGraph(f"{what} into a tensor computed in the same kernel are not covered")
+        return base
 
     def store_exports(self, scope: Scope, nid: int, var: str) -> None:
         """The tile's value of node ``nid`` is ``var``: store every node the kernel exports (the
@@ -248,6 +240,37 @@ class Writer:
     def pid(self, axis: int = 0) -> str:
         """``tl.program_id`` (widened to int64 for tensors beyond 2**30 elements)."""
         return f"tl.program_id({axis}).to(tl.int64)" if self.wide else f"tl.program_id({axis})"
+
+
+GatherEmitter = Callable[[Writer, Scope, Node, bool], str]
+"""Emits one gather op (``GATHER_OPS``) of a tile: ``(writer, scope, node, row level)`` -> its variable."""
+GATHER_EMITTERS: dict[str, GatherEmitter] = {}
+
+
+def gather_emitter(op: str) -> Callable[[GatherEmitter], GatherEmitter]:
+    """Register the decorated function as the emitter of the gather op ``op`` (an op family's)."""
+
+    def register(fn: GatherEmitter) -> GatherEmitter:
+        GATHER_OPS.add(op)
+        GATHER_EMITTERS[op] = fn
+        return fn
+
+    return register
+
+
+@gather_emitter("take_last")
+def _take_last(w: Writer, scope: Scope, node: Node, row: bool) -> str:
+    """``x[..., t]`` read from the stored ``x`` at this tile's elements of ``t``'s shape."""
+    base = w.gather_source(node, "class indices")
+    src, index = node.tensor_args()
+    classes = w.plan.nodes[src].shape[-1]
+    t = w.operand(scope, index, node.shape, row)
+    sp = w.space(row)
+    at = sp.index(node.shape, (0, len(node.shape)))
+    var = f"v{node.id}"
+    ok = f"({sp.mask}) & ({t} >= 0) & ({t} < {classes})"
+    w.emit(scope, f"{var} = tl.load({w.pointer(base)} + ({at}) * {classes} + {t}, mask={ok}, other=0.0).to(tl.float32)")
+    return var
 
 
 @dataclass

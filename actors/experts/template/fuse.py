@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import Node, NodeKind, Plan, broadcast_block
+from actors.experts.template.ir import GATHER_OPS, Node, NodeKind, Plan, broadcast_block
 from actors.experts.template.params import TemplateParams
 
 
@@ -201,8 +201,8 @@ class _Builder:
         self.join(kernel, node.id, elem=False)
 
     def _ew(self, node: Node) -> None:
-        if node.op == "take_last":
-            self._take_last(node)
+        if node.op in GATHER_OPS:
+            self._gather(node)
             return
         inside = [a for a in node.tensor_args() if a in self.kernel_of]
         if inside:
@@ -228,8 +228,9 @@ class _Builder:
         kernel = self.new(KernelKind.PW, node.numel)
         self.join(kernel, node.id)
 
-    def _take_last(self, node: Node) -> None:
-        """A class-index read: its source is stored first, then read where the index is."""
+    def _gather(self, node: Node) -> None:
+        """A read at computed addresses (``GATHER_OPS``): its source is stored first, then read
+        where the index says."""
         src, index = node.tensor_args()
         self.export(src)
         after = self._producer(src)
@@ -352,9 +353,9 @@ def _check_addressable(sched: Schedule) -> None:
                 if sched.kernel_of.get(arg) == kernel.index:
                     continue
                 _, transposed = base_of(plan, arg, sched.is_exported)
-                if node.op == "take_last" and i == 0:
+                if node.op in GATHER_OPS and i == 0:
                     if transposed:
-                        raise UnsupportedGraph("class indices into a transposed tensor are not covered")
+                        raise UnsupportedGraph("indices into a transposed tensor are not covered")
                     continue  # read at computed addresses, not broadcast
                 if transposed:
                     raise UnsupportedGraph("a transposed tensor used elementwise is not covered")

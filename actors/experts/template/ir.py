@@ -122,6 +122,11 @@ int64 class index ``t`` of shape ``S`` (0.0 where ``t`` is outside ``[0, C)``). 
 keep ``x`` on and above (below) the diagonal ``attrs[0]`` of its last two dims and are 0.0
 elsewhere (the element's own row and column, from the tile's index)."""
 
+GATHER_OPS: set[str] = {"take_last"}
+"""Elementwise ops that read their first argument, a stored tensor, at computed addresses (an
+index loaded from their second): the scheduler stores that tensor first and never broadcasts it.
+An op family adds its own (with its ``EW_OPS`` arity and its emitter, ``emit.gather_emitter``)."""
+
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "gt", "ge", "lt", "le"})
 
 RED_OPS: tuple[str, ...] = ("sum", "prod", "amax", "amin", "argmax", "argmin")

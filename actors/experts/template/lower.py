@@ -32,7 +32,7 @@ from actors.experts.template.ir import (
     NodeRef,
 )
 from actors.experts.template.keep_torch import is_layout, keep
-from actors.experts.template.lowering import load_families
+from actors.experts.template.lowering import index_inputs, load_families
 from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.trace import Traced
 
@@ -386,12 +386,10 @@ class Lowerer:
             raise UnsupportedGraph("an in-place op on a value that is read again is not covered")
 
 
-INDEX_TARGETS = ("cross_entropy", "nll_loss")
-"""Ops whose ``target`` may be an int64 tensor of class indices."""
-
-
 def _class_indices(fxn: fx.Node) -> bool:
-    """Whether every use of the input ``fxn`` is as the class-index ``target`` of a loss."""
+    """Whether every use of the input ``fxn`` is as the index argument of an op that reads int64
+    indices (``lowering.index_input``: a loss's class ``target``, an embedding's ``input``)."""
+    indexed = index_inputs()
     if not fxn.users:
         return False
     for user in fxn.users:
@@ -401,13 +399,14 @@ def _class_indices(fxn: fx.Node) -> bool:
             if module is None:
                 return False
         spec = resolve(user, module)
-        if spec is None or spec.canon not in INDEX_TARGETS:
+        if spec is None or spec.canon not in indexed:
             return False
         try:
             bound = bind(spec, list(user.args), dict(user.kwargs), module)
         except UnsupportedGraph:
             return False
-        if bound.get("target") is not fxn or bound.get("input") is fxn:
+        param = indexed[spec.canon]
+        if bound.get(param) is not fxn or any(v is fxn for k, v in bound.items() if k != param):
             return False
     return True
 

@@ -72,6 +72,25 @@ def lowering(*canons: str) -> Callable[[LowerFn], LowerFn]:
     return register
 
 
+INDEX_INPUTS: dict[str, str] = {}
+"""Canonical op -> the argument through which it reads an int64 tensor of indices (a loss's class
+``target``, an embedding's ``input``): a model input used only there may be int64."""
+
+
+def index_input(canon: str, param: str) -> None:
+    """Declare that ``canon`` reads int64 indices through its argument ``param`` (a family's call)."""
+    held = INDEX_INPUTS.get(canon)
+    if held is not None and held != param:
+        raise ValueError(f"the index argument of {canon!r} is declared twice: {held!r}, {param!r}")
+    INDEX_INPUTS[canon] = param
+
+
+def index_inputs() -> dict[str, str]:
+    """Every declared index argument (the families loaded first)."""
+    load_families()
+    return dict(INDEX_INPUTS)
+
+
 def load_families() -> tuple[str, ...]:
     """Import every module of the families package once (each registers itself); their names."""
     if not _loaded:

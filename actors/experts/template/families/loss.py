@@ -20,12 +20,14 @@ from typing import Any
 
 from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import NodeRef
-from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.lowering import LowerContext, index_input, lowering
 
 LOSSES = (
     "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "triplet_margin_loss", "cross_entropy", "nll_loss"
 )  # fmt: skip
 """The canonical loss ops lowered here."""
+index_input("cross_entropy", "target")  # int64 class indices
+index_input("nll_loss", "target")
 
 
 def _reduce(lw: LowerContext, loss: NodeRef, reduction: object, batch: int | None = None) -> NodeRef:
