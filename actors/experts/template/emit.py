@@ -203,10 +203,10 @@ class Writer:
         cmp = ">=" if node.op == "triu" else "<="
         return f"tl.where((({col}) - ({line})) {cmp} {int(node.attrs[0])}, {x}, 0.0)"
 
-    def gather_source(self, node: Node, what: str) -> int:
-        """The stored tensor a gather op (``GATHER_OPS``) reads: its base (not transposed, not
-        computed in this kernel)."""
-        src = node.tensor_args()[0]
+    def gather_source(self, node: Node, what: str, i: int = 0) -> int:
+        """The stored tensor a gather op (``GATHER_OPS``) reads as its argument ``i``: its base
+        (not transposed, not computed in this kernel)."""
+        src = node.tensor_args()[i]
         base, transposed = base_of(self.plan, src, self.sched.is_exported)
         if transposed or self.inside(src):
             raise UnsupportedGraph(f"{what} into a tensor computed in the same kernel are not covered")
@@ -247,11 +247,12 @@ GatherEmitter = Callable[[Writer, Scope, Node, bool], str]
 GATHER_EMITTERS: dict[str, GatherEmitter] = {}
 
 
-def gather_emitter(op: str) -> Callable[[GatherEmitter], GatherEmitter]:
-    """Register the decorated function as the emitter of the gather op ``op`` (an op family's)."""
+def gather_emitter(op: str, sources: int = 1) -> Callable[[GatherEmitter], GatherEmitter]:
+    """Register the decorated function as the emitter of the gather op ``op`` (an op family's),
+    which reads its first ``sources`` arguments at computed addresses (0: all of them)."""
 
     def register(fn: GatherEmitter) -> GatherEmitter:
-        GATHER_OPS.add(op)
+        GATHER_OPS[op] = sources
         GATHER_EMITTERS[op] = fn
         return fn
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import GATHER_OPS, Node, NodeKind, Plan, broadcast_block
+from actors.experts.template.ir import GATHER_OPS, Node, NodeKind, Plan, broadcast_block, gathered
 from actors.experts.template.params import TemplateParams
 
 
@@ -230,7 +230,14 @@ class _Builder:
 
     def _gather(self, node: Node) -> None:
         """A read at computed addresses (``GATHER_OPS``): its source is stored first, then read
-        where the index says."""
+        where the index says; one that reads every argument so (``cat``) starts a kernel of its own
+        after them all."""
+        if GATHER_OPS[node.op] == 0:
+            for arg in node.tensor_args():
+                self.export(arg)
+            kernel = self.new(KernelKind.PW, node.numel)
+            self.join(kernel, node.id)
+            return
         src, index = node.tensor_args()
         self.export(src)
         after = self._producer(src)
@@ -353,7 +360,7 @@ def _check_addressable(sched: Schedule) -> None:
                 if sched.kernel_of.get(arg) == kernel.index:
                     continue
                 _, transposed = base_of(plan, arg, sched.is_exported)
-                if node.op in GATHER_OPS and i == 0:
+                if gathered(node.op, i):
                     if transposed:
                         raise UnsupportedGraph("indices into a transposed tensor are not covered")
                     continue  # read at computed addresses, not broadcast

@@ -122,10 +122,18 @@ int64 class index ``t`` of shape ``S`` (0.0 where ``t`` is outside ``[0, C)``). 
 keep ``x`` on and above (below) the diagonal ``attrs[0]`` of its last two dims and are 0.0
 elsewhere (the element's own row and column, from the tile's index)."""
 
-GATHER_OPS: set[str] = {"take_last"}
-"""Elementwise ops that read their first argument, a stored tensor, at computed addresses (an
-index loaded from their second): the scheduler stores that tensor first and never broadcasts it.
-An op family adds its own (with its ``EW_OPS`` arity and its emitter, ``emit.gather_emitter``)."""
+GATHER_OPS: dict[str, int] = {"take_last": 1}
+"""Elementwise ops that read stored tensors at computed addresses, with how many of their leading
+arguments they read so (0: all of them): ``take_last`` reads its first at an index loaded from its
+second. The scheduler stores those tensors first and never broadcasts them. An op family adds its
+own (with its ``EW_OPS`` entry and its emitter, ``emit.gather_emitter``)."""
+
+
+def gathered(op: str, i: int) -> bool:
+    """Whether argument ``i`` of elementwise op ``op`` is read at computed addresses."""
+    count = GATHER_OPS.get(op)
+    return count is not None and (count == 0 or i < count)
+
 
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "gt", "ge", "lt", "le"})
 

@@ -1,0 +1,94 @@
+"""Concatenation: ``torch.cat`` (``torch.concat``, ``torch.concatenate``) of float tensors.
+
+One ``cat`` gather node whose arguments are the parts, stored first (by the kernels that make
+them, or the model's inputs and weights) and read at computed addresses: each output element
+works out its coordinate along the joined dim, the part it falls in and that part's element, and
+loads it (the parts' loads masked to their own range, picked with ``tl.where``). The elementwise
+ops after the concatenation fuse into that kernel. Empty parts are left out; one part is the part
+itself. Declined, with the reason: parts of other shapes (beyond the joined dim) or dtypes,
+transposed parts, and more than 16 parts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from actors.experts.template.emit import Scope, Writer, gather_emitter
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
+from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.spellings import REQUIRED, Spec, spell
+
+MAX_PARTS = 16
+"""Most parts one ``cat`` node reads (one masked load each per output element)."""
+
+EW_OPS["cat"] = (2, 1)  # at least two parts; the joined dim
+spell(Spec("cat", (("tensors", REQUIRED), ("dim", 0))), functions=(torch.cat, torch.concat, torch.concatenate))
+
+
+@lowering("cat")
+def _cat(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    parts = b["tensors"]
+    if not isinstance(parts, list | tuple) or not parts:
+        raise UnsupportedGraph("torch.cat of something other than a list of tensors is not covered")
+    refs = [lw.tensor(p, "a part of torch.cat") for p in parts]
+    shapes = [lw.shape(r) for r in refs]
+    rank = len(shapes[0])
+    dim = b.get("dim", 0)
+    if not isinstance(dim, int) or rank == 0 or not -rank <= dim < rank:
+        raise UnsupportedGraph(f"torch.cat along dim {dim!r} of {rank}-dim parts is not covered")
+    dim %= rank
+    for s in shapes:
+        if len(s) != rank or s[:dim] != shapes[0][:dim] or s[dim + 1 :] != shapes[0][dim + 1 :]:
+            raise UnsupportedGraph(f"torch.cat of parts of shapes {shapes} along dim {dim} is not covered")
+    dtypes = {lw.node(r).dtype for r in refs}
+    if len(dtypes) != 1:
+        raise UnsupportedGraph(f"torch.cat of parts of dtypes {sorted(dtypes)} is not covered")
+    kept = [r for r, s in zip(refs, shapes, strict=True) if s[dim] > 0]
+    if not kept:
+        raise UnsupportedGraph("torch.cat of empty parts only is not covered")
+    if len(kept) == 1:
+        return kept[0]
+    if len(kept) > MAX_PARTS:
+        raise UnsupportedGraph(f"torch.cat of {len(kept)} parts (more than {MAX_PARTS}) is not covered")
+    if any(lw.transposed(r) for r in kept):
+        raise UnsupportedGraph("torch.cat of a transposed part is not covered")
+    out = list(shapes[0])
+    out[dim] = sum(lw.shape(r)[dim] for r in kept)
+    return lw.add(
+        NodeKind.EW, tuple(out), op="cat", args=tuple(r.id for r in kept), attrs=(float(dim),), dtype=dtypes.pop()
+    )
+
+
+@gather_emitter("cat", sources=0)
+def _emit_cat(w: Writer, scope: Scope, node: Node, row: bool) -> str:
+    """Each element's coordinate along the joined dim picks the part it is read from."""
+    dim = int(node.attrs[0])
+    shape = node.shape
+    size, inner = shape[dim], math.prod(shape[dim + 1 :])
+    sp = w.space(row)
+    at = sp.index(shape, (0, len(shape)))
+    c, outer, rest = f"c{node.id}", f"o{node.id}", f"r{node.id}"
+    w.emit(scope, f"{c} = (({at}) // {inner}) % {size}")
+    w.emit(scope, f"{outer} = ({at}) // {inner * size}")
+    w.emit(scope, f"{rest} = ({at}) % {inner}")
+    start = 0
+    pieces: list[tuple[int, str]] = []
+    for i, src in enumerate(node.tensor_args()):
+        base = w.gather_source(node, "parts of torch.cat", i)
+        part = w.plan.nodes[src].shape[dim]
+        var = f"v{node.id}_{i}"
+        at_part = f"({outer} * {part} + ({c} - {start})) * {inner} + {rest}"
+        ok = f"({sp.mask}) & ({c} >= {start}) & ({c} < {start + part})"
+        w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {at_part}, mask={ok}, other=0.0).to(tl.float32)")
+        start += part
+        pieces.append((start, var))
+    expr = pieces[-1][1]
+    for end, var in reversed(pieces[:-1]):
+        expr = f"tl.where({c} < {end}, {var}, {expr})"
+    out = f"v{node.id}"
+    w.emit(scope, f"{out} = {expr}")
+    return out
