@@ -1,5 +1,5 @@
 """The index family (``families/index.py``: ``nn.Embedding``, ``F.embedding``, ``index_select``
-along dim 0) against PyTorch, on the CPU under the Triton interpreter, in the variants of
+along dim 0, ``x[idx]``) against PyTorch, on the CPU under the Triton interpreter, in the variants of
 ``template_interp`` (default, stress, mutant, 64-bit indexing); and its declines."""
 
 from __future__ import annotations
@@ -63,6 +63,18 @@ INDEX_CASES: tuple[Case, ...] = (
         ),
         ({"D": 20}, {"D": 3}),
     ),
+    Case(
+        "getitem_rows_then_scale",
+        _model(
+            "",
+            "",
+            "x, idx",
+            "return x[idx] * 3.0 + 1.0",
+            "torch.randn(25, $D, 2), torch.randint(0, 25, (13,))",
+            "",
+        ),
+        ({"D": 3}, {"D": 1}),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "row_warps": 1, "row_block_r": 64}
@@ -94,7 +106,7 @@ def test_the_family_is_one_module_registered_for_its_ops() -> None:
         ("return self.emb(t)", "torch.randint(0, 9, (4,))", "self.emb = nn.Embedding(9, 4, max_norm=1.0)", "max_norm"),
         ("return torch.index_select(x, 1, t)", "torch.randn(5, 6), torch.randint(0, 6, (3,))", "", "dim 1"),
         ("return torch.index_select(x, 0, t)", "torch.randn(5, 6), torch.randint(0, 5, (3,)).int()", "", "int32"),
-        ("return x[t] * 2.0", "torch.randn(5, 6), torch.randint(0, 5, (3,))", "", "int64"),
+        ("return x[t] * 2.0", "torch.randn(5, 6), torch.randint(0, 5, (3, 2))", "", "indexing"),
     ],
 )
 def test_what_the_family_does_not_cover_is_declined_with_the_reason(

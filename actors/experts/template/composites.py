@@ -357,6 +357,11 @@ def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
             return _present(x.items[b["index"]])
         if _whole_slice(lw, x, b["index"], traced):
             return x  # ``mask[:, :, :T, :T]`` where T is the whole extent: the tensor itself
+        index = b["index"]
+        rows = lower_fn("index_select")
+        int_rows = isinstance(index, NodeRef) and lw.node(index).dtype == "int64" and len(lw.shape(index)) == 1
+        if isinstance(x, NodeRef) and int_rows and rows is not None:
+            return rows(lw, "index_select", {"input": x, "dim": 0, "index": index}, traced)  # ``x[idx]``
         raise UnsupportedGraph("indexing or slicing a tensor is not covered", op="getitem")
     if canon == "getattr":
         name = b["name"]

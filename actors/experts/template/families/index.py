@@ -1,5 +1,6 @@
-"""Reading rows by int64 indices: ``nn.Embedding`` / ``F.embedding`` and ``torch.index_select``
-(``Tensor.index_select``) along dim 0.
+"""Reading rows by int64 indices: ``nn.Embedding`` / ``F.embedding``, ``torch.index_select``
+(``Tensor.index_select``) along dim 0, and ``x[idx]`` with a 1-dim int64 tensor (the core's
+``getitem`` looks ``index_select`` up in the registry).
 
 Each becomes one ``take_rows`` gather node: ``take_rows(x, t)`` reads ``x[t[...], j]`` from the
 stored ``x`` of shape ``(V, D)`` at the int64 index ``t`` of shape ``(*S, 1)``, giving ``(*S, D)``
@@ -50,6 +51,7 @@ spell(
 )
 index_input("embedding", "input")
 index_input("index_select", "index")
+index_input("getitem", "index")  # ``x[idx]`` with a 1-dim int64 tensor: ``composites`` asks index_select
 
 
 def _indices(lw: LowerContext, ref: object, what: str) -> NodeRef:
