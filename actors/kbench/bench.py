@@ -54,12 +54,6 @@ def add_bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--seconds", type=float, default=None, help="wall-clock budget per problem (kfoundry run --seconds)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--eval-timeout", type=float, default=180.0, help="kfoundry run --eval-timeout")
-    p.add_argument(
-        "--confine-task",
-        action="store_true",
-        help="every problem's run imports its task file confined outside the evaluator too (kfoundry run "
-        "--confine-task; refused where this machine cannot)",
-    )
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (bench.json, bench.md, runs/)")
     p.add_argument(
         "--run-args",

@@ -99,15 +99,13 @@ def test_the_task_signature_is_computed_confined_only_when_asked(
     assert _connected(listener) is not confine
 
 
-def test_the_switch_is_an_option_of_run_actor_and_bench_and_an_environment_variable(
+def test_the_switch_is_an_option_of_run_and_actor_and_an_environment_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     parser = build_parser()
     assert parser.parse_args(["run", "task.py", "--confine-task"]).confine_task is True
     assert parser.parse_args(["actor", "expert", "--run", "r1", "--confine-task"]).confine_task is True
     assert parser.parse_args(["run", "task.py"]).confine_task is False
-    bench = parser.parse_args(["bench", "kb", "--level", "1", "--confine-task"])
-    assert bench.confine_task is True  # main() turns it on; every problem's run inherits it
     monkeypatch.delenv(task_confine.ENV, raising=False)
     assert task_confine.wanted() is False
     task_confine.enable()
