@@ -77,3 +77,28 @@ async def test_tf32_is_a_downcast_where_the_reference_runs_in_ieee_float32() -> 
     assert tf32.correctness is not None
     assert tf32.correctness.precision is PrecisionMode.REFERENCE
     assert tf32.correctness.ref_default_err_vs_fp64 is None
+
+
+async def test_a_reference_whose_ieee_runs_differ_in_the_last_bits_keeps_its_parity() -> None:
+    """cuDNN's transposed convolutions sum with atomics in IEEE float32 (KernelBench L2-2: two
+    runs differ by 1e-8 where its TF32 errs 7e-5): the defaults' error is still the precision
+    granted, and narrower formats are still refused."""
+    got = await _run("matmul_tf32_flag_atomic", ["rounded_tf32_matmul", "rounded_bf16_matmul"])
+    tf32, bf16 = got["rounded_tf32_matmul"], got["rounded_bf16_matmul"]
+    assert tf32.status is EvalStatus.CORRECT, tf32.summary
+    assert tf32.correctness is not None
+    assert tf32.correctness.precision is PrecisionMode.REFERENCE
+    assert tf32.correctness.ref_default_err_vs_fp64 is not None
+    assert bf16.status is EvalStatus.INCORRECT, bf16.summary
+    assert "lower precision than the reference" in bf16.summary
+
+
+async def test_a_reference_whose_ieee_runs_spread_as_far_as_its_tf32_keeps_the_exact_rule() -> None:
+    """Runs that differ by 1e-5 (within the float tolerance, so the task stands) are noise of the
+    same order as TF32's error: no precision is granted for it."""
+    got = await _run("matmul_tf32_flag_noisy", ["rounded_tf32_matmul"])
+    tf32 = got["rounded_tf32_matmul"]
+    assert tf32.status is EvalStatus.INCORRECT, tf32.summary
+    assert "lower precision than the reference" in tf32.summary
+    assert tf32.correctness is not None
+    assert tf32.correctness.ref_default_err_vs_fp64 is None
