@@ -124,6 +124,42 @@ CONV_CASES: tuple[Case, ...] = (
         _ONE,
     ),
     Case(
+        "conv_transpose_phases_without_taps",
+        _model(
+            "",
+            "self.conv = nn.ConvTranspose2d(16, 8, 2, stride=3, padding=0, output_padding=1)",
+            "x",
+            "return torch.sigmoid(self.conv(x))",
+            "torch.randn(2, 16, 4, 5)",
+            "",
+        ),
+        _ONE,
+    ),
+    Case(
+        "conv_transpose1d_dilation_inverse_mod_stride",
+        _model(
+            "",
+            "self.conv = nn.ConvTranspose1d(16, 16, 5, stride=4, padding=2, dilation=3, output_padding=2)",
+            "x",
+            "return self.conv(x)",
+            "torch.randn(2, 16, 7)",
+            "",
+        ),
+        _ONE,
+    ),
+    Case(
+        "conv_transpose2d_dilation_shares_stride",
+        _model(
+            "",
+            "self.conv = nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, dilation=2)",
+            "x",
+            "return self.conv(x)",
+            "torch.randn(2, 3, 5, 6)",
+            "",
+        ),
+        _ONE,
+    ),
+    Case(
         "conv_transpose3d_bias_gelu",
         _model(
             "",

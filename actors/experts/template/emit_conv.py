@@ -14,7 +14,9 @@ at a time (the earlier form, a ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products 
 off by 3e-4 to 0.64 on at least 9 small cases with 16x16x16 tiles on an H200, Triton 3.6, and right
 under the interpreter; the outer products are right on both). A forward convolution reads input position
 ``o * stride - padding + k * dilation``; a transposed one (its gather form) reads
-``(o + padding - k * dilation) / stride`` where that is a whole number inside the input. Groups
+``(o + padding - k * dilation) / stride`` where that is a whole number inside the input; walked
+taps outside, a strided one runs in its stride phases (:meth:`ConvWriter.phased`), each walking only
+the taps that land on whole input positions for it, not every tap with most of them masked. Groups
 are the launch's second axis (depthwise and pointwise are groups of one channel and 1x1
 kernels). The elementwise ops that follow (bias, activations, scaling, residual adds) run on the
 accumulator tile before the one store, through the shared :class:`~emit.Writer` machinery.
@@ -120,11 +122,49 @@ class ConvWriter(Writer):
             offset.append(f"i{d}" if stride == 1 else f"i{d} * {stride}")
         return " + ".join(offset), " & ".join(valid)
 
+    def _phase_positions(self, loop: Scope) -> tuple[str, str]:
+        """In a :meth:`phased` loop, from the phase's tap counter ``kt``: the tap's index in the
+        kernel (``kt`` again, for the weights) and the input offset within one plane and its
+        validity per row (``j{d} + h{d} - t{d} * dilation``, inside the input)."""
+        e = self.emit
+        e(loop, "tq = kt")
+        offset: list[str] = []
+        valid: list[str] = []
+        taps: list[str] = []
+        for d in range(self.nd):
+            st, dl, size = self.spec.stride[d], self.spec.dilation[d], self.sin[d]
+            rest = " * ".join(f"nt{x}" for x in range(d + 1, self.nd))
+            e(loop, f"t{d} = (tq // ({rest})) % nt{d}" if rest else f"t{d} = tq % nt{d}")
+            e(loop, f"i{d} = j{d} + h{d} - t{d}" + (f" * {dl}" if dl != 1 else ""))
+            valid.append(f"(i{d} >= 0) & (i{d} < {size})")
+            k = f"(r{d} + {st} * t{d})" if st > 1 else f"t{d}"
+            taps.append(k if d == self.nd - 1 else f"{k} * {math.prod(self.ks[d + 1 :])}")
+            stride = math.prod(self.sin[d + 1 :])
+            offset.append(f"i{d}" if stride == 1 else f"i{d} * {stride}")
+        e(loop, f"kt = {' + '.join(taps)}")
+        return " + ".join(offset), " & ".join(valid)
+
     def taps_outer(self) -> bool:
         """Whether the reduction walks taps outside and input channels inside: ``conv_taps_outer``,
         and always with ``fma`` or one input channel per group (products of vectors and weights,
         one channel at a time: no ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products)."""
         return self.params.conv_taps_outer or outer_products(self.params, self.cin_g)
+
+    def phased(self) -> bool:
+        """Whether a strided transposed convolution is split into its stride phases (taps
+        outside only): the output positions ``o`` with the same ``o % stride`` per dimension read
+        the input through the same taps, ``k = r + stride * t`` with ``r`` fixed by the phase, so
+        a phase walks only its own taps (``ceil(k / stride)`` per dimension) instead of every tap
+        with most masked out: 1/4 of the products of a 3x3, stride-2 kernel are real (KernelBench
+        L2-2). Where a dimension's dilation shares a factor with its stride, no such ``r`` exists
+        for every phase, and the taps stay masked."""
+        spec = self.spec
+        return (
+            spec.transposed
+            and self.taps_outer()
+            and any(s > 1 for s in spec.stride)
+            and all(math.gcd(dl, s) == 1 for dl, s in zip(spec.dilation, spec.stride, strict=True))
+        )
 
     def channels_last(self) -> bool:
         """Whether the input is read from a channels-last copy (``conv_layout`` ``nhwc``): only
@@ -170,14 +210,22 @@ class ConvWriter(Writer):
         e = self.emit
         e(s, f"pid = {self.pid(0)}")
         e(s, f"g = {self.pid(1)}")
+        if self.phased():  # the phases of one tile run side by side: their stores meet in L2
+            e(s, f"ph = pid % {self._phases()}")
+            e(s, f"pid = pid // {self._phases()}")
         e(s, f"rm = (pid // {npn}) * BLOCK_M + tl.arange(0, BLOCK_M)")
         e(s, f"rn = (pid % {npn}) * BLOCK_N + tl.arange(0, BLOCK_N)")
         e(s, f"co = g * {self.cout_g} + rn")
-        e(s, f"mmask = rm < {self.m}")
         e(s, f"nmask = rn < {self.cout_g}")
-        e(s, f"nb = rm // {so}")
-        e(s, f"sp = rm % {so}")
-        outs = coords(self, s, "sp", self.sout, "o")
+        rows = self.m
+        if self.phased():
+            rows = self._phase_rows(s)
+            outs = [f"o{d}" for d in range(self.nd)]
+        else:
+            e(s, f"mmask = rm < {self.m}")
+            e(s, f"nb = rm // {so}")
+            e(s, f"sp = rm % {so}")
+            outs = coords(self, s, "sp", self.sout, "o")
         if self.channels_last():  # [batch, *spatial, channels]: a group's channels start at g * cin_g
             e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g}")
         else:
@@ -216,7 +264,7 @@ class ConvWriter(Writer):
             source="\n".join(["@triton.jit", signature, *body]),
             name=self.kernel.name,
             pointers=self.pointers,
-            grid=(math.ceil(self.m / bm) * npn, self.spec.groups),
+            grid=(math.ceil(rows / bm) * npn * (self._phases() if self.phased() else 1), self.spec.groups),
             constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
             num_warps=p.conv_warps,
             num_stages=p.conv_stages,
@@ -225,6 +273,39 @@ class ConvWriter(Writer):
             pre=pre,
             reads=reads,
         )
+
+    def _phases(self) -> int:
+        """The stride phases of a :meth:`phased` convolution (the fastest part of the launch's
+        first axis)."""
+        return math.prod(self.spec.stride)
+
+    def _phase_rows(self, s: Scope) -> int:
+        """Emit a phase's output positions (``nb``, ``o{d}``, ``sp``, ``mmask``) and its taps per
+        dimension (``r{d}`` the first, ``nt{d}`` how many, ``h{d}`` its input offset: the tap
+        ``r + stride * t`` reads input ``j + h - t * dilation`` for the phase's ``j``-th
+        position ``o = phase + stride * j``); returns the rows of one phase (every phase is
+        given as many, those past the output masked)."""
+        spec, e = self.spec, self.emit
+        per = tuple(math.ceil(o / st) for o, st in zip(self.sout, spec.stride, strict=True))
+        e(s, f"nb = rm // {math.prod(per)}")
+        js = coords(self, s, f"rm % {math.prod(per)}", per, "j")
+        hs = coords(self, s, "ph", spec.stride, "f")
+        bounds: list[str] = [f"(rm < {self.out_shape[0] * math.prod(per)})"]
+        for d in range(self.nd):
+            st, p, dl = spec.stride[d], spec.padding[d], spec.dilation[d]
+            inv = pow(dl, -1, st) if st > 1 else 0
+            e(s, f"o{d} = {hs[d]} + {st} * {js[d]}" if st > 1 else f"o{d} = {js[d]}")
+            if self.sout[d] % st:
+                bounds.append(f"(o{d} < {self.sout[d]})")
+            # the first tap k with (phase + padding - k * dilation) % stride == 0, then every stride-th
+            e(s, f"r{d} = (({hs[d]} + {p}) % {st}) * {inv} % {st}" if st > 1 else f"r{d} = 0")
+            e(s, f"nt{d} = ({self.ks[d]} - r{d} + {st - 1}) // {st}" if st > 1 else f"nt{d} = {self.ks[d]}")
+            # exact division (the numerator is a multiple of the stride), kept non-negative
+            e(s, f"h{d} = ({hs[d]} + {p} - r{d} * {dl} + {st * dl}) // {st} - {dl}" if st > 1 else f"h{d} = {p}")
+        e(s, f"mmask = {' & '.join(bounds)}")
+        terms = [f"o{d}" if d == self.nd - 1 else f"o{d} * {math.prod(self.sout[d + 1 :])}" for d in range(self.nd)]
+        e(s, f"sp = {' + '.join(terms)}")
+        return self.out_shape[0] * math.prod(per)
 
     def _copy_shape(self) -> tuple[int, ...]:
         """The shape of the input's copy: channels-last, or the input's own."""
@@ -329,8 +410,20 @@ class ConvWriter(Writer):
         self.emit(loop, f'acc = tl.dot(a, b, acc, input_precision="{self.params.conv_precision}")')
 
     def _flat(self, s: Scope, px: str, pw: str, plane: int, outs: list[str]) -> None:
-        """The reduction as one flat index over (input channel, tap), gathered per tile element."""
+        """The reduction as one flat index over (input channel, tap), gathered per tile element.
+        A forward convolution's input offset is a sum of a row's part (``xo``: its batch and
+        output position, once per tile) and a column's (``koff``: channel and tap, once per
+        step), so only one add and the padding masks are per tile element."""
         e = self.emit
+        forward = not self.spec.transposed
+        if forward:
+            spec, terms = self.spec, ["xrow"]
+            for d in range(self.nd):
+                st, p, stride = spec.stride[d], spec.padding[d], math.prod(self.sin[d + 1 :])
+                od = outs[d] if st == 1 else f"{outs[d]} * {st}"
+                pos = f"({od} - {p})" if p else od
+                terms.append(pos if stride == 1 else f"{pos} * {stride}")
+            e(s, f"xo = {' + '.join(terms)}")
         e(s, f"for k0 in range(0, {self.k}, BLOCK_K):")
         loop = Scope(indent="        ", parent=s)
         rk = "(k0 + tl.arange(0, BLOCK_K)).to(tl.int64)" if self.wide else "k0 + tl.arange(0, BLOCK_K)"
@@ -339,9 +432,20 @@ class ConvWriter(Writer):
         e(loop, f"ci = rk // {self.taps}")
         e(loop, f"kp = rk % {self.taps}")
         taps = coords(self, loop, "kp", self.ks, "q")
+        start = len(self.lines)
         offset, valid = self._positions(loop, [f"{o}[:, None]" for o in outs], [f"{q}[None, :]" for q in taps])
+        if forward and not valid:  # the positions only checked the padding: there is none to check
+            del self.lines[start:]
         e(loop, "a_mask = mmask[:, None] & kmask[None, :]" + (f" & {valid}" if valid else ""))
-        e(loop, f"a = tl.load({px} + xrow[:, None] + ci[None, :] * {plane} + {offset}, mask=a_mask, other=0.0)")
+        if forward:
+            cols = [f"ci * {plane}"]
+            for d in range(self.nd):
+                dl, stride = self.spec.dilation[d], math.prod(self.sin[d + 1 :])
+                cols.append(f"{taps[d]} * {dl * stride}" if dl * stride != 1 else taps[d])
+            e(loop, f"koff = {' + '.join(cols)}")
+            e(loop, f"a = tl.load({px} + xo[:, None] + koff[None, :], mask=a_mask, other=0.0)")
+        else:
+            e(loop, f"a = tl.load({px} + xrow[:, None] + ci[None, :] * {plane} + {offset}, mask=a_mask, other=0.0)")
         if self.spec.transposed:
             w_index = f"((g * {self.cin_g} + ci[:, None]) * {self.cout_g} + rn[None, :]) * {self.taps} + kp[:, None]"
         else:
@@ -355,15 +459,21 @@ class ConvWriter(Writer):
         input positions and masks are per row."""
         e = self.emit
         chunks = math.ceil(self.cin_g / bk)
-        e(s, f"for kk in range(0, {self.taps * chunks}):")
+        phased = self.phased()
+        if phased:  # only the phase's own taps: nt0 x nt1 x ..., a runtime count
+            e(s, f"ntaps = {' * '.join(f'nt{d}' for d in range(self.nd))}")
+        e(s, f"for kk in range(0, {'ntaps' if phased else self.taps} * {chunks}):")
         loop = Scope(indent="        ", parent=s)
         if chunks == 1:
             e(loop, "kt = kk")
         else:
             e(loop, f"kt = kk // {chunks}")
             e(loop, f"c0 = (kk % {chunks}) * BLOCK_K")
-        taps = coords(self, loop, "kt", self.ks, "q")
-        offset, valid = self._positions(loop, outs, taps)
+        if phased:
+            offset, valid = self._phase_positions(loop)
+        else:
+            taps = coords(self, loop, "kt", self.ks, "q")
+            offset, valid = self._positions(loop, outs, taps)
         e(loop, f"rmask = mmask & {valid}" if valid else "rmask = mmask")
         if self.channels_last():  # the tap's position times the channels, a chunk's channels contiguous
             e(loop, f"xo = xrow + ({offset}) * {self.cin}")
