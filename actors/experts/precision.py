@@ -14,9 +14,15 @@ from schemas import GenerateRequest, PrecisionMode
 CUDNN_PRECISION_KNOBS = ("cudnn.allow_tf32", "fp32_precision")
 """Names a task file would use to set its convolutions' precision itself."""
 
-TF32_ROUNDING = "x = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)"
-"""Triton that rounds fp32 operands to TF32 to nearest, as cuDNN does (``tl.dot``'s own TF32
-truncates them and erred 2.7-3.4x cuDNN's on an H200)."""
+
+def tf32_rounding(var: str) -> str:
+    """Triton that rounds the fp32 tile ``var`` to TF32 to nearest in place, as cuDNN does
+    (``tl.dot``'s own TF32 truncates operands and erred 2.7-3.4x cuDNN's on an H200)."""
+    return f"{var} = (({var}.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)"
+
+
+TF32_ROUNDING = tf32_rounding("x")
+"""The rounding of :func:`tf32_rounding` as prompts quote it."""
 
 
 def tf32_admitted(request: GenerateRequest) -> bool:

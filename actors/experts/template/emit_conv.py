@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from actors.experts.precision import tf32_rounding
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
@@ -320,7 +321,7 @@ class ConvWriter(Writer):
         plane, c, n = math.prod(self.sin), self.cin, self.out_shape[0]
         if not self.channels_last():
             return self._rounding(name, f"_xc{self.kernel.index}", f"_b{self.xbase}", n * c * plane)
-        rnd = "v = ((v.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)"
+        rnd = tf32_rounding("v")
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         lines = ["@triton.jit", f"def {name}(xc, p{self.xbase}, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):"]
         bs, bc = 64, max(4, min(64, next_pow2(c)))
@@ -362,7 +363,7 @@ class ConvWriter(Writer):
             f"offs = {pid} * BLOCK_S + tl.arange(0, BLOCK_S)",
             f"m = offs < {total}",
             "v = tl.load(src + offs, mask=m, other=0.0)",
-            "v = ((v.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)",
+            tf32_rounding("v"),
             "tl.store(dst + offs, v, mask=m)",
         ]
         lines = ["@triton.jit", f"def {name}(dst, src, BLOCK_S: tl.constexpr):", *("    " + b for b in body)]
@@ -404,9 +405,7 @@ class ConvWriter(Writer):
         they err as cuDNN does."""
         if self.params.conv_precision == "tf32" and not self.preround():
             for t in ("a", "b"):
-                self.emit(
-                    loop, f"{t} = (({t}.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)"
-                )
+                self.emit(loop, tf32_rounding(t))
         self.emit(loop, f'acc = tl.dot(a, b, acc, input_precision="{self.params.conv_precision}")')
 
     def _flat(self, s: Scope, px: str, pw: str, plane: int, outs: list[str]) -> None:
