@@ -129,21 +129,17 @@ def _confined_signature(task: Task) -> TaskSignature:
 
     from actors.runtime import task_confine
 
-    workdir = task_confine.private_dir()
-    try:
-        command = task_confine.confined_command([sys.executable, "-m", "actors.commands.signature", task.name], workdir)
+    with task_confine.confined_child([sys.executable, "-m", "actors.commands.signature", task.name]) as child:
         done = subprocess.run(
-            command,
+            child.command,
             input=task.source,
             capture_output=True,
             text=True,
             timeout=CHILD_TIMEOUT_S,
-            env=task_confine.child_env(workdir),
-            cwd=workdir,
+            env=child.env,
+            cwd=child.cwd,
             check=False,
         )
-    finally:
-        task_confine.remove(workdir)
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"the confined signature process failed ({done.returncode}): {tail[0][:300]}")

@@ -14,14 +14,16 @@ A machine that cannot grant the namespaces refuses the switch with the reason
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from actors.runtime.errors import KfError
 
@@ -40,14 +42,23 @@ class TaskConfineError(KfError):
 
 
 @functools.lru_cache(maxsize=1)
-def _layers(python: str) -> Any:
+def _probe(python: str) -> tuple[Any, str | None]:
+    """The machine's confinement layers and, where a needed one does not hold, the refusal (both
+    kept: a machine that cannot confine is not probed again for every analysis)."""
     from gpu_runner.confine import policy
 
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
     layers = policy.probe(python, env, False, None, {})
     missing = [f"{name}: {layers.notes.get(name, 'not probed')}" for name in NEEDED if not _holds(layers, name)]
     if missing:
-        raise TaskConfineError("--confine-task: this machine cannot confine the task file (" + "; ".join(missing) + ")")
+        return layers, "--confine-task: this machine cannot confine the task file (" + "; ".join(missing) + ")"
+    return layers, None
+
+
+def _layers(python: str) -> Any:
+    layers, refusal = _probe(python)
+    if refusal is not None:
+        raise TaskConfineError(refusal)
     return layers
 
 
@@ -111,6 +122,26 @@ def child_env(workdir: Path, keep: tuple[str, ...] = ("PATH", "LANG", "LC_ALL"))
         }
     )
     return env
+
+
+class ConfinedChild(NamedTuple):
+    """How to start one confined child: its command line, environment and working folder."""
+
+    command: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+@contextlib.contextmanager
+def confined_child(command: list[str], python: str | None = None) -> Iterator[ConfinedChild]:
+    """``command`` (a Python child: ``[python, "-m", ...]``) made ready to start confined, in a
+    fresh private folder (:func:`private_dir`) removed, with what the child left there, when the
+    block ends. Raises :class:`TaskConfineError` where the machine cannot confine it."""
+    workdir = private_dir()
+    try:
+        yield ConfinedChild(confined_command(command, workdir, python), child_env(workdir), str(workdir))
+    finally:
+        remove(workdir)
 
 
 def private_dir() -> Path:

@@ -38,25 +38,17 @@ async def analyse_in_child(
     from actors.runtime import task_confine
 
     command = [sys.executable, "-m", "actors.experts.template.isolate", f"--keep-torch={KeepTorch(keep_torch).value}"]
-    workdir: Path | None = None
-    try:
-        if task_confine.wanted() if confine is None else confine:
-            workdir = task_confine.private_dir()
-            command = task_confine.confined_command(command, workdir)  # in its own PID namespace: no parent check
-            env, cwd = task_confine.child_env(workdir), str(workdir)
-        else:
-            command.append(f"--parent={os.getpid()}")
-            env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
-            env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            cwd = str(_ROOT)
-    except task_confine.TaskConfineError as exc:
-        return Unsupported(detail=str(exc))
-    try:
-        return await _analyse(command, env, cwd, source, timeout)
-    finally:
-        if workdir is not None:
-            task_confine.remove(workdir)
+    if task_confine.wanted() if confine is None else confine:
+        try:  # in its own PID namespace: no parent check
+            with task_confine.confined_child(command) as child:
+                return await _analyse(child.command, child.env, child.cwd, source, timeout)
+        except task_confine.TaskConfineError as exc:
+            return Unsupported(detail=str(exc))
+    command.append(f"--parent={os.getpid()}")
+    env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
+    env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return await _analyse(command, env, str(_ROOT), source, timeout)
 
 
 async def _analyse(
