@@ -86,12 +86,26 @@ class PrecisionRule:
         return cls(factor=factor, parity=tuple(found), parity_factor=parity_factor)
 
 
-def precision_rule(cfg: Any, info: dict[str, Any], mode: str | None = None) -> PrecisionRule:
-    """The rule of a task: ``cfg`` (a :class:`gpu_runner.config.RunnerConfig`: its factor, its
-    ``precision`` mode, its parity factor), the job's ``mode`` (None: the config's) and the
-    referee's ``task_ready`` ``info``."""
+def precision_rule(cfg: Any, info: dict[str, Any], mode: str | None = None, scale: float = 1.0) -> PrecisionRule:
+    """The rule of a task's trials drawn at ``scale``: ``cfg`` (a
+    :class:`gpu_runner.config.RunnerConfig`: its factor, its ``precision`` mode, its parity
+    factor), the job's ``mode`` (None: the config's) and the referee's ``task_ready`` ``info``."""
     parity = (mode or cfg.precision) == "reference"
-    return PrecisionRule.of(cfg.precision_factor, info.get("default_errors"), parity, cfg.precision_parity_factor)
+    defaults = defaults_at(info, scale)
+    return PrecisionRule.of(cfg.precision_factor, defaults, parity, cfg.precision_parity_factor)
+
+
+def defaults_at(info: dict[str, Any], scale: float) -> Any:
+    """The referee's measure of the reference's error at PyTorch's defaults for trials drawn at
+    ``scale``: at a range trial's scale, the one it took there (``range_default_errors``, beside
+    ``range_scales``), per output, the typical draws' where it has none; else the typical draws'."""
+    base = info.get("default_errors")
+    if scale == 1.0 or not isinstance(base, list):
+        return base
+    for at, found in zip(info.get("range_scales") or [], info.get("range_default_errors") or [], strict=False):
+        if float(at) == scale and isinstance(found, list) and len(found) == len(base):
+            return [f if f is not None else b for f, b in zip(found, base, strict=True)]
+    return base
 
 
 def as_rule(rule: PrecisionRule | float) -> PrecisionRule:

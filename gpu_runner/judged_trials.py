@@ -72,7 +72,7 @@ async def judge_trials(
                 )
                 tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
                 metas = list(header["tensors"])
-                factor = precision_rule(cfg, ref.info, precision)
+                factor = precision_rule(cfg, ref.info, precision, job["scale"])
                 checks.append(await judge.trial(job, metas, _metas(ref, t), tolerances, floors, factor, fds))
                 worker.close_shared([k for k in worker.shared if k[0] == t])  # their memory goes once judged
                 for out in outputs:  # each trial's files go as soon as they are judged

@@ -170,7 +170,10 @@ class ReportReader:
         residuals = ref.residuals[t] if t < len(ref.residuals) else None
         # Read (bulk files) and compared in threads while the worker goes on, and after the GPU is
         # released: the run stage gathers every comparison before the verdict.
-        compare = self.compare(header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times)
+        scale = ref.scales[t] if t < len(ref.scales) else 1.0
+        compare = self.compare(
+            header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times, scale
+        )
         c.compares.append(asyncio.create_task(compare))
 
     async def compare(
@@ -183,15 +186,17 @@ class ReportReader:
         ref_dtypes: list[str],
         residuals: list[Any] | None,
         timings: list[tuple[float, float, float]],
+        scale: float = 1.0,
     ) -> TrialCheck:
-        """One trial's outputs as its frame brought them (read from its files when they are), compared."""
+        """One trial's outputs as its frame brought them (read from its files when they are),
+        compared (under the precision rule of trials drawn at ``scale``)."""
         t0 = time.perf_counter()
         if later is not None:
             blobs = await asyncio.wrap_future(later)
         cand = decode_outputs(header, blobs)
         t_read = time.perf_counter()
         began: list[float] = []
-        check = await self.compare_arrays(cand, dtypes, ref_outputs, ref_dtypes, residuals, began)
+        check = await self.compare_arrays(cand, dtypes, ref_outputs, ref_dtypes, residuals, began, scale)
         end = time.perf_counter()
         # Where a comparison's time goes (for throughput work): reading the outputs, the queue, the arithmetic.
         timings.append((t_read - t0, began[0] - t_read, end - began[0]))
@@ -205,12 +210,13 @@ class ReportReader:
         ref_dtypes: list[str],
         residuals: list[Any] | None,
         began: list[float] | None = None,
+        scale: float = 1.0,
     ) -> TrialCheck:
         """Outputs already in host memory compared with the reference's, in a comparer thread
         (``began`` gets the moment the thread took it)."""
         cfg = self.cfg
         assert self.spare.reference is not None
-        rule = precision_rule(cfg, self.spare.reference.info, self.c.job.precision)
+        rule = precision_rule(cfg, self.spare.reference.info, self.c.job.precision, scale)
 
         def run() -> TrialCheck:
             if began is not None:

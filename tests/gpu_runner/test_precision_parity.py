@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from actors.experts.template.ir import Unsupported
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.service import EvaluationService
 from schemas import DeviceChoice, EvalResult, EvalStatus, KernelLanguage, PrecisionMode
@@ -102,3 +103,49 @@ async def test_a_reference_whose_ieee_runs_spread_as_far_as_its_tf32_keeps_the_e
     assert "lower precision than the reference" in tf32.summary
     assert tf32.correctness is not None
     assert tf32.correctness.ref_default_err_vs_fp64 is None
+
+
+TF32_CONV_CALL = "x = F.conv2d(_tf32(x), _tf32(self.conv.weight), self.conv.bias)"
+
+
+def _template_candidates() -> list[tuple[str, str]]:
+    """The template expert's first TF32 candidate for ``conv_bn_tf32_flag`` (rendered from its
+    plain twin, ``self.conv(x)``), and the same with its operands rounded to bfloat16 instead."""
+    from actors.experts.template import analyse, default_params, render
+    from actors.experts.template.hardware import lookup
+
+    plain = reference("conv_bn_tf32_flag").replace(TF32_CONV_CALL, "x = self.conv(x)")
+    assert plain != reference("conv_bn_tf32_flag")
+    plan = analyse(plain)
+    assert not isinstance(plan, Unsupported), plan
+    tf32 = render(plan, default_params(plan, lookup("H200"), tf32=True))
+    assert "+ 0x1000) & -0x2000)" in tf32
+    bf16 = tf32.replace("+ 0x1000) & -0x2000)", "+ 0x8000) & -0x10000)")
+    return [("template_tf32", tf32), ("template_bf16", bf16)]
+
+
+async def test_range_trials_are_held_to_the_reference_s_own_error_at_their_scale() -> None:
+    """The referee measures the defaults' error at the range trials' scales too: the template's
+    TF32 convolution + batch norm errs there as the user's model does (it was refused on 1 of 5
+    trials, 47% of elements outside, on KernelBench L2-52), and bfloat16 operands still fail."""
+    candidates = _template_candidates()
+    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    source = reference("conv_bn_tf32_flag")
+    got: dict[str, EvalResult] = {}
+    async with EvaluationService(cfg) as service:
+        for name, text in candidates:
+            job = EvalJob(
+                reference_source=source,
+                candidate_source=text,
+                language=KernelLanguage.TRITON,
+                timeout_s=300.0,
+                task_id=service.task_id(source),
+                candidate_id=name,
+            )
+            got[name] = await service.evaluate(job)
+    tf32, bf16 = got["template_tf32"], got["template_bf16"]
+    assert tf32.status is EvalStatus.CORRECT, tf32.summary
+    assert tf32.correctness is not None
+    assert tf32.correctness.passed_trials == tf32.correctness.trials
+    assert tf32.correctness.precision is PrecisionMode.REFERENCE
+    assert bf16.status is EvalStatus.INCORRECT, bf16.summary

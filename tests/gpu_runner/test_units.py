@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_runner.compare import TrialCheck, compare_trial, speed_of_light, timing_stats
+from gpu_runner.compare import TrialCheck, compare_trial, defaults_at, precision_rule, speed_of_light, timing_stats
 from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, EvalJob, RunnerConfig
 from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
@@ -429,3 +429,25 @@ def test_the_compiled_baseline_is_tried_again_after_a_failure() -> None:
     assert error is None
     assert compiled is not None
     torch.testing.assert_close(compiled(x), x * 2.0 + 1.0)
+
+
+def test_range_trials_take_the_defaults_error_measured_at_their_scale() -> None:
+    typical = [{"rel_l2": 4e-4, "max_rms": 0.002}, None]
+    at_large = [{"rel_l2": 6e-4, "max_rms": 0.024}, None]
+    info: dict[str, Any] = {
+        "default_errors": typical,
+        "range_scales": [1e6, 1e-6],
+        "range_default_errors": [at_large, None],
+    }
+    assert defaults_at(info, 1.0) == typical
+    assert defaults_at(info, 1e6) == at_large
+    assert defaults_at(info, 1e-6) == typical  # not measured there: the typical draws' stands
+    assert defaults_at(info, 1e2) == typical
+    partial = {**info, "range_default_errors": [[None, None], None]}
+    assert defaults_at(partial, 1e6) == typical  # per output, the typical draws' where none was taken
+    assert defaults_at({"default_errors": None, "range_scales": [1e6]}, 1e6) is None
+    cfg = RunnerConfig()
+    large = precision_rule(cfg, info, None, 1e6)
+    assert large.parity[0] is not None
+    assert large.parity[0].max_rms == 0.024
+    assert precision_rule(cfg, info, "exact", 1e6).parity == ()
