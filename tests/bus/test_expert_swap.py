@@ -6,6 +6,8 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from actors.runtime.bus import Bus
 from actors.runtime.errors import BusError
 from schemas import ActorInfo, Control, ControlAction, GenerateReply, GenerateRequest, Task, subjects
@@ -15,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK = Task.from_source("quickstart", (ROOT / "examples" / "quickstart.py").read_text())
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it with the slow tests
 async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_path: Path) -> None:
     bus = await Bus.connect(nats_url, name="test", actor_id="test-expert-swap")
     args = ["--nats", nats_url, "--name", "template"]

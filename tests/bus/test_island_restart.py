@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it with the slow tests
 async def test_island_killed_and_restarted_continues_from_its_archive_store(
     nats_url: str, run_id: str, tmp_path: Path
 ) -> None:

@@ -39,6 +39,7 @@ def test_only_secret_variables_are_scrubbed_and_the_url_is_passed_in_the_environ
     assert not holds_secrets({"PATH": "/bin", "NATS_URL": "nats://x", "OPENAI_API_KEY": ""})
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it with the slow tests
 @pytest.mark.timeout(420)
 def test_the_evaluators_process_tree_holds_no_key_during_a_run(tmp_path: Path, nats_url: str) -> None:
     secret = f"sk-kf-test-{uuid.uuid4().hex}"

@@ -72,6 +72,7 @@ def test_cli_start_up_does_not_count_against_an_honest_candidate() -> None:
     assert elapsed > 6  # the cold start alone took longer than the timeout
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it with the slow tests
 def test_cli_timeout_holds_after_the_trials() -> None:
     """A candidate that passes its trials and hangs once timed: the window after the upgrade to the
     exclusive lease is bounded too."""

@@ -175,6 +175,7 @@ what it can with fewer GPUs, and with none says so and ends without an error."""
 NO_GPU_LINE = re.compile(r"no (CUDA )?GPU|needs a CUDA GPU")
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it with the slow tests
 def test_each_benchmark_starts_as_written_and_without_a_gpu_says_so_in_one_line() -> None:
     """From the repository root, as the README writes them: a benchmark that can run here shows
     its ``--help`` (its imports, ``bench`` included, work); one that needs a GPU exits with one
