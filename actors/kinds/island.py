@@ -32,7 +32,7 @@ from actors.kinds.island_requests import ExpertRequests
 from actors.runtime.base import Actor
 from actors.runtime.bus import ConsumerSpec, Delivery
 from actors.runtime.candidates import CandidateReader
-from actors.runtime.errors import ConfigError
+from actors.runtime.errors import BusError, ConfigError
 from actors.runtime.kv import get_expert_config, get_run, load_text, save_text
 from actors.runtime.logs import bound
 from actors.runtime.quota import CandidateQuota
@@ -52,6 +52,10 @@ from schemas import (
 
 EXPIRE_EVERY_S = 0.5
 """How often the generation loop looks for candidates whose feedback is overdue (by minutes)."""
+UNANSWERED_GIVE_UP_S = 60.0
+"""An island whose experts never answered (none serves yet: an expert actor still starting, or
+its server away) gives up after this long, not after ``give_up_after`` unanswered requests (about
+15 s): declines end a hopeless run that fast, an expert that comes up late does not."""
 
 
 class IslandActor(Actor):
@@ -113,6 +117,7 @@ class IslandActor(Actor):
         self._stopped_announced = False
         self._empty_streak = 0
         self._gave_up = False
+        self._since = time.monotonic()
         self._expert_requests: ExpertRequests | None = None
 
     @property
@@ -217,7 +222,12 @@ class IslandActor(Actor):
             if self._empty_streak:
                 # Experts declined or were unreachable: back off before asking again.
                 await asyncio.sleep(min(0.25 * 2**self._empty_streak, 10.0))
-                if self._empty_streak >= self.give_up_after and self.brain.evaluated == 0 and not self._requests:
+                if (
+                    self._empty_streak >= self.give_up_after
+                    and self.brain.evaluated == 0
+                    and not self._requests
+                    and (self.expert_requests.answered or time.monotonic() - self._since >= UNANSWERED_GIVE_UP_S)
+                ):
                     self._gave_up = True
             async with self._lock:
                 now = time.monotonic()
@@ -266,6 +276,8 @@ class IslandActor(Actor):
         published = 0
         try:
             published = await self.expert_requests.ask(plan)
+        except BusError as exc:  # the run's stream stayed away: this plan's candidates are not in flight
+            self.log.error("proposals not published", plan=plan.plan_id, error=str(exc))
         finally:
             self._empty_streak = 0 if published else self._empty_streak + 1
             self._wake.set()

@@ -36,6 +36,10 @@ from schemas import (
 )
 
 SENT_KEPT = 4096
+PUBLISH_WAIT_S = 30.0
+"""How long a candidate's publish is tried again when the stream does not acknowledge it (the
+server that led the run's stream died: its replicas elect a new leader in seconds). The same
+``msg_id`` again is stored once."""
 """Published candidates an island keeps for their feedback: far more than it keeps in flight."""
 
 
@@ -83,6 +87,8 @@ class ExpertRequests:
         """The candidates published and not yet answered by a feedback (the newest
         ``SENT_KEPT`` at most): feedback names its candidate, and the island has it here."""
         self.last_decline: Decline | None = None
+        self.answered = False
+        """Whether any expert has answered this island (proposals or a decline)."""
         """The last decline an expert answered with (shown in the island's status)."""
         self.duplicates = 0
         """Proposals not published: the island had the same kernel already."""
@@ -138,11 +144,11 @@ class ExpertRequests:
                         break  # the run's candidate budget is spent: nothing more is issued
                     assert reply is not None
                     cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
-                    await self.bus.publish_durable(
-                        subjects.candidates(self.spec.run_id, self.island, cand.candidate_id),
-                        cand,
-                        msg_id=cand.candidate_id,
-                    )
+                    try:
+                        await self._publish(cand)
+                    except BusError:
+                        self.brain.forget_kernel(proposal.fingerprint)
+                        raise
                     published += 1
                     self.brain.ledger.published(cand.candidate_id, time.monotonic())
                     self.sent[cand.candidate_id] = cand
@@ -164,6 +170,21 @@ class ExpertRequests:
                 self.brain.on_reply(plan, published, decline=decline_reason(reply, published, plan.n))
                 self.brain.ledger.planning -= plan.n
         return published
+
+    async def _publish(self, cand: Candidate) -> None:
+        """Publish ``cand`` into the run's stream, tried again for :data:`PUBLISH_WAIT_S` while the
+        stream does not acknowledge it; raises :class:`BusError` after."""
+        deadline = time.monotonic() + PUBLISH_WAIT_S
+        while True:
+            try:
+                subject = subjects.candidates(self.spec.run_id, self.island, cand.candidate_id)
+                await self.bus.publish_durable(subject, cand, msg_id=cand.candidate_id)
+                return
+            except BusError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                self.log.warning("candidate not acknowledged, again", candidate=cand.candidate_id, error=str(exc))
+                await asyncio.sleep(1.0)
 
     def _params_only(self, hits: tuple[ExperienceHit, ...]) -> tuple[ExperienceHit, ...]:
         """:func:`params_only` of ``hits``, once per retrieval (the brain hands out the same
@@ -196,6 +217,7 @@ class ExpertRequests:
             )
         except BusError as exc:
             self.log.warning("expert unavailable", error=str(exc))
+        self.answered = self.answered or reply is not None
         answer = (
             ReplyOutcome.UNAVAILABLE
             if reply is None
