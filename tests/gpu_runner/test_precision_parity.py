@@ -23,15 +23,19 @@ pytestmark = pytest.mark.timeout(600)
 
 
 async def _run(ref: str, names: list[str], **overrides: object) -> dict[str, EvalResult]:
+    return await _evaluate(reference(ref), {name: candidate(name) for name in names}, **overrides)
+
+
+async def _evaluate(source: str, candidates: dict[str, str], **overrides: object) -> dict[str, EvalResult]:
+    """Each of ``candidates`` (name -> source) evaluated against the reference ``source`` on the CPU."""
     base: dict[str, object] = {"device": DeviceChoice.CPU, "spares": 1, "compile_workers": 2, "timing_budget_s": 0.3}
     cfg = RunnerConfig(**{**base, **overrides})  # type: ignore[arg-type]
-    source = reference(ref)
     out: dict[str, EvalResult] = {}
     async with EvaluationService(cfg) as service:
-        for name in names:
+        for name, text in candidates.items():
             job = EvalJob(
                 reference_source=source,
-                candidate_source=candidate(name),
+                candidate_source=text,
                 language=KernelLanguage.TRITON,
                 timeout_s=300.0,
                 task_id=service.task_id(source),
@@ -97,7 +101,9 @@ async def test_a_reference_whose_ieee_runs_differ_in_the_last_bits_keeps_its_par
 async def test_a_reference_whose_ieee_runs_spread_as_far_as_its_tf32_keeps_the_exact_rule() -> None:
     """Runs that differ by 1e-5 (within the float tolerance, so the task stands) are noise of the
     same order as TF32's error: no precision is granted for it."""
-    got = await _run("matmul_tf32_flag_noisy", ["rounded_tf32_matmul"])
+    noisy = reference("matmul_tf32_flag_atomic").replace("\nNOISE = 0.0\n", "\nNOISE = 1e-5\n")
+    assert noisy != reference("matmul_tf32_flag_atomic")
+    got = await _evaluate(noisy, {"rounded_tf32_matmul": candidate("rounded_tf32_matmul")})
     tf32 = got["rounded_tf32_matmul"]
     assert tf32.status is EvalStatus.INCORRECT, tf32.summary
     assert "lower precision than the reference" in tf32.summary
@@ -128,21 +134,7 @@ async def test_range_trials_are_held_to_the_reference_s_own_error_at_their_scale
     """The referee measures the defaults' error at the range trials' scales too: the template's
     TF32 convolution + batch norm errs there as the user's model does (it was refused on 1 of 5
     trials, 47% of elements outside, on KernelBench L2-52), and bfloat16 operands still fail."""
-    candidates = _template_candidates()
-    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
-    source = reference("conv_bn_tf32_flag")
-    got: dict[str, EvalResult] = {}
-    async with EvaluationService(cfg) as service:
-        for name, text in candidates:
-            job = EvalJob(
-                reference_source=source,
-                candidate_source=text,
-                language=KernelLanguage.TRITON,
-                timeout_s=300.0,
-                task_id=service.task_id(source),
-                candidate_id=name,
-            )
-            got[name] = await service.evaluate(job)
+    got = await _evaluate(reference("conv_bn_tf32_flag"), dict(_template_candidates()))
     tf32, bf16 = got["template_tf32"], got["template_bf16"]
     assert tf32.status is EvalStatus.CORRECT, tf32.summary
     assert tf32.correctness is not None
