@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from gpu_runner.compare import PrecisionRule, TrialCheck, decide, scan_from_wire
+from gpu_runner.compare import PrecisionRule, TrialCheck, as_rule, decide, scan_from_wire
 from gpu_runner.errors import EvaluatorFault
 from gpu_runner.frames import JudgeOp, Op, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
@@ -138,6 +138,7 @@ class Judge:
         has_residual: list[bool] = []
         if cand_shapes == ref_shapes and cand_dtypes == ref_dtypes:  # else decide() stops at the difference
             header = await self._ask(job, fds)
+            factor = as_rule(factor).on_trial(header.get("default_errors"))  # the user's model on these inputs
             scans = [dict(r) for r in header.get("results") or []]
             has_residual = [bool(x) for x in header.get("has_residual") or []]
             if len(scans) != len(ref_meta) or len(has_residual) != len(ref_meta):

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpu_runner.compare import TrialCheck, precision_rule
+from gpu_runner.compare import TrialCheck, parity_outputs, precision_rule
 from gpu_runner.config import RunnerConfig
 from gpu_runner.errors import EvaluatorFault
 from gpu_runner.frames import JudgeOp
@@ -69,6 +69,7 @@ async def judge_trials(
                     init_on_device=ref.init_on_device,
                     input_sums=None if is_timed else ref.input_sums[t],
                     outputs=outputs,
+                    parity=parity_outputs(ref.info),
                 )
                 tolerances, floors = dict(cfg.tolerances), dict(cfg.precision_floors)
                 metas = list(header["tensors"])

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import psutil
 import structlog
 
+from gpu_runner.compare import parity_outputs
 from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
@@ -58,6 +59,9 @@ class ReferenceData:
     outputs: list[list[npt.NDArray[Any]]] = field(default_factory=list)
     residuals: list[list[npt.NDArray[Any]] | None] = field(default_factory=list)
     """Per trial: the float64 reference's outputs minus the reference's own (``None``: no float64 run)."""
+    default_errors: list[list[Any] | None] = field(default_factory=list)
+    """Per trial: the reference's error at PyTorch's defaults on its inputs, per output (``None``:
+    not measured; :meth:`gpu_runner.compare.PrecisionRule.on_trial`)."""
     dtypes: list[list[str]] = field(default_factory=list)
     fp64_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -367,6 +371,7 @@ class RunPool:
                     data.outputs.append(truth.outputs)
                     data.dtypes.append(truth.dtypes)
                     data.residuals.append(truth.residuals)
+                    data.default_errors.append(truth.default_errors)
                     data.fp64_error = data.fp64_error or truth.fp64_error
         except asyncio.IncompleteReadError:
             data.discard()
@@ -443,8 +448,10 @@ class RunPool:
         from a truth worker, or from the referee itself where the plan has none (a large task)."""
         key = task_key(reference_source)
         plan = self.plans.get(key)
+        # the referee's calibration names the outputs to measure at PyTorch's defaults per trial
+        parity = parity_outputs(self.referee.info) if self.referee.task == key else []
         if plan is None or not plan.truth_workers or self.referee.task != key:
-            return await self.referee.truths(seeds, scales, first, skips, timed)
+            return await self.referee.truths(seeds, scales, first, skips, timed, parity)
         async with self.truth_workers:
             worker = await self._idle_truth_worker(key)
             if worker is None:
@@ -458,7 +465,7 @@ class RunPool:
                     raise
             kept = False
             try:
-                got = await worker.truths(seeds, scales, first, skips, timed)
+                got = await worker.truths(seeds, scales, first, skips, timed, parity)
                 kept = not self.closed and self.referee.task == key and worker.alive
                 if kept:
                     self.idle_truth.append(worker)

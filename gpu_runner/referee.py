@@ -42,6 +42,9 @@ class Truth:
     residuals: list[npt.NDArray[Any]] | None
     """The float64 outputs minus the reference's (None: no float64 run, ``fp64_error`` says why)."""
     fp64_error: str | None
+    default_errors: list[Any] | None = None
+    """Per output, the reference's error at PyTorch's defaults on this seed's inputs (where the
+    task grants precision parity: :meth:`gpu_runner.compare.PrecisionRule.on_trial`)."""
 
 
 @dataclass
@@ -256,14 +259,28 @@ class Referee:
             self.lock.release()
 
     async def truths(
-        self, seeds: list[int], scales: list[float], first: int, skips: list[int] | None = None, timed: bool = False
+        self,
+        seeds: list[int],
+        scales: list[float],
+        first: int,
+        skips: list[int] | None = None,
+        timed: bool = False,
+        parity: list[bool] | None = None,
     ) -> list[Truth]:
         """The reference's outputs and float64 residuals of ``seeds`` (trial numbers from ``first``;
         ``skips``: per seed, the draws before the one wanted; ``timed``: timed calls' inputs, which
-        are drawn on the device)."""
+        are drawn on the device; ``parity``: the outputs whose error at PyTorch's defaults to
+        measure on each seed's inputs too)."""
         async with self.background():
             worker = self._require()
-            op = TruthOp(seeds=seeds, skips=skips or [0] * len(seeds), scales=scales, first=first, on_device=timed)
+            op = TruthOp(
+                seeds=seeds,
+                skips=skips or [0] * len(seeds),
+                scales=scales,
+                first=first,
+                on_device=timed,
+                parity=parity or [],
+            )
             await worker.send(op_frame(Op.TRUTH, op))
             out: list[Truth] = []
 
@@ -283,6 +300,7 @@ class Referee:
                         dtypes=[str(m["dtype"]) for m in header["tensors"][:n]],
                         residuals=arrays[n:] if error is None else None,
                         fp64_error=error,
+                        default_errors=header.get("default_errors"),
                     )
                 )
                 return False

@@ -171,8 +171,9 @@ class ReportReader:
         # Read (bulk files) and compared in threads while the worker goes on, and after the GPU is
         # released: the run stage gathers every comparison before the verdict.
         scale = ref.scales[t] if t < len(ref.scales) else 1.0
+        measured = ref.default_errors[t] if t < len(ref.default_errors) else None
         compare = self.compare(
-            header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times, scale
+            header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times, scale, measured
         )
         c.compares.append(asyncio.create_task(compare))
 
@@ -187,16 +188,18 @@ class ReportReader:
         residuals: list[Any] | None,
         timings: list[tuple[float, float, float]],
         scale: float = 1.0,
+        measured: list[Any] | None = None,
     ) -> TrialCheck:
         """One trial's outputs as its frame brought them (read from its files when they are),
-        compared (under the precision rule of trials drawn at ``scale``)."""
+        compared (under the precision rule of trials drawn at ``scale``, and of the reference's
+        error at PyTorch's defaults ``measured`` on the trial's inputs)."""
         t0 = time.perf_counter()
         if later is not None:
             blobs = await asyncio.wrap_future(later)
         cand = decode_outputs(header, blobs)
         t_read = time.perf_counter()
         began: list[float] = []
-        check = await self.compare_arrays(cand, dtypes, ref_outputs, ref_dtypes, residuals, began, scale)
+        check = await self.compare_arrays(cand, dtypes, ref_outputs, ref_dtypes, residuals, began, scale, measured)
         end = time.perf_counter()
         # Where a comparison's time goes (for throughput work): reading the outputs, the queue, the arithmetic.
         timings.append((t_read - t0, began[0] - t_read, end - began[0]))
@@ -211,12 +214,13 @@ class ReportReader:
         residuals: list[Any] | None,
         began: list[float] | None = None,
         scale: float = 1.0,
+        measured: list[Any] | None = None,
     ) -> TrialCheck:
         """Outputs already in host memory compared with the reference's, in a comparer thread
         (``began`` gets the moment the thread took it)."""
         cfg = self.cfg
         assert self.spare.reference is not None
-        rule = precision_rule(cfg, self.spare.reference.info, self.c.job.precision, scale)
+        rule = precision_rule(cfg, self.spare.reference.info, self.c.job.precision, scale, measured)
 
         def run() -> TrialCheck:
             if began is not None:

@@ -394,7 +394,14 @@ class RunStage:
         seeds, skips = [s for s, _ in keys], [k for _, k in keys]
         truths = await self.runs.truths(c.job.reference_source, seeds, [1.0] * len(seeds), first, skips, timed=True)
         jobs: list[Any] = [
-            w.reader.compare_arrays(k.outputs or [], k.dtypes, truth.outputs, truth.dtypes, truth.residuals)
+            w.reader.compare_arrays(
+                k.outputs or [],
+                k.dtypes,
+                truth.outputs,
+                truth.dtypes,
+                truth.residuals,
+                measured=truth.default_errors,
+            )
             for k, truth in zip(kept, truths[: len(kept)], strict=True)
         ]
         for t, truth in zip(shipped, truths[len(kept) :], strict=True):
@@ -402,7 +409,15 @@ class RunStage:
             dtypes = [str(m.get("dtype")) for m in header["tensors"]]
             jobs.append(
                 w.reader.compare(
-                    header, blobs, later, dtypes, truth.outputs, truth.dtypes, truth.residuals, c.compare_times
+                    header,
+                    blobs,
+                    later,
+                    dtypes,
+                    truth.outputs,
+                    truth.dtypes,
+                    truth.residuals,
+                    c.compare_times,
+                    measured=truth.default_errors,
                 )
             )
         outcomes = await asyncio.gather(*jobs, return_exceptions=True)

@@ -36,6 +36,7 @@ from gpu_runner.sandboxed.reference import (
     load_module,
     make_inputs,
     to_device,
+    trial_defaults,
 )
 from gpu_runner.sandboxed.shared_slots import open_slot
 
@@ -261,8 +262,10 @@ _MODULES: dict[int, dict[str, Any]] = {}
 
 def _truth(
     msg: JudgeOp, device: torch.device, laps: Laps, held: tuple[dict[str, Any], Any, int] | None = None
-) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None]:
-    """The reference's outputs for the trial's seed and their float64 residuals (None: no float64 run).
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None], str | None, list[dict[str, float] | None] | None]:
+    """The reference's outputs for the trial's seed, their float64 residuals (None: no float64 run),
+    why there is none, and the reference's error at PyTorch's defaults on the trial's inputs
+    (:func:`~gpu_runner.sandboxed.reference.trial_defaults`, per output the job names in ``parity``).
 
     ``held``: the referee's own namespace, model and init seed, used as they are when the seed is
     the job's (the referee judges the task it holds); otherwise the model is built here."""
@@ -295,10 +298,13 @@ def _truth(
         laps.lap("forward_s")
         residuals: list[torch.Tensor | None] = [None] * len(outs)
         fp64_error = None
+        measured = None
         try:
             model64 = copy.deepcopy(model).to(torch.float64)
             outs64 = [o for o in flatten_outputs(model64(*as_double(inputs))) if isinstance(o, torch.Tensor)]
-            del model64, inputs
+            del model64
+            measured = trial_defaults(model, inputs, outs64, [bool(x) for x in msg.get("parity") or []])
+            del inputs
             residuals = [
                 o64.sub_(o).float() if o.is_floating_point() and o64.shape == o.shape else None
                 for o, o64 in zip(outs, outs64, strict=False)
@@ -310,7 +316,7 @@ def _truth(
             fp64_error = f"the float64 reference does not fit the device: {exc}"[:500]
         except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
             fp64_error = f"{type(exc).__name__}: {exc}"[:500]
-    return outs, residuals, fp64_error
+    return outs, residuals, fp64_error, measured
 
 
 def judge(
@@ -319,7 +325,7 @@ def judge(
     """One trial: the truth, then every output compared, under the parent's GPU lease; one ``judged`` frame."""
     results: list[dict[str, Any]] = []
     has_residual: list[bool] = []
-    fp64_error = None
+    fp64_error = measured = None
     laps = Laps()
     specs = list(msg["outputs"])
     fds: list[int] = []
@@ -328,7 +334,7 @@ def judge(
             fds = _shared_fds(channel, len(specs))
         with channel.gpu_lease(device):
             laps.lap("lease_wait_s")
-            outs, residuals, fp64_error = _truth(msg, device, laps, held)
+            outs, residuals, fp64_error, measured = _truth(msg, device, laps, held)
             if len(specs) != len(outs):
                 raise ValueError(f"{len(specs)} outputs to compare for {len(outs)} reference outputs")
             for i, (spec, ref, res) in enumerate(zip(specs, outs, residuals, strict=True)):
@@ -348,4 +354,11 @@ def judge(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     laps.lap("release_s")
-    channel.send(Report.JUDGED, results=results, has_residual=has_residual, fp64_error=fp64_error, phases=laps.seconds)
+    channel.send(
+        Report.JUDGED,
+        results=results,
+        has_residual=has_residual,
+        fp64_error=fp64_error,
+        default_errors=measured,
+        phases=laps.seconds,
+    )

@@ -32,11 +32,13 @@ from gpu_runner.frames import BatchOp, Report, TaskOp, TruthOp
 from gpu_runner.sandboxed.common import Channel, Laps, log
 from gpu_runner.sandboxed.reference import (
     ReferenceFault,
+    Shipment,
     as_double,
     build_compiled,
     build_model,
     clone_inputs,
     count_flops,
+    error_sums,
     exact_fp32,
     load_reference,
     make_batch_inputs,
@@ -323,8 +325,6 @@ standard than the user's own model (issue 34: KernelBench L1-63's 8.5 GB output 
 convolutions out)."""
 PARITY_HEADROOM = 0.8
 """Share of the device's free memory the defaults' measurement may take (as the memory plan's)."""
-PARITY_CHUNK = 1 << 22
-"""Elements per step of :func:`default_errors` (a float64 copy of that many at a time)."""
 PARITY_SPREAD = 0.01
 """Where the reference's IEEE float32 forward differs from itself (atomics summing in another
 order), its error at PyTorch's defaults is granted only if that spread (relative L2) is at most
@@ -395,25 +395,13 @@ def default_errors(ref: Referee, sample: list[Any], exact: list[torch.Tensor]) -
             if not o.is_floating_point() or o.shape != t.shape or e.shape != t.shape:
                 found.append(None)
                 continue
-            sums = [0.0, 0.0, 0.0, 0.0]  # |t|^2, |o - t|^2, |e - t|^2, |again - e|^2
-            worst = 0.0
-            tf, of, ef = t.reshape(-1), o.reshape(-1), e.reshape(-1)
-            af = spread[len(found)].reshape(-1) if spread is not None else None
-            for lo in range(0, tf.numel(), PARITY_CHUNK):
-                tc = tf[lo : lo + PARITY_CHUNK]
-                d = of[lo : lo + PARITY_CHUNK].double() - tc
-                x = ef[lo : lo + PARITY_CHUNK].double() - tc
-                sums[0] += float(torch.dot(tc, tc))
-                sums[1] += float(torch.dot(d, d))
-                sums[2] += float(torch.dot(x, x))
-                if af is not None:
-                    y = af[lo : lo + PARITY_CHUNK].double() - ef[lo : lo + PARITY_CHUNK].double()
-                    sums[3] += float(torch.dot(y, y))
-                worst = max(worst, float(d.abs().max())) if d.numel() else worst
-            if not all(math.isfinite(v) for v in [*sums, worst]) or sums[0] <= 0:
+            sq_t, sq_d, worst = error_sums(t, o)
+            sq_x = error_sums(t, e)[1]
+            sq_y = error_sums(e, spread[len(found)])[1] if spread is not None else 0.0
+            if not all(math.isfinite(v) for v in (sq_t, sq_d, sq_x, sq_y, worst)) or sq_t <= 0:
                 found.append(None)
                 continue
-            rel_l2, ieee_spread = math.sqrt(sums[1] / sums[0]), math.sqrt(sums[3] / sums[0])
+            rel_l2, ieee_spread = math.sqrt(sq_d / sq_t), math.sqrt(sq_y / sq_t)
             if ieee_spread > PARITY_SPREAD * rel_l2:
                 log(
                     f"output {len(found)}: the reference's IEEE float32 forward differs from itself by "
@@ -422,12 +410,11 @@ def default_errors(ref: Referee, sample: list[Any], exact: list[torch.Tensor]) -
                 )
                 found.append(None)
                 continue
-            rms = math.sqrt(sums[0] / tf.numel())
             found.append(
                 {
                     "rel_l2": rel_l2,
-                    "max_rms": worst / rms,
-                    "exact_rel_l2": math.sqrt(sums[2] / sums[0]),
+                    "max_rms": worst / math.sqrt(sq_t / t.numel()),
+                    "exact_rel_l2": math.sqrt(sq_x / sq_t),
                     "ieee_spread_rel_l2": ieee_spread,
                 }
             )
@@ -482,15 +469,16 @@ def _range_scales(ref: Referee, seed: int, nonfinite: list[torch.Tensor | None])
 def serve_truth(ref: Referee, msg: TruthOp, channel: Channel) -> None:
     """Ship the reference outputs and float64 residuals of ``msg``'s seeds, then ``reference_done``."""
     laps = Laps()
-    shipments: list[tuple[int, list[torch.Tensor], int, str | None]] = []
+    shipments: list[Shipment] = []
     first = int(msg["first"])
+    parity = [bool(x) for x in msg.get("parity") or []]
     with channel.gpu_lease(ref.device):
         model64 = ref.float64()
         on_device = True if msg["on_device"] else None
         for k, (seed, skip, scale) in enumerate(zip(msg["seeds"], msg["skips"], msg["scales"], strict=True)):
             inputs = ref.draw(int(seed), float(scale), on_device=on_device, skip=int(skip))
-            outs, residuals, fp64_error = truth(ref.model, model64, inputs)
-            shipments.append((first + k, [o.detach() for o in outs + residuals], len(outs), fp64_error))
+            outs, residuals, fp64_error, measured = truth(ref.model, model64, inputs, parity)
+            shipments.append((first + k, [o.detach() for o in outs + residuals], len(outs), fp64_error, measured))
         del model64
         laps.lap("forward_s")
     ship(shipments, ref.device, channel, laps)

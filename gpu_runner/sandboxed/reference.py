@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import linecache
+import math
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -241,9 +242,73 @@ def scale_inputs(values: list[Any], scale: float) -> list[Any]:
     return values
 
 
-def truth(model: Any, model64: Any, inputs: list[Any]) -> tuple[list[torch.Tensor], list[torch.Tensor], str | None]:
+ERROR_CHUNK = 1 << 22
+"""Elements per step of :func:`error_sums` (a float64 copy of that many at a time)."""
+
+
+def error_sums(truth: torch.Tensor, out: torch.Tensor) -> tuple[float, float, float]:
+    """(sum of truth², sum of (out - truth)², largest |out - truth|) in float64, over chunks."""
+    tf, of = truth.reshape(-1), out.reshape(-1)
+    sq_t = sq_d = worst = 0.0
+    for lo in range(0, tf.numel(), ERROR_CHUNK):
+        tc = tf[lo : lo + ERROR_CHUNK].double()
+        d = of[lo : lo + ERROR_CHUNK].double() - tc
+        sq_t += float(torch.dot(tc, tc))
+        sq_d += float(torch.dot(d, d))
+        worst = max(worst, float(d.abs().max())) if d.numel() else worst
+    return sq_t, sq_d, worst
+
+
+def error_at_defaults(truth: torch.Tensor, out: torch.Tensor) -> dict[str, float] | None:
+    """An output's error against its float64 ``truth``: relative L2 (``rel_l2``) and the largest
+    error over the truth's RMS (``max_rms``); None where it cannot be said (non-finite, zero truth)."""
+    sq_t, sq_d, worst = error_sums(truth, out)
+    if not all(math.isfinite(v) for v in (sq_t, sq_d, worst)) or sq_t <= 0:
+        return None
+    return {"rel_l2": math.sqrt(sq_d / sq_t), "max_rms": worst / math.sqrt(sq_t / truth.numel())}
+
+
+def trial_defaults(
+    model: Any, inputs: list[Any], outs64: list[torch.Tensor], parity: list[bool]
+) -> list[dict[str, float] | None] | None:
+    """The reference's error against float64 on one trial's ``inputs`` when it runs with PyTorch's
+    defaults, per output where the task grants precision parity (``parity``; None elsewhere): the
+    precision its user's model has on exactly these inputs, which the trial's rule then uses
+    (:meth:`gpu_runner.compare.PrecisionRule.on_trial`). None where nothing is measured: no output
+    has parity, or the device lacks the room for a second set of outputs (the task's calibration
+    stands)."""
+    if not any(parity):
+        return None
+    device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    if device.type == "cuda":
+        need = 2 * sum(o.numel() * 4 for o in outs64)
+        free, _ = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        if need > free:
+            log(f"no room for the defaults' run of a trial ({need >> 20} MiB, {free >> 20} MiB free)")
+            return None
+    try:
+        with torch.no_grad():
+            outs = tensors(model(*clone_inputs(inputs)), "Model.forward (PyTorch's defaults)")
+    except Exception as exc:  # noqa: BLE001 - the task's calibration stands for this trial
+        log(f"no defaults' run of a trial: {type(exc).__name__}: {exc}")
+        return None
+    found: list[dict[str, float] | None] = []
+    for i, t in enumerate(outs64):
+        o = outs[i] if i < len(outs) and i < len(parity) and parity[i] else None
+        usable = o is not None and o.is_floating_point() and o.shape == t.shape
+        found.append(error_at_defaults(t, o) if o is not None and usable else None)
+    del outs
+    return found
+
+
+def truth(
+    model: Any, model64: Any, inputs: list[Any], parity: list[bool] | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor], str | None, list[dict[str, float] | None] | None]:
     """The reference's outputs in IEEE fp32 for ``inputs``, their float64 residuals (the float64
-    outputs minus them, as float32; empty where there is no float64 run) and why not (or None)."""
+    outputs minus them, as float32; empty where there is no float64 run), why not (or None), and
+    the reference's error at PyTorch's defaults on these inputs, per output with ``parity``
+    (:func:`trial_defaults`; None where not measured)."""
     with torch.no_grad():
         try:
             with exact_fp32():
@@ -259,6 +324,7 @@ def truth(model: Any, model64: Any, inputs: list[Any]) -> tuple[list[torch.Tenso
             outs64 = tensors(model64(*as_double(inputs)), "Model.forward (float64)")
         except Exception as exc:  # noqa: BLE001 - some references cannot run in float64: recorded
             outs64, fp64_error = [], f"{type(exc).__name__}: {exc}"[:500]
+        measured = trial_defaults(model, inputs, outs64, parity or []) if outs64 else None
         # The float64 truth travels as its difference from the reference's own output: float32
         # holds that difference to ~1e-7 of itself, at half the bytes of the float64 values. In
         # place on the float64 output: no float64 copy of the reference's output.
@@ -267,17 +333,22 @@ def truth(model: Any, model64: Any, inputs: list[Any]) -> tuple[list[torch.Tenso
             for o, o64 in zip(outs, outs64, strict=False)
         ]
         del outs64
-    return outs, residuals, fp64_error
+    return outs, residuals, fp64_error, measured
+
+
+Shipment = tuple[int, list[torch.Tensor], int, str | None, list[dict[str, float] | None] | None]
+"""A trial's truth to ship: (trial, outputs then residuals, number of outputs, why no float64
+run, the reference's error at PyTorch's defaults on its inputs)."""
 
 
 def ship(
-    shipments: list[tuple[int, list[torch.Tensor], int, str | None]],
+    shipments: list[Shipment],
     device: torch.device,
     channel: Channel,
     laps: Laps,
 ) -> None:
     """Send each trial's reference outputs and residuals to the parent, one ``reference`` frame per
-    (trial, tensors, number of outputs, float64 error).
+    :data:`Shipment`.
 
     They go through page-locked host files made outside the lease (:class:`OutputSlots`), so the
     lease covers only the DMA copies; without a bulk directory, or for tensors the files cannot
@@ -286,27 +357,24 @@ def ship(
     slots = None
     if channel.bulk_dir:
         try:
-            slots = OutputSlots(channel.bulk_dir, [tensors for _, tensors, _, _ in shipments], device, prefix="ref")
+            slots = OutputSlots(channel.bulk_dir, [shipment[1] for shipment in shipments], device, prefix="ref")
         except (OSError, RuntimeError, ValueError) as exc:
             log(f"reference slots unavailable: {type(exc).__name__}: {exc}")
     laps.lap("ship_slots_s")
-    frames: list[tuple[int, int, str | None, Any, Any]] = []
+    frames: list[tuple[dict[str, Any], Any, Any]] = []
     with channel.gpu_lease(device):
-        for k, (t, tensors_, n_outputs, fp64_error) in enumerate(shipments):
+        for k, (t, tensors_, n_outputs, fp64_error, measured) in enumerate(shipments):
             filled = slots.fill(k, tensors_) if slots is not None else None
-            frames.append((t, n_outputs, fp64_error, filled, None if filled else [x.to("cpu") for x in tensors_]))
+            fields = {"trial": t, "n_outputs": n_outputs, "fp64_error": fp64_error, "default_errors": measured}
+            frames.append((fields, filled, None if filled else [x.to("cpu") for x in tensors_]))
     laps.lap("d2h_s")
-    for t, n_outputs, fp64_error, filled, host in frames:
+    for fields, filled, host in frames:
         if filled is not None:
             metas, refs = filled
-            channel.send_bulk(
-                Report.REFERENCE, refs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error
-            )
+            channel.send_bulk(Report.REFERENCE, refs, tensors=metas, **fields)
         else:
             metas, blobs = pack(host)
-            channel.send(
-                Report.REFERENCE, blobs=blobs, trial=t, n_outputs=n_outputs, tensors=metas, fp64_error=fp64_error
-            )
+            channel.send(Report.REFERENCE, blobs=blobs, tensors=metas, **fields)
     if slots is not None:
         slots.release()
     laps.lap("ship_s")

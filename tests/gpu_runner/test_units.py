@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,22 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_runner.compare import TrialCheck, compare_trial, defaults_at, precision_rule, speed_of_light, timing_stats
+from gpu_runner.compare import (
+    TrialCheck,
+    compare_trial,
+    defaults_at,
+    parity_outputs,
+    precision_rule,
+    speed_of_light,
+    timing_stats,
+)
 from gpu_runner.config import DEFAULT_PRECISION_FLOORS, DEFAULT_TOLERANCES, EvalJob, RunnerConfig
 from gpu_runner.errors import ConfigError
 from gpu_runner.protocol import FrameError, encode_frame, read_frame, tensor_from_wire
 from gpu_runner.run_stage import profile_kernels
 from gpu_runner.stats import NOISE_FACTOR, median_rel_stderr
 from schemas import KernelLanguage, TimerKind
+from tests.gpu_runner.conftest import reference
 
 TOL, FLOORS = dict(DEFAULT_TOLERANCES), dict(DEFAULT_PRECISION_FLOORS)
 
@@ -451,3 +461,54 @@ def test_range_trials_take_the_defaults_error_measured_at_their_scale() -> None:
     assert large.parity[0] is not None
     assert large.parity[0].max_rms == 0.024
     assert precision_rule(cfg, info, "exact", 1e6).parity == ()
+
+
+def test_a_trial_is_held_to_the_reference_s_error_on_its_own_inputs() -> None:
+    """Where the task grants precision parity, a trial's bar is the reference's error at PyTorch's
+    defaults measured on that trial's inputs, not the calibration draw's; outputs without parity,
+    the exact mode and malformed measures keep what they had."""
+    info: dict[str, Any] = {"default_errors": [{"rel_l2": 6e-4, "max_rms": 0.008}, None]}
+    cfg = RunnerConfig()
+    measured = [{"rel_l2": 3.9e-3, "max_rms": 0.34}, {"rel_l2": 1.0, "max_rms": 9.0}]
+    rule = precision_rule(cfg, info, None, 1.0, measured)
+    assert rule.parity[0] is not None
+    assert rule.parity[0].max_rms == 0.34
+    assert rule.parity[0].rel_l2 == 3.9e-3
+    assert rule.parity[1] is None  # no parity for it: a measure does not grant one
+    assert precision_rule(cfg, info, "exact", 1.0, measured).parity == ()
+    bad = [{"rel_l2": float("nan"), "max_rms": 0.34}, None]
+    assert precision_rule(cfg, info, None, 1.0, bad).parity[0] == precision_rule(cfg, info).parity[0]
+    assert precision_rule(cfg, info, None, 1.0, None) == precision_rule(cfg, info)
+    assert parity_outputs(info) == [True, False]
+    assert parity_outputs({"default_errors": [None, None], "range_default_errors": [[None, {"rel_l2": 1}]]}) == [
+        False,
+        True,
+    ]
+    assert parity_outputs({"default_errors": None}) == []
+
+
+def test_the_referee_measures_each_trial_s_defaults_on_its_inputs() -> None:
+    """``truth`` runs the reference at PyTorch's defaults on the trial's own inputs too (here the
+    CPU stand-in for cuDNN's TF32): the measure is that run's error against float64, and it
+    changes with the draw (the calibration draw's is one sample of it)."""
+    from gpu_runner.sandboxed.reference import build_model, error_at_defaults, load_module, make_inputs, truth
+
+    ns = load_module(reference("conv_bn_tf32_flag"), "ref.py", "kf_test_ref")
+    model = build_model(ns["Model"], list(ns["get_init_inputs"]()), 7, torch.device("cpu"), False)
+    model64 = copy.deepcopy(model).to(torch.float64)
+    seen = []
+    for seed in (1, 2, 3):
+        inputs = make_inputs(ns, seed, torch.device("cpu"), scale=1e6)
+        outs, residuals, fp64_error, measured = truth(model, model64, inputs, [True])
+        assert fp64_error is None
+        assert measured is not None
+        assert measured[0] is not None
+        with torch.no_grad():
+            defaults = model(*[x.clone() for x in inputs])
+            expected = error_at_defaults(model64(*[x.double() for x in inputs]), defaults)
+        assert measured[0] == pytest.approx(expected)
+        assert measured[0]["rel_l2"] > 10 * float(residuals[0].norm() / outs[0].norm())  # TF32, not IEEE
+        seen.append(measured[0]["max_rms"])
+        assert truth(model, model64, inputs, [False])[3] is None  # no parity: no second forward
+        assert truth(model, model64, inputs)[3] is None
+    assert len(set(seen)) == 3
