@@ -38,6 +38,12 @@ class KernelKind(StrEnum):
     """Not a kernel: a reference op left to PyTorch between kernels (its value always stored)."""
 
 
+ONE_NODE_KINDS = (NodeKind.MM, NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN)
+"""Nodes that are a kernel of their own, of the ``KernelKind`` of the same name (elementwise work
+after them joins them as an epilogue): a kernel kind that a family adds for its node goes here."""
+_ONE_NODE_KERNELS = frozenset(KernelKind(kind.value) for kind in ONE_NODE_KINDS)
+
+
 @dataclass
 class Kernel:
     """One kernel of a schedule."""
@@ -140,7 +146,7 @@ class _Builder:
                 self._view(node)
             elif node.kind is NodeKind.PERM:
                 self.export(node.args[0])  # type: ignore[arg-type]
-            elif node.kind in (NodeKind.MM, NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN):
+            elif node.kind in ONE_NODE_KINDS:
                 for arg in node.tensor_args():
                     self.export(arg)
                 kind = KernelKind(node.kind.value)
@@ -276,7 +282,7 @@ class _Builder:
             return None
         if kernel.kind is KernelKind.PW:
             return True if node.numel == kernel.numel else None
-        if kernel.kind in (KernelKind.MM, KernelKind.CONV, KernelKind.POOL, KernelKind.SCAN, KernelKind.ATTN):
+        if kernel.kind in _ONE_NODE_KERNELS:
             return True if self.params.fuse_epilogue and node.numel == kernel.numel else None
         elem_args = [a for a in mine if a in kernel.elem]
         if mine and not elem_args and node.numel == kernel.outer * kernel.inner:
@@ -349,7 +355,7 @@ def _check_addressable(sched: Schedule) -> None:
                 for arg in node.tensor_args():
                     base_of(plan, arg, sched.is_exported)
                 continue
-            if node.kind in (NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN):
+            if node.kind in ONE_NODE_KINDS:  # read by strides, not as transposed operands (matmuls are, above)
                 for arg in node.tensor_args():
                     if base_of(plan, arg, sched.is_exported)[1]:
                         raise UnsupportedGraph(f"a {node.kind.value} of a transposed tensor is not covered")

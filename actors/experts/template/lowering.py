@@ -9,8 +9,9 @@ here imports the lowerer, so no family, and no module a family uses, depends on 
 
 Adding an op family: write ``families/<name>.py`` whose functions carry
 ``@lowering("canon", ...)``, the canonical names the spellings table (``spellings.py``) gives the
-op. Its emitter, where the family needs a kernel of its own, is a ``KernelKind`` and a writer
-(``emit_*.py``) registered in ``emit.py``'s writer table.
+op. Where the family needs a kernel of its own, the same module writes its ``Writer`` and
+registers a ``KernelTemplate`` (``kernel_kinds.py``: the writer, first parameters, the parameters
+that matter), as ``families/scan.py`` does.
 """
 
 from __future__ import annotations

@@ -12,17 +12,12 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 
-from actors.experts.template.emit import Launch, PointwiseWriter, Writer
-from actors.experts.template.emit_conv import ConvWriter
-from actors.experts.template.emit_mm import MatmulWriter
-from actors.experts.template.emit_pool import PoolWriter
-from actors.experts.template.emit_row import RowWriter
+from actors.experts.template.emit import Launch
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import attr_path, helpers_source
-from actors.experts.template.families.attention import AttentionWriter
-from actors.experts.template.families.scan import ScanWriter
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
 from actors.experts.template.ir import FLOAT_ARG, KeepTorch, NodeKind, Plan, Unsupported
+from actors.experts.template.kernel_kinds import template_of
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
 from actors.experts.template.trace import init_source, trace_reference
@@ -31,16 +26,11 @@ _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
 
 
 def write_kernel(sched: Schedule, kernel: Kernel, params: TemplateParams, used: set[str]) -> Launch:
-    """Emit one kernel of the schedule with the writer of its kind."""
-    writers: dict[KernelKind, type[Writer]] = {
-        KernelKind.PW: PointwiseWriter,
-        KernelKind.MM: MatmulWriter,
-        KernelKind.CONV: ConvWriter,
-        KernelKind.ATTN: AttentionWriter,
-        KernelKind.SCAN: ScanWriter,
-        KernelKind.POOL: PoolWriter,
-    }
-    return writers.get(kernel.kind, RowWriter)(sched, kernel, params, used).write()
+    """Emit one kernel of the schedule with the writer its kind registered (``kernel_kinds``)."""
+    template = template_of(kernel.kind)
+    if template is None:
+        raise UnsupportedGraph(f"no kernel template is registered for {kernel.kind.value!r} kernels")
+    return template.writer(sched, kernel, params, used).write()
 
 
 def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan | Unsupported:

@@ -19,9 +19,11 @@ import math
 from typing import Any
 
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.fuse import Kernel, Schedule, base_of
-from actors.experts.template.ir import HALF, NodeKind, NodeRef
+from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
+from actors.experts.template.ir import HALF, NodeKind, NodeRef, Plan
+from actors.experts.template.kernel_kinds import KernelTemplate, Values, register
 from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.params import TemplateParams
 
@@ -167,3 +169,28 @@ class AttentionWriter(Writer):
             num_warps=p.attn_warps,
             num_stages=p.attn_stages,
         )
+
+
+_ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
+
+
+def _attn_defaults(plan: Plan, sched: Schedule, kernel: Kernel, values: Values) -> dict[str, object]:
+    dv = plan.nodes[kernel.mm].shape[-1]
+    return {"attn_block_d": max(16, min(128, next_pow2(dv))), "attn_block_m": 64, "attn_block_n": 32}
+
+
+def _attn_relevant(plan: Plan, sched: Schedule, kernel: Kernel, params: TemplateParams) -> list[str]:
+    return list(_ATTN)
+
+
+register(
+    KernelTemplate(
+        kind=KernelKind.ATTN,
+        writer=AttentionWriter,
+        defaults=_attn_defaults,
+        relevant=_attn_relevant,
+        compute=_ATTN,
+        latency=("attn_stages",),
+        precision=("attn_precision",),
+    )
+)

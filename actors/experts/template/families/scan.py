@@ -22,8 +22,9 @@ from typing import Any
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.fuse import Kernel, Schedule
-from actors.experts.template.ir import FlipRef, NodeKind
+from actors.experts.template.fuse import Kernel, KernelKind, Schedule
+from actors.experts.template.ir import FlipRef, NodeKind, Plan
+from actors.experts.template.kernel_kinds import KernelTemplate, Values, register
 from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.params import TemplateParams
 
@@ -153,3 +154,23 @@ class ScanWriter(Writer):
             num_warps=self.params.row_warps,
             num_stages=1,
         )
+
+
+def _scan_defaults(plan: Plan, sched: Schedule, kernel: Kernel, values: Values) -> dict[str, object]:
+    """Chunk sizes for one scan: wide chunks along R, a few rows (or inner positions) per program."""
+    node = plan.nodes[kernel.mm]
+    d = node.dims[0]
+    r, inner = node.shape[d], math.prod(node.shape[d + 1 :])
+    if inner == 1:
+        block_r = max(64, min(2048, next_pow2(r)))
+        return {"row_block_m": max(1, min(32, 4096 // block_r)), "row_block_r": block_r, "row_warps": 4}
+    return {"row_block_i": max(8, min(64, next_pow2(inner))), "row_block_r": 64, "row_warps": 4}
+
+
+def _scan_relevant(plan: Plan, sched: Schedule, kernel: Kernel, params: TemplateParams) -> list[str]:
+    node = plan.nodes[kernel.mm]
+    inner = math.prod(node.shape[node.dims[1] :])
+    return ["row_warps", "row_block_r", "row_block_m" if inner == 1 else "row_block_i"]
+
+
+register(KernelTemplate(KernelKind.SCAN, ScanWriter, _scan_defaults, _scan_relevant))
