@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from types import UnionType
-from typing import Any, NewType, NotRequired, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Any, NewType, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 from gpu_runner.protocol import FrameError
 
@@ -142,7 +142,13 @@ class TaskOp(TypedDict):
     """A truth worker: only the model, for ``truth`` ops (no baseline, canary, range or FLOPs)."""
 
 
-class TruthOp(TypedDict):
+class _ParityOptional(TypedDict, total=False):
+    parity: list[bool]
+    """Per output, whether to measure the reference's error at PyTorch's defaults on each seed's
+    inputs too (:func:`gpu_runner.compare.parity_outputs`; none where absent)."""
+
+
+class TruthOp(_ParityOptional):
     """``truth``: the seeds (and input scales) whose reference outputs and residuals to ship."""
 
     seeds: list[int]
@@ -153,9 +159,6 @@ class TruthOp(TypedDict):
     """The trial number of the first seed (the ``reference`` frames count on from it)."""
     on_device: bool
     """Draw the inputs on the device (timed calls' are, in every process), else as trials are."""
-    parity: NotRequired[list[bool]]
-    """Per output, whether to measure the reference's error at PyTorch's defaults on each seed's
-    inputs too (:func:`gpu_runner.compare.parity_outputs`; none where absent)."""
 
 
 class BatchOp(TypedDict):
@@ -224,7 +227,7 @@ class CompileOp(TypedDict):
     sandbox: SandboxSettings
 
 
-class JudgeOp(TypedDict):
+class JudgeOp(_ParityOptional):
     """``judge``: the trial to rebuild the reference for, and the candidate's output files to compare."""
 
     reference_source: str
@@ -237,8 +240,6 @@ class JudgeOp(TypedDict):
     input_sums: list[int | None] | None
     """The spare's checksums of the trial's inputs (None for a timed call's: drawn in its batch)."""
     outputs: list[dict[str, Any]]
-    parity: NotRequired[list[bool]]
-    """As :class:`TruthOp`'s: the outputs whose error at PyTorch's defaults the judge measures."""
 
 
 class NoFields(TypedDict):

@@ -46,13 +46,53 @@ def test_outputs_that_share_memory_are_declined() -> None:
     assert "two views of one tensor" in found.detail
 
 
-def test_an_input_modified_in_place_and_returned_is_declined_as_in_place() -> None:
-    """``x.relu_(); return x``: the statement's result is unused, but the decline names the
-    in-place op, not "returns an input without computing on it"."""
-    for body in ("        x.relu_()\n        return x\n", "        torch.relu_(x)\n        return x\n"):
-        found = analyse(HEAD + body + TAIL)
-        assert isinstance(found, Unsupported)
-        assert "in-place op on an input" in found.detail
+IN_PLACE = {
+    "input_then_read": "        x.mul_(2.0)\n        return x + 1.0\n",
+    "input_returned": "        x.relu_()\n        return x\n",
+    "function_on_input": "        torch.relu_(x)\n        return x\n",
+    "augmented_alias": "        y = x * 3.0\n        z = y\n        y += x\n        return z * 2.0\n",
+    "read_before_and_after": "        y = x * 2.0\n        x.sub_(1.0)\n        return y + x\n",
+    "inplace_positional": "        F.relu(x, True)\n        return x * 2.0\n",
+}
+"""Models that write a tensor in place and read it afterwards (the reference's own input too):
+the template computes each in-place op as its result, which every later read sees."""
+
+
+def test_in_place_ops_are_computed_as_their_results(tmp_path: Path) -> None:
+    jobs = []
+    head = HEAD.replace("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n")
+    for name, body in IN_PLACE.items():
+        source = head + body + TAIL
+        plan = analyse(source)
+        assert isinstance(plan, Plan), (name, plan)
+        jobs.append({"reference": source, "candidate": render(plan, default_params(plan)), "seeds": [5],
+                     "atol": 1e-4, "rtol": 1e-4})  # fmt: skip
+    module = HEAD.replace("    def forward(self, x):\n", "    def __init__(self):\n        super().__init__()\n"
+                          "        self.act = nn.ReLU(inplace=True)\n\n    def forward(self, x):\n")  # fmt: skip
+    source = module + "        z = self.act(x)\n        return x + z\n" + TAIL
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    jobs.append({"reference": source, "candidate": render(plan, default_params(plan)), "seeds": [6],
+                 "atol": 1e-4, "rtol": 1e-4})  # fmt: skip
+    verdicts = finish_check(start_check(jobs, tmp_path), timeout=280)
+    assert [v.ok for v in verdicts] == [True] * len(jobs), ([*IN_PLACE, "module"], verdicts)
+
+
+def test_in_place_ops_on_state_or_views_are_declined_with_the_reason() -> None:
+    buffer = HEAD.replace(
+        "    def forward(self, x):\n",
+        "    def __init__(self):\n        super().__init__()\n        self.register_buffer('b', torch.ones(96))\n\n"
+        "    def forward(self, x):\n",
+    )
+    cases = {
+        buffer + "        self.b.add_(1.0)\n        return x + self.b\n" + TAIL: "on a parameter or buffer",
+        HEAD + "        v = x.view(-1)\n        v.mul_(2.0)\n        return x + 1.0\n" + TAIL: "on a view",
+        HEAD + "        v = x.view(-1)\n        x.mul_(2.0)\n        return v + 1.0\n" + TAIL: "a view was taken of",
+    }
+    for source, reason in cases.items():
+        found = analyse(source)
+        assert isinstance(found, Unsupported), source
+        assert reason in found.detail, (reason, found.detail)
     found = analyse(HEAD + "        return x.view(-1)\n" + TAIL)
     assert isinstance(found, Unsupported)
     assert "returns an input or parameter without computing on it" in found.detail

@@ -75,11 +75,11 @@ def _check(job: dict[str, Any]) -> Verdict:
         torch.manual_seed(seed + 1)
         inputs = list(ref_ns["get_inputs"]())
         before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-        with torch.no_grad():
-            expected = ref(*inputs)
+        with torch.no_grad():  # each side on its own copy (a reference may write its inputs)
+            expected = ref(*[x.clone() if isinstance(x, torch.Tensor) else x for x in before])
             actual = new(*inputs)
             ref64 = copy.deepcopy(ref).double()
-            exact = ref64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs])
+            exact = ref64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in before])
         for x, y in zip(inputs, before, strict=True):
             if isinstance(x, torch.Tensor) and not torch.equal(x, y):
                 return Verdict(False, "the candidate changed an input")

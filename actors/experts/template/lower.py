@@ -116,6 +116,8 @@ class Lowerer:
         self.env: dict[fx.Node, Any] = {}
         self.ops: list[str] = []
         self.aliasing: set[fx.Node] = set()
+        self.written: dict[fx.Node, fx.Node] = {}
+        """In-place ops (as their spelling says: ``F.relu(x, True)`` too) -> the tensor each writes."""
         params: dict[str, torch.Tensor] = dict(traced.root.named_parameters())
         params.update(dict(traced.root.named_buffers()))
         self.param_paths = params
@@ -277,7 +279,15 @@ class Lowerer:
             if fxn.op == "output":
                 output = self._output(fxn)
                 continue
-            self.env[fxn] = self._node(fxn)
+            value = self._node(fxn)
+            self.env[fxn] = value
+            written = self.written.get(fxn) or _written(fxn, self.traced.root)
+            if written is not None:
+                # An in-place op (``x.mul_(2)``, ``x += y``, ``nn.ReLU(inplace=True)``): every later
+                # read of the tensor it wrote is of its result. Where it is not covered, reads of
+                # that tensor and of every view sharing its memory decline.
+                for target in self._aliases(written) if isinstance(value, _Uncovered) else (written,):
+                    self.env[target] = value
         if output is None:
             raise UnsupportedGraph("forward returns nothing")
         return output
@@ -286,9 +296,6 @@ class Lowerer:
         """The returned tensors: one, or a tuple or list of them (each computed here, none an
         alias of another: the evaluator refuses outputs that share memory)."""
         returned = fxn.args[0]
-        for item in returned if isinstance(returned, tuple | list) else [returned]:
-            if isinstance(item, fx.Node) and any(_modifies_in_place(user, item) for user in item.users):
-                raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
         value = self.arg(returned)
         refs = list(value) if isinstance(value, tuple | list) else [value]
         if not refs or not all(isinstance(r, NodeRef) for r in refs):
@@ -372,6 +379,7 @@ class Lowerer:
             bound["__path__"] = str(fxn.target)
         if bound.get("inplace") is True or spec.inplace:
             self._check_inplace(fxn)
+            self.written[fxn] = fxn.args[0]  # type: ignore[assignment]  # an fx.Node: checked above
         ref = apply(self, spec.canon, bound, traced)
         if spec.canon in ("view", "alias", "perm"):
             self.aliasing.add(fxn)
@@ -379,11 +387,34 @@ class Lowerer:
         return ref
 
     def _check_inplace(self, fxn: fx.Node) -> None:
+        """An in-place op is computed as its result, which later reads of the tensor it writes see
+        (``lower``); each side of a trial runs on its own copy of the inputs, so writing an input
+        is covered. Not covered: writing a parameter or buffer (the model's state would change
+        from call to call), a view (its base changes too), or a tensor a view was taken of before."""
         src = fxn.args[0] if fxn.args else None
-        if not isinstance(src, fx.Node) or src.op in ("placeholder", "get_attr") or src in self.aliasing:
-            raise UnsupportedGraph("an in-place op on an input, parameter or view is not covered")
-        if len(src.users) != 1:
-            raise UnsupportedGraph("an in-place op on a value that is read again is not covered")
+        if not isinstance(src, fx.Node) or src.op == "get_attr" or self._is_parameter(src):
+            raise UnsupportedGraph("an in-place op on a parameter or buffer is not covered")
+        if src in self.aliasing:
+            raise UnsupportedGraph("an in-place op on a view is not covered")
+        if any(user in self.aliasing for user in src.users):
+            raise UnsupportedGraph("an in-place op on a tensor that a view was taken of is not covered")
+
+    def _aliases(self, node: fx.Node) -> set[fx.Node]:
+        """``node``, the tensor it is a view of, and every view of that taken so far."""
+        root = node
+        while root in self.aliasing and root.args and isinstance(root.args[0], fx.Node):
+            root = root.args[0]
+        found, todo = {root}, [root]
+        while todo:
+            for user in todo.pop().users:
+                if user in self.aliasing and user not in found:
+                    found.add(user)
+                    todo.append(user)
+        return found
+
+    def _is_parameter(self, src: fx.Node) -> bool:
+        value = self.env.get(src)
+        return isinstance(value, NodeRef) and self.node(value).kind is NodeKind.PARAM
 
 
 def _class_indices(fxn: fx.Node) -> bool:
@@ -439,10 +470,27 @@ def _describe(fxn: fx.Node) -> str:
     return f"function {getattr(target, '__module__', '') or ''}.{name}".replace("..", ".")
 
 
-def _modifies_in_place(user: fx.Node, src: fx.Node) -> bool:
-    """Whether ``user`` writes ``src`` in place (``x.relu_()``, ``torch.relu_(x)``, ``inplace=True``):
-    a statement whose result is unused, so the walk never lowers it, but the returned ``src`` is it."""
-    if user.op not in ("call_method", "call_function") or not user.args or user.args[0] is not src:
-        return False
-    name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
-    return (name.endswith("_") and not name.endswith("__")) or user.kwargs.get("inplace") is True
+_AUGMENTED = frozenset(
+    {
+        operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+        operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+        operator.irshift,
+    }
+)  # fmt: skip
+"""``x += y`` and its kin: on a tensor they write ``x`` (every other name of it sees the change)."""
+
+
+def _written(fxn: fx.Node, root: torch.nn.Module) -> fx.Node | None:
+    """The tensor ``fxn`` writes in place (``x.relu_()``, ``torch.relu_(x)``, ``F.relu(x,
+    inplace=True)``, ``x += y``, a submodule built with ``inplace=True``), or None."""
+    src = fxn.args[0] if fxn.args else None
+    if not isinstance(src, fx.Node):
+        return None
+    if fxn.op == "call_module":
+        return src if getattr(root.get_submodule(str(fxn.target)), "inplace", False) is True else None
+    if fxn.op not in ("call_method", "call_function"):
+        return None
+    if fxn.target in _AUGMENTED or fxn.kwargs.get("inplace") is True:
+        return src
+    name = fxn.target if isinstance(fxn.target, str) else getattr(fxn.target, "__name__", "")
+    return src if name.endswith("_") and not name.endswith("__") else None

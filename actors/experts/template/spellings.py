@@ -78,6 +78,8 @@ for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs", "
     _method((_name,), _spec)
     if hasattr(torch, _name):
         _fn((getattr(torch, _name),), _spec)
+    # ``torch.relu_(x)``, ``F.relu_(x)``: in place, as the method ``x.relu_()``
+    _fn(tuple(getattr(m, _name + "_") for m in (torch, F) if hasattr(m, _name + "_")), Spec(_name, _IN, inplace=True))
 _fn((torch.negative, operator.neg), Spec("neg", _IN))
 _fn((torch.special.expit,), Spec("sigmoid", _IN))
 _fn((torch.special.erf,), Spec("erf", _IN))

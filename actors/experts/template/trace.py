@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import fx
@@ -77,12 +78,58 @@ def _trace_with_sizes(model: torch.nn.Module, inputs: list[Any]) -> fx.GraphModu
     names = list(inspect.signature(model.forward).parameters)
     if len(names) != len(inputs):
         raise UnsupportedGraph(f"forward takes {len(names)} arguments but get_inputs() gives {len(inputs)}")
-    tracer = MetaTracer()
+    tracer = _augmenting(MetaTracer)()
     tracer.proxy_buffer_attributes = True
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a value it could not compute: fall back to the plain tracer
         graph = tracer.trace(model, meta_args=dict(zip(names, inputs, strict=True)))
     return fx.GraphModule(tracer.root, graph)
+
+
+_AUGMENTED = {
+    "__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
+    "__itruediv__": operator.itruediv, "__ifloordiv__": operator.ifloordiv, "__imod__": operator.imod,
+    "__ipow__": operator.ipow, "__imatmul__": operator.imatmul, "__iand__": operator.iand,
+    "__ior__": operator.ior, "__ixor__": operator.ixor, "__ilshift__": operator.ilshift,
+    "__irshift__": operator.irshift,
+}  # fmt: skip
+"""``y += x`` on a tensor writes ``y`` (every other name of it sees the change); ``fx.Proxy`` has
+no ``__iadd__``, so Python records ``y + x`` and a later read of ``y`` through another name (``z =
+y`` before) would see the old value. The tracers here record ``operator.iadd`` and its kin, which
+the lowerer treats as in-place writes."""
+
+
+def _augment(proxy: fx.Proxy) -> fx.Proxy:
+    cls = type(proxy)
+    if not hasattr(cls, "_kf_augmented"):
+        cls = _PROXIES.get(cls) or _PROXIES.setdefault(cls, _augmented_class(cls))
+        proxy.__class__ = cls
+    return proxy
+
+
+def _augmented_class(base: type[fx.Proxy]) -> type[fx.Proxy]:
+    def method(op: Any) -> Any:
+        def apply(self: fx.Proxy, other: Any) -> fx.Proxy:
+            return self.tracer.create_proxy("call_function", op, (self, other), {})
+
+        return apply
+
+    return type(base.__name__, (base,), {"_kf_augmented": True, **{n: method(op) for n, op in _AUGMENTED.items()}})
+
+
+_PROXIES: dict[type, type[fx.Proxy]] = {}
+
+
+_T = TypeVar("_T", bound=fx.Tracer)
+
+
+def _augmenting(tracer: type[_T]) -> type[_T]:
+    """``tracer`` whose proxies record augmented assignments (:data:`_AUGMENTED`)."""
+
+    def proxy(self: fx.Tracer, node: fx.Node) -> fx.Proxy:
+        return _augment(tracer.proxy(self, node))
+
+    return type(tracer.__name__, (tracer,), {"proxy": proxy})
 
 
 def trace_reference(source: str) -> Traced:
@@ -108,7 +155,9 @@ def trace_reference(source: str) -> Traced:
         gm = _trace_with_sizes(model, inputs)
     except Exception:  # noqa: BLE001 - the shape-aware tracer is stricter: the plain one decides
         try:
-            gm = fx.symbolic_trace(model)
+            plain = _augmenting(fx.Tracer)()
+            graph = plain.trace(model)
+            gm = fx.GraphModule(plain.root, graph)
         except Exception as exc:  # data-dependent control flow
             raise UnsupportedGraph(f"torch.fx could not trace forward: {type(exc).__name__}: {exc}") from exc
     recorder = _Recorder(gm)
