@@ -276,7 +276,9 @@ class MiniLMEmbedder:
                 return
             try:
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as hf_logging
 
+                hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # its "Loading weights" bar reached the terminal
                 model = SentenceTransformer(
                     str(self._dir), device="cpu", local_files_only=True, trust_remote_code=False
                 )

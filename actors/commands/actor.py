@@ -116,7 +116,43 @@ def add_actor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     add_actor_options(p)
     add_nats_options(p, connect_timeout=None)
-    p.set_defaults(func=cmd_actor)
+    p.set_defaults(func=cmd_actor, parser=p)
+
+
+_KIND_OPTIONS: dict[str, tuple[str, frozenset[ActorKind]]] = {
+    "device": ("--device", frozenset({ActorKind.EVALUATOR})),
+    "runner": ("--runner", frozenset({ActorKind.EVALUATOR})),
+    "noop_delay": ("--noop-delay", frozenset({ActorKind.EVALUATOR})),
+    "eval_concurrency": ("--eval-concurrency", frozenset({ActorKind.EVALUATOR})),
+    "ack_wait": ("--ack-wait", frozenset({ActorKind.EVALUATOR})),
+    "spares": ("--spares", frozenset({ActorKind.EVALUATOR})),
+    "host_memory_share": ("--host-memory-share", frozenset({ActorKind.EVALUATOR})),
+    "isolation": ("--isolation", frozenset({ActorKind.EVALUATOR})),
+    "gpu": ("--gpu", frozenset({ActorKind.EVALUATOR})),
+    "llm_diagnoser": ("--llm-diagnoser", frozenset({ActorKind.DIAGNOSER})),
+    "confine_task": ("--confine-task", frozenset({ActorKind.EXPERT})),
+    "island": ("--island", frozenset({ActorKind.ISLAND})),
+    "per_request": ("--per-request", frozenset({ActorKind.ISLAND})),
+    "name": ("--name", frozenset({ActorKind.EXPERT})),
+    "library_dir": ("--library-dir", frozenset({ActorKind.CURATOR})),
+    "embedder": ("--embedder", frozenset({ActorKind.CURATOR})),
+}
+"""Options of ``kfoundry actor`` that only some kinds read: given to another kind, they would be
+ignored without a word (``actor expert --device cuda --island i0`` started an expert)."""
+
+
+def check_kind_options(kind: ActorKind, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse, in one line, options given that ``kind`` does not read (compared with their defaults)."""
+    foreign = [
+        flag
+        for dest, (flag, kinds) in _KIND_OPTIONS.items()
+        if kind not in kinds and getattr(args, dest, None) != parser.get_default(dest)
+    ]
+    if foreign:
+        readers = sorted({k.value for dest, (flag, kinds) in _KIND_OPTIONS.items() if flag in foreign for k in kinds})
+        raise ConfigError(
+            f"{', '.join(foreign)}: not an option of {kind.value} actors (read by {' and '.join(readers)} actors)"
+        )
 
 
 def hand_started_gpu(kind: ActorKind, args: argparse.Namespace) -> tuple[GpuClaim | None, int]:
@@ -151,6 +187,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
 
     configure_logging(level=args.log_level)
     kind = ActorKind(args.kind)
+    check_kind_options(kind, args, args.parser)
     if args.wait_for_run < 0:
         raise ConfigError(f"--wait-for-run must be >= 0 seconds, got {args.wait_for_run:g}")
     options = ActorOptions.from_args(args)

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 
 from actors.commands.actor import add_actor_parser
@@ -344,7 +345,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BaseException as exc:
+        if not _closed_pipe(exc):  # `kfoundry status | head`: the reader has what it wanted
+            raise
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush finds no closed pipe
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "eval":
         return cmd_eval(argv[1:])
     parser = build_parser()
@@ -361,12 +372,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:  # the CLI's one boundary: a known error is one line, never a traceback
-        lines = _one_line_errors(exc)
+        lines = None if _closed_pipe(exc) else _one_line_errors(exc)
         if lines is None:
             raise
         for line in lines:
             _out(f"kfoundry: {line}", sys.stderr)
         return 2
+
+
+def _closed_pipe(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write to a closed pipe (alone or grouped by a ``TaskGroup``)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_closed_pipe(inner) for inner in exc.exceptions)
+    return isinstance(exc, BrokenPipeError)
 
 
 def _one_line_errors(exc: BaseException) -> list[str] | None:
@@ -376,6 +394,8 @@ def _one_line_errors(exc: BaseException) -> list[str] | None:
     import nats.js.errors
     import pydantic
 
+    from gpu_runner.errors import DeviceUnavailable
+
     if isinstance(exc, BaseExceptionGroup):
         lines: list[str] = []
         for inner in exc.exceptions:
@@ -384,7 +404,7 @@ def _one_line_errors(exc: BaseException) -> list[str] | None:
                 return None
             lines += [line for line in more if line not in lines]
         return lines
-    if isinstance(exc, KfError):
+    if isinstance(exc, KfError | DeviceUnavailable):
         return [str(exc)]
     if isinstance(exc, pydantic.ValidationError):
         first = exc.errors()[0]

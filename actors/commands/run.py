@@ -142,9 +142,12 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice, *, e
     on_cpu = device is DeviceChoice.CPU
     named = args.experts if args.experts and args.experts != ALL_EXPERTS else None
     experts = [e.strip() for e in named.split(",")] if named else ["template"]
+    for flag, value in (("--seconds", args.seconds), ("--candidates", args.candidates), ("--tokens", args.tokens)):
+        if value is not None and value <= 0:  # 0 was taken as "the default" before
+            raise ConfigError(f"{flag} must be > 0, got {value:g}")
     budget = Budget(
-        wall_s=args.seconds or (600.0 if on_cpu else 1800.0),
-        candidates=args.candidates or (16 if on_cpu else 200),
+        wall_s=args.seconds if args.seconds is not None else (600.0 if on_cpu else 1800.0),
+        candidates=args.candidates if args.candidates is not None else (16 if on_cpu else 200),
         tokens=args.tokens,
     )
     kwargs = {"run_id": args.run_id} if args.run_id else {}
@@ -176,6 +179,18 @@ def build_spec(args: argparse.Namespace, source: str, device: DeviceChoice, *, e
         seed=args.seed,
         **kwargs,
     )
+
+
+def require_cuda(device: DeviceChoice, local: bool) -> None:
+    """``--device cuda`` where this process's evaluators would run (``local``) and torch sees no
+    CUDA device: one line (it was a 59-line traceback from the evaluator, exit status 1)."""
+    if device is not DeviceChoice.CUDA or not local:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "a CPU-only torch build" if torch.version.cuda is None else "no GPU or driver it can use"
+        raise ConfigError(f"--device cuda: torch here sees no CUDA device ({why}); use --device cpu or auto")
 
 
 def resolve_device(choice: str) -> DeviceChoice:
@@ -246,6 +261,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     gpus = run_gpus(args, device)
     spec = build_spec(args, source, device, evaluators=len(gpus) or 1)
     claims = claim_all(gpus, spec.run_id)
+    try:
+        require_cuda(device, local=not args.no_local_actors and args.runner == "gpu")
+    except ConfigError:
+        for claim in claims:
+            claim.release()
+        raise
     run_dir = args.run_dir or Path("runs") / spec.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
 

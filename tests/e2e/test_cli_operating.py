@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from actors.runtime.bus import Bus
 from actors.runtime.nats_server import ServerInfo
@@ -315,11 +316,60 @@ def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None
         (["run", "examples/quickstart.py", "--islands", "0", "--device", "cpu"], "kfoundry: invalid RunSpec islands:"),
         (["run", "no_such_task.py"], "kfoundry: task file not found: no_such_task.py"),
         (["actor", "island", "--run", "r", "--island", "i0", "--wait-for-run", "-1"], "kfoundry: --wait-for-run must"),
+        (["run", "examples/quickstart.py", "--candidates", "0"], "kfoundry: --candidates must be > 0, got 0"),
+        (["run", "examples/quickstart.py", "--seconds", "0"], "kfoundry: --seconds must be > 0, got 0"),
+        (["run", "examples/quickstart.py", "--tokens", "-3"], "kfoundry: --tokens must be > 0, got -3"),
+        (
+            ["actor", "expert", "--device", "cuda", "--island", "i0", "--nats", "nats://127.0.0.1:1"],
+            "kfoundry: --device, --island: not an option of expert actors (read by evaluator and island actors)",
+        ),
+        (
+            ["actor", "curator", "--per-request", "4", "--nats", "nats://127.0.0.1:1"],
+            "kfoundry: --per-request: not an option of curator actors (read by island actors)",
+        ),
     ],
-    ids=["invalid-option", "missing-task", "negative-wait"],
+    ids=[
+        "invalid-option",
+        "missing-task",
+        "negative-wait",
+        "zero-candidates",
+        "zero-seconds",
+        "negative-tokens",
+        "foreign-flags",
+        "foreign-flag",
+    ],
 )
 def test_a_configuration_error_is_one_line(args: list[str], line: str, tmp_path: Path) -> None:
     proc = _kfoundry(*args, env=_env(tmp_path))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith(line), proc.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine whose torch sees a GPU")
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path: Path) -> None:
+    """``--device cuda`` where torch sees no CUDA device: one line before anything starts (it was
+    the evaluator's 59-line traceback and exit status 1, "no correct candidate")."""
+    proc = _kfoundry("run", "examples/quickstart.py", "--device", "cuda", env=_env(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith("kfoundry: --device cuda: torch here sees no CUDA device"), proc.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args", [["status"], ["dlq"]])
+def test_output_into_a_closed_pipe_ends_quietly(args: list[str], nats_server: ServerInfo, tmp_path: Path) -> None:
+    """``kfoundry status | head``: the reader went away; no BrokenPipeError traceback, status 0."""
+    read, write = os.pipe()
+    os.close(read)  # every write finds the pipe closed
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "actors.cli", *args, "--nats", nats_server.url],
+            stdout=write, stderr=subprocess.PIPE, text=True, env=_env(tmp_path), cwd=ROOT, timeout=100,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "BrokenPipe" not in proc.stderr, proc.stderr
