@@ -28,19 +28,32 @@ def configure_logging(
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    for handler in handlers:
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        root.addHandler(handler)
-    root.setLevel(level.upper())
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
+    common: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    # Records of other libraries (faiss's loader, sentence-transformers, asyncio's "Task exception
+    # was never retrieved") go through the same renderer: 11% of a run.log's lines were plain text.
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*common, structlog.stdlib.add_logger_name],
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
             renderer,
+        ],
+    )
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(level.upper())
+    structlog.configure(
+        processors=[
+            *common,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.stdlib.LoggerFactory(),

@@ -14,6 +14,7 @@ import pytest
 
 from actors.experts.template import Plan, analyse, default_params, mutate, relevant_params, render
 from actors.experts.template import kernel_kinds as registry
+from actors.experts.template.emit import Launch, PointwiseWriter
 from actors.experts.template.fuse import KernelKind, schedule
 from actors.experts.template.kernel_kinds import register, template_of, templates
 from actors.experts.template.params import TemplateParams
@@ -80,8 +81,10 @@ def test_a_kind_s_template_is_what_starts_renders_and_steps_its_kernels() -> Non
     assert relevant_params(plan, default_params(plan)) == ("pw_warps", "pw_ept")
     held = registry._REGISTRY[KernelKind.PW]
 
-    class Wide(held.writer):  # type: ignore[misc,valid-type,name-defined]
-        def write(self):  # type: ignore[no-untyped-def]
+    assert held.writer is PointwiseWriter
+
+    class Wide(PointwiseWriter):
+        def write(self) -> Launch:
             launch = super().write()
             return replace(launch, source="# a wide elementwise kernel\n" + launch.source)
 

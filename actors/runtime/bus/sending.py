@@ -160,6 +160,8 @@ class Sending(BusCore):
                 continue
             except nats.errors.TimeoutError as exc:
                 raise RequestTimeout(subject, timeout) from exc
+            except nats.errors.ConnectionClosedError as exc:  # closed for good (the actor is stopping)
+                raise BusError(f"request to {subject}: the connection to NATS is closed") from exc
             if status_of(reply) != "503":
                 break
             if asked_again:
