@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from actors.llm.client import ChatClient, RetryPolicy, estimate_tokens
 from actors.llm.errors import EndpointError
+from actors.llm.metrics import DIAGNOSER_FALLBACKS
 from actors.llm.prompts import ROLES, diagnosis_section, result_section
 from actors.llm.redact import shorten
 from schemas import Candidate, Diagnosis, DiagnosisCategory, EvalResult, ExpertConfig
@@ -75,7 +76,8 @@ class LLMDiagnoser:
         if budget is not None:
             max_tokens = min(max_tokens, budget - self.tokens_used - prompt_est)
             if max_tokens < 64:
-                return self._unrefined(baseline, f"token budget exhausted ({self.tokens_used} of {budget} used)")
+                why = f"token budget exhausted ({self.tokens_used} of {budget} used)"
+                return self._unrefined(baseline, why, "budget")
         try:
             reply = await self._client.complete(
                 messages,
@@ -83,12 +85,12 @@ class LLMDiagnoser:
                 max_tokens=max_tokens,
             )
         except EndpointError as exc:
-            return self._unrefined(baseline, self._client.redact(str(exc)))
+            return self._unrefined(baseline, self._client.redact(str(exc)), "endpoint")
         self.tokens_used += reply.usage.total
         text = self._client.redact(reply.choices[0].text) if reply.choices else ""
         verdict = parse_verdict(text)
         if verdict is None:
-            return self._unrefined(baseline, "its reply was not a diagnosis JSON object")
+            return self._unrefined(baseline, "its reply was not a diagnosis JSON object", "reply")
         refined = self._merge(baseline, verdict)
         log.info(
             "llm.diagnosis",
@@ -152,8 +154,11 @@ class LLMDiagnoser:
             }
         )
 
-    def _unrefined(self, baseline: Diagnosis, why: str) -> Diagnosis:
-        log.warning("llm.diagnosis_skipped", candidate_id=baseline.candidate_id, reason=why)
+    def _unrefined(self, baseline: Diagnosis, why: str, cause: str) -> Diagnosis:
+        """The baseline with a note saying why the model's reading is not in it (counted by
+        ``cause`` in ``kfoundry_llm_diagnoser_fallbacks``, :mod:`actors.llm.metrics`)."""
+        DIAGNOSER_FALLBACKS.labels(self.name, cause).inc()
+        log.warning("llm.diagnosis_skipped", candidate_id=baseline.candidate_id, reason=why, cause=cause)
         note = f"llm diagnoser {self.name} not applied: {shorten(why, HINT_LIMIT)}"
         return baseline.model_copy(update={"evidence": (*baseline.evidence, note)})
 

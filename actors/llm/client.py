@@ -25,6 +25,7 @@ import openai
 import structlog
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
+from actors.llm import metrics
 from actors.llm.errors import (
     EndpointError,
     EndpointRejected,
@@ -203,8 +204,12 @@ class _Failure:
 class ChatClient:
     """One endpoint and model; ``complete`` makes a chat call with retries and limits."""
 
-    def __init__(self, endpoint: Endpoint, *, retry: RetryPolicy | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, endpoint: Endpoint, *, retry: RetryPolicy | None = None, seed: int = 0, expert: str = ""
+    ) -> None:
         self.endpoint = endpoint
+        self.expert = expert
+        """The expert configuration's name: the ``expert`` label of its metrics (:mod:`.metrics`)."""
         self.retry = retry or RetryPolicy()
         self._rng = np.random.default_rng(seed)
         self._secrets = endpoint.secrets()
@@ -224,7 +229,7 @@ class ChatClient:
         seed: int = 0,
     ) -> ChatClient:
         """A client for an expert's configured endpoint."""
-        return cls(Endpoint.from_config(config, environ), retry=retry, seed=seed)
+        return cls(Endpoint.from_config(config, environ), retry=retry, seed=seed, expert=config.name)
 
     def redact(self, text: str) -> str:
         """``text`` with this client's key removed."""
@@ -244,6 +249,32 @@ class ChatClient:
         Raises ``EndpointTimeout``, ``RateLimited``, ``EndpointRejected``, ``MalformedReply`` or
         ``EndpointError`` once retrying is over.
         """
+        started = time.perf_counter()
+        try:
+            result = await self._complete(messages, n=n, seed=seed, temperature=temperature, max_tokens=max_tokens)
+        except EndpointError as exc:
+            self._count(exc, time.perf_counter() - started)
+            raise
+        self._count(None, time.perf_counter() - started)
+        labels = {"expert": self.expert, "model": self.endpoint.model, "reported": str(result.usage_reported).lower()}
+        metrics.TOKENS.labels(direction="prompt", **labels).inc(result.usage.prompt)
+        metrics.TOKENS.labels(direction="completion", **labels).inc(result.usage.completion)
+        return result
+
+    def _count(self, error: EndpointError | None, seconds: float) -> None:
+        outcome = metrics.outcome_of(error)
+        metrics.CALLS.labels(self.expert, self.endpoint.model, outcome).inc()
+        metrics.CALL_SECONDS.labels(self.expert, self.endpoint.model, outcome).observe(seconds)
+
+    async def _complete(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        n: int,
+        seed: int | None,
+        temperature: float | None,
+        max_tokens: int | None,
+    ) -> ChatResult:
         ep = self.endpoint
         started = time.perf_counter()
         limiter = endpoint_limiter(ep.base_url, ep.concurrency)
@@ -274,6 +305,7 @@ class ChatClient:
                     )
                     raise failure.error from None
                 delay = self.backoff_s(attempt, failure.retry_after_s)
+                metrics.RETRIES.labels(self.expert, ep.model, metrics.cause_of(failure.error)).inc()
                 log.info(
                     "llm.retry",
                     endpoint=self._url,

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
 from actors.diagnosis.llm_diagnoser import LLMDiagnoser, parse_verdict
@@ -170,8 +171,12 @@ async def test_trouble_returns_the_baseline_with_a_note(
 ) -> None:
     server.push(*replies)
     diag = diagnoser(server)
+    cause = "endpoint" if isinstance(replies[0], Status) else "reply"
+    fallbacks = {"expert": "diag", "cause": cause}
+    before = REGISTRY.get_sample_value("kfoundry_llm_diagnoser_fallbacks_total", fallbacks) or 0.0
     result = await diag.diagnose(INCORRECT, None, BASELINE)
     await diag.aclose()
+    assert REGISTRY.get_sample_value("kfoundry_llm_diagnoser_fallbacks_total", fallbacks) == before + 1
     assert result.model_dump(exclude={"evidence"}) == BASELINE.model_dump(exclude={"evidence"})
     assert result.evidence[:-1] == BASELINE.evidence
     assert result.evidence[-1].startswith("llm diagnoser diag not applied: ")
@@ -180,8 +185,11 @@ async def test_trouble_returns_the_baseline_with_a_note(
 
 async def test_exhausted_budget_skips_the_call(server: ScriptedLLMServer) -> None:
     diag = diagnoser(server, token_budget=100)
+    budget = {"expert": "diag", "cause": "budget"}
+    before = REGISTRY.get_sample_value("kfoundry_llm_diagnoser_fallbacks_total", budget) or 0.0
     result = await diag.diagnose(INCORRECT, CANDIDATE, BASELINE)
     await diag.aclose()
+    assert REGISTRY.get_sample_value("kfoundry_llm_diagnoser_fallbacks_total", budget) == before + 1
     assert "token budget exhausted" in result.evidence[-1]
     assert server.completions == []
 
