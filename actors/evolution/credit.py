@@ -121,6 +121,8 @@ class ExpertUsage(BaseModel):
     """Requests it answered with no candidate (or did not answer)."""
     declined_by: dict[str, int] = Field(default_factory=dict)
     """Declines per reason (``DeclineReason`` value, ``unavailable`` when it did not answer)."""
+    duplicates: int = 0
+    """Proposals not published: the island had the same kernel already."""
     streak: int = 0
     """Declines in a row, up to now."""
     rest: int = 0

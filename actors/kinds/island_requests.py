@@ -137,6 +137,7 @@ class ExpertRequests:
                         # the same kernel again (a mutation that landed on a configuration the
                         # island has, or a migrant's): evaluating it twice would only re-time it
                         self.duplicates += 1
+                        self.brain.credit.usage_of(plan.expert).duplicates += 1
                         self.log.info("duplicate proposal skipped", strategy=proposal.strategy)
                         continue
                     if not await self.quota.take():

@@ -1,8 +1,10 @@
 """Per-expert and per-family lines of the run report, so that every expert and every kernel
 family shows what it earned.
 
-- Per expert: requests, declines (by reason), candidates, correct ones, best fitness. Requests and
-  declines come from the islands' brains (``ExpertUsage``); the rest from the run's messages.
+- Per expert: requests, declines (by reason), proposals skipped as duplicates, candidates
+  published, evaluated, left unjudged, correct ones, best fitness. Requests, declines and
+  duplicates come from the islands' brains (``ExpertUsage``); the rest from the run's messages.
+  The counts add up: ``published == candidates + unjudged``.
 - Per family (a template family, ``template:<family>`` from the proposal's strategy, or the expert
   for other experts): the first correct candidate's and the best candidate's fraction of
   speed-of-light, with their speedups.
@@ -34,8 +36,14 @@ class ExpertReport(BaseModel):
     """Requests it answered with no candidate (refused, no code, unreachable)."""
     declined_by: dict[str, int] = {}
     """Declines per reason."""
+    duplicates: int = 0
+    """Proposals the islands did not publish: they had the same kernel already."""
+    published: int = 0
+    """Its candidates on the run's stream."""
     candidates: int = 0
     """Its candidates that were evaluated."""
+    unjudged: int = 0
+    """Published but with no verdict: cancelled at the run's end, dead-lettered, or still in flight."""
     correct: int = 0
     """Of those, the ones with a correct verdict."""
     best_fitness: float | None = None
@@ -49,6 +57,8 @@ class _Tally:
     requests: int = 0
     declines: int = 0
     declined_by: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0
+    published: int = 0
     candidates: int = 0
     correct: int = 0
     best_fitness: float | None = None
@@ -69,8 +79,11 @@ def expert_reports(
             tally.requests += usage.requests
             tally.declines += usage.declines
             tally.declined_by.update(usage.declined_by)
+            tally.duplicates += usage.duplicates
             if usage.requests:
                 tally.islands.add(brain.island)
+    for published in cands.values():
+        tallies.setdefault(published.expert, _Tally()).published += 1
     for cid, result in results.items():
         cand = cands.get(cid)
         if cand is None:
@@ -87,7 +100,10 @@ def expert_reports(
             requests=t.requests,
             declines=t.declines,
             declined_by=dict(sorted(t.declined_by.items())),
+            duplicates=t.duplicates,
+            published=t.published,
             candidates=t.candidates,
+            unjudged=t.published - t.candidates,
             correct=t.correct,
             best_fitness=t.best_fitness,
             islands=tuple(sorted(t.islands)),

@@ -98,5 +98,6 @@ async def test_an_island_publishes_each_kernel_once_and_tells_its_expert_what_it
     sources = [c.proposal.source for c in published]
     assert sorted(sources) == sorted(_source(k) for k in range(KERNELS)), sources
     assert island.duplicates >= 2
+    assert sum(u.duplicates for u in island.brain.credit.usage.values()) == island.duplicates  # for report.json
     everything = {source_fingerprint(_source(k)) for k in range(KERNELS)}
     assert set(expert.requests[-1].avoid) == everything  # the expert is told what the island has

@@ -286,6 +286,21 @@ def test_report_shows_each_experts_requests_declines_candidates_and_best() -> No
     assert (rows["template"].declines, rows["idle"].requests, rows["idle"].candidates) == (0, 0, 0)
 
 
+def test_an_experts_counts_add_up_from_proposals_to_verdicts() -> None:
+    """Proposals skipped as duplicates, candidates published, evaluated and left without a verdict
+    (cancelled at the run's end, dead-lettered): ``published == candidates + unjudged``."""
+    experts = (ExpertProfile(name="template", role=Role.TEMPLATE),)
+    spec = f.spec(islands=1, experts=[{"name": "template"}])
+    brain = IslandBrain("i0", spec, experts, seed=2)
+    brain.credit.usage_of("template").duplicates = 4  # as the island counts them
+    cands = [f.candidate(params={"BLOCK_SIZE": 256 * (k + 1)}) for k in range(3)]
+    messages: list[Message] = [*cands, f.correct(cands[0], 0.5), f.correct(cands[1], 0.4)]
+    row = build_report(spec, messages, {"i0": brain}).experts[0]
+    assert (row.duplicates, row.published, row.candidates, row.unjudged) == (4, 3, 2, 1)
+    restored = IslandBrain.from_json(brain.to_json(), spec)  # the archive bucket keeps the count
+    assert restored.credit.usage_of("template").duplicates == 4
+
+
 def _family_candidate(strategy: str, expert: str = "template") -> Candidate:
     cand = f.candidate(expert=expert)
     return cand.model_copy(update={"proposal": cand.proposal.model_copy(update={"strategy": strategy})})
