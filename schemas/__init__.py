@@ -54,7 +54,16 @@ from schemas.evaluation import (
     StallShare,
     TimingStats,
 )
-from schemas.evolution import Elite, EliteAnnouncement, EvalOutcome, Feedback, IslandStatus, Migration, RunEnd
+from schemas.evolution import (
+    Elite,
+    EliteAnnouncement,
+    EvalOutcome,
+    Feedback,
+    IslandStatus,
+    Migration,
+    RunEnd,
+    RunStop,
+)
 from schemas.experience import (
     Experience,
     ExperienceBatch,
@@ -94,6 +103,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Migration,
         IslandStatus,
         RunEnd,
+        RunStop,
         Experience,
         ExperienceQuery,
         ExperienceHits,
@@ -189,6 +199,7 @@ __all__ = [
     "Role",
     "RunEnd",
     "RunSpec",
+    "RunStop",
     "Severity",
     "SpeedOfLight",
     "StageTimes",

@@ -161,6 +161,29 @@ class RunEnd(Message):
     """When it stopped."""
 
 
+class RunStop(Message):
+    """An operator's request that a run stop (``kfoundry runs stop``), stored in the run's stream.
+
+    The run's controller reads it with the rest of the stream and ends the run as on an interrupt:
+    the candidates in flight get a short grace, then they are cancelled, ``RunEnd`` (reason
+    ``interrupted``) is published and the results are written."""
+
+    type: Literal["run_stop"] = "run_stop"
+    """Wire name of this message type."""
+    run_id: str
+    """The run asked to stop."""
+    by: str = Field(min_length=1, max_length=200)
+    """Who asked, as ``user@host``."""
+    reason: str | None = Field(default=None, max_length=500)
+    """Why, in the operator's words; ``None`` when they gave none."""
+    at: float = Field(default_factory=now)
+    """When it was asked."""
+
+    def sentence(self) -> str:
+        """``stop requested by USER@HOST (REASON)``, as the run and ``kfoundry runs`` say it."""
+        return f"stop requested by {self.by}" + (f" ({self.reason})" if self.reason else "")
+
+
 class EvalOutcome(Model):
     """A compact view of an evaluation kept in archives and reports."""
 

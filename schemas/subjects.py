@@ -12,6 +12,7 @@ Actors never write subject literals; they call these functions. Runs are namespa
 | ``kf.<run>.migrant.<island>``    | Migration            | run stream; one durable per island       |
 | ``kf.<run>.status.<island>``     | IslandStatus         | run stream                               |
 | ``kf.<run>.end``                 | RunEnd               | run stream                               |
+| ``kf.<run>.stop``                | RunStop              | run stream; read by the run's controller |
 | ``kf.<run>.outcome``             | ExperienceOutcome    | run stream                               |
 | ``kf.expert.<name>.generate``    | GenerateRequest→Reply| nats.micro endpoint, queue group         |
 | ``kf.exp.query``                 | ExperienceQuery→Hits | nats.micro endpoint                      |
@@ -68,6 +69,11 @@ def island_status(run: str, island: str = ANY) -> str:
 def run_end(run: str) -> str:
     """The end of a run."""
     return f"{PREFIX}.{_tok(run)}.end"
+
+
+def run_stop(run: str) -> str:
+    """An operator's request that the run stop (``kfoundry runs stop``)."""
+    return f"{PREFIX}.{_tok(run)}.stop"
 
 
 def run_all(run: str) -> str:

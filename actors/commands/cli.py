@@ -10,6 +10,8 @@
     kfoundry drain ACTOR_ID         remove one actor gracefully (with a new one: a hot swap)
     kfoundry expert set NAME ...    store or change an expert's configuration (taken up live)
     kfoundry server status|stop     the embedded NATS server
+    kfoundry runs [show|stop|rm]    the runs a NATS server knows; one run's spec, stop or removal
+    kfoundry --version              the installed version
 
 With no ``--nats`` and no ``NATS_URL``, commands use the embedded server (see
 ``actors.runtime.nats_server``).
@@ -26,6 +28,7 @@ import sys
 
 from actors.commands.actor import add_actor_parser
 from actors.commands.run import add_run_parser
+from actors.commands.runs import add_runs_parser
 from actors.runtime.errors import KfError, TaskRefused
 from actors.runtime.process import add_nats_options, nats_url, run_async
 from actors.runtime.process import say as _out
@@ -269,12 +272,27 @@ def cmd_eval(argv: list[str]) -> int:
 
 # -- parser --------------------------------------------------------------------------------
 
+DISTRIBUTION = "kernel-foundry"
+"""The package's name in ``pyproject.toml`` (``[project] name``), as installed."""
+
+
+def installed_version() -> str:
+    """The installed package's version, or a line saying it is not installed (run from a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return f"(not installed: {DISTRIBUTION} has no package metadata here)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kfoundry", description="Kernel Foundry: faster GPU kernels by evolution")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     add_run_parser(sub)
+    add_runs_parser(sub)
     add_actor_parser(sub)
     from actors.kbench.bench import add_bench_parser
 

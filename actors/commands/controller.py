@@ -3,7 +3,8 @@
 Reads:  the run stream through its durable ``controller`` consumer (``actors.commands.progress``: counts,
         budget and summary survive an outage) and, at the end, the whole run stream (ordered
         consumer) for the report.
-Writes: the ``RunSpec`` (``kf_runs`` KV), expert configs it needs (``kf_experts`` KV), seed
+Writes: the ``RunSpec`` (``kf_runs`` KV; create-only: an id the server already knows is refused,
+        ``actors.commands.run_registry``), expert configs it needs (``kf_experts`` KV), seed
         candidates, ``Control`` drain to the run's islands, ``RunEnd`` on ``kf.<run>.end``.
 
 Ending a run: on the candidate budget, every candidate issued has been evaluated (the islands'
@@ -12,7 +13,8 @@ feedback, drains the islands, then ``RunEnd`` tells every other actor to leave. 
 (the deadline, the token budget, speed-of-light) it does not wait: ``RunEnd`` lists the candidates
 still in flight as cancelled, and evaluators stop them at once. A first interrupt waits for what
 is in flight (saying so, bounded by the evaluation timeout); a second one stops at once and is
-recorded the same way.
+recorded the same way. An operator's ``RunStop`` in the run's stream (``kfoundry runs stop``) ends
+the run as a first interrupt does.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import nats.errors
 from actors.commands.launch import run_actors, run_local_actors
 from actors.commands.outcome import RunOutcome
 from actors.commands.progress import Progress, RunWatcher
+from actors.commands.run_registry import refuse_used_run_id, register_new_run
 from actors.commands.run_stream import publish_seeds, write_results
 from actors.kinds.registry import default_expert_config
 from actors.report.model import declines_sentence
 from actors.runtime.base import Actor
 from actors.runtime.bus import Bus
 from actors.runtime.errors import BusError, ConfigError
-from actors.runtime.kv import get_expert_config, list_expert_configs, put_expert_config, put_run
+from actors.runtime.kv import get_expert_config, list_expert_configs, put_expert_config
 from actors.runtime.logs import get_logger
 from actors.runtime.options import RunOptions
 from schemas import (
@@ -106,14 +109,14 @@ class RunController:
     async def _setup(self, bus: Bus) -> None:
         from actors.commands.signature import with_signature
 
+        await refuse_used_run_id(bus, self.spec)  # at once, before the task's signature takes seconds
         task = await asyncio.to_thread(with_signature, self.spec.task)
         self.spec = self.spec.model_copy(update={"task": task})
         if self.options.all_llm_experts:
             await self._add_llm_experts(bus)
         self.progress.spec = self.spec
         await bus.ensure_shared_streams()
-        await bus.ensure_run_stream(self.spec.run_id)
-        await put_run(bus, self.spec)
+        await register_new_run(bus, self.spec)  # the run's stream, and its spec if its id is still free
 
     async def _add_llm_experts(self, bus: Bus) -> None:
         """``--experts`` with no value: every configured LLM expert joins the template expert."""
@@ -216,6 +219,8 @@ class RunController:
     async def _finish_in_flight(self, reason: StopReason) -> None:
         """Before the islands are drained: let what is in flight end as the reason asks."""
         progress = self.progress
+        if progress.stop_request is not None:  # `kfoundry runs stop`: ends the run as an interrupt does
+            self._say(f"run {self.spec.run_id}: {progress.stop_request.sentence()}")
         if reason is StopReason.INTERRUPTED and progress.in_flight:
             grace = min(INTERRUPT_WAIT_S, self.spec.eval_timeout_s)
             self._say(

@@ -8,11 +8,12 @@ nothing and counts nothing twice (the consumer resumes where its acknowledgement
 - ``kf.<run>.cand.<island>.<candidate>``: candidates issued (the id is in the subject; not decoded);
 - ``kf.<run>.result.<island>`` (``EvalResult``): evaluated, verdicts, the best;
 - ``kf.<run>.feedback.<island>``: feedback delivered (the id is in the ``Nats-Msg-Id``);
-- ``kf.<run>.status.<island>`` (``IslandStatus``): in flight, tokens, islands that stopped.
+- ``kf.<run>.status.<island>`` (``IslandStatus``): in flight, tokens, islands that stopped;
+- ``kf.<run>.stop`` (``RunStop``): an operator asked the run to stop (``kfoundry runs stop``).
 
 ``Progress.stop_reason`` is the run's budget: candidates evaluated, the deadline
 (``RunSpec.deadline``), tokens, speed-of-light, or every island stopped with nothing
-left in flight.
+left in flight; or an operator's stop request (the run ends as on an interrupt).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from actors.runtime.bus import MSG_ID_HEADER, Bus, settled
 from actors.runtime.gpu_usage import gpu_usage, progress_part
 from actors.runtime.logs import get_logger
-from schemas import EvalResult, IslandStatus, RunSpec, StopReason, subjects
+from schemas import EvalResult, IslandStatus, RunSpec, RunStop, StopReason, subjects
 
 log = get_logger(__name__)
 
@@ -49,6 +50,8 @@ class Progress:
         self.statuses: Counter[str] = Counter()
         self.best: EvalResult | None = None
         self.islands: dict[str, IslandStatus] = {}
+        self.stop_request: RunStop | None = None
+        """The first operator's request that the run stop, once one is read."""
 
     @property
     def evaluated(self) -> int:
@@ -88,6 +91,10 @@ class Progress:
         if old is None or status.at >= old.at:
             self.islands[status.island] = status
 
+    def on_stop(self, request: RunStop) -> None:
+        if self.stop_request is None:
+            self.stop_request = request
+
     def line(self) -> str:
         budget = self.spec.budget
         total = f"/{budget.candidates}" if budget.candidates else ""
@@ -107,6 +114,8 @@ class Progress:
         budget = self.spec.budget
         if budget.candidates is not None and self.evaluated >= budget.candidates:
             return StopReason.CANDIDATES
+        if self.stop_request is not None:
+            return StopReason.INTERRUPTED
         if self.spec.past_deadline(now or time.time()):
             return StopReason.WALL_TIME
         tokens = sum(s.tokens_used for s in self.islands.values())
@@ -140,6 +149,7 @@ class RunWatcher:
             "feedback": subjects.feedback(run).rsplit(".", 1)[0] + ".",
             "status": subjects.island_status(run).rsplit(".", 1)[0] + ".",
         }
+        self._stop_subject = subjects.run_stop(run)
 
     async def start(self) -> None:
         run = self.progress.spec.run_id
@@ -174,6 +184,8 @@ class RunWatcher:
                     self.progress.on_feedback(msg_id.removeprefix("feedback-"))
             elif subject.startswith(p["status"]):
                 self.progress.on_status(IslandStatus.model_validate_json(msg.data))
+            elif subject == self._stop_subject:
+                self.progress.on_stop(RunStop.model_validate_json(msg.data))
         except pydantic.ValidationError as exc:
             # Actors dead-letter what they cannot read; the count just skips it.
             log.warning("run stream message not counted", subject=subject, error=str(exc).splitlines()[0])

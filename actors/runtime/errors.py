@@ -17,6 +17,17 @@ class ConfigError(KfError):
     """A configuration value is invalid; the message names it."""
 
 
+class RunIdTaken(ConfigError):
+    """A new run was given the id of a run the NATS server already knows (registered, or with
+    messages in its stream): refused, so that nothing of the first run is overwritten."""
+
+    def __init__(self, run_id: str, holder: str) -> None:
+        super().__init__(f"run id {run_id} is already used ({holder}); choose another --run-id")
+        self.run_id = run_id
+        self.holder = holder
+        """What holds the id: the other run's state, age and task."""
+
+
 class TaskRefused(KfError):
     """The task cannot be evaluated on this machine (e.g. one evaluation needs more memory than
     the device or host has); the message says what it needs. ``kfoundry`` exits with status 3."""

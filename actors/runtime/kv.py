@@ -42,11 +42,31 @@ async def _get(kv: KeyValue, bucket_name: str, key: str) -> KeyValue.Entry | Non
 
 
 async def put_run(bus: Bus, spec: RunSpec) -> None:
-    """Register a run (its spec) under its id."""
+    """Register a run (its spec) under its id, over any entry it has: for tests and tools that set a
+    run up by hand. ``kfoundry run`` registers with :func:`create_run`, which never overwrites."""
     kv = await bucket(bus, subjects.RUNS_BUCKET)
     # A bucket just made on a fresh cluster may have no stream leader yet ("no response from
     # stream"); writing the same spec again is harmless.
     await settled(f"registering run {spec.run_id}", lambda: kv.put(spec.run_id, spec.to_bytes()))
+
+
+async def create_run(bus: Bus, spec: RunSpec) -> bool:
+    """Register a new run under its id only if the id is free: a compare-and-set, so of two runs
+    started at once with one id exactly one registers. Returns whether this spec is registered
+    (``False``: another run holds the id, and its entry is left as it was)."""
+    kv = await bucket(bus, subjects.RUNS_BUCKET)
+    value = spec.to_bytes()
+
+    async def create() -> bool:
+        try:
+            await kv.create(spec.run_id, value)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            # Taken, or taken by this very spec in an attempt whose answer was lost (asked again).
+            entry = await _get(kv, subjects.RUNS_BUCKET, spec.run_id)
+            return entry is not None and entry.value == value
+        return True
+
+    return await settled(f"registering run {spec.run_id}", create)
 
 
 async def get_run(bus: Bus, run_id: str) -> RunSpec:

@@ -51,8 +51,10 @@ step probe 90 bash -c '
   free -g'
 
 task=${RUN_TASK:-examples/tasks/layer_norm_gelu.py}
+# A run id the embedded server (state in $KFOUNDRY_HOME, kept between sessions) has not seen: it refuses a used one.
+run_id=gpusession-$(date +%s)
 step run $((${RUN_SECONDS:-60} + 120)) python3 -m actors.cli run "$task" --device "$dev" --experts template \
-  --islands 1 --seconds "${RUN_SECONDS:-60}" --run-dir "$work/run" --run-id gpusession
+  --islands 1 --seconds "${RUN_SECONDS:-60}" --run-dir "$work/run" --run-id "$run_id"
 cp "$work/run/report.json" "$out/run-report.json" 2>/dev/null
 
 kb=""
@@ -84,6 +86,6 @@ echo "processes of the project still alive: $(printf '%s' "$leftover" | grep -c 
 [ -n "$leftover" ] && printf '%s\n' "$leftover" | head -10
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv,noheader
 free -g | sed -n 1,2p
-grep -h "^run gpusession ended" "$out/session.log" 2>/dev/null | head -1
+grep -h "^run $run_id ended" "$out/session.log" 2>/dev/null | head -1
 [ -f "$work/bench/bench.md" ] && cat "$work/bench/bench.md"
 exit 0
