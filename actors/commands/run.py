@@ -16,6 +16,7 @@ import argparse
 import ast
 import asyncio
 import faulthandler
+import shutil
 import signal
 import sys
 import time
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from actors.commands.actor import add_actor_options
 from actors.commands.controller import RunController
-from actors.runtime.errors import ConfigError, refusal_in
+from actors.runtime.errors import ConfigError, RunIdTaken, refusal_in
 from actors.runtime.options import ALL_EXPERTS, RunOptions
 from actors.runtime.process import add_nats_options, nats_url, run_async
 from gpu_runner.config import add_precision_option
@@ -268,6 +269,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             claim.release()
         raise
     run_dir = args.run_dir or Path("runs") / spec.run_id
+    if (run_dir / "report.json").exists():  # another run's results: never written over
+        for claim in claims:
+            claim.release()
+        raise ConfigError(f"{run_dir} holds the results of an earlier run (report.json); choose another --run-dir")
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
 
     from actors.runtime.logs import configure_logging
@@ -308,5 +314,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     # that does not work, say) leaves its actors' connections to be closed while the loop winds
     # down, and a release inside the loop, which waits without yielding, found them still open
     # and left the server running.
-    with nats_url(args.nats) as url:
-        return run_async(lambda stop: main(stop, url))
+    try:
+        with nats_url(args.nats) as url:
+            return run_async(lambda stop: main(stop, url))
+    except BaseException as exc:
+        if created and _is_run_id_taken(exc):  # nothing of this run was written but its log's first lines
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _is_run_id_taken(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_is_run_id_taken(inner) for inner in exc.exceptions)
+    return isinstance(exc, RunIdTaken)

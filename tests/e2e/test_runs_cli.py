@@ -116,6 +116,22 @@ def test_kfoundry_run_refuses_a_used_run_id_in_one_line_and_leaves_the_first_run
     assert line.endswith("; choose another --run-id")
     assert proc.stdout == ""
     assert asyncio.run(_stored(nats_server.url, run_id)) == (first, 1)  # its spec and its one message
+    assert not (tmp_path / "run").exists()  # the refused run left no directory behind
+
+
+@pytest.mark.timeout(60)
+def test_kfoundry_run_never_writes_over_an_earlier_runs_results(tmp_path: Path) -> None:
+    task = tmp_path / "relu.py"
+    task.write_text(ELEMENTWISE)
+    earlier = tmp_path / "run"
+    earlier.mkdir()
+    (earlier / "report.json").write_text('{"run_id": "earlier"}')
+    proc = _kfoundry("run", str(task), "--device", "cpu", "--run-dir", str(earlier), env=_env(tmp_path))
+    assert _one_error_line(proc) == (
+        f"kfoundry: {earlier} holds the results of an earlier run (report.json); choose another --run-dir"
+    )
+    assert (earlier / "report.json").read_text() == '{"run_id": "earlier"}'
+    assert sorted(p.name for p in earlier.iterdir()) == ["report.json"]
 
 
 @pytest.mark.timeout(120)
