@@ -339,6 +339,10 @@ class RunController:
                 self.actors = run_local_actors(
                     self.spec, self.options, self.url, configs, self.llm_diagnoser, self.gpu_claims
                 )
+                if self.options.metrics_port is not None:  # its server was bound by `kfoundry run`
+                    from actors.runtime.metrics import collect_actors
+
+                    collect_actors(self.actors)
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
                 # Actors that start slowly do not hold the run past its deadline.
                 deadline = self.progress.deadline

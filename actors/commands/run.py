@@ -117,6 +117,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-local-actors", action="store_true", help="start no actors here: only control the run")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics of this process's actors on this port (as `kfoundry actor` does)",
+    )
     add_nats_options(p)
 
 
@@ -273,6 +279,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         for claim in claims:
             claim.release()
         raise ConfigError(f"{run_dir} holds the results of an earlier run (report.json); choose another --run-dir")
+    if args.metrics_port is not None:  # bound before anything starts: a taken port is one line at once
+        from actors.runtime.metrics import start_metrics_server
+
+        try:
+            start_metrics_server(args.metrics_port)
+        except ConfigError:
+            for claim in claims:
+                claim.release()
+            raise
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
 

@@ -49,10 +49,21 @@ class ActorCollector(Collector):
 def serve_metrics(actors: Sequence[Actor], port: int, addr: str = "0.0.0.0") -> None:
     """Serve ``/metrics`` for ``actors`` on ``port`` (a daemon thread of prometheus_client);
     ``ConfigError`` naming the port when it cannot be bound (in use, or not allowed)."""
+    start_metrics_server(port, addr)
+    collect_actors(actors)
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve this process's ``/metrics`` on ``port`` (``kfoundry run`` binds it before anything
+    starts, so a taken port is one line at once; its actors are added once they exist)."""
     try:
         start_http_server(port, addr=addr)
     except OSError as exc:
         raise ConfigError(
             f"--metrics-port {port}: cannot serve metrics on {addr}:{port}: {exc.strerror or exc}"
         ) from exc
+
+
+def collect_actors(actors: Sequence[Actor]) -> None:
+    """Add ``actors``' counters to what ``/metrics`` serves."""
     REGISTRY.register(ActorCollector(actors))

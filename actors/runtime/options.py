@@ -171,6 +171,8 @@ class RunOptions:
     """``--experts`` with no value: every configured LLM expert joins the run."""
     connect_timeout_s: float | None = 5.0
     """Give up on an unreachable NATS server after this long (``None``: keep trying)."""
+    metrics_port: int | None = None
+    """``--metrics-port``: the local actors' Prometheus ``/metrics`` is served there."""
 
     def __post_init__(self) -> None:
         if self.evaluators is not None and self.evaluators < 1:
@@ -185,4 +187,5 @@ class RunOptions:
             local_actors=not getattr(args, "no_local_actors", False),
             all_llm_experts=getattr(args, "experts", None) == ALL_EXPERTS,
             connect_timeout_s=getattr(args, "connect_timeout", 5.0),
+            metrics_port=getattr(args, "metrics_port", None),
         )

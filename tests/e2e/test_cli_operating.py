@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -373,3 +374,59 @@ def test_output_into_a_closed_pipe_ends_quietly(args: list[str], nats_server: Se
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(240)
+def test_a_run_serves_its_actors_metrics_and_a_taken_port_is_one_line_before_anything_starts(
+    nats_server: ServerInfo, tmp_path: Path
+) -> None:
+    """``kfoundry run --metrics-port``: the single-process run can be scraped (its islands,
+    evaluator, experts, ...); a taken port is refused in one line before any server or actor starts."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = _kfoundry(
+            "run", "examples/quickstart.py", "--device", "cpu", "--metrics-port", str(port),
+            "--run-dir", str(tmp_path / "refused"), env=_env(tmp_path),
+        )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()], refused.stderr
+    assert refused.stderr.startswith(f"kfoundry: --metrics-port {port}: cannot serve metrics"), refused.stderr
+    assert not (tmp_path / "refused").exists()
+
+    port = _free_port()
+    proc = _popen(
+        "run", "examples/quickstart.py", "--device", "cpu", "--seconds", "120", "--metrics-port", str(port),
+        "--nats", nats_server.url, "--run-dir", str(tmp_path / "run"), env=_env(tmp_path),
+    )  # fmt: skip
+    kinds: set[str] = set()
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not {"island", "evaluator", "expert"} <= kinds:
+            time.sleep(1.0)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+                    text = reply.read().decode()
+            except OSError:
+                continue
+            kinds = {
+                line.split('kind="', 1)[1].split('"', 1)[0]
+                for line in text.splitlines()
+                if line.startswith("kfoundry_messages_received_total{")
+            }
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    assert {"island", "evaluator", "expert"} <= kinds, kinds
