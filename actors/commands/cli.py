@@ -110,7 +110,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             bus = await _connect(url, "kfoundry-status", args, stop)
             try:
                 rows = await discover(bus.nc, wait_s=args.wait, run_id=args.run)
-                lags = await consumer_lag(bus.nc, run_id=args.run)
+                lags = await consumer_lag(bus.nc, run_id=args.run, ended=args.all)
             finally:
                 await bus.close()
         if args.json:
@@ -129,16 +129,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             return 0
         _out(f"{len(rows)} actor(s) on {url}")
         header = (
-            f"{'KIND':<10} {'ACTOR':<22} {'VERSION':<8} {'HOST':<14} {'PID':>7} {'RUN':<12} {'ISLAND':<7} "
+            f"{'KIND':<10} {'ACTOR':<22} {'VERSION':<8} {'HOST':<14} {'PID':>7} {'RUN':<12} {'NAME':<12} "
             f"{'RECV':>7} {'DONE':>7} {'ERR':>5} {'DLQ':>4} {'BUSY':>4}"
         )
         _out(header)
         for r in rows:
             s = r.stats
             meta = r.metadata
+            extra = s.get("extra")
+            expert = extra.get("expert") if isinstance(extra, dict) else None
+            name = meta.get("island") or str(expert or "") or "-"  # an island's id, an expert's name
             _out(
                 f"{r.kind:<10} {r.actor_id:<22} {r.version:<8} {meta.get('host', '?')[:14]:<14} "
-                f"{meta.get('pid', '?'):>7} {meta.get('run_id', '') or '-':<12} {meta.get('island', '-'):<7} "
+                f"{meta.get('pid', '?'):>7} {meta.get('run_id', '') or '-':<12} {name[:12]:<12} "
                 f"{s.get('received', 0):>7} {s.get('processed', 0):>7} {s.get('errors', 0):>5} "
                 f"{s.get('dead_lettered', 0):>4} {s.get('in_flight', 0):>4}"
             )
@@ -316,8 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_options(p)
     p.set_defaults(func=cmd_dlq)
 
-    p = sub.add_parser("status", help="list live actors and consumer lag")
+    p = sub.add_parser("status", help="list live actors and the consumer lag of runs not ended")
     p.add_argument("--run", help="only this run")
+    p.add_argument("--all", action="store_true", help="the consumer lag of ended runs too")
     p.add_argument("--wait", type=float, default=0.5, help="seconds to collect replies (default 0.5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_nats_options(p)

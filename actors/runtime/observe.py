@@ -299,8 +299,9 @@ class Lag:
     waiting: int
 
 
-async def consumer_lag(nc: NATS, *, run_id: str | None = None) -> list[Lag]:
-    """Backlog of every consumer of the run streams (``KF_RUN_*``)."""
+async def consumer_lag(nc: NATS, *, run_id: str | None = None, ended: bool = False) -> list[Lag]:
+    """Backlog of every consumer of the run streams (``KF_RUN_*``): of runs that have not ended
+    (no ``RunEnd`` in their stream) unless ``ended``, or ``run_id`` is named."""
     js = nc.jetstream()
     out: list[Lag] = []
     try:
@@ -311,6 +312,8 @@ async def consumer_lag(nc: NATS, *, run_id: str | None = None) -> list[Lag]:
         name = stream.config.name or ""
         if not name.startswith("KF_RUN_") or (run_id and name != f"KF_RUN_{run_id}"):
             continue
+        if not ended and not run_id and await _has_ended(js, name):
+            continue  # a run that ended days ago is no backlog anyone waits on
         for consumer in await js.consumers_info(name):
             if not consumer.config.durable_name:
                 continue
@@ -325,3 +328,15 @@ async def consumer_lag(nc: NATS, *, run_id: str | None = None) -> list[Lag]:
                 )
             )
     return out
+
+
+async def _has_ended(js: Any, stream: str) -> bool:
+    """Whether the run stream ``stream`` holds its run's ``RunEnd``."""
+    run = stream.removeprefix("KF_RUN_")
+    try:
+        await js.get_last_msg(stream, subjects_mod.run_end(run))
+    except nats.js.errors.NotFoundError:
+        return False
+    except (nats.errors.Error, nats.js.errors.Error):
+        return False  # unknown: shown
+    return True

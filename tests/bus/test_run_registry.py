@@ -181,3 +181,24 @@ async def _keys(bus: Bus, bucket_name: str, key: str) -> int:
     await bucket(bus, bucket_name)
     info = await bus.js.stream_info(kv_stream, subjects_filter=f"$KV.{bucket_name}.{key}")
     return sum((info.state.subjects or {}).values())
+
+
+async def test_status_shows_the_backlog_of_runs_not_ended_unless_asked_for_all(bus: Bus) -> None:
+    """``kfoundry status`` lists consumer lag of live runs only (runs that ended days ago showed as
+    lag); ``--all`` shows every run's, and a named run is always shown."""
+    from nats.js.api import ConsumerConfig
+
+    from actors.runtime.observe import Lag, consumer_lag
+
+    live, ended = f"tl{uuid.uuid4().hex[:8]}", f"te{uuid.uuid4().hex[:8]}"
+    for run in (live, ended):
+        await bus.ensure_run_stream(run)
+        await bus.js.add_consumer(subjects.run_stream(run), ConsumerConfig(durable_name="controller"))
+    await _end(bus, ended)
+
+    def streams(lags: list[Lag]) -> set[str]:
+        return {lag.stream for lag in lags} & {subjects.run_stream(r) for r in (live, ended)}
+
+    assert streams(await consumer_lag(bus.nc)) == {subjects.run_stream(live)}
+    assert streams(await consumer_lag(bus.nc, ended=True)) == {subjects.run_stream(r) for r in (live, ended)}
+    assert streams(await consumer_lag(bus.nc, run_id=ended)) == {subjects.run_stream(ended)}

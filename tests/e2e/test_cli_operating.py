@@ -430,3 +430,26 @@ def test_a_run_serves_its_actors_metrics_and_a_taken_port_is_one_line_before_any
             proc.kill()
             proc.communicate()
     assert {"island", "evaluator", "expert"} <= kinds, kinds
+
+
+@pytest.mark.timeout(120)
+def test_status_names_each_expert_and_island(nats_server: ServerInfo, tmp_path: Path) -> None:
+    """``kfoundry status`` shows an expert's configuration name (it had no column for it)."""
+    expert = _popen("actor", "expert", "--name", "template", "--nats", nats_server.url, env=_env(tmp_path))
+    try:
+        rows: list[list[str]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not rows:
+            time.sleep(1.0)
+            proc = _kfoundry("status", "--nats", nats_server.url, "--wait", "1", env=_env(tmp_path))
+            assert proc.returncode == 0, proc.stderr
+            lines = proc.stdout.splitlines()
+            header = next(line for line in lines if line.startswith("KIND"))
+            assert " NAME " in header, header
+            rows = [line.split() for line in lines if line.startswith("expert ")]
+    finally:
+        expert.send_signal(signal.SIGTERM)
+        expert.communicate(timeout=60)
+    assert rows, "the expert never showed"
+    name_column = header.split().index("NAME")
+    assert rows[0][name_column] == "template", rows
