@@ -25,11 +25,13 @@ import contextlib
 import json
 import os
 import sys
+import time
+from typing import Any
 
 from actors.commands.actor import add_actor_parser
 from actors.commands.run import add_run_parser
 from actors.commands.runs import add_runs_parser
-from actors.runtime.errors import KfError, TaskRefused
+from actors.runtime.errors import ConfigError, KfError, TaskRefused
 from actors.runtime.process import add_nats_options, nats_url, run_async
 from actors.runtime.process import say as _out
 
@@ -55,9 +57,16 @@ def cmd_tap(args: argparse.Namespace) -> int:
         subjects.append("_INBOX.>")
     types = set(args.type) if args.type else None
 
+    history = args.all or args.since is not None
+    if history and (not args.run or args.subjects or args.replies):
+        raise ConfigError("--all and --since replay one run's stream: give --run RUN (and no subjects or --replies)")
+    since = parse_since(args.since) if args.since is not None else None
+
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
             bus = await _connect(url, "kfoundry-tap", args, stop)
+            if history:
+                return await _replay(bus, url, stop)
             _out(f"# tapping {', '.join(subjects)} on {url} (Ctrl-C to stop)", sys.stderr)
             lost = asyncio.ensure_future(bus.lost.wait())
             lost.add_done_callback(lambda _: stop.set())
@@ -70,7 +79,45 @@ def cmd_tap(args: argparse.Namespace) -> int:
                 raise BusError(f"lost the connection to NATS at {url} (gave up after {args.connect_timeout:g} s)")
         return 0
 
+    async def _replay(bus: Any, url: str, stop: asyncio.Event) -> int:
+        import nats.js.errors
+
+        from actors.runtime.observe import replay
+
+        what = "from its start" if since is None else time.strftime("from %Y-%m-%d %H:%M:%S", time.localtime(since))
+        _out(f"# run {args.run} on {url}, {what}, until its end (Ctrl-C to stop)", sys.stderr)
+        try:
+            await replay(bus.nc, args.run, _out, since=since, types=types, stop=stop, limit=args.count)
+        except nats.js.errors.NotFoundError:
+            raise ConfigError(f"--run {args.run}: this server has no stream of that run") from None
+        finally:
+            await bus.close()
+        return 0
+
     return run_async(main)
+
+
+def parse_since(text: str) -> float:
+    """``--since``: a duration back from now (``90s``, ``10m``, ``2h``, ``1d``) or a local time
+    (``2026-11-29T14:05``, ``14:05`` today); a Unix time."""
+    import datetime as dt
+    import re
+
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if found:
+        return time.time() - float(found.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        try:
+            clock = dt.time.fromisoformat(text.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--since {text!r}: give a duration back from now (90s, 10m, 2h, 1d) or a time "
+                "(2026-11-29T14:05, 14:05)"
+            ) from None
+        when = dt.datetime.combine(dt.date.today(), clock)
+    return when.timestamp()
 
 
 # -- dead letters --------------------------------------------------------------------------
@@ -310,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--type", action="append", help="only messages of this type (repeatable), e.g. eval_result")
     p.add_argument("--replies", action="store_true", help="also show request replies (_INBOX.>)")
     p.add_argument("--count", type=int, help="stop after this many messages")
+    p.add_argument("--all", action="store_true", help="with --run: the run's history from its start, then live")
+    p.add_argument("--since", metavar="WHEN", help="with --run: its history from WHEN (10m, 2h, 14:05), then live")
     add_nats_options(p)
     p.set_defaults(func=cmd_tap)
 

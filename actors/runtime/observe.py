@@ -5,14 +5,17 @@ one line: time, subject, type and its key fields; a message it cannot decode is 
 ``UNDECODABLE`` with the reason. With replies (``_INBOX.>``) each reply is shown once: JetStream
 deliveries to consumers (copies of stream messages already shown on their own subject) and
 replies that are not Kernel Foundry messages (publish acks, discovery answers) are skipped.
-``dead_letters`` reads the dead-letter stream. ``discover`` gathers every actor's ``$SRV.STATS``
-(and ``INFO``) reply; ``consumer_lag`` reads the run streams' consumers.
+``replay`` renders a run's history from its stream (each line stamped with when the message was
+stored), then follows it to its end. ``dead_letters`` reads the dead-letter stream. ``discover``
+gathers every actor's ``$SRV.STATS`` (and ``INFO``) reply; ``consumer_lag`` reads the run streams'
+consumers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import time
 from collections.abc import Callable
@@ -179,6 +182,61 @@ async def tap(
         for sub in subs:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+    return count
+
+
+async def replay(
+    nc: NATS,
+    run_id: str,
+    emit: Callable[[str], None],
+    *,
+    since: float | None = None,
+    types: set[str] | None = None,
+    stop: asyncio.Event | None = None,
+    limit: int | None = None,
+) -> int:
+    """Render a run's history from its stream (every message, or those stored from ``since``, a
+    Unix time), stamped with when each was stored, then its new messages as they come, until its
+    ``RunEnd`` (a finished run's history ends at once), ``stop`` or ``limit``. Raises
+    ``nats.js.errors.NotFoundError`` when the server has no such run stream."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    js = nc.jetstream()
+    stream = subjects_mod.run_stream(run_id)
+    await js.stream_info(stream)  # NotFoundError: no such run here
+    done = stop or asyncio.Event()
+    count = 0
+    end_subject = subjects_mod.run_end(run_id)
+
+    async def on_msg(msg: Msg) -> None:
+        nonlocal count
+        if done.is_set():
+            return
+        stored = msg.metadata.timestamp.timestamp() if msg.metadata.timestamp else None
+        try:
+            decoded = decode_any(msg.data)
+        except ValueError as exc:
+            line = None if types else render_undecodable(msg.subject, msg.data, _reason(exc), now=stored)
+        else:
+            wanted = not types or getattr(decoded, "type", "") in types
+            line = render(msg.subject, decoded, now=stored) if wanted else None
+        if line is not None:
+            emit(line)
+            count += 1
+        if msg.subject == end_subject or (limit is not None and count >= limit):
+            done.set()
+
+    if since is None:
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    else:
+        start = datetime.datetime.fromtimestamp(since, tz=datetime.UTC)
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start)
+    sub = await js.subscribe(f"kf.{run_id}.>", stream=stream, cb=on_msg, ordered_consumer=True, config=config)
+    try:
+        await done.wait()
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
     return count
 
 

@@ -453,3 +453,57 @@ def test_status_names_each_expert_and_island(nats_server: ServerInfo, tmp_path: 
     assert rows, "the expert never showed"
     name_column = header.split().index("NAME")
     assert rows[0][name_column] == "template", rows
+
+
+async def _finished_run(url: str, run_id: str) -> list[str]:
+    """A run with two candidates and its end in its stream, as a finished run leaves it."""
+    from tests.bus.helpers import candidate
+
+    bus = await Bus.connect(url, name="test-history", actor_id="test-history")
+    try:
+        run = await register_run(bus, run_id)
+        ids = []
+        for i in range(2):
+            cand = candidate(run, i)
+            await bus.publish_durable(
+                subjects.candidates(run_id, "i0", cand.candidate_id), cand, msg_id=cand.candidate_id
+            )
+            ids.append(cand.candidate_id)
+        end = RunEnd(run_id=run_id, reason=StopReason.CANDIDATES, evaluated=2)
+        await bus.publish_durable(subjects.run_end(run_id), end, msg_id=f"end-{run_id}")
+        return ids
+    finally:
+        await bus.close()
+
+
+@pytest.mark.timeout(120)
+def test_tap_replays_a_finished_runs_history_and_ends_with_it(nats_server: ServerInfo, tmp_path: Path) -> None:
+    """``kfoundry tap --run R --all``: a finished run's history from its stream (tap showed live
+    messages only), in order, ending at its ``RunEnd``; ``--since`` the same from a time."""
+    run_id = "hist" + os.urandom(4).hex()
+    ids = asyncio.run(_finished_run(nats_server.url, run_id))
+    for when in (["--all"], ["--since", "1h"]):
+        proc = _kfoundry("tap", "--run", run_id, *when, "--nats", nats_server.url, env=_env(tmp_path), timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert [line.split()[2] for line in lines] == ["candidate", "candidate", "run_end"], lines
+        assert all(cid in proc.stdout for cid in ids), lines
+    late = _kfoundry("tap", "--run", run_id, "--since", "1h", "--type", "run_end", "--nats", nats_server.url,
+                     env=_env(tmp_path), timeout=60)  # fmt: skip
+    assert [line.split()[2] for line in late.stdout.splitlines()] == ["run_end"], late.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["tap", "--all"], "kfoundry: --all and --since replay one run's stream: give --run RUN"),
+        (["tap", "--run", "r1", "--since", "yesterday"], "kfoundry: --since 'yesterday': give a duration"),
+        (["tap", "--run", "nosuchrun", "--all"], "kfoundry: --run nosuchrun: this server has no stream of that run"),
+    ],
+    ids=["no-run", "bad-since", "unknown-run"],
+)
+def test_a_bad_history_request_is_one_line(args: list[str], line: str, nats_server: ServerInfo, tmp_path: Path) -> None:
+    proc = _kfoundry(*args, "--nats", nats_server.url, env=_env(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
