@@ -253,6 +253,10 @@ def cmd_expert(args: argparse.Namespace) -> int:
         with nats_url(args.nats) as url:
             bus = await _connect(url, "kfoundry-expert", args, stop)
             try:
+                if args.expert_cmd == "list":
+                    return await _list_experts(bus, args.json)
+                if args.expert_cmd == "rm":
+                    return await _remove_expert(bus, args.name, args.force)
                 if args.expert_cmd == "show":
                     cfg = await get_expert_config(bus, args.name)
                     _out(cfg.model_dump_json(indent=2) if cfg else f"no configuration stored for {args.name!r}")
@@ -284,6 +288,50 @@ def cmd_expert(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(main)
+
+
+async def _list_experts(bus: Any, as_json: bool) -> int:
+    """``kfoundry expert list``: every stored configuration, and whether its key is set in this shell."""
+    from actors.runtime.kv import list_expert_configs
+
+    configs = await list_expert_configs(bus)
+    if as_json:
+        _out(json.dumps([json.loads(c.model_dump_json(exclude={"api_key"})) for c in configs], indent=2))
+        return 0
+    if not configs:
+        _out("no expert configurations stored (the template expert needs none)")
+        return 0
+    _out(f"{'NAME':<16} {'KIND':<9} {'ROLE':<10} {'MODEL':<24} {'REV':>4}  ENDPOINT / KEY")
+    for c in configs:
+        key = ""
+        if c.api_key_env:
+            state = "set here" if os.environ.get(c.api_key_env) else "NOT set in this shell"
+            key = f"  key ${c.api_key_env} ({state})"
+        _out(
+            f"{c.name:<16} {c.kind.value:<9} {(c.role or '-'):<10} {(c.model or '-')[:24]:<24} {c.revision:>4}  "
+            f"{c.base_url or '-'}{key}"
+        )
+    return 0
+
+
+async def _remove_expert(bus: Any, name: str, force: bool) -> int:
+    """``kfoundry expert rm NAME``: refused while a live expert serves that configuration."""
+    from actors.runtime.kv import delete_expert_config
+    from actors.runtime.observe import discover
+
+    serving = [
+        r.actor_id
+        for r in await discover(bus.nc, wait_s=0.5)
+        if r.kind == "expert" and isinstance(r.stats.get("extra"), dict) and r.stats["extra"].get("expert") == name
+    ]
+    if serving and not force:
+        raise ConfigError(
+            f"expert {name!r} is served by {', '.join(serving)}: drain it first (kfoundry drain ID) or give --force"
+        )
+    if not await delete_expert_config(bus, name):
+        raise ConfigError(f"no expert configuration stored under {name!r} (kfoundry expert list shows them)")
+    _out(f"removed expert configuration {name!r}")
+    return 0
 
 
 # -- server --------------------------------------------------------------------------------
@@ -389,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("expert", help="show or change an expert's configuration (KV; taken up live)")
     esub = p.add_subparsers(dest="expert_cmd", required=True)
+    listing = esub.add_parser("list", help="every stored configuration, and whether its key is set here")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    add_nats_options(listing)
+    listing.set_defaults(func=cmd_expert)
+    remove = esub.add_parser("rm", help="remove a stored configuration (refused while an expert serves it)")
+    remove.add_argument("name")
+    remove.add_argument("--force", action="store_true", help="even while a live expert serves it")
+    add_nats_options(remove)
+    remove.set_defaults(func=cmd_expert)
     show = esub.add_parser("show")
     show.add_argument("name")
     add_nats_options(show)

@@ -130,6 +130,15 @@ async def get_expert_config(bus: Bus, name: str) -> ExpertConfig | None:
     return ExpertConfig.model_validate_json(entry.value) if entry is not None and entry.value else None
 
 
+async def delete_expert_config(bus: Bus, name: str) -> bool:
+    """Remove an expert's stored configuration, its history too; whether there was one."""
+    kv = await bucket(bus, subjects.EXPERTS_BUCKET)
+    if await get_expert_config(bus, name) is None:
+        return False
+    await settled(f"removing expert {name}", lambda: kv.purge(name))
+    return True
+
+
 async def list_expert_configs(bus: Bus) -> list[ExpertConfig]:
     """Every stored expert configuration, by name."""
     kv = await bucket(bus, subjects.EXPERTS_BUCKET)

@@ -507,3 +507,54 @@ def test_a_bad_history_request_is_one_line(args: list[str], line: str, nats_serv
     proc = _kfoundry(*args, "--nats", nats_server.url, env=_env(tmp_path))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_expert_configurations_are_listed_with_their_keys_state_and_removed(
+    nats_server: ServerInfo, tmp_path: Path
+) -> None:
+    """``kfoundry expert list`` shows every stored configuration and whether its key variable is
+    set in this shell (a stale one whose key is unset made a bare ``--experts`` fail every time);
+    ``expert rm`` removes one, refused while a live expert serves it."""
+    env = _env(tmp_path)
+    env.pop("KF_TEST_UNSET_KEY", None)
+    url = ["--nats", nats_server.url]
+    stored = _kfoundry(
+        "expert", "set", "stale", "--kind", "llm", "--base-url", "http://127.0.0.1:9/v1", "--model", "m1",
+        "--api-key-env", "KF_TEST_UNSET_KEY", *url, env=env,
+    )  # fmt: skip
+    assert stored.returncode == 0, stored.stderr
+    assert _kfoundry("expert", "set", "tpl", "--kind", "template", *url, env=env).returncode == 0
+    listed = _kfoundry("expert", "list", *url, env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert set(rows) == {"stale", "tpl"}, listed.stdout
+    assert "key $KF_TEST_UNSET_KEY (NOT set in this shell)" in rows["stale"]
+    as_json = json.loads(_kfoundry("expert", "list", "--json", *url, env=env).stdout)
+    assert [c["name"] for c in as_json] == ["stale", "tpl"]
+    assert all("api_key" not in c for c in as_json)
+
+    expert = _popen("actor", "expert", "--name", "tpl", *url, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until it serves (it announces its configuration's name)
+            time.sleep(1.0)
+            status = _kfoundry("status", "--wait", "1", *url, env=env).stdout
+            if any(line.startswith("expert ") and " tpl " in line for line in status.splitlines()):
+                break
+        refused = _kfoundry("expert", "rm", "tpl", *url, env=env)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.startswith("kfoundry: expert 'tpl' is served by expert-"), refused.stderr
+    finally:
+        expert.send_signal(signal.SIGTERM)
+        expert.communicate(timeout=60)
+
+    removed = _kfoundry("expert", "rm", "stale", *url, env=env)
+    assert removed.returncode == 0, removed.stderr
+    assert [line.split()[0] for line in _kfoundry("expert", "list", *url, env=env).stdout.splitlines()[1:]] == ["tpl"]
+    again = _kfoundry("expert", "rm", "stale", *url, env=env)
+    assert again.returncode == 2
+    assert (
+        again.stderr.strip()
+        == "kfoundry: no expert configuration stored under 'stale' (kfoundry expert list shows them)"
+    )
