@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import nats.errors
+import nats.js.errors
 
 from actors.commands.launch import run_actors, run_local_actors
 from actors.commands.outcome import RunOutcome
@@ -104,6 +105,8 @@ class RunController:
         self.llm_diagnoser: ExpertConfig | None = None
         self.watcher: RunWatcher | None = None
         self.cancelled: tuple[str, ...] = ()
+        self.dead_lettered: set[str] = set()
+        """Candidates of the run an actor dead-lettered (read at the run's end)."""
         self.connect_timeout: float | None = options.connect_timeout_s
 
     async def _setup(self, bus: Bus) -> None:
@@ -258,6 +261,18 @@ class RunController:
                 for actor in islands:
                     await actor.wait_stopped()
 
+    async def _dead_lettered(self, bus: Bus) -> set[str]:
+        """The ids of the run's candidates an actor gave up on (its dead letters on candidate subjects)."""
+        from actors.runtime.observe import dead_letters
+
+        prefix = subjects.candidates(self.spec.run_id).removesuffix("*.*")  # kf.<run>.cand.
+        try:
+            letters = await dead_letters(bus.nc, run_id=self.spec.run_id, timeout=2.0)
+        except (nats.errors.Error, nats.js.errors.Error, BusError) as exc:
+            log.warning("dead letters not read", error=str(exc))
+            return set()
+        return {d.subject.rsplit(".", 1)[1] for d in letters if d.subject.startswith(prefix)}
+
     def _run_end(self, reason: StopReason, cancelled: tuple[str, ...] = ()) -> RunEnd:
         best = self.progress.best
         return RunEnd(
@@ -370,7 +385,9 @@ class RunController:
                 await self._finish_in_flight(reason)
                 # Whatever is still in flight now is not waited for: the deadline passed, the goal
                 # was reached, or the interrupt's grace ended. Evaluators stop it at once.
-                self.cancelled = tuple(sorted(self.progress.in_flight))
+                # A candidate an evaluator gave up on (dead-lettered) is not in flight: it is said apart.
+                self.dead_lettered = await self._dead_lettered(bus)
+                self.cancelled = tuple(sorted(self.progress.in_flight - self.dead_lettered))
                 await self._drain_islands(bus, reason)
                 end = self._run_end(reason, self.cancelled)
             except asyncio.CancelledError:
@@ -380,6 +397,11 @@ class RunController:
             await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
             if self.cancelled:
                 self._say(f"{len(self.cancelled)} evaluation(s) in flight cancelled at the end of the run")
+            if self.dead_lettered:
+                self._say(
+                    f"{len(self.dead_lettered)} candidate(s) dead-lettered: an evaluator gave up on them "
+                    f"(kfoundry dlq --run {self.spec.run_id} says why)"
+                )
             actors_stop.set()
             if actors_task is not None:
                 # If the event loop itself is blocked (no timeout can fire), say where: every
@@ -407,6 +429,7 @@ class RunController:
                 best_vs_compiled=best.speedup_vs_compiled if best else None,
                 best_compiled_derived=best.compiled_derived if best else False,
                 declined=declines_sentence(report.islands),
+                dead_lettered=len(self.dead_lettered),
             )
         finally:
             actors_stop.set()

@@ -145,6 +145,8 @@ class RunOutcome:
     """``best_vs_compiled`` came from the task's measured compiled/eager ratio (``EvalResult.compiled_derived``)."""
     declined: str | None = None
     """What the experts declined and why (``actors.report.model.declines_sentence``), where they declined any."""
+    dead_lettered: int = 0
+    """Candidates an evaluator gave up on (the run's dead letters), not counted as cancelled."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -168,6 +170,8 @@ class RunOutcome:
         if self.best_fitness is not None:
             best += f" ({self.best_candidate_id}) -> {self.run_dir / 'best_model.py'}"
         cancelled = f", {self.cancelled} cancelled in flight" if self.cancelled else ""
+        if self.dead_lettered:
+            cancelled += f", {self.dead_lettered} dead-lettered (kfoundry dlq --run {self.run_id})"
         what = f"{self.evaluated} evaluated" + (f" ({counts})" if counts else "")
         if self.declined and not self.evaluated:  # nothing to judge: say why before anything else
             what += f": {self.declined}"

@@ -143,3 +143,56 @@ async def test_wall_budget_ends_on_time_and_cancels_what_is_in_flight(nats_url: 
     assert set(end.cancelled) == issued  # type: ignore[attr-defined]
     assert outcome.cancelled == len(issued)
     assert not _of(messages, EvalResult)
+
+
+@pytest.mark.timeout(120)
+async def test_a_dead_lettered_candidate_is_said_apart_from_those_cancelled_in_flight(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A candidate the evaluator cannot read is dead-lettered, never judged: at the run's end it is
+    counted as dead-lettered (with where to read why), not as "cancelled in flight"."""
+    controller = _controller(
+        nats_url, tmp_path, "--islands", "1", "--inflight", "1", "--candidates", "1000", "--seconds", "12",
+        "--noop-delay", "60", "--eval-timeout", "120",
+    )  # fmt: skip
+    run_id = controller.spec.run_id
+    running = asyncio.create_task(_run(controller, 100))
+    bus = await Bus.connect(nats_url, name="test-poison", actor_id="test-poison")
+    try:
+        stream = subjects.run_stream(run_id)
+        for _ in range(100):  # until the controller made the run's stream
+            with contextlib.suppress(Exception):
+                await bus.js.stream_info(stream)
+                break
+            await asyncio.sleep(0.1)
+        await bus.js.publish(subjects.candidates(run_id, "i0", "poison1"), b"{not a candidate", stream=stream)
+    finally:
+        await bus.close()
+    outcome = await running
+    assert outcome.dead_lettered == 1
+    assert "poison1" not in controller.cancelled
+    assert outcome.cancelled == len(controller.cancelled)
+    summary = outcome.summary(12.0)
+    assert f"1 dead-lettered (kfoundry dlq --run {run_id})" in summary, summary
+    (end,) = _of(await _stream_messages(nats_url, run_id), RunEnd)
+    assert "poison1" not in end.cancelled  # type: ignore[attr-defined]
+
+
+async def _stream_messages(url: str, run_id: str) -> list[Message]:
+    """The run's stream, its undecodable messages (a poison candidate) left out."""
+    bus = await Bus.connect(url, name="test-replay2", actor_id="test-replay2")
+    try:
+        stream = subjects.run_stream(run_id)
+        last = int((await bus.js.stream_info(stream)).state.last_seq)
+        sub = await bus.js.subscribe(subjects.run_all(run_id), stream=stream, ordered_consumer=True)
+        out: list[Message] = []
+        while last:
+            msg = await sub.next_msg(timeout=10.0)
+            with contextlib.suppress(ValueError):
+                out.append(decode_any(msg.data))
+            if int(msg.metadata.sequence.stream) >= last:
+                break
+        await sub.unsubscribe()
+        return out
+    finally:
+        await bus.close()
