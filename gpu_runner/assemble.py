@@ -443,7 +443,9 @@ def _correctness(c: Collected) -> Any:
     assert c.reference is not None
     dtype = c.reference.info.get("out_dtype", "float32")
     tol = c.cfg.tolerances.get(dtype, (0.0, 0.0))
-    return correctness(c.record.trial_checks, _expected(c), tol, PrecisionMode(c.job.precision or c.cfg.precision))
+    found = correctness(c.record.trial_checks, _expected(c), tol, PrecisionMode(c.job.precision or c.cfg.precision))
+    share = _nonfinite_share(c.reference)
+    return found.model_copy(update={"reference_nonfinite_share": share}) if share and found is not None else found
 
 
 def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:

@@ -116,6 +116,9 @@ class Correctness(Model):
     not checked."""
     detail: str | None = None
     """Plain-language summary of the failure, if any."""
+    reference_nonfinite_share: float | None = None
+    """Share of the reference's floating output elements that are NaN/Inf (its first draw), where
+    there are any: the outputs were judged on matching positions."""
 
 
 class SpeedOfLight(Model):

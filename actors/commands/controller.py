@@ -430,6 +430,7 @@ class RunController:
                 best_compiled_derived=best.compiled_derived if best else False,
                 declined=declines_sentence(report.islands),
                 dead_lettered=len(self.dead_lettered),
+                reference_nonfinite_share=self.progress.reference_nonfinite_share,
             )
         finally:
             actors_stop.set()

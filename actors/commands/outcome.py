@@ -147,6 +147,9 @@ class RunOutcome:
     """What the experts declined and why (``actors.report.model.declines_sentence``), where they declined any."""
     dead_lettered: int = 0
     """Candidates an evaluator gave up on (the run's dead letters), not counted as cancelled."""
+    reference_nonfinite_share: float | None = None
+    """Where the reference's own outputs hold NaN/Inf, their share: the run's verdicts compared
+    candidates on matching positions, which its end line says."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -179,6 +182,11 @@ class RunOutcome:
             f"run {self.run_id} ended ({self.reason}) after {elapsed_s:.0f} s: {what}"
             f"{cancelled}; {best}; report in {self.run_dir / 'report.json'}"
         )
+        if self.reference_nonfinite_share:
+            line += (
+                f"\nnote: the reference's own outputs hold NaN/Inf ({self.reference_nonfinite_share:.1%} of "
+                "elements): candidates were judged on matching NaN/Inf positions and finite values elsewhere"
+            )
         if self.device is DeviceChoice.CPU:
             line += f"\n{CPU_TIMINGS_NOTE}"
         return line

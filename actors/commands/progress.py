@@ -58,6 +58,15 @@ class Progress:
         return len(self.results)
 
     @property
+    def reference_nonfinite_share(self) -> float | None:
+        """Where the reference's outputs hold NaN/Inf, their share (from any verdict that says so)."""
+        for result in self.results.values():
+            share = result.correctness.reference_nonfinite_share if result.correctness else None
+            if share:
+                return share
+        return None
+
+    @property
     def in_flight(self) -> set[str]:
         """Candidates issued whose result has not arrived."""
         return self.issued - self.results.keys()

@@ -22,6 +22,10 @@ async def test_a_nan_reference_is_judged_on_matching_positions_and_said_so() -> 
         zeroed = await service.evaluate(job("log_of_normal", "log_zero_where_nan"))
     assert honest.status is EvalStatus.CORRECT, honest.summary
     assert "the reference's outputs hold NaN/Inf" in honest.summary
+    assert honest.correctness is not None
+    share = honest.correctness.reference_nonfinite_share  # what a run's end line says (RunOutcome)
+    assert share is not None
+    assert 0.3 < share < 0.7  # log of a normal draw: about half are NaN
     ranged = next(c for c in honest.checks if c.name == CheckName.RANGE_TRIALS)
     assert ranged.outcome is CheckOutcome.PASSED, ranged.detail
     assert "NaN/Inf where they are" in (ranged.detail or "")

@@ -118,3 +118,25 @@ def test_a_run_that_evaluated_nothing_names_the_declines_and_what_to_try() -> No
     timeout = Decline(reason=DeclineReason.TIMEOUT, detail="no reply in 60 s")
     other = declines_sentence([IslandReport(island="i0", evaluated=0, declines=2, last_decline=timeout)])
     assert other == "the experts declined 2 request(s): timeout: no reply in 60 s"
+
+
+def test_the_end_line_says_when_the_references_outputs_hold_nan() -> None:
+    from pathlib import Path
+
+    from actors.commands.outcome import RunOutcome
+    from schemas import DeviceChoice, StopReason
+
+    outcome = RunOutcome(
+        run_id="r1", reason=StopReason.CANDIDATES, evaluated=2, statuses={"correct": 2}, best_fitness=1.5,
+        best_candidate_id="c1", run_dir=Path("runs/r1"), device=DeviceChoice.CUDA, reference_nonfinite_share=0.497,
+    )  # fmt: skip
+    lines = outcome.summary(10.0).splitlines()
+    assert lines[-1] == (
+        "note: the reference's own outputs hold NaN/Inf (49.7% of elements): candidates were judged on "
+        "matching NaN/Inf positions and finite values elsewhere"
+    )
+    plain = RunOutcome(
+        run_id="r1", reason=StopReason.CANDIDATES, evaluated=2, statuses={"correct": 2}, best_fitness=1.5,
+        best_candidate_id="c1", run_dir=Path("runs/r1"), device=DeviceChoice.CUDA,
+    )  # fmt: skip
+    assert "NaN" not in plain.summary(10.0)
