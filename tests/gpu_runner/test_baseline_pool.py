@@ -114,7 +114,9 @@ async def test_once_pooled_baselines_are_known_later_rounds_time_the_candidate_a
     """With the pool agreeing and every baseline known to the target from its own samples and the
     pool's, the remaining rounds time only the candidate (on a GPU the referee's canary looks after
     each): far fewer baseline samples of its own than the candidate's."""
-    cfg = _cfg(timing_pool_agree=5.0, timing_target_rel_err=0.2, timing_min_reps=200, timing_budget_s=3.0)
+    # The target is loose: on a shared CPU the pooled eager median's standard error spread 0.02-0.14
+    # from one run to the next here, and above 0.2 the pool never settled (2 runs in 6 failed).
+    cfg = _cfg(timing_pool_agree=5.0, timing_target_rel_err=0.5, timing_min_reps=200, timing_budget_s=3.0)
     async with EvaluationService(cfg) as service:
         await service.evaluate(_job(service, "c0"))
         second = await service.evaluate(_job(service, "c1"))
