@@ -44,7 +44,8 @@ async def _stream(url: str, run_id: str) -> list[Message]:
         out: list[Message] = []
         while last:
             msg = await sub.next_msg(timeout=10.0)
-            out.append(decode_any(msg.data))
+            with contextlib.suppress(ValueError):  # a poison candidate a test published is left out
+                out.append(decode_any(msg.data))
             if int(msg.metadata.sequence.stream) >= last:
                 break
         await sub.unsubscribe()
@@ -174,25 +175,5 @@ async def test_a_dead_lettered_candidate_is_said_apart_from_those_cancelled_in_f
     assert outcome.cancelled == len(controller.cancelled)
     summary = outcome.summary(12.0)
     assert f"1 dead-lettered (kfoundry dlq --run {run_id})" in summary, summary
-    (end,) = _of(await _stream_messages(nats_url, run_id), RunEnd)
+    (end,) = _of(await _stream(nats_url, run_id), RunEnd)
     assert "poison1" not in end.cancelled  # type: ignore[attr-defined]
-
-
-async def _stream_messages(url: str, run_id: str) -> list[Message]:
-    """The run's stream, its undecodable messages (a poison candidate) left out."""
-    bus = await Bus.connect(url, name="test-replay2", actor_id="test-replay2")
-    try:
-        stream = subjects.run_stream(run_id)
-        last = int((await bus.js.stream_info(stream)).state.last_seq)
-        sub = await bus.js.subscribe(subjects.run_all(run_id), stream=stream, ordered_consumer=True)
-        out: list[Message] = []
-        while last:
-            msg = await sub.next_msg(timeout=10.0)
-            with contextlib.suppress(ValueError):
-                out.append(decode_any(msg.data))
-            if int(msg.metadata.sequence.stream) >= last:
-                break
-        await sub.unsubscribe()
-        return out
-    finally:
-        await bus.close()

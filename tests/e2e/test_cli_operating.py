@@ -23,28 +23,11 @@ from actors.runtime.bus import Bus
 from actors.runtime.nats_server import ServerInfo
 from schemas import RunEnd, StopReason, subjects
 from tests.bus.helpers import RestartableServer, register_run, wait_up
+from tests.e2e.helpers import cli_env as _env
+from tests.e2e.helpers import kfoundry as _kfoundry
+from tests.e2e.helpers import popen as _popen
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
-    env.pop("NATS_URL", None)
-    return env
-
-
-def _kfoundry(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "actors.cli", *args],
-        capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT, check=False,
-    )  # fmt: skip
-
-
-def _popen(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "actors.cli", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
 
 
 @pytest.fixture

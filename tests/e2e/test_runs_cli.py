@@ -23,6 +23,8 @@ from actors.runtime.kv import get_run
 from actors.runtime.nats_server import ServerInfo
 from schemas import RunEnd, RunSpec, StopReason, subjects
 from tests.bus.helpers import register_run
+from tests.e2e.helpers import cli_env as _env
+from tests.e2e.helpers import kfoundry as _kfoundry
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
@@ -43,19 +45,6 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
-    env.pop("NATS_URL", None)
-    return env
-
-
-def _kfoundry(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "actors.cli", *args],
-        capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT, check=False,
-    )  # fmt: skip
 
 
 def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
