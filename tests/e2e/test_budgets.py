@@ -146,6 +146,7 @@ async def test_wall_budget_ends_on_time_and_cancels_what_is_in_flight(nats_url: 
     assert not _of(messages, EvalResult)
 
 
+@pytest.mark.slow  # a 12 s wall budget run out
 @pytest.mark.timeout(120)
 async def test_a_dead_lettered_candidate_is_said_apart_from_those_cancelled_in_flight(
     nats_url: str, tmp_path: Path

@@ -365,6 +365,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow  # real actor processes or a real run: kept out of the default suite's 15 minutes
 @pytest.mark.timeout(240)
 def test_a_run_serves_its_actors_metrics_and_a_taken_port_is_one_line_before_anything_starts(
     nats_server: ServerInfo, tmp_path: Path
@@ -415,6 +416,7 @@ def test_a_run_serves_its_actors_metrics_and_a_taken_port_is_one_line_before_any
     assert {"island", "evaluator", "expert"} <= kinds, kinds
 
 
+@pytest.mark.slow  # real actor processes or a real run: kept out of the default suite's 15 minutes
 @pytest.mark.timeout(120)
 def test_status_names_each_expert_and_island(nats_server: ServerInfo, tmp_path: Path) -> None:
     """``kfoundry status`` shows an expert's configuration name (it had no column for it)."""
@@ -459,6 +461,7 @@ async def _finished_run(url: str, run_id: str) -> list[str]:
         await bus.close()
 
 
+@pytest.mark.slow  # real actor processes or a real run: kept out of the default suite's 15 minutes
 @pytest.mark.timeout(120)
 def test_tap_replays_a_finished_runs_history_and_ends_with_it(nats_server: ServerInfo, tmp_path: Path) -> None:
     """``kfoundry tap --run R --all``: a finished run's history from its stream (tap showed live
@@ -492,6 +495,7 @@ def test_a_bad_history_request_is_one_line(args: list[str], line: str, nats_serv
     assert proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr
 
 
+@pytest.mark.slow  # real actor processes or a real run: kept out of the default suite's 15 minutes
 @pytest.mark.timeout(180)
 def test_expert_configurations_are_listed_with_their_keys_state_and_removed(
     nats_server: ServerInfo, tmp_path: Path
