@@ -267,27 +267,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     gpus = run_gpus(args, device)
     spec = build_spec(args, source, device, evaluators=len(gpus) or 1)
+    run_dir = args.run_dir or Path("runs") / spec.run_id
+    if (run_dir / "report.json").exists():  # another run's results: never written over
+        raise ConfigError(f"{run_dir} holds the results of an earlier run (report.json); choose another --run-dir")
     claims = claim_all(gpus, spec.run_id)
-    try:
+    try:  # what can still refuse the run before it starts: the claims go back with a one-line error
         require_cuda(device, local=not args.no_local_actors and args.runner == "gpu")
+        if args.metrics_port is not None:  # bound before anything starts: a taken port is one line at once
+            from actors.runtime.metrics import start_metrics_server
+
+            start_metrics_server(args.metrics_port)
     except ConfigError:
         for claim in claims:
             claim.release()
         raise
-    run_dir = args.run_dir or Path("runs") / spec.run_id
-    if (run_dir / "report.json").exists():  # another run's results: never written over
-        for claim in claims:
-            claim.release()
-        raise ConfigError(f"{run_dir} holds the results of an earlier run (report.json); choose another --run-dir")
-    if args.metrics_port is not None:  # bound before anything starts: a taken port is one line at once
-        from actors.runtime.metrics import start_metrics_server
-
-        try:
-            start_metrics_server(args.metrics_port)
-        except ConfigError:
-            for claim in claims:
-                claim.release()
-            raise
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
 
