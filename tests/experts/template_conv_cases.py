@@ -197,6 +197,43 @@ CONV_CASES: tuple[Case, ...] = (
         _ONE,
     ),
     Case(
+        "conv2d_gelu_global_avg_pool",
+        _model(
+            "",
+            "self.conv = nn.Conv2d(3, 5, 3)",
+            "x",
+            "x = F.gelu(self.conv(x))\nx = F.adaptive_avg_pool2d(x, 1)\nreturn x.squeeze(-1).squeeze(-1)",
+            "torch.randn($B, 3, $H, $W)",
+            "",
+        ),
+        ({"B": 3, "H": 10, "W": 10}, {"B": 4, "H": 11, "W": 13}),
+    ),
+    Case(
+        "conv3d_spatial_mean_and_sum_plus_bias",
+        _model(
+            "",
+            "self.conv = nn.Conv3d(2, 4, 2, padding=1)\nself.b = nn.Parameter(torch.randn(4))",
+            "x",
+            "y = torch.relu(self.conv(x))\n"
+            "return y.mean(dim=[2, 3, 4]) + self.b, (y * 0.5).sum(dim=(2, 3, 4), keepdim=True)",
+            "torch.randn(3, 2, 4, 5, 3)",
+            "",
+        ),
+        _ONE,
+    ),
+    Case(
+        "conv_transpose2d_strided_spatial_sum",
+        _model(
+            "",
+            "self.conv = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)",
+            "x",
+            "return torch.sum(torch.sigmoid(self.conv(x)), dim=(2, 3))",
+            "torch.randn(5, 4, 4, 5)",
+            "",
+        ),
+        _ONE,
+    ),
+    Case(
         "conv_groupnorm_tanh",
         _model(
             "",

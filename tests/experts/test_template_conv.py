@@ -205,3 +205,42 @@ def test_pre_rounding_and_channels_last_copies_dispatch_no_torch_compute(tmp_pat
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     assert lines == ["0 [] True", "1 [] True", "2 [] True"], run.stdout
+
+
+def test_spatial_sums_join_the_convolution_only_where_nothing_else_reads_its_output(tmp_path: Path) -> None:
+    """A global average pool after a convolution is summed in the convolution's tiles (the output
+    never stored); with outer products' long tiles (many images per tile) the sums are added
+    element by element, and still right. A convolution whose output is also returned, or centred
+    by its own mean (a batch norm), keeps its output and its sums in a kernel of their own."""
+    case = next(c for c in CONV_CASES if c.name == "conv2d_gelu_global_avg_pool")
+    source = case.sources()[0].replace("torch.randn(3, 3, 10, 10)", "torch.randn(9, 3, 10, 10)")
+    assert "torch.randn(9, 3, 10, 10)" in source
+    plan = _plan(source)
+    fused = render(plan, default_params(plan))
+    assert fused.count("@triton.jit") == 2
+    assert "tl.atomic_add" in fused
+    assert ".zero_()" in fused
+    unfused = render(plan, default_params(plan).with_changes(fuse_prologue=False))
+    assert "tl.atomic_add" not in unfused
+    assert "_kf_row1[" in unfused
+    long_tiles = default_params(plan).with_changes(conv_precision="fma", conv_block_m=256, conv_block_n=128)
+    elementwise = render(plan, long_tiles)
+    assert "nb[:, None] * 5 + co[None, :]" in elementwise  # 9 images in a tile of 1024 rows
+    proc = start_check(
+        [
+            {"reference": source, "candidate": cand, "seeds": [3], "atol": 1e-4, "rtol": 1e-4}
+            for cand in (fused, unfused, elementwise)
+        ],
+        tmp_path,
+    )
+    assert all(v.ok for v in finish_check(proc, timeout=240))
+    kept = (
+        "return x, torch.mean(x, dim=(2, 3))",
+        "return x - torch.mean(x, dim=(2, 3), keepdim=True)",
+    )
+    pooled = "x = F.adaptive_avg_pool2d(x, 1)\n        return x.squeeze(-1).squeeze(-1)"
+    assert pooled in source
+    for body in kept:
+        other = _plan(source.replace(pooled, body))
+        assert other.nodes != plan.nodes
+        assert "tl.atomic_add" not in render(other, default_params(other))

@@ -31,7 +31,7 @@ from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule, base_of
-from actors.experts.template.ir import ConvSpec
+from actors.experts.template.ir import ConvSpec, NodeKind
 from actors.experts.template.params import TemplateParams
 
 
@@ -238,10 +238,11 @@ class ConvWriter(Writer):
             self._flat(s, px, pw, plane, outs)
         e(s, "cmask = mmask[:, None] & nmask[None, :]")
         e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
+        self.tile_rows = ("pid * BLOCK_M" if npn == 1 else f"(pid // {npn}) * BLOCK_M", rows // self.out_shape[0], bm)
         self.store_exports(s, self.kernel.mm, "acc")
         body = self.lines[start:]
         signature = self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K"])
-        setup: tuple[str, ...] = ()
+        setup: tuple[str, ...] = tuple(f"_b{n}.zero_()" for n in self.kernel.exports if self._summed(n))
         lead: tuple[str, ...] = ()
         reads: tuple[int, ...] = ()
         pre: tuple[Launch, ...] = ()
@@ -250,7 +251,7 @@ class ConvWriter(Writer):
             signature = signature.replace("(", "(xc, ", 1)
             copy = self._input_copy()
             shape = self._copy_shape()
-            setup = (f"_xc{idx} = torch.empty({shape!r}, device=_b{self.xbase}.device, dtype=torch.float32)",)
+            setup = (*setup, f"_xc{idx} = torch.empty({shape!r}, device=_b{self.xbase}.device, dtype=torch.float32)")
             lead, reads, pre = (f"_xc{idx}",), (self.xbase,), (copy,)
         if packed:
             signature = signature.replace("(", "(wp, ", 1)
@@ -274,6 +275,49 @@ class ConvWriter(Writer):
             pre=pre,
             reads=reads,
         )
+
+    def _summed(self, nid: int) -> bool:
+        """Whether an exported node is a spatial sum the tiles add into (``fuse.spatial_sum``)."""
+        return self.plan.nodes[nid].kind is NodeKind.RED
+
+    def store(self, scope: Scope, nid: int, row: bool) -> None:
+        if self._summed(nid):
+            self._sum_into(scope, nid)
+        else:
+            super().store(scope, nid, row)
+
+    def _sum_into(self, scope: Scope, nid: int) -> None:
+        """Add the tile's sums per (image, output channel) of a spatial sum's operand into its
+        zeroed result (``[batch, channels, 1...]``): the tile's rows are consecutive output
+        positions, so they span a few images, each summed in the tile (a fixed tree) and added
+        once per channel (relaxed atomics: the tiles' order is free). Rows of one image are
+        ``per`` apart; a tile spanning more than five images (outer products' long tiles) adds
+        element by element."""
+        first, per, bm = self.tile_rows
+        n, c = self.out_shape[0], self.cout
+        ptr = self.pointer(nid)
+        src = self.value(scope, self.plan.nodes[nid].tensor_args()[0])
+        part = self.fresh("ps")
+        self.emit(scope, f"{part} = tl.where(cmask, {src}, 0.0)")
+        span = bm // per if bm % per == 0 else (bm - 1) // per + 2
+        if per % bm == 0:
+            span = 1  # tiles never straddle two images
+        span = min(span, n)
+        if span > 5:
+            at = f"nb[:, None] * {c} + co[None, :]"
+            self.emit(scope, f'tl.atomic_add({ptr} + {at}, {part}, mask=cmask, sem="relaxed")')
+            return
+        img = self.fresh("ni")
+        self.emit(scope, f"{img} = ({first}) // {per}")
+        for j in range(span):
+            at = f"({img} + {j})" if j else img
+            total = self.fresh("ss")
+            picked = f"tl.where(nb[:, None] == {at}, {part}, 0.0)" if span > 1 else part
+            self.emit(scope, f"{total} = tl.sum({picked}, axis=0)")
+            # an image past the batch has only masked-out rows: its sums (zeros) go to the last
+            # image, harmlessly, rather than out of bounds
+            row = f"tl.minimum({at}, {n - 1})" if j else at
+            self.emit(scope, f'tl.atomic_add({ptr} + {row} * {c} + co, {total}, mask=nmask, sem="relaxed")')
 
     def _phases(self) -> int:
         """The stride phases of a :meth:`phased` convolution (the fastest part of the launch's

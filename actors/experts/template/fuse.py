@@ -117,6 +117,7 @@ class _Builder:
         self.params = params
         self.kernels: list[Kernel] = []
         self.kernel_of: dict[int, int] = {}
+        self.reduced_only: frozenset[int] = frozenset()
 
     def node(self, nid: int) -> Node:
         return self.plan.nodes[nid]
@@ -139,6 +140,7 @@ class _Builder:
 
     def build(self) -> Schedule:
         live = self.plan.live()
+        self.reduced_only = reduced_only_convs(self.plan, live)
         for node in self.plan.nodes:
             if node.id not in live or node.kind in (NodeKind.INPUT, NodeKind.PARAM):
                 continue
@@ -174,6 +176,9 @@ class _Builder:
         if k is None or self.kernels[k].kind is KernelKind.TORCH:
             return  # a view of a materialised tensor: addressed through its base
         kernel = self.kernels[k]
+        if kernel.kind in _ONE_NODE_KERNELS and src not in kernel.elem:
+            self.export(src)  # a view of a reduction the kernel sums into: addressed through its base
+            return
         self.join(kernel, node.id, elem=src in kernel.elem or kernel.kind is not KernelKind.ROW)
 
     def _red(self, node: Node) -> None:
@@ -196,6 +201,9 @@ class _Builder:
                 kernel.elem = set(kernel.nodes)
                 self.join(kernel, node.id, elem=False)
                 return
+            if self._sums_in_conv(kernel, node, src):
+                self.join(kernel, node.id, elem=False)
+                return
             self.export(src)
         elif self.kernels and self._after(self.kernels[-1], [src]):
             last = self.kernels[-1]
@@ -205,6 +213,19 @@ class _Builder:
         kernel = self.new(KernelKind.ROW, math.prod(shape))
         kernel.domain, kernel.dims = shape, node.dims
         self.join(kernel, node.id, elem=False)
+
+    def _sums_in_conv(self, kernel: Kernel, node: Node, src: int) -> bool:
+        """Whether a spatial sum of a convolution kernel's value joins that kernel (under
+        ``fuse_prologue``): each tile adds its partial sums per (image, channel) into the zeroed
+        result (``ConvWriter``), so the convolution's output is never stored. Only where nothing
+        but such sums reads that output (:func:`reduced_only_convs`)."""
+        return (
+            self.params.fuse_prologue
+            and kernel.kind is KernelKind.CONV
+            and kernel.mm in self.reduced_only
+            and src in kernel.elem
+            and spatial_sum(self.plan, node, self.node(kernel.mm).shape)
+        )
 
     def _ew(self, node: Node) -> None:
         if node.op in GATHER_OPS:
@@ -283,6 +304,8 @@ class _Builder:
         if kernel.kind is KernelKind.PW:
             return True if node.numel == kernel.numel else None
         if kernel.kind in _ONE_NODE_KERNELS:
+            if any(a not in kernel.elem for a in mine):
+                return None  # a sum the kernel adds into is complete only after every tile
             return True if self.params.fuse_epilogue and node.numel == kernel.numel else None
         elem_args = [a for a in mine if a in kernel.elem]
         if mine and not elem_args and node.numel == kernel.outer * kernel.inner:
@@ -297,6 +320,63 @@ class _Builder:
             ):
                 return None
         return True
+
+
+SPATIAL_SUM_MIN = 64
+"""Output positions per image and channel a convolution must have for its spatial sums to join
+it: each tile then spans few images (``ConvWriter``'s partial sums per image)."""
+
+
+def spatial_sum(plan: Plan, node: Node, conv_shape: tuple[int, ...]) -> bool:
+    """Whether ``node`` sums a float32 value of the convolution's output shape over every spatial
+    dimension (batch and channels kept), over at least :data:`SPATIAL_SUM_MIN` positions."""
+    rank = len(conv_shape)
+    src = node.tensor_args()[0] if node.kind is NodeKind.RED else -1
+    return (
+        node.kind is NodeKind.RED
+        and node.op == "sum"
+        and node.dims == (2, rank)
+        and node.dtype == "float32"
+        and plan.nodes[src].shape == conv_shape
+        and math.prod(conv_shape[2:]) >= SPATIAL_SUM_MIN
+    )
+
+
+def reduced_only_convs(plan: Plan, live: frozenset[int]) -> frozenset[int]:
+    """The convolutions whose output, through elementwise ops of its shape, is read only by
+    :func:`spatial_sum` reductions (a global average pool, a spatial mean or sum): such sums may
+    join the convolution's kernel. A value of the chain that the model returns, or that anything
+    else reads (a view, an op mixing in one of the sums: a batch norm's centring), keeps the
+    output stored and the sums in kernels of their own."""
+    found: set[int] = set()
+    for conv in plan.nodes:
+        if conv.kind is not NodeKind.CONV or conv.id not in live:
+            continue
+        chain, derived, ok = {conv.id}, {conv.id}, True
+        for node in plan.nodes[conv.id + 1 :]:
+            if node.id not in live:
+                continue
+            args = node.tensor_args()
+            if not any(a in derived for a in args):
+                continue
+            derived.add(node.id)
+            if not any(a in chain for a in args):
+                continue
+            if spatial_sum(plan, node, conv.shape):
+                continue
+            if (
+                node.kind is NodeKind.EW
+                and node.op not in GATHER_OPS
+                and node.shape == conv.shape
+                and all(a in chain or a not in derived for a in args)
+            ):
+                chain.add(node.id)
+                continue
+            ok = False
+            break
+        if ok and not chain & set(plan.outputs):
+            found.add(conv.id)
+    return frozenset(found)
 
 
 _SCHEDULES: OrderedDict[tuple[int, bool, bool], tuple[Plan, Schedule]] = OrderedDict()
