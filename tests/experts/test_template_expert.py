@@ -331,3 +331,42 @@ async def test_tf32_refused_or_a_verdict_at_exact_precision_ends_tf32_for_that_t
     )
     await expert.generate(request(ieee_parent, 98, result=judged))
     assert "tf32" not in await precisions(expert, ieee_parent)
+
+
+async def test_a_fresh_start_holds_a_candidate_without_tf32_until_a_verdict_says_which_applies() -> None:
+    """A run that admits TF32 convolutions cannot know at its start whether the reference's own
+    cuDNN uses it (it computes IEEE fp32 for few input channels, and the evaluator then judges at
+    exact precision): the same default without TF32 comes second, so either way a first batch
+    holds a correct candidate. An exact run, or a task found exact, starts without TF32 at all."""
+    from actors.experts.template.hardware import lookup
+
+    task = Task.from_source("conv_relu_16_fresh", _CONV_SOURCE)
+    plan = analyse(_CONV_SOURCE)
+    assert isinstance(plan, Plan)
+    h200 = lookup("NVIDIA H200")
+    assert h200 is not None
+    expert = TemplateExpert(max_variants=8, analysis=AnalysisMode.THREAD, gpu="NVIDIA H200")
+    reply = await expert.generate(GenerateRequest(run_id="r1", island="i0", task=task, n=4, seed=1))
+    first = [TemplateParams.from_dict(dict(p.params)) for p in reply.proposals]
+    assert first[0] == default_params(plan, h200, tf32=True)
+    assert first[0].conv_precision == "tf32"
+    assert first[1] == default_params(plan, h200, tf32=False)
+    assert first[1].conv_precision in ("ieee", "tf32x3")
+    assert "without TF32" in reply.proposals[1].description
+    assert reply.proposals[1].strategy.endswith("/default")
+
+    exact = Correctness(trials=2, passed_trials=2, atol=1e-4, rtol=1e-4, err_vs_fp64=2e-7, ref_err_vs_fp64=1.6e-7)
+    judged = EvalResult(
+        run_id="r1", candidate_id="c1", task_id=task.task_id, status=EvalStatus.CORRECT, summary="ok", correctness=exact
+    )
+    parent = Candidate(
+        run_id="r1", island="i0", task_id=task.task_id, expert="template",
+        proposal=Proposal(source=render(plan, first[1]), language=KernelLanguage.TRITON, params=first[1].as_dict()),
+    )  # fmt: skip
+    await expert.generate(GenerateRequest(run_id="r1", island="i0", task=task, n=2, seed=2, parent=parent,
+                                          parent_result=judged))  # fmt: skip
+    again = await expert.generate(GenerateRequest(run_id="r1", island="i1", task=task, n=4, seed=3))
+    params = [TemplateParams.from_dict(dict(p.params)) for p in again.proposals]
+    assert params[0] == first[1]
+    assert all(p.conv_precision != "tf32" for p in params)
+    await expert.aclose()

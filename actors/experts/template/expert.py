@@ -127,6 +127,7 @@ class TemplateExpert:
         max_variants: int = 8,
         analysis: AnalysisMode = AnalysisMode.PROCESS,
         analysis_timeout_s: float = 180.0,
+        gpu: str | None = None,
     ) -> None:
         if not name or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
             raise ValueError(f"expert name {name!r} must be 1-64 letters, digits, '-' or '_'")
@@ -138,6 +139,9 @@ class TemplateExpert:
         self.max_variants = max_variants
         self.analysis = AnalysisMode(analysis)
         self.analysis_timeout_s = analysis_timeout_s
+        self.gpu = gpu
+        """The GPU fresh starts are sized for (a name ``hardware.lookup`` knows, e.g. ``H200``):
+        the evaluators' where the expert runs elsewhere; ``None``: this machine's."""
         self._plans: OrderedDict[tuple[str, KeepTorch], Plan | Unsupported] = OrderedDict()
         self._exact_tasks: OrderedDict[str, None] = OrderedDict()
         """Tasks whose TF32 convolution came back ``incorrect.precision``: the evaluator judged it
@@ -256,9 +260,15 @@ class TemplateExpert:
         times): the default for the traced shapes and the best retrieved experience's configuration
         (first when it was measured on this very task), then mutations of them in turn, drawn from
         a generator seeded by the task. Kernels in ``avoid`` (the island's own) are passed over."""
-        hw = detect()  # a fresh start has no measured device: this machine's GPU, if any
+        hw = detect(self.gpu)  # a fresh start has no measured device: the one named, else this machine's
         tf32 = self._tf32(request)
         default = default_params(plan, hw, tf32)
+        # Whether the reference's own convolutions run in TF32 is known only from the first
+        # verdicts (cuDNN computes IEEE fp32 for few input channels; the evaluator then judges at
+        # exact precision): the same start without TF32 comes second, so that a fresh start holds a
+        # candidate correct either way. On an H200 (KernelBench L2-6, 21, 67, 73, 92, 40 s each),
+        # 7 to 13 of a run's first 16 to 21 evaluations were TF32 candidates refused so.
+        exact = default_params(plan, hw, False) if tf32 else default
         found = _from_experience(request.experiences, plan)
         learned, where = (_admitted(found[0], tf32), found[1]) if found is not None else (None, "")
         listed: list[tuple[TemplateParams, str, str]] = []
@@ -275,6 +285,10 @@ class TemplateExpert:
                 # eager, and its default was never evaluated in 45 s; a run from its default reached 0.13x.
                 experience = (learned, "experience", "configuration of the best retrieved experience")
                 listed.insert(0 if where == request.task.task_id else 1, experience)
+        if all(exact != p for p, _, _ in listed):
+            after = next(i for i, (p, _, _) in enumerate(listed) if p == default) + 1
+            why = "without TF32 (correct whether or not the reference's convolutions use it)"
+            listed.insert(after, (exact, "default", f"default configuration for the traced shapes on {hw.name}, {why}"))
         bases = [p for p, _, _ in listed]
         seen = set(bases)
         want = request.start + n + min(len(avoid), 8 * n)  # room to pass over the island's kernels
@@ -286,7 +300,7 @@ class TemplateExpert:
             child = mutate(plan, base, rng, diagnosis=None, tf32=tf32)
             if child not in seen:
                 seen.add(child)
-                label = "mutate.default" if base is default else "mutate.experience"
+                label = "mutate.default" if base in (default, exact) else "mutate.experience"
                 listed.append((child, label, _changes(base, child)))
         first = request.start % len(listed)  # a small space of configurations: round again
         walk = listed[first:] + listed[:first]
