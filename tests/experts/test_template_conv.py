@@ -207,6 +207,7 @@ def test_pre_rounding_and_channels_last_copies_dispatch_no_torch_compute(tmp_pat
     assert lines == ["0 [] True", "1 [] True", "2 [] True"], run.stdout
 
 
+@pytest.mark.slow  # three more candidates under the interpreter (~20 s); the cases above check the default
 def test_spatial_sums_join_the_convolution_only_where_nothing_else_reads_its_output(tmp_path: Path) -> None:
     """A global average pool after a convolution is summed in the convolution's tiles (the output
     never stored); with outer products' long tiles (many images per tile) the sums are added
