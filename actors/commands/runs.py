@@ -4,6 +4,7 @@
     kfoundry runs show RUN          one run's spec and outcome
     kfoundry runs stop RUN          ask a running run to stop (it writes its results as on Ctrl-C)
     kfoundry runs rm RUN            remove an ended run: its registry entry, stream and dead letters
+    kfoundry runs report RUN        build a run's report and best_model.py again from its stream
 
 ``--dir DIR`` lists the run directories under DIR (``runs/<id>/report.json``) without a server.
 The server's view comes from ``actors.commands.run_registry``. Exit status: 0 done; 1 a stop
@@ -28,6 +29,7 @@ from actors.runtime.bus import Bus
 from actors.runtime.errors import ConfigError
 from actors.runtime.process import add_nats_options, nats_url, positive_seconds, run_async
 from actors.runtime.process import say as _out
+from schemas import EvalResult
 
 CPU_NOTE = "* timed on the CPU (Triton's interpreter): a correctness check, not a speedup"
 
@@ -38,7 +40,7 @@ def add_runs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--dir", type=Path, help="list the run directories under DIR instead (no server needed)")
     shared = _add_shared(p)
     p.set_defaults(func=cmd_runs)
-    rsub = p.add_subparsers(dest="runs_cmd", metavar="{show,stop,rm}")
+    rsub = p.add_subparsers(dest="runs_cmd", metavar="{show,stop,rm,report}")
     show = rsub.add_parser("show", help="one run's spec and outcome")
     show.add_argument("run_id", metavar="RUN")
     stop = rsub.add_parser("stop", help="ask a running run to stop; it writes its results")
@@ -55,7 +57,12 @@ def add_runs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rm = rsub.add_parser("rm", help="remove an ended run: its registry entry, stream and dead letters")
     rm.add_argument("run_id", metavar="RUN")
     rm.add_argument("--force", action="store_true", help="also a run with no end recorded and no controller")
-    for child in (show, stop, rm):
+    report = rsub.add_parser(
+        "report", help="build an ended run's report.json, plots and best_model.py again from its stream"
+    )
+    report.add_argument("run_id", metavar="RUN")
+    report.add_argument("--out", type=Path, help="the folder to write (default runs/RUN; never one with a report.json)")
+    for child in (show, stop, rm, report):
         _add_shared(child, inherit=shared)
 
 
@@ -76,7 +83,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if args.runs_cmd is not None:
             raise ConfigError(f"--dir: lists run directories; `kfoundry runs {args.runs_cmd}` asks a NATS server")
         return _list_dirs(args.dir, as_json=args.json)
-    action = {None: _list, "show": _show, "stop": _stop, "rm": _rm}[args.runs_cmd]
+    action = {None: _list, "show": _show, "stop": _stop, "rm": _rm, "report": _report}[args.runs_cmd]
 
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
@@ -265,6 +272,44 @@ async def _rm(bus: Bus, url: str, args: argparse.Namespace) -> int:
         f"removed run {rid}: its registry entry, {removed.messages} stream message(s) and {removed.dead_letters} "
         "dead letter(s) (its run directory, if any, stays)"
     )
+    return 0
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+async def _report(bus: Bus, url: str, args: argparse.Namespace) -> int:
+    """The run's results as its controller writes them at its end, from what its stream holds: a
+    lost or deleted run directory, or one written on another machine, comes back."""
+    from actors.commands.run_stream import replay, write_results
+    from actors.runtime.logs import configure_logging
+
+    configure_logging(level="warning")  # on stderr: stdout is the command's one line
+    run = await find_run(bus, args.run_id)
+    rid = run.run_id
+    if run.state is RunState.RUNNING:
+        raise ConfigError(f"run {rid} is running: its controller writes its report when it ends")
+    if run.messages is None:
+        raise ConfigError(f"run {rid} has no stream left (expired): nothing to build a report from")
+    if run.spec is None:
+        raise ConfigError(f"run {rid} has no spec this version can read: no report can be built")
+    out = args.out if args.out is not None else Path("runs") / rid
+    if (out / "report.json").exists():  # results are never written over
+        raise ConfigError(f"{out} holds a report.json already; choose another --out")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: not a directory")
+    best = None
+    best_id = run.end.best_candidate_id if run.end is not None else None
+    if best_id is not None:
+        results = [m for m in await replay(bus, rid) if isinstance(m, EvalResult) and m.candidate_id == best_id]
+        best = results[-1] if results else None
+        if best is None:
+            raise ConfigError(f"run {rid}: its best candidate {best_id} has no result left in its stream")
+    out.mkdir(parents=True, exist_ok=True)
+    report = await write_results(bus, run.spec, best, out)
+    written = "report.json, plots" + (" and best_model.py" if best is not None else " (no best candidate)")
+    state = "" if run.end is not None else " (no end recorded: the report covers what its stream holds)"
+    _out(f"run {rid}: {written} written to {out}; {report.evaluated} evaluated{state}")
     return 0
 
 

@@ -161,6 +161,18 @@ def test_runs_lists_newest_first_shows_one_and_removes_an_ended_one_but_not_an_a
         f"kfoundry: run {new} has no end recorded and no controller reading its stream (its `kfoundry run` is "
         f"gone?); `kfoundry runs rm {new} --force` removes it"
     )
+    # `runs report` builds an ended run's report from its stream (here no best: the end names none),
+    # and never writes over a report.json
+    rebuilt = _kfoundry("runs", "report", old, "--out", str(tmp_path / "old"), "--nats", url, env=env)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (
+        rebuilt.stdout
+        == f"run {old}: report.json, plots (no best candidate) written to {tmp_path / 'old'}; 0 evaluated\n"
+    )
+    assert json.loads((tmp_path / "old" / "report.json").read_text())["run_id"] == old
+    assert not (tmp_path / "old" / "best_model.py").exists()
+    again = _one_error_line(_kfoundry("runs", "report", old, "--out", str(tmp_path / "old"), "--nats", url, env=env))
+    assert again == f"kfoundry: {tmp_path / 'old'} holds a report.json already; choose another --out"
     for argv, messages in ((["rm", old], 1), (["rm", new, "--force"], 1)):  # its one message: the stop request
         removed = _kfoundry("runs", *argv, "--nats", url, env=env)
         assert removed.returncode == 0, removed.stderr
@@ -275,3 +287,10 @@ def test_runs_stop_ends_a_real_run_from_another_shell_within_seconds_and_its_res
     assert (request["by"], request["reason"]) == (f"{getpass.getuser()}@{socket.gethostname()}", "test")
     assert row["state_text"] == f"ended (stopped by {request['by']})"
     assert f"run {run_id}: stop requested by {request['by']} (test)" in err  # the run said who stopped it
+    # the results again, from the stream alone: the same best kernel, the same count
+    rebuilt = _kfoundry("runs", "report", run_id, "--out", str(tmp_path / "again"), "--nats", url, env=env)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    again = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert (again["run_id"], again["evaluated"], again["end_reason"]) == (run_id, report["evaluated"], "interrupted")
+    assert again["best"]["candidate_id"] == report["best"]["candidate_id"]
+    assert (tmp_path / "again" / "best_model.py").read_text() == (run_dir / "best_model.py").read_text()
