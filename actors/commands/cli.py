@@ -489,6 +489,10 @@ def _main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "run" and args.config is not None:
+            from actors.commands.run_config import apply_config
+
+            apply_config(args.run_parser, argv[1:], args)
         if getattr(args, "confine_task", False):
             from actors.runtime.task_confine import enable
 

@@ -54,7 +54,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p = sub.add_parser("run", help="run the whole loop on a KernelBench-format task")
     add_run_arguments(p)
     add_actor_options(p)
-    p.set_defaults(func=cmd_run)
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="a TOML file of run options (`seconds = 900`, `no-migration = true`); flags given here win",
+    )
+    p.set_defaults(func=cmd_run, run_parser=p)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
