@@ -207,6 +207,11 @@ class ExpertConfig(Message):
     """Concurrent calls to the endpoint from one instance."""
     token_budget: int | None = Field(default=None, ge=1)
     """Total tokens this expert may spend in a run; ``None`` is unlimited."""
+    price_in_per_mtok: float | None = Field(default=None, ge=0)
+    """What a million prompt tokens cost (in the operator's currency, USD by convention): where
+    set, with ``price_out_per_mtok``, the ``kfoundry_llm_cost`` metric adds up the calls' cost."""
+    price_out_per_mtok: float | None = Field(default=None, ge=0)
+    """What a million completion tokens cost."""
     revision: int = Field(default=0, ge=0)
     """Bumped on every change; replies and logs name the revision in force."""
     created_at: float = Field(default_factory=now)

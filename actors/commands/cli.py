@@ -276,6 +276,8 @@ def cmd_expert(args: argparse.Namespace) -> int:
                         "timeout_s": args.timeout,
                         "concurrency": args.concurrency,
                         "token_budget": args.token_budget,
+                        "price_in_per_mtok": args.price_in,
+                        "price_out_per_mtok": args.price_out,
                         "language": args.language,
                     }.items()
                     if v is not None
@@ -462,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     setp.add_argument("--timeout", type=float)
     setp.add_argument("--concurrency", type=int)
     setp.add_argument("--token-budget", type=int)
+    setp.add_argument("--price-in", type=float, metavar="PRICE", help="cost of a million prompt tokens")
+    setp.add_argument("--price-out", type=float, metavar="PRICE", help="cost of a million completion tokens")
     setp.add_argument("--language", choices=["triton", "cuda"])
     add_nats_options(setp)
     setp.set_defaults(func=cmd_expert)

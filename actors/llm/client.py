@@ -85,6 +85,8 @@ class Endpoint:
     temperature: float
     top_p: float
     max_tokens: int
+    price_in_per_mtok: float | None = None
+    price_out_per_mtok: float | None = None
 
     @classmethod
     def from_config(cls, config: ExpertConfig, environ: Mapping[str, str] | None = None) -> Endpoint:
@@ -108,6 +110,8 @@ class Endpoint:
             temperature=config.temperature,
             top_p=config.top_p,
             max_tokens=config.max_tokens,
+            price_in_per_mtok=config.price_in_per_mtok,
+            price_out_per_mtok=config.price_out_per_mtok,
         )
 
     def secrets(self) -> tuple[str, ...]:
@@ -259,6 +263,9 @@ class ChatClient:
         labels = {"expert": self.expert, "model": self.endpoint.model, "reported": str(result.usage_reported).lower()}
         metrics.TOKENS.labels(direction="prompt", **labels).inc(result.usage.prompt)
         metrics.TOKENS.labels(direction="completion", **labels).inc(result.usage.completion)
+        cost = metrics.cost_of(self.endpoint, result.usage.prompt, result.usage.completion)
+        if cost is not None:
+            metrics.COST.labels(**labels).inc(cost)
         return result
 
     def _count(self, error: EndpointError | None, seconds: float) -> None:

@@ -6,6 +6,8 @@ out (marked where the endpoint reported none and they are estimates). Every proc
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from prometheus_client import Counter, Histogram
 
 from actors.llm.errors import EndpointError, EndpointRejected, EndpointTimeout, MalformedReply, RateLimited
@@ -28,6 +30,13 @@ TOKENS = Counter(
     ["expert", "model", "direction", "reported"],
 )
 
+COST = Counter(
+    "kfoundry_llm_cost",
+    "What LLM chat calls that succeeded cost, at the expert configuration's prices per million tokens "
+    "(reported=false: from estimated tokens); only where prices are configured",
+    ["expert", "model", "reported"],
+)
+
 DIAGNOSER_FALLBACKS = Counter(
     "kfoundry_llm_diagnoser_fallbacks",
     "Diagnoses an LLM diagnoser left to the rules, by cause (budget, endpoint, reply)",
@@ -39,8 +48,24 @@ METRIC_NAMES = (
     "kfoundry_llm_call_seconds",
     "kfoundry_llm_retries",
     "kfoundry_llm_tokens",
+    "kfoundry_llm_cost",
     "kfoundry_llm_diagnoser_fallbacks",
 )
+
+
+class Prices(Protocol):
+    @property
+    def price_in_per_mtok(self) -> float | None: ...
+    @property
+    def price_out_per_mtok(self) -> float | None: ...
+
+
+def cost_of(prices: Prices, prompt: int, completion: int) -> float | None:
+    """What ``prompt`` and ``completion`` tokens cost at ``prices`` (per million tokens; a price
+    not set counts as 0 where the other is set), or None where no price is set."""
+    if prices.price_in_per_mtok is None and prices.price_out_per_mtok is None:
+        return None
+    return (prompt * (prices.price_in_per_mtok or 0.0) + completion * (prices.price_out_per_mtok or 0.0)) / 1e6
 
 
 def outcome_of(error: EndpointError | None) -> str:

@@ -57,3 +57,30 @@ async def test_calls_retries_tokens_and_latency_are_counted_per_expert(server: S
     text = generate_latest(REGISTRY).decode()  # what /metrics serves
     assert 'kfoundry_llm_calls_total{expert="metrics-expert",model="scripted-model",outcome="ok"} 2.0' in text
     assert "sk-" not in text  # no key in any label
+
+
+async def test_the_cost_of_calls_is_counted_only_where_prices_are_configured(server: ScriptedLLMServer) -> None:
+    server.push(
+        Chat(("a",), prompt_tokens=2_000_000, completion_tokens=500_000),
+        Chat(("b",), prompt_tokens=None),  # no usage: 400 characters estimated as 100 prompt tokens
+        Chat(("c",), prompt_tokens=1000, completion_tokens=10),
+    )
+    priced = ChatClient.from_config(
+        expert_config(server, name="priced-expert", price_in_per_mtok=3.0, price_out_per_mtok=15.0), retry=FAST_RETRY
+    )
+    await priced.complete(MESSAGES)
+    await priced.complete(MESSAGES)
+    await priced.aclose()
+    free = ChatClient.from_config(expert_config(server, name="unpriced-expert"), retry=FAST_RETRY)
+    await free.complete(MESSAGES)
+    await free.aclose()
+
+    mine = {"expert": "priced-expert", "model": "scripted-model"}
+    assert _value("kfoundry_llm_cost_total", **mine, reported="true") == pytest.approx(2 * 3.0 + 0.5 * 15.0)
+    estimated = _value("kfoundry_llm_cost_total", **mine, reported="false")
+    completion = _value("kfoundry_llm_tokens_total", **mine, direction="completion", reported="false")
+    assert estimated == pytest.approx((100 * 3.0 + completion * 15.0) / 1e6)
+    assert estimated > 0
+    unpriced = {"expert": "unpriced-expert", "model": "scripted-model", "reported": "true"}
+    assert REGISTRY.get_sample_value("kfoundry_llm_cost_total", unpriced) is None  # no price: no series
+    assert _value("kfoundry_llm_tokens_total", **unpriced, direction="prompt") == 1000

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.core import CounterMetricFamily
 
+from actors.llm import metrics as llm_metrics
 from actors.runtime.latency import METRIC_NAMES
 from actors.runtime.metrics import ActorCollector
 
@@ -22,6 +23,8 @@ def _exported() -> set[str]:
     names = {f"{h}{suffix}" for h in METRIC_NAMES for suffix in ("_bucket", "_sum", "_count")}
     for family in ActorCollector([]).collect():
         names.add(f"{family.name}_total" if isinstance(family, CounterMetricFamily) else family.name)
+    for name in llm_metrics.METRIC_NAMES:  # the LLM clients' own series
+        names |= {f"{name}{suffix}" for suffix in ("_total", "_bucket", "_sum", "_count")}
     return names
 
 
@@ -35,6 +38,7 @@ def _exprs() -> list[str]:
 def test_dashboard_charts_only_exported_metrics_and_every_latency_histogram() -> None:
     used = {m for e in _exprs() for m in re.findall(r"\bkfoundry_[a-z_]+", e)}
     assert used, "the dashboard charts nothing"
+    assert {"kfoundry_llm_tokens_total", "kfoundry_llm_cost_total", "kfoundry_llm_call_seconds_bucket"} <= used
     assert used <= _exported(), sorted(used - _exported())
     for histogram in METRIC_NAMES:
         assert f"{histogram}_bucket" in used, f"no latency panel for {histogram}"
