@@ -98,3 +98,45 @@ def test_the_analysis_child_dies_with_its_expert() -> None:
         expert.wait()
         for child in _analysis_children(psutil.Process().pid):
             child.kill()
+
+
+EMBEDDING = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.e = nn.Embedding(100, 32)
+
+    def forward(self, x, idx):
+        return self.e(idx) * x
+
+
+def get_inputs():
+    return [torch.randn(8, 32), torch.randint(0, 100, (8,))]
+
+
+def get_init_inputs():
+    return []
+"""
+
+RENDER_FROM_CHILD = f"""
+import asyncio, sys
+sys.path.insert(0, {str(ROOT)!r})
+from actors.experts.template import default_params, render
+from actors.experts.template.isolate import analyse_in_child
+plan = asyncio.run(analyse_in_child({EMBEDDING!r}, timeout=120, confine=False))
+source = render(plan, default_params(plan))
+print("rendered", source.count("@triton.jit"))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_plan_analysed_in_the_child_renders_in_a_parent_that_never_loaded_the_families() -> None:
+    """A gather the index family adds (an embedding's rows) is known to scheduling only where the
+    families are loaded: the parent that receives the child's plan loads them too (a fresh
+    interpreter here, as an expert actor is: in this test process other tests load them first)."""
+    proc = subprocess.run([sys.executable, "-c", RENDER_FROM_CHILD], capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "rendered 1", proc.stdout
