@@ -109,6 +109,14 @@ def dead_letters(run: str = ANY) -> str:
 NO_RUN = "_"
 """The run token used by actors that serve no particular run (experts, curator)."""
 
+LOG_PREFIX = "kflog"
+"""Log lines live under their own root, outside every run's ``kf.<run>.>`` subjects."""
+
+
+def logs(run: str = ANY, actor: str = ANY) -> str:
+    """One process's log lines: the run it serves (``_`` for none) and its actor id."""
+    return f"{LOG_PREFIX}.{_tok(run)}.{_tok(actor)}"
+
 # Streams, consumers and buckets.
 
 
@@ -119,6 +127,9 @@ def run_stream(run: str) -> str:
 
 EXPERIENCE_STREAM = "KF_EXPERIENCE"
 """Experience records and outcomes, shared by all runs."""
+LOG_STREAM = "KF_LOGS"
+"""Every actor process's log lines (``logs``), kept a week (``kfoundry logs RUN`` reads them)."""
+
 DLQ_STREAM = "KF_DLQ"
 """Dead letters of all runs."""
 ADVISORY_STREAM = "KF_ADVISORIES"

@@ -228,7 +228,10 @@ def cmd_actor(args: argparse.Namespace) -> int:
                 from actors.runtime.metrics import serve_metrics
 
                 serve_metrics([actor], args.metrics_port)
-            await run_actors([actor], stop)
+            from actors.runtime.log_ship import shipping_logs
+
+            async with shipping_logs(url, run=args.run, actor=actor.actor_id):  # for `kfoundry logs RUN`
+                await run_actors([actor], stop)
         return 0
 
     return run_async(main)

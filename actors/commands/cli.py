@@ -393,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_runs_parser(sub)
+    from actors.commands.logs import add_logs_parser
+
+    add_logs_parser(sub)
     add_actor_parser(sub)
     from actors.kbench.bench import add_bench_parser
 

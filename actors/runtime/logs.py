@@ -64,6 +64,20 @@ def configure_logging(
     _configured = True
 
 
+def add_handler(handler: logging.Handler) -> None:
+    """Send every log line also to ``handler``, rendered as the other lines are (after
+    :func:`configure_logging`)."""
+    root = logging.getLogger()
+    if root.handlers:
+        handler.setFormatter(root.handlers[0].formatter)
+    root.addHandler(handler)
+
+
+def remove_handler(handler: logging.Handler) -> None:
+    """Stop sending log lines to ``handler``."""
+    logging.getLogger().removeHandler(handler)
+
+
 def get_logger(name: str) -> Any:
     """A structlog logger named for its module."""
     return structlog.get_logger(name)

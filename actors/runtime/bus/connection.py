@@ -39,20 +39,22 @@ class Bus(Receiving, Serving, Streams):
         connect_timeout: float | None = 5.0,
         stop: asyncio.Event | None = None,
         kind: str = "",
+        quiet: bool = False,
     ) -> Bus:
         """Connect to ``url`` (a comma-separated list joins a cluster).
 
         With ``connect_timeout`` (a one-shot command), give up after that many seconds, and give up
         on a lost connection after about as long: ``BusError`` in one line. With ``None`` (a
         long-running actor), keep trying for ever, one log line per failed attempt, until ``stop``
-        is set (then ``BusError`` at once).
+        is set (then ``BusError`` at once). ``quiet``: no log line for failed attempts, lost and
+        restored connections (a process's second connection, whose first says so already).
         """
         servers = [u.strip() for u in url.split(",")]
         last: list[BaseException] = []
 
         async def on_error(exc: Exception) -> None:
             last[:] = [exc]
-            if connect_timeout is None:
+            if connect_timeout is None and not quiet:
                 log.warning("NATS connection attempt failed", url=url, error=short(exc))
 
         made: list[Bus] = []
@@ -60,13 +62,14 @@ class Bus(Receiving, Serving, Streams):
         async def on_disconnect() -> None:
             if made:
                 made[0]._dropped()
-            if not (made and made[0]._closed):
+            if not (made and made[0]._closed) and not quiet:
                 log.warning("NATS connection lost, reconnecting", url=url)
 
         async def on_reconnect() -> None:
             if made:
                 made[0].online.set()
-            log.info("NATS connection restored", url=url)
+            if not quiet:
+                log.info("NATS connection restored", url=url)
 
         async def on_closed() -> None:
             if made and not made[0]._closed:

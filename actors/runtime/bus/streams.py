@@ -9,6 +9,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.js.api import (
+    DiscardPolicy,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -66,6 +67,27 @@ class Streams(BusCore):
                 duplicate_window=15 * 60,
                 num_replicas=self.replicas(),
                 allow_direct=True,  # diagnosers read each candidate by subject (a direct get)
+            )
+        )
+
+    async def ensure_log_stream(self) -> None:
+        """The actors' log lines (``kflog.<run>.<actor>``): a week of them, 1 GiB at most (the
+        oldest go first; ``KF_LOG_STREAM_BYTES`` sets another bound)."""
+        raw = os.environ.get("KF_LOG_STREAM_BYTES", str(1 << 30))
+        try:
+            max_bytes = int(raw)
+        except ValueError as exc:
+            raise ConfigError(f"KF_LOG_STREAM_BYTES must be a number of bytes, got {raw!r}") from exc
+        await self.ensure_stream(
+            StreamConfig(
+                name=subjects.LOG_STREAM,
+                subjects=[f"{subjects.LOG_PREFIX}.>"],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                max_age=7 * 24 * 3600,
+                max_bytes=max_bytes,
+                discard=DiscardPolicy.OLD,
+                num_replicas=self.replicas(),
             )
         )
 
