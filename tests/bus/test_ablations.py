@@ -117,6 +117,7 @@ async def test_no_experience_run_sends_no_retrieval_request_on_the_bus(nats_url:
     assert all(r.experiences == () for r in ablated.requests)
 
 
+@pytest.mark.slow  # a whole run with LLM experts: ~10 s; CI runs it in the slow suite
 @pytest.mark.timeout(90)
 async def test_no_meta_prompt_run_gives_llm_experts_no_evolved_section(nats_url: str) -> None:
     async with _island_run(nats_url, Ablations(), llm=True) as (_, control, _q):

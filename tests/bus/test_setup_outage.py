@@ -33,6 +33,7 @@ def server(tmp_path: Path) -> Iterator[RestartableServer]:
     server.stop()
 
 
+@pytest.mark.slow  # a server restart: ~8 s; CI runs it in the slow suite
 async def test_reading_the_run_waits_out_a_server_restart(server: RestartableServer) -> None:
     # as an actor connects: reconnecting for ever
     bus = await Bus.connect(server.url, name="t", actor_id="t-setup", connect_timeout=None)
@@ -49,6 +50,7 @@ async def test_reading_the_run_waits_out_a_server_restart(server: RestartableSer
         await bus.close()
 
 
+@pytest.mark.slow  # a server restart: ~7 s; CI runs it in the slow suite
 async def test_creating_a_consumer_waits_out_a_server_restart(server: RestartableServer) -> None:
     bus = await Bus.connect(server.url, name="t", actor_id="t-consume", connect_timeout=None)
     try:
@@ -73,6 +75,7 @@ async def test_creating_a_consumer_waits_out_a_server_restart(server: Restartabl
         await bus.close()
 
 
+@pytest.mark.slow  # a server kept away for its whole wait: ~10 s; CI runs it in the slow suite
 async def test_a_server_that_stays_away_ends_the_wait_with_one_clear_error(
     server: RestartableServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,6 +92,7 @@ def restartable(tmp_path: Path) -> Iterator[RestartableServer]:
         server.stop()
 
 
+@pytest.mark.slow  # a run across a server restart: ~7 s; CI runs it in the slow suite
 @pytest.mark.timeout(240)
 async def test_counts_survive_a_nats_restart_in_the_middle(restartable: RestartableServer, tmp_path: Path) -> None:
     controller = _controller(

@@ -243,6 +243,7 @@ def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
     assert end.cancelled  # recorded: what was in flight
 
 
+@pytest.mark.slow  # a real run on the CPU: ~12 s; CI runs it in the slow suite
 @pytest.mark.timeout(300)
 def test_one_interrupt_stops_the_run_within_seconds_and_still_writes_its_results(
     nats_server: ServerInfo, run_id: str, tmp_path: Path

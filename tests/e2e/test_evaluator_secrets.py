@@ -97,6 +97,7 @@ def _cmdline(proc: psutil.Process) -> list[str]:
         return []
 
 
+@pytest.mark.slow  # a distributed run's processes: ~17 s; CI runs it in the slow suite
 @pytest.mark.timeout(240)
 def test_an_evaluator_process_refusing_the_task_ends_the_run_with_its_one_line(tmp_path: Path) -> None:
     from tests.e2e.test_task_refused import HUGE

@@ -31,6 +31,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.slow  # a run's start-up to its refusal: ~10 s; CI runs it in the slow suite
 @pytest.mark.timeout(240)
 def test_run_refuses_a_task_that_cannot_fit_with_what_it_needs(tmp_path: Path) -> None:
     task = tmp_path / "huge.py"
