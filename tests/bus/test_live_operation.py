@@ -112,6 +112,12 @@ async def test_metrics_port_serves_the_actors_counts(nats_url: str, run_id: str,
                     break
                 await asyncio.sleep(0.2)
         assert f'run="{run_id}"' in line
+        # the backlog of the run's durable consumers, asked of the server at scrape time
+        lag = [ln for ln in text.splitlines() if ln.startswith("kfoundry_consumer_pending{") and run_id in ln]
+        assert lag, text
+        assert all(f'stream="KF_RUN_{run_id}"' in ln for ln in lag)
+        assert any('consumer="diagnosers"' in ln for ln in lag), lag
+        assert any(ln.startswith("kfoundry_consumer_ack_pending{") for ln in text.splitlines())
     finally:
         stop_process(diag)
         await bus.close()
