@@ -117,6 +117,7 @@ def logs(run: str = ANY, actor: str = ANY) -> str:
     """One process's log lines: the run it serves (``_`` for none) and its actor id."""
     return f"{LOG_PREFIX}.{_tok(run)}.{_tok(actor)}"
 
+
 # Streams, consumers and buckets.
 
 
