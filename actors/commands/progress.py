@@ -27,12 +27,13 @@ import nats.errors
 import nats.js.errors
 import pydantic
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from actors.runtime.bus import MSG_ID_HEADER, Bus, settled
 from actors.runtime.gpu_usage import gpu_usage, progress_part
 from actors.runtime.logs import get_logger
-from schemas import EvalResult, IslandStatus, RunSpec, RunStop, StopReason, subjects
+from schemas import DeadLetter, EvalResult, IslandStatus, RunSpec, RunStop, StopReason, subjects
 
 log = get_logger(__name__)
 
@@ -46,6 +47,8 @@ class Progress:
         self.spec = spec
         self.issued: set[str] = set()
         self.results: dict[str, EvalResult] = {}
+        self.dead_lettered: set[str] = set()
+        """Candidates an actor dead-lettered while the run was watched (``kf.dlq.<run>``)."""
         self.feedback: set[str] = set()
         self.statuses: Counter[str] = Counter()
         self.best: EvalResult | None = None
@@ -68,8 +71,9 @@ class Progress:
 
     @property
     def in_flight(self) -> set[str]:
-        """Candidates issued whose result has not arrived."""
-        return self.issued - self.results.keys()
+        """Candidates issued whose result has not arrived, and that no actor gave up on (a
+        dead-lettered candidate is never judged: counted apart, not as in flight for ever)."""
+        return self.issued - self.results.keys() - self.dead_lettered
 
     @property
     def deadline(self) -> float | None:
@@ -81,6 +85,10 @@ class Progress:
 
     def on_candidate(self, candidate_id: str) -> None:
         self.issued.add(candidate_id)
+
+    def on_dead_letter(self, candidate_id: str) -> None:
+        if candidate_id not in self.results:
+            self.dead_lettered.add(candidate_id)
 
     def on_result(self, result: EvalResult) -> None:
         if result.candidate_id in self.results:
@@ -109,6 +117,8 @@ class Progress:
         total = f"/{budget.candidates}" if budget.candidates else ""
         best = f"{self.best.fitness:.3g}x ({self.best.island})" if self.best and self.best.fitness else "-"
         counts = " ".join(f"{k}={v}" for k, v in sorted(self.statuses.items()))
+        if self.dead_lettered:
+            counts += f" dead-lettered={len(self.dead_lettered)}"
         gpus = progress_part(gpu_usage(self.results.values()))
         return (
             f"[{self.elapsed:6.0f}s] evaluated {self.evaluated}{total}  best {best}  "
@@ -150,6 +160,7 @@ class RunWatcher:
         """Set whenever a message moved the counts (cleared by the reader)."""
         self._task: asyncio.Task[None] | None = None
         self._psub: object | None = None
+        self._dlq: Subscription | None = None
         self._stopping = False
         run = progress.spec.run_id
         self._prefix = {
@@ -177,6 +188,17 @@ class RunWatcher:
             ),
         )
         self._task = asyncio.create_task(self._loop(), name="run-watcher")
+        self._dlq = await self.bus.nc.subscribe(subjects.dead_letters(run), cb=self._on_dead_letter)
+
+    async def _on_dead_letter(self, msg: Msg) -> None:
+        """A candidate of the run that an actor gave up on leaves the in-flight count."""
+        try:
+            letter = DeadLetter.model_validate_json(msg.data)
+        except pydantic.ValidationError:
+            return
+        if letter.subject.startswith(self._prefix["cand"]):
+            self.progress.on_dead_letter(letter.subject.rsplit(".", 1)[1])
+            self.changed.set()
 
     def handle(self, msg: Msg) -> None:
         """Count one message of the run stream."""
@@ -229,6 +251,10 @@ class RunWatcher:
             if not task.done():
                 task.cancel()
                 await asyncio.wait([task], timeout=1.0)
+        dlq, self._dlq = self._dlq, None
+        if dlq is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await dlq.unsubscribe()
         psub, self._psub = self._psub, None
         if psub is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):

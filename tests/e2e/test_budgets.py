@@ -173,6 +173,10 @@ async def test_a_dead_lettered_candidate_is_said_apart_from_those_cancelled_in_f
         await bus.close()
     outcome = await running
     assert outcome.dead_lettered == 1
+    # while it ran, the progress line counted it apart, not as in flight
+    assert "poison1" in controller.progress.dead_lettered
+    assert "poison1" not in controller.progress.in_flight
+    assert "dead-lettered=1" in controller.progress.line()
     assert "poison1" not in controller.cancelled
     assert outcome.cancelled == len(controller.cancelled)
     summary = outcome.summary(12.0)
