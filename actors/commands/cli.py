@@ -345,12 +345,14 @@ def cmd_server(args: argparse.Namespace) -> int:
     server = EmbeddedServer()
     info = server._load()
     if args.server_cmd == "status":
-        _out(f"embedded NATS at {info.url} (pid {info.pid}, store {info.store_dir})" if info else "not running")
+        kept = " (kept until `kfoundry server stop`)" if info and server.kept() else ""
+        _out(f"embedded NATS at {info.url} (pid {info.pid}, store {info.store_dir}){kept}" if info else "not running")
         return 0
-    if args.server_cmd == "start":
-        url = server.acquire()
-        _out(f"embedded NATS at {url}")
+    if args.server_cmd == "start":  # kept: the commands that use it leave it running
+        url = server.keep()
+        _out(f"embedded NATS at {url} (kept until `kfoundry server stop`)")
         return 0
+    server.forget()
     if info is None:
         _out("not running")
         return 0

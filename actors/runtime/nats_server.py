@@ -227,6 +227,33 @@ class EmbeddedServer:
             self.info = info
         return info.url
 
+    @property
+    def _pin(self) -> Path:
+        return self.dir / "kept"
+
+    def keep(self) -> str:
+        """The running embedded server (started if there is none), kept: no command's end stops
+        it, only :meth:`forget` (``kfoundry server start`` / ``stop``)."""
+        url = self.acquire()
+        assert self.info is not None
+        with self._locked():
+            self._pin.write_text(str(self.info.pid))
+        return url
+
+    def kept(self) -> bool:
+        """Whether the running server is one ``kfoundry server start`` keeps (a stale mark, left
+        by a server that died, names another pid and keeps nothing)."""
+        info = self.info or self._load()
+        try:
+            return info is not None and self._pin.read_text().strip() == str(info.pid)
+        except OSError:
+            return False
+
+    def forget(self) -> None:
+        """Drop the mark of :meth:`keep` (the server itself is stopped by the caller)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._pin.unlink()
+
     def adopt(self) -> ServerInfo | None:
         """Take the running embedded server, if any, as this object's (to :meth:`release` it)."""
         with self._locked():
@@ -237,7 +264,7 @@ class EmbeddedServer:
         """Stop the server if no client is connected any more (``ignore_own``: none but this
         process's own, which end with it). Returns whether it stopped it."""
         info = self.info
-        if info is None:
+        if info is None or self.kept():  # `kfoundry server start` keeps it until `server stop`
             return False
         deadline = time.monotonic() + grace_s
         while True:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,47 @@ def test_embedded_server_is_kept_alive_while_a_client_is_connected(tmp_path: Pat
         assert (tmp_path / "nats" / "server.json").exists()
     assert embedded.release(grace_s=5.0)  # the last client left: now it stops
     assert not _alive(embedded.info.pid)
+
+
+def test_a_server_kfoundry_server_start_keeps_outlives_the_commands_that_use_it(tmp_path: Path) -> None:
+    kept = EmbeddedServer(tmp_path)
+    url = kept.keep()
+    assert kept.info is not None
+    pid = kept.info.pid
+    user = EmbeddedServer(tmp_path)  # a command that uses the embedded server
+    assert user.acquire() == url
+    assert not user.started_here
+    assert user.kept()
+    assert not user.release(grace_s=0.1)  # no client left, but kept
+    assert _alive(pid)
+    kept.forget()  # `kfoundry server stop` drops the mark first
+    assert user.release(grace_s=0.1)
+    assert not _alive(pid)
+    (tmp_path / "nats" / "kept").write_text(str(pid))  # a mark left by a server that died
+    fresh = EmbeddedServer(tmp_path)
+    fresh.acquire()
+    assert fresh.started_here
+    assert not fresh.kept()  # names another pid: keeps nothing
+    assert fresh.release(grace_s=0.1)
+
+
+def test_kfoundry_server_start_keeps_the_server_past_a_command_s_end(tmp_path: Path) -> None:
+    env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"))
+    env.pop("NATS_URL", None)
+
+    def kfoundry(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "actors.cli", *args], capture_output=True, text=True, env=env,
+                              timeout=60, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    started = kfoundry("server", "start")
+    assert started.startswith("embedded NATS at nats://127.0.0.1:")
+    assert "(kept until `kfoundry server stop`)" in started
+    kfoundry("runs")  # connects to the embedded server, and leaves
+    assert "(kept until `kfoundry server stop`)" in kfoundry("server", "status")
+    assert kfoundry("server", "stop").startswith("stopped embedded NATS")
+    assert kfoundry("server", "status") == "not running\n"
 
 
 def _read_until(conn: socket.socket, marker: bytes) -> bytes:
