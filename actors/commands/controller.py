@@ -5,11 +5,11 @@ Reads:  the run stream through its durable ``controller`` consumer (``actors.com
         consumer) for the report.
 Writes: the ``RunSpec`` (``kf_runs`` KV; create-only: an id the server already knows is refused,
         ``actors.commands.run_registry``), expert configs it needs (``kf_experts`` KV), seed
-        candidates, ``Control`` drain to the run's islands, ``RunEnd`` on ``kf.<run>.end``.
+        candidates, ``RunEnd`` on ``kf.<run>.end``.
 
 Ending a run: on the candidate budget, every candidate issued has been evaluated (the islands'
 shared quota, ``actors.runtime.quota``, issues exactly N); the controller waits briefly for the last
-feedback, drains the islands, then ``RunEnd`` tells every other actor to leave. On any other end
+feedback, then ``RunEnd`` tells every actor of the run, islands included, to leave. On any other end
 (the deadline, the token budget, speed-of-light) it does not wait: ``RunEnd`` lists the candidates
 still in flight as cancelled, and evaluators stop them at once. A first interrupt waits for what
 is in flight (saying so, bounded by the evaluation timeout); a second one stops at once and is
@@ -44,11 +44,8 @@ from actors.runtime.kv import get_expert_config, list_expert_configs, put_expert
 from actors.runtime.logs import get_logger
 from actors.runtime.options import RunOptions
 from schemas import (
-    ActorInfo,
     ActorKind,
     ActorState,
-    Control,
-    ControlAction,
     ExpertConfig,
     ExpertKind,
     ExpertRef,
@@ -236,25 +233,12 @@ class RunController:
             await self._wait(lambda: progress.results.keys() <= progress.feedback, timeout=5.0)
 
     async def _drain_islands(self, bus: Bus, reason: StopReason) -> None:
-        from actors.runtime.observe import discover
-
+        """After ``RunEnd`` (which every actor of the run, remote islands included, leaves on):
+        the local islands stop, and are waited for, bounded."""
         why = f"run ended ({reason})"
         islands = [a for a in self.actors if a.kind is ActorKind.ISLAND]
         for actor in islands:
             actor.request_stop(why)
-        remote = [
-            r
-            for r in await discover(bus.nc, wait_s=0.3, run_id=self.spec.run_id)
-            if r.kind == "island" and r.actor_id not in {a.actor_id for a in islands}
-        ]
-        for row in remote:
-            with contextlib.suppress(BusError):
-                await bus.request(
-                    subjects.control(row.actor_id),
-                    Control(action=ControlAction.DRAIN, reason=why),
-                    ActorInfo,
-                    timeout=2.0,
-                )
         # Islands stop within seconds (their unread feedback stays in their durable consumers).
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10.0):
@@ -388,13 +372,16 @@ class RunController:
                 # A candidate an evaluator gave up on (dead-lettered) is not in flight: it is said apart.
                 self.dead_lettered = await self._dead_lettered(bus)
                 self.cancelled = tuple(sorted(self.progress.in_flight - self.dead_lettered))
-                await self._drain_islands(bus, reason)
+                # RunEnd first: every actor of the run, islands included, leaves on it at once, side
+                # by side (islands drained before it waited 2 s for feedback that the evaluators,
+                # told only afterwards, were about to cancel: 2 of the ~6 s a run overran its budget).
                 end = self._run_end(reason, self.cancelled)
+                await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
+                await self._drain_islands(bus, reason)
             except asyncio.CancelledError:
                 aborted = True
                 await self._abort(bus)
                 raise
-            await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
             if self.cancelled:
                 self._say(f"{len(self.cancelled)} evaluation(s) in flight cancelled at the end of the run")
             if self.dead_lettered:
