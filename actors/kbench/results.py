@@ -219,10 +219,13 @@ def markdown(bench: BenchFile) -> str:
         own = "GPUs of its own (none shared) and " if any(r.gpus for r in bench.results) else ""
         where = f"{own}a share of the host's cores and memory"
         lines += [f"Problems ran {bench.parallel} at a time, each run on {where}.", ""]
+    if bench.seconds is not None:
+        budget = f"Each run's budget: {bench.seconds:g} s of wall time; `wall (s)` is its process's, start to exit."
+        lines += [budget, ""]
     lines += [
-        "| problem | status | vs eager | vs compile | % SOL | evaluated | first correct (s) "
+        "| problem | status | vs eager | vs compile | % SOL | evaluated | first correct (s) | wall (s) "
         "| peak GPU (GiB) | peak host (GiB) | precision (error vs float64: best / reference at defaults) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in bench.results:
         sol = r.sol_fraction * 100 if r.sol_fraction is not None else None
@@ -232,7 +235,8 @@ def markdown(bench: BenchFile) -> str:
         lines.append(
             f"| {r.name} | {_status(r)} | {_num(r.speedup_vs_eager, '.3g', 'x')} "
             f"| {_num(r.speedup_vs_compiled, '.3g', 'x')}{'*' if r.compiled_derived else ''} | {_num(sol, '.1f')} "
-            f"| {_num(r.evaluated, 'd')} | {_num(r.first_correct_s, '.0f')} | {gpu} | {_gib(r.peak_host_bytes)} "
+            f"| {_num(r.evaluated, 'd')} | {_num(r.first_correct_s, '.0f')} | {r.wall_s:.0f} | {gpu} "
+            f"| {_gib(r.peak_host_bytes)} "
             f"| {_precision(r)} |"
         )
     if any(r.compiled_derived for r in bench.results):
@@ -251,6 +255,10 @@ def markdown(bench: BenchFile) -> str:
             f"- vs {label}: {fp}; geomean over correct {_num(t.geomean_correct[base.value], '.3g', 'x')}, "
             f"over all (no correct = 1.0x) {_num(t.geomean_all[base.value], '.3g', 'x')}"
         )
+    over = sorted(r.wall_s - bench.seconds for r in bench.results) if bench.seconds is not None else []
+    if over:
+        median = over[len(over) // 2] if len(over) % 2 else (over[len(over) // 2 - 1] + over[len(over) // 2]) / 2
+        lines.append(f"- wall time past the budget: median {median:+.1f} s, most {over[-1]:+.1f} s")
     return "\n".join(lines) + "\n"
 
 

@@ -83,6 +83,16 @@ def test_markdown_table_has_a_row_per_problem_and_the_totals() -> None:
     assert "declined: needs ~9 GiB \\| of device memory" in text
     assert "correct: 3/5 (60%)" in text
     assert "vs eager: fast_1 40%, fast_1.5 40%" in text
+    assert "| wall (s) |" in text
+    assert "past the budget" not in text  # no budget given: nothing to be past
+
+
+def test_markdown_shows_each_run_s_wall_time_against_the_budget() -> None:
+    rows = tuple(r.model_copy(update={"wall_s": w}) for r, w in zip(ROWS[:3], (41.0, 49.5, 43.0), strict=True))
+    text = markdown(BenchFile(kernelbench_dir="/kb", level=1, problems_spec="1-3", seconds=40, results=rows))
+    assert "Each run's budget: 40 s of wall time" in text
+    assert "| 1_Op | best correct | 2x | 1x | – | – | – | 41 |" in text
+    assert "- wall time past the budget: median +3.0 s, most +9.5 s" in text
 
 
 def test_markdown_marks_a_derived_speedup_over_torch_compile() -> None:
