@@ -362,17 +362,23 @@ async def consumer_lag(nc: NATS, *, run_id: str | None = None, ended: bool = Fal
     (no ``RunEnd`` in their stream) unless ``ended``, or ``run_id`` is named."""
     js = nc.jetstream()
     out: list[Lag] = []
-    try:
-        streams = await js.streams_info()
-    except (nats.errors.Error, nats.js.errors.Error):
-        return out
-    for stream in streams:
-        name = stream.config.name or ""
-        if not name.startswith("KF_RUN_") or (run_id and name != f"KF_RUN_{run_id}"):
+    if run_id:  # one run (a metrics scrape asks each time): its stream by name, not every stream listed
+        names = [subjects_mod.run_stream(run_id)]
+    else:
+        try:
+            names = [s.config.name or "" for s in await js.streams_info()]
+        except (nats.errors.Error, nats.js.errors.Error):
+            return out
+    for name in names:
+        if not name.startswith("KF_RUN_"):
             continue
         if not ended and not run_id and await _has_ended(js, name):
             continue  # a run that ended days ago is no backlog anyone waits on
-        for consumer in await js.consumers_info(name):
+        try:
+            consumers = await js.consumers_info(name)
+        except nats.js.errors.NotFoundError:
+            continue  # the named run has no stream (any more)
+        for consumer in consumers:
             if not consumer.config.durable_name:
                 continue
             out.append(
