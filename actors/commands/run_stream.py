@@ -64,12 +64,16 @@ async def replay(bus: Bus, run_id: str) -> list[Message]:
     return out
 
 
-async def write_results(bus: Bus, spec: RunSpec, best: EvalResult | None, run_dir: Path) -> RunReport:
+async def write_results(
+    bus: Bus, spec: RunSpec, best: EvalResult | None, run_dir: Path, messages: list[Message] | None = None
+) -> RunReport:
     """``best_model.py`` (the best candidate, standalone, with a header saying what it is worth)
-    and the report with its plots, in ``run_dir``; the report."""
+    and the report with its plots, in ``run_dir``; the report. ``messages``: the run stream when
+    the caller has replayed it already."""
     from actors.runtime.kv import load_text
 
-    messages = await replay(bus, spec.run_id)
+    if messages is None:
+        messages = await replay(bus, spec.run_id)
     if best is not None:
         subject = subjects.candidates(spec.run_id, best.island, best.candidate_id)
         raw = await bus.js.get_last_msg(subjects.run_stream(spec.run_id), subject)

@@ -298,15 +298,16 @@ async def _report(bus: Bus, url: str, args: argparse.Namespace) -> int:
         raise ConfigError(f"{out} holds a report.json already; choose another --out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: not a directory")
+    messages = await replay(bus, rid)
     best = None
     best_id = run.end.best_candidate_id if run.end is not None else None
     if best_id is not None:
-        results = [m for m in await replay(bus, rid) if isinstance(m, EvalResult) and m.candidate_id == best_id]
+        results = [m for m in messages if isinstance(m, EvalResult) and m.candidate_id == best_id]
         best = results[-1] if results else None
         if best is None:
             raise ConfigError(f"run {rid}: its best candidate {best_id} has no result left in its stream")
     out.mkdir(parents=True, exist_ok=True)
-    report = await write_results(bus, run.spec, best, out)
+    report = await write_results(bus, run.spec, best, out, messages)
     written = "report.json, plots" + (" and best_model.py" if best is not None else " (no best candidate)")
     state = "" if run.end is not None else " (no end recorded: the report covers what its stream holds)"
     _out(f"run {rid}: {written} written to {out}; {report.evaluated} evaluated{state}")
