@@ -232,7 +232,7 @@ class RunController:
             # The last results' feedback (the islands' archives learn from it): a short wait.
             await self._wait(lambda: progress.results.keys() <= progress.feedback, timeout=5.0)
 
-    async def _drain_islands(self, bus: Bus, reason: StopReason) -> None:
+    async def _stop_local_islands(self, reason: StopReason) -> None:
         """After ``RunEnd`` (which every actor of the run, remote islands included, leaves on):
         the local islands stop, and are waited for, bounded."""
         why = f"run ended ({reason})"
@@ -377,7 +377,7 @@ class RunController:
                 # told only afterwards, were about to cancel: 2 of the ~6 s a run overran its budget).
                 end = self._run_end(reason, self.cancelled)
                 await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
-                await self._drain_islands(bus, reason)
+                await self._stop_local_islands(reason)
             except asyncio.CancelledError:
                 aborted = True
                 await self._abort(bus)

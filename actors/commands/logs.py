@@ -139,7 +139,7 @@ def _select(subject: str, data: bytes, run: str, actor: str | None, floor: int) 
     if line_run != run and not (line_run == subjects.NO_RUN and line.get("run") == run):
         return None
     line.setdefault("actor", line_actor)
-    if actor is not None and not str(line.get("actor", line_actor)).startswith(actor):
+    if actor is not None and not str(line["actor"]).startswith(actor):
         return None
     level = str(line.get("level", "info")).lower()
     if floor and (LEVELS.index(level) if level in LEVELS else 1) < floor:

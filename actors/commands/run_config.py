@@ -57,8 +57,9 @@ def _load(path: Path) -> dict[str, Any]:
     table = data.pop("run", {})
     if not isinstance(table, dict):
         raise ConfigError(f"--config {path}: 'run' must be a table ([run]), not a {type(table).__name__}")
+    top = {k.replace("-", "_") for k in data}
     for key in table:
-        if key in data or key.replace("-", "_") in {k.replace("-", "_") for k in data}:
+        if key.replace("-", "_") in top:
             raise ConfigError(f"--config {path}: {key!r} is set both at the top level and in [run]")
     merged = {**data, **table}
     for key in merged:

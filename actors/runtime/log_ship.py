@@ -37,7 +37,6 @@ class LogShipper(logging.Handler):
         self._pending: collections.deque[bytes] = collections.deque()
         self._lock = threading.Lock()
         self.dropped = 0
-        self.shipped = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
 
@@ -112,7 +111,6 @@ async def _publish(shipper: LogShipper, url: str, subject: str, actor: str, ende
                 await bus.nc.publish(subject, note.encode())
             for line in lines:
                 await bus.nc.publish(subject, line)
-            shipper.shipped += len(lines)
             if lines or dropped:
                 with contextlib.suppress(Exception):
                     await bus.nc.flush(timeout=int(FLUSH_S))

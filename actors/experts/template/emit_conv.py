@@ -299,9 +299,12 @@ class ConvWriter(Writer):
         src = self.value(scope, self.plan.nodes[nid].tensor_args()[0])
         part = self.fresh("ps")
         self.emit(scope, f"{part} = tl.where(cmask, {src}, 0.0)")
-        span = bm // per if bm % per == 0 else (bm - 1) // per + 2
         if per % bm == 0:
             span = 1  # tiles never straddle two images
+        elif bm % per == 0:
+            span = bm // per  # tiles start on an image's first row
+        else:
+            span = (bm - 1) // per + 2
         span = min(span, n)
         if span > 5:
             at = f"nb[:, None] * {c} + co[None, :]"
