@@ -80,6 +80,37 @@ def _layouts() -> tuple[tuple[str, dict[str, object]], ...]:
     return tuple(rows)
 
 
+def _exact() -> tuple[tuple[str, dict[str, object]], ...]:
+    rows: list[tuple[str, dict[str, object]]] = [
+        _tiles(128, 64, 32, 8, 2),
+        _tiles(128, 64, 32, 8, 2, conv_a_transposed=True),
+        _tiles(128, 64, 32, 4, 3, conv_a_transposed=True),
+        _tiles(128, 64, 16, 4, 3, conv_a_transposed=True),
+        _tiles(256, 64, 32, 8, 3, conv_a_transposed=True),
+        _tiles(64, 64, 32, 4, 3, conv_a_transposed=True),
+        _tiles(128, 32, 32, 4, 3, conv_a_transposed=True),
+        _tiles(128, 128, 32, 8, 3, conv_a_transposed=True),
+        _tiles(128, 64, 16, 4, 3, conv_taps_outer=True, conv_a_transposed=True),
+        _tiles(128, 64, 16, 4, 3, conv_taps_outer=True, conv_a_transposed=True, conv_layout="nhwc"),
+    ]
+    rows = [
+        (
+            label.replace("tf32 ", "tf32x3 taps " if more.get("conv_taps_outer") else "tf32x3 flat ", 1)
+            + (" nhwc" if more.get("conv_layout") == "nhwc" else ""),
+            more,
+        )
+        for label, more in rows
+    ]
+    rows.append((rows[2][0].replace("tf32x3", "ieee", 1), {**rows[2][1], "conv_precision": "ieee"}))
+    rows.append((rows[2][0].replace("tf32x3", "tf32", 1), {**rows[2][1], "conv_precision": "tf32"}))
+    return tuple(rows)
+
+
+_EXACT = _exact()
+"""``--sweep exact``: three TF32 passes (``tf32x3``, an exact task's precision) in the flat order
+unless the label says taps, gathered rows fast or not, in tiles around the first candidate's;
+one row each in ieee and in one TF32 pass for scale."""
+
 _LAYOUT = _layouts()
 """``--sweep layout``: the input copied channels-last (``conv_layout``) and the operands rounded to
 TF32 once before the loop (``conv_preround``), in the tiles around the first candidate's."""
@@ -113,23 +144,29 @@ def bench(path: Path, reps: int, sweep: str | None = None) -> list[str]:
         torch.backends.cudnn.allow_tf32 = False
         want = model(*inputs)
         torch.backends.cudnn.allow_tf32 = True
-        first = default_params(plan, detect(), tf32=sweep is not None)
+        first = default_params(plan, detect(), tf32=sweep not in (None, "exact"))
         variants: list[tuple[str, TemplateParams]] = [("first", first)]
-        listed = {"tiles": _SWEEP, "layout": _LAYOUT}.get(sweep or "", _VARIANTS)
+        listed = {"tiles": _SWEEP, "layout": _LAYOUT, "exact": _EXACT}.get(sweep or "", _VARIANTS)
         for label, changes in listed:
-            if sweep:
+            if sweep == "exact":
+                changes = {"conv_precision": "tf32x3", "conv_taps_outer": False, **changes}
+            elif sweep:
                 changes = {"conv_precision": "tf32", "conv_taps_outer": True, **changes}
             try:
                 variants.append((label, first.with_changes(**changes)))
             except InvalidParams as exc:  # e.g. fma's tile too large for its warps
                 rows.append(f"| {path.stem} | {label} | invalid: {exc} | | |")
         for i, (label, params) in enumerate(variants):
-            module = load_module(render(plan, params), f"<{path.stem} candidate {i}>", f"kf_conv_orders_{i}")
-            new = module["ModelNew"](*ref["get_init_inputs"]()).cuda()
-            new.load_state_dict(model.state_dict())
-            err = float((new(*inputs) - want).abs().max())
-            ms = _ms(new, inputs, reps)
             conv = {k[5:]: v for k, v in params.as_dict().items() if k.startswith("conv_")}
+            try:
+                module = load_module(render(plan, params), f"<{path.stem} candidate {i}>", f"kf_conv_orders_{i}")
+                new = module["ModelNew"](*ref["get_init_inputs"]()).cuda()
+                new.load_state_dict(model.state_dict())
+                err = float((new(*inputs) - want).abs().max())
+                ms = _ms(new, inputs, reps)
+            except Exception as exc:  # a variant that fails to build or run is a row, not the end
+                rows.append(f"| {path.stem} | {label} | failed: {type(exc).__name__}: {str(exc)[:120]} | | {conv} |")
+                continue
             timing = f"{ms:.3f} ({eager / ms:.2f}x of eager {eager:.3f})"
             rows.append(f"| {path.stem} | {label} | {timing} | {err:.1e} | {conv} |")
             del module, new
@@ -146,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep",
         nargs="?",
         const="tiles",
-        choices=("tiles", "layout"),
+        choices=("tiles", "layout", "exact"),
         help="instead of the orders, in TF32: tile shapes, warps and stages (tiles, the default), or "
-        "the channels-last input and operands rounded before the loop (layout)",
+        "the channels-last input and operands rounded before the loop (layout); or in three TF32 "
+        "passes, the exact rule's precision: the flat order's gathers and tiles (exact)",
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -37,7 +37,8 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
     """The reduction order the default did not choose (``conv_taps_outer``), taps outside with
     the other input tile layout (``conv_a_transposed``), outer products (``fma``), one TF32 pass
     of rounded operands (``tf32``), the input copied channels-last (``conv_layout``), and the
-    operands rounded once before the loop (``conv_preround``), channels-last and not."""
+    operands rounded once before the loop (``conv_preround``), channels-last and not, and the flat
+    order gathered rows fast (``conv_a_transposed``)."""
     return [
         {"conv_taps_outer": not default.conv_taps_outer},
         {"conv_taps_outer": True, "conv_a_transposed": not default.conv_a_transposed},
@@ -63,6 +64,7 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
             "conv_preround": True,
             "conv_block_n": max(16, default.conv_block_n),
         },
+        {"conv_taps_outer": False, "conv_a_transposed": True},
     ]
 
 

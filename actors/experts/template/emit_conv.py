@@ -478,20 +478,26 @@ class ConvWriter(Writer):
         e(loop, f"ci = rk // {self.taps}")
         e(loop, f"kp = rk % {self.taps}")
         taps = coords(self, loop, "kp", self.ks, "q")
+        # Rows fast (``conv_a_transposed``): the tile is gathered as [BLOCK_K, BLOCK_M], output
+        # positions along its last axis, and transposed for the dot.
+        rows_fast = self.params.conv_a_transposed
+        row, col = ("[None, :]", "[:, None]") if rows_fast else ("[:, None]", "[None, :]")
         start = len(self.lines)
-        offset, valid = self._positions(loop, [f"{o}[:, None]" for o in outs], [f"{q}[None, :]" for q in taps])
+        offset, valid = self._positions(loop, [f"{o}{row}" for o in outs], [f"{q}{col}" for q in taps])
         if forward and not valid:  # the positions only checked the padding: there is none to check
             del self.lines[start:]
-        e(loop, "a_mask = mmask[:, None] & kmask[None, :]" + (f" & {valid}" if valid else ""))
+        e(loop, f"a_mask = mmask{row} & kmask{col}" + (f" & {valid}" if valid else ""))
         if forward:
             cols = [f"ci * {plane}"]
             for d in range(self.nd):
                 dl, stride = self.spec.dilation[d], math.prod(self.sin[d + 1 :])
                 cols.append(f"{taps[d]} * {dl * stride}" if dl * stride != 1 else taps[d])
             e(loop, f"koff = {' + '.join(cols)}")
-            e(loop, f"a = tl.load({px} + xo[:, None] + koff[None, :], mask=a_mask, other=0.0)")
+            pointers = f"{px} + xo{row} + koff{col}"
         else:
-            e(loop, f"a = tl.load({px} + xrow[:, None] + ci[None, :] * {plane} + {offset}, mask=a_mask, other=0.0)")
+            pointers = f"{px} + xrow{row} + ci{col} * {plane} + {offset}"
+        load = f"tl.load({pointers}, mask=a_mask, other=0.0)"
+        e(loop, f"a = tl.trans({load})" if rows_fast else f"a = {load}")
         if self.spec.transposed:
             w_index = f"((g * {self.cin_g} + ci[:, None]) * {self.cout_g} + rn[None, :]) * {self.taps} + kp[:, None]"
         else:

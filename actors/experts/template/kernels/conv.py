@@ -151,13 +151,14 @@ def _conv_reduction(plan: Plan, conv: int) -> int:
 def _conv_relevant(plan: Plan, conv: int, params: TemplateParams) -> list[str]:
     """The ``conv_*`` parameters that change this convolution's kernel under ``params`` (as
     ``emit_conv`` renders it): outer products (``fma``, or one input channel per group) have no
-    channel tile and one order; the input tile's layout matters only to dots walked taps outside."""
+    channel tile and one order; the input tile's layout matters only to dots walked taps outside (its
+    gather order, ``conv_a_transposed``, to every dot)."""
     outer = outer_products(params, _cin_per_group(plan, conv))
     names = ["conv_block_m", "conv_block_n", "conv_warps", "conv_stages", "conv_precision"]
     if not outer:
-        names += ["conv_block_k", "conv_taps_outer"]
+        names += ["conv_block_k", "conv_taps_outer", "conv_a_transposed"]
         if params.conv_taps_outer:
-            names += ["conv_a_transposed", "conv_layout"]
+            names.append("conv_layout")
         if params.conv_precision == "tf32":
             names.append("conv_preround")
     return names
