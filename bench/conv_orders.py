@@ -81,35 +81,30 @@ def _layouts() -> tuple[tuple[str, dict[str, object]], ...]:
 
 
 def _exact() -> tuple[tuple[str, dict[str, object]], ...]:
-    rows: list[tuple[str, dict[str, object]]] = [
-        _tiles(128, 64, 32, 8, 2),
-        _tiles(128, 64, 32, 8, 2, conv_a_transposed=True),
-        _tiles(128, 64, 32, 4, 3, conv_a_transposed=True),
-        _tiles(128, 64, 16, 4, 3, conv_a_transposed=True),
-        _tiles(256, 64, 32, 8, 3, conv_a_transposed=True),
-        _tiles(64, 64, 32, 4, 3, conv_a_transposed=True),
-        _tiles(128, 32, 32, 4, 3, conv_a_transposed=True),
-        _tiles(128, 128, 32, 8, 3, conv_a_transposed=True),
-        _tiles(128, 64, 16, 4, 3, conv_taps_outer=True, conv_a_transposed=True),
-        _tiles(128, 64, 16, 4, 3, conv_taps_outer=True, conv_a_transposed=True, conv_layout="nhwc"),
-    ]
-    rows = [
-        (
-            label.replace("tf32 ", "tf32x3 taps " if more.get("conv_taps_outer") else "tf32x3 flat ", 1)
-            + (" nhwc" if more.get("conv_layout") == "nhwc" else ""),
-            more,
-        )
-        for label, more in rows
-    ]
-    rows.append((rows[2][0].replace("tf32x3", "ieee", 1), {**rows[2][1], "conv_precision": "ieee"}))
-    rows.append((rows[2][0].replace("tf32x3", "tf32", 1), {**rows[2][1], "conv_precision": "tf32"}))
+    rows: list[tuple[str, dict[str, object]]] = []
+    for bm, bk, warps, stages, more in (
+        (128, 16, 4, 4, ""), (128, 16, 4, 4, "nhwc"), (128, 16, 4, 3, "nhwc"), (128, 32, 4, 3, "nhwc"),
+        (128, 32, 4, 4, "nhwc"), (128, 32, 4, 4, ""), (256, 16, 8, 4, ""), (64, 16, 4, 4, ""), (128, 16, 2, 4, ""),
+        (128, 16, 4, 4, "rows fast"), (256, 16, 8, 4, "nhwc"),
+    ):  # fmt: skip
+        changes: dict[str, object] = {
+            "conv_block_m": bm,
+            "conv_block_k": bk,
+            "conv_warps": warps,
+            "conv_stages": stages,
+        }
+        if more == "nhwc":
+            changes["conv_layout"] = "nhwc"
+        elif more == "rows fast":
+            changes["conv_a_transposed"] = True
+        rows.append((f"tf32x3 flat {bm}xNx{bk} w{warps} s{stages} {more}".rstrip(), changes))
     return tuple(rows)
 
 
 _EXACT = _exact()
-"""``--sweep exact``: three TF32 passes (``tf32x3``, an exact task's precision) in the flat order
-unless the label says taps, gathered rows fast or not, in tiles around the first candidate's;
-one row each in ieee and in one TF32 pass for scale."""
+"""``--sweep exact``: three TF32 passes (``tf32x3``, an exact task's precision) in the flat order,
+from the model's layout or a channels-last copy (``nhwc``), gathered rows fast or not, in tiles
+around the first candidate's (its channel tile, N, kept)."""
 
 _LAYOUT = _layouts()
 """``--sweep layout``: the input copied channels-last (``conv_layout``) and the operands rounded to
@@ -164,7 +159,7 @@ def bench(path: Path, reps: int, sweep: str | None = None) -> list[str]:
                 new.load_state_dict(model.state_dict())
                 err = float((new(*inputs) - want).abs().max())
                 ms = _ms(new, inputs, reps)
-            except Exception as exc:  # a variant that fails to build or run is a row, not the end
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to build or run is a row, not the end
                 rows.append(f"| {path.stem} | {label} | failed: {type(exc).__name__}: {str(exc)[:120]} | | {conv} |")
                 continue
             timing = f"{ms:.3f} ({eager / ms:.2f}x of eager {eager:.3f})"

@@ -38,7 +38,8 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
     the other input tile layout (``conv_a_transposed``), outer products (``fma``), one TF32 pass
     of rounded operands (``tf32``), the input copied channels-last (``conv_layout``), and the
     operands rounded once before the loop (``conv_preround``), channels-last and not, and the flat
-    order gathered rows fast (``conv_a_transposed``)."""
+    order gathered rows fast (``conv_a_transposed``) or over (tap, channel) from a channels-last
+    copy, in three passes and in one of rounded operands."""
     return [
         {"conv_taps_outer": not default.conv_taps_outer},
         {"conv_taps_outer": True, "conv_a_transposed": not default.conv_a_transposed},
@@ -65,6 +66,14 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
             "conv_block_n": max(16, default.conv_block_n),
         },
         {"conv_taps_outer": False, "conv_a_transposed": True},
+        {"conv_taps_outer": False, "conv_layout": "nhwc"},
+        {
+            "conv_taps_outer": False,
+            "conv_layout": "nhwc",
+            "conv_precision": "tf32",
+            "conv_preround": True,
+            "conv_block_n": max(16, default.conv_block_n),
+        },
     ]
 
 
@@ -72,7 +81,7 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
 def test_convolution_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
-    assert_all_correct(verdicts[case], tf32=("also3", "also5", "also6"))
+    assert_all_correct(verdicts[case], tf32=("also3", "also5", "also6", "also9"))
 
 
 def test_conv_cases_cover_every_geometry() -> None:

@@ -333,6 +333,34 @@ async def test_tf32_refused_or_a_verdict_at_exact_precision_ends_tf32_for_that_t
     assert "tf32" not in await precisions(expert, ieee_parent)
 
 
+async def test_few_input_channels_start_without_tf32_first_and_tf32_second() -> None:
+    """cuDNN computes convolutions of 2 to 15 input channels in IEEE fp32 at PyTorch's defaults
+    (``cudnn_ieee_likely``), so precision parity grants them no TF32: a fresh start leads with the
+    default without TF32 and offers the one-pass TF32 default second; 16 channels keep TF32 first."""
+    from actors.experts.template.hardware import lookup
+    from actors.experts.template.kernels.conv import cudnn_ieee_likely
+
+    source = _CONV_SOURCE.replace("nn.Conv2d(16, 64, 3)", "nn.Conv2d(8, 64, 3)").replace(
+        "(2, 16, 12, 12)", "(2, 8, 12, 12)"
+    )
+    plan, wide = analyse(source), analyse(_CONV_SOURCE)
+    assert isinstance(plan, Plan) and isinstance(wide, Plan)
+    assert cudnn_ieee_likely(plan) and not cudnn_ieee_likely(wide)
+    h200 = lookup("NVIDIA H200")
+    assert h200 is not None
+    expert = TemplateExpert(max_variants=8, analysis=AnalysisMode.THREAD, gpu="NVIDIA H200")
+    task = Task.from_source("conv_relu_8_fresh", source)
+    reply = await expert.generate(GenerateRequest(run_id="r1", island="i0", task=task, n=4, seed=1))
+    first = [TemplateParams.from_dict(dict(p.params)) for p in reply.proposals]
+    assert first[0] == default_params(plan, h200, tf32=False)
+    assert first[0].conv_precision == "tf32x3" and not first[0].conv_taps_outer
+    assert first[1] == default_params(plan, h200, tf32=True)
+    assert first[1].conv_precision == "tf32"
+    assert "one TF32 pass" in reply.proposals[1].description
+    assert [p.strategy.endswith("/default") for p in reply.proposals[:2]] == [True, True]
+    await expert.aclose()
+
+
 async def test_a_fresh_start_holds_a_candidate_without_tf32_until_a_verdict_says_which_applies() -> None:
     """A run that admits TF32 convolutions cannot know at its start whether the reference's own
     cuDNN uses it (it computes IEEE fp32 for few input channels, and the evaluator then judges at

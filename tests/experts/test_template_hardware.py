@@ -269,8 +269,8 @@ def test_convolutions_start_in_tf32_where_the_run_admits_the_reference_s_own_pre
 
 
 def test_convolution_mutations_change_the_kernel() -> None:
-    """A mutation steps only parameters the convolution's kernel reads: the input tile's layout only
-    for dots walked taps outside, the channel tile and the order not for outer products."""
+    """A mutation steps only parameters the convolution's kernel reads: the input's layout and the
+    tile's gather order for dots, the channel tile and the order not for outer products."""
     import numpy as np
 
     from actors.experts.template import mutate, relevant_params
@@ -279,8 +279,7 @@ def test_convolution_mutations_change_the_kernel() -> None:
     depthwise = plan_of(CONV.format(cin=64, cout=64, groups=64))
     dense = plan_of(CONV.format(cin=16, cout=128, groups=1))
     names = relevant_params(flat, default_params(flat, H100))
-    assert "conv_taps_outer" in names
-    assert "conv_a_transposed" not in names
+    assert {"conv_taps_outer", "conv_a_transposed", "conv_layout"} <= set(names)
     names = relevant_params(depthwise, default_params(depthwise, H100))
     assert not {"conv_block_k", "conv_taps_outer", "conv_a_transposed"} & set(names)
     assert "conv_a_transposed" in relevant_params(dense, default_params(dense, H100))

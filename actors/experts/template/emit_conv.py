@@ -169,8 +169,12 @@ class ConvWriter(Writer):
 
     def channels_last(self) -> bool:
         """Whether the input is read from a channels-last copy (``conv_layout`` ``nhwc``): only
-        for ``tl.dot`` reductions walked taps outside, whose channel chunks are then contiguous."""
-        return self.params.conv_layout == "nhwc" and self.taps_outer() and not outer_products(self.params, self.cin_g)
+        for ``tl.dot`` reductions, whose channel chunks are then contiguous (taps outside), or, in
+        a forward convolution's flat order, whose index runs over (tap, input channel) with the
+        channels fastest, so a tap's few channels are one contiguous run of the copy."""
+        if self.params.conv_layout != "nhwc" or outer_products(self.params, self.cin_g):
+            return False
+        return self.params.conv_taps_outer or not self.spec.transposed
 
     def preround(self) -> bool:
         """Whether the operands are rounded to TF32 before the loop (``conv_preround``) instead
@@ -202,7 +206,7 @@ class ConvWriter(Writer):
         plane = math.prod(self.sin)
         so = math.prod(self.sout)
         bm, bn, bk = self.blocks()
-        packed = (self.taps_outer() and bk > 1) or self.preround()
+        packed = (self.taps_outer() and bk > 1) or self.preround() or self.channels_last()
         copied = self.channels_last() or self.preround()
         px = "xc" if copied else self.pointer(self.xbase)
         pw = "wp" if packed else self.pointer(self.wbase)
@@ -433,7 +437,9 @@ class ConvWriter(Writer):
         as the input's); in the flat order as they are (``preround`` rounds them by a kernel into a
         new buffer, :meth:`_rounding`)."""
         g, w = self.spec.groups, f"_b{self.wbase}"
-        if not self.taps_outer():
+        if not self.taps_outer() and self.channels_last():  # flat over (tap, channel): [cout, taps, cin_g]
+            expr = f"{w}.reshape({self.cout}, {self.cin_g}, {self.taps}).transpose(1, 2).contiguous()"
+        elif not self.taps_outer():
             expr = w
         elif self.spec.transposed:  # [cin, cout_g, *k] = [g, cin_g, cout_g, taps]
             order = "0, 3, 2, 1" if self.channels_last() else "0, 3, 1, 2"
@@ -456,16 +462,19 @@ class ConvWriter(Writer):
         self.emit(loop, f'acc = tl.dot(a, b, acc, input_precision="{self.params.conv_precision}")')
 
     def _flat(self, s: Scope, px: str, pw: str, plane: int, outs: list[str]) -> None:
-        """The reduction as one flat index over (input channel, tap), gathered per tile element.
+        """The reduction as one flat index over (input channel, tap), or from a channels-last copy
+        (forward only) over (tap, input channel), gathered per tile element.
         A forward convolution's input offset is a sum of a row's part (``xo``: its batch and
         output position, once per tile) and a column's (``koff``: channel and tap, once per
         step), so only one add and the padding masks are per tile element."""
         e = self.emit
         forward = not self.spec.transposed
+        last = self.channels_last()  # forward only: (tap, channel), channels fastest
+        step = self.cin if last else 1  # elements between neighbouring input positions
         if forward:
             spec, terms = self.spec, ["xrow"]
             for d in range(self.nd):
-                st, p, stride = spec.stride[d], spec.padding[d], math.prod(self.sin[d + 1 :])
+                st, p, stride = spec.stride[d], spec.padding[d], math.prod(self.sin[d + 1 :]) * step
                 od = outs[d] if st == 1 else f"{outs[d]} * {st}"
                 pos = f"({od} - {p})" if p else od
                 terms.append(pos if stride == 1 else f"{pos} * {stride}")
@@ -475,8 +484,12 @@ class ConvWriter(Writer):
         rk = "(k0 + tl.arange(0, BLOCK_K)).to(tl.int64)" if self.wide else "k0 + tl.arange(0, BLOCK_K)"
         e(loop, f"rk = {rk}")
         e(loop, f"kmask = rk < {self.k}")
-        e(loop, f"ci = rk // {self.taps}")
-        e(loop, f"kp = rk % {self.taps}")
+        if last:
+            e(loop, f"kp = rk // {self.cin_g}")
+            e(loop, f"ci = rk % {self.cin_g}")
+        else:
+            e(loop, f"ci = rk // {self.taps}")
+            e(loop, f"kp = rk % {self.taps}")
         taps = coords(self, loop, "kp", self.ks, "q")
         # Rows fast (``conv_a_transposed``): the tile is gathered as [BLOCK_K, BLOCK_M], output
         # positions along its last axis, and transposed for the dot.
@@ -488,9 +501,9 @@ class ConvWriter(Writer):
             del self.lines[start:]
         e(loop, f"a_mask = mmask{row} & kmask{col}" + (f" & {valid}" if valid else ""))
         if forward:
-            cols = [f"ci * {plane}"]
+            cols = ["ci" if last else f"ci * {plane}"]
             for d in range(self.nd):
-                dl, stride = self.spec.dilation[d], math.prod(self.sin[d + 1 :])
+                dl, stride = self.spec.dilation[d], math.prod(self.sin[d + 1 :]) * step
                 cols.append(f"{taps[d]} * {dl * stride}" if dl * stride != 1 else taps[d])
             e(loop, f"koff = {' + '.join(cols)}")
             pointers = f"{px} + xo{row} + koff{col}"

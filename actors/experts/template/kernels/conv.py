@@ -12,7 +12,7 @@ import math
 from actors.experts.template.emit_conv import ConvWriter, outer_products
 from actors.experts.template.emit_mm import element_size
 from actors.experts.template.emit_row import next_pow2
-from actors.experts.template.fuse import Kernel, KernelKind, Schedule
+from actors.experts.template.fuse import Kernel, KernelKind, Schedule, schedule
 from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import ConvSpec, Plan
 from actors.experts.template.kernel_kinds import KernelTemplate, Values, register
@@ -40,8 +40,19 @@ def _fit(hw: GpuModel, plan: Plan, sched: Schedule, kernel: Kernel, tf32: bool, 
         # tensor-core pass instead of three, in the tiles that suit it (``_tf32_conv_tiles``).
         return {"conv_precision": "tf32", **_tf32_conv_tiles(plan, sched)}
     if wide and not _forward_taps_ieee(plan, sched):
-        return {"conv_precision": "tf32x3"}
+        return {"conv_precision": "tf32x3", **({} if _taps_outer_pays(plan, sched) else _FLAT_TF32X3)}
     return {}
+
+
+_FLAT_TF32X3 = {"conv_block_k": 16, "conv_warps": 4, "conv_stages": 4}
+"""The flat order's steps in three TF32 passes (convolutions of 2 to 15 input channels, judged at
+exact precision where cuDNN computes them in IEEE fp32): 16 of (input channel, tap) per step, 4
+warps, 4 stages. On an H200 (``python -m bench.conv_orders --sweep exact``, 2026-12-02, published
+sizes, whole candidates) against the earlier 32 per step, 8 warps (4 below 8192 tile elements) and
+2 stages: KernelBench L2-67 2.81 ms against 4.25, L2-73 0.90 against 1.47, L2-92 1.88 against
+2.47, L1-54 2.42 against 3.80, L2-6 0.47 against 0.66, L2-21 2.85 against 2.82; the best of eleven
+tile variants on three of the six and within 1.11x of it on the others. Gathering the tile rows
+fast (``conv_a_transposed``) gained nothing consistent (0.97-1.04x at these tiles)."""
 
 
 def _relevant(plan: Plan, sched: Schedule, kernel: Kernel, params: TemplateParams) -> list[str]:
@@ -81,6 +92,19 @@ def _taps_outer_pays(plan: Plan, sched: Schedule) -> bool:
     a tap's positions are worked out per row, not per element, and no tile of channels is mostly
     padding (for 2 to 15 channels the flat index packs channels x taps)."""
     return all(_cin_per_group(plan, c) == 1 or _cin_per_group(plan, c) >= 16 for c in _convs(sched))
+
+
+def cudnn_ieee_likely(plan: Plan) -> bool:
+    """Whether cuDNN probably computes the plan's heaviest convolution in IEEE fp32 even at
+    PyTorch's defaults (TF32 allowed): it has 2 to 15 input channels per group (the flat order).
+    On an H200 with PyTorch 2.11, such KernelBench convolutions (L1-54, L2-6, 21, 67, 73, 92) erred
+    at the defaults exactly as in IEEE fp32 (``kfoundry bench``'s precision column; the profiles of
+    L2-21 and 73 show cuDNN's fp32 FFMA kernels), so precision parity granted no TF32; those of 16
+    channels and more (L1-57, 63, 67, L2-4, 52, L3-8) erred as TF32 does. Only the experts' first
+    guess: the evaluator measures it."""
+    sched = schedule(plan, TemplateParams())
+    convs = _convs(sched)
+    return bool(convs) and 1 < _cin_per_group(plan, _heaviest_conv(plan, sched)) < 16
 
 
 def _forward_taps_ieee(plan: Plan, sched: Schedule) -> bool:
@@ -151,13 +175,13 @@ def _conv_reduction(plan: Plan, conv: int) -> int:
 def _conv_relevant(plan: Plan, conv: int, params: TemplateParams) -> list[str]:
     """The ``conv_*`` parameters that change this convolution's kernel under ``params`` (as
     ``emit_conv`` renders it): outer products (``fma``, or one input channel per group) have no
-    channel tile and one order; the input tile's layout matters only to dots walked taps outside (its
-    gather order, ``conv_a_transposed``, to every dot)."""
+    channel tile and one order; the input's layout matters to dots walked taps outside and to forward
+    ones in the flat order, the tile's gather order (``conv_a_transposed``) to every dot."""
     outer = outer_products(params, _cin_per_group(plan, conv))
     names = ["conv_block_m", "conv_block_n", "conv_warps", "conv_stages", "conv_precision"]
     if not outer:
         names += ["conv_block_k", "conv_taps_outer", "conv_a_transposed"]
-        if params.conv_taps_outer:
+        if params.conv_taps_outer or not ConvSpec.from_attrs(plan.nodes[conv].attrs).transposed:
             names.append("conv_layout")
         if params.conv_precision == "tf32":
             names.append("conv_preround")
