@@ -40,19 +40,28 @@ def _fit(hw: GpuModel, plan: Plan, sched: Schedule, kernel: Kernel, tf32: bool, 
         # tensor-core pass instead of three, in the tiles that suit it (``_tf32_conv_tiles``).
         return {"conv_precision": "tf32", **_tf32_conv_tiles(plan, sched)}
     if wide and not _forward_taps_ieee(plan, sched):
-        return {"conv_precision": "tf32x3", **({} if _taps_outer_pays(plan, sched) else _FLAT_TF32X3)}
+        if _taps_outer_pays(plan, sched):
+            return {"conv_precision": "tf32x3"}
+        return {"conv_precision": "tf32x3", **_flat_tf32x3(plan, sched)}
     return {}
 
 
-_FLAT_TF32X3 = {"conv_block_k": 16, "conv_warps": 4, "conv_stages": 4}
-"""The flat order's steps in three TF32 passes (convolutions of 2 to 15 input channels, judged at
-exact precision where cuDNN computes them in IEEE fp32): 16 of (input channel, tap) per step, 4
-warps, 4 stages. On an H200 (``python -m bench.conv_orders --sweep exact``, 2026-12-02, published
-sizes, whole candidates) against the earlier 32 per step, 8 warps (4 below 8192 tile elements) and
-2 stages: KernelBench L2-67 2.81 ms against 4.25, L2-73 0.90 against 1.47, L2-92 1.88 against
-2.47, L1-54 2.42 against 3.80, L2-6 0.47 against 0.66, L2-21 2.85 against 2.82; the best of eleven
-tile variants on three of the six and within 1.11x of it on the others. Gathering the tile rows
-fast (``conv_a_transposed``) gained nothing consistent (0.97-1.04x at these tiles)."""
+def _flat_tf32x3(plan: Plan, sched: Schedule) -> dict[str, object]:
+    """The flat order's steps in three TF32 passes (convolutions of 2 to 15 input channels, judged
+    at exact precision where cuDNN computes them in IEEE fp32): 16 of (input channel, tap) per
+    step, 4 stages, 4 warps, or 2 for 4 input channels or fewer or a channel tile of 32 or fewer.
+
+    On an H200 (``python -m bench.conv_orders --sweep exact``, 2026-12-02, published sizes, whole
+    candidates), against the earlier 32 per step, 8 warps (4 below 8192 tile elements) and 2
+    stages: KernelBench L2-67 2.83 ms against 4.25, L2-73 0.90 against 1.47, L2-92 1.89 against
+    2.47 (4 warps; 2 warps ran 1.21-1.76x slower); L1-54 (3 channels) 1.86 against 3.80, L2-6
+    (3 channels, 16 output channels) 0.40 against 0.66, L2-21 (32 output channels) 2.59 against
+    2.82 (2 warps; 4 ran 1.10-1.30x slower). Gathering the tile rows fast (``conv_a_transposed``)
+    or from a channels-last copy (``conv_layout``) gained on one of the six at most (L2-21 2.44 ms
+    channels-last), and lost up to 1.16x elsewhere: the search may still choose them."""
+    conv = _heaviest_conv(plan, sched)
+    narrow = _cin_per_group(plan, conv) <= 4 or _cout_per_group(plan, conv) <= 32  # the channel tile's
+    return {"conv_block_k": 16, "conv_warps": 2 if narrow else 4, "conv_stages": 4}
 
 
 def _relevant(plan: Plan, sched: Schedule, kernel: Kernel, params: TemplateParams) -> list[str]:
