@@ -12,12 +12,13 @@ the brain what each request put in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict
 from typing import Any
 
 from actors.evolution.brain import IslandBrain
-from actors.evolution.plans import RequestPlan
+from actors.evolution.plans import ParentSource, RequestPlan
 from actors.runtime.bus import Bus
 from actors.runtime.errors import BusError
 from actors.runtime.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
@@ -37,6 +38,12 @@ from schemas import (
 
 SENT_KEPT = 4096
 PUBLISH_WAIT_S = 30.0
+FRESH_ORDER_WAIT_S = 1.0
+"""Longest a fresh start's reply waits for the island's earlier fresh starts to be published: an
+expert lists its starting points best first (the template expert: its default for the traced
+shapes first), and the evaluator takes candidates in the order they arrive. On an H200
+(KernelBench L1-57, 2026-12-02) the replies to four concurrent fresh starts arrived in another
+order, and a mutation at 0.19x of eager was evaluated 1.8 s before the default at 1.3x."""
 """How long a candidate's publish is tried again when the stream does not acknowledge it (the
 server that led the run's stream died: its replicas elect a new leader in seconds). The same
 ``msg_id`` again is stored once."""
@@ -92,6 +99,9 @@ class ExpertRequests:
         """The last decline an expert answered with (shown in the island's status)."""
         self.duplicates = 0
         """Proposals not published: the island had the same kernel already."""
+        self._fresh: list[asyncio.Event] = []
+        """One per fresh start being asked, in the order asked (its starting point's): set once
+        its candidates are published or it has ended."""
 
     @property
     def signature(self) -> TaskSignature:
@@ -127,10 +137,13 @@ class ExpertRequests:
         published = 0
         reply: GenerateReply | None = None
         self.brain.ledger.planning += plan.n
+        earlier, mine = self._fresh_turn(plan)
         try:
             with bound(island=self.island, plan=plan.plan_id, expert=plan.expert):
                 hits = await self.retrieve(plan)
                 reply = await self._generate(plan, hits)
+                if earlier:
+                    await self._after(earlier)
                 ids = tuple(h.experience.experience_id for h in hits)
                 for proposal in reply.proposals[: plan.n] if reply is not None else ():
                     if not self.brain.claim_kernel(proposal.fingerprint):
@@ -164,6 +177,9 @@ class ExpertRequests:
                         experiences=len(ids),
                     )
         finally:
+            if mine is not None:
+                mine.set()
+                self._fresh.remove(mine)
             self.published += published
             async with self.lock:
                 if reply is not None:
@@ -171,6 +187,24 @@ class ExpertRequests:
                 self.brain.on_reply(plan, published, decline=decline_reason(reply, published, plan.n))
                 self.brain.ledger.planning -= plan.n
         return published
+
+    def _fresh_turn(self, plan: RequestPlan) -> tuple[list[asyncio.Event], asyncio.Event | None]:
+        """For a fresh start: the island's fresh starts still being asked (asked before it, so
+        earlier starting points) and its own marker; nothing for any other plan."""
+        if plan.source is not ParentSource.FRESH:
+            return [], None
+        earlier = list(self._fresh)
+        mine = asyncio.Event()
+        self._fresh.append(mine)
+        return earlier, mine
+
+    async def _after(self, earlier: list[asyncio.Event]) -> None:
+        """Wait until the earlier fresh starts are published, :data:`FRESH_ORDER_WAIT_S` at most
+        (a slow expert holds the others back no longer)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FRESH_ORDER_WAIT_S):
+                for event in earlier:
+                    await event.wait()
 
     async def _publish(self, cand: Candidate) -> None:
         """Publish ``cand`` into the run's stream, tried again for :data:`PUBLISH_WAIT_S` while the
