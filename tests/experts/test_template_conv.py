@@ -66,7 +66,12 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
             "conv_block_n": max(16, default.conv_block_n),
         },
         {"conv_taps_outer": False, "conv_a_transposed": True},
-        {"conv_taps_outer": False, "conv_layout": "nhwc"},
+        {
+            "conv_taps_outer": False,
+            "conv_layout": "nhwc",
+            "conv_precision": "ieee",
+            "conv_block_n": max(16, default.conv_block_n),
+        },
         {
             "conv_taps_outer": False,
             "conv_layout": "nhwc",
