@@ -185,6 +185,10 @@ class ExpertConfig(Message):
     """Speciality: memory, fusion, tiling, algorithm, repair, general (LLM prompt role)."""
     language: KernelLanguage = KernelLanguage.TRITON
     """Default kernel language."""
+    target_gpu: str | None = Field(default=None, min_length=1, max_length=128)
+    """Template experts: the GPU their fresh starts are sized for (``H200``, ``NVIDIA H100 80GB
+    HBM3``), where the evaluators run on another machine; ``None``: the device the run's verdicts
+    name, until there is one this machine's."""
     base_url: str | None = None
     """OpenAI-compatible endpoint (LLM experts)."""
     model: str | None = None

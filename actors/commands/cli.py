@@ -249,6 +249,8 @@ def cmd_expert(args: argparse.Namespace) -> int:
     from actors.runtime.kv import get_expert_config, put_expert_config
     from schemas import ExpertConfig
 
+    target_gpu = _known_gpu(getattr(args, "target_gpu", None))  # before any connection
+
     async def main(stop: asyncio.Event) -> int:
         with nats_url(args.nats) as url:
             bus = await _connect(url, "kfoundry-expert", args, stop)
@@ -279,6 +281,7 @@ def cmd_expert(args: argparse.Namespace) -> int:
                         "price_in_per_mtok": args.price_in,
                         "price_out_per_mtok": args.price_out,
                         "language": args.language,
+                        "target_gpu": target_gpu,
                     }.items()
                     if v is not None
                 }
@@ -290,6 +293,17 @@ def cmd_expert(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(main)
+
+
+def _known_gpu(name: str | None) -> str | None:
+    """``--target-gpu``: a GPU the template's hardware table knows, as given; a clear error else."""
+    if name is None:
+        return None
+    from actors.experts.template.hardware import TABLE, lookup
+
+    if lookup(name) is None:
+        raise ConfigError(f"--target-gpu {name!r}: not a GPU the template expert knows (known: {', '.join(TABLE)})")
+    return name
 
 
 async def _list_experts(bus: Any, as_json: bool) -> int:
@@ -472,6 +486,12 @@ def build_parser() -> argparse.ArgumentParser:
     setp.add_argument("--price-in", type=float, metavar="PRICE", help="cost of a million prompt tokens")
     setp.add_argument("--price-out", type=float, metavar="PRICE", help="cost of a million completion tokens")
     setp.add_argument("--language", choices=["triton", "cuda"])
+    setp.add_argument(
+        "--target-gpu",
+        metavar="GPU",
+        help="template experts: the GPU fresh starts are sized for where the evaluators run elsewhere (e.g. H200); "
+        "default: the device the run's verdicts name, until then this machine's",
+    )
     add_nats_options(setp)
     setp.set_defaults(func=cmd_expert)
 

@@ -18,7 +18,7 @@ from schemas import ExpertConfig, ExpertKind
 def _template(config: ExpertConfig) -> Expert:
     from actors.experts.template.expert import TemplateExpert
 
-    return TemplateExpert(config.name)
+    return TemplateExpert(config.name, gpu=config.target_gpu)
 
 
 def _llm(config: ExpertConfig) -> Expert:

@@ -72,9 +72,12 @@ async def _published_order(nats_url: str, delay: float) -> tuple[list[str], list
         budget=Budget(candidates=FRESH, wall_s=600),
     )
     published: list[str] = []
+    all_in = asyncio.Event()
 
     async def seen(msg):  # type: ignore[no-untyped-def]
         published.append(Candidate.model_validate_json(msg.data).proposal.strategy)
+        if len(published) == FRESH:
+            all_in.set()
 
     sub = await bus.nc.subscribe(subjects.candidates(run_id, "i0", "*"), cb=seen)
     expert = LateFirstExpert(delay)
@@ -85,8 +88,7 @@ async def _published_order(nats_url: str, delay: float) -> tuple[list[str], list
         await actor.wait_ready()
         tasks.append(asyncio.create_task(island.run()))
         async with asyncio.timeout(30):
-            while len(published) < FRESH:
-                await asyncio.sleep(0.05)
+            await all_in.wait()
     finally:
         await end_run(bus, run_id, [actor], tasks)
         await sub.unsubscribe()

@@ -312,6 +312,10 @@ def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None
             ["actor", "curator", "--per-request", "4", "--nats", "nats://127.0.0.1:1"],
             "kfoundry: --per-request: not an option of curator actors (read by island actors)",
         ),
+        (
+            ["expert", "set", "t", "--kind", "template", "--target-gpu", "Z80", "--nats", "nats://127.0.0.1:1"],
+            "kfoundry: --target-gpu 'Z80': not a GPU the template expert knows (known: ",
+        ),
     ],
     ids=[
         "invalid-option",
@@ -322,6 +326,7 @@ def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None
         "negative-tokens",
         "foreign-flags",
         "foreign-flag",
+        "unknown-gpu",
     ],
 )
 def test_a_configuration_error_is_one_line(args: list[str], line: str, tmp_path: Path) -> None:

@@ -344,8 +344,10 @@ async def test_few_input_channels_start_without_tf32_first_and_tf32_second() -> 
         "(2, 16, 12, 12)", "(2, 8, 12, 12)"
     )
     plan, wide = analyse(source), analyse(_CONV_SOURCE)
-    assert isinstance(plan, Plan) and isinstance(wide, Plan)
-    assert cudnn_ieee_likely(plan) and not cudnn_ieee_likely(wide)
+    assert isinstance(plan, Plan)
+    assert isinstance(wide, Plan)
+    assert cudnn_ieee_likely(plan)
+    assert not cudnn_ieee_likely(wide)
     h200 = lookup("NVIDIA H200")
     assert h200 is not None
     expert = TemplateExpert(max_variants=8, analysis=AnalysisMode.THREAD, gpu="NVIDIA H200")
@@ -353,7 +355,8 @@ async def test_few_input_channels_start_without_tf32_first_and_tf32_second() -> 
     reply = await expert.generate(GenerateRequest(run_id="r1", island="i0", task=task, n=4, seed=1))
     first = [TemplateParams.from_dict(dict(p.params)) for p in reply.proposals]
     assert first[0] == default_params(plan, h200, tf32=False)
-    assert first[0].conv_precision == "tf32x3" and not first[0].conv_taps_outer
+    assert first[0].conv_precision == "tf32x3"
+    assert not first[0].conv_taps_outer
     assert first[1] == default_params(plan, h200, tf32=True)
     assert first[1].conv_precision == "tf32"
     assert "one TF32 pass" in reply.proposals[1].description
@@ -397,4 +400,52 @@ async def test_a_fresh_start_holds_a_candidate_without_tf32_until_a_verdict_says
     params = [TemplateParams.from_dict(dict(p.params)) for p in again.proposals]
     assert params[0] == first[1]
     assert all(p.conv_precision != "tf32" for p in params)
+    await expert.aclose()
+
+
+@pytest.mark.skipif(detect().is_gpu, reason="sizes for another GPU than this machine's")
+async def test_fresh_starts_are_sized_for_the_gpu_configured_else_the_one_the_verdicts_name() -> None:
+    """An expert on a machine without the evaluators' GPU sizes fresh starts for the GPU its
+    configuration names (``ExpertConfig.target_gpu``), else for the one the newest verdict it was
+    shown names, rather than for its own machine."""
+    from actors.experts.registry import build_expert
+    from actors.experts.template.hardware import lookup
+    from schemas import DeviceInfo, DeviceKind, ExpertConfig, ExpertKind
+
+    plan = analyse(_CONV_SOURCE)
+    assert isinstance(plan, Plan)
+    h200 = lookup("NVIDIA H200")
+    assert h200 is not None
+    assert not detect().is_gpu
+    on_h200 = default_params(plan, h200, tf32=True)
+    assert on_h200 != default_params(plan, detect(), tf32=True)
+
+    async def first(expert: TemplateExpert, task: Task) -> TemplateParams:
+        reply = await expert.generate(GenerateRequest(run_id="r1", island="i0", task=task, n=1, seed=1))
+        return TemplateParams.from_dict(dict(reply.proposals[0].params))
+
+    configured = build_expert(ExpertConfig(name="tpl", kind=ExpertKind.TEMPLATE, target_gpu="H200"))
+    assert isinstance(configured, TemplateExpert)
+    configured.analysis = AnalysisMode.THREAD
+    assert await first(configured, Task.from_source("conv_gpu_named", _CONV_SOURCE)) == on_h200
+    await configured.aclose()
+
+    expert = TemplateExpert(analysis=AnalysisMode.THREAD)
+    task = Task.from_source("conv_gpu_seen", _CONV_SOURCE)
+    local = await first(expert, task)
+    assert local != on_h200
+    parent = Candidate(
+        run_id="r1", island="i0", task_id=task.task_id, expert="template",
+        proposal=Proposal(source=render(plan, local), language=KernelLanguage.TRITON, params=local.as_dict()),
+    )  # fmt: skip
+    device = DeviceInfo(
+        kind=DeviceKind.CUDA, name="NVIDIA H200", capability="9.0", torch="2.11.0", python="3.12", host="gpu-host"
+    )
+    judged = EvalResult(
+        run_id="r1", candidate_id=parent.candidate_id, task_id=task.task_id, status=EvalStatus.CORRECT,
+        summary="ok", device=device,
+    )  # fmt: skip
+    await expert.generate(GenerateRequest(run_id="r1", island="i0", task=task, n=1, seed=2, parent=parent,
+                                          parent_result=judged))  # fmt: skip
+    assert await first(expert, Task.from_source("conv_gpu_seen_2", _CONV_SOURCE)) == on_h200
     await expert.aclose()

@@ -27,7 +27,7 @@ import structlog
 
 from actors.experts.precision import tf32_admitted
 from actors.experts.template.errors import InvalidParams
-from actors.experts.template.hardware import detect
+from actors.experts.template.hardware import detect, lookup
 from actors.experts.template.ir import KeepTorch, Plan, Unsupported
 from actors.experts.template.isolate import analyse_in_child
 from actors.experts.template.kernels.conv import cudnn_ieee_likely
@@ -142,7 +142,10 @@ class TemplateExpert:
         self.analysis_timeout_s = analysis_timeout_s
         self.gpu = gpu
         """The GPU fresh starts are sized for (a name ``hardware.lookup`` knows, e.g. ``H200``):
-        the evaluators' where the expert runs elsewhere; ``None``: this machine's."""
+        the evaluators' where the expert runs elsewhere; ``None``: the GPU the last verdict it was
+        shown names (``_evaluated_on``), until then this machine's."""
+        self._evaluated_on: str | None = None
+        """The GPU named by the newest verdict a request carried (its ``device``)."""
         self._plans: OrderedDict[tuple[str, KeepTorch], Plan | Unsupported] = OrderedDict()
         self._exact_tasks: OrderedDict[str, None] = OrderedDict()
         """Tasks whose TF32 convolution came back ``incorrect.precision``: the evaluator judged it
@@ -261,7 +264,8 @@ class TemplateExpert:
         times): the default for the traced shapes and the best retrieved experience's configuration
         (first when it was measured on this very task), then mutations of them in turn, drawn from
         a generator seeded by the task. Kernels in ``avoid`` (the island's own) are passed over."""
-        hw = detect(self.gpu)  # a fresh start has no measured device: the one named, else this machine's
+        # a fresh start has no measured device: the one named, else the verdicts', else this machine's
+        hw = detect(self.gpu or self._evaluated_on)
         tf32 = self._tf32(request)
         default = default_params(plan, hw, tf32)
         # Whether the reference's own convolutions run in TF32 is known only from the first
@@ -347,6 +351,9 @@ class TemplateExpert:
         n = min(request.n, self.max_variants)
         parent = _params_of(request.parent) if request.parent is not None else None
         self._learn_precision(request, parent)
+        device = request.parent_result.device if request.parent_result is not None else None
+        if device is not None and lookup(device.name) is not None:
+            self._evaluated_on = device.name
         tf32 = self._tf32(request)
         if parent is not None:
             parent = _admitted(parent, tf32)  # a refused TF32 parent goes on in three passes
