@@ -37,17 +37,17 @@ from schemas import (
 )
 
 SENT_KEPT = 4096
+"""Published candidates an island keeps for their feedback: far more than it keeps in flight."""
 PUBLISH_WAIT_S = 30.0
+"""How long a candidate's publish is tried again when the stream does not acknowledge it (the
+server that led the run's stream died: its replicas elect a new leader in seconds). The same
+``msg_id`` again is stored once."""
 FRESH_ORDER_WAIT_S = 1.0
 """Longest a fresh start's reply waits for the island's earlier fresh starts to be published: an
 expert lists its starting points best first (the template expert: its default for the traced
 shapes first), and the evaluator takes candidates in the order they arrive. On an H200
 (KernelBench L1-57, 2026-12-02) the replies to four concurrent fresh starts arrived in another
 order, and a mutation at 0.19x of eager was evaluated 1.8 s before the default at 1.3x."""
-"""How long a candidate's publish is tried again when the stream does not acknowledge it (the
-server that led the run's stream died: its replicas elect a new leader in seconds). The same
-``msg_id`` again is stored once."""
-"""Published candidates an island keeps for their feedback: far more than it keeps in flight."""
 
 
 def decline_reason(reply: GenerateReply | None, published: int, asked: int) -> str | None:
