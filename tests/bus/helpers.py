@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.runtime.bus import Bus
 from actors.runtime.errors import BusError
-from actors.runtime.kv import put_run
+from actors.runtime.kv import put_expert_config, put_run
 from actors.runtime.nats_server import find_binary
 from schemas import (
     ActorInfo,
@@ -26,9 +30,13 @@ from schemas import (
     EvalResult,
     EvalStatus,
     Experience,
+    ExpertConfig,
+    ExpertKind,
+    ExpertRef,
     KernelLanguage,
     Message,
     Proposal,
+    Role,
     RunEnd,
     RunSpec,
     StopReason,
@@ -39,6 +47,7 @@ from schemas import (
 )
 
 if TYPE_CHECKING:
+    from actors.experts.base import Expert
     from actors.kinds.island import IslandActor
     from actors.runtime.base import Actor
 
@@ -101,6 +110,57 @@ async def end_run(bus: Bus, run_id: str, actors: list[Actor], tasks: list[asynci
     for actor in actors:
         actor.request_stop("test over")
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class IslandWithExpert:
+    """What :func:`island_with_expert` runs: its bus, run and island, and every candidate the island
+    has published so far (``arrived`` set at each)."""
+
+    bus: Bus
+    run_id: str
+    island: IslandActor
+    published: list[Candidate] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_published(self, n: int, timeout: float = 30.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self.published) < n:
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+@contextlib.asynccontextmanager
+async def island_with_expert(nats_url: str, expert: Expert, **spec: object) -> AsyncIterator[IslandWithExpert]:
+    """A one-island run (``spec``: more ``RunSpec`` fields) whose only expert is ``expert``, served
+    by a real expert actor under a template configuration, with no evaluator: the island asks, and
+    what it publishes is recorded. The run ends, and the actors stop, on leaving."""
+    from actors.kinds.expert import ExpertActor
+    from actors.kinds.island import IslandActor
+
+    run_id = "ie" + uuid.uuid4().hex[:10]
+    name = "x" + uuid.uuid4().hex[:8]
+    bus = await Bus.connect(nats_url, name="test", actor_id=f"test-{run_id}")
+    config = ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role=Role.TEMPLATE)
+    await put_expert_config(bus, config)
+    await register_run(bus, run_id, islands=1, experts=(ExpertRef(name=name),), **spec)
+    run = IslandWithExpert(bus, run_id, IslandActor(nats_url=nats_url, run_id=run_id, island="i0", retrieve_ttl_s=0.0))
+
+    async def seen(msg):  # type: ignore[no-untyped-def]
+        run.published.append(Candidate.model_validate_json(msg.data))
+        run.arrived.set()
+
+    sub = await bus.nc.subscribe(subjects.candidates(run_id, "i0", "*"), cb=seen)
+    actor = ExpertActor(nats_url=nats_url, config=config, expert=expert, watch_config=False)
+    tasks = [asyncio.create_task(actor.run())]
+    try:
+        await actor.wait_ready()
+        tasks.append(asyncio.create_task(run.island.run()))
+        yield run
+    finally:
+        await end_run(bus, run_id, [actor], tasks)
+        await sub.unsubscribe()
+        await bus.close()
 
 
 async def wait_evaluated(island: IslandActor, n: int, timeout: float = 30.0) -> None:

@@ -6,29 +6,18 @@ kernels in ``avoid``."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
-from actors.kinds.expert import ExpertActor
-from actors.kinds.island import IslandActor
-from actors.runtime.bus import Bus
-from actors.runtime.kv import put_expert_config
 from schemas import (
     Budget,
-    Candidate,
-    ExpertConfig,
-    ExpertKind,
-    ExpertRef,
     GenerateReply,
     GenerateRequest,
     KernelLanguage,
     Proposal,
-    Role,
     source_fingerprint,
-    subjects,
 )
-from tests.bus.helpers import end_run, register_run
+from tests.bus.helpers import island_with_expert
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -60,42 +49,20 @@ class RepeatingExpert:
 
 
 async def test_an_island_publishes_each_kernel_once_and_tells_its_expert_what_it_has(nats_url: str) -> None:
-    run_id = "dup" + uuid.uuid4().hex[:10]
-    name = "rep" + uuid.uuid4().hex[:8]
-    bus = await Bus.connect(nats_url, name="test", actor_id=f"test-{run_id}")
-    config = ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role=Role.TEMPLATE)
-    await put_expert_config(bus, config)
-    await register_run(
-        bus,
-        run_id,
-        islands=1,
-        inflight_per_island=8,  # more slots than kernels: only duplicates are left to fill them
-        experts=(ExpertRef(name=name),),
-        budget=Budget(candidates=1000, wall_s=600),
-    )
-    published: list[Candidate] = []
-
-    async def seen(msg):  # type: ignore[no-untyped-def]
-        published.append(Candidate.model_validate_json(msg.data))
-
-    sub = await bus.nc.subscribe(subjects.candidates(run_id, "i0", "*"), cb=seen)
     expert = RepeatingExpert()
-    actor = ExpertActor(nats_url=nats_url, config=config, expert=expert, watch_config=False)
-    island = IslandActor(nats_url=nats_url, run_id=run_id, island="i0", retrieve_ttl_s=0.0)
-    tasks = [asyncio.create_task(actor.run())]
-    try:
-        await actor.wait_ready()
-        tasks.append(asyncio.create_task(island.run()))
+    async with island_with_expert(
+        nats_url,
+        expert,
+        inflight_per_island=8,  # more slots than kernels: only duplicates are left to fill them
+        budget=Budget(candidates=1000, wall_s=600),
+    ) as run:
         async with asyncio.timeout(60):
             while len(expert.requests) <= 8:  # the first eight went out together, before any reply
                 expert.arrived.clear()
                 await expert.arrived.wait()
         await asyncio.sleep(0.2)
-    finally:
-        await end_run(bus, run_id, [actor], tasks)
-        await sub.unsubscribe()
-        await bus.close()
-    sources = [c.proposal.source for c in published]
+    island = run.island
+    sources = [c.proposal.source for c in run.published]
     assert sorted(sources) == sorted(_source(k) for k in range(KERNELS)), sources
     assert island.duplicates >= 2
     assert sum(u.duplicates for u in island.brain.credit.usage.values()) == island.duplicates  # for report.json

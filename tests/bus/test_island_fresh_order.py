@@ -6,29 +6,12 @@ answers the first starting point last."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
-from actors.kinds.expert import ExpertActor
-from actors.kinds.island import IslandActor
 from actors.kinds.island_requests import FRESH_ORDER_WAIT_S
-from actors.runtime.bus import Bus
-from actors.runtime.kv import put_expert_config
-from schemas import (
-    Budget,
-    Candidate,
-    ExpertConfig,
-    ExpertKind,
-    ExpertRef,
-    GenerateReply,
-    GenerateRequest,
-    KernelLanguage,
-    Proposal,
-    Role,
-    subjects,
-)
-from tests.bus.helpers import end_run, register_run
+from schemas import Budget, GenerateReply, GenerateRequest, KernelLanguage, Proposal
+from tests.bus.helpers import island_with_expert
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -58,42 +41,11 @@ class LateFirstExpert:
 
 
 async def _published_order(nats_url: str, delay: float) -> tuple[list[str], list[int]]:
-    run_id = "ord" + uuid.uuid4().hex[:10]
-    name = "late" + uuid.uuid4().hex[:8]
-    bus = await Bus.connect(nats_url, name="test", actor_id=f"test-{run_id}")
-    config = ExpertConfig(name=name, kind=ExpertKind.TEMPLATE, role=Role.TEMPLATE)
-    await put_expert_config(bus, config)
-    await register_run(
-        bus,
-        run_id,
-        islands=1,
-        inflight_per_island=FRESH,
-        experts=(ExpertRef(name=name),),
-        budget=Budget(candidates=FRESH, wall_s=600),
-    )
-    published: list[str] = []
-    all_in = asyncio.Event()
-
-    async def seen(msg):  # type: ignore[no-untyped-def]
-        published.append(Candidate.model_validate_json(msg.data).proposal.strategy)
-        if len(published) == FRESH:
-            all_in.set()
-
-    sub = await bus.nc.subscribe(subjects.candidates(run_id, "i0", "*"), cb=seen)
     expert = LateFirstExpert(delay)
-    actor = ExpertActor(nats_url=nats_url, config=config, expert=expert, watch_config=False)
-    island = IslandActor(nats_url=nats_url, run_id=run_id, island="i0", retrieve_ttl_s=0.0)
-    tasks = [asyncio.create_task(actor.run())]
-    try:
-        await actor.wait_ready()
-        tasks.append(asyncio.create_task(island.run()))
-        async with asyncio.timeout(30):
-            await all_in.wait()
-    finally:
-        await end_run(bus, run_id, [actor], tasks)
-        await sub.unsubscribe()
-        await bus.close()
-    return published, expert.answered
+    budget = Budget(candidates=FRESH, wall_s=600)
+    async with island_with_expert(nats_url, expert, inflight_per_island=FRESH, budget=budget) as run:
+        await run.wait_published(FRESH)
+    return [c.proposal.strategy for c in run.published], expert.answered
 
 
 async def test_fresh_starts_are_published_in_the_order_of_their_starting_points(nats_url: str) -> None:
