@@ -434,8 +434,9 @@ class ConvWriter(Writer):
         reference's weights are read where they are, never kept). Taps outside, as ``[groups,
         taps, cin_g, cout_g]`` (each tap's ``[BLOCK_K, BLOCK_N]`` tile rows of contiguous output
         channels) or, channels-last, ``[groups, taps, cout_g, cin_g]`` (input channels contiguous,
-        as the input's); in the flat order as they are (``preround`` rounds them by a kernel into a
-        new buffer, :meth:`_rounding`)."""
+        as the input's); in the flat order as they are, or, channels-last, ``[cout, taps, cin_g]``
+        (the flat index's (tap, channel) order) (``preround`` rounds them by a kernel into a new
+        buffer, :meth:`_rounding`)."""
         g, w = self.spec.groups, f"_b{self.wbase}"
         if not self.taps_outer() and self.channels_last():  # flat over (tap, channel): [cout, taps, cin_g]
             expr = f"{w}.reshape({self.cout}, {self.cin_g}, {self.taps}).transpose(1, 2).contiguous()"

@@ -54,11 +54,12 @@ def _flat_tf32x3(plan: Plan, sched: Schedule) -> dict[str, object]:
     On an H200 (``python -m bench.conv_orders --sweep exact``, 2026-12-02, published sizes, whole
     candidates), against the earlier 32 per step, 8 warps (4 below 8192 tile elements) and 2
     stages: KernelBench L2-67 2.83 ms against 4.25, L2-73 0.90 against 1.47, L2-92 1.89 against
-    2.47 (4 warps; 2 warps ran 1.21-1.76x slower); L1-54 (3 channels) 1.86 against 3.80, L2-6
+    2.47 (4 warps; 2 warps ran 1.21-1.77x slower); L1-54 (3 channels) 1.86 against 3.80, L2-6
     (3 channels, 16 output channels) 0.40 against 0.66, L2-21 (32 output channels) 2.59 against
     2.82 (2 warps; 4 ran 1.10-1.30x slower). Gathering the tile rows fast (``conv_a_transposed``)
-    or from a channels-last copy (``conv_layout``) gained on one of the six at most (L2-21 2.44 ms
-    channels-last), and lost up to 1.16x elsewhere: the search may still choose them."""
+    and reading a channels-last copy (``conv_layout``) each gained on one of the six (rows fast
+    L1-54 by 2%; channels-last L2-21, 2.44 ms against 2.84) and lost up to 1.18x and 1.09x on the
+    others (4 warps, 4 stages): the search may still choose them."""
     conv = _heaviest_conv(plan, sched)
     narrow = _cin_per_group(plan, conv) <= 4 or _cout_per_group(plan, conv) <= 32  # the channel tile's
     return {"conv_block_k": 16, "conv_warps": 2 if narrow else 4, "conv_stages": 4}
