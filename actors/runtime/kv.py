@@ -10,7 +10,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from actors.runtime.bus import Bus, settled
+from actors.runtime.bus import Bus, settled, transient
 from actors.runtime.errors import ConfigError
 from actors.runtime.logs import get_logger
 from schemas import ExpertConfig, RunSpec, subjects
@@ -29,7 +29,9 @@ async def _bucket(bus: Bus, name: str, history: int) -> KeyValue:
     except nats.js.errors.BucketNotFoundError:
         try:
             return await bus.js.create_key_value(bucket=name, history=history, replicas=bus.replicas())
-        except nats.js.errors.BadRequestError:
+        except nats.js.errors.BadRequestError as exc:
+            if transient(exc):
+                raise  # not placed yet: asked again by ``settled``
             return await bus.js.key_value(name)  # created by someone else in the meantime
 
 

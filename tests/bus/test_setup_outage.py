@@ -97,6 +97,9 @@ def test_only_a_server_that_cannot_answer_now_is_transient() -> None:
     assert not transient(nats.js.errors.KeyNotFoundError())  # an answer: there is no such key
     assert not transient(nats.js.errors.NotFoundError(code=404, description="stream not found"))
     assert not transient(nats.errors.ConnectionClosedError())  # the client gave up: asking again cannot help
+    # A cluster that has just formed cannot place three replicas yet; a name taken is an answer.
+    assert transient(nats.js.errors.BadRequestError(code=400, err_code=10005, description="no suitable peers"))
+    assert not transient(nats.js.errors.BadRequestError(code=400, err_code=10058, description="name in use"))
 
 
 async def test_a_request_lost_with_the_server_is_asked_again_once_the_connection_is_back(
