@@ -34,16 +34,10 @@ import structlog
 
 from actors.experts.template import Plan, Unsupported, analyse, default_params, render
 from actors.experts.template.ir import KeepTorch
+from actors.kbench.problems import DEV_SUBSET
 from bench.template_bench import evaluate_cli
 
-DEV: dict[int, tuple[int, ...]] = {
-    1: (
-        *(2, 3, 4, 6, 8, 10, 16, 18, 20, 21, 24, 26, 29, 33, 35),
-        *(38, 39, 42, 45, 48, 51, 54, 57, 63, 67, 82, 86, 89, 95, 98),
-    ),
-    2: (2, 4, 6, 9, 14, 18, 21, 22, 28, 30, 33, 40, 45, 52, 56, 59, 63, 66, 67, 73, 80, 86, 88, 92, 95),
-    3: (2, 3, 8, 19, 31, 50),
-}
+DEV = DEV_SUBSET
 """The development subset (the only problems that may be used for tuning)."""
 
 

@@ -264,6 +264,7 @@ def cluster(tmp_path: Path) -> Iterator[list[Running]]:
         yield servers
 
 
+@pytest.mark.slow  # ~10 s: three servers form a cluster
 async def test_cluster_nodes_form_a_jetstream_cluster_that_keeps_three_replicas(cluster: list[Running]) -> None:
     for i, server in enumerate(cluster):
         varz = await asyncio.to_thread(_get_json, f"{server.http}/varz")

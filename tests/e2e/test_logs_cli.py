@@ -35,6 +35,7 @@ def _lines(url: str, run_id: str, env: dict[str, str], *more: str) -> list[dict[
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
+@pytest.mark.slow  # ~12 s: a whole run
 @pytest.mark.timeout(180)
 def test_logs_gathers_a_run_s_actor_lines_from_the_stream(nats_server: ServerInfo, run_id: str, tmp_path: Path) -> None:
     url, env = nats_server.url, _env(tmp_path)

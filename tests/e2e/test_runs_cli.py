@@ -123,6 +123,7 @@ def test_kfoundry_run_never_writes_over_an_earlier_runs_results(tmp_path: Path) 
     assert sorted(p.name for p in earlier.iterdir()) == ["report.json"]
 
 
+@pytest.mark.slow  # ~17 s: several runs end to end
 @pytest.mark.timeout(120)
 def test_runs_lists_newest_first_shows_one_and_removes_an_ended_one_but_not_an_abandoned_one_unforced(
     nats_server: ServerInfo, run_id: str, tmp_path: Path

@@ -115,5 +115,68 @@ def get_init_inputs():
     return [3, 5, 2]
 """
 
-GRAPH_CASES: tuple[Case, ...] = (Case("resnet_block_class_constant_helper", _RESNET_BLOCK, ({"H": 10}, {"H": 7})),)
-"""Whole blocks split into kernels: a class-level constant and a helper defined in __init__."""
+_RESNET_HELPERS = """WIDTHS = (4, 6)
+
+
+def norm_layer(c):
+    return nn.BatchNorm2d(c)
+
+
+class Block(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin, cout, stride=1, down=None):
+        super(Block, self).__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn = norm_layer(cout)
+        self.down = down
+
+    def forward(self, x):
+        out = self.bn(self.conv(x))
+        return torch.relu(out + (x if self.down is None else self.down(x)))
+
+
+class Stem(Block):
+    def __init__(self, cout):
+        super().__init__(3, cout)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+        self.cin = WIDTHS[0]
+        self.stem = Stem(WIDTHS[0])
+        self.layer = self._make_layer(Block, WIDTHS[1], 2, stride=2)
+        self.fc = nn.Linear(WIDTHS[1] * Block.expansion, 3)
+
+    def _make_layer(self, block, cout, blocks, stride):
+        down = nn.Sequential(nn.Conv2d(self.cin, cout, 1, stride, bias=False), norm_layer(cout))
+        layers = [block(self.cin, cout, stride, down)]
+        self.cin = cout * block.expansion
+        layers += [block(self.cin, cout) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def unused(self):
+        return self.fc.weight.sum()
+
+    def forward(self, x):
+        x = self.layer(self.stem(x))
+        return self.fc(torch.mean(x, dim=(2, 3)))
+
+def get_inputs():
+    return [torch.randn(2, 3, $H, 7)]
+
+def get_init_inputs():
+    return []
+"""
+
+GRAPH_CASES: tuple[Case, ...] = (
+    Case("resnet_block_class_constant_helper", _RESNET_BLOCK, ({"H": 10}, {"H": 7})),
+    Case("resnet_helper_classes_and_methods", _RESNET_HELPERS, ({"H": 8},)),
+)
+"""Whole blocks split into kernels: a class-level constant and a helper defined in __init__; helper
+classes (one deriving from another), a helper method and a module-level function and constant."""

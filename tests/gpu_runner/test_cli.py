@@ -46,6 +46,7 @@ def test_cli_precision_flag_sets_the_standard_and_the_result_records_it() -> Non
         assert result["correctness"]["precision"] == precision
 
 
+@pytest.mark.slow  # ~9 s: waits out a candidate's time limit
 def test_cli_timeout_is_the_candidates_own_time() -> None:
     """An infinite loop is stopped about ``--timeout`` seconds into its own run, whatever the
     evaluator's start-up cost before it."""

@@ -190,6 +190,7 @@ def test_every_layer_holds_for_an_unprivileged_user() -> None:
     assert found["seccomp"] == "ok" or seccomp.supported() is not None
 
 
+@pytest.mark.slow  # ~10 s: workers started fresh, not forked
 @pytest.mark.timeout(300)
 async def test_workers_started_without_a_fork_server_enter_the_same_layers(tmp_path: Path) -> None:
     """The launcher of fresh interpreters confines them as the fork server does its children."""

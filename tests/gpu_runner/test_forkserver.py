@@ -158,7 +158,7 @@ async def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
     await srv.close()
 
 
-@pytest.mark.parametrize("fork", [True, False])
+@pytest.mark.parametrize("fork", [True, pytest.param(False, marks=pytest.mark.slow)])  # fresh: ~10 s
 async def test_the_service_forks_its_workers_or_starts_fresh_ones(tmp_path: Path, fork: bool) -> None:
     from gpu_runner.service import EvaluationService
     from schemas import DeviceChoice, EvalStatus

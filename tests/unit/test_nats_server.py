@@ -82,6 +82,7 @@ def test_a_server_kfoundry_server_start_keeps_outlives_the_commands_that_use_it(
     assert fresh.release(grace_s=0.1)
 
 
+@pytest.mark.slow  # ~9 s: two commands and a kept server
 def test_kfoundry_server_start_keeps_the_server_past_a_command_s_end(tmp_path: Path) -> None:
     env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"))
     env.pop("NATS_URL", None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 
+from actors.experts.template.carry import init_source
 from actors.experts.template.emit import Launch
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import attr_path, helpers_source
@@ -20,7 +21,7 @@ from actors.experts.template.ir import FLOAT_ARG, KeepTorch, NodeKind, Plan, Uns
 from actors.experts.template.kernel_kinds import template_of
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
-from actors.experts.template.trace import init_source, trace_reference
+from actors.experts.template.trace import trace_reference
 
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
 

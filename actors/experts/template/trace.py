@@ -3,13 +3,12 @@
 The reference is the user's own code: it is executed here (``Model``, ``get_inputs`` and
 ``get_init_inputs`` are called under ``torch.device("meta")`` so no real memory is allocated and
 no random state is consumed) and its ``forward`` is traced with ``torch.fx``. Callers run this in
-a worker thread, never on the event loop. ``__init__`` is taken from the source as text so the
-rendered ``ModelNew`` builds exactly the same parameters in the same order.
+a worker thread, never on the event loop. ``__init__`` is taken from the source as text (:mod:`.carry`) so
+the rendered ``ModelNew`` builds exactly the same parameters in the same order.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import operator
 from dataclasses import dataclass
@@ -19,9 +18,6 @@ import torch
 from torch import fx
 
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
-
-_ALLOWED_MODULES = ("torch", "math")
-_PROVIDED = frozenset({"torch", "nn", "F", "math", "triton", "tl"})
 
 
 @dataclass
@@ -178,111 +174,3 @@ def trace_reference(source: str) -> Traced:
         source=source,
         float_args=frozenset(float_args),
     )
-
-
-class _SuperRewriter(ast.NodeTransformer):
-    """``super(Model, self).__init__()`` -> ``super().__init__()``."""
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id == "super" and node.args:
-            return ast.Call(func=node.func, args=[], keywords=[])
-        return node
-
-
-def _free_names(func: ast.FunctionDef) -> set[str]:
-    bound = {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)}
-    if func.args.vararg:
-        bound.add(func.args.vararg.arg)
-    if func.args.kwarg:
-        bound.add(func.args.kwarg.arg)
-    loads: set[str] = set()
-    for node in ast.walk(func):
-        if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Store):
-                bound.add(node.id)
-            else:
-                loads.add(node.id)
-        elif isinstance(node, ast.comprehension | ast.Lambda | ast.FunctionDef) and node is not func:
-            if isinstance(node, ast.FunctionDef):
-                bound.add(node.name)  # a helper defined inside __init__
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.arg):
-                    bound.add(inner.arg)
-    return {n for n in loads - bound if not hasattr(builtins, n)}
-
-
-def init_source(source: str) -> tuple[str, str]:
-    """The reference's ``Model.__init__`` as method text, and the module-level lines it needs.
-
-    Module-level imports of ``torch``/``math`` are copied so their aliases resolve; other free
-    names of ``__init__`` must be module constants (copied) or the reference is not covered.
-    """
-    tree = ast.parse(source)
-    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
-    if model is None:
-        raise TraceFailed("load", "no class Model in the reference")
-    init = next((n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-    if model.bases and not all(ast.unparse(b) in ("nn.Module", "torch.nn.Module", "Module") for b in model.bases):
-        raise UnsupportedGraph("Model must derive from nn.Module directly to be carried over")
-    if init is None:  # nn.Module's own: the reference takes no init inputs and has no parameters
-        return "def __init__(self):\n    super().__init__()", ""
-    if init.decorator_list:
-        raise UnsupportedGraph("a decorated Model.__init__ is not covered")
-    members: set[str] = set()
-    class_constants: dict[str, str] = {}
-    for item in model.body:
-        if isinstance(item, ast.FunctionDef) and item.name not in ("__init__", "forward"):
-            members.add(item.name)
-        elif isinstance(item, ast.Assign):
-            names = [t.id for t in item.targets if isinstance(t, ast.Name)]
-            try:
-                ast.literal_eval(item.value)
-            except (ValueError, TypeError, SyntaxError):
-                members.update(names)
-                continue
-            class_constants.update(dict.fromkeys(names, ast.unparse(item)))
-    used_constants: list[str] = []
-    for node in ast.walk(init):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-            and isinstance(node.ctx, ast.Load)
-            and node.attr in members
-        ):
-            raise UnsupportedGraph(f"Model.__init__ uses its own member {node.attr!r}, which is not carried over")
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-            and node.attr in class_constants
-            and class_constants[node.attr] not in used_constants
-        ):
-            used_constants.append(class_constants[node.attr])  # a class-level constant, copied
-    rewritten = _SuperRewriter().visit(ast.parse(ast.unparse(init)))
-    init_text = "\n".join([*used_constants, ""] if used_constants else []) + ast.unparse(rewritten)
-    init = rewritten.body[0]
-    assert isinstance(init, ast.FunctionDef)
-    prelude: list[str] = []
-    provided = set(_PROVIDED)
-    constants: dict[str, ast.Assign] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Import | ast.ImportFrom):
-            module = stmt.module if isinstance(stmt, ast.ImportFrom) else None
-            mods = [module] if module else [a.name for a in stmt.names]
-            if all(m is not None and m.split(".")[0] in _ALLOWED_MODULES for m in mods):
-                prelude.append(ast.unparse(stmt))
-                provided.update((a.asname or a.name).split(".")[0] for a in stmt.names)
-        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            constants[stmt.targets[0].id] = stmt
-    for name in sorted(_free_names(init) - provided):
-        assign = constants.get(name)
-        if assign is None:
-            raise UnsupportedGraph(f"Model.__init__ uses {name!r}, which the template cannot carry over")
-        try:
-            ast.literal_eval(assign.value)
-        except (ValueError, TypeError, SyntaxError) as exc:
-            raise UnsupportedGraph(f"Model.__init__ uses {name!r}, which is not a plain constant") from exc
-        prelude.append(ast.unparse(assign))
-    return init_text, "\n".join(prelude)
