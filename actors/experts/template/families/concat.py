@@ -1,4 +1,5 @@
-"""Concatenation: ``torch.cat`` (``torch.concat``, ``torch.concatenate``) of float tensors.
+"""Concatenation: ``torch.cat`` (``torch.concat``, ``torch.concatenate``) and ``torch.stack`` of
+float tensors (a stack is a ``cat`` of its parts viewed with a new dim of one).
 
 One ``cat`` gather node whose arguments are the parts, stored first (by the kernels that make
 them, or the model's inputs and weights) and read at computed addresses: each output element
@@ -6,7 +7,7 @@ works out its coordinate along the joined dim, the part it falls in and that par
 loads it (the parts' loads masked to their own range, picked with ``tl.where``). The elementwise
 ops after the concatenation fuse into that kernel. Empty parts are left out; one part is the part
 itself. Declined, with the reason: parts of other shapes (beyond the joined dim) or dtypes,
-transposed parts, and more than 16 parts.
+and transposed parts. More than 16 parts join in two steps (a ``cat`` of ``cat`` nodes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ MAX_PARTS = 16
 
 EW_OPS["cat"] = (2, 1)  # at least two parts; the joined dim
 spell(Spec("cat", (("tensors", REQUIRED), ("dim", 0))), functions=(torch.cat, torch.concat, torch.concatenate))
+spell(Spec("stack", (("tensors", REQUIRED), ("dim", 0))), functions=(torch.stack,))
 
 
 @lowering("cat")
@@ -52,15 +54,48 @@ def _cat(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
         raise UnsupportedGraph("torch.cat of empty parts only is not covered")
     if len(kept) == 1:
         return kept[0]
-    if len(kept) > MAX_PARTS:
-        raise UnsupportedGraph(f"torch.cat of {len(kept)} parts (more than {MAX_PARTS}) is not covered")
     if any(lw.transposed(r) for r in kept):
         raise UnsupportedGraph("torch.cat of a transposed part is not covered")
-    out = list(shapes[0])
-    out[dim] = sum(lw.shape(r)[dim] for r in kept)
-    return lw.add(
-        NodeKind.EW, tuple(out), op="cat", args=tuple(r.id for r in kept), attrs=(float(dim),), dtype=dtypes.pop()
-    )
+    return _join(lw, kept, dim, dtypes.pop())
+
+
+@lowering("stack")
+def _stack(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``torch.stack``: each part viewed with a dim of one at ``dim``, then joined along it."""
+    parts = b["tensors"]
+    if not isinstance(parts, list | tuple) or not parts:
+        raise UnsupportedGraph("torch.stack of something other than a list of tensors is not covered")
+    refs = [lw.tensor(p, "a part of torch.stack") for p in parts]
+    shapes = {lw.shape(r) for r in refs}
+    if len(shapes) != 1:
+        raise UnsupportedGraph(f"torch.stack of parts of shapes {sorted(shapes)} is not covered")
+    shape = shapes.pop()
+    dim = b.get("dim", 0)
+    if not isinstance(dim, int) or not -len(shape) - 1 <= dim <= len(shape):
+        raise UnsupportedGraph(f"torch.stack along dim {dim!r} of {len(shape)}-dim parts is not covered")
+    dim %= len(shape) + 1
+    dtypes = {lw.node(r).dtype for r in refs}
+    if len(dtypes) != 1:
+        raise UnsupportedGraph(f"torch.stack of parts of dtypes {sorted(dtypes)} is not covered")
+    if any(lw.transposed(r) for r in refs):
+        raise UnsupportedGraph("torch.stack of a transposed part is not covered")
+    viewed = [lw.view(r, (*shape[:dim], 1, *shape[dim:])) for r in refs]
+    return viewed[0] if len(viewed) == 1 else _join(lw, viewed, dim, dtypes.pop())
+
+
+def _join(lw: LowerContext, parts: list[NodeRef], dim: int, dtype: str) -> NodeRef:
+    """One ``cat`` node of ``parts``; of more than :data:`MAX_PARTS`, a ``cat`` of the ``cat`` of
+    each run of consecutive parts (a dense block's concatenation of all its layers' outputs: the
+    runs are copied once more, and every kernel reads at most ``MAX_PARTS`` parts)."""
+    if len(parts) > MAX_PARTS:
+        size = -(-len(parts) // MAX_PARTS)
+        runs = [parts[i : i + size] for i in range(0, len(parts), size)]
+        parts = [run[0] if len(run) == 1 else _join(lw, run, dim, dtype) for run in runs]
+        if len(parts) > MAX_PARTS:
+            return _join(lw, parts, dim, dtype)
+    out = list(lw.shape(parts[0]))
+    out[dim] = sum(lw.shape(r)[dim] for r in parts)
+    return lw.add(NodeKind.EW, tuple(out), op="cat", args=tuple(r.id for r in parts), attrs=(float(dim),), dtype=dtype)
 
 
 @gather_emitter("cat", sources=0)
