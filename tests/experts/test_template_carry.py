@@ -6,6 +6,7 @@ import ast
 
 import pytest
 
+from actors.experts.template import Plan, analyse
 from actors.experts.template.carry import init_source
 from actors.experts.template.errors import UnsupportedGraph
 from tests.experts.template_norm_cases import GRAPH_CASES
@@ -51,7 +52,8 @@ def _reference(init: str, extra: str = "") -> str:
     [
         ("self.m = Missing(3)", "", "uses 'Missing', which the template cannot carry over"),
         ("self.m = Child()", "import foo\nclass Child(foo.Base):\n    pass", "derives from foo.Base"),
-        ("self.m = build()", "SIZE = torch.arange(3)\ndef build():\n    return nn.Linear(SIZE, 2)", "not a plain"),
+        ("self.m = build()", "SIZE = missing(3)\ndef build():\n    return nn.Linear(SIZE, 2)", "uses 'missing'"),
+        ("self.m = nn.Linear(os.cpu_count(), 2)", "import os", "uses 'os' from `import os`, which a candidate may not"),
         ("self.m = ModelNew()", "class ModelNew(nn.Module):\n    pass", "a class named ModelNew"),
     ],
 )
@@ -67,3 +69,32 @@ def test_model_read_by_its_own_name_becomes_modelnew() -> None:
     init, _ = init_source(source)
     assert "self.n = ModelNew.WIDTH" in init
     assert "WIDTH = 3" in init
+
+
+def test_a_computed_module_constant_comes_with_what_it_reads_and_its_imports() -> None:
+    extra = (
+        "import collections.abc\nfrom itertools import repeat\n\n"
+        "def _ntuple(n):\n    def parse(x):\n        if isinstance(x, collections.abc.Iterable):\n"
+        "            return x\n        return tuple(repeat(x, n))\n    return parse\n\n"
+        "to_2tuple = _ntuple(2)"
+    )
+    _, prelude = init_source(_reference("self.k = nn.Conv2d(3, 4, to_2tuple(3))", extra))
+    assert list(_defs(prelude)) == ["_ntuple", "to_2tuple"]
+    assert "import collections.abc" in prelude
+    assert "from itertools import repeat" in prelude
+    namespace: dict[str, object] = {}
+    exec(compile(prelude, "<prelude>", "exec"), namespace)  # the carried code, as a candidate runs it
+    assert namespace["to_2tuple"](3) == (3, 3)  # type: ignore[operator]
+
+
+def test_a_model_whose_construction_reads_a_value_is_built_on_the_cpu_for_its_analysis() -> None:
+    """``.item()`` cannot run on the meta device (Swin's stochastic depth rates)."""
+    source = _reference(
+        "rates = [r.item() for r in torch.linspace(0, 0.5, 2)]\n        self.fc = nn.Linear(4, 3)\n"
+        "        self.scale = rates[1] + 1.0",
+        "",
+    ).replace("return x", "return self.fc(x) * self.scale")
+    source += "\n\ndef get_inputs():\n    return [torch.randn(2, 4)]\n\n\ndef get_init_inputs():\n    return []\n"
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    assert plan.template == "mm"

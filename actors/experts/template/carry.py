@@ -4,8 +4,9 @@
 builds each model, so the same construction code in the same order gives the same weights. What
 that code calls comes along: ``Model``'s own helper methods (``_make_layer``), the module-level
 classes it instantiates (``BasicBlock``, ``InceptionModule``) with their class constants, their
-``__init__`` and the methods their ``__init__`` calls, module-level functions it calls, and
-literal module constants. A carried class loses its ``forward`` and every other method its
+``__init__`` and the methods their ``__init__`` calls, module-level functions it calls, module
+constants (with what a computed one reads: ``to_2tuple = _ntuple(2)``), and the imports they use
+that the evaluator's gate lets a candidate make (its own tables). A carried class loses its ``forward`` and every other method its
 construction does not reach: ``ModelNew.forward`` runs kernels, never a submodule's own forward,
 and the evaluator's gate would take a torch op in a carried ``forward`` for a fallback.
 """
@@ -18,8 +19,8 @@ import copy
 from dataclasses import dataclass, field
 
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
+from gpu_runner.gate_tables import ALLOWED_IMPORT_ROOTS, IMPORT_RULES
 
-_ALLOWED_MODULES = ("torch", "math")
 _PROVIDED = frozenset({"torch", "nn", "F", "math", "triton", "tl"})
 _MODULE_BASES = frozenset({"nn.Module", "torch.nn.Module", "Module"})
 _SKIPPED = frozenset({"forward", "__call__", "extra_repr"})
@@ -78,6 +79,26 @@ def _self_reads(func: ast.FunctionDef) -> set[str]:
         and node.value.id == "self"
         and isinstance(node.ctx, ast.Load)
     }
+
+
+def _importable(module: str) -> bool:
+    """Whether the evaluator's gate lets a candidate import ``module`` (its own tables)."""
+    if module.split(".")[0] not in ALLOWED_IMPORT_ROOTS or module.startswith("torch._"):
+        return False
+    return not any(module == prefix or module.startswith(prefix + ".") for prefix in IMPORT_RULES)
+
+
+def _names_read(node: ast.AST) -> set[str]:
+    """Names an expression or statement reads, less builtins (a lambda's own arguments too)."""
+    bound = {
+        a.arg
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Lambda)
+        for a in ast.walk(sub.args)
+        if isinstance(a, ast.arg)
+    }
+    loads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n for n in loads - bound if not hasattr(builtins, n)}
 
 
 def _is_literal(value: ast.expr) -> bool:
@@ -155,14 +176,21 @@ class _Carrier:
         self.constants: dict[str, ast.Assign] = {}
         self.prelude: list[str] = []
         self.provided = set(_PROVIDED)
+        self.refused: dict[str, str] = {}
+        """Names bound by imports a candidate may not make, with the import."""
         self.done: set[str] = set()
         for stmt in tree.body:
             if isinstance(stmt, ast.Import | ast.ImportFrom):
-                module = stmt.module if isinstance(stmt, ast.ImportFrom) else None
+                module = stmt.module if isinstance(stmt, ast.ImportFrom) and not stmt.level else None
                 mods = [module] if module else [a.name for a in stmt.names]
-                if all(m is not None and m.split(".")[0] in _ALLOWED_MODULES for m in mods):
+                names = [(a.asname or a.name).split(".")[0] for a in stmt.names]
+                if module is None and isinstance(stmt, ast.ImportFrom):
+                    self.refused.update(dict.fromkeys(names, "a relative import"))
+                elif all(_importable(m) for m in mods):
                     self.prelude.append(ast.unparse(stmt))
-                    self.provided.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+                    self.provided.update(names)
+                else:
+                    self.refused.update(dict.fromkeys(names, ast.unparse(stmt)))
             elif isinstance(stmt, ast.ClassDef) and stmt.name != "Model":
                 self.classes[stmt.name] = stmt
             elif isinstance(stmt, ast.FunctionDef) and stmt.name not in ("get_inputs", "get_init_inputs"):
@@ -187,9 +215,13 @@ class _Carrier:
                 self.prelude.append(ast.unparse(function))
             elif name in self.constants:
                 assign = self.constants[name]
-                if not _is_literal(assign.value):
-                    raise UnsupportedGraph(f"{user} uses {name!r}, which is not a plain constant")
+                if not _is_literal(assign.value):  # ``to_2tuple = _ntuple(2)``: what it reads comes too
+                    self.need(_names_read(assign.value), f"the module-level {name}")
                 self.prelude.append(ast.unparse(assign))
+            elif name in self.refused:
+                raise UnsupportedGraph(
+                    f"{user} uses {name!r} from `{self.refused[name]}`, which a candidate may not import"
+                )
             else:
                 raise UnsupportedGraph(f"{user} uses {name!r}, which the template cannot carry over")
 
@@ -212,7 +244,7 @@ class _Carrier:
         for method in methods:
             needs |= _free_names(method)
         for assign in assigns:
-            needs |= {n.id for n in ast.walk(assign) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            needs |= _names_read(assign)
         self.need(needs - {node.name}, f"class {node.name}")
         body: list[ast.stmt] = [*assigns, *methods] or [ast.Pass()]
         carried = copy.copy(node)
@@ -222,8 +254,7 @@ class _Carrier:
 
 def init_source(source: str) -> tuple[str, str]:
     """``Model.__init__`` (and the helper methods it calls) as method text for ``ModelNew``, and the
-    module-level code they need (imports of ``torch``/``math``, literal constants, helper classes
-    and functions), in an order that defines each thing before it is used."""
+    module-level code they need (imports, constants, helper classes and functions), in an order that defines each thing before it is used."""
     tree = ast.parse(source)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     if model is None:

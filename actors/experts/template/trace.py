@@ -128,16 +128,47 @@ def _augmenting(tracer: type[_T]) -> type[_T]:
     return type(tracer.__name__, (tracer,), {"proxy": proxy})
 
 
+CPU_BUILD_LIMIT = 4 << 30
+"""Most bytes of parameters and buffers a model built on the CPU may hold (see :func:`_construct`)."""
+
+
+def _construct(namespace: dict[str, Any], init_inputs: list[Any]) -> Any:
+    """``Model(*init_inputs)`` on the meta device; where its construction reads a value (``.item()``
+    of a ``torch.linspace``, as Swin's stochastic depth rates), built on the CPU instead and then
+    moved to the meta device. The CPU build draws from this process's random state, which the
+    analysis never uses for anything else, and is refused past :data:`CPU_BUILD_LIMIT`."""
+    try:
+        with torch.device("meta"):
+            return namespace["Model"](*init_inputs)
+    except Exception as exc:  # noqa: BLE001 - user code; the CPU build decides
+        first = exc
+    try:
+        with torch.no_grad():
+            model = namespace["Model"](*namespace["get_init_inputs"]())  # on the CPU this time
+    except Exception as exc:  # user code
+        detail = f"{type(first).__name__}: {first} (on the meta device; on the CPU: {type(exc).__name__}: {exc})"
+        raise TraceFailed("construct", detail) from exc
+    if not isinstance(model, torch.nn.Module):
+        return model  # refused by the caller
+    size: int = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    if size > CPU_BUILD_LIMIT:
+        raise TraceFailed(
+            "construct",
+            f"{type(first).__name__}: {first} (on the meta device; on the CPU it holds {size / 2**30:.1f} GiB)",
+        )
+    return model.to("meta")
+
+
 def trace_reference(source: str) -> Traced:
     """Build the reference on the meta device, trace ``forward`` and record every value."""
     namespace = load_namespace(source)
     try:
         with torch.device("meta"):
             init_inputs = list(namespace["get_init_inputs"]())
-            model = namespace["Model"](*init_inputs)
             inputs = list(namespace["get_inputs"]())
     except Exception as exc:  # user code
         raise TraceFailed("construct", f"{type(exc).__name__}: {exc}") from exc
+    model = _construct(namespace, init_inputs)
     if not isinstance(model, torch.nn.Module):
         raise TraceFailed("construct", "Model(...) is not an nn.Module")
     float_args: set[int] = set()
