@@ -8,6 +8,7 @@ does ends as an :class:`schemas.EvalResult` with a status.
 from __future__ import annotations
 
 import re
+import sys
 
 
 class RunnerError(Exception):
@@ -99,3 +100,12 @@ class EvaluatorFault(RunnerError):
 class IsolationUnavailable(RunnerError):
     """Isolation is ``strict`` and a confinement layer does not hold here; the message says which
     and how to enable it."""
+
+
+def missing_hint(exc: BaseException) -> str:
+    """For a package the reference imports and this Python lacks: how to install it (the
+    distribution is assumed to share the top-level module's name, as einops does)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return ""
+    top = exc.name.split(".")[0]
+    return f"; the reference imports {top}, which is not installed here: `{sys.executable} -m pip install {top}`"

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gpu_runner.errors import REFERENCE_FILENAME
+from gpu_runner.errors import REFERENCE_FILENAME, missing_hint
 from gpu_runner.frames import Report
 from gpu_runner.sandboxed.common import (
     Channel,
@@ -56,7 +56,7 @@ def load_reference(source: str) -> dict[str, Any]:
     try:
         ns = load_module(source, REFERENCE_FILENAME, "kf_reference")
     except Exception as exc:
-        raise ReferenceFault(f"the reference failed to load: {type(exc).__name__}: {exc}") from exc
+        raise ReferenceFault(f"the reference failed to load: {type(exc).__name__}: {exc}{missing_hint(exc)}") from exc
     for name in ("Model", "get_inputs", "get_init_inputs"):
         if name not in ns:
             raise ReferenceFault(f"the reference defines no {name}")

@@ -50,6 +50,13 @@ TASKS = {
         + "def get_init_inputs():\n    return [16]\n",
         ["building the reference failed: TypeError", "missing 1 required positional argument: 'scale'"],
     ),
+    "imports_a_package_this_machine_lacks": (
+        HEAD.replace("import torch\n", "import torch\nimport kf_no_such_package.layers\n")
+        + RELU
+        + "def get_inputs():\n    return [torch.randn(16, 16)]\n\n\n"
+        + NO_INIT,
+        ["No module named 'kf_no_such_package'", "-m pip install kf_no_such_package`"],
+    ),
 }
 
 

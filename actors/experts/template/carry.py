@@ -6,9 +6,10 @@ that code calls comes along: ``Model``'s own helper methods (``_make_layer``), t
 classes it instantiates (``BasicBlock``, ``InceptionModule``) with their class constants, their
 ``__init__`` and the methods their ``__init__`` calls, module-level functions it calls, module
 constants (with what a computed one reads: ``to_2tuple = _ntuple(2)``), and the imports they use
-that the evaluator's gate lets a candidate make (its own tables). A carried class loses its ``forward`` and every other method its
-construction does not reach: ``ModelNew.forward`` runs kernels, never a submodule's own forward,
-and the evaluator's gate would take a torch op in a carried ``forward`` for a fallback.
+that the evaluator's gate lets a candidate make (its own tables). A carried class loses its
+``forward`` and every other method its construction does not reach: ``ModelNew.forward`` runs
+kernels, never a submodule's own forward, and the evaluator's gate would take a torch op in a
+carried ``forward`` for a fallback.
 """
 
 from __future__ import annotations
@@ -254,7 +255,8 @@ class _Carrier:
 
 def init_source(source: str) -> tuple[str, str]:
     """``Model.__init__`` (and the helper methods it calls) as method text for ``ModelNew``, and the
-    module-level code they need (imports, constants, helper classes and functions), in an order that defines each thing before it is used."""
+    module-level code they need (imports, constants, helper classes and functions), in an order
+    that defines each thing before it is used."""
     tree = ast.parse(source)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     if model is None:

@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
+from gpu_runner.errors import missing_hint
 
 
 @dataclass
@@ -55,7 +56,7 @@ def load_namespace(source: str) -> dict[str, Any]:
         code = compile(source, "<reference>", "exec")
         exec(code, namespace)
     except Exception as exc:  # any failure of user code is reported, typed
-        raise TraceFailed("load", f"{type(exc).__name__}: {exc}") from exc
+        raise TraceFailed("load", f"{type(exc).__name__}: {exc}{missing_hint(exc)}") from exc
     for name in ("Model", "get_inputs", "get_init_inputs"):
         if name not in namespace:
             raise TraceFailed("load", f"the reference defines no {name}")
