@@ -2,7 +2,7 @@
 
 Data movement the templates do not cover (``split``, a head transpose, slicing) stays a PyTorch
 call under every run policy (the evaluator admits views and copies); compute they do not cover
-(a recurrent layer, ``nn.GRU``) only under ``--torch-ops reference``. Checked on a GPT-style
+(a recurrent layer on an unbatched sequence, ``nn.GRU``) only under ``--torch-ops reference``. Checked on a GPT-style
 block written for these tests (``tests/data/gpt_block.py``) and a recurrent block: what the gate
 says under each policy, correctness under the Triton interpreter, and the expert's answers.
 """
@@ -26,8 +26,8 @@ RNN_BLOCK = HEAD + _model(
     ", e",
     "self.rnn = nn.GRU(e, e)\nself.norm = nn.LayerNorm(e)",
     "x",
-    "x = x.permute(2, 0, 1)\na, _ = self.rnn(x)\nreturn torch.relu(self.norm(a + x)).permute(1, 2, 0)",
-    "torch.rand(2, 12, 5)",
+    "a, _ = self.rnn(x)\nreturn torch.relu(self.norm(a + x))",
+    "torch.rand(5, 12)",
     "12",
 )
 RESHAPED_TRANSPOSE = HEAD + _model(
@@ -69,7 +69,7 @@ def test_block_with_uncovered_compute_is_split_only_under_reference() -> None:
     assert "GRU" in declined.detail
     plan = _plan(RNN_BLOCK, KeepTorch.ALL)
     source = render(plan, default_params(plan))
-    assert "(self.rnn(_b1))[0]" in source
+    assert "(self.rnn(_b0))[0]" in source
     report = check_candidate(source, RNN_BLOCK, P.REFERENCE)
     assert not report.rejected, [f.message for f in report.findings]
     assert report.torch_ops_kept == ("torch.nn.GRU",)

@@ -37,6 +37,7 @@ def test_every_kernel_kind_but_torch_has_one_template_from_its_own_module() -> N
         "pool": ["kernels", "pool"],
         "scan": ["families", "scan"],
         "attn": ["families", "attention"],
+        "rec": ["families", "recurrent"],
     }
 
 

@@ -309,7 +309,7 @@ def _einsum(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     raise UnsupportedGraph(why)
 
 
-def _present(item: NodeRef | Absent) -> NodeRef:
+def _present(item: NodeRef | Absent | TupleRef) -> NodeRef | TupleRef:
     if isinstance(item, Absent):
         raise UnsupportedGraph(item.reason)
     return item
@@ -362,6 +362,9 @@ def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
         int_rows = isinstance(index, NodeRef) and lw.node(index).dtype == "int64" and len(lw.shape(index)) == 1
         if isinstance(x, NodeRef) and int_rows and rows is not None:
             return rows(lw, "index_select", {"input": x, "dim": 0, "index": index}, traced)  # ``x[idx]``
+        sliced = lower_fn("slice")  # ints, slices, None, Ellipsis: ``families/slicing.py``
+        if isinstance(x, NodeRef) and sliced is not None:
+            return sliced(lw, "slice", {"input": x, "index": index}, traced)
         raise UnsupportedGraph("indexing or slicing a tensor is not covered", op="getitem")
     if canon == "getattr":
         name = b["name"]

@@ -1,13 +1,14 @@
 """Scheduling a plan into kernels: which nodes each Triton kernel computes.
 
-Seven kernel kinds: ``pw`` (elementwise over a flat index), ``row`` (reductions over a
+Eight kernel kinds: ``pw`` (elementwise over a flat index), ``row`` (reductions over a
 ``(outer, R, inner)`` view, with elementwise work at element level before/after and at row
 level after), ``mm`` (a tiled matrix product with an elementwise epilogue), ``conv`` (a
 convolution as an implicit matrix product), ``pool`` (window max/avg), ``scan`` (cumulative
-sum/product) and ``attn`` (flash-style attention), each also with an elementwise epilogue. Nodes are taken
-in order; a node joins the newest kernel its operands come from when that kernel can compute it
-(same element count, a row value broadcast the way ``keepdim`` does), otherwise the operands are
-materialised (``exports``) and a new kernel starts. Any value read by a later kernel is stored.
+sum/product), ``attn`` (flash-style attention) and ``rec`` (a recurrent layer's time steps), each
+also with an elementwise epilogue. Nodes are taken in order; a node joins the newest kernel its
+operands come from when that kernel can compute it (same element count, a row value broadcast the
+way ``keepdim`` does), otherwise the operands are materialised (``exports``) and a new kernel
+starts. Any value read by a later kernel is stored.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ class KernelKind(StrEnum):
     POOL = "pool"
     SCAN = "scan"
     ATTN = "attn"
+    REC = "rec"
     TORCH = "torch"
     """Not a kernel: a reference op left to PyTorch between kernels (its value always stored)."""
 
 
-ONE_NODE_KINDS = (NodeKind.MM, NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN)
+ONE_NODE_KINDS = (NodeKind.MM, NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.ATTN, NodeKind.REC)
 """Nodes that are a kernel of their own, of the ``KernelKind`` of the same name (elementwise work
 after them joins them as an epilogue): a kernel kind that a family adds for its node goes here."""
 _ONE_NODE_KERNELS = frozenset(KernelKind(kind.value) for kind in ONE_NODE_KINDS)

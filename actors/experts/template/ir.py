@@ -58,6 +58,10 @@ class NodeKind(StrEnum):
     POOL = "pool"
     """A window pooling (``op`` ``max`` or ``avg``) over the trailing dims of ``args[0]``; ``attrs``
     hold its :class:`PoolSpec`."""
+    REC = "rec"
+    """A recurrent layer (``op`` ``lstm``, ``gru``, ``rnn_tanh`` or ``rnn_relu``), both directions,
+    over the time steps in order; ``args`` and ``attrs`` as ``RecSpec`` (``families/_recurrent_kernel.py``)
+    lays them out."""
 
 
 FLOAT_ARG = "float"
@@ -293,7 +297,8 @@ class FlipRef:
 class TupleRef:
     """A traced tuple of tensors while lowering (``torch.max(x, dim)`` gives values, indices)."""
 
-    items: tuple[NodeRef | Absent, ...]
+    items: tuple[NodeRef | Absent | TupleRef, ...]
+    """Tensors, or tuples of them (``nn.LSTM`` returns ``(output, (h_n, c_n))``)."""
 
 
 @dataclass(frozen=True)

@@ -381,8 +381,10 @@ class Lowerer:
             self._check_inplace(fxn)
             self.written[fxn] = fxn.args[0]  # type: ignore[assignment]  # an fx.Node: checked above
         ref = apply(self, spec.canon, bound, traced)
-        if spec.canon in ("view", "alias", "perm"):
-            self.aliasing.add(fxn)
+        if spec.canon in ("view", "alias", "perm") or (
+            spec.canon == "getitem" and isinstance(bound.get("input"), NodeRef)
+        ):
+            self.aliasing.add(fxn)  # a slice is a view in PyTorch (a copy here): a write through it is declined
         self.ops.append(spec.canon)
         return ref
 

@@ -1,0 +1,161 @@
+"""Basic indexing of a tensor: ``x[:, -1, :]``, ``x[t]``, ``x[:, :k]``, ``x[..., 1:5]``, ``x[:, None]``
+(the core's ``getitem`` looks ``slice`` up in the registry once its own cases do not apply).
+
+An index of ints, slices of step 1 (``None`` bounds and negative ones resolved against the traced
+shape, as Python does), ``None`` (a new dim of one) and one ``Ellipsis``, alone or in a tuple,
+becomes one ``slice`` gather node: it reads its stored source at computed addresses, each output
+element at ``sum((c_d + start_d) * stride_d)`` over the source's dims. ``attrs`` hold, per dim of
+the source, its start, then, per dim, its count (an integer index is a count of one). The dims an
+integer index drops and those ``None`` adds are of size one, so the output's linear index is the
+same over its own shape as over the counts: the node has the traced result's shape and the emitter
+needs nothing more. The elementwise ops after it fuse into its kernel, as after ``cat``. A
+selection of the whole tensor in order (with new or dropped dims of one) is a view, no kernel; a
+slice of a slice that kept every dim is one slice of the first one's source.
+
+Declined, with the reason: steps other than 1, tensor indices (beyond ``x[idx]`` with one 1-dim
+int64 tensor, which ``families/index.py`` reads), bool indices, an empty selection, int64 sources
+and transposed ones.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from actors.experts.template.emit import Scope, Writer, gather_emitter
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
+from actors.experts.template.lowering import LowerContext, lowering
+
+EW_OPS["slice"] = (1, 0)  # the source; its attrs (two per source dim) are not a fixed count
+
+_SOURCE_DTYPES = ("float32", "bool", *HALF)
+
+
+def _bound(lw: LowerContext, value: object, what: str) -> int | None:
+    """A slice bound as a Python int (one computed in forward, ``x.size(1) // 2``, was traced), or None."""
+    value = lw.arg(value)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise UnsupportedGraph(f"a slice {what} of {type(value).__name__} is not covered (an int only)")
+
+
+def _selection(lw: LowerContext, index: object, shape: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """Per dim of ``shape``: the first element ``index`` selects and how many (one for an int)."""
+    items = index if isinstance(index, tuple) else (index,)
+    for item in items:
+        if isinstance(item, NodeRef):
+            raise UnsupportedGraph(
+                "indexing by a tensor is covered only as x[idx] with one 1-dim int64 tensor", op="getitem"
+            )
+        if isinstance(item, bool) or not (item is None or item is Ellipsis or isinstance(item, int | slice)):
+            raise UnsupportedGraph(f"indexing a tensor by {type(item).__name__} is not covered", op="getitem")
+    consumed = sum(1 for item in items if isinstance(item, int | slice))
+    ellipses = sum(1 for item in items if item is Ellipsis)
+    if ellipses > 1 or consumed > len(shape):
+        raise UnsupportedGraph(f"index {index!r} of a {len(shape)}-dim tensor is not valid", op="getitem")
+    starts: list[int] = []
+    counts: list[int] = []
+    for item in items:
+        if item is Ellipsis:
+            for d in range(len(starts), len(starts) + len(shape) - consumed):
+                starts.append(0)
+                counts.append(shape[d])
+        elif isinstance(item, slice):
+            size = shape[len(starts)]
+            step = _bound(lw, item.step, "step")
+            if step not in (None, 1):
+                raise UnsupportedGraph(f"a slice with step {step} is not covered (step 1 only)", op="getitem")
+            start, stop, _ = slice(_bound(lw, item.start, "start"), _bound(lw, item.stop, "stop")).indices(size)
+            starts.append(start)
+            counts.append(max(0, stop - start))
+        elif isinstance(item, int):
+            size = shape[len(starts)]
+            if not -size <= item < size:
+                raise UnsupportedGraph(f"index {item} of a dim of {size} is out of range", op="getitem")
+            starts.append(item % size)
+            counts.append(1)
+    for d in range(len(starts), len(shape)):  # the dims the index does not name: all of each
+        starts.append(0)
+        counts.append(shape[d])
+    return starts, counts
+
+
+@lowering("slice")
+def _slice(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``b["input"][b["index"]]`` (a basic index); ``traced`` is the traced result."""
+    x = b.get("input")
+    if not isinstance(x, NodeRef):
+        raise UnsupportedGraph(f"indexing a {type(x).__name__} is not covered", op="getitem")
+    dtype = lw.node(x).dtype
+    if dtype not in _SOURCE_DTYPES:
+        raise UnsupportedGraph(f"slicing a tensor of dtype {dtype} is not covered (float and bool only)", op="getitem")
+    shape = lw.shape(x)
+    starts, counts = _selection(lw, b["index"], shape)
+    if not isinstance(traced, torch.Tensor) or math.prod(traced.shape) != math.prod(counts):
+        raise UnsupportedGraph(f"index {b['index']!r} of shape {shape}: the traced result disagrees", op="getitem")
+    out = tuple(int(s) for s in traced.shape)
+    if 0 in counts:
+        raise UnsupportedGraph(f"a slice of {shape} that selects no element is not covered", op="getitem")
+    if counts == list(shape):
+        return lw.view(x, out)  # all of it, in order (new or dropped dims of one): the tensor itself
+    if lw.transposed(x):
+        raise UnsupportedGraph("slicing a transposed tensor is not covered", op="getitem")
+    inner = lw.node(x)
+    rank = len(shape)
+    if inner.op == "slice" and len(inner.attrs) == 2 * rank and inner.attrs[rank:] == tuple(map(float, shape)):
+        # A slice of a slice of the same dims (``x[:, 1:][:, :3]``): one slice of the first's source.
+        starts = [int(a) + s for a, s in zip(inner.attrs[:rank], starts, strict=True)]
+        x = NodeRef(inner.tensor_args()[0])
+    attrs = tuple(float(v) for v in (*starts, *counts))
+    return lw.add(NodeKind.EW, out, op="slice", args=(x.id,), attrs=attrs, dtype=dtype)
+
+
+def _axes(shape: tuple[int, ...], starts: list[int], counts: list[int]) -> tuple[int, list[tuple[int, int, int]]]:
+    """The selection as a constant offset and (count, inner, stride) per axis that varies, inner
+    axes last: a dim taken whole joins the axis outside it (``x[:, -1, :]`` of ``(B, T, H)`` reads
+    ``b * T * H + (T - 1) * H + h``: one axis of ``H`` and one of ``B``)."""
+    merged: list[list[int]] = []  # [extent, start, count], innermost first
+    for size, start, count in zip(reversed(shape), reversed(starts), reversed(counts), strict=True):
+        if merged and merged[-1][1] == 0 and merged[-1][2] == merged[-1][0]:
+            inner_extent = merged[-1][0]
+            merged[-1] = [size * inner_extent, start * inner_extent, count * inner_extent]
+        else:
+            merged.append([size, start, count])
+    offset, stride, inner = 0, 1, 1
+    axes: list[tuple[int, int, int]] = []
+    for extent, start, count in merged:
+        offset += start * stride
+        if count > 1:
+            axes.append((count, inner, stride))
+            inner *= count
+        stride *= extent
+    return offset, list(reversed(axes))
+
+
+@gather_emitter("slice", sources=0)
+def _emit_slice(w: Writer, scope: Scope, node: Node, row: bool) -> str:
+    """Each element's coordinates in the selection, shifted by its starts, address the source."""
+    base = w.gather_source(node, "slices")
+    src = w.plan.nodes[node.tensor_args()[0]]
+    rank = len(src.shape)
+    starts = [int(a) for a in node.attrs[:rank]]
+    counts = [int(a) for a in node.attrs[rank:]]
+    offset, axes = _axes(src.shape, starts, counts)
+    sp = w.space(row)
+    at = sp.index(node.shape, (0, len(node.shape)))
+    terms = [] if axes else [f"({at})"]  # one element: the index is 0 wherever the mask holds
+    terms += [str(offset)] if offset else []
+    for i, (count, inner, stride) in enumerate(axes):
+        coord = f"({at})" if inner == 1 else f"(({at}) // {inner})"
+        if i > 0:  # the outermost axis needs no modulo: the index stays below the element count
+            coord = f"({coord} % {count})"
+        terms.append(coord if stride == 1 else f"{coord} * {stride}")
+    where = f"s{node.id}"
+    w.emit(scope, f"{where} = {' + '.join(terms)}")
+    other = "0" if src.dtype == "bool" else "0.0"
+    var = f"v{node.id}"
+    w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {where}, mask={sp.mask}, other={other}).to(tl.float32)")
+    return var
