@@ -90,6 +90,19 @@ NORM_CASES: tuple[Case, ...] = (
         ),
         ({"B": 5, "N": 37}, {"B": 16, "N": 100}),
     ),
+    Case(
+        "normalize_behind_a_device_guard_with_a_default_argument",
+        _model(
+            "",
+            "self.fc = nn.Linear(6, $N)",
+            "x, mask=None",
+            "if x.device != self.fc.weight.device:\n    raise ValueError('x is elsewhere')\n"
+            "return F.normalize(self.fc(x), dim=1) + F.normalize(x, p=1.0, dim=0, eps=1e-3).sum()",
+            "torch.randn(5, 6)",
+            "",
+        ),
+        ({"N": 7}, {"N": 33}),
+    ),
 )
 """Every normalisation problem the tests render and check."""
 

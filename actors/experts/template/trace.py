@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch import fx
+from torch.fx.experimental.meta_tracer import MetaDeviceAttribute, MetaProxy, MetaTracer
 
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from gpu_runner.errors import missing_hint
@@ -70,16 +71,26 @@ def _trace_with_sizes(model: torch.nn.Module, inputs: list[Any]) -> fx.GraphModu
     import inspect
     import warnings
 
-    from torch.fx.experimental.meta_tracer import MetaTracer
-
-    names = list(inspect.signature(model.forward).parameters)
-    if len(names) != len(inputs):
+    params = inspect.signature(model.forward).parameters
+    names = list(params)
+    # Arguments get_inputs() leaves out take their defaults (``forward(self, x, mask=None)``).
+    defaults = {n: params[n].default for n in names[len(inputs) :]}
+    if len(names) < len(inputs) or any(d is inspect.Parameter.empty for d in defaults.values()):
         raise UnsupportedGraph(f"forward takes {len(names)} arguments but get_inputs() gives {len(inputs)}")
     tracer = _augmenting(MetaTracer)()
     tracer.proxy_buffer_attributes = True
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a value it could not compute: fall back to the plain tracer
-        graph = tracer.trace(model, meta_args=dict(zip(names, inputs, strict=True)))
+        warnings.filterwarnings("ignore", message=".*_assert_is_none")  # a default of None checked
+        meta_args = dict(zip(names, inputs, strict=False))
+        graph = tracer.trace(model, meta_args=meta_args, concrete_args=defaults or None)
+    for node in list(graph.nodes):  # fx's check that a None default was given None: nothing to compute
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
+            graph.erase_node(node)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for node in placeholders[len(inputs) :]:  # the defaulted arguments, once nothing reads them
+        if not node.users:
+            graph.erase_node(node)
     return fx.GraphModule(tracer.root, graph)
 
 
@@ -111,7 +122,25 @@ def _augmented_class(base: type[fx.Proxy]) -> type[fx.Proxy]:
 
         return apply
 
-    return type(base.__name__, (base,), {"_kf_augmented": True, **{n: method(op) for n, op in _AUGMENTED.items()}})
+    members: dict[str, Any] = {"_kf_augmented": True, **{n: method(op) for n, op in _AUGMENTED.items()}}
+    if issubclass(base, MetaProxy):
+        members["device"] = property(lambda self: _Device(self, "device"))
+    return type(base.__name__, (base,), members)
+
+
+class _Device(MetaDeviceAttribute):
+    """``x.device`` while tracing with sizes: compared with another tensor's device it is equal
+    (every tensor of the model and its inputs sits on the one device the evaluator runs it on), so
+    a reference's guard (``if x.device != self.clusters.device: raise``) traces as the branch it
+    takes; any other use stays a traced value, as the meta tracer makes it."""
+
+    def __eq__(self, other: object) -> Any:
+        return True if isinstance(other, MetaDeviceAttribute) else super().__eq__(other)
+
+    def __ne__(self, other: object) -> Any:
+        return False if isinstance(other, MetaDeviceAttribute) else super().__ne__(other)
+
+    __hash__ = MetaDeviceAttribute.__hash__
 
 
 _PROXIES: dict[type, type[fx.Proxy]] = {}

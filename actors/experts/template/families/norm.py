@@ -5,7 +5,8 @@ reduces over every dim but the channel: the spatial dims first, then the batch d
 reductions the row template covers; in eval mode with running stats it is an affine map of
 the buffers. ``instance_norm`` reduces over the spatial dims. Both use the biased variance and
 ``1 / sqrt(var + eps)`` like PyTorch. ``torch.norm`` / ``torch.linalg.vector_norm`` with p = 1, 2,
-``"fro"`` or infinity are sums (or a maximum) of ``|x|`` powers. The running statistics that
+``"fro"`` or infinity are sums (or a maximum) of ``|x|`` powers; ``F.normalize`` divides by such a
+norm (at least ``eps``). The running statistics that
 PyTorch updates in training mode are not updated (only the output is computed).
 """
 
@@ -15,11 +16,15 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from actors.experts.template.composites import param_or_arg, reduce_dims
 from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import NodeRef
 from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.spellings import REQUIRED, Spec, spell
+
+spell(Spec("normalize", (("input", REQUIRED), ("p", 2.0), ("dim", 1), ("eps", 1e-12), ("out", None))), (F.normalize,))
 
 
 def recentred(lw: LowerContext, x: NodeRef, mean: NodeRef) -> NodeRef:
@@ -186,6 +191,19 @@ def lower_vector_norm(lw: LowerContext, b: dict[str, Any], dims: tuple[int, int]
     if p == math.inf:
         return lw.red("amax", lw.ew("abs", x), dims, keep)
     raise UnsupportedGraph(f"norm with p={p!r} is not covered")
+
+
+@lowering("normalize")
+def _normalize(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``F.normalize``: ``x / max(norm_p(x, dim, keepdim), eps)``, as PyTorch computes it."""
+    if b.get("out") is not None:
+        raise UnsupportedGraph("F.normalize with out= is not covered")
+    x = lw.tensor(b["input"], canon)
+    dim = b.get("dim", 1)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise UnsupportedGraph(f"F.normalize over dim {dim!r} is not covered (one dim)")
+    norm = lower_vector_norm(lw, {"input": x, "p": b.get("p", 2.0), "keepdim": True}, reduce_dims(lw.shape(x), dim))
+    return lw.ew("div", x, lw.ew("clamp_min", norm, attrs=(number(b.get("eps", 1e-12), "eps"),)))
 
 
 @lowering("batch_norm")
