@@ -473,6 +473,18 @@ CASES: tuple[Case, ...] = (
         ),
         _MM,
     ),
+    Case(
+        "broadcasts_in_the_middle",
+        _model(
+            "",
+            "",
+            "x, y, z",
+            "a = x * y + z\nreturn torch.relu(a - a.sum(dim=1, keepdim=True) * 0.1) * y",
+            "torch.randn($B, 5, $N), torch.randn($B, 1, $N), torch.randn(1, 5, 1)",
+            "",
+        ),
+        ({"B": 3, "N": 7}, {"B": 2, "N": 16}),
+    ),
 )
 """Every covered problem the tests render and check."""
 

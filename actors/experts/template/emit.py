@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import ew_expr, lit
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
-from actors.experts.template.ir import GATHER_OPS, HALF, Node, NodeKind, broadcast_block
+from actors.experts.template.ir import GATHER_OPS, HALF, Node, NodeKind, broadcast_blocks
 from actors.experts.template.params import TemplateParams
 
 INT32_LIMIT = 2**31 - 1
@@ -124,17 +124,20 @@ class Writer:
         base, transposed = base_of(self.plan, arg, self.sched.is_exported)
         if transposed:
             raise UnsupportedGraph("a transposed tensor used elementwise is not covered")
-        block = broadcast_block(self.plan.nodes[arg].shape, target)
-        if block is None:
+        blocks = broadcast_blocks(self.plan.nodes[arg].shape, target)
+        if blocks is None:
             raise UnsupportedGraph(f"operand of shape {self.plan.nodes[arg].shape} does not broadcast to {target}")
         ptr = self.pointer(base)
-        if block[0] == block[1]:
+        if not blocks:
             key: tuple[object, ...] = ("scalar", base)
             widen = self.plan.nodes[base].dtype in ("bool", *HALF)
             code = f"tl.load({ptr})" + (".to(tl.float32)" if widen else "")
         else:
             sp = self.space(row)
-            index = sp.index(target, block)
+            index = " + ".join(
+                sp.index(target, (a, b)) if stride == 1 else f"({sp.index(target, (a, b))}) * {stride}"
+                for a, b, stride in blocks
+            )
             key = ("load", base, index)
             hint = ""
             if scope.eviction is not None and self.plan.nodes[base].numel == self.kernel.numel:

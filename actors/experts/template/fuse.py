@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import GATHER_OPS, Node, NodeKind, Plan, broadcast_block, gathered
+from actors.experts.template.ir import GATHER_OPS, Node, NodeKind, Plan, broadcast_blocks, gathered
 from actors.experts.template.params import TemplateParams
 
 
@@ -455,7 +455,7 @@ def _check_addressable(sched: Schedule) -> None:
                 if transposed:
                     raise UnsupportedGraph("a transposed tensor used elementwise is not covered")
                 target = plan.nodes[arg].shape if node.kind is NodeKind.RED else node.shape
-                if broadcast_block(plan.nodes[arg].shape, target) is None:
+                if broadcast_blocks(plan.nodes[arg].shape, target) is None:
                     raise UnsupportedGraph(
                         f"an operand of shape {plan.nodes[arg].shape} broadcast to {target} is not covered"
                     )

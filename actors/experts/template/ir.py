@@ -328,13 +328,15 @@ class Unsupported:
     """The op that stopped it, where one did."""
 
 
-def broadcast_block(operand: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, int] | None:
-    """The dimension range ``[a, b)`` of ``target`` that a broadcast ``operand`` covers.
+def broadcast_blocks(operand: tuple[int, ...], target: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """How an ``operand`` broadcast to ``target`` (numpy rules) is read by the target's linear index.
 
-    An operand broadcast to ``target`` (numpy rules) can be read by linear index exactly when
-    its non-unit dimensions form one contiguous block of ``target``'s dimensions; then element
-    ``lin`` of the target reads ``(lin // prod(target[b:])) % prod(target[a:b])`` of the operand.
-    Returns ``None`` when the operand is not such a block (or does not broadcast at all).
+    Its dimensions of full size form runs ``[a, b)`` of ``target``'s dimensions (broadcast ones,
+    of size one, between them); element ``lin`` of the target reads the sum over the runs of
+    ``((lin // prod(target[b:])) % prod(target[a:b])) * stride``, ``stride`` being the operand's
+    element count after the run. One run is the common case (a bias over channels, a row
+    statistic); several come from a broadcast in the middle (``(B, 1, D)`` against ``(B, N, D)``).
+    Returns ``()`` for a single value, ``None`` when the operand does not broadcast to ``target``.
     """
     rank = len(target)
     if len(operand) > rank:
@@ -346,14 +348,20 @@ def broadcast_block(operand: tuple[int, ...], target: tuple[int, ...]) -> tuple[
     for size, full in zip(padded, target, strict=True):
         if size not in (1, full):
             return None
-    covered = [d for d in range(rank) if padded[d] != 1]
-    if not covered:
-        return (rank, rank)
-    a, b = covered[0], covered[-1] + 1
-    for d in range(a, b):
-        if padded[d] != target[d]:
-            return None
-    return (a, b)
+    runs: list[list[int]] = []
+    for d in range(rank):
+        if padded[d] != target[d]:  # broadcast here: a run ends
+            runs.append([])
+        elif not runs:
+            runs.append([d])
+        else:
+            runs[-1].append(d)
+    blocks = []
+    for run in runs:
+        if run and any(padded[d] != 1 for d in run):  # a run of unit dims only reads nothing
+            a, b = run[0], run[-1] + 1
+            blocks.append((a, b, math.prod(padded[b:])))
+    return tuple(blocks)
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
