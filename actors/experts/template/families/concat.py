@@ -33,10 +33,7 @@ spell(Spec("stack", (("tensors", REQUIRED), ("dim", 0))), functions=(torch.stack
 
 @lowering("cat")
 def _cat(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
-    parts = b["tensors"]
-    if not isinstance(parts, list | tuple) or not parts:
-        raise UnsupportedGraph("torch.cat of something other than a list of tensors is not covered")
-    refs = [lw.tensor(p, "a part of torch.cat") for p in parts]
+    refs, dtype = _parts(lw, b, "torch.cat")
     shapes = [lw.shape(r) for r in refs]
     rank = len(shapes[0])
     dim = b.get("dim", 0)
@@ -46,26 +43,29 @@ def _cat(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
     for s in shapes:
         if len(s) != rank or s[:dim] != shapes[0][:dim] or s[dim + 1 :] != shapes[0][dim + 1 :]:
             raise UnsupportedGraph(f"torch.cat of parts of shapes {shapes} along dim {dim} is not covered")
-    dtypes = {lw.node(r).dtype for r in refs}
-    if len(dtypes) != 1:
-        raise UnsupportedGraph(f"torch.cat of parts of dtypes {sorted(dtypes)} is not covered")
     kept = [r for r, s in zip(refs, shapes, strict=True) if s[dim] > 0]
     if not kept:
         raise UnsupportedGraph("torch.cat of empty parts only is not covered")
-    if len(kept) == 1:
-        return kept[0]
-    if any(lw.transposed(r) for r in kept):
-        raise UnsupportedGraph("torch.cat of a transposed part is not covered")
-    return _join(lw, kept, dim, dtypes.pop())
+    return kept[0] if len(kept) == 1 else _join(lw, kept, dim, dtype)
+
+
+def _parts(lw: LowerContext, b: dict[str, Any], what: str) -> tuple[list[NodeRef], str]:
+    """The parts of a ``cat`` or ``stack`` call and their one dtype; declined (with ``what``) for
+    something other than a list of tensors and for mixed dtypes."""
+    parts = b["tensors"]
+    if not isinstance(parts, list | tuple) or not parts:
+        raise UnsupportedGraph(f"{what} of something other than a list of tensors is not covered")
+    refs = [lw.tensor(p, f"a part of {what}") for p in parts]
+    dtypes = {lw.node(r).dtype for r in refs}
+    if len(dtypes) != 1:
+        raise UnsupportedGraph(f"{what} of parts of dtypes {sorted(dtypes)} is not covered")
+    return refs, dtypes.pop()
 
 
 @lowering("stack")
 def _stack(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
     """``torch.stack``: each part viewed with a dim of one at ``dim``, then joined along it."""
-    parts = b["tensors"]
-    if not isinstance(parts, list | tuple) or not parts:
-        raise UnsupportedGraph("torch.stack of something other than a list of tensors is not covered")
-    refs = [lw.tensor(p, "a part of torch.stack") for p in parts]
+    refs, dtype = _parts(lw, b, "torch.stack")
     shapes = {lw.shape(r) for r in refs}
     if len(shapes) != 1:
         raise UnsupportedGraph(f"torch.stack of parts of shapes {sorted(shapes)} is not covered")
@@ -74,19 +74,16 @@ def _stack(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
     if not isinstance(dim, int) or not -len(shape) - 1 <= dim <= len(shape):
         raise UnsupportedGraph(f"torch.stack along dim {dim!r} of {len(shape)}-dim parts is not covered")
     dim %= len(shape) + 1
-    dtypes = {lw.node(r).dtype for r in refs}
-    if len(dtypes) != 1:
-        raise UnsupportedGraph(f"torch.stack of parts of dtypes {sorted(dtypes)} is not covered")
-    if any(lw.transposed(r) for r in refs):
-        raise UnsupportedGraph("torch.stack of a transposed part is not covered")
     viewed = [lw.view(r, (*shape[:dim], 1, *shape[dim:])) for r in refs]
-    return viewed[0] if len(viewed) == 1 else _join(lw, viewed, dim, dtypes.pop())
+    return viewed[0] if len(viewed) == 1 else _join(lw, viewed, dim, dtype)
 
 
 def _join(lw: LowerContext, parts: list[NodeRef], dim: int, dtype: str) -> NodeRef:
     """One ``cat`` node of ``parts``; of more than :data:`MAX_PARTS`, a ``cat`` of the ``cat`` of
     each run of consecutive parts (a dense block's concatenation of all its layers' outputs: the
     runs are copied once more, and every kernel reads at most ``MAX_PARTS`` parts)."""
+    if any(lw.transposed(r) for r in parts):
+        raise UnsupportedGraph("torch.cat of a transposed part is not covered")
     if len(parts) > MAX_PARTS:
         size = -(-len(parts) // MAX_PARTS)
         runs = [parts[i : i + size] for i in range(0, len(parts), size)]
