@@ -485,6 +485,20 @@ CASES: tuple[Case, ...] = (
         ),
         ({"B": 3, "N": 7}, {"B": 2, "N": 16}),
     ),
+    Case(
+        "transposed_operands_elementwise_and_in_a_row",
+        _model(
+            "",
+            "",
+            "x, y, b",
+            "t = torch.tanh(x)\na = t.transpose(1, 2) * y + b\n"
+            "s = torch.relu(y).transpose(-1, -2).sum(dim=1, keepdim=True)\n"
+            "return torch.softmax(a, dim=-1) + s.transpose(1, 2)",
+            "torch.randn($B, 5, $N), torch.randn($B, $N, 5), torch.randn($N, 1)",
+            "",
+        ),
+        ({"B": 2, "N": 7}, {"B": 3, "N": 1}),
+    ),
 )
 """Every covered problem the tests render and check."""
 
@@ -509,7 +523,7 @@ UNSUPPORTED: dict[str, str] = {
     "returns_input": _model("", "", "x", "return x.view(-1)", "torch.randn(4, 8)", ""),
     "outputs_sharing_memory": _model("", "", "x", "y = x * 2\nreturn y, y.view(-1)", "torch.randn(4, 8)", ""),
     "pow_fractional": _model("", "", "x", "return torch.pow(torch.abs(x), 1.7)", "torch.randn(4, 8)", ""),
-    "transpose_elementwise": _model("", "", "x", "return x.t() + 1.0", "torch.randn(4, 8)", ""),
+    "permute_of_other_dims": _model("", "", "x", "return x.permute(2, 0, 1) + 1.0", "torch.randn(4, 8, 3)", ""),
     "non_adjacent_reduce": _model("", "", "x", "return x.sum(dim=(0, 2))", "torch.randn(4, 8, 3)", ""),
     "maxpool_return_indices": _model(
         "", "", "x", "return F.max_pool1d(x, 2, return_indices=True)[0]", "torch.randn(4, 8, 6)", ""

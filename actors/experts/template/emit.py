@@ -122,12 +122,12 @@ class Writer:
     def load(self, scope: Scope, arg: int, target: tuple[int, ...], row: bool) -> str:
         """Load an operand computed outside this kernel, broadcast to ``target``."""
         base, transposed = base_of(self.plan, arg, self.sched.is_exported)
-        if transposed:
-            raise UnsupportedGraph("a transposed tensor used elementwise is not covered")
         blocks = broadcast_blocks(self.plan.nodes[arg].shape, target)
         if blocks is None:
             raise UnsupportedGraph(f"operand of shape {self.plan.nodes[arg].shape} does not broadcast to {target}")
         ptr = self.pointer(base)
+        if transposed:
+            blocks = self._transposed_blocks(self.plan.nodes[arg].shape, target)
         if not blocks:
             key: tuple[object, ...] = ("scalar", base)
             widen = self.plan.nodes[base].dtype in ("bool", *HALF)
@@ -154,6 +154,18 @@ class Writer:
         self.emit(scope, f"{var} = {code}")
         scope.memo[key] = var
         return var
+
+    @staticmethod
+    def _transposed_blocks(shape: tuple[int, ...], target: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+        """The runs (as :func:`broadcast_blocks` gives them) of an operand of ``shape`` whose
+        last two dims are swapped in memory (``x.transpose(-1, -2)`` of a stored ``x``): one run
+        per dim of full size, each with the stride of that dim in the stored layout (so the
+        loads are strided along the tile; a transposed operand is rare outside products)."""
+        rank, lead = len(shape), len(target) - len(shape)
+        stored = (*shape[:-2], shape[-1], shape[-2])
+        strides = [math.prod(stored[d + 1 :]) for d in range(rank)]
+        strides[-2], strides[-1] = strides[-1], strides[-2]  # logical dim -2 is stored dim -1
+        return tuple((lead + d, lead + d + 1, strides[d]) for d in range(rank) if shape[d] != 1)
 
     def value(self, scope: Scope, nid: int) -> str:
         """The variable holding node ``nid`` at the tile's level, computing it if needed."""

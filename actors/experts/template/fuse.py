@@ -234,11 +234,18 @@ class _Builder:
             self._gather(node)
             return
         inside = [a for a in node.tensor_args() if a in self.kernel_of]
+        outside = [a for a in node.tensor_args() if a not in self.kernel_of]
         if inside:
             k = max(self.kernel_of[a] for a in inside)
             kernel = self.kernels[k]
             mine = [a for a in inside if self.kernel_of[a] == k]
-            level = self._fits(kernel, node, mine)
+            # A view or transpose of a value a later kernel stores is read only after it; a
+            # transpose of one this kernel stores, too (other programs write what it reads).
+            later = any(
+                self._producer(a) > k or (self._producer(a) == k and self.node(a).kind is NodeKind.PERM)
+                for a in outside
+            )
+            level = None if later else self._fits(kernel, node, mine)
             if level is not None:
                 for a in inside:
                     if self.kernel_of[a] != k:
@@ -452,8 +459,6 @@ def _check_addressable(sched: Schedule) -> None:
                     if transposed:
                         raise UnsupportedGraph("indices into a transposed tensor are not covered")
                     continue  # read at computed addresses, not broadcast
-                if transposed:
-                    raise UnsupportedGraph("a transposed tensor used elementwise is not covered")
                 target = plan.nodes[arg].shape if node.kind is NodeKind.RED else node.shape
                 if broadcast_blocks(plan.nodes[arg].shape, target) is None:
                     raise UnsupportedGraph(
