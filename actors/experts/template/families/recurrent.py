@@ -200,7 +200,7 @@ register(
         defaults=_rec_defaults,
         relevant=_rec_relevant,
         compute=("mm_block_n", "mm_block_k", "mm_warps", "mm_precision"),
-        latency=("mm_warps", "mm_block_m"),
+        latency=("mm_warps",),  # mm_block_m here would steer the products' latency mutations too
         tiles=("mm_block_m", "mm_block_n", "mm_block_k"),
         precision=("mm_precision",),
     )
