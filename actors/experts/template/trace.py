@@ -125,7 +125,17 @@ def _augmented_class(base: type[fx.Proxy]) -> type[fx.Proxy]:
     members: dict[str, Any] = {"_kf_augmented": True, **{n: method(op) for n, op in _AUGMENTED.items()}}
     if issubclass(base, MetaProxy):
         members["device"] = property(lambda self: _Device(self, "device"))
+        members["size"] = _meta_size
     return type(base.__name__, (base,), members)
+
+
+def _meta_size(self: Any, dim: int | None = None) -> Any:
+    """``x.size(dim)`` of a proxy with its meta value: a number, ``x.size(0)`` included (the meta
+    tracer's own ``size`` tests ``if dim``, so dimension 0 gave the whole ``torch.Size``)."""
+    meta = getattr(self, "_tensor_meta", None)
+    if meta is not None:
+        return meta.size() if dim is None else meta.size(dim)
+    return MetaProxy.size(self, dim)
 
 
 class _Device(MetaDeviceAttribute):
@@ -155,7 +165,30 @@ def _augmenting(tracer: type[_T]) -> type[_T]:
     def proxy(self: fx.Tracer, node: fx.Node) -> fx.Proxy:
         return _augment(tracer.proxy(self, node))
 
-    return type(tracer.__name__, (tracer,), {"proxy": proxy})
+    members: dict[str, Any] = {"proxy": proxy}
+    if issubclass(tracer, MetaTracer):
+        members.update(call_module=_meta_call_module, create_proxy=_meta_create_proxy)
+    return type(tracer.__name__, (tracer,), members)
+
+
+def _meta_call_module(self: Any, m: torch.nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+    """A module called while the meta tracer computes a leaf module's output on meta tensors
+    (``nn.TransformerEncoder`` calling its layers) runs as plain code: recorded, it would put meta
+    tensors in the graph as constants (``_tensor_constant0``) and overwrite the outer leaf's
+    ``orig_forward``."""
+    if getattr(self, "_kf_meta_depth", 0):
+        return forward(*args, **kwargs)
+    return MetaTracer.call_module(self, m, forward, args, kwargs)
+
+
+def _meta_create_proxy(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
+    if kind != "call_module":
+        return MetaTracer.create_proxy(self, kind, *args, **kwargs)
+    self._kf_meta_depth = getattr(self, "_kf_meta_depth", 0) + 1
+    try:
+        return MetaTracer.create_proxy(self, kind, *args, **kwargs)
+    finally:
+        self._kf_meta_depth -= 1
 
 
 CPU_BUILD_LIMIT = 4 << 30
