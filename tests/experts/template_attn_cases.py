@@ -97,6 +97,33 @@ ATTN_CASES: tuple[Case, ...] = (
         ({"L": 37, "E": 24},),
     ),
     Case(
+        "transformer_encoder_layer_post_norm_relu",
+        _model(
+            ", e, h, f",
+            "self.layer = nn.TransformerEncoderLayer(e, h, dim_feedforward=f, dropout=0.0)",
+            "x",
+            "return self.layer(x)",
+            "torch.rand($L, 2, $E)",
+            "$E, 2, $F",
+        ),
+        ({"L": 9, "E": 16, "F": 24},),
+    ),
+    Case(
+        "transformer_encoder_pre_norm_gelu_batch_first_final_norm",
+        _model(
+            ", e, h, f",
+            "layer = nn.TransformerEncoderLayer(e, h, f, dropout=0.1, activation='gelu', batch_first=True,\n"
+            "                                   norm_first=True)\n"
+            "self.encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(e), enable_nested_tensor=False)\n"
+            "self.encoder.eval()",
+            "x",
+            "return self.encoder(x)[:, 0]",
+            "torch.rand(2, $L, $E)",
+            "$E, 2, $F",
+        ),
+        ({"L": 7, "E": 12, "F": 20},),
+    ),
+    Case(
         "multihead_cross_attention_batch_first_no_bias",
         _model(
             ", e, h",

@@ -49,6 +49,27 @@ def test_uncovered_attention_is_declined_with_its_reason(body: str, reason: str)
     assert reason in result.detail
 
 
+@pytest.mark.parametrize(
+    ("layer", "body", "reason"),
+    [
+        ("nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)", "return self.m(x, src_mask=m)", "src_mask"),
+        ("nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)", "return self.m(x, src_mask=m, is_causal=True)", "mask"),
+        ("nn.TransformerEncoderLayer(8, 2, 16)", "return self.m(x)", "random"),
+        ("nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation=F.silu)", "return self.m(x)", "silu"),
+        (
+            "nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0), 2, enable_nested_tensor=False)",
+            "return self.m(x, src_key_padding_mask=m > 0.5)",
+            "src_key_padding_mask",
+        ),
+    ],
+)
+def test_uncovered_transformer_encoders_are_declined_with_their_reason(layer: str, body: str, reason: str) -> None:
+    source = HEAD + _model("", f"self.m = {layer}", "x, m", body, "torch.rand(5, 2, 8), torch.rand(5, 5)", "")
+    result = analyse(source)
+    assert isinstance(result, Unsupported)
+    assert reason in result.detail
+
+
 _HALF_BODIES = (
     "return F.scaled_dot_product_attention(q, k, v, is_causal=True)",
     "return torch.softmax(q @ k.transpose(-2, -1) * 0.3, dim=-1) @ v",

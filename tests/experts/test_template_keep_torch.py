@@ -33,6 +33,14 @@ RNN_BLOCK = HEAD + _model(
 RESHAPED_TRANSPOSE = HEAD + _model(
     "", "", "x", "return torch.relu(x).transpose(-1, -2).contiguous().view(2, -1) * 2.0", "torch.rand(2, 3, 5)", ""
 )
+UNFOLDED_PATCHES = HEAD + _model(
+    "",
+    "",
+    "x",
+    "return torch.relu(x.unfold(2, 4, 4).unfold(3, 4, 2).reshape(x.shape[0], -1, 48)) * 2.0",
+    "torch.rand(2, 3, 8, 10)",
+    "",
+)
 P = TorchOpsPolicy
 
 
@@ -83,10 +91,23 @@ def test_reshape_of_a_transpose_stays_a_pytorch_view_between_kernels() -> None:
     assert ".transpose(-1, -2).contiguous().view(2, -1)" in render(plan, default_params(plan))
 
 
+def test_unfold_windows_are_an_as_strided_view_under_forbid() -> None:
+    plan = _plan(UNFOLDED_PATCHES, KeepTorch.LAYOUT)
+    source = render(plan, default_params(plan))
+    assert ".unfold(" not in source
+    assert ".as_strided((2, 3, 2, 10, 4), (240, 80, 40, 1, 10))" in source
+    assert _rejected(source, UNFOLDED_PATCHES, P.FORBID) == []
+
+
 @pytest.mark.timeout(300)
 def test_split_blocks_match_pytorch_under_the_interpreter(tmp_path: Path) -> None:
     jobs: list[dict[str, object]] = []
-    cases = ((GPT_BLOCK, KeepTorch.LAYOUT), (RNN_BLOCK, KeepTorch.ALL), (RESHAPED_TRANSPOSE, KeepTorch.LAYOUT))
+    cases = (
+        (GPT_BLOCK, KeepTorch.LAYOUT),
+        (RNN_BLOCK, KeepTorch.ALL),
+        (RESHAPED_TRANSPOSE, KeepTorch.LAYOUT),
+        (UNFOLDED_PATCHES, KeepTorch.LAYOUT),
+    )
     for reference, keep in cases:
         plan = _plan(reference, keep)
         candidate = render(plan, default_params(plan))

@@ -42,6 +42,7 @@ LAYOUT_METHODS = frozenset(
     {
         "view", "reshape", "permute", "transpose", "t", "contiguous", "flatten", "unflatten", "squeeze",
         "unsqueeze", "split", "chunk", "unbind", "narrow", "movedim", "swapaxes", "expand", "expand_as", "view_as",
+        "unfold",
     }
 )  # fmt: skip
 """Tensor methods that only move or re-address data (the evaluator admits them under ``forbid``)."""
@@ -133,6 +134,8 @@ def _expression(lw: LowerContext, fxn: fx.Node, source: str) -> tuple[str, list[
     target = fxn.target
     if fxn.op == "call_module":
         text = f"{attr_path(str(target))}({sp.call(tuple(fxn.args), dict(fxn.kwargs))})"
+    elif fxn.op == "call_method" and target == "unfold":
+        text = _unfold(lw, sp, fxn)
     elif fxn.op == "call_method":
         receiver, *rest = fxn.args
         text = f"{sp.arg(receiver)}.{target}({sp.call(tuple(rest), dict(fxn.kwargs))})"
@@ -151,6 +154,26 @@ def _expression(lw: LowerContext, fxn: fx.Node, source: str) -> tuple[str, list[
     if not sp.tensors:
         raise UnsupportedGraph(f"{fxn.name} reads no tensor of the forward: not kept in PyTorch", op=fxn.name)
     return text, sp.tensors
+
+
+def _unfold(lw: LowerContext, sp: _Spelling, fxn: fx.Node) -> str:
+    """``x.unfold(dim, size, step)`` (sliding windows: a view) spelled as the ``as_strided`` view it
+    is, over a contiguous copy of ``x``: the candidate's source gate counts the method ``unfold`` as
+    compute (``F.unfold`` is), while ``as_strided`` is plainly a view."""
+    bound = dict(zip(("dimension", "size", "step"), fxn.args[1:], strict=False)) | dict(fxn.kwargs)
+    src = lw.arg(fxn.args[0])
+    values = [bound.get(k) for k in ("dimension", "size", "step")]
+    if not isinstance(src, NodeRef) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise UnsupportedGraph(f"{fxn.name}: unfold of other than a tensor with int dimension, size and step")
+    dim, size, step = (int(v) for v in values if isinstance(v, int))
+    shape = lw.shape(src)
+    if not -len(shape) <= dim < len(shape) or step < 1 or not 1 <= size <= shape[dim]:
+        raise UnsupportedGraph(f"{fxn.name}: unfold({dim}, {size}, {step}) of shape {shape} is not covered")
+    dim %= len(shape)
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    out_shape = [*shape[:dim], (shape[dim] - size) // step + 1, *shape[dim + 1 :], size]
+    out_strides = [*strides[:dim], strides[dim] * step, *strides[dim + 1 :], strides[dim]]
+    return f"{sp.arg(src)}.contiguous().as_strided({tuple(out_shape)!r}, {tuple(out_strides)!r})"
 
 
 def _dtype(value: torch.Tensor) -> str:
