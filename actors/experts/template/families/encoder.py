@@ -127,9 +127,11 @@ def _encoder(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> No
     _no_masks(b, "TransformerEncoder")
     path = str(b["__path__"])
     encoder = lw.traced.root.get_submodule(path)
+    if not isinstance(encoder, nn.TransformerEncoder):
+        raise UnsupportedGraph(f"{path} is a {type(encoder).__name__}", op="TransformerEncoder")
     x = lw.tensor(b["src"], "a TransformerEncoder input")
     for i in range(len(encoder.layers)):
         x = lower_encoder_layer(lw, f"{path}.layers.{i}", x)
-    if encoder.norm is not None:
+    if isinstance(encoder.norm, nn.Module):
         x = _layer_norm(lw, encoder.norm, f"{path}.norm", x)
     return x
