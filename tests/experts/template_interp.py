@@ -18,12 +18,13 @@ import pytest
 from actors.experts.template import Plan, TemplateParams, analyse, default_params, mutate, render
 from actors.experts.template import emit as emit_module
 from actors.experts.template.interp_check import Verdict, finish_check, start_check
+from actors.experts.template.ir import KeepTorch
 from tests.experts.template_cases import Case
 
 
-def plan_of(source: str) -> Plan:
+def plan_of(source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan:
     """The plan of a covered reference (fails the test otherwise)."""
-    plan = analyse(source)
+    plan = analyse(source, keep_torch)
     assert isinstance(plan, Plan), plan
     return plan
 
@@ -33,14 +34,16 @@ def interp_verdicts(
     stress: Mapping[str, object],
     workdir: Path,
     also: Callable[[TemplateParams], list[dict[str, object]]] | None = None,
+    keep_torch: KeepTorch = KeepTorch.NONE,
 ) -> dict[str, list[tuple[str, Verdict]]]:
     """Verdicts by case name: (variant label, verdict) for every rendered candidate; ``also``
-    lists changes of each default, each rendered as one more variant (``also0``, ``also1``, ...)."""
+    lists changes of each default, each rendered as one more variant (``also0``, ``also1``, ...);
+    ``keep_torch`` as the run policy plans (``LAYOUT`` under ``forbid``: data movement in PyTorch)."""
     jobs: list[dict[str, object]] = []
     labels: list[tuple[str, str]] = []
     for case in cases:
         for i, source in enumerate(case.sources()):
-            plan = plan_of(source)
+            plan = plan_of(source, keep_torch)
             default = default_params(plan)
             epilogue, prologue = plan.fusions[-1]
             variants = [

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from actors.experts.template.errors import UnsupportedGraph, number
-from actors.experts.template.ir import COMPARISONS, Absent, DiagRef, NodeRef, TupleRef
-from actors.experts.template.lowering import LowerContext, lower_fn
+from actors.experts.template.ir import COMPARISONS, Absent, DiagRef, NodeKind, NodeRef, TupleRef
+from actors.experts.template.lowering import INDEX_DTYPES, LowerContext, lower_fn
 from actors.experts.template.products import product
 
 _UNARY = frozenset(
@@ -41,6 +41,10 @@ _UNARY = frozenset(
         "neg",
     }
 )
+
+
+_FOLDED = frozenset({"sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs", "erf", "reciprocal", "neg"})
+"""Unary ops folded on a number (``torch.log(torch.tensor(100.0))``), in float32 as PyTorch computes them."""
 
 
 def _is_id(value: object) -> bool:
@@ -95,6 +99,8 @@ def apply(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> objec
         return float(data)
     x = b.get("input")
     if canon in _UNARY:
+        if isinstance(x, float) and canon in _FOLDED:
+            return float(getattr(torch, canon)(torch.tensor(x, dtype=torch.float32)))
         return lw.ew(canon, lw.tensor(x, canon))
     if canon in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
         return _binary(lw, canon, b)
@@ -113,13 +119,16 @@ def apply(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> objec
     if canon == "cosine_similarity":
         return _cosine_similarity(lw, b)
     if canon in ("triu", "tril"):
-        x = lw.tensor(x, canon)
+        mask = isinstance(x, NodeRef) and lw.node(x).dtype == "bool"  # a bool mask: zeroed off the triangle
+        x = x if mask and isinstance(x, NodeRef) else lw.tensor(x, canon)
         k = b.get("diagonal", 0)
         if len(lw.shape(x)) < 2 or isinstance(k, bool) or not isinstance(k, int):
             raise UnsupportedGraph(f"{canon} of shape {lw.shape(x)} with diagonal={k!r} is not covered")
+        if mask:
+            return lw.add(NodeKind.EW, lw.shape(x), op=canon, args=(x.id,), attrs=(float(k),), dtype="bool")
         return lw.ew(canon, x, attrs=(float(k),))
     if canon == "einsum":
-        return _einsum(lw, b)
+        return _einsum(lw, b, traced)
     family = lower_fn(canon)  # an op family's own module (``families/``), registered by name
     if family is not None:
         return family(lw, canon, b, traced)
@@ -281,22 +290,32 @@ def _matmul(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
     return product(lw, x, lw.tensor(b["other"], "matmul operand"))
 
 
-def _einsum(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
-    """An ``einsum`` of two operands that is a matrix product: one index contracted, the last of
-    the first operand with the first (``...c,cn``) or last (``...c,nc``) of a matrix, or a batched
-    product ``Pmc,Pcn->Pmn``; the output lists the free indices in operand order."""
-    equation = b.get("equation")
-    if not isinstance(equation, str):
-        raise UnsupportedGraph("einsum without an equation string is not covered")
+def _einsum(lw: LowerContext, b: dict[str, Any], traced: Any) -> object:
+    """An ``einsum`` of two operands that is a matrix product as it stands; any other einsum is
+    lowered by ``families/einsum.py`` (pairwise contractions)."""
+    equation, operands = b.get("equation"), b.get("operands")
+    if isinstance(equation, str) and isinstance(operands, tuple | list) and len(operands) == 2:
+        done = _einsum_product(lw, equation, operands[0], operands[1])
+        if done is not None:
+            return done
+    family = lower_fn("einsum")
+    if family is None:
+        raise UnsupportedGraph(f"einsum {equation!r} is not a matrix product the templates cover")
+    return family(lw, "einsum", b, traced)
+
+
+def _einsum_product(lw: LowerContext, equation: str, a: object, w: object) -> NodeRef | None:
+    """One index contracted, the last of the first operand with the first (``...c,cn``) or last
+    (``...c,nc``) of a matrix, or a batched product ``Pmc,Pcn->Pmn``; the output lists the free
+    indices in operand order (``None``: another einsum)."""
     eq = equation.replace(" ", "")
-    why = f"einsum {equation!r} is not a matrix product the templates cover"
     if "..." in eq or "->" not in eq or eq.count(",") != 1:
-        raise UnsupportedGraph(why)
+        return None
     lhs, out = eq.split("->")
     x, y = lhs.split(",")
-    a, w = lw.tensor(b["input"], "einsum operand"), lw.tensor(b["other"], "einsum operand")
+    a, w = lw.tensor(a, "einsum operand"), lw.tensor(w, "einsum operand")
     if len(set(x)) != len(x) or len(set(y)) != len(y) or len(x) != len(lw.shape(a)) or len(y) != len(lw.shape(w)):
-        raise UnsupportedGraph(why)
+        return None
     c = x[-1]
     if len(x) >= 2 and len(y) == 2 and c in y and set(x) & set(y) == {c}:
         n = y.replace(c, "")
@@ -306,7 +325,7 @@ def _einsum(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     shared = set(x) & set(y) == {*batch, c}
     if len(x) >= 3 and y[:-2] == batch and y[-2] == c and shared and out == batch + x[-2] + y[-1]:
         return product(lw, a, w)
-    raise UnsupportedGraph(why)
+    return None
 
 
 def _present(item: NodeRef | Absent | TupleRef) -> NodeRef | TupleRef:
@@ -359,7 +378,7 @@ def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
             return x  # ``mask[:, :, :T, :T]`` where T is the whole extent: the tensor itself
         index = b["index"]
         rows = lower_fn("index_select")
-        int_rows = isinstance(index, NodeRef) and lw.node(index).dtype == "int64" and len(lw.shape(index)) == 1
+        int_rows = isinstance(index, NodeRef) and lw.node(index).dtype in INDEX_DTYPES and len(lw.shape(index)) == 1
         if isinstance(x, NodeRef) and int_rows and rows is not None:
             return rows(lw, "index_select", {"input": x, "dim": 0, "index": index}, traced)  # ``x[idx]``
         sliced = lower_fn("slice")  # ints, slices, None, Ellipsis: ``families/slicing.py``

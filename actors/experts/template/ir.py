@@ -33,7 +33,8 @@ class NodeKind(StrEnum):
     INPUT = "input"
     """A positional argument of ``forward``."""
     PARAM = "param"
-    """A parameter or buffer of the module (``path`` names it)."""
+    """A parameter or buffer of the module (``path`` names it), or a plain tensor attribute
+    (``op`` is :data:`TENSOR_ATTR`)."""
     EW = "ew"
     """An elementwise operation (``op``, ``args``, ``attrs``)."""
     RED = "red"
@@ -67,6 +68,11 @@ class NodeKind(StrEnum):
 FLOAT_ARG = "float"
 """The ``path`` of an ``INPUT`` node that ``forward`` receives as a Python float (a 0-dim float32
 value in the plan; the rendered ``forward`` turns the number into one)."""
+
+TENSOR_ATTR = "attr"
+"""The ``op`` of a ``PARAM`` node that reads a plain tensor attribute of the module (set in
+``__init__``, not a parameter or buffer): the rendered ``forward`` moves it to the kernels' device,
+as ``.to(device)`` moves parameters and buffers but not plain attributes."""
 
 HALF = ("float16", "bfloat16")
 """Half types the templates read and write (computing in float32, as PyTorch does inside each op)."""
@@ -249,6 +255,10 @@ class Plan:
     extra_outputs: tuple[int, ...] = ()
     """Ids of the further tensors ``forward`` returns, in order, where it returns a tuple or list
     (rendered as a tuple: every tensor is judged)."""
+    output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    """Per returned tensor, the reference's strides where they are not the contiguous ones (an
+    einsum's permuted result, a slice of a larger tensor), else ``None``: outputs are judged in the
+    reference's layout, so ``forward`` copies such a result into one of that layout."""
 
     @property
     def outputs(self) -> tuple[int, ...]:
@@ -399,4 +409,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         template=str(data["template"]),
         fusions=tuple((bool(f[0]), bool(f[1])) for f in data["fusions"]),
         extra_outputs=tuple(int(x) for x in data.get("extra_outputs") or ()),
+        output_strides=tuple(
+            None if st is None else tuple(int(x) for x in st) for st in data.get("output_strides") or ()
+        ),
     )

@@ -34,6 +34,7 @@ from actors.experts.template.ir import (
 from actors.experts.template.keep_torch import is_layout, keep
 from actors.experts.template.lowering import index_inputs, load_families
 from actors.experts.template.spellings import bind, resolve
+from actors.experts.template.tensor_attrs import TensorAttrs
 from actors.experts.template.trace import Traced
 
 
@@ -94,6 +95,9 @@ class _Uncovered:
     error: UnsupportedGraph
 
 
+_INDEX_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
+"""The integer dtypes a buffer of gather indices may have (the plan's name for each)."""
+
 _HALF_KINDS = frozenset({NodeKind.INPUT, NodeKind.PARAM, NodeKind.EW, NodeKind.RED, NodeKind.VIEW, NodeKind.ATTN})
 """Node kinds that may take half operands (the others decline them: products, convolutions, pools, scans)."""
 
@@ -119,8 +123,12 @@ class Lowerer:
         self.written: dict[fx.Node, fx.Node] = {}
         """In-place ops (as their spelling says: ``F.relu(x, True)`` too) -> the tensor each writes."""
         params: dict[str, torch.Tensor] = dict(traced.root.named_parameters())
-        params.update(dict(traced.root.named_buffers()))
+        buffers = dict(traced.root.named_buffers())
+        params.update(buffers)
         self.param_paths = params
+        self.buffer_paths = frozenset(buffers)
+        self.attrs = TensorAttrs(traced)
+        """The plain tensor attributes forward reads and writes (not reproduced: what it leaves on them)."""
 
     # -- building blocks -------------------------------------------------------------------
     def add(self, kind: NodeKind, shape: tuple[int, ...], **kw: Any) -> NodeRef:
@@ -150,10 +158,34 @@ class Lowerer:
             raise UnsupportedGraph(
                 f"parameter {path} is {tensor.dtype}; only float32, float16 and bfloat16 are covered"
             )
+        return self._param_node(path, tensor, dtype)
+
+    def _param_node(self, path: str, tensor: torch.Tensor, dtype: str) -> NodeRef:
         for node in self.nodes:
             if node.kind is NodeKind.PARAM and node.path == path:
                 return NodeRef(node.id)
         return self.add(NodeKind.PARAM, tuple(tensor.shape), path=path, dtype=dtype)
+
+    def _index_buffer(self, fxn: fx.Node, path: str, tensor: torch.Tensor) -> NodeRef | _Uncovered:
+        """An integer buffer read only as the indices of gathers (``table[buf.view(-1)]``,
+        ``index_select``, ``F.embedding``: ``lowering.index_input``), passed to the kernels as any
+        buffer is; read any other way, it declines where it is read, naming the buffer and the use."""
+        what = "buffer" if path in self.buffer_paths else "parameter"
+        use = _non_index_use(fxn)
+        if use is not None:
+            return _Uncovered(
+                UnsupportedGraph(
+                    f"{what} {path} is {tensor.dtype} and {_describe(use)} reads it; an integer {what} is "
+                    "covered only as the indices of a gather (table[idx], index_select, embedding)",
+                    op=_describe(use),
+                )
+            )
+        dtype = _INDEX_DTYPES.get(tensor.dtype)
+        if dtype is None:
+            return _Uncovered(
+                UnsupportedGraph(f"{what} {path} is {tensor.dtype}; gather indices are covered as int64 or int32")
+            )
+        return self._param_node(path, tensor, dtype)
 
     def tensor(self, ref: object, what: str) -> NodeRef:
         """``ref`` as a floating tensor (float32, or float16/bfloat16: computed in float32), or decline."""
@@ -288,8 +320,10 @@ class Lowerer:
                 # that tensor and of every view sharing its memory decline.
                 for target in self._aliases(written) if isinstance(value, _Uncovered) else (written,):
                     self.env[target] = value
+                self.attrs.wrote(written, value)  # later reads of a tensor attribute see it too
         if output is None:
             raise UnsupportedGraph("forward returns nothing")
+        self.attrs.check_state()
         return output
 
     def _output(self, fxn: fx.Node) -> tuple[int, ...]:
@@ -339,11 +373,16 @@ class Lowerer:
             dtype = str(traced.dtype).removeprefix("torch.")
             path = FLOAT_ARG if index in self.traced.float_args else ""
             return self.add(NodeKind.INPUT, tuple(traced.shape), index=index, dtype=dtype, path=path)
+        if fxn.op == "get_attr" and (attr := self.attrs.path_of(fxn)) is not None:
+            return self.attrs.read(self, fxn, attr)  # a plain tensor attribute (``tensor_attrs.py``)
         if fxn.op == "get_attr":
             if str(fxn.target) not in self.param_paths:
                 constant = _scalar_constant(self.traced.graph_module, str(fxn.target))
                 if constant is not None:
                     return constant
+            held = self.param_paths.get(str(fxn.target))
+            if held is not None and not held.is_floating_point() and not held.is_complex() and held.dtype != torch.bool:
+                return self._index_buffer(fxn, str(fxn.target), held)
             return self.param(str(fxn.target))
         if traced is not None and not _has_tensor(traced):
             if isinstance(traced, bool | int | float | torch.device | torch.dtype) or (
@@ -391,9 +430,12 @@ class Lowerer:
     def _check_inplace(self, fxn: fx.Node) -> None:
         """An in-place op is computed as its result, which later reads of the tensor it writes see
         (``lower``); each side of a trial runs on its own copy of the inputs, so writing an input
-        is covered. Not covered: writing a parameter or buffer (the model's state would change
+        is covered, and so is a whole overwrite of a plain tensor attribute (``tensor_attrs.py``).
+        Not covered: writing a parameter or buffer (the model's state would change
         from call to call), a view (its base changes too), or a tensor a view was taken of before."""
         src = fxn.args[0] if fxn.args else None
+        if (attr := self.attrs.path_of(src)) is not None:
+            return self.attrs.check_write(fxn, attr)  # a plain tensor attribute: a whole overwrite
         if not isinstance(src, fx.Node) or src.op == "get_attr" or self._is_parameter(src):
             raise UnsupportedGraph("an in-place op on a parameter or buffer is not covered")
         if src in self.aliasing:
@@ -420,28 +462,43 @@ class Lowerer:
 
 
 def _class_indices(fxn: fx.Node) -> bool:
-    """Whether every use of the input ``fxn`` is as the index argument of an op that reads int64
-    indices (``lowering.index_input``: a loss's class ``target``, an embedding's ``input``)."""
+    """Whether every use of the input ``fxn`` (through views) is as the index argument of an op that
+    reads int64 indices (``lowering.index_input``: a loss's class ``target``, an embedding's ``input``)."""
+    return bool(fxn.users) and _non_index_use(fxn) is None
+
+
+def _non_index_use(fxn: fx.Node) -> fx.Node | None:
+    """The first use of ``fxn`` other than as the index argument of an op that reads integer
+    indices (``lowering.index_input``), looking through views (``idx.view(-1)``); None if none."""
     indexed = index_inputs()
-    if not fxn.users:
-        return False
     for user in fxn.users:
         module = None
         if user.op == "call_module":
-            module = user.graph.owning_module.get_submodule(str(user.target)) if user.graph.owning_module else None
-            if module is None:
-                return False
+            owner = user.graph.owning_module
+            if owner is None:
+                return user
+            module = owner.get_submodule(str(user.target))
         spec = resolve(user, module)
-        if spec is None or spec.canon not in indexed:
-            return False
+        if spec is None or spec.canon not in (*indexed, "view"):
+            return user
         try:
             bound = bind(spec, list(user.args), dict(user.kwargs), module)
         except UnsupportedGraph:
-            return False
-        param = indexed[spec.canon]
-        if bound.get(param) is not fxn or any(v is fxn for k, v in bound.items() if k != param):
-            return False
-    return True
+            return user
+        param = "input" if spec.canon == "view" else indexed[spec.canon]
+        if bound.get(param) is not fxn or any(_mentions(v, fxn) for k, v in bound.items() if k != param):
+            return user
+        if spec.canon == "view":
+            inner = _non_index_use(user)
+            if inner is not None:
+                return inner
+    return None
+
+
+def _mentions(value: object, fxn: fx.Node) -> bool:
+    if isinstance(value, tuple | list):
+        return any(_mentions(v, fxn) for v in value)
+    return value is fxn
 
 
 def _scalar_constant(gm: fx.GraphModule, target: str) -> float | None:

@@ -78,6 +78,10 @@ INDEX_INPUTS: dict[str, str] = {}
 ``target``, an embedding's ``input``): a model input used only there may be int64."""
 
 
+INDEX_DTYPES = ("int64", "int32")
+"""The plan dtypes of index tensors: an input is int64; a buffer of indices int64 or int32."""
+
+
 def index_input(canon: str, param: str) -> None:
     """Declare that ``canon`` reads int64 indices through its argument ``param`` (a family's call)."""
     held = INDEX_INPUTS.get(canon)

@@ -4,7 +4,8 @@ The rendered file is standalone KernelBench format: the header line with the tem
 parameters, imports, the ``@triton.jit`` kernels, and ``class ModelNew`` whose ``__init__`` is
 the reference's own (same submodules and parameters, built in the same order, so a seeded
 construction gives identical weights) and whose ``forward`` only checks shapes, allocates
-outputs with ``torch.empty`` and launches the kernels.
+outputs with ``torch.empty`` and launches the kernels. It changes no attribute: what a
+reference's ``forward`` leaves on its plain tensor attributes is not reproduced (``tensor_attrs.py``).
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from __future__ import annotations
 import textwrap
 from dataclasses import replace
 
+import torch
+
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import Launch
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import attr_path, helpers_source
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
-from actors.experts.template.ir import FLOAT_ARG, KeepTorch, NodeKind, Plan, Unsupported
+from actors.experts.template.ir import FLOAT_ARG, TENSOR_ATTR, KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.kernel_kinds import template_of
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
-from actors.experts.template.trace import trace_reference
+from actors.experts.template.trace import Traced, trace_reference
 
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
 
@@ -57,6 +60,7 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             init_source=init_text,
             prelude_source=prelude,
             ops=tuple(lowerer.ops),
+            output_strides=_reference_strides(traced),
         )
         seen: set[tuple[tuple[str, int], ...]] = set()
         fusions: list[tuple[bool, bool]] = []
@@ -83,6 +87,14 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
         return Unsupported(detail=exc.detail, op=exc.op)
     except TraceFailed as exc:
         return Unsupported(detail=f"the reference could not be traced: {exc}")
+
+
+def _reference_strides(traced: Traced) -> tuple[tuple[int, ...] | None, ...]:
+    """Per tensor ``forward`` returns, its traced strides where they are not the contiguous ones."""
+    output = next(n for n in traced.graph_module.graph.nodes if n.op == "output")
+    returned = output.args[0]
+    values = [traced.values.get(n) for n in (returned if isinstance(returned, tuple | list) else [returned])]
+    return tuple(tuple(v.stride()) if isinstance(v, torch.Tensor) and not v.is_contiguous() else None for v in values)
 
 
 def render(plan: Plan, params: TemplateParams) -> str:
@@ -185,12 +197,15 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
         if node.id in used_bases and node.path != FLOAT_ARG:
             body.append(f"_b{node.id} = {names[node.index]}.contiguous()")
             device = device or f"_b{node.id}.device"
+    attrs = [n for n in plan.nodes if n.kind is NodeKind.PARAM and n.op == TENSOR_ATTR and n.id in used_bases]
     for node in plan.nodes:
-        if node.kind is NodeKind.PARAM and node.id in used_bases:
+        if node.kind is NodeKind.PARAM and node.id in used_bases and node not in attrs:
             body.append(f"_b{node.id} = {attr_path(node.path)}.contiguous()")
             device = device or f"_b{node.id}.device"
     if device is None:
-        raise UnsupportedGraph("forward reads no tensor")
+        raise UnsupportedGraph("forward reads no tensor" + (" but plain tensor attributes" if attrs else ""))
+    for node in attrs:  # not moved by ``.to(device)`` as parameters and buffers are
+        body.append(f"_b{node.id} = {attr_path(node.path)}.to({device}).contiguous()")
     for node in inputs:  # a Python number becomes the 0-dim float32 value the kernels read
         if node.id in used_bases and node.path == FLOAT_ARG:
             name = names[node.index]
@@ -205,9 +220,16 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
         body.extend(launch.setup)
         body.extend(_launch_line(stage) for stage in (*launch.pre, launch))
     returned = []
-    for nid in plan.outputs:
+    for k, nid in enumerate(plan.outputs):
         out, _ = base_of(plan, nid, sched.is_exported)
-        returned.append(f"_b{out}" if out == nid else f"_b{out}.view({tuple(plan.nodes[nid].shape)!r})")
+        node = plan.nodes[nid]
+        returned.append(f"_b{out}" if out == nid else f"_b{out}.view({tuple(node.shape)!r})")
+        strides = plan.output_strides[k] if k < len(plan.output_strides) else None
+        if strides is not None:  # the reference's layout (a permuted or sliced result): copied into it
+            shape, dtype = tuple(node.shape), f"torch.{node.dtype}"
+            body.append(f"_o{k} = torch.empty_strided({shape!r}, {strides!r}, device={device}, dtype={dtype})")
+            body.append(f"_o{k}.copy_({returned[-1]})")
+            returned[-1] = f"_o{k}"
     body.append(f"return {returned[0]}" if len(returned) == 1 else f"return ({', '.join(returned)})")
     lines.append(textwrap.indent("\n".join(body), "        "))
     return "\n".join(lines)

@@ -174,7 +174,8 @@ if hasattr(F, "rms_norm"):
 _fn((F.linear,), Spec("linear", (*_IN, ("weight", REQUIRED), ("bias", None))))
 _fn((torch.matmul, torch.mm, torch.bmm, operator.matmul), Spec("matmul", _BIN))
 _method(("matmul", "mm", "bmm"), Spec("matmul", _BIN))
-_fn((torch.einsum, torch.functional.einsum), Spec("einsum", (("equation", REQUIRED), *_BIN)))
+_EINSUM = Spec("einsum", (("equation", REQUIRED), ("operands", REQUIRED)), varargs=True)  # its tensors as one tuple
+_fn((torch.einsum, torch.functional.einsum), _EINSUM)
 for _name in ("diag", "triu", "tril"):
     _fn((getattr(torch, _name),), Spec(_name, (*_IN, ("diagonal", 0))))
     _method((_name,), Spec(_name, (*_IN, ("diagonal", 0))))
@@ -324,6 +325,8 @@ _method(("transpose",), Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRE
 _fn((torch.permute,), Spec("permute", (*_IN, ("dims", REQUIRED)), varargs=True))
 _method(("permute",), Spec("permute", (*_IN, ("dims", REQUIRED)), varargs=True))
 _fn((operator.getitem,), Spec("getitem", (*_IN, ("index", REQUIRED))))
+_fn((F.pad,), Spec("pad", (*_IN, ("pad", REQUIRED), ("mode", "constant"), ("value", None))))  # families/pad.py
+_fn((torch.constant_pad_nd,), Spec("pad", (*_IN, ("pad", REQUIRED), ("value", 0.0))))
 _fn((builtins.getattr,), Spec("getattr", (*_IN, ("name", REQUIRED))))
 
 # Modules.

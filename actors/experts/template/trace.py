@@ -10,7 +10,10 @@ the rendered ``ModelNew`` builds exactly the same parameters in the same order.
 from __future__ import annotations
 
 import builtins
+import importlib.util
 import operator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,6 +23,9 @@ from torch.fx.experimental.meta_tracer import MetaDeviceAttribute, MetaProxy, Me
 
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from gpu_runner.errors import missing_hint
+
+if importlib.util.find_spec("einops") is not None:  # its calls on traced tensors record tensor ops
+    from actors.experts.template import einops_trace  # noqa: F401
 
 
 @dataclass
@@ -35,6 +41,9 @@ class Traced:
     float_args: frozenset[int] = frozenset()
     """Positions of ``forward``'s arguments that ``get_inputs()`` gives as Python floats (traced as
     0-dim float32 tensors; the rendered ``ModelNew`` makes one from the number it is given)."""
+    rebound: frozenset[str] = frozenset()
+    """Paths of the plain tensor attributes (not parameters or buffers) ``forward`` assigns
+    (``self.hidden = ...``); tracing puts them back as they were (:func:`_kept_attributes`)."""
 
 
 class _Recorder(fx.Interpreter):
@@ -64,7 +73,7 @@ def load_namespace(source: str) -> dict[str, Any]:
     return namespace
 
 
-def _trace_with_sizes(model: torch.nn.Module, inputs: list[Any]) -> fx.GraphModule:
+def _trace_with_sizes(model: torch.nn.Module, inputs: list[Any], rebound: set[str]) -> fx.GraphModule:
     """Trace ``forward`` with every proxy carrying its meta value, so ``x.size()``, ``x.shape``
     and ``math.sqrt(k.size(-1))`` are plain numbers and buffers (``self.bias[:, :, :T, :T]``) are
     graph nodes, not constants baked from meta tensors."""
@@ -83,7 +92,8 @@ def _trace_with_sizes(model: torch.nn.Module, inputs: list[Any]) -> fx.GraphModu
         warnings.simplefilter("error")  # a value it could not compute: fall back to the plain tracer
         warnings.filterwarnings("ignore", message=".*_assert_is_none")  # a default of None checked
         meta_args = dict(zip(names, inputs, strict=False))
-        graph = tracer.trace(model, meta_args=meta_args, concrete_args=defaults or None)
+        with _kept_attributes(model, rebound), _attribute_reads(tracer, model):
+            graph = tracer.trace(model, meta_args=meta_args, concrete_args=defaults or None)
     for node in list(graph.nodes):  # fx's check that a None default was given None: nothing to compute
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
             graph.erase_node(node)
@@ -158,6 +168,9 @@ _PROXIES: dict[type, type[fx.Proxy]] = {}
 
 _T = TypeVar("_T", bound=fx.Tracer)
 
+_PY_DTYPES: dict[type, torch.dtype] = {bool: torch.bool, int: torch.int64, float: torch.float64}
+"""The Python types PyTorch takes as a ``dtype`` argument, and the dtypes it reads them as."""
+
 
 def _augmenting(tracer: type[_T]) -> type[_T]:
     """``tracer`` whose proxies record augmented assignments (:data:`_AUGMENTED`)."""
@@ -165,7 +178,10 @@ def _augmenting(tracer: type[_T]) -> type[_T]:
     def proxy(self: fx.Tracer, node: fx.Node) -> fx.Proxy:
         return _augment(tracer.proxy(self, node))
 
-    members: dict[str, Any] = {"proxy": proxy}
+    def create_arg(self: fx.Tracer, a: Any) -> Any:  # ``dtype=bool``: fx records no Python type
+        return tracer.create_arg(self, _PY_DTYPES.get(a, a) if isinstance(a, type) else a)
+
+    members: dict[str, Any] = {"proxy": proxy, "create_arg": create_arg}
     if issubclass(tracer, MetaTracer):
         members.update(call_module=_meta_call_module, create_proxy=_meta_create_proxy)
     return type(tracer.__name__, (tracer,), members)
@@ -189,6 +205,79 @@ def _meta_create_proxy(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
         return MetaTracer.create_proxy(self, kind, *args, **kwargs)
     finally:
         self._kf_meta_depth -= 1
+
+
+@contextmanager
+def _kept_attributes(model: torch.nn.Module, rebound: set[str]) -> Iterator[None]:
+    """Put back every tensor attribute ``forward`` assigned while it was traced, adding its path to
+    ``rebound``: the assignment left a proxy on the module, which the graph module built after
+    would copy and the recorder then run as if it were the attribute. An attribute ``forward``
+    adds with a traced value is removed; a tensor constant the tracer adds (``_tensor_constant0``)
+    stays, the graph reads it."""
+    saved = {name: dict(vars(module)) for name, module in model.named_modules()}
+    try:
+        yield
+    finally:
+        for name, module in model.named_modules():
+            before = saved.get(name, {})
+            state = vars(module)
+            for key, value in list(state.items()):
+                old = before.get(key, _ABSENT)
+                if value is old or not isinstance(value, fx.Proxy | torch.Tensor) or key.startswith("_tensor_constant"):
+                    continue
+                if isinstance(old, torch.Tensor) or isinstance(value, fx.Proxy):
+                    rebound.add(f"{name}.{key}" if name else key)
+                    if old is _ABSENT:
+                        del state[key]
+                    else:
+                        state[key] = old
+
+
+_ABSENT = object()
+
+
+@contextmanager
+def _attribute_reads(tracer: fx.Tracer, model: torch.nn.Module) -> Iterator[None]:
+    """While ``tracer`` traces ``model``, every read of a plain tensor attribute that still holds
+    its tensor is a ``get_attr`` node of its own: fx reads such an attribute as the tensor itself,
+    so an op on it alone (``self.h + 1.0``) would run once, there, and leave its result in the
+    graph as a constant. Each module holding one is, meanwhile, of a subclass with a property per
+    attribute (a read while the tracer computes a value on meta tensors gets the tensor)."""
+    swapped: list[tuple[torch.nn.Module, type]] = []
+    for name, module in model.named_modules():
+        held = {
+            key: value
+            for key, value in vars(module).items()
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter)
+        }
+        if not held:
+            continue
+        cls = type(module)
+        members: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        for key, tensor in held.items():
+            members[key] = _attribute_property(tracer, f"{name}.{key}" if name else key, key, tensor)
+        module.__class__ = type(cls.__name__, (cls,), members)
+        swapped.append((module, cls))
+    try:
+        yield
+    finally:
+        for module, cls in swapped:
+            module.__class__ = cls
+
+
+def _attribute_property(tracer: fx.Tracer, path: str, key: str, tensor: torch.Tensor) -> property:
+    def read(module: torch.nn.Module) -> Any:
+        value = vars(module).get(key, tensor)
+        if value is not tensor or getattr(tracer, "_disable_module_getattr", False):
+            return value
+        if getattr(tracer, "_kf_meta_depth", 0):
+            return value
+        return tracer.create_proxy("get_attr", path, (), {})
+
+    def write(module: torch.nn.Module, value: Any) -> None:
+        vars(module)[key] = value
+
+    return property(read, write)
 
 
 CPU_BUILD_LIMIT = 4 << 30
@@ -241,12 +330,15 @@ def trace_reference(source: str) -> Traced:
             float_args.add(i)
         elif not isinstance(value, torch.Tensor):
             raise UnsupportedGraph(f"input {i} of get_inputs() is a {type(value).__name__}, not a tensor")
+    rebound: set[str] = set()
     try:
-        gm = _trace_with_sizes(model, inputs)
+        gm = _trace_with_sizes(model, inputs, rebound)
     except Exception:  # noqa: BLE001 - the shape-aware tracer is stricter: the plain one decides
+        rebound.clear()
         try:
             plain = _augmenting(fx.Tracer)()
-            graph = plain.trace(model)
+            with _kept_attributes(model, rebound), _attribute_reads(plain, model):
+                graph = plain.trace(model)
             gm = fx.GraphModule(plain.root, graph)
         except Exception as exc:  # data-dependent control flow
             raise UnsupportedGraph(f"torch.fx could not trace forward: {type(exc).__name__}: {exc}") from exc
@@ -267,4 +359,5 @@ def trace_reference(source: str) -> Traced:
         arg_names=names,
         source=source,
         float_args=frozenset(float_args),
+        rebound=frozenset(rebound),
     )

@@ -9,6 +9,10 @@ read as ``(V, D)`` rows of its trailing dims and the result viewed back. It fuse
 elementwise op: the ops after it read the gathered values in the same kernel. ``padding_idx``
 changes only gradients, so it is accepted; declined, with the reason: ``max_norm`` (it renormalises
 the weights in place), ``index_select`` along another dim, and indices of another dtype.
+
+The indices may also be an integer buffer of the model (Swin's ``relative_position_bias_table[
+self.relative_position_index.view(-1)]``), int64 or int32, when every use of it is as indices
+(``lower.py`` checks, looking through views): it reaches the kernels as any buffer does.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from actors.experts.template.composites import param_or_arg
 from actors.experts.template.emit import Scope, Writer, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
-from actors.experts.template.lowering import LowerContext, index_input, lowering
+from actors.experts.template.lowering import INDEX_DTYPES, LowerContext, index_input, lowering
 from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 EW_OPS["take_rows"] = (2, 0)
@@ -55,8 +59,8 @@ index_input("getitem", "index")  # ``x[idx]`` with a 1-dim int64 tensor: ``compo
 
 
 def _indices(lw: LowerContext, ref: object, what: str) -> NodeRef:
-    """``ref`` as an int64 tensor of indices, or decline."""
-    if not isinstance(ref, NodeRef) or lw.node(ref).dtype != "int64":
+    """``ref`` as a tensor of indices (int64; int32 only from a buffer), or decline."""
+    if not isinstance(ref, NodeRef) or lw.node(ref).dtype not in INDEX_DTYPES:
         found = lw.node(ref).dtype if isinstance(ref, NodeRef) else type(ref).__name__
         raise UnsupportedGraph(f"{what} indices of {found} are not covered (an int64 tensor only)")
     return ref
@@ -108,6 +112,8 @@ def _take_rows(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     src, index = node.tensor_args()
     count, width = w.plan.nodes[src].shape
     t = w.operand(scope, index, node.shape, row)
+    if w.wide and w.plan.nodes[index].dtype != "int64":
+        t = f"{t}.to(tl.int64)"  # int32 indices of a buffer: their offsets may pass 2**31
     sp = w.space(row)
     rank = len(node.shape)
     col = sp.index(node.shape, (rank - 1, rank))

@@ -1,0 +1,52 @@
+"""A tensor of one value shaped like another: ``torch.zeros_like``, ``torch.ones_like``,
+``torch.full_like`` (SwinV2's ``torch.cat((q_bias, torch.zeros_like(v_bias), v_bias))``).
+
+Each becomes one ``fill`` node of the source's shape and dtype with the value as its attribute and
+no argument: a kernel writes the value (it reads nothing), or the ops after it take the value where
+they are fused. Declined, with the reason: another ``dtype`` than the source's, sources that are
+not float, and a fill value that is not a number (or is NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from actors.experts.template.emit import Scope, Writer, gather_emitter
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.exprs import lit
+from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
+from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.spellings import REQUIRED, Spec, spell
+
+EW_OPS["fill"] = (0, 1)  # no argument; the value
+_LIKE = (("dtype", None), ("layout", None), ("device", None), ("requires_grad", False), ("memory_format", None))
+spell(Spec("zeros_like", (("input", REQUIRED), *_LIKE)), functions=(torch.zeros_like,))
+spell(Spec("ones_like", (("input", REQUIRED), *_LIKE)), functions=(torch.ones_like,))
+spell(Spec("full_like", (("input", REQUIRED), ("fill_value", REQUIRED), *_LIKE)), functions=(torch.full_like,))
+
+_VALUES = {"zeros_like": 0.0, "ones_like": 1.0}
+
+
+@lowering("zeros_like", "ones_like", "full_like")
+def _fill(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    x = lw.tensor(b.get("input"), f"the input of torch.{canon}")
+    dtype = lw.node(x).dtype
+    if not isinstance(traced, torch.Tensor) or str(traced.dtype).removeprefix("torch.") != dtype:
+        raise UnsupportedGraph(f"torch.{canon} to another dtype than its input's ({dtype}) is not covered", op=canon)
+    value = _VALUES.get(canon, lw.arg(b.get("fill_value")))
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise UnsupportedGraph(f"torch.{canon} with value {value!r} is not covered (a number, not NaN)", op=canon)
+    if dtype not in ("float32", *HALF):
+        raise UnsupportedGraph(f"torch.{canon} of a tensor of dtype {dtype} is not covered", op=canon)
+    return lw.add(NodeKind.EW, lw.shape(x), op="fill", args=(), attrs=(float(value),), dtype=dtype)
+
+
+@gather_emitter("fill", sources=0)
+def _emit_fill(w: Writer, scope: Scope, node: Node, row: bool) -> str:
+    """The value at every element of the tile (a tile-shaped value from the tile's mask)."""
+    var = f"v{node.id}"
+    w.emit(scope, f"{var} = tl.where({w.space(row).mask}, {lit(node.attrs[0])}, {lit(node.attrs[0])})")
+    return var
