@@ -185,8 +185,12 @@ class RunStage:
         biggest = max((a.size for outs in ref.outputs for a in outs), default=1)
         for metas in ref.metas:
             biggest = max([biggest, *(int(m.get("nbytes", 0)) for m in metas)])
-        # the largest frame: a trial's outputs (widened), or its inputs sent back whole
-        inputs = plan.footprint.input_bytes if plan is not None else 0
+        # the largest frame: a trial's outputs (widened), or its inputs sent back whole; the inputs'
+        # size as the referee drew them where the memory plan could not measure it (a model whose
+        # construction reads a value: SwinMLP's 6 MB of inputs met a cap of 2.3 MB and every
+        # candidate failed with a FrameError)
+        planned = plan.footprint.input_bytes if plan is not None else 0
+        inputs = max(planned, int(ref.info.get("input_bytes") or 0))
         reader = ReportReader(self.cfg, worker, c, spare, max(8 * 4 * biggest, inputs) + (1 << 20))
         return _Window(spare=spare, c=c, reader=reader, phase=phase, budget=budget)
 

@@ -250,6 +250,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         Report.TASK_READY,
         flops=flops,
         bytes_moved=in_bytes + out_bytes + params,
+        input_bytes=in_bytes,
         out_dtype=ref.out_metas[0]["dtype"] if ref.out_metas else "float32",
         out_metas=ref.out_metas,
         compiled=ref.compiled is not None,

@@ -1,7 +1,8 @@
 """Unusual valid references, on the CPU (Triton's interpreter): one whose outputs hold NaN (``log``
 of a normal draw) is judged on matching positions and the verdict says so, its range trials
 keeping the NaN where they are; one that modifies its input in place is judged on its outputs,
-each side on its own copy, and the verdict says that too."""
+each side on its own copy, and the verdict says that too; one whose sizes the memory plan cannot
+measure (``.item()`` at construction) and whose inputs dwarf its outputs is judged as any other."""
 
 from __future__ import annotations
 
@@ -40,3 +41,12 @@ async def test_an_in_place_reference_is_judged_on_its_outputs_and_said_so() -> N
         result = await service.evaluate(job("inplace_scale_relu", "honest_scale_relu"))
     assert result.status is EvalStatus.CORRECT, result.summary
     assert "the reference modifies its input(s) 0 in place" in result.summary
+
+
+async def test_a_reference_of_unmeasured_sizes_with_large_inputs_is_judged() -> None:
+    """Its trials' frames carry its inputs: their cap came from the memory plan's input size, which
+    was 0 when unmeasured (every SwinMLP candidate failed with a FrameError on an H200)."""
+    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    async with EvaluationService(cfg) as service:
+        result = await service.evaluate(job("unmeasured_row_sum", "honest_unmeasured_row_sum"))
+    assert result.status is EvalStatus.CORRECT, result.summary
