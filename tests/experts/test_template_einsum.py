@@ -108,7 +108,8 @@ def test_einsum_and_einops_kernels_match_pytorch_under_the_interpreter(
 def test_the_einsum_and_mask_families_are_modules_registered_for_their_ops() -> None:
     found = registered()
     assert found["einsum"] == "actors.experts.template.families.einsum"
-    assert found["logical_not"] == found["ones"] == "actors.experts.template.families.masks"
+    assert found["logical_not"] == "actors.experts.template.families.masks"
+    assert found["ones"] == found["zeros_like"] == "actors.experts.template.families.fill"
 
 
 def test_rearrange_records_a_reshape_and_a_permute_of_the_traced_tensor() -> None:

@@ -32,7 +32,7 @@ from actors.experts.template.ir import (
     NodeRef,
 )
 from actors.experts.template.keep_torch import is_layout, keep
-from actors.experts.template.lowering import index_inputs, load_families
+from actors.experts.template.lowering import INDEX_DTYPES, index_inputs, load_families
 from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.tensor_attrs import TensorAttrs
 from actors.experts.template.trace import Traced
@@ -95,7 +95,7 @@ class _Uncovered:
     error: UnsupportedGraph
 
 
-_INDEX_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
+_INDEX_DTYPES = {getattr(torch, name): name for name in INDEX_DTYPES}
 """The integer dtypes a buffer of gather indices may have (the plan's name for each)."""
 
 _HALF_KINDS = frozenset({NodeKind.INPUT, NodeKind.PARAM, NodeKind.EW, NodeKind.RED, NodeKind.VIEW, NodeKind.ATTN})

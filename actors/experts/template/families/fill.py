@@ -1,10 +1,12 @@
 """A tensor of one value shaped like another: ``torch.zeros_like``, ``torch.ones_like``,
-``torch.full_like`` (SwinV2's ``torch.cat((q_bias, torch.zeros_like(v_bias), v_bias))``).
+``torch.full_like`` (SwinV2's ``torch.cat((q_bias, torch.zeros_like(v_bias), v_bias))``), or built
+from sizes: ``torch.ones`` and ``torch.zeros`` (sizes as numbers, any ``device``; shape and dtype
+read from the traced value; float32 or bool: Mamba2's ``torch.ones(T, T, dtype=bool)`` mask).
 
 Each becomes one ``fill`` node of the source's shape and dtype with the value as its attribute and
 no argument: a kernel writes the value (it reads nothing), or the ops after it take the value where
 they are fused. Declined, with the reason: another ``dtype`` than the source's, sources that are
-not float, and a fill value that is not a number (or is NaN).
+not float, a fill value that is not a number (or is NaN), and constructors of other dtypes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,21 @@ spell(Spec("zeros_like", (("input", REQUIRED), *_LIKE)), functions=(torch.zeros_
 spell(Spec("ones_like", (("input", REQUIRED), *_LIKE)), functions=(torch.ones_like,))
 spell(Spec("full_like", (("input", REQUIRED), ("fill_value", REQUIRED), *_LIKE)), functions=(torch.full_like,))
 
-_VALUES = {"zeros_like": 0.0, "ones_like": 1.0}
+# The sizes, dtype and device of a constructor are read from its traced value (its meta tensor).
+spell(Spec("ones", (), passthrough=True), functions=(torch.ones,))
+spell(Spec("zeros", (), passthrough=True), functions=(torch.zeros,))
+
+_VALUES = {"zeros_like": 0.0, "ones_like": 1.0, "ones": 1.0, "zeros": 0.0}
+_CONSTANT_DTYPES = {torch.float32: "float32", torch.bool: "bool"}
+
+
+@lowering("ones", "zeros")
+def _constant(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    if not isinstance(traced, torch.Tensor) or traced.dtype not in _CONSTANT_DTYPES:
+        what = traced.dtype if isinstance(traced, torch.Tensor) else type(traced).__name__
+        raise UnsupportedGraph(f"torch.{canon} of {what} is not covered (float32 or bool)", op=canon)
+    dtype = _CONSTANT_DTYPES[traced.dtype]
+    return lw.add(NodeKind.EW, tuple(traced.shape), op="fill", args=(), attrs=(_VALUES[canon],), dtype=dtype)
 
 
 @lowering("zeros_like", "ones_like", "full_like")
