@@ -93,6 +93,8 @@ class Compiler:
         self.cache = cfg.resolved_cache_dir() / "compile"
         self.versions = versions
         self.sem = asyncio.Semaphore(cfg.compile_workers)
+        self.running = 0
+        """Compiles holding a worker now (each gets its share of the cores as ``jobs``)."""
         self.inflight: dict[str, asyncio.Future[CompileOutcome]] = {}
         self.idle: list[Worker] = []
         self.starting = 0
@@ -200,6 +202,7 @@ class Compiler:
             worker = self.idle.pop() if self.idle else await self._new_worker()
             got_worker = time.perf_counter()
             self.refill()
+            self.running += 1
             try:
                 header = await self._run(worker, candidate, reference, gate, timeout_s)
             except TimeoutError:
@@ -230,6 +233,7 @@ class Compiler:
                     },
                 )
             finally:
+                self.running -= 1
                 tree = worker.terminate()
                 self._reap(worker.reap(tree, sweep=self.iso.pids.startswith("skipped")))
             ran = time.perf_counter()
@@ -268,6 +272,7 @@ class Compiler:
                     target=self.target if self.device == "cuda" else None,
                     triton_kernels=list(gate.triton_kernels),
                     sandbox=sandbox,
+                    jobs=max(1, usable_cores() // max(1, self.running)),
                 ),
             )
         )

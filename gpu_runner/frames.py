@@ -225,6 +225,8 @@ class CompileOp(TypedDict):
     target: dict[str, Any] | None
     triton_kernels: list[str]
     sandbox: SandboxSettings
+    jobs: int
+    """Cores the stage may use: it compiles its Triton kernels in up to this many processes."""
 
 
 class JudgeOp(_ParityOptional):

@@ -343,7 +343,7 @@ def _trials(
         laps.lap("trial_forward_s")
         info: dict[str, Any] = {
             "own_launches": log.own_launches,
-            "own_names": log.own_names,
+            "own_names": list(log.own_names),
             "ext_calls": log.ext_calls,
             "foreign_ops": log.foreign_ops,
             "custom_ops": log.custom_ops,

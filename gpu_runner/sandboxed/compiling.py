@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from gpu_runner.memplan import ON_DEVICE_BYTES
 from gpu_runner.sandboxed import common
 from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
 from gpu_runner.sandboxed.common import Channel, Laps, describe_exception
-from gpu_runner.sandboxed.hooks import LaunchLog, install_ext_loader, install_triton_hooks
+from gpu_runner.sandboxed.hooks import CompileShare, LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.sandboxed.measure import measured_sizes
 from gpu_runner.sandboxed.reference import build_model, load_module, make_inputs
 
@@ -56,6 +58,66 @@ class _CompileOnlyDriver:
 def _is_compile_error(exc: BaseException) -> bool:
     names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(names & {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources"})
+
+
+KERNELS_PER_PROCESS = 4
+"""Compile a candidate's kernels in one process per this many of them (up to the stage's jobs):
+a level-3 model's 100-160 kernels took 33 s one after another on an H200 machine's host."""
+SHARE_WAIT_FACTOR = 3.0
+"""The compile stage waits for its helpers this many times as long as its own share took (20 s
+at least), then kills those left: what a helper did not compile, the stage compiles itself."""
+
+
+def _share_count(jobs: int, kernels: int) -> int:
+    """How many processes compile a candidate of ``kernels`` Triton kernels with ``jobs`` cores."""
+    return max(1, min(jobs, kernels // KERNELS_PER_PROCESS))
+
+
+def _compile_in_shares(forward: Any, share: CompileShare, processes: int, kernels: list[Any]) -> str:
+    """Compile the forward's kernels in ``processes`` processes side by side: ``processes - 1``
+    forked helpers and this one each run the compile-only forward and compile every
+    ``processes``-th launch into the shared Triton cache; afterwards this process's own full pass
+    finds them there (and compiles what a helper did not, so a helper that failed or was killed
+    costs time, never a verdict). Says how the helpers ended."""
+    helpers: list[int] = []
+    for index in range(1, processes):
+        pid = os.fork()
+        if pid == 0:  # the helper: one thread (OpenMP is not fork-safe), its share, nothing else
+            code = 1
+            try:
+                torch.set_num_threads(1)
+                share.index, share.of, share.seen = index, processes, 0
+                with torch.no_grad():
+                    forward()
+                code = 0
+            except BaseException:  # noqa: BLE001 - the stage's own pass compiles and reports it
+                code = 1
+            finally:
+                os._exit(code)
+        helpers.append(pid)
+    share.index, share.of, share.seen = 0, processes, 0
+    started = time.monotonic()
+    try:
+        with torch.no_grad():
+            forward()
+    except BaseException:  # noqa: BLE001 - the full pass below meets it again and reports it
+        pass
+    deadline = time.monotonic() + max(20.0, SHARE_WAIT_FACTOR * (time.monotonic() - started))
+    ok = 0
+    for pid in helpers:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                ok += int(os.waitstatus_to_exitcode(status) == 0)
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.01)
+    share.index, share.of, share.seen = 0, 1, 0
+    kernels.clear()  # the full pass lists each kernel once
+    return f"compiled in {processes} processes, {ok} of {processes - 1} helpers finished"
 
 
 def _build_launchers(kernels: list[Any]) -> str:
@@ -142,12 +204,13 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
     built: list[dict[str, str]] = []
     kernels: list[Any] = []
     target = msg.get("target")
+    share = CompileShare()
     if target:
         from triton.backends.compiler import GPUTarget
         from triton.runtime import driver
 
         driver.set_active(_CompileOnlyDriver(GPUTarget(target["backend"], int(target["arch"]), int(target["warp"]))))
-        install_triton_hooks(log, compile_only=True, compiled=kernels)
+        install_triton_hooks(log, compile_only=True, compiled=kernels, share=share)
     install_ext_loader(log, "compile", {}, Path(msg["build_root"]), built)
     sandbox: dict[str, Any] = dict(msg["sandbox"])
     shaped: Shaped | None = None
@@ -185,10 +248,17 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
         try:
             init_args = list(shaped.reference["get_init_inputs"]())
             cand = _build_candidate(ns["ModelNew"], init_args, shaped.empty_params)
+            inputs = shaped.inputs
+            processes = _share_count(int(msg.get("jobs") or 1), len(msg.get("triton_kernels") or ()))
+            if processes > 1:
+                aot_shares = _compile_in_shares(lambda: cand(*inputs), share, processes, kernels)
+                laps.lap("shares_s")
             with torch.no_grad():
-                cand(*shaped.inputs)
+                cand(*inputs)
             laps.lap("forward_s")
             aot = "complete: every kernel the forward launches was compiled ahead of time"
+            if processes > 1:
+                aot += f" ({aot_shares})"
             aot += _build_launchers(kernels)
             laps.lap("launchers_s")
         except BaseException as exc:  # noqa: BLE001 - a Triton compile error is a verdict; others mean JIT later

@@ -59,7 +59,9 @@ class LaunchLog:
     """Counts of the candidate's own launches and of foreign aten ops, per forward."""
 
     own_launches: int = 0
-    own_names: list[str] = field(default_factory=list)
+    own_names: dict[str, None] = field(default_factory=dict)
+    """The names launched, in first-launch order (a dict: a launch's check is one hash, not a scan
+    of every name before it, which a whole model's 150 kernels made a cost of each timed call)."""
     ext_calls: int = 0
     foreign_ops: dict[str, int] = field(default_factory=dict)
     custom_ops: dict[str, int] = field(default_factory=dict)
@@ -71,7 +73,7 @@ class LaunchLog:
 
     def reset(self) -> None:
         self.own_launches = 0
-        self.own_names = []
+        self.own_names = {}
         self.ext_calls = 0
         self.foreign_ops = {}
         self.custom_ops = {}
@@ -79,8 +81,7 @@ class LaunchLog:
     def launched(self, name: str) -> None:
         if self.recording:
             self.own_launches += 1
-            if name not in self.own_names:
-                self.own_names.append(name)
+            self.own_names.setdefault(name)
 
 
 def ext_key(name: str, kwargs: dict[str, Any]) -> str:
@@ -111,8 +112,59 @@ def _kernel_name(kernel: Any) -> str:
     return str(getattr(fn, "__name__", getattr(kernel, "__name__", "?")))
 
 
-def install_triton_hooks(log: LaunchLog, compile_only: bool, compiled: list[Any] | None = None) -> None:
-    """Wrap Triton's launch entry points (count launches; or make them compile-only)."""
+@dataclass
+class CompileShare:
+    """Which of a compile-only forward's launches this process compiles: those whose order
+    (counted from zero) is ``index`` modulo ``of`` (``gpu_runner.sandboxed.compiling``: processes
+    forked to compile a candidate's kernels side by side); ``of = 1`` compiles every one."""
+
+    index: int = 0
+    of: int = 1
+    seen: int = 0
+
+    def mine(self) -> bool:
+        """Whether the next launch is this process's to compile (and count it)."""
+        turn = self.seen
+        self.seen += 1
+        return turn % self.of == self.index
+
+
+def _count_at_launchers(log: LaunchLog) -> bool:
+    """Count the candidate's launches where every compiled Triton kernel's launch passes: the
+    ``run`` property of its ``CompiledKernel`` that hands out the launcher (through
+    ``triton.jit``, a compiled kernel's own ``kernel[grid](...)``, or a launch site that keeps
+    the compiled kernel and calls its launcher, as the template's ``_KfLaunch`` and Inductor
+    do). False where this Triton has no such property (``triton.jit`` launches are counted
+    there instead)."""
+    try:
+        from triton.compiler.compiler import CompiledKernel
+    except ImportError:
+        return False
+    prop = CompiledKernel.__dict__.get("run")
+    if not isinstance(prop, property) or prop.fget is None:
+        return False
+    getter = prop.fget
+
+    def run(self: Any) -> Any:
+        launcher = getter(self)
+        if log.recording:
+            own = self.__dict__.get("_kf_own")
+            if own is None:
+                own = _kernel_module(getattr(self, "src", None)) == CANDIDATE_MODULE
+                self._kf_own = own
+            if own:
+                log.launched(str(getattr(self, "name", "?")))
+        return launcher
+
+    CompiledKernel.run = property(run)
+    return True
+
+
+def install_triton_hooks(
+    log: LaunchLog, compile_only: bool, compiled: list[Any] | None = None, share: CompileShare | None = None
+) -> None:
+    """Wrap Triton's launch entry points (count launches; or make them compile-only, compiling
+    only ``share``'s launches where one is given)."""
     import triton.runtime.jit as jit
 
     classes: list[type] = [jit.JITFunction]
@@ -122,14 +174,24 @@ def install_triton_hooks(log: LaunchLog, compile_only: bool, compiled: list[Any]
         classes.append(InterpretedFunction)
     except ImportError:
         pass
+    at_launcher = not compile_only and _count_at_launchers(log)
     for cls in classes:
         original = cls.run  # type: ignore[attr-defined]
+        counts = not (at_launcher and cls is jit.JITFunction)  # else its kernel's launcher counts it
 
         def run(
-            self: Any, *args: Any, grid: Any, warmup: bool, _orig: Callable[..., Any] = original, **kwargs: Any
+            self: Any,
+            *args: Any,
+            grid: Any,
+            warmup: bool,
+            _orig: Callable[..., Any] = original,
+            _counts: bool = counts,
+            **kwargs: Any,
         ) -> Any:
-            own = _kernel_module(self) == CANDIDATE_MODULE
+            own = _counts and _kernel_module(self) == CANDIDATE_MODULE
             if compile_only:
+                if share is not None and not share.mine():
+                    return None
                 kernel = _orig(self, *args, grid=grid, warmup=True, **kwargs)
                 if compiled is not None and kernel is not None:
                     compiled.append(kernel)

@@ -155,3 +155,57 @@ def test_a_plain_tf32_dot_fails_the_precision_bar(tmp_path: Path) -> None:
     assert tf32 != honest
     expected, actual, exact = _run(source, tf32, tmp_path)
     assert _rel_l2(actual, exact) > 8 * _rel_l2(expected, exact)
+
+
+_LAUNCH_SITES = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(2, 8, 20, 20)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_launch_sites_keep_their_compiled_kernels_only_while_the_specialisation_holds(tmp_path: Path) -> None:
+    """After a site's first launch the kernel it compiled is launched directly (the same results);
+    a misaligned input goes through ``triton.jit`` again (its own specialisation), and a model
+    rendered without launch sites gives the same outputs."""
+    plan = analyse(_LAUNCH_SITES)
+    assert isinstance(plan, Plan)
+    module = _load(render(plan, default_params(plan)), tmp_path)
+    plain = _load(render(plan, default_params(plan), direct=False), tmp_path)
+    ref = _load(_LAUNCH_SITES, tmp_path)
+    sites = [v for k, v in vars(module).items() if k.startswith("_L_kf_")]
+    assert sites
+    torch.manual_seed(0)
+    model = ref.Model().cuda()
+    torch.manual_seed(0)
+    new = module.ModelNew().cuda()
+    torch.manual_seed(0)
+    old = plain.ModelNew().cuda()
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(2, 8, 20, 20, device="cuda")
+            want = model(x)
+            got = new(x)
+            assert _rel_l2(got, want) < 1e-3, step
+            assert torch.equal(got, old(x))
+        assert all(site.ck is not None and site.where == torch.cuda.current_device() for site in sites)
+        base = torch.randn(2 * 8 * 20 * 20 + 1, device="cuda")
+        shifted = base[1:].view(2, 8, 20, 20)  # 4 bytes past an aligned start
+        assert shifted.data_ptr() % 16
+        assert _rel_l2(new(shifted), model(shifted)) < 1e-3

@@ -259,12 +259,17 @@ class ConvWriter(Writer):
             lead, reads, pre = (f"_xc{idx}",), (self.xbase,), (copy,)
         if packed:
             signature = signature.replace("(", "(wp, ", 1)
-            setup = (*setup, f"_wp{idx} = {self._packed_weight()}")
-            weights = f"_wp{idx}"
-            if self.preround():  # rounded by a kernel into a new buffer: the model's weights stay
-                setup = (*setup, f"_wr{idx} = torch.empty_like(_wp{idx})")
-                pre = (*pre, self._rounding(f"{self.kernel.name}_wr", f"_wr{idx}", f"_wp{idx}", self._weight_count()))
+            if self.preround():  # packed and rounded by one kernel into a new buffer: the model's weights stay
+                shape, _ = self._packing()
+                setup = (
+                    *setup,
+                    f"_wr{idx} = torch.empty(({math.prod(shape)},), device=_b{self.wbase}.device, dtype=torch.float32)",
+                )
+                pre = (*pre, self._packed_rounding(f"_wr{idx}"))
                 weights = f"_wr{idx}"
+            else:
+                setup = (*setup, f"_wp{idx} = {self._packed_weight()}")
+                weights = f"_wp{idx}"
             lead, reads = (weights, *lead), (self.wbase, *reads)
         return Launch(
             source="\n".join(["@triton.jit", signature, *body]),
@@ -429,26 +434,73 @@ class ConvWriter(Writer):
             lead_args=(dst, src),
         )
 
+    def _packing(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """How the kernel's weight layout comes from the module's: the weights viewed as
+        ``shape`` and permuted by ``order``. Taps outside, as ``[groups, taps, cin_g, cout_g]``
+        (each tap's ``[BLOCK_K, BLOCK_N]`` tile rows of contiguous output channels) or,
+        channels-last, ``[groups, taps, cout_g, cin_g]`` (input channels contiguous, as the
+        input's); in the flat order as they are, or, channels-last, ``[cout, taps, cin_g]`` (the
+        flat index's (tap, channel) order)."""
+        g = self.spec.groups
+        if not self.taps_outer() and self.channels_last():  # flat over (tap, channel)
+            return (self.cout, self.cin_g, self.taps), (0, 2, 1)
+        if not self.taps_outer():
+            return (self._weight_count(),), (0,)
+        if self.spec.transposed:  # [cin, cout_g, *k] = [g, cin_g, cout_g, taps]
+            order = (0, 3, 2, 1) if self.channels_last() else (0, 3, 1, 2)
+            return (g, self.cin_g, self.cout_g, self.taps), order
+        order = (0, 3, 1, 2) if self.channels_last() else (0, 3, 2, 1)  # [cout, cin_g, *k] = [g, cout_g, cin_g, taps]
+        return (g, self.cout_g, self.cin_g, self.taps), order
+
     def _packed_weight(self) -> str:
-        """The forward-side expression of the weights (a copy per call, of the weights alone: the
-        reference's weights are read where they are, never kept). Taps outside, as ``[groups,
-        taps, cin_g, cout_g]`` (each tap's ``[BLOCK_K, BLOCK_N]`` tile rows of contiguous output
-        channels) or, channels-last, ``[groups, taps, cout_g, cin_g]`` (input channels contiguous,
-        as the input's); in the flat order as they are, or, channels-last, ``[cout, taps, cin_g]``
-        (the flat index's (tap, channel) order) (``preround`` rounds them by a kernel into a new
-        buffer, :meth:`_rounding`)."""
-        g, w = self.spec.groups, f"_b{self.wbase}"
-        if not self.taps_outer() and self.channels_last():  # flat over (tap, channel): [cout, taps, cin_g]
-            expr = f"{w}.reshape({self.cout}, {self.cin_g}, {self.taps}).transpose(1, 2).contiguous()"
-        elif not self.taps_outer():
-            expr = w
-        elif self.spec.transposed:  # [cin, cout_g, *k] = [g, cin_g, cout_g, taps]
-            order = "0, 3, 2, 1" if self.channels_last() else "0, 3, 1, 2"
-            expr = f"{w}.reshape({g}, {self.cin_g}, {self.cout_g}, {self.taps}).permute({order}).contiguous()"
-        else:  # [cout, cin_g, *k] = [g, cout_g, cin_g, taps]
-            order = "0, 3, 1, 2" if self.channels_last() else "0, 3, 2, 1"
-            expr = f"{w}.reshape({g}, {self.cout_g}, {self.cin_g}, {self.taps}).permute({order}).contiguous()"
-        return expr
+        """The forward-side expression of the weights in the kernel's layout (:meth:`_packing`):
+        a copy per call, of the weights alone (the reference's weights are read where they are,
+        never kept), or the weights themselves where the layouts agree."""
+        shape, order = self._packing()
+        w = f"_b{self.wbase}"
+        if order == tuple(range(len(order))):
+            return w
+        if order == (0, 2, 1):
+            return f"{w}.reshape{shape!r}.transpose(1, 2).contiguous()"
+        return f"{w}.reshape{shape!r}.permute{order!r}.contiguous()"
+
+    def _packed_rounding(self, dst: str) -> Launch:
+        """One kernel that writes the weights into ``dst`` in the kernel's layout
+        (:meth:`_packing`), rounded to TF32 (to nearest): each element of ``dst`` gathers its
+        source element (a copy in PyTorch first cost the forward a second launch and a buffer)."""
+        shape, order = self._packing()
+        packed = [shape[o] for o in order]
+        strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+        total = math.prod(shape)
+        terms = []
+        for i, o in enumerate(order):
+            if packed[i] == 1:
+                continue
+            inner = math.prod(packed[i + 1 :])
+            coord = "offs" if inner == 1 else f"(offs // {inner})"
+            if i > 0:
+                coord = f"({coord} % {packed[i]})"
+            terms.append(coord if strides[o] == 1 else f"{coord} * {strides[o]}")
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        name = f"{self.kernel.name}_wr"
+        body = [
+            f"offs = {pid} * BLOCK_S + tl.arange(0, BLOCK_S)",
+            f"m = offs < {total}",
+            f"v = tl.load(src + {' + '.join(terms) or '0'}, mask=m, other=0.0)",
+            tf32_rounding("v"),
+            "tl.store(dst + offs, v, mask=m)",
+        ]
+        lines = ["@triton.jit", f"def {name}(dst, src, BLOCK_S: tl.constexpr):", *("    " + b for b in body)]
+        return Launch(
+            source="\n".join(lines),
+            name=name,
+            pointers=[],
+            grid=(math.ceil(total / 1024),),
+            constexprs={"BLOCK_S": 1024},
+            num_warps=4,
+            num_stages=1,
+            lead_args=(dst, f"_b{self.wbase}"),
+        )
 
     def _accumulate(self, loop: Scope) -> None:
         """``acc`` += the ``[BLOCK_M, BLOCK_K]`` tile ``a`` times the ``[BLOCK_K, BLOCK_N]`` tile ``b``.

@@ -22,6 +22,7 @@ from actors.experts.template.exprs import attr_path, helpers_source
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
 from actors.experts.template.ir import FLOAT_ARG, TENSOR_ATTR, KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.kernel_kinds import template_of
+from actors.experts.template.launcher import LAUNCHER_SOURCE
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
 from actors.experts.template.trace import Traced, trace_reference
@@ -97,15 +98,31 @@ def _reference_strides(traced: Traced) -> tuple[tuple[int, ...] | None, ...]:
     return tuple(tuple(v.stride()) if isinstance(v, torch.Tensor) and not v.is_contiguous() else None for v in values)
 
 
-def render(plan: Plan, params: TemplateParams) -> str:
-    """The complete ``ModelNew`` source for ``plan`` under ``params``."""
+def render(plan: Plan, params: TemplateParams, direct: bool = True) -> str:
+    """The complete ``ModelNew`` source for ``plan`` under ``params``. ``direct``: launches
+    after a site's first go straight to the kernel it compiled (``launcher.py``); off, every
+    launch goes through ``triton.jit``."""
     fusion = (params.fuse_epilogue, params.fuse_prologue)
     if fusion not in plan.fusions:
         params = params.with_changes(fuse_epilogue=True, fuse_prologue=True)
-    return _render(plan, params, schedule(plan, params))
+    return _render(plan, params, schedule(plan, params), direct)
 
 
-def _render(plan: Plan, params: TemplateParams, sched: Schedule) -> str:
+def _direct(launch: Launch) -> bool:
+    """Whether a launch can keep its compiled kernel: a fixed grid and tensor arguments only
+    (a grid or keyword computed in ``forward`` goes through ``triton.jit`` each time)."""
+    return not launch.grid_exprs and not launch.tail_args
+
+
+def _site(launch: Launch) -> str:
+    """The module-level launch site of a kernel (``_KfLaunch``)."""
+    grid = ", ".join(str(g) for g in launch.grid)
+    kw = [f"{k}={v}" for k, v in launch.constexprs.items()]
+    kw += [f"num_warps={launch.num_warps}", f"num_stages={launch.num_stages}"]
+    return f"_L{launch.name} = _KfLaunch({launch.name}, ({grid},), {', '.join(kw)})"
+
+
+def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = True) -> str:
     used: set[str] = set()
     launches = [
         None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, used)
@@ -132,10 +149,14 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule) -> str:
     parts.extend(dict.fromkeys(line for launch in kernels for line in launch.imports))
     parts.extend(line for line in plan.prelude_source.splitlines() if line not in standard)
     parts.append(helpers_source(used))
-    for launch in kernels:
-        for stage in (*launch.pre, launch):
-            parts.extend(["", stage.source, ""])
-    parts.append(_model(plan, sched, launches))
+    stages = [stage for launch in kernels for stage in (*launch.pre, launch)]
+    for stage in stages:
+        parts.extend(["", stage.source, ""])
+    sites = [stage for stage in stages if direct and _direct(stage)]
+    if sites:
+        parts.append(LAUNCHER_SOURCE)
+        parts.extend([*(_site(stage) for stage in sites), "", ""])
+    parts.append(_model(plan, sched, launches, direct))
     return "\n".join(parts) + "\n"
 
 
@@ -155,16 +176,19 @@ def _torch_call(plan: Plan, sched: Schedule, nid: int) -> str:
     return f"_b{nid} = ({node.path.format(*operands)}).contiguous()"
 
 
-def _launch_line(launch: Launch) -> str:
-    """``name[grid](args)`` for one kernel launch in ``forward``."""
+def _launch_line(launch: Launch, direct: bool) -> str:
+    """``name[grid](args)`` for one kernel launch in ``forward``, or ``_Lname(_kfs, args)``
+    through its launch site (``direct``)."""
     args = [*launch.lead_args, *(f"_b{b}" for b in launch.pointers)]
+    if direct and _direct(launch):
+        return f"_L{launch.name}(_kfs, {', '.join(args)})"
     args += [f"{k}={v}" for k, v in launch.constexprs.items()]
     args += [*launch.tail_args, f"num_warps={launch.num_warps}", f"num_stages={launch.num_stages}"]
     grid = f"({', '.join(launch.grid_exprs)},)" if launch.grid_exprs else repr(tuple(launch.grid))
     return f"{launch.name}[{grid}]({', '.join(args)})"
 
 
-def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
+def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: bool) -> str:
     inputs = plan.inputs
     names = plan.arg_names
     lines = ["class ModelNew(nn.Module):", textwrap.indent(plan.init_source, "    "), ""]
@@ -204,6 +228,8 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
             device = device or f"_b{node.id}.device"
     if device is None:
         raise UnsupportedGraph("forward reads no tensor" + (" but plain tensor attributes" if attrs else ""))
+    if direct and any(_direct(stage) for launch in launches if launch is not None for stage in (*launch.pre, launch)):
+        body.append(f"_kfs = _kf_stream({device})")
     for node in attrs:  # not moved by ``.to(device)`` as parameters and buffers are
         body.append(f"_b{node.id} = {attr_path(node.path)}.to({device}).contiguous()")
     for node in inputs:  # a Python number becomes the 0-dim float32 value the kernels read
@@ -218,7 +244,7 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> str:
             node = plan.nodes[nid]
             body.append(f"_b{nid} = torch.empty({tuple(node.shape)!r}, device={device}, dtype=torch.{node.dtype})")
         body.extend(launch.setup)
-        body.extend(_launch_line(stage) for stage in (*launch.pre, launch))
+        body.extend(_launch_line(stage, direct) for stage in (*launch.pre, launch))
     returned = []
     for k, nid in enumerate(plan.outputs):
         out, _ = base_of(plan, nid, sched.is_exported)

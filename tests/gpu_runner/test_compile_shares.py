@@ -1,0 +1,118 @@
+"""The compile stage's helpers: a candidate's Triton kernels compiled by several processes side by
+side (for a CUDA target, on this CPU), each into the shared cache, the stage's own pass finding
+every one of them there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_runner.sandboxed.compiling import KERNELS_PER_PROCESS, _share_count
+from gpu_runner.sandboxed.hooks import CompileShare
+
+pytestmark = pytest.mark.timeout(240)
+
+CANDIDATE = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _k_add(x, y, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o, mask=o < n) + 1.0, mask=o < n)
+
+
+@triton.jit
+def _k_mul(x, y, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o, mask=o < n) * 3.0, mask=o < n)
+
+
+@triton.jit
+def _k_neg(x, y, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + o, -tl.load(x + o, mask=o < n), mask=o < n)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        a = torch.empty_like(x)
+        b = torch.empty_like(x)
+        c = torch.empty_like(x)
+        _k_add[(1,)](x, a, x.numel(), BLOCK=128)
+        _k_mul[(1,)](a, b, x.numel(), BLOCK=128)
+        _k_neg[(1,)](b, c, x.numel(), BLOCK=128)
+        _k_add[(1,)](c, a, x.numel(), BLOCK=256)
+        return a
+"""
+
+SCRIPT = """
+import json, sys, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from gpu_runner.sandboxed.candidate import import_candidate
+from gpu_runner.sandboxed.compiling import _CompileOnlyDriver, _compile_in_shares
+from gpu_runner.sandboxed.hooks import CompileShare, LaunchLog, install_triton_hooks
+
+processes = int(sys.argv[2])
+driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
+kernels, share = [], CompileShare()
+install_triton_hooks(LaunchLog(), compile_only=True, compiled=kernels, share=share)
+cand = import_candidate(sys.argv[1])["ModelNew"]()
+x = torch.empty(100)
+said = _compile_in_shares(lambda: cand(x), share, processes, kernels) if processes > 1 else ""
+import os, pathlib
+before = len(list(pathlib.Path(os.environ["TRITON_CACHE_DIR"]).rglob("*.cubin")))
+with torch.no_grad():
+    cand(x)
+print(json.dumps({"said": said, "kernels": len(kernels), "before_full_pass": before}))
+"""
+
+
+def _run(tmp_path: Path, processes: int) -> dict[str, object]:
+    cand = tmp_path / "cand.py"
+    cand.write_text(CANDIDATE)
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    cache = tmp_path / f"cache{processes}"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache)
+    done = subprocess.run(
+        [sys.executable, str(script), str(cand), str(processes)], env=env, capture_output=True, text=True, timeout=200
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    out["cubins"] = sorted(p.parent.name for p in cache.rglob("*.cubin"))
+    return out
+
+
+def test_helpers_compile_their_share_into_the_cache_the_stage_reads(tmp_path: Path) -> None:
+    alone = _run(tmp_path, 1)
+    shared = _run(tmp_path, 3)
+    assert len(alone["cubins"]) == 4  # type: ignore[arg-type]  # _k_add twice (two BLOCKs), _k_mul, _k_neg
+    assert shared["cubins"] == alone["cubins"]  # the same kernels, content-addressed the same
+    assert shared["said"] == "compiled in 3 processes, 2 of 2 helpers finished"
+    # every kernel was in the cache before the stage's full pass, which lists each once
+    assert shared["before_full_pass"] == 4 and shared["kernels"] == 4
+    assert alone["before_full_pass"] == 0 and alone["kernels"] == 4
+
+
+def test_a_share_is_every_nth_launch() -> None:
+    share = CompileShare(index=1, of=3)
+    assert [share.mine() for _ in range(7)] == [False, True, False, False, True, False, False]
+    assert all(CompileShare().mine() for _ in range(5))
+
+
+def test_processes_grow_with_kernels_up_to_the_jobs() -> None:
+    assert _share_count(16, 3) == 1
+    assert _share_count(16, 2 * KERNELS_PER_PROCESS) == 2
+    assert _share_count(4, 150) == 4
+    assert _share_count(1, 150) == 1
