@@ -264,4 +264,3 @@ def test_spatial_sums_join_the_convolution_only_where_nothing_else_reads_its_out
         other = _plan(source.replace(pooled, body))
         assert other.nodes != plan.nodes
         assert "tl.atomic_add" not in render(other, default_params(other))
-

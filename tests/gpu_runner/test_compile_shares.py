@@ -101,8 +101,10 @@ def test_helpers_compile_their_share_into_the_cache_the_stage_reads(tmp_path: Pa
     assert shared["cubins"] == alone["cubins"]  # the same kernels, content-addressed the same
     assert shared["said"] == "compiled in 3 processes, 2 of 2 helpers finished"
     # every kernel was in the cache before the stage's full pass, which lists each once
-    assert shared["before_full_pass"] == 4 and shared["kernels"] == 4
-    assert alone["before_full_pass"] == 0 and alone["kernels"] == 4
+    assert shared["before_full_pass"] == 4
+    assert shared["kernels"] == 4
+    assert alone["before_full_pass"] == 0
+    assert alone["kernels"] == 4
 
 
 def test_a_share_is_every_nth_launch() -> None:

@@ -314,6 +314,10 @@ class Launch:
     """Tensors (bases) that ``setup`` reads beside the pointers."""
     tail_args: tuple[str, ...] = ()
     """Forward-side keyword arguments passed after the block sizes (``TMA=...``)."""
+    work: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    """Scratch buffers ``(name, shape, dtype)`` the forward allocates before this launch's stages
+    and that only they pass (a channels-last copy, packed weights): ``render`` places them with the
+    intermediates (``arena.py``) or allocates each with ``torch.empty``."""
 
 
 class PointwiseWriter(Writer):

@@ -250,21 +250,19 @@ class ConvWriter(Writer):
         lead: tuple[str, ...] = ()
         reads: tuple[int, ...] = ()
         pre: tuple[Launch, ...] = ()
+        work: tuple[tuple[str, tuple[int, ...], str], ...] = ()
         idx = self.kernel.index
         if copied:
             signature = signature.replace("(", "(xc, ", 1)
             copy = self._input_copy()
             shape = self._copy_shape()
-            setup = (*setup, f"_xc{idx} = torch.empty({shape!r}, device=_b{self.xbase}.device, dtype=torch.float32)")
+            work = (*work, (f"_xc{idx}", tuple(shape), "float32"))
             lead, reads, pre = (f"_xc{idx}",), (self.xbase,), (copy,)
         if packed:
             signature = signature.replace("(", "(wp, ", 1)
             if self.preround():  # packed and rounded by one kernel into a new buffer: the model's weights stay
                 shape, _ = self._packing()
-                setup = (
-                    *setup,
-                    f"_wr{idx} = torch.empty(({math.prod(shape)},), device=_b{self.wbase}.device, dtype=torch.float32)",
-                )
+                work = (*work, (f"_wr{idx}", (math.prod(shape),), "float32"))
                 pre = (*pre, self._packed_rounding(f"_wr{idx}"))
                 weights = f"_wr{idx}"
             else:
@@ -283,6 +281,7 @@ class ConvWriter(Writer):
             setup=setup,
             pre=pre,
             reads=reads,
+            work=work,
         )
 
     def _summed(self, nid: int) -> bool:

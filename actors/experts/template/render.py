@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import torch
 
+from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import Launch
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
@@ -98,14 +99,15 @@ def _reference_strides(traced: Traced) -> tuple[tuple[int, ...] | None, ...]:
     return tuple(tuple(v.stride()) if isinstance(v, torch.Tensor) and not v.is_contiguous() else None for v in values)
 
 
-def render(plan: Plan, params: TemplateParams, direct: bool = True) -> str:
+def render(plan: Plan, params: TemplateParams, direct: bool = True, arena: bool = True) -> str:
     """The complete ``ModelNew`` source for ``plan`` under ``params``. ``direct``: launches
     after a site's first go straight to the kernel it compiled (``launcher.py``); off, every
-    launch goes through ``triton.jit``."""
+    launch goes through ``triton.jit``. ``arena``: intermediates share one buffer per dtype
+    (``arena.py``); off, each is a ``torch.empty`` of its own."""
     fusion = (params.fuse_epilogue, params.fuse_prologue)
     if fusion not in plan.fusions:
         params = params.with_changes(fuse_epilogue=True, fuse_prologue=True)
-    return _render(plan, params, schedule(plan, params), direct)
+    return _render(plan, params, schedule(plan, params), direct, arena)
 
 
 def _direct(launch: Launch) -> bool:
@@ -122,7 +124,7 @@ def _site(launch: Launch) -> str:
     return f"_L{launch.name} = _KfLaunch({launch.name}, ({grid},), {', '.join(kw)})"
 
 
-def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = True) -> str:
+def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = True, arena: bool = True) -> str:
     used: set[str] = set()
     launches = [
         None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, used)
@@ -150,14 +152,56 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
     parts.extend(line for line in plan.prelude_source.splitlines() if line not in standard)
     parts.append(helpers_source(used))
     stages = [stage for launch in kernels for stage in (*launch.pre, launch)]
+    placed = _arena(plan, sched, launches) if arena else Arena()
     for stage in stages:
-        parts.extend(["", stage.source, ""])
+        parts.extend(["", placed.source(stage), ""])
     sites = [stage for stage in stages if direct and _direct(stage)]
     if sites:
         parts.append(LAUNCHER_SOURCE)
         parts.extend([*(_site(stage) for stage in sites), "", ""])
-    parts.append(_model(plan, sched, launches, direct))
+    parts.append(_model(plan, sched, launches, direct, placed))
     return "\n".join(parts) + "\n"
+
+
+def _returned(plan: Plan, sched: Schedule) -> tuple[list[str], list[str]]:
+    """The lines that copy outputs into the reference's strides, and what ``forward`` returns."""
+    lines: list[str] = []
+    returned: list[str] = []
+    for k, nid in enumerate(plan.outputs):
+        out, _ = base_of(plan, nid, sched.is_exported)
+        node = plan.nodes[nid]
+        returned.append(f"_b{out}" if out == nid else f"_b{out}.view({tuple(node.shape)!r})")
+        strides = plan.output_strides[k] if k < len(plan.output_strides) else None
+        if strides is not None:  # the reference's layout (a permuted or sliced result): copied into it
+            shape, dtype = tuple(node.shape), f"torch.{node.dtype}"
+            lines.append(f"_o{k} = torch.empty_strided({shape!r}, {strides!r}, device=_kfdev, dtype={dtype})")
+            lines.append(f"_o{k}.copy_({returned[-1]})")
+            returned[-1] = f"_o{k}"
+    return lines, returned
+
+
+def _arena(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> Arena:
+    """Where the intermediates and scratch buffers that only kernels touch live (``arena.py``)."""
+    members: dict[str, tuple[int, tuple[int, ...], str]] = {}
+    stages: list[list[Launch]] = []
+    texts: list[str] = []
+    for i, (kernel, launch) in enumerate(zip(sched.kernels, launches, strict=True)):
+        if launch is None:
+            texts.append(_torch_call(plan, sched, kernel.mm))
+            stages.append([])
+            continue
+        for nid in kernel.exports:
+            node = plan.nodes[nid]
+            members[f"_b{nid}"] = (i, tuple(node.shape), str(node.dtype))
+        for name, shape, dtype in launch.work:
+            members[name] = (i, shape, dtype)
+        texts.extend(launch.setup)
+        for stage in (*launch.pre, launch):
+            texts.extend((*stage.grid_exprs, *stage.tail_args))
+        stages.append([*launch.pre, launch])
+    copies, returned = _returned(plan, sched)
+    texts.extend((*copies, *returned))
+    return place(stages, members, texts)
 
 
 def _torch_call(plan: Plan, sched: Schedule, nid: int) -> str:
@@ -176,10 +220,10 @@ def _torch_call(plan: Plan, sched: Schedule, nid: int) -> str:
     return f"_b{nid} = ({node.path.format(*operands)}).contiguous()"
 
 
-def _launch_line(launch: Launch, direct: bool) -> str:
+def _launch_line(launch: Launch, direct: bool, arena: Arena) -> str:
     """``name[grid](args)`` for one kernel launch in ``forward``, or ``_Lname(_kfs, args)``
-    through its launch site (``direct``)."""
-    args = [*launch.lead_args, *(f"_b{b}" for b in launch.pointers)]
+    through its launch site (``direct``); tensors in the arena are passed as its buffer."""
+    args = [arena.arg(name) for name in positional(launch)]
     if direct and _direct(launch):
         return f"_L{launch.name}(_kfs, {', '.join(args)})"
     args += [f"{k}={v}" for k, v in launch.constexprs.items()]
@@ -188,7 +232,7 @@ def _launch_line(launch: Launch, direct: bool) -> str:
     return f"{launch.name}[{grid}]({', '.join(args)})"
 
 
-def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: bool) -> str:
+def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: bool, arena: Arena) -> str:
     inputs = plan.inputs
     names = plan.arg_names
     lines = ["class ModelNew(nn.Module):", textwrap.indent(plan.init_source, "    "), ""]
@@ -228,8 +272,11 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: b
             device = device or f"_b{node.id}.device"
     if device is None:
         raise UnsupportedGraph("forward reads no tensor" + (" but plain tensor attributes" if attrs else ""))
+    body.append(f"_kfdev = {device}")
     if direct and any(_direct(stage) for launch in launches if launch is not None for stage in (*launch.pre, launch)):
-        body.append(f"_kfs = _kf_stream({device})")
+        body.append("_kfs = _kf_stream(_kfdev)")
+    for buffer, (dtype, size) in arena.sizes.items():
+        body.append(f"{buffer} = torch.empty(({size},), device=_kfdev, dtype=torch.{dtype})")
     for node in attrs:  # not moved by ``.to(device)`` as parameters and buffers are
         body.append(f"_b{node.id} = {attr_path(node.path)}.to({device}).contiguous()")
     for node in inputs:  # a Python number becomes the 0-dim float32 value the kernels read
@@ -242,20 +289,15 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: b
             continue
         for nid in kernel.exports:
             node = plan.nodes[nid]
-            body.append(f"_b{nid} = torch.empty({tuple(node.shape)!r}, device={device}, dtype=torch.{node.dtype})")
+            if f"_b{nid}" not in arena.slots:
+                body.append(f"_b{nid} = torch.empty({tuple(node.shape)!r}, device=_kfdev, dtype=torch.{node.dtype})")
+        for name, shape, dtype in launch.work:
+            if name not in arena.slots:
+                body.append(f"{name} = torch.empty({shape!r}, device=_kfdev, dtype=torch.{dtype})")
         body.extend(launch.setup)
-        body.extend(_launch_line(stage, direct) for stage in (*launch.pre, launch))
-    returned = []
-    for k, nid in enumerate(plan.outputs):
-        out, _ = base_of(plan, nid, sched.is_exported)
-        node = plan.nodes[nid]
-        returned.append(f"_b{out}" if out == nid else f"_b{out}.view({tuple(node.shape)!r})")
-        strides = plan.output_strides[k] if k < len(plan.output_strides) else None
-        if strides is not None:  # the reference's layout (a permuted or sliced result): copied into it
-            shape, dtype = tuple(node.shape), f"torch.{node.dtype}"
-            body.append(f"_o{k} = torch.empty_strided({shape!r}, {strides!r}, device={device}, dtype={dtype})")
-            body.append(f"_o{k}.copy_({returned[-1]})")
-            returned[-1] = f"_o{k}"
+        body.extend(_launch_line(stage, direct, arena) for stage in (*launch.pre, launch))
+    copies, returned = _returned(plan, sched)
+    body.extend(copies)
     body.append(f"return {returned[0]}" if len(returned) == 1 else f"return ({', '.join(returned)})")
     lines.append(textwrap.indent("\n".join(body), "        "))
     return "\n".join(lines)
