@@ -410,14 +410,15 @@ class ConvWriter(Writer):
         """Elements of the weights (``[cout, cin_g, *k]`` or, transposed, ``[cin, cout_g, *k]``)."""
         return self.cout * self.cin_g * self.taps if not self.spec.transposed else self.cin * self.cout_g * self.taps
 
-    def _rounding(self, name: str, dst: str, src: str, total: int) -> Launch:
+    def _rounding(self, name: str, dst: str, src: str, total: int, gather: str = "offs") -> Launch:
         """A kernel that writes ``src`` rounded to TF32 (to nearest) into ``dst``, ``total``
-        elements: Triton, not PyTorch ops (a candidate's forward may only move data in PyTorch)."""
+        elements, element ``offs`` of ``dst`` from element ``gather`` of ``src``: Triton, not
+        PyTorch ops (a candidate's forward may only move data in PyTorch)."""
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
         body = [
             f"offs = {pid} * BLOCK_S + tl.arange(0, BLOCK_S)",
             f"m = offs < {total}",
-            "v = tl.load(src + offs, mask=m, other=0.0)",
+            f"v = tl.load(src + {gather}, mask=m, other=0.0)",
             tf32_rounding("v"),
             "tl.store(dst + offs, v, mask=m)",
         ]
@@ -470,7 +471,6 @@ class ConvWriter(Writer):
         shape, order = self._packing()
         packed = [shape[o] for o in order]
         strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
-        total = math.prod(shape)
         terms = []
         for i, o in enumerate(order):
             if packed[i] == 1:
@@ -480,26 +480,8 @@ class ConvWriter(Writer):
             if i > 0:
                 coord = f"({coord} % {packed[i]})"
             terms.append(coord if strides[o] == 1 else f"{coord} * {strides[o]}")
-        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
-        name = f"{self.kernel.name}_wr"
-        body = [
-            f"offs = {pid} * BLOCK_S + tl.arange(0, BLOCK_S)",
-            f"m = offs < {total}",
-            f"v = tl.load(src + {' + '.join(terms) or '0'}, mask=m, other=0.0)",
-            tf32_rounding("v"),
-            "tl.store(dst + offs, v, mask=m)",
-        ]
-        lines = ["@triton.jit", f"def {name}(dst, src, BLOCK_S: tl.constexpr):", *("    " + b for b in body)]
-        return Launch(
-            source="\n".join(lines),
-            name=name,
-            pointers=[],
-            grid=(math.ceil(total / 1024),),
-            constexprs={"BLOCK_S": 1024},
-            num_warps=4,
-            num_stages=1,
-            lead_args=(dst, f"_b{self.wbase}"),
-        )
+        gather = " + ".join(terms) or "0"
+        return self._rounding(f"{self.kernel.name}_wr", dst, f"_b{self.wbase}", math.prod(shape), gather)
 
     def _accumulate(self, loop: Scope) -> None:
         """``acc`` += the ``[BLOCK_M, BLOCK_K]`` tile ``a`` times the ``[BLOCK_K, BLOCK_N]`` tile ``b``.
