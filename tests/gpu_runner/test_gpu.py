@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from gpu_runner.config import EvalJob
 from gpu_runner.service import EvaluationService
-from schemas import DeviceChoice, EvalStatus, TimerKind
+from schemas import CheckName, CheckOutcome, DeviceChoice, EvalStatus, KernelLanguage, TimerKind
 from tests.gpu_runner.conftest import fast_config, job, reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.asyncio(loop_scope="module")]
@@ -64,3 +65,33 @@ async def test_triton_kernels_compile_ahead_of_time_and_warm_overhead_is_small(g
     assert warm.outcome.value == "passed"
     assert result.baselines is not None
     assert result.baselines.compiled is not None or result.baselines.compiled_error
+
+
+@pytest.mark.timeout(600)
+async def test_launches_of_kept_compiled_kernels_count_as_the_candidates_own(gpu: EvaluationService) -> None:
+    """The template's launch sites call a kept compiled kernel's launcher after the first launch,
+    not ``triton.jit``: the evaluator counts those launches too, in the trials and while timed."""
+    from actors.experts.template import Plan, analyse, default_params, render
+
+    source = reference("add_relu")
+    plan = analyse(source)
+    assert isinstance(plan, Plan)
+    rendered = render(plan, default_params(plan))
+    assert "_KfLaunch(" in rendered
+    await gpu.prepare(source)
+    result = await gpu.evaluate(
+        EvalJob(
+            reference_source=source,
+            candidate_source=rendered,
+            language=KernelLanguage.TRITON,
+            timeout_s=120.0,
+            candidate_id="launch_sites",
+        )
+    )
+    assert result.status is EvalStatus.CORRECT, result.summary
+    outcomes = {c.name: c for c in result.checks}
+    assert outcomes[CheckName.KERNELS_LAUNCHED].outcome is CheckOutcome.PASSED
+    timed = outcomes[CheckName.TIMED_LAUNCHES]
+    assert timed.outcome is CheckOutcome.PASSED, timed.detail
+    assert timed.detail is not None
+    assert not timed.detail.startswith("0 own launches"), timed.detail
