@@ -65,6 +65,7 @@ def test_the_ledger_pools_only_what_every_baseline_has_and_keeps_the_last_sessio
     assert off.pooled(["eager"]) == {}
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 async def test_a_later_candidate_pools_the_earlier_sessions_baselines() -> None:
     """Loose agreement (on this CPU two sessions' medians differed 2x): the point is what is pooled and counted."""
     async with EvaluationService(_cfg(timing_pool_agree=5.0)) as service:
@@ -81,6 +82,7 @@ async def test_a_later_candidate_pools_the_earlier_sessions_baselines() -> None:
     assert reps1 > earlier1  # beside samples of its own
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 async def test_a_pool_that_disagrees_is_not_counted_and_is_emptied() -> None:
     async with EvaluationService(_cfg()) as service:
         first = await service.evaluate(_job(service, "c0"))
@@ -110,6 +112,7 @@ async def test_pooling_off_times_every_baseline_in_every_session() -> None:
     assert _eager_reps(second)[1] == 0
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 async def test_once_pooled_baselines_are_known_later_rounds_time_the_candidate_alone() -> None:
     """With the pool agreeing and every baseline known to the target from its own samples and the
     pool's, the remaining rounds time only the candidate (on a GPU the referee's canary looks after

@@ -208,6 +208,7 @@ async def test_runtime_layers_hold_without_gate_cpu(cpu_ungated: EvaluationServi
     check_verdict(await cpu_ungated.evaluate(job("add_relu", c.name, timeout_s=c.timeout_s)), c)
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 async def test_a_timeout_while_timed_gives_the_exclusive_gpu_lease_back(cpu_gated: EvaluationService) -> None:
     """A candidate that hangs once it holds the GPU alone: the lease it upgraded to is released as
     exclusive, so the next candidate still gets the GPU."""

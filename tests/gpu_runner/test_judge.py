@@ -125,6 +125,7 @@ async def test_shared_outputs_are_on_unless_turned_off_and_the_switch_is_checked
         RunnerConfig()
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 async def test_a_plan_of_one_evaluation_at_a_time_prepares_the_next_reference_after_each() -> None:
     """No spares planned (judged outputs that fill the device): the next evaluation's worker is
     prepared once the last evaluation ended, not on the next candidate's critical path."""
@@ -202,6 +203,7 @@ async def test_the_referee_builds_the_compiled_baseline_once_and_times_it_beside
         assert "(derived)" not in r.summary
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 @pytest.mark.parametrize("judged_on_device", [True, False])
 async def test_timed_calls_shipped_after_their_batch_are_judged(judged_on_device: bool) -> None:
     """Outputs too large to come back with every timed batch stay in the candidate's process; after

@@ -130,6 +130,7 @@ def _template_candidates() -> list[tuple[str, str]]:
     return [("template_tf32", tf32), ("template_bf16", bf16)]
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 async def test_range_trials_are_held_to_the_reference_s_own_error_at_their_scale() -> None:
     """The referee measures the defaults' error at the range trials' scales too: the template's
     TF32 convolution + batch norm errs there as the user's model does (it was refused on 1 of 5

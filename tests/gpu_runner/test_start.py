@@ -67,6 +67,7 @@ async def test_the_started_evaluator_gives_its_start_up_phases(tmp_path: Path) -
     assert phases["process_s"] >= phases["probe_s"]  # the process began before its service's probe
 
 
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
 async def test_an_evaluation_asking_for_the_plan_during_the_tasks_preparation_waits_for_it(tmp_path: Path) -> None:
     """The evaluator takes candidates while it prepares the task: a candidate that reaches the run
     stage meanwhile waits for that preparation's plan instead of measuring the task again (here
