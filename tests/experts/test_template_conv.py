@@ -264,3 +264,21 @@ def test_spatial_sums_join_the_convolution_only_where_nothing_else_reads_its_out
         other = _plan(source.replace(pooled, body))
         assert other.nodes != plan.nodes
         assert "tl.atomic_add" not in render(other, default_params(other))
+
+
+def test_one_output_channel_per_group_is_a_vector_tile() -> None:
+    """A depthwise convolution's tile is one output channel's rows, kept 1-D (Triton 3.6
+    miscompiled its ``[BLOCK_M, 1]`` form on an H200, KernelBench L3-22); two output channels per
+    group keep the 2-D tile."""
+    depthwise = next(c for c in CONV_CASES if c.name == "conv2d_depthwise_residual")
+    plan = plan_of(depthwise.sources()[0])
+    source = render(plan, default_params(plan))
+    assert "acc = tl.zeros((BLOCK_M,), dtype=tl.float32)" in source
+    assert "acc += a * b" in source
+    assert "tl.zeros((BLOCK_M, BLOCK_N)" not in source
+    doubled = depthwise.sources()[0].replace("nn.Conv2d(6, 6, 3,", "nn.Conv2d(6, 12, 3,")
+    doubled = doubled.replace("return x + torch.tanh(self.conv(x))", "return torch.tanh(self.conv(x))")
+    plan2 = plan_of(doubled)
+    source2 = render(plan2, default_params(plan2))
+    assert "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" in source2
+    assert "acc += a[:, None] * b[None, :]" in source2

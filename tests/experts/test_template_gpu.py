@@ -209,3 +209,47 @@ def test_launch_sites_keep_their_compiled_kernels_only_while_the_specialisation_
         shifted = base[1:].view(2, 8, 20, 20)  # 4 bytes past an aligned start
         assert shifted.data_ptr() % 16
         assert _rel_l2(new(shifted), model(shifted)) < 1e-3
+
+
+_DEPTHWISE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d({c}, {c}, {k}, stride={s}, padding={p}, groups={c}, bias=False)
+        self.bn = nn.BatchNorm2d({c})
+
+    def forward(self, x):
+        return torch.clamp(self.bn(self.conv(x)), 0.0, 6.0)
+
+
+def get_inputs():
+    return [torch.rand({n}, {c}, {h}, {h})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize(("c", "k", "s", "h", "n"), [(144, 5, 2, 56, 2), (240, 5, 1, 28, 10), (96, 3, 2, 112, 2)])
+def test_depthwise_convolutions_in_long_tiles_match_pytorch(
+    c: int, k: int, s: int, h: int, n: int, tmp_path: Path
+) -> None:
+    """EfficientNet's depthwise convolutions with their norm, in the 1024-row tiles the H200 model
+    picks for outer products: on Triton 3.6 a ``[1024, 1]`` tile of a 5x5, stride-2 depthwise
+    convolution came out wrong in every channel (KernelBench L3-22), so one output channel's tile
+    is a vector (``ConvWriter.one_channel``)."""
+    from actors.experts.template.hardware import lookup
+
+    reference = _DEPTHWISE.format(c=c, k=k, s=s, p=k // 2, h=h, n=n)
+    plan = analyse(reference)
+    assert isinstance(plan, Plan)
+    short = TemplateParams().with_changes(conv_block_m=256, conv_block_n=1, conv_warps=2)
+    for params in (default_params(plan, lookup("H200")), short):
+        candidate = render(plan, params)
+        assert "acc = tl.zeros((BLOCK_M,), dtype=tl.float32)" in candidate
+        _assert_close(reference, candidate, tmp_path)

@@ -86,8 +86,25 @@ class ConvWriter(Writer):
 
     def space(self, row: bool) -> IndexSpace:
         rank = len(self.out_shape)
-        fast = {(1, 2): "co[None, :]", (0, 1): "nb[:, None]", (2, rank): "sp[:, None]"}
+        if self.one_channel():
+            fast = {(1, 2): "co", (0, 1): "nb", (2, rank): "sp"}
+        else:
+            fast = {(1, 2): "co[None, :]", (0, 1): "nb[:, None]", (2, rank): "sp[:, None]"}
         return IndexSpace(lin="lin", mask="cmask", shape=self.out_shape, fast=fast)
+
+    def one_channel(self) -> bool:
+        """Whether the tile is one output channel's ``BLOCK_M`` output positions, kept as 1-D
+        vectors (``acc`` ``[BLOCK_M]``, the channel ``co`` a scalar): a depthwise convolution's
+        outer products, one output channel per group, no phases, no spatial sum. Triton 3.6
+        miscompiled the ``[BLOCK_M, 1]`` tile on an H200 (every output of a 5x5, stride-2 depthwise
+        convolution of KernelBench L3-22 wrong at ``BLOCK_M`` 1024 and 4 warps, right as 1-D)."""
+        return (
+            self.cout_g == 1
+            and outer_products(self.params, self.cin_g)
+            and self.blocks()[1] == 1
+            and not self.phased()
+            and not any(self._summed(n) for n in self.kernel.exports)
+        )
 
     def broadcast_row(self, var: str) -> str:
         return var
@@ -218,10 +235,15 @@ class ConvWriter(Writer):
         if self.phased():  # the phases of one tile run side by side: their stores meet in L2
             e(s, f"ph = pid % {self._phases()}")
             e(s, f"pid = pid // {self._phases()}")
-        e(s, f"rm = (pid // {npn}) * BLOCK_M + tl.arange(0, BLOCK_M)")
-        e(s, f"rn = (pid % {npn}) * BLOCK_N + tl.arange(0, BLOCK_N)")
-        e(s, f"co = g * {self.cout_g} + rn")
-        e(s, f"nmask = rn < {self.cout_g}")
+        one = self.one_channel()
+        if one:  # npn is 1
+            e(s, "rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)")
+            e(s, "co = g + tl.zeros((BLOCK_M,), dtype=tl.int32)")  # a vector: the epilogue's loads are masked
+        else:
+            e(s, f"rm = (pid // {npn}) * BLOCK_M + tl.arange(0, BLOCK_M)")
+            e(s, f"rn = (pid % {npn}) * BLOCK_N + tl.arange(0, BLOCK_N)")
+            e(s, f"co = g * {self.cout_g} + rn")
+            e(s, f"nmask = rn < {self.cout_g}")
         rows = self.m
         if self.phased():
             rows = self._phase_rows(s)
@@ -235,13 +257,18 @@ class ConvWriter(Writer):
             e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g}")
         else:
             e(s, f"xrow = nb * {self.cin * plane} + g * {self.cin_g * plane}")
-        e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+        tile = "(BLOCK_M,)" if one else "(BLOCK_M, BLOCK_N)"
+        e(s, f"acc = tl.zeros({tile}, dtype=tl.float32)")
         if self.taps_outer():
             self._taps_outer(s, px, pw, plane, outs, bk)
         else:
             self._flat(s, px, pw, plane, outs)
-        e(s, "cmask = mmask[:, None] & nmask[None, :]")
-        e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
+        if one:
+            e(s, "cmask = mmask")
+            e(s, f"lin = (nb * {self.cout} + co) * {so} + sp")
+        else:
+            e(s, "cmask = mmask[:, None] & nmask[None, :]")
+            e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
         self.tile_rows = ("pid * BLOCK_M" if npn == 1 else f"(pid // {npn}) * BLOCK_M", rows // self.out_shape[0], bm)
         self.store_exports(s, self.kernel.mm, "acc")
         body = self.lines[start:]
@@ -583,6 +610,14 @@ class ConvWriter(Writer):
             ci = "c0" if chunks > 1 else "0"
             chan = f" + c0 * {plane}" if chunks > 1 else ""
             e(loop, f"a = tl.load({px} + xo{chan}, mask=rmask, other=0.0)")
+            if self.one_channel():  # one output channel: a scalar weight per tap and channel
+                if transposed:  # [g * cin_g + ci, 0, tap]
+                    w_index = f"(g * {self.cin_g} + {ci}) * {self.taps} + kt"
+                else:  # [g, ci, tap]
+                    w_index = f"g * {self.k} + {ci} * {self.taps} + kt"
+                e(loop, f"b = tl.load({pw} + {w_index})")
+                e(loop, "acc += a * b")
+                return
             if transposed:  # [g * cin_g + ci, rn, tap]
                 w_index = f"((g * {self.cin_g} + {ci}) * {self.cout_g} + rn) * {self.taps} + kt"
             else:  # [co, ci, tap]
