@@ -235,7 +235,9 @@ def get_init_inputs():
 """
 
 
-@pytest.mark.parametrize(("c", "k", "s", "h", "n"), [(144, 5, 2, 56, 2), (240, 5, 1, 28, 10), (96, 3, 2, 112, 2)])
+@pytest.mark.parametrize(
+    ("c", "k", "s", "h", "n"), [(144, 5, 2, 56, 2), (240, 5, 1, 28, 10), (96, 3, 2, 112, 2), (480, 3, 1, 14, 10)]
+)
 def test_depthwise_convolutions_in_long_tiles_match_pytorch(
     c: int, k: int, s: int, h: int, n: int, tmp_path: Path
 ) -> None:
@@ -248,8 +250,9 @@ def test_depthwise_convolutions_in_long_tiles_match_pytorch(
     reference = _DEPTHWISE.format(c=c, k=k, s=s, p=k // 2, h=h, n=n)
     plan = analyse(reference)
     assert isinstance(plan, Plan)
-    short = TemplateParams().with_changes(conv_block_m=256, conv_block_n=1, conv_warps=2)
-    for params in (default_params(plan, lookup("H200")), short):
+    first = default_params(plan, lookup("H200"))
+    tiles = [(64, 128, 4), (16, 16, 4), (16, 16, 2), (32, 4, 4)]  # 1024, 256, 256 and 128 rows
+    for params in [first] + [first.with_changes(conv_block_m=m, conv_block_n=n, conv_warps=w) for m, n, w in tiles]:
         candidate = render(plan, params)
         assert "acc = tl.zeros((BLOCK_M,), dtype=tl.float32)" in candidate
         _assert_close(reference, candidate, tmp_path)
