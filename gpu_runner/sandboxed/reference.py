@@ -15,7 +15,6 @@ import contextlib
 import copy
 import linecache
 import math
-import os
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -400,30 +399,13 @@ not kept); the referee builds it once per task, so a second try costs a failing 
 compilation."""
 
 
-REFEREE_COMPILE_THREADS = 8
-"""At most this many inductor compile workers for the reference's ``torch.compile`` on a GPU
-(every other worker compiles with one: ``TORCHINDUCTOR_COMPILE_THREADS``). A whole model's
-baseline compiled one kernel at a time took 44-48 s on an H200 host (KernelBench L3-29, L3-36)
-and more than 52 s (L3-15, L3-22), and no candidate is judged before the referee is ready."""
-
-
-def compile_threads(device: torch.device) -> int:
-    """Inductor compile workers for the baseline: half the usable cores, at most
-    :data:`REFEREE_COMPILE_THREADS`; one on the CPU (its compiled graph is C++, one module)."""
-    if device.type != "cuda":
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(REFEREE_COMPILE_THREADS, cores // 2))
-
-
 def build_compiled(model: Any, sample: list[Any], device: torch.device, channel: Channel) -> tuple[Any, str | None]:
     """``torch.compile`` of the reference's model, warmed on ``sample``: (compiled, None) or (None, why).
 
     Dynamo and inductor compile on the CPU; the compiled graph's runs (and the autotuning of
     kernel configs they may do) use the GPU. So the GPU lease is taken when a compilation ends
     and given back when one starts (dynamo's compile callbacks), and held whenever the compiled
-    model runs. Without those callbacks the whole warm-up holds the lease. The first attempt
-    compiles with :func:`compile_threads` workers, a second (after a failure) with one.
+    model runs. Without those callbacks the whole warm-up holds the lease.
     """
 
     def on_start(*_args: object) -> None:
@@ -435,10 +417,6 @@ def build_compiled(model: Any, sample: list[Any], device: torch.device, channel:
     error: str | None = None
     try:
         for attempt in range(COMPILE_ATTEMPTS):
-            threads = compile_threads(device) if attempt == 0 else 1
-            import torch._inductor.config as inductor_config
-
-            inductor_config.compile_threads = threads
             try:
                 with _compile_hooks(on_start, on_end):
                     compiled = torch.compile(model)
@@ -451,7 +429,7 @@ def build_compiled(model: Any, sample: list[Any], device: torch.device, channel:
                 return compiled, None
             except Exception as exc:  # noqa: BLE001 - the baseline is optional; the reason is reported
                 error = f"torch.compile failed: {type(exc).__name__}: {exc}"[:1000]
-                log(f"{error} (attempt {attempt + 1} of {COMPILE_ATTEMPTS}, {threads} compile workers)")
+                log(f"{error} (attempt {attempt + 1} of {COMPILE_ATTEMPTS})")
                 torch._dynamo.reset()  # the next attempt traces afresh (this also drops the callbacks)
     finally:
         on_start()
