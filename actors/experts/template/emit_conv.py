@@ -97,7 +97,12 @@ class ConvWriter(Writer):
         vectors (``acc`` ``[BLOCK_M]``, the channel ``co`` a scalar): a depthwise convolution's
         outer products, one output channel per group, no phases, no spatial sum. Triton 3.6
         miscompiled the ``[BLOCK_M, 1]`` tile on an H200 (every output of a 5x5, stride-2 depthwise
-        convolution of KernelBench L3-22 wrong at ``BLOCK_M`` 1024 and 4 warps, right as 1-D)."""
+        convolution of KernelBench L3-22 wrong at ``BLOCK_M`` 1024 and 4 warps, right as 1-D).
+        As 1-D the same kernel still came out wrong at other tiles (480 channels, 3x3, 14x14,
+        batch 10: 256 rows) while the store's index was ``(nb * cout + co) * so + sp`` with
+        ``sp = rm % so``; spelled ``rm + nb * (cout - 1) * so + co * so`` (the same number) it was
+        right at 128 to 1024 rows for that shape and L3-22's 5x5 stride-2 one (a replica of the
+        emitted kernel, Triton 3.6 on an H200)."""
         return (
             self.cout_g == 1
             and outer_products(self.params, self.cin_g)
@@ -263,9 +268,9 @@ class ConvWriter(Writer):
             self._taps_outer(s, px, pw, plane, outs, bk)
         else:
             self._flat(s, px, pw, plane, outs)
-        if one:
+        if one:  # (nb * cout + co) * so + sp, spelled without sp (see one_channel)
             e(s, "cmask = mmask")
-            e(s, f"lin = (nb * {self.cout} + co) * {so} + sp")
+            e(s, f"lin = rm + nb * {(self.cout - 1) * so} + co * {so}")
         else:
             e(s, "cmask = mmask[:, None] & nmask[None, :]")
             e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
