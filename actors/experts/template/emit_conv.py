@@ -615,20 +615,18 @@ class ConvWriter(Writer):
             ci = "c0" if chunks > 1 else "0"
             chan = f" + c0 * {plane}" if chunks > 1 else ""
             e(loop, f"a = tl.load({px} + xo{chan}, mask=rmask, other=0.0)")
-            if self.one_channel():  # one output channel: a scalar weight per tap and channel
-                if transposed:  # [g * cin_g + ci, 0, tap]
-                    w_index = f"(g * {self.cin_g} + {ci}) * {self.taps} + kt"
-                else:  # [g, ci, tap]
-                    w_index = f"g * {self.k} + {ci} * {self.taps} + kt"
+            one = self.one_channel()  # one output channel: a scalar weight per tap and channel
+            rn, co = ("0", "g") if one else ("rn", "co")
+            if transposed:  # [g * cin_g + ci, rn, tap]
+                w_index = f"((g * {self.cin_g} + {ci}) * {self.cout_g} + {rn}) * {self.taps} + kt"
+            else:  # [co, ci, tap]
+                w_index = f"{co} * {self.k} + {ci} * {self.taps} + kt"
+            if one:
                 e(loop, f"b = tl.load({pw} + {w_index})")
                 e(loop, "acc += a * b")
-                return
-            if transposed:  # [g * cin_g + ci, rn, tap]
-                w_index = f"((g * {self.cin_g} + {ci}) * {self.cout_g} + rn) * {self.taps} + kt"
-            else:  # [co, ci, tap]
-                w_index = f"co * {self.k} + {ci} * {self.taps} + kt"
-            e(loop, f"b = tl.load({pw} + {w_index}, mask=nmask, other=0.0)")
-            e(loop, "acc += a[:, None] * b[None, :]")
+            else:
+                e(loop, f"b = tl.load({pw} + {w_index}, mask=nmask, other=0.0)")
+                e(loop, "acc += a[:, None] * b[None, :]")
             return
         ci = "c0 + tl.arange(0, BLOCK_K)" if chunks > 1 else "tl.arange(0, BLOCK_K)"
         e(loop, f"ci = {ci}")
