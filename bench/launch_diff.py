@@ -22,14 +22,11 @@ Found this way (2026-12-02): KernelBench L3-22's 5x5 stride-2 depthwise convolut
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 Checksum = list[float] | None
@@ -64,18 +61,6 @@ def with_sizes(source: str, sets: list[str]) -> str:
     return source
 
 
-def _load(source: str, name: str, folder: Path) -> ModuleType:
-    path = folder / f"{name}.py"  # triton.jit reads its kernels' source from a file
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 class _Recorded:
     """Stands in for one ``triton.jit`` kernel of the candidate's module: launches it and records."""
 
@@ -101,6 +86,7 @@ def record(reference: str, hardware: str | None, seed: int = 0) -> list[Record]:
 
     from actors.experts.template import Plan, analyse, default_params, render
     from actors.experts.template.hardware import lookup
+    from gpu_runner.sandboxed.reference import load_module
 
     plan = analyse(reference)
     if not isinstance(plan, Plan):
@@ -112,19 +98,19 @@ def record(reference: str, hardware: str | None, seed: int = 0) -> list[Record]:
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     records: list[Record] = []
-    with tempfile.TemporaryDirectory() as folder:
-        ref = _load(reference, "kf_diff_reference", Path(folder))
-        cand = _load(candidate, "kf_diff_candidate", Path(folder))
-        for name, value in list(vars(cand).items()):
-            if name.startswith("_kf_") and hasattr(value, "arg_names"):
-                setattr(cand, name, _Recorded(name, value, records, sync))
-        init = list(ref.get_init_inputs())
-        torch.manual_seed(seed)
-        inputs = list(ref.get_inputs())
-        torch.manual_seed(seed + 1)
-        model = cand.ModelNew(*init).to("cuda" if cuda else "cpu")
-        with torch.no_grad():
-            model(*[x.to("cuda") if cuda and isinstance(x, torch.Tensor) else x for x in inputs])
+    # as the evaluator loads them (its linecache entry lets triton.jit read a kernel's source)
+    ref = load_module(reference, "<kf_diff_reference>", "kf_diff_reference")
+    cand = load_module(candidate, "<kf_diff_candidate>", "kf_diff_candidate")
+    for name, value in list(cand.items()):
+        if name.startswith("_kf_") and hasattr(value, "arg_names"):
+            cand[name] = _Recorded(name, value, records, sync)
+    init = list(ref["get_init_inputs"]())
+    torch.manual_seed(seed)
+    inputs = list(ref["get_inputs"]())
+    torch.manual_seed(seed + 1)
+    model = cand["ModelNew"](*init).to("cuda" if cuda else "cpu")
+    with torch.no_grad():
+        model(*[x.to("cuda") if cuda and isinstance(x, torch.Tensor) else x for x in inputs])
     return records
 
 

@@ -25,6 +25,7 @@ accumulator tile before the one store, through the shared :class:`~emit.Writer` 
 from __future__ import annotations
 
 import math
+from functools import cached_property
 
 from actors.experts.precision import tf32_rounding
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
@@ -86,16 +87,18 @@ class ConvWriter(Writer):
 
     def space(self, row: bool) -> IndexSpace:
         rank = len(self.out_shape)
-        if self.one_channel():
+        if self.one_channel:
             fast = {(1, 2): "co", (0, 1): "nb", (2, rank): "sp"}
         else:
             fast = {(1, 2): "co[None, :]", (0, 1): "nb[:, None]", (2, rank): "sp[:, None]"}
         return IndexSpace(lin="lin", mask="cmask", shape=self.out_shape, fast=fast)
 
+    @cached_property
     def one_channel(self) -> bool:
         """Whether the tile is one output channel's ``BLOCK_M`` output positions, kept as 1-D
-        vectors (``acc`` ``[BLOCK_M]``, the channel ``co`` a scalar): a depthwise convolution's
-        outer products, one output channel per group, no phases, no spatial sum. Triton 3.6
+        vectors (``acc`` ``[BLOCK_M]``, a scalar weight per tap, the channel ``co`` the group's
+        index in every element): a depthwise convolution's outer products, one output channel
+        per group, no phases, no spatial sum. Fixed per kernel, so computed once. Triton 3.6
         miscompiled the ``[BLOCK_M, 1]`` tile on an H200 (every output of a 5x5, stride-2 depthwise
         convolution of KernelBench L3-22 wrong at ``BLOCK_M`` 1024 and 4 warps, right as 1-D).
         As 1-D the same kernel still came out wrong at other tiles (480 channels, 3x3, 14x14,
@@ -240,7 +243,7 @@ class ConvWriter(Writer):
         if self.phased():  # the phases of one tile run side by side: their stores meet in L2
             e(s, f"ph = pid % {self._phases()}")
             e(s, f"pid = pid // {self._phases()}")
-        one = self.one_channel()
+        one = self.one_channel
         if one:  # npn is 1
             e(s, "rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)")
             e(s, "co = g + tl.zeros((BLOCK_M,), dtype=tl.int32)")  # a vector: the epilogue's loads are masked
@@ -615,7 +618,7 @@ class ConvWriter(Writer):
             ci = "c0" if chunks > 1 else "0"
             chan = f" + c0 * {plane}" if chunks > 1 else ""
             e(loop, f"a = tl.load({px} + xo{chan}, mask=rmask, other=0.0)")
-            one = self.one_channel()  # one output channel: a scalar weight per tap and channel
+            one = self.one_channel  # one output channel: a scalar weight per tap and channel
             rn, co = ("0", "g") if one else ("rn", "co")
             if transposed:  # [g * cin_g + ci, rn, tap]
                 w_index = f"((g * {self.cin_g} + {ci}) * {self.cout_g} + {rn}) * {self.taps} + kt"
