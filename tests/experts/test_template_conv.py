@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from actors.experts.template import TemplateParams, default_params, relevant_params, render
-from actors.experts.template.interp_check import Verdict, finish_check, start_check
+from actors.experts.template.interp_check import Verdict, check_in_subprocess, finish_check, start_check
 from actors.experts.template.ir import ConvSpec, NodeKind
 from tests.experts.template_conv_cases import CONV_CASES
 from tests.experts.template_interp import assert_all_correct, interp_verdicts, plan_of
@@ -266,16 +266,27 @@ def test_spatial_sums_join_the_convolution_only_where_nothing_else_reads_its_out
         assert "tl.atomic_add" not in render(other, default_params(other))
 
 
-def test_one_output_channel_per_group_is_a_vector_tile() -> None:
-    """A depthwise convolution's tile is one output channel's rows, kept 1-D (Triton 3.6
-    miscompiled its ``[BLOCK_M, 1]`` form on an H200, KernelBench L3-22); two output channels per
-    group keep the 2-D tile."""
+def test_one_output_channel_per_group_is_a_vector_tile(tmp_path: Path) -> None:
+    """A depthwise convolution's tile is one output channel's positions of one image, kept 1-D
+    (Triton 3.6 miscompiled its ``[BLOCK_M, 1]`` form on an H200, KernelBench L3-22, and 1-D tiles
+    straddling two images at other sizes), at most the power of two that holds an image; two
+    output channels per group keep the 2-D tile. Right under the interpreter with one tile per
+    image and with several."""
     depthwise = next(c for c in CONV_CASES if c.name == "conv2d_depthwise_residual")
-    plan = plan_of(depthwise.sources()[0])
-    source = render(plan, default_params(plan))
+    reference = depthwise.sources()[1]  # 20 x 11 outputs per image: 220, a 256-row tile
+    plan = plan_of(reference)
+    first = default_params(plan)
+    source = render(plan, first)
     assert "acc = tl.zeros((BLOCK_M,), dtype=tl.float32)" in source
     assert "acc += a * b" in source
     assert "tl.zeros((BLOCK_M, BLOCK_N)" not in source
+    assert "nb = pid\n" in source and "sp = tl.arange(0, BLOCK_M)" in source  # one tile per image
+    assert "BLOCK_M=256," in source and "rm = " not in source.split("def _kf_conv0")[1].split("@triton.jit")[0]
+    short = render(plan, first.with_changes(conv_block_m=32, conv_block_n=1, conv_warps=1))
+    assert "nb = pid // 7" in short and "sp = (pid % 7) * BLOCK_M + tl.arange(0, BLOCK_M)" in short
+    jobs = [{"reference": reference, "candidate": c, "seeds": [3], "atol": 1e-4, "rtol": 1e-4} for c in (source, short)]
+    verdicts = check_in_subprocess(jobs, tmp_path, timeout=280)
+    assert all(v.ok for v in verdicts), [v.detail for v in verdicts]
     doubled = depthwise.sources()[0].replace("nn.Conv2d(6, 6, 3,", "nn.Conv2d(6, 12, 3,")
     doubled = doubled.replace("return x + torch.tanh(self.conv(x))", "return torch.tanh(self.conv(x))")
     plan2 = plan_of(doubled)

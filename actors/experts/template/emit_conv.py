@@ -48,6 +48,11 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
+MIN_ONE_CHANNEL_ROWS = 32
+"""Fewest rows of a :attr:`ConvWriter.one_channel` tile: its rows are one image's positions, so
+the tile shrinks to the power of two that holds them (a 7x7 output: 64, not 1024 rows of which
+975 would be masked), but not below one warp's threads."""
+
 def coords(writer: Writer, s: Scope, flat: str, sizes: tuple[int, ...], prefix: str) -> list[str]:
     """Emit variables ``prefix{d}`` holding the row-major coordinates of ``flat`` over ``sizes``."""
     names = []
@@ -95,17 +100,18 @@ class ConvWriter(Writer):
 
     @cached_property
     def one_channel(self) -> bool:
-        """Whether the tile is one output channel's ``BLOCK_M`` output positions, kept as 1-D
-        vectors (``acc`` ``[BLOCK_M]``, a scalar weight per tap, the channel ``co`` the group's
-        index in every element): a depthwise convolution's outer products, one output channel
-        per group, no phases, no spatial sum. Fixed per kernel, so computed once. Triton 3.6
-        miscompiled the ``[BLOCK_M, 1]`` tile on an H200 (every output of a 5x5, stride-2 depthwise
-        convolution of KernelBench L3-22 wrong at ``BLOCK_M`` 1024 and 4 warps, right as 1-D).
-        As 1-D the same kernel still came out wrong at other tiles (480 channels, 3x3, 14x14,
-        batch 10: 256 rows) while the store's index was ``(nb * cout + co) * so + sp`` with
-        ``sp = rm % so``; spelled ``rm + nb * (cout - 1) * so + co * so`` (the same number) it was
-        right at 128 to 1024 rows for that shape and L3-22's 5x5 stride-2 one (a replica of the
-        emitted kernel, Triton 3.6 on an H200)."""
+        """Whether the tile is one output channel's ``BLOCK_M`` output positions of one image, kept
+        as 1-D vectors (``acc`` ``[BLOCK_M]``, a scalar weight per tap, the image ``nb`` a scalar,
+        the channel ``co`` the group's index in every element): a depthwise convolution's outer
+        products, one output channel per group, no phases, no spatial sum. Fixed per kernel, so
+        computed once. Triton 3.6 miscompiled the ``[BLOCK_M, 1]`` tile on an H200 (every output
+        of a 5x5, stride-2 depthwise convolution of KernelBench L3-22 wrong at ``BLOCK_M`` 1024 and
+        4 warps, right as 1-D). As 1-D tiles over the flat (image, position) rows, with the image
+        ``rm // so`` per element, the same kernel still came out wrong at other tiles (480
+        channels, 3x3, 14x14, batch 10, 256 rows: half the outputs), with the store's index
+        spelled either way; tiles that never straddle two images were right at every tile and
+        shape tried (a replica of the emitted kernel, Triton 3.6 on an H200), and need no division
+        per element for the image."""
         return (
             self.cout_g == 1
             and outer_products(self.params, self.cin_g)
@@ -244,8 +250,11 @@ class ConvWriter(Writer):
             e(s, f"ph = pid % {self._phases()}")
             e(s, f"pid = pid // {self._phases()}")
         one = self.one_channel
-        if one:  # npn is 1
-            e(s, "rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)")
+        if one:  # npn is 1; a tile is one image's run of positions (see one_channel)
+            bm = min(bm, max(MIN_ONE_CHANNEL_ROWS, next_pow2(so)))
+            per_image = math.ceil(so / bm)
+            e(s, f"nb = pid // {per_image}" if per_image > 1 else "nb = pid")
+            e(s, f"sp = (pid % {per_image}) * BLOCK_M + tl.arange(0, BLOCK_M)" if per_image > 1 else "sp = tl.arange(0, BLOCK_M)")
             e(s, "co = g + tl.zeros((BLOCK_M,), dtype=tl.int32)")  # a vector: the epilogue's loads are masked
         else:
             e(s, f"rm = (pid // {npn}) * BLOCK_M + tl.arange(0, BLOCK_M)")
@@ -253,7 +262,11 @@ class ConvWriter(Writer):
             e(s, f"co = g * {self.cout_g} + rn")
             e(s, f"nmask = rn < {self.cout_g}")
         rows = self.m
-        if self.phased():
+        if one:
+            rows = self.out_shape[0] * per_image * bm
+            e(s, f"mmask = sp < {so}")
+            outs = coords(self, s, "sp", self.sout, "o")
+        elif self.phased():
             rows = self._phase_rows(s)
             outs = [f"o{d}" for d in range(self.nd)]
         else:
@@ -271,9 +284,9 @@ class ConvWriter(Writer):
             self._taps_outer(s, px, pw, plane, outs, bk)
         else:
             self._flat(s, px, pw, plane, outs)
-        if one:  # (nb * cout + co) * so + sp, spelled without sp (see one_channel)
+        if one:
             e(s, "cmask = mmask")
-            e(s, f"lin = rm + nb * {(self.cout - 1) * so} + co * {so}")
+            e(s, f"lin = (nb * {self.cout} + co) * {so} + sp")
         else:
             e(s, "cmask = mmask[:, None] & nmask[None, :]")
             e(s, f"lin = (nb[:, None] * {self.cout} + co[None, :]) * {so} + sp[:, None]")
@@ -310,7 +323,7 @@ class ConvWriter(Writer):
             pointers=self.pointers,
             grid=(math.ceil(rows / bm) * npn * (self._phases() if self.phased() else 1), self.spec.groups),
             constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
-            num_warps=p.conv_warps,
+            num_warps=min(p.conv_warps, max(1, bm // 64)) if one else p.conv_warps,
             num_stages=p.conv_stages,
             lead_args=lead,
             setup=setup,
