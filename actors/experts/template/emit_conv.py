@@ -53,6 +53,7 @@ MIN_ONE_CHANNEL_ROWS = 32
 the tile shrinks to the power of two that holds them (a 7x7 output: 64, not 1024 rows of which
 975 would be masked), but not below one warp's threads."""
 
+
 def coords(writer: Writer, s: Scope, flat: str, sizes: tuple[int, ...], prefix: str) -> list[str]:
     """Emit variables ``prefix{d}`` holding the row-major coordinates of ``flat`` over ``sizes``."""
     names = []
@@ -253,8 +254,12 @@ class ConvWriter(Writer):
         if one:  # npn is 1; a tile is one image's run of positions (see one_channel)
             bm = min(bm, max(MIN_ONE_CHANNEL_ROWS, next_pow2(so)))
             per_image = math.ceil(so / bm)
-            e(s, f"nb = pid // {per_image}" if per_image > 1 else "nb = pid")
-            e(s, f"sp = (pid % {per_image}) * BLOCK_M + tl.arange(0, BLOCK_M)" if per_image > 1 else "sp = tl.arange(0, BLOCK_M)")
+            if per_image > 1:
+                e(s, f"nb = pid // {per_image}")
+                e(s, f"sp = (pid % {per_image}) * BLOCK_M + tl.arange(0, BLOCK_M)")
+            else:
+                e(s, "nb = pid")
+                e(s, "sp = tl.arange(0, BLOCK_M)")
             e(s, "co = g + tl.zeros((BLOCK_M,), dtype=tl.int32)")  # a vector: the epilogue's loads are masked
         else:
             e(s, f"rm = (pid // {npn}) * BLOCK_M + tl.arange(0, BLOCK_M)")
