@@ -367,7 +367,10 @@ def _timed(
             outcome=CheckOutcome.PASSED if session is not None and session.l2_reset else CheckOutcome.SKIPPED,
         )
     )
-    compiled_error = None if compiled else (ref.info.get("compiled_error") or "disabled (torch.compile baseline off)")
+    pending = session.compiled_note if session is not None else None
+    compiled_error = (
+        None if compiled else (pending or ref.info.get("compiled_error") or "disabled (torch.compile baseline off)")
+    )
     checks.append(
         Check(
             name=CheckName.COMPILED_BASELINE,

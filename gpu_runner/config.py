@@ -166,6 +166,13 @@ class RunnerConfig:
     held the GPU: a candidate left work running after its batch returned."""
     compiled_baseline: bool | None = None
     """Time ``torch.compile`` of the reference; ``None``: on CUDA yes, on the CPU no."""
+    compile_aside_bytes: int = 1 << 30
+    """Tasks whose model, one input and one output together are at most this size build their
+    ``torch.compile`` baseline in a process of its own beside the referee, so no verdict waits for
+    the compilation (44-48 s for KernelBench's EfficientNets on an H200 host): candidates timed
+    before it is ready are timed beside eager alone. Larger tasks (a second copy of the model and
+    of the compiled graph's buffers would count against the memory plan) build it in the referee,
+    before any verdict. 0: always in the referee."""
     review_speedup: float = 10.0
     """Speedups above this need an explanation (speed-of-light headroom) or go to review."""
     peak_tflops: float | None = None

@@ -129,7 +129,14 @@ class PrepareOp(TypedDict):
     timed_slots: int
 
 
-class TaskOp(TypedDict):
+class _TaskOptional(TypedDict, total=False):
+    compiled_only: bool
+    """The task's ``torch.compile`` baseline alone (its own process beside the referee, so no
+    verdict waits for the compilation): the model, the compiled model, the canary and flusher
+    for its timed batches; no truth, range trials or FLOPs."""
+
+
+class TaskOp(_TaskOptional):
     """``task``: what the referee builds and keeps for the task until it is stopped."""
 
     reference_source: str

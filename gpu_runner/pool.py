@@ -184,6 +184,14 @@ class RunPool:
         referee (which times and judges) instead of queued behind it. On an H200 the referee alone,
         shipping 640 MB of reference data per spare of a 64 MB relu, bounded a stream of such
         candidates to ~0.6 a second (bench/results/trust_h200.md)."""
+        self.compiled_referee = Referee(
+            self.new_worker, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s, cfg.timing_pool_sessions
+        )
+        """The current task's ``torch.compile`` baseline in a process of its own (a ``compiled_only``
+        task, :meth:`compile_aside`): timing sessions time it beside eager once it is ready."""
+        self.compiling: asyncio.Task[None] | None = None
+        self.compile_started = 0.0
+        self.compile_failed: str | None = None
         self.idle_truth: list[Referee] = []
         """Truth workers of the current task between jobs: kept, not restarted for every job (a
         start, its CUDA context and the model cost ~0.3-1 s on an H200 host, twice a candidate).
@@ -692,16 +700,85 @@ class RunPool:
         )
 
     async def _start_referee(self, key: str, reference_source: str, worker: Worker) -> None:
-        """The task's referee: its model and baselines built once, before any spare prepares."""
+        """The task's referee: its model and baselines built once, before any spare prepares (the
+        ``torch.compile`` baseline, where :meth:`compile_aside`, in its own process meanwhile)."""
         assert self.plan is not None
         self.init_seeds.setdefault(key, secrets.randbits(62))
         on_device = self.plan.footprint.param_bytes >= ON_DEVICE_BYTES
         op = self._task_op(reference_source, self.plan, on_device, light=False)
+        aside = op["compiled_baseline"] and self.compile_aside()
+        if aside:
+            op["compiled_baseline"] = False
         await self._close_truth_workers()  # the previous task's
+        await self._stop_compiled()
         try:
             await self.referee.start_task(key, op, worker)
         except EvaluatorFault as exc:
             raise WorkerStartError("run", f"the referee could not build the task: {exc}") from None
+        if aside:
+            built = bool(self.referee.info.get("init_on_device"))  # where the referee's model was built
+            compiled_op = TaskOp(
+                **{**op, "compiled_baseline": True, "init_on_device": built, "calibrate_seed": secrets.randbits(62)},
+                compiled_only=True,
+            )
+            self.compile_started = time.perf_counter()
+            self.compiling = asyncio.create_task(self._build_compiled(key, compiled_op))
+
+    def compile_aside(self) -> bool:
+        """Whether the task's ``torch.compile`` baseline is built in its own process beside the
+        referee (:attr:`RunnerConfig.compile_aside_bytes`)."""
+        if self.plan is None or not self.compiled_baseline():
+            return False
+        f = self.plan.footprint
+        return f.param_bytes + f.input_bytes + f.output_bytes <= self.cfg.compile_aside_bytes
+
+    async def _build_compiled(self, key: str, op: TaskOp) -> None:
+        """Start the compiled baseline's process and wait for it; a failure is logged and kept for
+        the verdicts (they are timed beside eager alone, as where ``torch.compile`` fails)."""
+        try:
+            info = await self.compiled_referee.start_task(key, op)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the baseline is optional; the reason is reported
+            self.compile_failed = f"the torch.compile baseline's process failed: {type(exc).__name__}: {exc}"[:1000]
+            logger.warning("compiled_baseline_failed", task=key, error=self.compile_failed)
+            await self.compiled_referee.aclose()
+            return
+        if not info.get("compiled"):
+            self.compile_failed = str(info.get("compiled_error") or "torch.compile failed")
+            await self.compiled_referee.aclose()
+            return
+        # Sessions from now on time it beside eager: pooled samples of sessions without it go.
+        self.referee.ledger.clear()
+
+    def compiled_for(self, task: str | None) -> Referee | None:
+        """The ready compiled-baseline process of ``task`` (None: not built aside, not yet, or failed)."""
+        r = self.compiled_referee
+        if task is None or r.task != task or not r.alive or not r.compiled:
+            return None
+        return r
+
+    def compiled_note(self, task: str | None) -> str | None:
+        """Why a verdict of ``task`` has no ``torch.compile`` time beside it, where the baseline is
+        built aside (None: it is ready, or it is built in the referee)."""
+        if self.compiling is None or task is None or self.referee.task != task:
+            return None
+        if self.compile_failed is not None:
+            return self.compile_failed
+        if self.compiled_for(task) is None:
+            waited = time.perf_counter() - self.compile_started
+            return f"not ready yet: torch.compile of the reference was being built beside the referee ({waited:.0f} s)"
+        return None
+
+    async def _stop_compiled(self) -> None:
+        """The previous task's compiled baseline: its build cancelled, its process stopped."""
+        if self.compiling is not None:
+            self.compiling.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.compiling
+            self.compiling = None
+        self.compile_failed = None
+        await self.compiled_referee.aclose()
 
     async def _dispose(self, spare: Spare) -> None:
         await spare.worker.kill(sweep=False)
@@ -733,6 +810,7 @@ class RunPool:
             await self._dispose(spare)
         self.idle.clear()
         await self._close_truth_workers()
+        await self._stop_compiled()
         await self.referee.aclose()
 
 

@@ -187,7 +187,11 @@ class Referee:
             self.info, self.task = header, key
             log = logger.debug if op.get("light") else logger.info
             log(
-                "truth_worker_ready" if op.get("light") else "referee_ready",
+                "truth_worker_ready"
+                if op.get("light")
+                else "compiled_baseline_ready"
+                if op.get("compiled_only")
+                else "referee_ready",
                 task=key,
                 compiled=header.get("compiled"),
                 range_scales=header.get("range_scales"),

@@ -13,6 +13,7 @@ timed (except where the judge decides after the run: then the timing comes first
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -287,7 +288,11 @@ class RunStage:
         referee = self.runs.referee
         t_up = time.perf_counter()
         # Waiting for the referee and for spares to leave the GPU is queueing, not the candidate's time.
-        async with referee.session():
+        compiled = self.runs.compiled_for(w.spare.task)
+        async with contextlib.AsyncExitStack() as held:
+            await held.enter_async_context(referee.session())
+            if compiled is not None:  # its own process (built beside the referee): to oneself too
+                await held.enter_async_context(compiled.session())
             await self.gpu.upgrade()  # the timing has the GPU alone
             w.exclusive = True
             w.waited += time.perf_counter() - t_up
@@ -302,6 +307,8 @@ class RunStage:
                 in_bytes=plan.footprint.input_bytes if plan is not None else 0,
                 out_bytes=plan.footprint.output_bytes if plan is not None else 0,
                 shippable=plan.timed_slots if plan is not None else 0,
+                compiled=compiled,
+                compiled_note=self.runs.compiled_note(w.spare.task),
             )
             w.c.session = session.rec
             t0 = time.perf_counter()

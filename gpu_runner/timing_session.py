@@ -102,6 +102,9 @@ class SessionRecord:
     timer: str = "perf_counter"
     rounds: int = 0
     elapsed_s: float = 0.0
+    compiled_note: str | None = None
+    """Why no ``torch.compile`` baseline was timed beside the candidate where one is built aside
+    (not ready yet, or its process failed)."""
     superseded: list[Batch] = field(default_factory=list)
     """Timed batches of the rounds a re-check replaced: their canaries and launch counts still
     count, their samples and clock do not."""
@@ -132,10 +135,15 @@ class TimingSession:
         in_bytes: int,
         out_bytes: int,
         shippable: int,
+        compiled: Referee | None = None,
+        compiled_note: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = device
         self.referee = referee
+        self.compiled = compiled if compiled is not None else referee if referee.compiled else None
+        """Where the ``torch.compile`` baseline is timed: its own process (built beside the
+        referee) or the referee; None: no such baseline for this session."""
         self.reader = reader
         """The candidate's :class:`gpu_runner.run_reader.ReportReader` (its frames, its record)."""
         self.next_trial = first_timed_trial
@@ -147,7 +155,8 @@ class TimingSession:
         self.cycles_per_us = float(referee.info.get("cycles_per_us") or 0.0)
         """The GPU's spin rate as the referee measured it: every process spins the same cycles."""
         self.draw = random.SystemRandom()
-        self.callables = ["candidate", "eager"] + (["compiled"] if referee.compiled else [])
+        self.callables = ["candidate", "eager"] + (["compiled"] if self.compiled is not None else [])
+        self.rec.compiled_note = compiled_note if self.compiled is None else None
         self.baselines = self.callables[1:]
         self.pool: dict[str, list[float]] = {}
         """The earlier sessions' baseline samples while they count (then each round times the
@@ -199,7 +208,8 @@ class TimingSession:
             batch, header, blobs = await self._candidate_batch(op, timeout)
             extra: Any = (header, blobs)
         else:
-            batch, header = await self.referee.batch(op, timeout)
+            source = self.compiled if callable_ == "compiled" and self.compiled is not None else self.referee
+            batch, header = await source.batch(op, timeout)
             extra = None
             self.rec.flush_bytes = int(header.get("flush_bytes") or 0)
             self.rec.l2_reset = self.rec.l2_reset or bool(header.get("l2_reset"))

@@ -415,8 +415,10 @@ class RunController:
                 run_dir=self.run_dir,
                 device=self.spec.device,
                 cancelled=len(self.cancelled),
-                best_vs_compiled=best.speedup_vs_compiled if best else None,
-                best_compiled_derived=best.compiled_derived if best else False,
+                # the report's: derived from the run's compiled/eager ratio where the best was
+                # timed before the torch.compile baseline was ready
+                best_vs_compiled=report.best.speedup_vs_compiled if report.best else None,
+                best_compiled_derived=report.best is not None and report.best.compiled_derived is not None,
                 declined=declines_sentence(report.islands),
                 dead_lettered=len(self.dead_lettered),
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,

@@ -171,18 +171,12 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         inputs_on_device=device.type == "cuda" and bool(msg.get("inputs_on_device")),
         init_on_device=init_on_device,
     )
-    quiet: list[float] = []
+    if msg.get("compiled_only"):
+        return _compiled_only(ref, msg, init_args, channel, laps)
     floor: float | None = None
     with channel.gpu_lease(device):
         try:
-            if ref.model is None:
-                try:
-                    ref.model = build_model(ns["Model"], init_args, init_seed, device, True)
-                except Exception as exc:  # noqa: BLE001 - a constructor that needs the CPU: as before
-                    log(f"building the model on the device failed, on the CPU instead: {type(exc).__name__}: {exc}")
-                    ref.init_on_device = False
-                    ref.model = build_model(ns["Model"], init_args, init_seed, torch.device("cpu"), False)
-            ref.model = ref.model.to(device)
+            _model_on_device(ref, init_args)
             if msg.get("light"):  # a truth worker: the model is all it needs
                 laps.lap("model_s")
                 channel.release_gpu(device)
@@ -230,12 +224,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         laps.lap("range_defaults_s")
         flops = count_flops(ref.model, sample)
         laps.lap("flops_s")
-        ref.flusher = Flusher(device, measure=True)
-        if device.type == "cuda":
-            ref.scratch = torch.zeros(1, device=device)
-            quiet = sorted(canary_us(device, ref.scratch) for _ in range(CANARY_QUIET_CALLS))
-            ref.quiet_us = quiet[len(quiet) // 2]
-            floor = empty_kernel_us(device, ref.scratch, ref.flusher)
+        floor = _calibrate(ref)
         laps.lap("calibrate_s")
     if msg.get("compiled_baseline"):
         ref.compiled, ref.compiled_error = build_compiled(ref.model, sample, device, channel)
@@ -246,6 +235,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
     del sample, outs
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    assert ref.flusher is not None
     channel.send(
         Report.TASK_READY,
         flops=flops,
@@ -261,6 +251,67 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         mutated_inputs=mutated,
         default_errors=defaults,
         range_default_errors=ranged,
+        canary_quiet_us=ref.quiet_us,
+        cycles_per_us=ref.flusher.cycles_per_us,
+        empty_kernel_us=floor,
+        flush_us=ref.flusher.flush_us,
+        phases=laps.seconds,
+    )
+    return ref
+
+
+def _calibrate(ref: Referee) -> float | None:
+    """The flusher, the canary's quiet latency and the empty-kernel floor (under the lease)."""
+    ref.flusher = Flusher(ref.device, measure=True)
+    if ref.device.type != "cuda":
+        return None
+    ref.scratch = torch.zeros(1, device=ref.device)
+    quiet = sorted(canary_us(ref.device, ref.scratch) for _ in range(CANARY_QUIET_CALLS))
+    ref.quiet_us = quiet[len(quiet) // 2]
+    return empty_kernel_us(ref.device, ref.scratch, ref.flusher)
+
+
+def _model_on_device(ref: Referee, init_args: list[Any]) -> None:
+    """The model on the referee's device: built there where it was not built on the CPU (and on
+    the CPU where its constructor refuses the device)."""
+    if ref.model is None:
+        ns, seed = ref.namespace, ref.init_seed
+        try:
+            ref.model = build_model(ns["Model"], init_args, seed, ref.device, True)
+        except Exception as exc:  # noqa: BLE001 - a constructor that needs the CPU: as before
+            log(f"building the model on the device failed, on the CPU instead: {type(exc).__name__}: {exc}")
+            ref.init_on_device = False
+            ref.model = build_model(ns["Model"], init_args, seed, torch.device("cpu"), False)
+    ref.model = ref.model.to(ref.device)
+
+
+def _compiled_only(ref: Referee, msg: TaskOp, init_args: list[Any], channel: Channel, laps: Laps) -> Referee:
+    """A ``compiled_only`` task: the model, its canary and flusher (under the lease), then the
+    compiled model (the compilation gives the lease back while it runs on the CPU) and
+    ``task_ready``. The reference already passed the referee's checks: nothing else is measured."""
+    with channel.gpu_lease(ref.device):
+        try:
+            _model_on_device(ref, init_args)
+            sample = ref.draw(int(msg["calibrate_seed"]))
+        except ReferenceFault:
+            raise
+        except Exception as exc:
+            raise ReferenceFault(f"building the compiled baseline's model failed: {type(exc).__name__}: {exc}") from exc
+        laps.lap("model_s")
+        floor = _calibrate(ref)
+        laps.lap("calibrate_s")
+    ref.compiled, ref.compiled_error = build_compiled(ref.model, sample, ref.device, channel)
+    laps.lap("compiled_s")
+    del sample
+    if ref.device.type == "cuda":
+        torch.cuda.empty_cache()
+    assert ref.flusher is not None
+    channel.send(
+        Report.TASK_READY,
+        out_metas=[],
+        compiled=ref.compiled is not None,
+        compiled_error=ref.compiled_error,
+        init_on_device=ref.init_on_device,
         canary_quiet_us=ref.quiet_us,
         cycles_per_us=ref.flusher.cycles_per_us,
         empty_kernel_us=floor,

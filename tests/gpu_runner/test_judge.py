@@ -3,9 +3,11 @@ the CPU: forced for small outputs with ``device_verdict_bytes=0``; the same verd
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
@@ -181,21 +183,45 @@ async def test_one_reference_at_a_time_still_overlaps_the_compiled_baselines() -
 
 
 @pytest.mark.slow
-async def test_the_referee_builds_the_compiled_baseline_once_and_times_it_beside_every_candidate() -> None:
-    """The torch.compile baseline lives in the task's referee (built once, never in a candidate's
-    process) and every candidate's timing has it beside, measured, not derived."""
+async def test_no_verdict_waits_for_the_compiled_baseline_built_beside_the_referee() -> None:
+    """The torch.compile baseline is built once per task in a process of its own (never a
+    candidate's, nor the referee's, whose task is ready without it): a verdict reached while it is
+    still being built is timed beside eager and says why torch.compile is missing; once it is
+    ready every candidate's timing has it beside, measured, not derived. The compile process is
+    held stopped (SIGSTOP) for the first candidate, so that one cannot wait for it."""
     cfg = RunnerConfig(
         device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=1.0, compiled_baseline=True
     )  # fmt: skip
     async with EvaluationService(cfg) as service:
-        results = [await service.evaluate(_job(service, "honest_add_relu.py", f"c{i}")) for i in range(3)]
+        await service.prepare((REFERENCES / "add_relu.py").read_text())
         runs = service.runs
         assert runs is not None
-        referee = runs.referee.worker
-        assert referee is not None
-        assert runs.referee.compiled
-    assert all(r.status is EvalStatus.CORRECT for r in results), [r.summary for r in results]
-    for r in results:
+        assert runs.compile_aside()
+        assert runs.compiling is not None
+        assert not runs.referee.compiled  # the referee's own task did not compile
+        async with asyncio.timeout(60):
+            while runs.compiled_referee.worker is None:  # noqa: ASYNC110 - the pool sets no event for it
+                await asyncio.sleep(0.01)
+        compiler = runs.compiled_referee.worker
+        assert runs.referee.worker is not None
+        assert compiler.pid != runs.referee.worker.pid
+        os.kill(compiler.pid, signal.SIGSTOP)
+        try:
+            early = await service.evaluate(_job(service, "honest_add_relu.py", "early"))
+        finally:
+            os.kill(compiler.pid, signal.SIGCONT)
+        async with asyncio.timeout(240):
+            await runs.compiling
+        assert runs.compiled_for(runs.referee.task) is runs.compiled_referee, runs.compile_failed
+        later = [await service.evaluate(_job(service, "honest_add_relu.py", f"c{i}")) for i in range(2)]
+    assert early.status is EvalStatus.CORRECT, early.summary
+    assert early.baselines is not None
+    assert early.baselines.eager is not None
+    assert early.baselines.compiled is None
+    assert early.speedup_vs_compiled is None
+    assert (early.baselines.compiled_error or "").startswith("not ready yet: torch.compile of the reference")
+    assert all(r.status is EvalStatus.CORRECT for r in later), [r.summary for r in later]
+    for r in later:
         assert r.baselines is not None
         assert r.baselines.compiled is not None, r.summary
         assert r.speedup_vs_compiled is not None
