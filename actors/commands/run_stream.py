@@ -14,7 +14,7 @@ from actors.commands.outcome import model_header_note, precision_note, verdict_o
 from actors.runtime.bus import Bus
 from actors.runtime.logs import get_logger
 from actors.runtime.quota import CandidateQuota
-from schemas import Candidate, DeviceChoice, EvalResult, Message, Proposal, RunSpec, decode_any, subjects
+from schemas import Candidate, DeviceChoice, EvalResult, Feedback, Message, Proposal, RunSpec, decode_any, subjects
 
 if TYPE_CHECKING:
     from actors.report.model import RunReport
@@ -70,6 +70,7 @@ async def write_results(
     """``best_model.py`` (the best candidate, standalone, with a header saying what it is worth)
     and the report with its plots, in ``run_dir``; the report. ``messages``: the run stream when
     the caller has replayed it already."""
+    from actors.report.build import vs_compiled_of
     from actors.runtime.kv import load_text
 
     if messages is None:
@@ -80,7 +81,10 @@ async def write_results(
         cand = Candidate.model_validate_json(raw.data or b"")
         device = best.device.name if best.device else "?"
         median = f"{best.timing.median_ms:.4f} ms" if best.timing else "?"
-        vs_compiled = f", {best.speedup_vs_compiled:.3f}x over torch.compile" if best.speedup_vs_compiled else ""
+        results = [m.result if isinstance(m, Feedback) else m for m in messages if isinstance(m, Feedback | EvalResult)]
+        speedup_c, derived = vs_compiled_of(best, results)
+        how = " (derived from the run's compiled/eager ratio)" if derived else ""
+        vs_compiled = f", {speedup_c:.3f}x over torch.compile{how}" if speedup_c else ""
         header = (
             f"# Kernel Foundry run {spec.run_id}: best candidate {cand.candidate_id}\n"
             f"# {best.speedup_vs_eager:.3f}x over eager PyTorch{vs_compiled} on {device} (median {median})\n"
@@ -89,7 +93,7 @@ async def write_results(
         if spec.device is DeviceChoice.CPU:
             header += "# timed on the CPU (Triton interpreter): a correctness check, not a speedup\n"
         verdict = verdict_of(best.speedup_vs_eager, spec.device)
-        header += model_header_note(verdict, best.speedup_vs_eager, best.speedup_vs_compiled)
+        header += model_header_note(verdict, best.speedup_vs_eager, speedup_c)
         header += precision_note(best.correctness)
         if best.torch_ops:
             header += (

@@ -203,6 +203,25 @@ def compiled_ratio(results: Iterable[EvalResult]) -> tuple[float, int] | None:
     return (statistics.median(ratios), len(ratios)) if ratios else None
 
 
+def vs_compiled_of(result: EvalResult, results: Iterable[EvalResult]) -> tuple[float | None, str | None]:
+    """``result``'s speedup over torch.compile, and how it was derived where it was not timed
+    beside it (None: timed beside it, or not known): a verdict reached before the baseline was
+    ready (it is built beside the referee) gets the run's measured ratio (:func:`compiled_ratio`)."""
+    if result.speedup_vs_compiled is not None:
+        derived = (result.baselines.compiled_error if result.baselines else None) if result.compiled_derived else None
+        return result.speedup_vs_compiled, derived
+    ratio = compiled_ratio(results)
+    if result.speedup_vs_eager is None or ratio is None:
+        return None, None
+    b = result.baselines
+    why = b.compiled_error if b is not None and b.compiled_error else "not timed beside it"
+    derived = (
+        f"{result.speedup_vs_eager:.3g}x eager over torch.compile's own speedup over eager, {ratio[0]:.3g}x "
+        f"(median of the {ratio[1]} verdicts timed beside both); the best itself: {why}"
+    )
+    return result.speedup_vs_eager / ratio[0], derived
+
+
 def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> BestKernel | None:
     clean = [r for r in results.values() if r.fitness is not None and r.candidate_id in cands]
     if not clean:
@@ -226,17 +245,7 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
             )
         )
     assert top.fitness is not None
-    vs_compiled = top.speedup_vs_compiled
-    derived = (top.baselines.compiled_error if top.baselines else None) if top.compiled_derived else None
-    ratio = compiled_ratio(results.values())
-    if vs_compiled is None and top.speedup_vs_eager is not None and ratio is not None:
-        # timed before the torch.compile baseline was ready (built beside the referee)
-        vs_compiled = top.speedup_vs_eager / ratio[0]
-        why = top.baselines.compiled_error if top.baselines and top.baselines.compiled_error else "not timed beside it"
-        derived = (
-            f"{top.speedup_vs_eager:.3g}x eager over torch.compile's own speedup over eager, {ratio[0]:.3g}x "
-            f"(median of the {ratio[1]} verdicts timed beside both); the best itself: {why}"
-        )
+    vs_compiled, derived = vs_compiled_of(top, results.values())
     return BestKernel(
         candidate_id=cand.candidate_id,
         island=cand.island,
