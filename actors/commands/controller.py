@@ -358,6 +358,9 @@ class RunController:
                 for waiter in (ready, stopped):
                     if not waiter.done():
                         waiter.cancel()
+                    # an actor stopped while setting up ends the gather with its CancelledError:
+                    # taken here, not logged as "never retrieved" when the future is collected
+                    waiter.add_done_callback(_retrieve)
                 refused = next((r for a in self.actors if (r := getattr(a, "refused", None)) is not None), None)
                 if refused is not None:  # the task cannot be evaluated here: stop everything at once
                     aborted = True
@@ -432,3 +435,9 @@ class RunController:
             if self.watcher is not None:
                 await self.watcher.stop()
             await bus.close()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Take a finished future's outcome (a start-up wait given up on ends however its awaitables do)."""
+    if not future.cancelled():
+        future.exception()
