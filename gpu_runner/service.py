@@ -434,18 +434,21 @@ class EvaluationService:
             await asyncio.gather(*self._reaping, return_exceptions=True)
         if self.judge is not None:
             await self.judge.aclose()
-        if self.runs is not None:
-            await self.runs.close()
-        if self.compiler is not None:
-            await self.compiler.close()
-        for forks in self._forks.values():  # the pools' (or, after a failed start, no pool's)
-            await forks.close()
+        # Side by side: the pools, then both fork servers (each waits for its server to exit,
+        # 0.7-0.8 s apiece on a 2-core host, one after the other before), all before the janitor.
+        pools = [p.close() for p in (self.runs, self.compiler) if p is not None]
+        closed = await asyncio.gather(*pools, return_exceptions=True)
+        # the pools' (or, after a failed start, no pool's)
+        closed += await asyncio.gather(*(f.close() for f in self._forks.values()), return_exceptions=True)
         if self.base is not None:
             await asyncio.to_thread(shutil.rmtree, bulk_root(self.base), True)
         if self._own_base and self.base is not None:
             await asyncio.to_thread(shutil.rmtree, self.base, True)
         if self.janitor is not None:
             await asyncio.to_thread(self.janitor.close)
+        failed = next((e for e in closed if isinstance(e, BaseException)), None)
+        if failed is not None:  # raised as before, once everything was stopped
+            raise failed
 
     async def __aenter__(self) -> EvaluationService:
         await self.start()
