@@ -32,7 +32,7 @@ from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, TaskOp, op_frame
-from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.lease import GpuGate, GpuLease, renice
 from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, TRUTH_WORKERS, Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.referee import Referee, Truth
@@ -139,6 +139,12 @@ class Spare:
     reference: ReferenceData | None = None
 
 
+COMPILE_ASIDE_UNNICED_CORES = 8
+"""Hosts with at least this many usable cores run the compiled baseline's process at nice 0 (it
+is trusted code that never runs a candidate; with fewer cores its compilation would take the CPU
+from a candidate being timed)."""
+
+
 class RunPool:
     """Single-use run workers, started ahead and prepared for the current task."""
 
@@ -185,7 +191,11 @@ class RunPool:
         shipping 640 MB of reference data per spare of a 64 MB relu, bounded a stream of such
         candidates to ~0.6 a second (bench/results/trust_h200.md)."""
         self.compiled_referee = Referee(
-            self.new_worker, self.gpu, cfg.worker_nice, cfg.worker_start_timeout_s, cfg.timing_pool_sessions
+            self._new_compile_worker,
+            self.gpu,
+            0 if usable_cores() >= COMPILE_ASIDE_UNNICED_CORES else cfg.worker_nice,
+            cfg.worker_start_timeout_s,
+            cfg.timing_pool_sessions,
         )
         """The current task's ``torch.compile`` baseline in a process of its own (a ``compiled_only``
         task, :meth:`compile_aside`): timing sessions time it beside eager once it is ready."""
@@ -239,6 +249,18 @@ class RunPool:
                 raise
             self.last_ready = worker.ready
             return worker
+
+    async def _new_compile_worker(self) -> Worker:
+        """A run worker for the compiled baseline: at nice 0 where the host has the cores
+        (:data:`COMPILE_ASIDE_UNNICED_CORES`), so its compilation is not queued behind the spares'
+        and candidates' work at the workers' niceness (KernelBench L3-22's, 32 s in the referee at
+        the task's start, was not ready within a 75 s run built aside at nice 10 on an H200 host)."""
+        worker = await self.new_worker()
+        if self.compiled_referee.nice == 0 and self.cfg.worker_nice:
+            refused = renice(worker.pid, 0)
+            if refused is not None:
+                logger.debug("compile_worker_nice_kept", error=str(refused))
+        return worker
 
     async def new_referee(self) -> Worker:
         """A run worker to become the task's referee (and judge: it also reads the verdict folder)."""
