@@ -787,12 +787,12 @@ class RunPool:
             return None
         if self.compile_failed is not None:
             return self.compile_failed
-        if self.compiled_for(task) is None and self.compiling.done():
+        if self.compiled_for(task) is not None:
+            return None
+        if self.compiling.done():
             return "the torch.compile baseline's process stopped after it was built"
-        if self.compiled_for(task) is None:
-            waited = time.perf_counter() - self.compile_started
-            return f"not ready yet: torch.compile of the reference was being built beside the referee ({waited:.0f} s)"
-        return None
+        waited = time.perf_counter() - self.compile_started
+        return f"not ready yet: torch.compile of the reference was being built beside the referee ({waited:.0f} s)"
 
     async def _stop_compiled(self) -> None:
         """The previous task's compiled baseline: its build cancelled, its process stopped."""

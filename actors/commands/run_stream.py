@@ -14,7 +14,7 @@ from actors.commands.outcome import model_header_note, precision_note, verdict_o
 from actors.runtime.bus import Bus
 from actors.runtime.logs import get_logger
 from actors.runtime.quota import CandidateQuota
-from schemas import Candidate, DeviceChoice, EvalResult, Feedback, Message, Proposal, RunSpec, decode_any, subjects
+from schemas import Candidate, DeviceChoice, EvalResult, Message, Proposal, RunSpec, decode_any, subjects
 
 if TYPE_CHECKING:
     from actors.report.model import RunReport
@@ -70,20 +70,28 @@ async def write_results(
     """``best_model.py`` (the best candidate, standalone, with a header saying what it is worth)
     and the report with its plots, in ``run_dir``; the report. ``messages``: the run stream when
     the caller has replayed it already."""
-    from actors.report.build import vs_compiled_of
+    from actors.report import build_report, write_report
     from actors.runtime.kv import load_text
 
     if messages is None:
         messages = await replay(bus, spec.run_id)
+    states = {}
+    for island in spec.island_names():
+        text = await load_text(bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(spec.run_id, island))
+        if text is not None:
+            states[island] = text
+    report = await asyncio.to_thread(build_report, spec, messages, states)
     if best is not None:
         subject = subjects.candidates(spec.run_id, best.island, best.candidate_id)
         raw = await bus.js.get_last_msg(subjects.run_stream(spec.run_id), subject)
         cand = Candidate.model_validate_json(raw.data or b"")
         device = best.device.name if best.device else "?"
         median = f"{best.timing.median_ms:.4f} ms" if best.timing else "?"
-        results = [m.result if isinstance(m, Feedback) else m for m in messages if isinstance(m, Feedback | EvalResult)]
-        speedup_c, derived = vs_compiled_of(best, results)
-        how = " (derived from the run's compiled/eager ratio)" if derived else ""
+        # the report's: derived from the run's compiled/eager ratio where the best was timed
+        # before the torch.compile baseline was ready
+        top = report.best if report.best is not None and report.best.candidate_id == best.candidate_id else None
+        speedup_c = top.speedup_vs_compiled if top is not None else best.speedup_vs_compiled
+        how = " (derived from the run's compiled/eager ratio)" if top is not None and top.compiled_derived else ""
         vs_compiled = f", {speedup_c:.3f}x over torch.compile{how}" if speedup_c else ""
         header = (
             f"# Kernel Foundry run {spec.run_id}: best candidate {cand.candidate_id}\n"
@@ -100,14 +108,6 @@ async def write_results(
                 f"# left to PyTorch (the reference's own ops, --torch-ops reference): {', '.join(best.torch_ops)}\n"
             )
         (run_dir / "best_model.py").write_text(header + cand.proposal.source)
-    states = {}
-    for island in spec.island_names():
-        text = await load_text(bus, subjects.ARCHIVE_BUCKET, subjects.archive_key(spec.run_id, island))
-        if text is not None:
-            states[island] = text
-    from actors.report import build_report, write_report
-
-    report = await asyncio.to_thread(build_report, spec, messages, states)
     await asyncio.to_thread(write_report, report, run_dir)
     log.info("results written", run_dir=str(run_dir), messages=len(messages))
     return report

@@ -203,7 +203,7 @@ def compiled_ratio(results: Iterable[EvalResult]) -> tuple[float, int] | None:
     return (statistics.median(ratios), len(ratios)) if ratios else None
 
 
-def vs_compiled_of(result: EvalResult, results: Iterable[EvalResult]) -> tuple[float | None, str | None]:
+def _vs_compiled_of(result: EvalResult, results: Iterable[EvalResult]) -> tuple[float | None, str | None]:
     """``result``'s speedup over torch.compile, and how it was derived where it was not timed
     beside it (None: timed beside it, or not known): a verdict reached before the baseline was
     ready (it is built beside the referee) gets the run's measured ratio (:func:`compiled_ratio`)."""
@@ -245,7 +245,7 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
             )
         )
     assert top.fitness is not None
-    vs_compiled, derived = vs_compiled_of(top, results.values())
+    vs_compiled, derived = _vs_compiled_of(top, results.values())
     return BestKernel(
         candidate_id=cand.candidate_id,
         island=cand.island,

@@ -173,7 +173,6 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
     )
     if msg.get("compiled_only"):
         return _compiled_only(ref, msg, init_args, channel, laps)
-    floor: float | None = None
     with channel.gpu_lease(device):
         try:
             _model_on_device(ref, init_args)
@@ -235,7 +234,6 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
     del sample, outs
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    assert ref.flusher is not None
     channel.send(
         Report.TASK_READY,
         flops=flops,
@@ -243,21 +241,30 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         input_bytes=in_bytes,
         out_dtype=ref.out_metas[0]["dtype"] if ref.out_metas else "float32",
         out_metas=ref.out_metas,
-        compiled=ref.compiled is not None,
-        compiled_error=ref.compiled_error,
-        init_on_device=ref.init_on_device,
         range_scales=scales,
         nonfinite_share=nonfinite_share,
         mutated_inputs=mutated,
         default_errors=defaults,
         range_default_errors=ranged,
-        canary_quiet_us=ref.quiet_us,
-        cycles_per_us=ref.flusher.cycles_per_us,
-        empty_kernel_us=floor,
-        flush_us=ref.flusher.flush_us,
-        phases=laps.seconds,
+        **_baseline_fields(ref, floor, laps),
     )
     return ref
+
+
+def _baseline_fields(ref: Referee, floor: float | None, laps: Laps) -> dict[str, Any]:
+    """What every ``task_ready`` of a referee that times baselines says: whether it has the
+    compiled baseline, its calibration (canary, spin rate, flush, empty-kernel floor), its laps."""
+    assert ref.flusher is not None
+    return {
+        "compiled": ref.compiled is not None,
+        "compiled_error": ref.compiled_error,
+        "init_on_device": ref.init_on_device,
+        "canary_quiet_us": ref.quiet_us,
+        "cycles_per_us": ref.flusher.cycles_per_us,
+        "empty_kernel_us": floor,
+        "flush_us": ref.flusher.flush_us,
+        "phases": laps.seconds,
+    }
 
 
 def _calibrate(ref: Referee) -> float | None:
@@ -305,19 +312,7 @@ def _compiled_only(ref: Referee, msg: TaskOp, init_args: list[Any], channel: Cha
     del sample
     if ref.device.type == "cuda":
         torch.cuda.empty_cache()
-    assert ref.flusher is not None
-    channel.send(
-        Report.TASK_READY,
-        out_metas=[],
-        compiled=ref.compiled is not None,
-        compiled_error=ref.compiled_error,
-        init_on_device=ref.init_on_device,
-        canary_quiet_us=ref.quiet_us,
-        cycles_per_us=ref.flusher.cycles_per_us,
-        empty_kernel_us=floor,
-        flush_us=ref.flusher.flush_us,
-        phases=laps.seconds,
-    )
+    channel.send(Report.TASK_READY, out_metas=[], **_baseline_fields(ref, floor, laps))
     return ref
 
 
