@@ -363,6 +363,9 @@ class EvalJob:
     """The run's policy for PyTorch ops a candidate may keep (the reference's own, or none)."""
     precision: str | None = None
     """This job's precision standard (``reference`` or ``exact``); ``None``: the config's."""
+    rank: int | None = None
+    """The candidate's rank (``Candidate.rank``): among evaluations waiting together for a spare
+    or the GPU, the lowest goes first; ``None``: after the ranked ones, in arrival order."""
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -371,5 +374,7 @@ class EvalJob:
             raise ConfigError("EvalJob.attempt", self.attempt, "must be >= 1")
         if not self.reference_source.strip():
             raise ConfigError("EvalJob.reference_source", "", "is empty")
+        if self.rank is not None and self.rank < 0:
+            raise ConfigError("EvalJob.rank", self.rank, "must be >= 0")
         if self.precision is not None and self.precision not in PRECISION_MODES:
             raise ConfigError("EvalJob.precision", self.precision, f"must be one of {', '.join(PRECISION_MODES)}")

@@ -27,6 +27,7 @@ a candidate's trials this way instead of adding to the GPU time of every candida
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import time
@@ -34,6 +35,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpu_runner.frames import Op, OpFrame, Report, op_frame
+
+Turn = tuple[float, int]
+"""An evaluation's place in line: (its candidate's rank, its arrival at the evaluator); lower first."""
+UNRANKED = float("inf")
+"""The rank of a candidate that has none (``Candidate.rank`` is ``None``): after every ranked one."""
+ARM_PATIENCE_S = 0.5
+"""How long an armed candidate lets the GPU wait for a better-ranked one still arming (its job
+staged, its module imported) before it goes first: at a run's start the first spares are armed
+together, and the first starting point should not lose the GPU to the fastest import."""
 
 
 def renice(pgid: int, value: int) -> OSError | None:
@@ -66,6 +76,10 @@ class GpuGate:
         self._turn: set[int] = set()
         """Shared waiters let in ahead of waiting exclusive requests (those waiting when one ended)."""
         self._tickets = itertools.count()
+        self._candidates_waiting: set[Turn] = set()
+        """Armed candidates waiting for their lease, by turn."""
+        self._expected: set[Turn] = set()
+        """Candidates holding a spare, not armed yet (:meth:`expect`)."""
         self._changed = asyncio.Condition()
         self.seconds = {"exclusive": 0.0, "candidate": 0.0, "shared": 0.0, "idle": 0.0}
         """Time the GPU spent held exclusively, by a candidate's trials (spares perhaps beside it),
@@ -111,12 +125,48 @@ class GpuGate:
     def _runs(self) -> int:
         return self.candidate_holders + self.exclusive_holders
 
-    async def acquire_candidate(self) -> None:
-        """A candidate's lease for its trials: no timing running, fewer than the bound of runs."""
+    async def expect(self, turn: Turn) -> None:
+        """A candidate holding a spare will ask for its lease (:meth:`acquire_candidate`) once armed:
+        armed ones ranked after it wait for it a little (:data:`ARM_PATIENCE_S`)."""
         async with self._changed:
-            await self._changed.wait_for(
-                lambda: not self.exclusive_holders and not self.exclusive_waiting and self._runs() < self.max_exclusive
-            )
+            self._expected.add(turn)
+
+    async def forget(self, turn: Turn) -> None:
+        """The candidate of ``turn`` will not ask for its lease (it failed before, or has it)."""
+        async with self._changed:
+            if turn in self._expected:
+                self._expected.discard(turn)
+                self._changed.notify_all()
+
+    def _candidate_may_run(self, me: Turn, patient_until: float) -> bool:
+        if self.exclusive_holders or self.exclusive_waiting:
+            return False
+        ahead = sum(1 for other in self._candidates_waiting if other < me)
+        if self._runs() + ahead >= self.max_exclusive:
+            return False
+        return time.perf_counter() >= patient_until or not any(other < me for other in self._expected)
+
+    async def acquire_candidate(self, turn: Turn | None = None) -> None:
+        """A candidate's lease for its trials: no timing running, fewer than the bound of runs, and
+        the candidates waiting together let in by ``turn`` (lowest first; none given: last, in
+        arrival order), a better-ranked one still arming waited for up to :data:`ARM_PATIENCE_S`."""
+        async with self._changed:
+            me = turn if turn is not None else (UNRANKED, next(self._tickets))
+            self._expected.discard(me)
+            self._candidates_waiting.add(me)
+            patient_until = time.perf_counter() + ARM_PATIENCE_S
+            try:
+                while not self._candidate_may_run(me, patient_until):
+                    left = patient_until - time.perf_counter()
+                    if left > 0 and any(other < me for other in self._expected):
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(left):
+                                await self._changed.wait()
+                    else:
+                        await self._changed.wait()
+            finally:
+                self._candidates_waiting.discard(me)
+                self._changed.notify_all()  # the next in line may go now (or must wait again)
             self._account()
             self.candidate_holders += 1
 

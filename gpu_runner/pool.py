@@ -32,7 +32,7 @@ from gpu_runner.config import RunnerConfig, usable_cores
 from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, TaskOp, op_frame
-from gpu_runner.lease import GpuGate, GpuLease, renice
+from gpu_runner.lease import UNRANKED, GpuGate, GpuLease, Turn, renice
 from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, TRUTH_WORKERS, Footprint, MemoryPlan, plan
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.referee import Referee, Truth
@@ -173,6 +173,9 @@ class RunPool:
         # start took 50 s instead of 15 s, and the GPU waited for the whole batch.
         self.start_sem = asyncio.Semaphore(max(2, min(cfg.spares, usable_cores() // 2)))
         self.idle_changed = asyncio.Event()
+        self._waiting: set[Turn] = set()
+        """The turns of the evaluations waiting in :meth:`acquire` (they take spares in order)."""
+        self._arrivals = count()
         self.last_ready: dict[str, Any] = {}
         self.seeds: dict[str | None, Path] = {}
         """Triton caches copied from candidate-free workers for later spares: the driver build
@@ -531,17 +534,28 @@ class RunPool:
             return self.cfg.compiled_baseline
         return self.device == "cuda"
 
-    async def acquire(self, reference_source: str, timeout_s: float) -> tuple[Spare, bool]:
-        """A spare prepared for this reference (and whether it was warm); starts replacements."""
+    async def acquire(self, reference_source: str, timeout_s: float, turn: Turn | None = None) -> tuple[Spare, bool]:
+        """A spare prepared for this reference (and whether it was warm); starts replacements.
+
+        Evaluations waiting for spares together get them in ``turn`` order (lowest first; none
+        given: after every ranked one, in arrival order): at a run's start every candidate waits
+        for the task's plan, and the first spares go to the first starting points, not to whichever
+        candidate compiled first."""
         key = task_key(reference_source)
         await self.plan_for(reference_source)
-        spare = self._take(key)
-        warm = spare is not None
-        self.refill()
-        while spare is None and self.starting > 0:
-            self.idle_changed.clear()
-            await self.idle_changed.wait()
-            spare = self._take(key)
+        me = turn if turn is not None else (UNRANKED, next(self._arrivals))
+        self._waiting.add(me)
+        try:
+            spare = self._take(key, me)
+            warm = spare is not None
+            self.refill()
+            while spare is None and (self.starting > 0 or self._ready_for(key)):
+                self.idle_changed.clear()
+                await self.idle_changed.wait()
+                spare = self._take(key, me)
+        finally:
+            self._waiting.discard(me)
+            self.idle_changed.set()  # the waiters after this one may take the spares left
         self.refill()
         if spare is None:
             worker = await self.new_worker()
@@ -558,11 +572,17 @@ class RunPool:
                 self.refill()
         return spare, warm
 
-    def _take(self, key: str) -> Spare | None:
-        spare = next((s for s in self.idle if s.task == key and s.reference is not None), None)
-        if spare is not None:
-            self.idle.remove(spare)
-        return spare
+    def _ready_for(self, key: str) -> list[Spare]:
+        return [s for s in self.idle if s.task == key and s.reference is not None]
+
+    def _take(self, key: str, me: Turn) -> Spare | None:
+        """A ready spare for ``me``, unless the waiters ahead of it take every one there is."""
+        ready = self._ready_for(key)
+        ahead = sum(1 for other in self._waiting if other < me)
+        if len(ready) <= ahead:
+            return None
+        self.idle.remove(ready[0])
+        return ready[0]
 
     def refill(self) -> None:
         """Start spares until ``spares`` are idle or on their way."""

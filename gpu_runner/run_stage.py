@@ -31,7 +31,7 @@ from gpu_runner.frames import JobOp, Op, OpFrame, Report, op_frame
 from gpu_runner.isolation import Isolation, jit_exec, sandbox_settings
 from gpu_runner.judge import Judge
 from gpu_runner.judged_trials import judge_trials
-from gpu_runner.lease import GpuGate, renice
+from gpu_runner.lease import GpuGate, Turn, renice
 from gpu_runner.pool import RunPool, Spare
 from gpu_runner.protocol import FrameError
 from gpu_runner.run_reader import ReportReader
@@ -116,6 +116,8 @@ class _Window:
     """Whether the run holds the GPU alone (the timing), not the candidate lease."""
     tree: list[int] | None = None
     marks: dict[str, float] = field(default_factory=dict)
+    turn: Turn | None = None
+    """Its place in line for the GPU."""
 
     @property
     def worker(self) -> Worker:
@@ -142,9 +144,18 @@ class RunStage:
         self.judge: Judge | None = None
         """Compares large outputs on the GPU (started with the first task whose plan needs it)."""
 
-    async def run(self, spare: Spare, c: Collected, budget: float, phase: Phase) -> float:
-        """Run the job in the spare; returns the seconds spent queueing for the GPU."""
-        w = await self._arm(spare, c, budget, phase)
+    async def run(self, spare: Spare, c: Collected, budget: float, phase: Phase, turn: Turn | None = None) -> float:
+        """Run the job in the spare; returns the seconds spent queueing for the GPU. ``turn``: its
+        place in line for the GPU among candidates waiting together (:meth:`GpuGate.acquire_candidate`)."""
+        if turn is not None:
+            await self.gpu.expect(turn)
+        try:
+            w = await self._arm(spare, c, budget, phase)
+        except BaseException:
+            if turn is not None:
+                await asyncio.shield(self.gpu.forget(turn))
+            raise
+        w.turn = turn
         try:
             await self._drive(w)
         except TimeoutError:
@@ -155,6 +166,8 @@ class RunStage:
         except SessionAborted:
             pass  # the worker's error or death is in the record
         finally:
+            if turn is not None:
+                await asyncio.shield(self.gpu.forget(turn))  # one that never asked for its lease
             self._end_worker(w)
         await self._verdict_data(w)
         record = w.reader.record
@@ -229,7 +242,7 @@ class RunStage:
         w.stage = "armed"
         t_wait = time.perf_counter()
         w.phase.to("gpu_wait")
-        await self.gpu.acquire_candidate()
+        await self.gpu.acquire_candidate(w.turn)
         try:
             w.phase.to("gpu")
             w.waited = time.perf_counter() - t_wait

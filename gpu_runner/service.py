@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import tempfile
@@ -40,7 +41,7 @@ from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
-from gpu_runner.lease import GpuGate
+from gpu_runner.lease import UNRANKED, GpuGate, Turn
 from gpu_runner.pool import RunPool, task_key
 from gpu_runner.probe import describe_device, detect_cuda, validate_reference, versions
 from gpu_runner.protocol import FrameError
@@ -94,6 +95,8 @@ class EvaluationService:
         self._reaping: set[asyncio.Task[None]] = set()
         self.janitor: Janitor | None = None
         self._one_at_a_time = asyncio.Lock()
+        self._arrivals = itertools.count()
+        """Evaluations in the order they arrived (the second half of their turn)."""
         self._stage: RunStage | None = None
         self.start_phases: dict[str, float] = {}
         """Seconds of each phase of :meth:`start` (and ``process_s``: since this process began)."""
@@ -301,6 +304,8 @@ class EvaluationService:
     async def _evaluate(self, job: EvalJob, phase: Phase) -> EvalResult:
         runs = self._require()
         started = time.perf_counter()
+        # its place in line for a spare and for the GPU: the candidate's rank, then its arrival
+        turn: Turn = (UNRANKED if job.rank is None else float(job.rank), next(self._arrivals))
         validate_reference(job.reference_source)
         c = await self._gate(job, phase, started)
         gate = c.gate
@@ -330,7 +335,7 @@ class EvaluationService:
             if one_at_a_time:
                 # The plan fits one evaluation at a time (prepare, run, judge): the next waits.
                 await serial.enter_async_context(self._one_at_a_time)
-            result = await self._acquire_and_run(runs, c, started, budget, phase)
+            result = await self._acquire_and_run(runs, c, started, budget, phase, turn)
             if one_at_a_time:  # the next evaluation's reference, while its candidate compiles
                 runs.prepare_ahead()
             return result
@@ -385,12 +390,12 @@ class EvaluationService:
         return False
 
     async def _acquire_and_run(
-        self, runs: RunPool, c: Collected, started: float, budget: float, phase: Phase
+        self, runs: RunPool, c: Collected, started: float, budget: float, phase: Phase, turn: Turn
     ) -> EvalResult:
         job = c.job
         try:
             async with asyncio.timeout(self.cfg.worker_start_timeout_s):
-                spare, warm = await runs.acquire(job.reference_source, self.cfg.worker_start_timeout_s)
+                spare, warm = await runs.acquire(job.reference_source, self.cfg.worker_start_timeout_s, turn)
         except (TimeoutError, WorkerStartError, ProtocolError, FrameError, EvaluatorFault) as exc:
             return self._no_worker(c, started, exc)
         t_run = time.perf_counter()
@@ -398,7 +403,7 @@ class EvaluationService:
         outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
         c.checks.append(Check(name=CheckName.WARM_WORKER, outcome=outcome, detail=detail))
         try:
-            waited = await self.stage.run(spare, c, max(0.01, budget), phase)
+            waited = await self.stage.run(spare, c, max(0.01, budget), phase, turn)
         except EvaluatorFault as exc:
             return self._finish(c, started, evaluator_fault(c, exc.reason))
         finally:

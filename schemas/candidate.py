@@ -168,6 +168,11 @@ class Candidate(Message):
     """Experiences shown to the expert when it made this candidate."""
     diagnosis: Diagnosis | None = None
     """The parent's diagnosis this candidate answers."""
+    rank: int | None = Field(default=None, ge=0)
+    """Its turn among the run's candidates (0 first): an evaluator holding several that wait
+    together runs the lowest rank first. Islands number their plans interleaved with the other
+    islands' (so every island's first starting point goes before anyone's second), and a plan's
+    candidates in the order its expert proposed them. ``None``: after every ranked one."""
     created_at: float = Field(default_factory=now)
     """When it was published."""
 

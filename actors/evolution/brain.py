@@ -204,6 +204,9 @@ class IslandBrain:
             seed=seed,
             n=cfg.n_per_request,
             start=start,
+            # every island's k-th plan before anyone's (k+1)-th: the evaluators run the first
+            # starting points first, whichever island's candidates reached them first
+            rank=(self.plans - 1) * self.spec.islands + self._index,
         )
 
     def wants_request(self) -> bool:

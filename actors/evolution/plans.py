@@ -99,6 +99,9 @@ class RequestPlan:
     n: int
     start: int = 0
     """A fresh start's index among the expert's starting points (``GenerateRequest.start``)."""
+    rank: int | None = None
+    """The plan's turn among the run's plans (its island's plan count, interleaved with the other
+    islands'): its candidates' ``Candidate.rank`` is ``rank * n`` plus their place in the reply."""
 
     def request(
         self,
@@ -133,9 +136,16 @@ class RequestPlan:
         )
 
     def candidate(
-        self, spec: RunSpec, proposal: Proposal, *, expert: str | None = None, experience_ids: Sequence[str] = ()
+        self,
+        spec: RunSpec,
+        proposal: Proposal,
+        *,
+        expert: str | None = None,
+        experience_ids: Sequence[str] = (),
+        place: int = 0,
     ) -> Candidate:
-        """A child candidate of this plan, with lineage and the diagnosis it answers."""
+        """A child candidate of this plan, with lineage, the diagnosis it answers and its rank
+        (``place``: its position among the plan's proposals)."""
         parent = self.parent
         return Candidate(
             run_id=spec.run_id,
@@ -148,6 +158,7 @@ class RequestPlan:
             proposal=proposal,
             experience_ids=tuple(experience_ids),
             diagnosis=self.diagnosis,
+            rank=None if self.rank is None else self.rank * self.n + min(place, self.n - 1),
         )
 
 

@@ -177,6 +177,7 @@ class GpuRunner:
             evaluator=evaluator,
             torch_ops=torch_ops,
             precision=precision.value,
+            rank=candidate.rank,
         )
         result = await self.service.evaluate(job)
         return stamp_gpu(result, self.gpu)

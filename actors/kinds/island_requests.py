@@ -145,7 +145,7 @@ class ExpertRequests:
                 if earlier:
                     await self._after(earlier)
                 ids = tuple(h.experience.experience_id for h in hits)
-                for proposal in reply.proposals[: plan.n] if reply is not None else ():
+                for place, proposal in enumerate(reply.proposals[: plan.n] if reply is not None else ()):
                     if not self.brain.claim_kernel(proposal.fingerprint):
                         # the same kernel again (a mutation that landed on a configuration the
                         # island has, or a migrant's): evaluating it twice would only re-time it
@@ -157,7 +157,7 @@ class ExpertRequests:
                         self.brain.forget_kernel(proposal.fingerprint)
                         break  # the run's candidate budget is spent: nothing more is issued
                     assert reply is not None
-                    cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids)
+                    cand = plan.candidate(self.spec, proposal, expert=reply.expert, experience_ids=ids, place=place)
                     try:
                         await self._publish(cand)
                     except BusError:

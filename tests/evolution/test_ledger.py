@@ -4,6 +4,7 @@ cache, token shares, experience records and meta-prompt pools."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -130,3 +131,21 @@ def test_fresh_requests_walk_the_starting_points_interleaved_with_the_other_isla
     assert starts == expected
     restored = IslandBrain.from_json(brain.to_json(), f.spec(islands=2))
     assert restored.next_request().start == expected[-1] + 2  # a restart goes on, not back to the first
+
+
+def test_plans_are_ranked_interleaved_with_the_other_islands_and_their_candidates_in_reply_order() -> None:
+    """Evaluators judge lower ranks first: every island's k-th plan before anyone's (k+1)-th, and
+    a plan's proposals in the order the expert gave them (its first starting point first)."""
+    run = f.spec(islands=2)
+    ranks = {}
+    for island in ("i0", "i1"):
+        brain = IslandBrain(island, run, EXPERTS, seed=3)
+        ranks[island] = [brain.next_request().rank for _ in range(3)]
+        restored = IslandBrain.from_json(brain.to_json(), run)
+        ranks[island].append(restored.next_request().rank)  # a restart goes on
+    assert ranks == {"i0": [0, 2, 4, 6], "i1": [1, 3, 5, 7]}
+    plan = IslandBrain("i1", run, EXPERTS, seed=3).next_request()
+    proposal = f.candidate().proposal
+    wide = replace(plan, n=3)
+    assert [wide.candidate(run, proposal, place=p).rank for p in range(3)] == [3, 4, 5]
+    assert plan.candidate(run, proposal).rank == 1

@@ -12,7 +12,7 @@ import pytest
 
 from gpu_runner.frames import JudgeOp, OpFrame, Report
 from gpu_runner.judge import Judge
-from gpu_runner.lease import GpuGate, GpuLease
+from gpu_runner.lease import ARM_PATIENCE_S, UNRANKED, GpuGate, GpuLease
 from gpu_runner.referee import Referee
 from gpu_runner.sandbox import Worker
 
@@ -179,6 +179,52 @@ async def test_a_candidate_that_fails_its_trials_gives_back_its_candidate_lease(
     await _settle()
     assert nxt.done()
     assert gate.candidate_holders == 1
+
+
+async def test_candidates_waiting_together_get_the_gpu_by_rank_then_arrival() -> None:
+    gate = GpuGate(max_exclusive=1)
+    await gate.acquire_candidate((0.0, 0))  # the GPU is busy with another candidate's trials
+    order: list[tuple[float, int]] = []
+
+    async def run(turn: tuple[float, int]) -> None:
+        await gate.acquire_candidate(turn)
+        order.append(turn)
+        await gate.release(exclusive=False, candidate=True)
+
+    turns = [(UNRANKED, 1), (5.0, 2), (1.0, 4), (5.0, 3), (0.0, 5)]
+    tasks = [asyncio.create_task(run(t)) for t in turns]  # they arrive in this order
+    await _settle()
+    assert order == []
+    await gate.release(exclusive=False, candidate=True)
+    await asyncio.gather(*tasks)
+    assert order == sorted(turns) == [(0.0, 5), (1.0, 4), (5.0, 2), (5.0, 3), (UNRANKED, 1)]
+
+
+async def test_an_armed_candidate_waits_a_little_for_a_better_ranked_one_still_arming() -> None:
+    gate = GpuGate(max_exclusive=1)
+    await gate.expect((0.0, 0))  # holds a spare, still arming
+    late = asyncio.create_task(gate.acquire_candidate((3.0, 1)))
+    await asyncio.sleep(ARM_PATIENCE_S / 4)
+    assert not late.done()  # the GPU is free, but the first starting point is on its way
+    await gate.acquire_candidate((0.0, 0))  # armed now: it goes first
+    await asyncio.sleep(0)
+    assert not late.done()
+    await gate.release(exclusive=False, candidate=True)
+    await late
+    await gate.release(exclusive=False, candidate=True)
+
+    # one that never arms (it failed, or is slow) holds the others up no longer than the patience
+    await gate.expect((0.0, 2))
+    started = asyncio.get_running_loop().time()
+    await gate.acquire_candidate((3.0, 3))
+    assert asyncio.get_running_loop().time() - started >= ARM_PATIENCE_S * 0.9
+    await gate.release(exclusive=False, candidate=True)
+    await gate.forget((0.0, 2))  # the run stage's end, whatever happened
+    # forgotten (its evaluation ended before it asked): nobody waits for it
+    await gate.expect((0.0, 4))
+    await gate.forget((0.0, 4))
+    await asyncio.wait_for(gate.acquire_candidate((3.0, 5)), ARM_PATIENCE_S / 4)
+    await gate.release(exclusive=False, candidate=True)
 
 
 async def test_a_cancelled_upgrade_lets_spares_in_again() -> None:

@@ -7,6 +7,7 @@ import asyncio
 import stat
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -15,8 +16,8 @@ import pytest
 from gpu_runner.config import IsolationMode
 from gpu_runner.errors import IsolationUnavailable
 from gpu_runner.service import EvaluationService
-from schemas import DeviceChoice
-from tests.gpu_runner.conftest import fast_config, reference
+from schemas import DeviceChoice, EvalStatus
+from tests.gpu_runner.conftest import fast_config, job, reference
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -90,3 +91,26 @@ async def test_an_evaluation_asking_for_the_plan_during_the_tasks_preparation_wa
         _, plan = await asyncio.gather(service.prepare(ref), runs.plan_for(ref))
         assert plan is not None
         assert len(measured) == 1
+
+
+@pytest.mark.slow  # ~15 s on a 2-core machine
+async def test_candidates_waiting_for_the_tasks_preparation_run_in_rank_order(tmp_path: Path) -> None:
+    """At a run's start every candidate waits for the task's preparation; then the first starting
+    points (lowest ranks) take the spares and the GPU first, whichever compiled first, and a
+    candidate without a rank goes last."""
+    cfg = fast_config(DeviceChoice.CPU, tmp_path, spares=1)
+    async with EvaluationService(cfg) as service:
+        ref = reference("add_relu")
+        preparing = asyncio.create_task(service.prepare(ref))  # as the evaluator actor does
+        finished: list[str] = []
+
+        async def evaluate(name: str, rank: int | None) -> EvalStatus:
+            result = await service.evaluate(replace(job("add_relu", "honest_add_relu"), candidate_id=name, rank=rank))
+            finished.append(name)
+            return result.status
+
+        ranks = {"sixth": 6, "unranked": None, "second": 2, "first": 0}  # in the order they arrive
+        statuses = await asyncio.gather(*(evaluate(name, rank) for name, rank in ranks.items()))
+        await preparing
+    assert statuses == [EvalStatus.CORRECT] * 4
+    assert finished == ["first", "second", "sixth", "unranked"]
