@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,6 +54,44 @@ def renice(pgid: int, value: int) -> OSError | None:
     except OSError as exc:
         return exc
     return None
+
+
+class TurnLock:
+    """A lock handed to its waiters by turn (lowest first) instead of in the order they came."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self._waiting: set[Turn] = set()
+        self._changed = asyncio.Condition()
+
+    async def acquire(self, turn: Turn) -> None:
+        self._waiting.add(turn)
+        acquired = False
+        try:
+            await asyncio.sleep(0)  # those woken with it (by the task's plan, at a run's start) get in line first
+            async with self._changed:
+                await self._changed.wait_for(lambda: not self.held and turn == min(self._waiting))
+                self.held = acquired = True
+                self._waiting.discard(turn)
+        finally:
+            if not acquired:  # cancelled: the next in line may go now
+                self._waiting.discard(turn)
+                await asyncio.shield(self.release(held=False))
+
+    async def release(self, held: bool = True) -> None:
+        """Give it back (``held``), or only wake the waiters to look again."""
+        async with self._changed:
+            if held:
+                self.held = False
+            self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, turn: Turn) -> AsyncIterator[None]:
+        await self.acquire(turn)
+        try:
+            yield
+        finally:
+            await asyncio.shield(self.release())
 
 
 class GpuGate:

@@ -546,6 +546,7 @@ class RunPool:
         me = turn if turn is not None else (UNRANKED, next(self._arrivals))
         self._waiting.add(me)
         try:
+            await asyncio.sleep(0)  # those woken with it by the task's plan get in line first
             spare = self._take(key, me)
             warm = spare is not None
             self.refill()

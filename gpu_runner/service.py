@@ -41,7 +41,7 @@ from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import check_candidate
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
-from gpu_runner.lease import UNRANKED, GpuGate, Turn
+from gpu_runner.lease import UNRANKED, GpuGate, Turn, TurnLock
 from gpu_runner.pool import RunPool, task_key
 from gpu_runner.probe import describe_device, detect_cuda, validate_reference, versions
 from gpu_runner.protocol import FrameError
@@ -94,7 +94,8 @@ class EvaluationService:
         """How many evaluations are in each phase now (for benchmarks: what an idle GPU waits for)."""
         self._reaping: set[asyncio.Task[None]] = set()
         self.janitor: Janitor | None = None
-        self._one_at_a_time = asyncio.Lock()
+        self._one_at_a_time = TurnLock()
+        """Held from a spare to the verdict where the plan fits one evaluation at a time (by turn)."""
         self._arrivals = itertools.count()
         """Evaluations in the order they arrived (the second half of their turn)."""
         self._stage: RunStage | None = None
@@ -334,7 +335,7 @@ class EvaluationService:
             one_at_a_time = plan is not None and plan.device_verdict and plan.spares == 0
             if one_at_a_time:
                 # The plan fits one evaluation at a time (prepare, run, judge): the next waits.
-                await serial.enter_async_context(self._one_at_a_time)
+                await serial.enter_async_context(self._one_at_a_time.hold(turn))
             result = await self._acquire_and_run(runs, c, started, budget, phase, turn)
             if one_at_a_time:  # the next evaluation's reference, while its candidate compiles
                 runs.prepare_ahead()

@@ -12,7 +12,7 @@ import pytest
 
 from gpu_runner.frames import JudgeOp, OpFrame, Report
 from gpu_runner.judge import Judge
-from gpu_runner.lease import ARM_PATIENCE_S, UNRANKED, GpuGate, GpuLease
+from gpu_runner.lease import ARM_PATIENCE_S, UNRANKED, GpuGate, GpuLease, TurnLock
 from gpu_runner.referee import Referee
 from gpu_runner.sandbox import Worker
 
@@ -225,6 +225,38 @@ async def test_an_armed_candidate_waits_a_little_for_a_better_ranked_one_still_a
     await gate.forget((0.0, 4))
     await asyncio.wait_for(gate.acquire_candidate((3.0, 5)), ARM_PATIENCE_S / 4)
     await gate.release(exclusive=False, candidate=True)
+
+
+async def test_the_turn_lock_goes_by_turn_also_to_waiters_woken_together() -> None:
+    lock = TurnLock()
+    plan_ready = asyncio.Event()  # as at a run's start: every evaluation waits for the task's plan
+    order: list[tuple[float, int]] = []
+
+    async def evaluate(turn: tuple[float, int]) -> None:
+        await plan_ready.wait()
+        async with lock.hold(turn):
+            order.append(turn)
+            await asyncio.sleep(0.01)
+
+    turns = [(6.0, 1), (UNRANKED, 2), (2.0, 3), (0.0, 4)]  # woken in this order
+    tasks = [asyncio.create_task(evaluate(t)) for t in turns]
+    await _settle()
+    plan_ready.set()
+    await asyncio.gather(*tasks)
+    assert order == [(0.0, 4), (2.0, 3), (6.0, 1), (UNRANKED, 2)]
+
+
+async def test_a_cancelled_waiter_of_the_turn_lock_does_not_hold_up_the_others() -> None:
+    lock = TurnLock()
+    await lock.acquire((5.0, 0))
+    first = asyncio.create_task(lock.acquire((0.0, 1)))
+    second = asyncio.create_task(lock.acquire((1.0, 2)))
+    await _settle()
+    first.cancel()
+    await asyncio.wait([first])
+    await lock.release()
+    await asyncio.wait_for(second, 1.0)
+    assert lock.held
 
 
 async def test_a_cancelled_upgrade_lets_spares_in_again() -> None:
