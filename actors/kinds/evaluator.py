@@ -58,6 +58,11 @@ class EvaluatorActor(Actor):
         self.serving_since: float | None = None
         """When it began taking candidates (wall clock): the window of its throughput and busy fraction."""
 
+    def prestart(self) -> None:
+        """Start the runner now, before the actor runs (its processes' imports then overlap the rest
+        of the run's start-up); the set-up waits for that start, the teardown ends it."""
+        self.runner.prestart()
+
     async def setup(self) -> None:
         self.spec = await get_run(self.bus, self.rid)
         self.task = self.spec.task

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 class Runner(Protocol):
     """Evaluates candidates. Never raises for a fault of the candidate: that is a verdict."""
 
+    def prestart(self) -> None:
+        """Begin :meth:`start` now in the background (called inside the event loop, before the
+        actor runs); :meth:`start` then waits for that one, and :meth:`aclose` ends it."""
+        ...
+
     async def start(self) -> None:
         """Start workers (pre-warm)."""
         ...
@@ -70,6 +75,9 @@ class NoopRunner:
         if delay_s < 0:
             raise ValueError(f"delay_s must be >= 0, got {delay_s}")
         self.delay_s = delay_s
+
+    def prestart(self) -> None:
+        return None
 
     async def start(self) -> None:
         return None
@@ -144,9 +152,16 @@ class GpuRunner:
         if compile_workers is not None:
             config = dataclasses.replace(config, compile_workers=compile_workers)
         self.service = EvaluationService(config)
+        self._starting: asyncio.Task[None] | None = None
+
+    def prestart(self) -> None:
+        if self._starting is None:
+            self._starting = asyncio.create_task(self.service.start())
 
     async def start(self) -> None:
-        await self.service.start()
+        self.prestart()
+        assert self._starting is not None
+        await self._starting
 
     async def prepare(self, task: Task) -> None:
         await self.service.prepare(task.source)
@@ -184,6 +199,13 @@ class GpuRunner:
 
     async def aclose(self) -> None:
         try:
+            starting = self._starting
+            if starting is not None and not starting.done():  # prestarted, never awaited: its start ends
+                starting.cancel()
+            if starting is not None:
+                await asyncio.wait([starting])
+                if not starting.cancelled():
+                    starting.exception()  # taken here (a failed start nobody awaited), not logged as lost
             await self.service.aclose()
         finally:
             if self.claim is not None:

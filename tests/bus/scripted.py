@@ -53,6 +53,9 @@ class ScriptedRunner:
         self.delay_s = delay_s
         self.count = 0
 
+    def prestart(self) -> None:
+        return None
+
     async def start(self) -> None:
         return None
 

@@ -114,3 +114,27 @@ async def test_candidates_waiting_for_the_tasks_preparation_run_in_rank_order(tm
         await preparing
     assert statuses == [EvalStatus.CORRECT] * 4
     assert finished == ["first", "second", "sixth", "unranked"]
+
+
+@pytest.mark.slow  # a few seconds of fork-server imports on a 2-core machine
+async def test_a_prestarted_runner_starts_once_and_closing_it_early_leaves_nothing(tmp_path: Path) -> None:
+    """``kfoundry run`` starts its local evaluator's runner before the rest of the run: the actor's
+    own start then waits for that one, and a run that ends before the actor runs closes it, fork
+    servers included, even while it is still starting."""
+    from actors.kinds.evaluator_runners import GpuRunner
+
+    runner = GpuRunner(device=DeviceChoice.CPU, spares=1)
+    runner.prestart()
+    await asyncio.sleep(0.5)  # its fork servers are importing
+    assert _fork_servers()
+    await runner.aclose()
+    assert not [p for p in _fork_servers() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    runner = GpuRunner(device=DeviceChoice.CPU, spares=1)
+    runner.prestart()
+    starting = runner._starting
+    await runner.start()
+    assert runner._starting is starting  # the same start, not a second one
+    assert runner.service.start_phases
+    await runner.aclose()
+    assert not [p for p in _fork_servers() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
