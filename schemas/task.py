@@ -187,7 +187,8 @@ class RunSpec(Message):
     """The standard outputs are held to against float64: the reference's own at PyTorch's defaults
     (precision parity, TF32 where cuDNN convolutions run it), or ``exact`` (IEEE float32)."""
     created_at: float = Field(default_factory=now)
-    """When the run was created (seconds since the epoch)."""
+    """When the run's clock started (seconds since the epoch): ``kfoundry run``'s process start, so
+    the wall budget counts what its user times."""
 
     # -- the run's limits: the one place that computes them --------------------------------
 

@@ -502,8 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``kfoundry ARGV`` (``sys.argv`` when none is given: the command is this process, and a run
+    that has written its results exits at once, ``actors.runtime.process.exit_promptly``)."""
     try:
-        return _main(sys.argv[1:] if argv is None else argv)
+        return _main(sys.argv[1:] if argv is None else argv, own_process=argv is None)
     except BaseException as exc:
         if not _closed_pipe(exc):  # `kfoundry status | head`: the reader has what it wanted
             raise
@@ -512,11 +514,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], *, own_process: bool = False) -> int:
     if argv and argv[0] == "eval":
         return cmd_eval(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.own_process = own_process
     try:
         if args.command == "run" and args.config is not None:
             from actors.commands.run_config import apply_config

@@ -11,10 +11,14 @@ Ending a run: on the candidate budget, every candidate issued has been evaluated
 shared quota, ``actors.runtime.quota``, issues exactly N); the controller waits briefly for the last
 feedback, then ``RunEnd`` tells every actor of the run, islands included, to leave. On any other end
 (the deadline, the token budget, speed-of-light) it does not wait: ``RunEnd`` lists the candidates
-still in flight as cancelled, and evaluators stop them at once. A first interrupt waits for what
-is in flight (saying so, bounded by the evaluation timeout); a second one stops at once and is
-recorded the same way. An operator's ``RunStop`` in the run's stream (``kfoundry runs stop``) ends
-the run as a first interrupt does.
+still in flight as cancelled, and evaluators stop them at once. A first interrupt waits briefly for
+what is in flight (saying so); a second one stops at once and is recorded the same way. An
+operator's ``RunStop`` in the run's stream (``kfoundry runs stop``) ends the run as a first
+interrupt does.
+
+Budgets kept (``actors.commands.ending``): the wall budget counts from the command's start, the run
+ends early enough for its end to be over on the budget, the results are written while the actors
+stop, and every step of the end is bounded; a first interrupt ends the process within 5 s.
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 import nats.errors
 import nats.js.errors
 
+from actors.commands.ending import (
+    ACTOR_ABORT_S,
+    ACTOR_STOP_S,
+    in_flight_wait_s,
+    stop_actors,
+    stop_all_but_evaluators,
+    stop_by,
+    wind_down_s,
+)
 from actors.commands.launch import run_actors, run_local_actors
 from actors.commands.outcome import RunOutcome
 from actors.commands.progress import Progress, RunWatcher
@@ -44,8 +57,6 @@ from actors.runtime.kv import get_expert_config, list_expert_configs, put_expert
 from actors.runtime.logs import get_logger
 from actors.runtime.options import RunOptions
 from schemas import (
-    ActorKind,
-    ActorState,
     ExpertConfig,
     ExpertKind,
     ExpertRef,
@@ -59,17 +70,6 @@ if TYPE_CHECKING:
     from actors.runtime.gpu_claim import GpuClaim
 
 log = get_logger(__name__)
-ACTOR_STOP_S = 20.0
-"""Longest the local actors may drain after the run ended before they are stopped at once."""
-ACTOR_ABORT_S = 10.0
-"""Longest a stop at once may take before the run goes on to write its results without them."""
-
-INTERRUPT_WAIT_S = 6.0
-"""After a first SIGINT/SIGTERM, how long the candidates in flight may finish before they are
-cancelled: the run stops within 10 s of the signal and still writes its results (with the
-evaluation timeout as the wait, a benchmarked run ignored SIGINT for its whole grace and was
-stopped at once, without a report)."""
-
 MISSING_GRACE_S = 30.0
 """How long a run waits for its islands to announce themselves before it names the missing ones
 (it names them earlier, at its first result)."""
@@ -97,7 +97,7 @@ class RunController:
         self.options = options
         self.seeds = seeds or []
         self.out = progress
-        self.progress = Progress(spec)
+        self.progress = Progress(spec, wind_down_s=wind_down_s(spec))
         self.actors: list[Actor] = []
         self.llm_diagnoser: ExpertConfig | None = None
         self.watcher: RunWatcher | None = None
@@ -105,6 +105,10 @@ class RunController:
         self.dead_lettered: set[str] = set()
         """Candidates of the run an actor dead-lettered (read at the run's end)."""
         self.connect_timeout: float | None = options.connect_timeout_s
+        self.interrupted_at: float | None = None
+        """When the first SIGINT/SIGTERM arrived (wall clock), or an operator's stop was read."""
+        self.ended_at: float | None = None
+        """When the run's end was decided (wall clock)."""
 
     async def _setup(self, bus: Bus) -> None:
         from actors.commands.signature import with_signature
@@ -210,6 +214,8 @@ class RunController:
                 reason = StopReason.INTERRUPTED
             else:
                 reason = self.progress.stop_reason()
+            if reason is StopReason.INTERRUPTED and self.interrupted_at is None:  # an operator's stop
+                self.interrupted_at = time.time()
             return reason is not None
 
         await self._wait(ended, timeout=None, stop=None)
@@ -217,33 +223,30 @@ class RunController:
         return reason
 
     async def _finish_in_flight(self, reason: StopReason) -> None:
-        """Before the islands are drained: let what is in flight end as the reason asks."""
+        """Before the islands are drained: let what is in flight end as the reason asks, bounded
+        (``actors.commands.ending.in_flight_wait_s``)."""
         progress = self.progress
         if progress.stop_request is not None:  # `kfoundry runs stop`: ends the run as an interrupt does
             self._say(f"run {self.spec.run_id}: {progress.stop_request.sentence()}")
-        if reason is StopReason.INTERRUPTED and progress.in_flight:
-            grace = min(INTERRUPT_WAIT_S, self.spec.eval_timeout_s)
-            self._say(
-                f"interrupted: waiting up to {grace:.0f} s for {len(progress.in_flight)} candidate(s) in flight, "
-                "then cancelling them and writing the results (Ctrl-C again to stop at once)"
+        wait = in_flight_wait_s(
+            reason,
+            now=time.time(),
+            ends_at=progress.ends_at,
+            interrupted_at=self.interrupted_at,
+            eval_timeout_s=self.spec.eval_timeout_s,
+        )
+        if reason is StopReason.INTERRUPTED:
+            if progress.in_flight and wait > 0:
+                self._say(
+                    f"interrupted: waiting up to {wait:.0f} s for {len(progress.in_flight)} candidate(s) in flight, "
+                    "then cancelling them and writing the results (Ctrl-C again to stop at once)"
+                )
+            # What is in flight, and the last results' feedback (the islands' archives learn from it).
+            await self._wait(
+                lambda: not progress.in_flight and progress.results.keys() <= progress.feedback, timeout=wait
             )
-            await self._wait(lambda: not progress.in_flight, timeout=grace)
-        if reason is not StopReason.WALL_TIME:
-            # The last results' feedback (the islands' archives learn from it): a short wait.
-            await self._wait(lambda: progress.results.keys() <= progress.feedback, timeout=5.0)
-
-    async def _stop_local_islands(self, reason: StopReason) -> None:
-        """After ``RunEnd`` (which every actor of the run, remote islands included, leaves on):
-        the local islands stop, and are waited for, bounded."""
-        why = f"run ended ({reason})"
-        islands = [a for a in self.actors if a.kind is ActorKind.ISLAND]
-        for actor in islands:
-            actor.request_stop(why)
-        # Islands stop within seconds (their unread feedback stays in their durable consumers).
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10.0):
-                for actor in islands:
-                    await actor.wait_stopped()
+        elif wait > 0:  # the last results' feedback
+            await self._wait(lambda: progress.results.keys() <= progress.feedback, timeout=wait)
 
     async def _dead_lettered(self, bus: Bus) -> set[str]:
         """The ids of the run's candidates an actor gave up on (its dead letters on candidate subjects)."""
@@ -286,26 +289,6 @@ class RunController:
             f"{len(cancelled)} evaluation(s) in flight cancelled (recorded in its RunEnd); no report written"
         )
 
-    async def _stop_actors(self, task: asyncio.Task[None]) -> None:
-        """Wait for the local actors to drain, for a bounded time; then stop the rest at once.
-
-        Their results are in the run's stream already (the report is built from it), so an actor
-        whose drain hangs (seen on an H100: an evaluator whose cancelled evaluations never returned
-        held the run 400 s past its budget) costs nothing but its unfinished work, which is named."""
-        done, _ = await asyncio.wait([task], timeout=ACTOR_STOP_S)
-        if not done:
-            still = [f"{a.actor_id} ({a.state.value})" for a in self.actors if a.state is not ActorState.STOPPED]
-            log.warning("actors did not stop in time: stopping them at once", seconds=ACTOR_STOP_S, actors=still)
-            self._say(
-                f"{len(still)} actor(s) still stopping after {ACTOR_STOP_S:g} s, stopped at once: {', '.join(still)}"
-            )
-            task.cancel()
-            done, _ = await asyncio.wait([task], timeout=ACTOR_ABORT_S)
-            if not done:
-                log.warning("actors did not stop at once either; going on without them", seconds=ACTOR_ABORT_S)
-        if done and not task.cancelled() and (exc := task.exception()) is not None:
-            raise exc
-
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""
         bus = await Bus.connect(
@@ -317,6 +300,10 @@ class RunController:
         actors_task: asyncio.Task[None] | None = None
         actors_stop = asyncio.Event()
         aborted = False
+        stopping_actors = False
+        # The first SIGINT/SIGTERM's time: the run ends within seconds of it, whatever it is doing then.
+        interrupt = asyncio.ensure_future(stop.wait())
+        interrupt.add_done_callback(self._interrupted)
         try:
             await self._setup(bus)
             self.watcher = RunWatcher(bus, self.progress)
@@ -328,7 +315,7 @@ class RunController:
                 if self.gpu_claims and self.options.local_actors:
                     gpus = ", ".join(f"{c.gpu.index} ({c.gpu.name})" for c in self.gpu_claims)
                     self.out.write(f"evaluators: one per GPU on GPU {gpus}\n")
-            if self.options.local_actors:
+            if self.options.local_actors and not stop.is_set():  # interrupted while setting up: none started
                 configs = await self._expert_configs(bus)
                 wanted = self.options.actors.llm_diagnoser
                 if wanted:
@@ -343,8 +330,8 @@ class RunController:
 
                     collect_actors(self.actors)
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
-                # Actors that start slowly do not hold the run past its deadline.
-                deadline = self.progress.deadline
+                # Actors that start slowly do not hold the run past its deadline (less its wind-down).
+                deadline = self.progress.ends_at
                 ready: asyncio.Future[Any] = asyncio.ensure_future(
                     asyncio.gather(*(a.wait_ready() for a in self.actors))
                 )
@@ -368,8 +355,14 @@ class RunController:
             await publish_seeds(bus, self.spec, self.seeds)
             try:
                 reason = await self._wait_for_end(stop, actors_task)
-                log.info("run ending", reason=str(reason), evaluated=self.progress.evaluated)
+                self.ended_at = time.time()
+                log.info(
+                    "run ending", reason=str(reason), evaluated=self.progress.evaluated, deadline=self.progress.deadline
+                )
                 await self._finish_in_flight(reason)
+                until = stop_by(
+                    reason, now=time.time(), deadline=self.progress.deadline, interrupted_at=self.interrupted_at
+                )
                 # Whatever is still in flight now is not waited for: the deadline passed, the goal
                 # was reached, or the interrupt's grace ended. Evaluators stop it at once.
                 # A candidate an evaluator gave up on (dead-lettered) is not in flight: it is said apart.
@@ -382,7 +375,7 @@ class RunController:
                 # went from 3.8 s to 1.6 s past its deadline with RunEnd first.
                 end = self._run_end(reason, self.cancelled)
                 await bus.publish_durable(subjects.run_end(self.spec.run_id), end, msg_id=f"end-{self.spec.run_id}")
-                await self._stop_local_islands(reason)
+                await stop_all_but_evaluators(self.actors, reason, until, actors_stop)
             except asyncio.CancelledError:
                 aborted = True
                 await self._abort(bus)
@@ -394,19 +387,31 @@ class RunController:
                     f"{len(self.dead_lettered)} candidate(s) dead-lettered: an evaluator gave up on them "
                     f"(kfoundry dlq --run {self.spec.run_id} says why)"
                 )
-            actors_stop.set()
+            # The results are written while the evaluators (closing their worker processes) stop: the
+            # report is built from the run's stream and the islands' saved archives, complete now.
+            stopping: asyncio.Task[None] | None = None
             if actors_task is not None:
+                stopping_actors = True
                 # If the event loop itself is blocked (no timeout can fire), say where: every
                 # thread's stack goes to stderr once the actors should long have stopped.
-                faulthandler.dump_traceback_later(ACTOR_STOP_S + ACTOR_ABORT_S + 15.0, exit=False)
-                try:
-                    await self._stop_actors(actors_task)
-                finally:
-                    faulthandler.cancel_dump_traceback_later()
-            await self.watcher.stop()
-            self._show(final=True)
-            log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
-            report = await write_results(bus, self.spec, self.progress.best, self.run_dir)
+                faulthandler.dump_traceback_later(max(0.0, until - time.time()) + ACTOR_ABORT_S + 15.0, exit=False)
+                stopping = asyncio.create_task(self._stop_actors(actors_task, until))
+            try:
+                await self.watcher.stop()
+                self._show(final=True)
+                log.info("run ended, writing results", reason=str(reason), evaluated=self.progress.evaluated)
+                report = await write_results(bus, self.spec, self.progress.best, self.run_dir)
+            except asyncio.CancelledError:  # a second interrupt while the results were being written
+                aborted = True
+                if actors_task is not None:
+                    actors_task.cancel()
+                raise
+            finally:
+                if stopping is not None:
+                    try:
+                        await stopping  # an actor's failure is raised here, once the results are written
+                    finally:
+                        faulthandler.cancel_dump_traceback_later()
             best = self.progress.best
             return RunOutcome(
                 run_id=self.spec.run_id,
@@ -427,14 +432,22 @@ class RunController:
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,
             )
         finally:
+            interrupt.cancel()
             actors_stop.set()
-            if actors_task is not None and not actors_task.done():
+            if actors_task is not None and not actors_task.done() and not stopping_actors:
                 if aborted:
                     actors_task.cancel()  # every local actor stops at once too
-                await self._stop_actors(actors_task)
+                await self._stop_actors(actors_task, time.time() + ACTOR_STOP_S)
             if self.watcher is not None:
                 await self.watcher.stop()
             await bus.close()
+
+    async def _stop_actors(self, task: asyncio.Task[None], until: float) -> None:
+        await stop_actors(task, self.actors, until, ended_at=self.ended_at, say=self._say)
+
+    def _interrupted(self, waiter: asyncio.Future[Any]) -> None:
+        if not waiter.cancelled() and self.interrupted_at is None:
+            self.interrupted_at = time.time()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

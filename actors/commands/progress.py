@@ -12,8 +12,9 @@ nothing and counts nothing twice (the consumer resumes where its acknowledgement
 - ``kf.<run>.stop`` (``RunStop``): an operator asked the run to stop (``kfoundry runs stop``).
 
 ``Progress.stop_reason`` is the run's budget: candidates evaluated, the deadline
-(``RunSpec.deadline``), tokens, speed-of-light, or every island stopped with nothing
-left in flight; or an operator's stop request (the run ends as on an interrupt).
+(``RunSpec.deadline``, less the time the run's end takes: ``Progress.ends_at``), tokens,
+speed-of-light, or every island stopped with nothing left in flight; or an operator's stop
+request (the run ends as on an interrupt).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ CONTROLLER_CONSUMER = "controller"
 class Progress:
     """Counts what the run produced, by candidate id, and renders a progress line."""
 
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, *, wind_down_s: float = 0.0) -> None:
         self.spec = spec
+        self.wind_down_s = wind_down_s
+        """How long before the wall deadline the run ends, so that its end is over by then."""
         self.issued: set[str] = set()
         self.results: dict[str, EvalResult] = {}
         self.dead_lettered: set[str] = set()
@@ -77,7 +80,14 @@ class Progress:
 
     @property
     def deadline(self) -> float | None:
+        """When the wall budget ends (``RunSpec.deadline``)."""
         return self.spec.deadline
+
+    @property
+    def ends_at(self) -> float | None:
+        """When the run ends for its wall budget: its deadline less the time its end takes."""
+        deadline = self.spec.deadline
+        return None if deadline is None else deadline - self.wind_down_s
 
     @property
     def elapsed(self) -> float:
@@ -135,7 +145,8 @@ class Progress:
             return StopReason.CANDIDATES
         if self.stop_request is not None:
             return StopReason.INTERRUPTED
-        if self.spec.past_deadline(now or time.time()):
+        ends_at = self.ends_at
+        if ends_at is not None and (now or time.time()) >= ends_at:
             return StopReason.WALL_TIME
         tokens = sum(s.tokens_used for s in self.islands.values())
         if budget.tokens is not None and tokens >= budget.tokens:

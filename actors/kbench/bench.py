@@ -191,14 +191,14 @@ class Bench:
                         return
                     i, problem = self._queue.popleft()
                 self._say(f"({i}/{self._todo}) {problem.name}: start{where}")
-                t0 = time.monotonic()
                 try:
                     result = run_problem(problem, self.out, self.opts, self.stop, slot=slot)
                 except Interrupted:
                     self._say(f"({i}/{self._todo}) {problem.name}: interrupted, not kept")
                     return
                 self._keep(result)
-                self._say(f"({i}/{self._todo}) {problem.name}: {describe(result)} ({time.monotonic() - t0:.0f} s)")
+                budget = f" of its {self.opts.seconds:g} s budget" if self.opts.seconds is not None else ""
+                self._say(f"({i}/{self._todo}) {problem.name}: {describe(result)} (wall {result.wall_s:.1f} s{budget})")
         except BaseException as exc:  # a slot's thread: the failure ends the bench, raised by run()
             with self._lock:
                 self._failure = self._failure or exc

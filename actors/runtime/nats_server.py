@@ -4,7 +4,10 @@
 one starts ``nats-server`` on loopback with JetStream on free ports, its state kept on disk under
 ``$KFOUNDRY_HOME/nats`` (default ``~/.kfoundry/nats``); later commands find it through
 ``server.json`` there and reuse it. Whichever command leaves last, finding no client connected,
-stops it.
+stops it: it asks the server to stop and leaves without waiting for its JetStream to be written
+out (about 10 ms per durable consumer stored: 0.9 s with ten runs' streams kept, seconds after a
+week of runs), and the next command to start a server on the same store waits for that one's exit
+first (``stopping`` in the same folder names it).
 """
 
 from __future__ import annotations
@@ -141,6 +144,13 @@ def stop_server(pid: int, timeout: float = 10.0) -> None:
     """Ask a server to stop (SIGTERM), then kill it if it lingers."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
+    wait_exit(pid, timeout)
+
+
+def wait_exit(pid: int, timeout: float = 10.0) -> None:
+    """Wait until a server asked to stop has exited (reaped, if it is this process's child); kill
+    it if it lingers past ``timeout``. Never signals it again before that: a second SIGTERM makes
+    nats-server exit before its JetStream is written out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
@@ -150,6 +160,16 @@ def stop_server(pid: int, timeout: float = 10.0) -> None:
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def _start_ticks(pid: int) -> str | None:
+    """``pid``'s start time (``/proc/<pid>/stat``, clock ticks since boot): with the pid, which
+    process it is (a pid is reused); None where it is gone or the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _connections(http_url: str, ignore_own: bool = False) -> int | None:
@@ -193,6 +213,8 @@ class EmbeddedServer:
     def __init__(self, home: Path | None = None) -> None:
         self.dir = (home or kfoundry_home()) / "nats"
         self.state = self.dir / "server.json"
+        self.stopping = self.dir / "stopping"
+        """Names a server asked to stop that may still be writing out its store: ``<pid> <start>``."""
         self.info: ServerInfo | None = None
         self.started_here = False
 
@@ -217,10 +239,12 @@ class EmbeddedServer:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def acquire(self) -> str:
-        """The URL of the running embedded server, starting one if there is none."""
+        """The URL of the running embedded server, starting one if there is none (once the one
+        an earlier command left stopping has exited: both would write the same store)."""
         with self._locked():
             info = self._load()
             if info is None:
+                self._wait_for_stopping()
                 info = start_server(self.dir, detached=True)
                 self.state.write_text(info.to_json())
                 self.started_here = True
@@ -260,9 +284,24 @@ class EmbeddedServer:
             self.info = self._load()
         return self.info
 
-    def release(self, *, grace_s: float = 0.5, ignore_own: bool = False) -> bool:
+    def _wait_for_stopping(self) -> None:
+        """Under the lock: the server an earlier command asked to stop (see :meth:`release`),
+        waited for until it has exited."""
+        try:
+            pid_text, start = self.stopping.read_text().split()
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            return
+        if _start_ticks(pid) in (start, None) and _pid_alive(pid):  # still that server
+            wait_exit(pid)
+        with contextlib.suppress(FileNotFoundError):
+            self.stopping.unlink()
+
+    def release(self, *, grace_s: float = 0.5, ignore_own: bool = False, wait: bool = True) -> bool:
         """Stop the server if no client is connected any more (``ignore_own``: none but this
-        process's own, which end with it). Returns whether it stopped it."""
+        process's own, which end with it). Returns whether it stopped it. ``wait=False`` (a
+        command about to exit): the server is asked to stop and left to write out its store; the
+        next :meth:`acquire` that starts a server waits for it."""
         info = self.info
         if info is None or self.kept():  # `kfoundry server start` keeps it until `server stop`
             return False
@@ -275,7 +314,12 @@ class EmbeddedServer:
                 with self._locked():  # a command that starts now either reuses it first or finds it gone
                     if _connections(info.http_url, ignore_own) != 0:
                         return False
-                    stop_server(info.pid)
+                    if wait:
+                        stop_server(info.pid)
+                    else:
+                        self.stopping.write_text(f"{info.pid} {_start_ticks(info.pid) or '?'}\n")
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(info.pid, signal.SIGTERM)
                     with contextlib.suppress(FileNotFoundError):
                         self.state.unlink()
                 return True

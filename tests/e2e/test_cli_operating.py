@@ -221,7 +221,7 @@ def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
         deadline = time.monotonic() + 60
         while "Ctrl-C again to stop at once" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert proc.poll() is None  # it waits (6 s) for the evaluations in flight (120 s each)
+        assert proc.poll() is None  # it waits (1 s) for the evaluations in flight (120 s each)
         waiting = next(line for line in log.read_text().splitlines() if line.startswith("interrupted:"))
         assert "candidate(s) in flight" in waiting
         proc.send_signal(signal.SIGINT)
@@ -233,7 +233,7 @@ def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
             proc.kill()
     err = log.read_text()
     assert proc.returncode == 130, err
-    # Without it the run would wait its 6 s, then drain and write its results. The bound is loose for
+    # Without it the run would wait its 1 s, then drain and write its results. The bound is loose for
     # a loaded shared machine; seen: 0.4 s from the signal's handling to every actor gone.
     assert took < 15.0, f"stopped {took:.1f} s after the second Ctrl-C"
     assert "Traceback" not in err
@@ -248,8 +248,8 @@ def test_interrupts_say_what_they_wait_for_and_a_second_one_stops_at_once(
 def test_one_interrupt_stops_the_run_within_seconds_and_still_writes_its_results(
     nats_server: ServerInfo, run_id: str, tmp_path: Path
 ) -> None:
-    """Issue 12: on SIGINT/SIGTERM the run stops within 10 s and writes its results, even while an
-    evaluation that would take minutes is in flight (it is cancelled, and recorded as such)."""
+    """On SIGINT/SIGTERM the run stops within 5 s and writes its results, even while an evaluation
+    that would take minutes is in flight (it is cancelled, and recorded as such)."""
     proc, log = _start_slow_run(nats_server, run_id, tmp_path)
     run_dir = tmp_path / "run"
     try:
@@ -261,8 +261,8 @@ def test_one_interrupt_stops_the_run_within_seconds_and_still_writes_its_results
         if proc.poll() is None:
             proc.kill()
     err = log.read_text()
-    # 6 s for what is in flight, then the drain and the results; loose for a loaded shared machine
-    assert took < 20.0, f"stopped {took:.1f} s after SIGTERM: {err[-2000:]}"
+    # 1 s for what is in flight, then the drain, bounded at 3.5 s after the signal, and the results
+    assert took <= 5.0, f"stopped {took:.1f} s after SIGTERM: {err[-2000:]}"
     assert "Traceback" not in err
     assert "stopped at once" not in err
     assert (run_dir / "report.json").exists(), err[-2000:]

