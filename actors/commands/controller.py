@@ -99,6 +99,9 @@ class RunController:
         self.out = progress
         self.progress = Progress(spec, wind_down_s=wind_down_s(spec))
         self.actors: list[Actor] = []
+        self.evaluators: list[Actor] | None = None
+        """This process's evaluators while prestarted and not yet running with the other actors
+        (:meth:`prestart_evaluators`); ``None``: not built yet."""
         self.llm_diagnoser: ExpertConfig | None = None
         self.watcher: RunWatcher | None = None
         self.cancelled: tuple[str, ...] = ()
@@ -289,14 +292,49 @@ class RunController:
             f"{len(cancelled)} evaluation(s) in flight cancelled (recorded in its RunEnd); no report written"
         )
 
+    def prestart_evaluators(self) -> None:
+        """Build this process's evaluators and start their runners now, before anything else of the
+        run (called inside the event loop): their fork servers' and sandbox probe's imports of torch
+        (5-7 s on an H200 host) then overlap this process's own start-up, which waited for them."""
+        if not self.options.local_actors or self.evaluators is not None:
+            return
+        from actors.commands.launch import local_evaluators
+        from actors.kinds.evaluator import EvaluatorActor
+
+        self.evaluators = local_evaluators(self.spec, self.options, self.url, self.gpu_claims)
+        for actor in self.evaluators:
+            if isinstance(actor, EvaluatorActor):
+                actor.prestart()
+
+    async def close_prestarted(self) -> None:
+        """Close the prestarted evaluators' runners where the actors never ran (the run ended first)."""
+        from actors.kinds.evaluator import EvaluatorActor
+
+        evaluators, self.evaluators = self.evaluators or [], []
+        await asyncio.gather(
+            *(a.runner.aclose() for a in evaluators if isinstance(a, EvaluatorActor)), return_exceptions=True
+        )
+
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""
-        bus = await Bus.connect(
-            self.url,
-            name="kfoundry-run",
-            actor_id=f"controller-{self.spec.run_id}",
-            connect_timeout=self.connect_timeout,
-        )
+        self.prestart_evaluators()
+        try:
+            bus = await Bus.connect(
+                self.url,
+                name="kfoundry-run",
+                actor_id=f"controller-{self.spec.run_id}",
+                connect_timeout=self.connect_timeout,
+            )
+        except BaseException:
+            await self.close_prestarted()
+            raise
+        try:
+            return await self._run(bus, stop)
+        finally:
+            if self.evaluators:  # built, never run (the run ended while setting up)
+                await self.close_prestarted()
+
+    async def _run(self, bus: Bus, stop: asyncio.Event) -> RunOutcome:
         actors_task: asyncio.Task[None] | None = None
         actors_stop = asyncio.Event()
         aborted = False
@@ -323,8 +361,9 @@ class RunController:
                     if self.llm_diagnoser is None:
                         raise ConfigError(f"--llm-diagnoser {wanted}: no such expert configuration")
                 self.actors = run_local_actors(
-                    self.spec, self.options, self.url, configs, self.llm_diagnoser, self.gpu_claims
+                    self.spec, self.options, self.url, configs, self.llm_diagnoser, self.gpu_claims, self.evaluators
                 )
+                self.evaluators = []  # handed over: they stop with the other actors
                 if self.options.metrics_port is not None:  # its server was bound by `kfoundry run`
                     from actors.runtime.metrics import collect_actors
 

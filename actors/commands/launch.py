@@ -71,6 +71,18 @@ def build_actor(
     return actor
 
 
+def local_evaluators(spec: RunSpec, options: RunOptions, url: str, gpu_claims: Sequence[GpuClaim]) -> list[Actor]:
+    """The evaluators ``kfoundry run`` starts in its own process: one per claimed GPU, else
+    ``options.evaluators``."""
+    run_id, a = spec.run_id, options.actors
+    if gpu_claims:
+        n = len(gpu_claims)
+        return [
+            build_actor(ActorKind.EVALUATOR, a, url=url, run_id=run_id, gpu_claim=c, gpus_here=n) for c in gpu_claims
+        ]
+    return [build_actor(ActorKind.EVALUATOR, a, url=url, run_id=run_id) for _ in range(options.evaluators or 1)]
+
+
 def run_local_actors(
     spec: RunSpec,
     options: RunOptions,
@@ -78,20 +90,15 @@ def run_local_actors(
     expert_configs: Sequence[ExpertConfig],
     llm_diagnoser: ExpertConfig | None,
     gpu_claims: Sequence[GpuClaim],
+    evaluators: Sequence[Actor] | None = None,
 ) -> list[Actor]:
-    """The actors ``kfoundry run`` starts in its own process: a curator, the run's experts, one
-    evaluator per claimed GPU (else ``options.evaluators``), a diagnoser, a migrator when islands
-    exchange elites, and the islands."""
+    """The actors ``kfoundry run`` starts in its own process: a curator, the run's experts, its
+    evaluators (``evaluators``, built and perhaps started earlier, else :func:`local_evaluators`),
+    a diagnoser, a migrator when islands exchange elites, and the islands."""
     run_id, a = spec.run_id, options.actors
     actors: list[Actor] = [build_actor(ActorKind.CURATOR, a, url=url, run_id=None)]
     actors += [build_actor(ActorKind.EXPERT, a, url=url, run_id=None, expert_config=c) for c in expert_configs]
-    if gpu_claims:
-        n = len(gpu_claims)
-        actors += [
-            build_actor(ActorKind.EVALUATOR, a, url=url, run_id=run_id, gpu_claim=c, gpus_here=n) for c in gpu_claims
-        ]
-    else:
-        actors += [build_actor(ActorKind.EVALUATOR, a, url=url, run_id=run_id) for _ in range(options.evaluators or 1)]
+    actors += evaluators if evaluators is not None else local_evaluators(spec, options, url, gpu_claims)
     actors.append(build_actor(ActorKind.DIAGNOSER, a, url=url, run_id=run_id, expert_config=llm_diagnoser))
     if spec.islands > 1 and not spec.ablations.no_migration:
         actors.append(build_actor(ActorKind.MIGRATOR, a, url=url, run_id=run_id))

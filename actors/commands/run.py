@@ -204,16 +204,42 @@ def build_spec(
     )
 
 
-def require_cuda(device: DeviceChoice, local: bool) -> None:
+def require_cuda(device: DeviceChoice, local: bool, gpus_listed: bool = False) -> None:
     """``--device cuda`` where this process's evaluators would run (``local``) and torch sees no
-    CUDA device: one line (it was a 59-line traceback from the evaluator, exit status 1)."""
+    CUDA device: one line (it was a 59-line traceback from the evaluator, exit status 1).
+
+    Where ``nvidia-smi`` listed GPUs (``gpus_listed``) and the installed torch is a CUDA build, that
+    is taken as enough without importing torch here: the import (4.7 s on an H200 host) held up
+    everything after it, the evaluator's start included; the evaluator's own workers then find
+    the device, or say why not."""
     if device is not DeviceChoice.CUDA or not local:
+        return
+    if gpus_listed and torch_cuda_build() is True:
         return
     import torch
 
     if not torch.cuda.is_available():
         why = "a CPU-only torch build" if torch.version.cuda is None else "no GPU or driver it can use"
         raise ConfigError(f"--device cuda: torch here sees no CUDA device ({why}); use --device cpu or auto")
+
+
+def torch_cuda_build() -> bool | None:
+    """Whether the installed torch is built for CUDA, read from its ``version.py`` without importing
+    it (``None``: not found or not readable)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^cuda\b[^=]*=\s*(.+)$", text, re.MULTILINE)
+    if found is None:
+        return None
+    return found.group(1).strip() not in ("None", "")
 
 
 def resolve_device(choice: str) -> DeviceChoice:
@@ -290,7 +316,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{run_dir} holds the results of an earlier run (report.json); choose another --run-dir")
     claims = claim_all(gpus, spec.run_id)
     try:  # what can still refuse the run before it starts: the claims go back with a one-line error
-        require_cuda(device, local=not args.no_local_actors and args.runner == "gpu")
+        require_cuda(device, local=not args.no_local_actors and args.runner == "gpu", gpus_listed=bool(gpus))
         if args.metrics_port is not None:  # bound before anything starts: a taken port is one line at once
             from actors.runtime.metrics import start_metrics_server
 

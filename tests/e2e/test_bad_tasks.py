@@ -60,6 +60,12 @@ TASKS = {
 }
 
 
+def _fork_servers() -> set[int]:
+    """The evaluator fork servers running on this machine (their pids)."""
+    found = subprocess.run(["pgrep", "-f", "gpu_runner.forkserver"], capture_output=True, text=True, check=False)
+    return {int(p) for p in found.stdout.split()}
+
+
 def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ, KFOUNDRY_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
     env.pop("NATS_URL", None)
@@ -103,8 +109,14 @@ def test_run_of_a_task_that_does_not_work_ends_in_seconds_and_leaves_no_server(t
     task.write_text(source)
     env = _env(tmp_path)
     args = ("run", str(task), "--device", "cpu", "--seconds", "120", "--candidates", "4")
+    before = _fork_servers()
     done, took = _kfoundry(*args, "--run-dir", str(tmp_path / "run"), env=env, timeout=150)
     _one_line(done, "kfoundry:", causes)
+    # the evaluator it started first (beside the task's checks) is closed, its fork servers too
+    deadline = time.monotonic() + 5.0
+    while (left := _fork_servers() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
     assert took < 60, f"a run of a broken task took {took:.0f} s of its 120 s budget"
     # the embedded server it started is gone: its state file removed, its process stopped
     state = list((tmp_path / "home").rglob("server.json"))

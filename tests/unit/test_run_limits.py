@@ -64,3 +64,17 @@ def test_the_deadline_is_the_creation_time_plus_the_wall_budget() -> None:
 def test_an_island_that_is_not_the_runs_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not one of run"):
         _spec(2).island_limits("i2")
+
+
+def test_the_torch_build_is_read_without_importing_torch() -> None:
+    """``kfoundry run --device cuda`` checks that torch is a CUDA build from its version file, so
+    that the main process's 5-s ``import torch`` does not hold up the evaluator's start."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from actors.commands.run import torch_cuda_build; "
+        "built = torch_cuda_build(); assert 'torch' not in sys.modules; "
+        "import torch; assert built is (torch.version.cuda is not None), built"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
