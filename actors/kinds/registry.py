@@ -71,7 +71,7 @@ def _evaluator(ctx: BuildContext) -> Actor:
         argv = child_argv(options, ctx.run, isolation_mode(options))
         return EvaluatorProcess(nats_url=ctx.url, run_id=ctx.run, argv=argv, actor_id=ctx.actor_id)
     from actors.kinds.evaluator_runners import GpuRunner, NoopRunner, Runner
-    from actors.runtime.gpus import compile_workers_per_gpu, evaluator_holds, evaluator_sizing
+    from actors.runtime.gpus import compile_workers_per_gpu, evaluator_sizing
 
     on_gpu = ctx.gpu_claim is not None or options.device is DeviceChoice.CUDA
     concurrency, spares = evaluator_sizing(on_gpu, compile_workers_per_gpu(ctx.gpus_here))
@@ -101,7 +101,7 @@ def _evaluator(ctx: BuildContext) -> Actor:
         nats_url=ctx.url,
         run_id=ctx.run,
         runner=runner,
-        concurrency=options.eval_concurrency or options.concurrency or evaluator_holds(concurrency),
+        concurrency=options.eval_concurrency or options.concurrency or concurrency,
         ack_wait_s=options.ack_wait_s,
         actor_id=ctx.actor_id,
         version=options.version,

@@ -189,17 +189,6 @@ def evaluator_sizing(on_gpu: bool, cores: int) -> tuple[int, int]:
     return (4, 3) if on_gpu and cores >= BUSY_CORES else (2, 2)
 
 
-def evaluator_holds(judged: int) -> int:
-    """Candidates an evaluator takes from the run's stream at once by default, for ``judged`` judged
-    at once (:func:`evaluator_sizing`): twice that, every candidate the islands keep in flight for it
-    (``default_inflight``). Taken, they compile while they wait, and run in their rank's order
-    (``Candidate.rank``); left in the stream, they came in the order islands published them: on an
-    H200 (KernelBench L1-63, 40 s, one evaluation at a time for its 76 GB) the evaluator took one
-    island's four candidates first and judged the other island's first starting point (1.15x of
-    eager, the run's best) fifth, after three mutations and a hedge of 0.14-0.41x."""
-    return 2 * judged
-
-
 def compile_workers_per_gpu(n_gpus: int, cores: int | None = None) -> int:
     """Compile processes each of ``n_gpus`` evaluators of one machine gets: its fair share of the
     cores, at least one."""

@@ -144,11 +144,11 @@ def test_host_memory_share_reaches_the_gpu_runner_and_the_evaluators_own_process
             ActorOptions.from_args(_run_args("--device", "cpu", "--host-memory-share", bad))
 
 
-def test_an_evaluator_on_the_cpu_keeps_two_spares_and_holds_every_candidate_in_flight_by_default() -> None:
+def test_an_evaluator_on_the_cpu_keeps_two_spares_and_judges_two_at_once_by_default() -> None:
     actor = _actor("evaluator", "--device", "cpu")
     assert isinstance(actor, EvaluatorActor)
-    # it judges two at once and holds the islands' four in flight (two each), so that it runs them by rank
-    assert (_gpu_runner(actor).service.cfg.spares, actor.concurrency) == (2, 4)
+    # not more: every candidate it holds may take a prepared spare and its device memory
+    assert (_gpu_runner(actor).service.cfg.spares, actor.concurrency) == (2, 2)
     args = _run_args("--device", "cpu")
     assert build_spec(args, TASK.read_text(), DeviceChoice.CPU).inflight_per_island == 2
     # its own process is sized by itself (the same machine), not told a number
