@@ -38,7 +38,7 @@ process's exit (the islands' and the evaluators' stop, the results written besid
 embedded server released). CPU: measured on a 2-core host (bench/results/budget_cpu.md). GPU: an
 estimate from an H200 run's log, whose evaluator took 3.2-3.6 s to stop (its fork servers' own
 exits, 0.7-0.8 s each on the CPU host, are gone since). Measured since on an H200 (``kfoundry
-bench``, 40 s runs, 2026-12-03, 17 runs): every process exited 0.1-1.5 s before its budget."""
+bench``, 40 s runs, 2026-12-03, 19 runs): every process exited 0.1-2 s before its budget."""
 STOP_PAST_DEADLINE_S = 0.5
 """How long past the wall deadline the local actors may still be stopping before they are stopped
 at once (the process then exits within about a second, results written)."""
