@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -17,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 import torch
 
+from actors.commands.cli import main as cli_main
 from actors.runtime.bus import Bus
 from actors.runtime.nats_server import ServerInfo
 from schemas import RunEnd, StopReason, subjects
@@ -38,11 +41,31 @@ def dead_url() -> Iterator[str]:
         yield f"nats://127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.fixture
+def logging_kept() -> Iterator[None]:
+    """The logging set-up put back after the test: a command run in process sets up the process's
+    logging (structlog, the root logger's handlers and level; an actor's before it checks its
+    options), which later tests' loggers would otherwise write through."""
+    config = structlog.get_config()
+    root, nats_logger = logging.getLogger(), logging.getLogger("nats")
+    handlers, level, nats_level = root.handlers[:], root.level, nats_logger.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    nats_logger.setLevel(nats_level)
+
+
+_CONNECTING_COMMANDS = [["status"], ["tap"], ["drain", "island-x"], ["expert", "show", "template"], ["dlq"]]
+"""One-shot commands that connect to NATS (each through ``actors.commands.cli._connect``)."""
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "command",
-    [["status"], ["tap"], ["drain", "island-x"], ["expert", "show", "template"], ["dlq"]],
-    ids=lambda c: c[0],
+    [  # started as a process: ~3 s each; every command in process below
+        pytest.param(c, id=c[0], marks=() if c[0] == "status" else pytest.mark.slow) for c in _CONNECTING_COMMANDS
+    ],
 )
 def test_unreachable_nats_is_one_line_within_the_connect_timeout(
     command: list[str], dead_url: str, tmp_path: Path
@@ -55,6 +78,30 @@ def test_unreachable_nats_is_one_line_within_the_connect_timeout(
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"kfoundry: cannot reach NATS at {dead_url} within 1.5 s"), lines[0]
     assert took < 1.5 + 10, f"took {took:.1f} s"  # interpreter start-up on a loaded machine included
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("logging_kept")
+@pytest.mark.parametrize("command", [pytest.param(c, id=c[0]) for c in _CONNECTING_COMMANDS])
+def test_unreachable_nats_is_one_line_within_the_connect_timeout_in_process(
+    command: list[str],
+    dead_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same from ``kfoundry``'s ``main`` in this process, each command within its 0.5 s."""
+    monkeypatch.setenv("KFOUNDRY_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("NATS_URL", raising=False)
+    started = time.monotonic()
+    code = cli_main([*command, "--nats", dead_url, "--connect-timeout", "0.5"])
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"kfoundry: cannot reach NATS at {dead_url} within 0.5 s"), lines[0]
+    assert took < 0.5 + 5, f"took {took:.1f} s"
 
 
 @pytest.mark.timeout(120)
@@ -294,39 +341,48 @@ def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None
     assert took < 2 + 10, f"took {took:.1f} s"
 
 
+_CONFIGURATION_ERRORS = {
+    "invalid-option": (
+        ["run", "examples/quickstart.py", "--islands", "0", "--device", "cpu"],
+        "kfoundry: invalid RunSpec islands:",
+    ),
+    "missing-task": (["run", "no_such_task.py"], "kfoundry: task file not found: no_such_task.py"),
+    "negative-wait": (
+        ["actor", "island", "--run", "r", "--island", "i0", "--wait-for-run", "-1"],
+        "kfoundry: --wait-for-run must",
+    ),
+    "zero-candidates": (
+        ["run", "examples/quickstart.py", "--candidates", "0"],
+        "kfoundry: --candidates must be > 0, got 0",
+    ),
+    "zero-seconds": (["run", "examples/quickstart.py", "--seconds", "0"], "kfoundry: --seconds must be > 0, got 0"),
+    "negative-tokens": (["run", "examples/quickstart.py", "--tokens", "-3"], "kfoundry: --tokens must be > 0, got -3"),
+    "foreign-flags": (
+        ["actor", "expert", "--device", "cuda", "--island", "i0", "--nats", "nats://127.0.0.1:1"],
+        "kfoundry: --device, --island: not an option of expert actors (read by evaluator and island actors)",
+    ),
+    "foreign-flag": (
+        ["actor", "curator", "--per-request", "4", "--nats", "nats://127.0.0.1:1"],
+        "kfoundry: --per-request: not an option of curator actors (read by island actors)",
+    ),
+    "unknown-gpu": (
+        ["expert", "set", "t", "--kind", "template", "--target-gpu", "Z80", "--nats", "nats://127.0.0.1:1"],
+        "kfoundry: --target-gpu 'Z80': not a GPU the template expert knows (known: ",
+    ),
+}
+"""Command lines ``kfoundry`` refuses before it starts anything, and the line it says of each."""
+
+_STARTED_BY_DEFAULT = {"invalid-option", "foreign-flags"}
+"""The configuration errors the default run starts ``kfoundry`` on: a run's and an actor's (~2 s
+each; the slow run starts it on every one). Every one is checked in process too."""
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["run", "examples/quickstart.py", "--islands", "0", "--device", "cpu"], "kfoundry: invalid RunSpec islands:"),
-        (["run", "no_such_task.py"], "kfoundry: task file not found: no_such_task.py"),
-        (["actor", "island", "--run", "r", "--island", "i0", "--wait-for-run", "-1"], "kfoundry: --wait-for-run must"),
-        (["run", "examples/quickstart.py", "--candidates", "0"], "kfoundry: --candidates must be > 0, got 0"),
-        (["run", "examples/quickstart.py", "--seconds", "0"], "kfoundry: --seconds must be > 0, got 0"),
-        (["run", "examples/quickstart.py", "--tokens", "-3"], "kfoundry: --tokens must be > 0, got -3"),
-        (
-            ["actor", "expert", "--device", "cuda", "--island", "i0", "--nats", "nats://127.0.0.1:1"],
-            "kfoundry: --device, --island: not an option of expert actors (read by evaluator and island actors)",
-        ),
-        (
-            ["actor", "curator", "--per-request", "4", "--nats", "nats://127.0.0.1:1"],
-            "kfoundry: --per-request: not an option of curator actors (read by island actors)",
-        ),
-        (
-            ["expert", "set", "t", "--kind", "template", "--target-gpu", "Z80", "--nats", "nats://127.0.0.1:1"],
-            "kfoundry: --target-gpu 'Z80': not a GPU the template expert knows (known: ",
-        ),
-    ],
-    ids=[
-        "invalid-option",
-        "missing-task",
-        "negative-wait",
-        "zero-candidates",
-        "zero-seconds",
-        "negative-tokens",
-        "foreign-flags",
-        "foreign-flag",
-        "unknown-gpu",
+        pytest.param(*error, id=name, marks=() if name in _STARTED_BY_DEFAULT else pytest.mark.slow)
+        for name, error in _CONFIGURATION_ERRORS.items()
     ],
 )
 def test_a_configuration_error_is_one_line(args: list[str], line: str, tmp_path: Path) -> None:
@@ -334,6 +390,24 @@ def test_a_configuration_error_is_one_line(args: list[str], line: str, tmp_path:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith(line), proc.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("logging_kept")
+@pytest.mark.parametrize(
+    ("args", "line"), [pytest.param(*error, id=name) for name, error in _CONFIGURATION_ERRORS.items()]
+)
+def test_a_configuration_error_is_one_line_in_process(
+    args: list[str], line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same refusals from ``kfoundry``'s ``main`` in this process, as the command sees them."""
+    monkeypatch.setenv("KFOUNDRY_HOME", str(tmp_path / "home"))  # as ``_env`` gives the command
+    monkeypatch.delenv("NATS_URL", raising=False)
+    monkeypatch.chdir(ROOT)
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()], err
+    assert err.startswith(line), err
 
 
 @pytest.mark.timeout(60)

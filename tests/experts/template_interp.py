@@ -3,7 +3,8 @@
 ``interp_verdicts`` renders every case at each of its sizes with the default parameters, a
 "stress" configuration, a seeded mutant, the caller's ``also`` changes of the default and, at the
 first size, 64-bit indexing, and checks them
-in two child processes under ``TRITON_INTERPRET=1`` (``interp_check``).
+in two child processes under ``TRITON_INTERPRET=1`` (``interp_check``). A module may check a
+share of those candidates in the default run and the others in the slow one (``select``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from actors.experts.template.interp_check import Verdict, finish_check, start_ch
 from actors.experts.template.ir import KeepTorch
 from tests.experts.template_cases import Case
 
+Select = Callable[[str, int, str], bool]
+"""Whether to check a candidate, given its case's name, its size's index and its variant's label
+(``default``, ``stress``, ``mutant``, ``also0``, ... or ``int64-indexing``)."""
+
 
 def plan_of(source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Plan:
     """The plan of a covered reference (fails the test otherwise)."""
@@ -35,10 +40,13 @@ def interp_verdicts(
     workdir: Path,
     also: Callable[[TemplateParams], list[dict[str, object]]] | None = None,
     keep_torch: KeepTorch = KeepTorch.NONE,
+    select: Select | None = None,
 ) -> dict[str, list[tuple[str, Verdict]]]:
     """Verdicts by case name: (variant label, verdict) for every rendered candidate; ``also``
     lists changes of each default, each rendered as one more variant (``also0``, ``also1``, ...);
-    ``keep_torch`` as the run policy plans (``LAYOUT`` under ``forbid``: data movement in PyTorch)."""
+    ``keep_torch`` as the run policy plans (``LAYOUT`` under ``forbid``: data movement in PyTorch);
+    ``select`` keeps only the candidates it accepts (all of them when ``None``), each with the same
+    parameters and label as in the whole set, and leaves out a case with none accepted."""
     jobs: list[dict[str, object]] = []
     labels: list[tuple[str, str]] = []
     for case in cases:
@@ -54,6 +62,8 @@ def interp_verdicts(
             for j, changes in enumerate(also(default) if also is not None else []):
                 variants.append((f"also{j}", default.with_changes(**changes)))
             for label, params in variants:
+                if select is not None and not select(case.name, i, label):
+                    continue
                 # One TF32 pass of rounded operands errs ~5e-4 of the inputs' scale (as cuDNN's TF32):
                 # checked at that scale, against the IEEE float32 reference here.
                 tol = 2e-3 if params.conv_precision == "tf32" else 1e-4
@@ -61,7 +71,7 @@ def interp_verdicts(
                     {"reference": source, "candidate": render(plan, params), "seeds": [5], "atol": tol, "rtol": tol}
                 )
                 labels.append((case.name, f"size{i}/{label}"))
-            if i == 0:
+            if i == 0 and (select is None or select(case.name, i, "int64-indexing")):
                 with pytest.MonkeyPatch.context() as mp:
                     mp.setattr(emit_module, "INT32_LIMIT", 0)
                     wide = render(plan, default)

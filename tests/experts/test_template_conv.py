@@ -6,7 +6,9 @@ seeded mutant, the reduction order the default did not choose (``conv_taps_outer
 with the other input tile layout, outer products (``fma``) and, at the first size, 64-bit
 indexing. The checks run in two child processes with ``TRITON_INTERPRET=1``; each verdict requires
 identical parameters under the same seed, outputs within 1e-4, unchanged inputs, and an error
-against float64 no worse than 8x eager's.
+against float64 no worse than 8x eager's. The default run checks every case at its first size in
+the default, stress, mutant and 64-bit variants, and the other orders, layouts and precisions on one
+case of each geometry (:data:`_EVERY_VARIANT_BY_DEFAULT`); the slow run checks the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from actors.experts.template import TemplateParams, default_params, relevant_params, render
 from actors.experts.template.interp_check import Verdict, check_in_subprocess, finish_check, start_check
 from actors.experts.template.ir import ConvSpec, NodeKind
+from tests.experts.template_cases import Case
 from tests.experts.template_conv_cases import CONV_CASES
 from tests.experts.template_interp import assert_all_correct, interp_verdicts, plan_of
 
@@ -27,10 +30,44 @@ _STRESS = {"conv_block_m": 16, "conv_block_n": 16, "conv_block_k": 16, "conv_war
 _plan = plan_of
 
 
+_EVERY_VARIANT_BY_DEFAULT = frozenset(
+    {
+        "conv1d_strided_dilated_relu",
+        "conv2d_grouped_asymmetric_mish_scale",
+        "conv2d_depthwise_residual",
+        "conv2d_pointwise_sigmoid",
+        "conv3d_strided_asymmetric_kernel",
+        "conv_transpose2d_grouped_clamp_divide",
+    }
+)
+"""The cases whose first size the default run checks in every variant of :func:`_other_order`
+too: one of each geometry (1-D, 2-D grouped, depthwise, 1x1, 3-D, transposed), each among the
+cheaper under the interpreter. Every other case is checked there at its first size in the default,
+stress, mutant and 64-bit variants; the rest (second sizes, the other cases' orders, layouts and
+precisions) in the slow run, about two thirds of the module's interpreter time."""
+
+
+def _by_default(case: str, size: int, variant: str) -> bool:
+    """Whether the default run checks this candidate (:data:`_EVERY_VARIANT_BY_DEFAULT`)."""
+    return size == 0 and (not variant.startswith("also") or case in _EVERY_VARIANT_BY_DEFAULT)
+
+
+def _in_the_slow_run(case: str, size: int, variant: str) -> bool:
+    return not _by_default(case, size, variant)
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
-    """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
-    return interp_verdicts(CONV_CASES, _STRESS, tmp_path_factory.mktemp("interp-conv"), also=_other_order)
+    """Verdicts by case name: (variant label, verdict) for every candidate the default run checks."""
+    workdir = tmp_path_factory.mktemp("interp-conv")
+    return interp_verdicts(CONV_CASES, _STRESS, workdir, also=_other_order, select=_by_default)
+
+
+@pytest.fixture(scope="module")
+def slow_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
+    """Verdicts by case name: (variant label, verdict) for every candidate the slow run checks."""
+    workdir = tmp_path_factory.mktemp("interp-conv-slow")
+    return interp_verdicts(CONV_CASES, _STRESS, workdir, also=_other_order, select=_in_the_slow_run)
 
 
 def _other_order(default: TemplateParams) -> list[dict[str, object]]:
@@ -82,35 +119,63 @@ def _other_order(default: TemplateParams) -> list[dict[str, object]]:
     ]
 
 
+_TF32 = ("also3", "also5", "also6", "also9")
+
+
 @pytest.mark.parametrize("case", [c.name for c in CONV_CASES])
 def test_convolution_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
-    assert_all_correct(verdicts[case], tf32=("also3", "also5", "also6", "also9"))
+    assert_all_correct(verdicts[case], tf32=_TF32)
+
+
+@pytest.mark.slow  # the other sizes, orders and layouts: ~2/3 of the interpreter time (default run: 88 -> 32 s)
+@pytest.mark.parametrize(
+    "case", [c.name for c in CONV_CASES if len(c.sizes) > 1 or c.name not in _EVERY_VARIANT_BY_DEFAULT]
+)
+def test_convolution_kernels_match_pytorch_under_the_interpreter_in_every_other_variant(
+    case: str, slow_verdicts: dict[str, list[tuple[str, Verdict]]]
+) -> None:
+    assert_all_correct(slow_verdicts[case], tf32=_TF32)
+
+
+def _geometry(case: Case) -> set[str]:
+    """What the case's convolutions have: dimensions, transposed, stride, dilation, padding,
+    groups, depthwise."""
+    seen: set[str] = set()
+    plan = _plan(case.sources()[0])
+    for node in plan.nodes:
+        if node.kind is not NodeKind.CONV:
+            continue
+        spec = ConvSpec.from_attrs(node.attrs)
+        seen.add(f"{len(node.shape) - 2}d" + ("T" if spec.transposed else ""))
+        seen.update(
+            name
+            for name, hit in (
+                ("stride", max(spec.stride) > 1),
+                ("dilation", max(spec.dilation) > 1),
+                ("padding", max(spec.padding) > 0),
+                ("groups", spec.groups > 1),
+            )
+            if hit
+        )
+        if spec.groups == node.shape[1] > 1:
+            seen.add("depthwise")
+    return seen
 
 
 def test_conv_cases_cover_every_geometry() -> None:
-    seen: set[str] = set()
-    for case in CONV_CASES:
-        plan = _plan(case.sources()[0])
-        for node in plan.nodes:
-            if node.kind is not NodeKind.CONV:
-                continue
-            spec = ConvSpec.from_attrs(node.attrs)
-            seen.add(f"{len(node.shape) - 2}d" + ("T" if spec.transposed else ""))
-            seen.update(
-                name
-                for name, hit in (
-                    ("stride", max(spec.stride) > 1),
-                    ("dilation", max(spec.dilation) > 1),
-                    ("padding", max(spec.padding) > 0),
-                    ("groups", spec.groups > 1),
-                )
-                if hit
-            )
-            if spec.groups == node.shape[1] > 1:
-                seen.add("depthwise")
+    seen = set().union(*(_geometry(case) for case in CONV_CASES))
     assert {"1d", "2d", "3d", "1dT", "2dT", "3dT", "stride", "dilation", "padding", "groups", "depthwise"} <= seen
+
+
+def test_the_default_run_checks_every_variant_on_each_geometry() -> None:
+    """The cases the default run checks in every variant are cases, and among them are 1-D, 2-D,
+    3-D and transposed convolutions, strided, dilated, padded, grouped and depthwise."""
+    by_name = {case.name: case for case in CONV_CASES}
+    assert set(by_name) >= _EVERY_VARIANT_BY_DEFAULT
+    seen = set().union(*(_geometry(by_name[name]) for name in _EVERY_VARIANT_BY_DEFAULT))
+    assert {"1d", "2d", "3d", "2dT", "stride", "dilation", "padding", "groups", "depthwise"} <= seen
 
 
 def test_conv_epilogue_fuses_into_one_kernel_and_unfused_splits() -> None:

@@ -6,6 +6,8 @@ the least fusion the plan allows), two seeded random mutants and, at the first s
 indexing. The checks run in two child processes with ``TRITON_INTERPRET=1`` (started once for
 the module, in parallel); each verdict requires identical parameters under the same seed,
 outputs within 1e-4, unchanged inputs, and an error against float64 no worse than 8x eager's.
+The default run checks every case at its first size and one case of each kind of kernel at its
+second too (:data:`_BOTH_SIZES_BY_DEFAULT`); the slow run checks the other cases' second sizes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from actors.experts.template import Plan, TemplateParams, analyse, default_param
 from actors.experts.template import emit as emit_module
 from actors.experts.template.interp_check import Verdict, finish_check, start_check
 from actors.experts.template.ir import NodeKind
-from tests.experts.template_cases import CASES
+from tests.experts.template_cases import CASES, Case
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,13 +59,42 @@ def _variants(plan: Plan, size_index: int) -> list[tuple[str, TemplateParams]]:
     return [("default", default), ("stress", stress), ("mutant1", first), ("mutant2", second)]
 
 
+_BOTH_SIZES_BY_DEFAULT = frozenset(
+    {"act_relu_gelu_swish", "softmax_scale", "reduce_middle", "linear_relu", "bmm_scale_softmax"}
+)
+"""The cases the default run checks at their second size too: one of each kind of kernel (an
+elementwise one, a row reduction over the last dimension, whose 100 columns take two of the stress
+configuration's 64-wide passes, one over a middle dimension, a product, and a product whose rows
+are then normalised), each cheap under the interpreter. The other cases' second sizes are checked
+in the slow run, about 60% of the module's interpreter time."""
+
+
+def _by_default(case: str, size: int) -> bool:
+    """Whether the default run checks the case at that size (:data:`_BOTH_SIZES_BY_DEFAULT`)."""
+    return size == 0 or case in _BOTH_SIZES_BY_DEFAULT
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
-    """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
+    """Verdicts by case name: (variant label, verdict) for every candidate the default run checks."""
+    return _check(tmp_path_factory.mktemp("interp"), by_default=True)
+
+
+@pytest.fixture(scope="module")
+def slow_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
+    """Verdicts by case name: (variant label, verdict) for every candidate the slow run checks."""
+    return _check(tmp_path_factory.mktemp("interp-slow"), by_default=False)
+
+
+def _check(workdir: Path, by_default: bool) -> dict[str, list[tuple[str, Verdict]]]:
+    """Verdicts by case name: (variant label, verdict) for every rendered candidate of the
+    default run's share (``by_default``, the quickstart's too) or of the slow run's."""
     jobs: list[dict[str, object]] = []
     labels: list[tuple[str, str]] = []
     for case in CASES:
         for i, source in enumerate(case.sources()):
+            if _by_default(case.name, i) != by_default:
+                continue
             plan = _plan(source)
             for label, params in _variants(plan, i):
                 jobs.append(
@@ -77,14 +108,14 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[s
                 assert ".to(tl.int64)" in wide
                 jobs.append({"reference": source, "candidate": wide, "seeds": [12], "atol": 1e-4, "rtol": 1e-4})
                 labels.append((case.name, "size0/int64-indexing"))
-    quickstart = (Path(__file__).resolve().parents[2] / "examples" / "quickstart.py").read_text()
-    plan = _plan(quickstart)
-    for label, params in _variants(plan, 0)[:2]:
-        jobs.append(
-            {"reference": quickstart, "candidate": render(plan, params), "seeds": [13], "atol": 1e-4, "rtol": 1e-4}
-        )
-        labels.append(("quickstart", label))
-    workdir = tmp_path_factory.mktemp("interp")
+    if by_default:
+        quickstart = (Path(__file__).resolve().parents[2] / "examples" / "quickstart.py").read_text()
+        plan = _plan(quickstart)
+        for label, params in _variants(plan, 0)[:2]:
+            jobs.append(
+                {"reference": quickstart, "candidate": render(plan, params), "seeds": [13], "atol": 1e-4, "rtol": 1e-4}
+            )
+            labels.append(("quickstart", label))
     half = len(jobs) // 2
     procs = [start_check(jobs[:half], workdir), start_check(jobs[half:], workdir)]
     results = [v for proc in procs for v in finish_check(proc, timeout=280)]
@@ -98,8 +129,31 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[s
 def test_rendered_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
-    results = verdicts[case]
-    assert len(results) >= 9
+    sizes = [i for i in range(len(_case(case).sizes)) if _by_default(case, i)]
+    _assert_all_correct(verdicts[case], sizes)
+    assert "size0/int64-indexing" in {label for label, _ in verdicts[case]}
+
+
+@pytest.mark.slow  # the other cases' second sizes: ~60% of the interpreter time (default run: 29 -> 11 s)
+@pytest.mark.parametrize(
+    "case", [c.name for c in CASES if any(not _by_default(c.name, i) for i in range(len(c.sizes)))]
+)
+def test_rendered_kernels_match_pytorch_under_the_interpreter_at_their_other_sizes(
+    case: str, slow_verdicts: dict[str, list[tuple[str, Verdict]]]
+) -> None:
+    _assert_all_correct(slow_verdicts[case], [i for i in range(len(_case(case).sizes)) if not _by_default(case, i)])
+
+
+def _case(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+def _assert_all_correct(results: list[tuple[str, Verdict]], sizes: list[int]) -> None:
+    """Every variant at each of ``sizes`` was checked and passed, with an error against float64
+    no worse than 8x eager's."""
+    assert sizes
+    wanted = {f"size{i}/{label}" for i in sizes for label in ("default", "stress", "mutant1", "mutant2")}
+    assert wanted <= {label for label, _ in results}
     failures = [(label, v.detail) for label, v in results if not v.ok]
     assert not failures
     for label, v in results:
@@ -110,6 +164,16 @@ def test_rendered_kernels_match_pytorch_under_the_interpreter(
 
 def test_quickstart_renders_correct_kernels(verdicts: dict[str, list[tuple[str, Verdict]]]) -> None:
     assert [(label, v.detail) for label, v in verdicts["quickstart"]] == [("default", "ok"), ("stress", "ok")]
+
+
+def test_the_default_run_checks_both_sizes_of_each_kind_of_kernel() -> None:
+    """The cases the default run checks at both sizes are cases with two, and among them are
+    elementwise, row and product kernels."""
+    by_name = {case.name: case for case in CASES}
+    assert set(by_name) >= _BOTH_SIZES_BY_DEFAULT
+    kinds = {kind for name in _BOTH_SIZES_BY_DEFAULT for kind in _plan(by_name[name].sources()[1]).template.split("+")}
+    assert kinds == {"pw", "row", "mm"}
+    assert all(len(by_name[name].sizes) > 1 for name in _BOTH_SIZES_BY_DEFAULT)
 
 
 def test_cases_cover_the_issue_op_list() -> None:
