@@ -76,13 +76,15 @@ class TurnLock:
         finally:
             if not acquired:  # cancelled: the next in line may go now
                 self._waiting.discard(turn)
-                await asyncio.shield(self.release(held=False))
+                await asyncio.shield(self._wake())
 
-    async def release(self, held: bool = True) -> None:
-        """Give it back (``held``), or only wake the waiters to look again."""
+    async def release(self) -> None:
+        self.held = False
+        await self._wake()
+
+    async def _wake(self) -> None:
+        """Have the waiters look again (who is first in line, and whether the lock is free)."""
         async with self._changed:
-            if held:
-                self.held = False
             self._changed.notify_all()
 
     @contextlib.asynccontextmanager

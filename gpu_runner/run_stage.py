@@ -116,8 +116,6 @@ class _Window:
     """Whether the run holds the GPU alone (the timing), not the candidate lease."""
     tree: list[int] | None = None
     marks: dict[str, float] = field(default_factory=dict)
-    turn: Turn | None = None
-    """Its place in line for the GPU."""
 
     @property
     def worker(self) -> Worker:
@@ -151,24 +149,20 @@ class RunStage:
             await self.gpu.expect(turn)
         try:
             w = await self._arm(spare, c, budget, phase)
-        except BaseException:
-            if turn is not None:
-                await asyncio.shield(self.gpu.forget(turn))
-            raise
-        w.turn = turn
-        try:
-            await self._drive(w)
-        except TimeoutError:
-            w.reader.record.timed_out = True
-            c.timed_out = f"the evaluation exceeded {c.job.timeout_s:g} s (after {w.stage})"
-        except FrameError as exc:
-            w.reader.record.error = _frame_error(w.stage, exc)
-        except SessionAborted:
-            pass  # the worker's error or death is in the record
+            try:
+                await self._drive(w, turn)
+            except TimeoutError:
+                w.reader.record.timed_out = True
+                c.timed_out = f"the evaluation exceeded {c.job.timeout_s:g} s (after {w.stage})"
+            except FrameError as exc:
+                w.reader.record.error = _frame_error(w.stage, exc)
+            except SessionAborted:
+                pass  # the worker's error or death is in the record
+            finally:
+                self._end_worker(w)
         finally:
             if turn is not None:
                 await asyncio.shield(self.gpu.forget(turn))  # one that never asked for its lease
-            self._end_worker(w)
         await self._verdict_data(w)
         record = w.reader.record
         measured = sum(float(i.get("elapsed_s", 0.0)) for i in record.trial_infos)
@@ -231,8 +225,9 @@ class RunStage:
             ),
         )
 
-    async def _drive(self, w: _Window) -> None:
-        """Wait for the worker to arm, then hold the GPU for its trials and timing."""
+    async def _drive(self, w: _Window, turn: Turn | None) -> None:
+        """Wait for the worker to arm, then hold the GPU for its trials and timing (``turn``: its
+        place in line for it)."""
         async with asyncio.timeout(w.budget):
             armed = await w.reader.until(Report.ARMED)
         w.mark("armed")
@@ -242,7 +237,7 @@ class RunStage:
         w.stage = "armed"
         t_wait = time.perf_counter()
         w.phase.to("gpu_wait")
-        await self.gpu.acquire_candidate(w.turn)
+        await self.gpu.acquire_candidate(turn)
         try:
             w.phase.to("gpu")
             w.waited = time.perf_counter() - t_wait

@@ -311,9 +311,11 @@ class RunController:
         from actors.kinds.evaluator import EvaluatorActor
 
         evaluators, self.evaluators = self.evaluators or [], []
-        await asyncio.gather(
-            *(a.runner.aclose() for a in evaluators if isinstance(a, EvaluatorActor)), return_exceptions=True
-        )
+        closing = [a for a in evaluators if isinstance(a, EvaluatorActor)]
+        outcomes = await asyncio.gather(*(a.runner.aclose() for a in closing), return_exceptions=True)
+        for actor, outcome in zip(closing, outcomes, strict=True):
+            if isinstance(outcome, BaseException):  # the run's own error goes on; this one is logged
+                log.error("prestarted evaluator not closed cleanly", actor=actor.actor_id, error=repr(outcome))
 
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""
@@ -325,10 +327,6 @@ class RunController:
                 actor_id=f"controller-{self.spec.run_id}",
                 connect_timeout=self.connect_timeout,
             )
-        except BaseException:
-            await self.close_prestarted()
-            raise
-        try:
             return await self._run(bus, stop)
         finally:
             if self.evaluators:  # built, never run (the run ended while setting up)
