@@ -289,6 +289,11 @@ def _take_last(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     return var
 
 
+INTERPRETED = "_KF_INTERPRETED"
+"""A constexpr value of the rendered source: 1 where Triton's interpreter runs its kernels
+(``TRITON_INTERPRET=1``), else 0 (``render`` defines it once, after the kernels)."""
+
+
 @dataclass
 class Launch:
     """A kernel's source and how ``forward`` launches it."""
@@ -297,7 +302,9 @@ class Launch:
     name: str
     pointers: list[int]
     grid: tuple[int, ...]
-    constexprs: dict[str, int]
+    constexprs: dict[str, int | str]
+    """The kernel's compile-time arguments: a number, or the name of a module-level constant of the
+    rendered source (:data:`INTERPRETED`)."""
     num_warps: int
     num_stages: int
     grid_exprs: tuple[str, ...] = ()

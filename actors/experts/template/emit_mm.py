@@ -28,8 +28,9 @@ import importlib.util
 import math
 from dataclasses import dataclass
 
-from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit import INTERPRETED, IndexSpace, Launch, Scope, Writer
 from actors.experts.template.fuse import Kernel, Schedule, base_of
+from actors.experts.template.ir import HALF
 from actors.experts.template.params import TemplateParams
 
 WORKSPACE_LIMIT = 1 << 26
@@ -135,6 +136,10 @@ class MatmulWriter(Writer):
         single = self.batch == 1
         self.split = effective_split(params.mm_split_k, self.m, self.n, self.k, params.mm_block_k) if single else 1
         self.persistent = params.mm_persistent and single
+        self.half = self.plan.nodes[kernel.mm].dtype in HALF
+        """Half operands: ``tl.dot`` takes them as they are (tensor cores, float32 sums), except
+        under Triton's interpreter, whose bfloat16 products are wrong: there they are widened
+        (``WIDE``; the products of two half values are exact in float32 either way)."""
         esize = element_size(self.plan.nodes[self.a.base].dtype)
         self.pad = params.mm_pad and single and needs_padding(shape, esize)
         """Operands read from zero-padded, aligned copies (see the module docstring)."""
@@ -205,7 +210,10 @@ class MatmulWriter(Writer):
         else:
             lo, hi = "0", str(self.kp if self.pad else k)
         e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-        dot = f'acc = tl.dot(a, b, acc, input_precision="{p.mm_precision}")'
+        if self.half:
+            dot = "acc = tl.dot(a.to(tl.float32) if WIDE else a, b.to(tl.float32) if WIDE else b, acc)"
+        else:
+            dot = f'acc = tl.dot(a, b, acc, input_precision="{p.mm_precision}")'
         inner = Scope(indent=s.indent + "    ", parent=s)
         if self.tma:
             e(s, "if TMA:")
@@ -308,9 +316,17 @@ class MatmulWriter(Writer):
             return (work,), (f"min({work}, _sms{self.kernel.index})",)
         return (work, self.batch), ()
 
-    def _consts(self) -> dict[str, int]:
+    def _consts(self) -> dict[str, int | str]:
         p = self.params
-        return {"BLOCK_M": p.mm_block_m, "BLOCK_N": p.mm_block_n, "BLOCK_K": p.mm_block_k, "GROUP_M": p.mm_group_m}
+        consts: dict[str, int | str] = {
+            "BLOCK_M": p.mm_block_m,
+            "BLOCK_N": p.mm_block_n,
+            "BLOCK_K": p.mm_block_k,
+            "GROUP_M": p.mm_group_m,
+        }
+        if self.half:
+            consts["WIDE"] = INTERPRETED
+        return consts
 
     def write(self) -> Launch:
         if self.split > 1:

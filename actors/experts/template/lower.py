@@ -98,8 +98,10 @@ class _Uncovered:
 _INDEX_DTYPES = {getattr(torch, name): name for name in INDEX_DTYPES}
 """The integer dtypes a buffer of gather indices may have (the plan's name for each)."""
 
-_HALF_KINDS = frozenset({NodeKind.INPUT, NodeKind.PARAM, NodeKind.EW, NodeKind.RED, NodeKind.VIEW, NodeKind.ATTN})
-"""Node kinds that may take half operands (the others decline them: products, convolutions, pools, scans)."""
+_HALF_KINDS = frozenset(
+    {NodeKind.INPUT, NodeKind.PARAM, NodeKind.EW, NodeKind.RED, NodeKind.VIEW, NodeKind.ATTN, NodeKind.MM, NodeKind.PERM}
+)
+"""Node kinds that may take half operands (the others decline them: convolutions, pools, scans)."""
 
 
 def _promoted(dtypes: list[str]) -> str:
@@ -270,7 +272,7 @@ class Lowerer:
         shape = self.shape(src)
         if len(shape) < 2:
             raise UnsupportedGraph("a transpose of a tensor with fewer than two dimensions")
-        return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,))
+        return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,), dtype=self.node(src).dtype)
 
     def transposed(self, ref: NodeRef) -> bool:
         """Whether ``ref`` is a transpose, or a view of one (which cannot be reshaped again)."""

@@ -17,7 +17,7 @@ import torch
 
 from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
-from actors.experts.template.emit import Launch
+from actors.experts.template.emit import INTERPRETED, Launch
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import attr_path, helpers_source
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
@@ -155,6 +155,9 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
     placed = _arena(plan, sched, launches) if arena else Arena()
     for stage in stages:
         parts.extend(["", placed.source(stage), ""])
+    wide = [stage for stage in stages if INTERPRETED in stage.constexprs.values()]
+    if wide:  # a triton.jit function is a JITFunction unless the interpreter runs it
+        parts.extend([f"{INTERPRETED} = int(not isinstance({wide[0].name}, triton.runtime.JITFunction))", ""])
     sites = [stage for stage in stages if direct and _direct(stage)]
     if sites:
         parts.append(LAUNCHER_SOURCE)

@@ -28,12 +28,19 @@ def _bytes(plan: Plan, node: int) -> int:
     return element_size(plan.nodes[node].dtype if node >= 0 else "float32")
 
 
+def _block_k(plan: Plan, kernel: Kernel) -> int:
+    """K per step: 32 float32 values, or 64 half ones (128 bytes a row either way; a half tile's
+    ``tl.dot`` runs on the tensor cores, whose 16-bit instructions take K in steps of 16)."""
+    return 64 if _bytes(plan, kernel.mm) == 2 else 32
+
+
 def _defaults(plan: Plan, sched: Schedule, kernel: Kernel, values: Values) -> dict[str, object]:
     node = plan.nodes[kernel.mm]
     m, n = node.shape[-2], node.shape[-1]
+    bk = _block_k(plan, kernel)
     if m * max(1, kernel.numel // (m * n)) >= 256 and n >= 256:
-        return {"mm_block_m": 128, "mm_block_n": 128, "mm_block_k": 32, "mm_warps": 8, "mm_stages": 3}
-    return {"mm_block_m": 64, "mm_block_n": 64, "mm_block_k": 32, "mm_warps": 4, "mm_stages": 3}
+        return {"mm_block_m": 128, "mm_block_n": 128, "mm_block_k": bk, "mm_warps": 8, "mm_stages": 3}
+    return {"mm_block_m": 64, "mm_block_n": 64, "mm_block_k": bk, "mm_warps": 4, "mm_stages": 3}
 
 
 def _fit(hw: GpuModel, plan: Plan, sched: Schedule, kernel: Kernel, tf32: bool, values: Values) -> dict[str, object]:
@@ -43,14 +50,15 @@ def _fit(hw: GpuModel, plan: Plan, sched: Schedule, kernel: Kernel, tf32: bool, 
     m, n = node.shape[-2], node.shape[-1]
     bm, bn = hw.mm_tiles(m, n, max(1, kernel.numel // (m * n)))
     shape = mm_shape(sched, kernel)
-    split = hw.split_k(shape.m, shape.n, shape.k, (64, 64, 32)) if shape.batch == 1 else 1
+    bk = _block_k(plan, kernel)
+    split = hw.split_k(shape.m, shape.n, shape.k, (64, 64, bk)) if shape.batch == 1 else 1
     found: dict[str, object] = {}
     if split > 1:  # few tiles, long K: 64x64 tiles over slices of K fill the machine
         bm, bn = 64, 64
-        found["mm_split_k"] = effective_split(split, shape.m, shape.n, shape.k, 32)
-    stages = hw.stages_that_fit(bm, bn, 32, _bytes(plan, kernel.mm), most=3)
+        found["mm_split_k"] = effective_split(split, shape.m, shape.n, shape.k, bk)
+    stages = hw.stages_that_fit(bm, bn, bk, _bytes(plan, kernel.mm), most=3)
     warps = 8 if bm * bn >= 128 * 128 else 4
-    found.update(mm_block_m=bm, mm_block_n=bn, mm_block_k=32, mm_warps=warps, mm_stages=stages)
+    found.update(mm_block_m=bm, mm_block_n=bn, mm_block_k=bk, mm_warps=warps, mm_stages=stages)
     if hw.tf32x3_pays and _bytes(plan, kernel.mm) == 4:
         found["mm_precision"] = "tf32x3"
     if shape.batch == 1 and needs_padding(shape, _bytes(plan, shape.a.base)):
@@ -59,7 +67,7 @@ def _fit(hw: GpuModel, plan: Plan, sched: Schedule, kernel: Kernel, tf32: bool, 
 
 
 def _relevant(plan: Plan, sched: Schedule, kernel: Kernel, params: TemplateParams) -> list[str]:
-    names = list(_TILING)
+    names = [n for n in _TILING if n != "mm_precision" or _bytes(plan, kernel.mm) == 4]  # half: tl.dot's own
     shape = mm_shape(sched, kernel)
     if shape.batch == 1:
         names += ["mm_persistent", "mm_tma"]
