@@ -142,3 +142,49 @@ def test_half_products_reach_the_tensor_cores_as_they_are() -> None:
     assert "_KF_INTERPRETED = int(not isinstance(" in source
     assert "WIDE=_KF_INTERPRETED" in source
     assert "dtype=torch.float16" in source.split("def forward")[1]
+
+
+CONV = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.{cls}({cin}, {cout}, 3, {extra}).to(torch.{dtype})
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) * 0.5
+
+def get_inputs():
+    return [torch.randn({x_shape}, dtype=torch.{dtype})]
+
+def get_init_inputs():
+    return []
+"""
+
+HALF_CONVS = [
+    (CONV.format(cls="Conv2d", cin=16, cout=32, extra="padding=1", x_shape="2, 16, 9, 9", dtype="bfloat16"), 2e-2),
+    (CONV.format(cls="Conv1d", cin=8, cout=8, extra="groups=8", x_shape="3, 8, 40", dtype="float16"), 1e-2),
+    (CONV.format(cls="ConvTranspose2d", cin=16, cout=16, extra="stride=2, padding=1", x_shape="2, 16, 5, 6",
+                 dtype="bfloat16"), 2e-2),
+    (CONV.format(cls="Conv2d", cin=4, cout=16, extra="", x_shape="2, 4, 8, 8", dtype="float16"), 1e-2),
+]  # fmt: skip
+"""Half convolutions: a bfloat16 2-D one in ``tl.dot`` (taps outside), a float16 depthwise one
+(outer products, widened), a bfloat16 strided transposed one (stride phases) and a float16 one of
+4 input channels (the flat order)."""
+
+
+def test_half_convolutions_render_and_match_the_reference_under_the_interpreter(tmp_path: Path) -> None:
+    jobs = []
+    for source, tol in HALF_CONVS:
+        plan = analyse(source)
+        assert isinstance(plan, Plan), plan
+        first = default_params(plan)
+        for params in (first, first.with_changes(conv_layout="nhwc")):
+            candidate = render(plan, params)
+            assert "WIDE=_KF_INTERPRETED" in candidate or "tl.dot" not in candidate
+            jobs.append({"reference": source, "candidate": candidate, "seeds": [6], "atol": tol, "rtol": tol})
+    verdicts = finish_check(start_check(jobs, tmp_path), timeout=600)
+    for verdict in verdicts:
+        assert verdict.ok, verdict.detail

@@ -10,7 +10,7 @@ with cheaper forms where the tile's own coordinates already say it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from actors.experts.template.errors import UnsupportedGraph
@@ -302,7 +302,7 @@ class Launch:
     name: str
     pointers: list[int]
     grid: tuple[int, ...]
-    constexprs: dict[str, int | str]
+    constexprs: Mapping[str, int | str]
     """The kernel's compile-time arguments: a number, or the name of a module-level constant of the
     rendered source (:data:`INTERPRETED`)."""
     num_warps: int

@@ -28,11 +28,11 @@ import math
 from functools import cached_property
 
 from actors.experts.precision import tf32_rounding
-from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit import INTERPRETED, IndexSpace, Launch, Scope, Writer
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule, base_of
-from actors.experts.template.ir import ConvSpec, NodeKind
+from actors.experts.template.ir import HALF, ConvSpec, NodeKind
 from actors.experts.template.params import TemplateParams
 
 
@@ -86,6 +86,10 @@ class ConvWriter(Writer):
         g = self.spec.groups
         self.cin_g, self.cout_g = self.cin // g, self.cout // g
         self.taps = math.prod(self.ks)
+        self.half = node.dtype in HALF
+        """Half input and weights: ``tl.dot`` takes them as they are (float32 sums, as cuDNN's),
+        widened only under Triton's interpreter (``WIDE``, as for products); outer products
+        widen them first (a product of two half values is exact in float32)."""
         self.k = self.cin_g * self.taps
         self.m = xs[0] * math.prod(self.sout)
         if g > 65535:
@@ -213,6 +217,7 @@ class ConvWriter(Writer):
         of per tile inside it."""
         return (
             self.params.conv_precision == "tf32"
+            and not self.half
             and self.params.conv_preround
             and not outer_products(self.params, self.cin_g)
         )
@@ -298,7 +303,7 @@ class ConvWriter(Writer):
         self.tile_rows = ("pid * BLOCK_M" if npn == 1 else f"(pid // {npn}) * BLOCK_M", rows // self.out_shape[0], bm)
         self.store_exports(s, self.kernel.mm, "acc")
         body = self.lines[start:]
-        signature = self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K"])
+        signature = self.signature(["BLOCK_M", "BLOCK_N", "BLOCK_K", *(["WIDE"] if self.half else [])])
         setup: tuple[str, ...] = tuple(f"_b{n}.zero_()" for n in self.kernel.exports if self._summed(n))
         lead: tuple[str, ...] = ()
         reads: tuple[int, ...] = ()
@@ -309,7 +314,7 @@ class ConvWriter(Writer):
             signature = signature.replace("(", "(xc, ", 1)
             copy = self._input_copy()
             shape = self._copy_shape()
-            work = (*work, (f"_xc{idx}", tuple(shape), "float32"))
+            work = (*work, (f"_xc{idx}", tuple(shape), self.plan.nodes[self.xbase].dtype))
             lead, reads, pre = (f"_xc{idx}",), (self.xbase,), (copy,)
         if packed:
             signature = signature.replace("(", "(wp, ", 1)
@@ -327,7 +332,7 @@ class ConvWriter(Writer):
             name=self.kernel.name,
             pointers=self.pointers,
             grid=(math.ceil(rows / bm) * npn * (self._phases() if self.phased() else 1), self.spec.groups),
-            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk},
+            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **({"WIDE": INTERPRETED} if self.half else {})},
             num_warps=min(p.conv_warps, max(1, bm // 64)) if one else p.conv_warps,
             num_stages=p.conv_stages,
             lead_args=lead,
@@ -543,6 +548,9 @@ class ConvWriter(Writer):
         low 13 mantissa bits, and truncated operands erred 2.7-3.4x as much as cuDNN's TF32 against
         float64 on an H200 (KernelBench L1-63, L2-4), past precision parity's bar of 3x; rounded,
         they err as cuDNN does."""
+        if self.half:
+            self.emit(loop, "acc = tl.dot(a.to(tl.float32) if WIDE else a, b.to(tl.float32) if WIDE else b, acc)")
+            return
         if self.params.conv_precision == "tf32" and not self.preround():
             for t in ("a", "b"):
                 self.emit(loop, tf32_rounding(t))
@@ -635,7 +643,8 @@ class ConvWriter(Writer):
         if bk == 1:  # outer products, one input channel at a time
             ci = "c0" if chunks > 1 else "0"
             chan = f" + c0 * {plane}" if chunks > 1 else ""
-            e(loop, f"a = tl.load({px} + xo{chan}, mask=rmask, other=0.0)")
+            widen = ".to(tl.float32)" if self.half else ""
+            e(loop, f"a = tl.load({px} + xo{chan}, mask=rmask, other=0.0){widen}")
             one = self.one_channel  # one output channel: a scalar weight per tap and channel
             rn, co = ("0", "g") if one else ("rn", "co")
             if transposed:  # [g * cin_g + ci, rn, tap]
@@ -643,10 +652,10 @@ class ConvWriter(Writer):
             else:  # [co, ci, tap]
                 w_index = f"{co} * {self.k} + {ci} * {self.taps} + kt"
             if one:
-                e(loop, f"b = tl.load({pw} + {w_index})")
+                e(loop, f"b = tl.load({pw} + {w_index}){widen}")
                 e(loop, "acc += a * b")
             else:
-                e(loop, f"b = tl.load({pw} + {w_index}, mask=nmask, other=0.0)")
+                e(loop, f"b = tl.load({pw} + {w_index}, mask=nmask, other=0.0){widen}")
                 e(loop, "acc += a[:, None] * b[None, :]")
             return
         ci = "c0 + tl.arange(0, BLOCK_K)" if chunks > 1 else "tl.arange(0, BLOCK_K)"

@@ -99,9 +99,20 @@ _INDEX_DTYPES = {getattr(torch, name): name for name in INDEX_DTYPES}
 """The integer dtypes a buffer of gather indices may have (the plan's name for each)."""
 
 _HALF_KINDS = frozenset(
-    {NodeKind.INPUT, NodeKind.PARAM, NodeKind.EW, NodeKind.RED, NodeKind.VIEW, NodeKind.ATTN, NodeKind.MM, NodeKind.PERM}
+    {
+        NodeKind.INPUT,
+        NodeKind.PARAM,
+        NodeKind.EW,
+        NodeKind.RED,
+        NodeKind.VIEW,
+        NodeKind.ATTN,
+        NodeKind.MM,
+        NodeKind.PERM,
+        NodeKind.CONV,
+    }
 )
-"""Node kinds that may take half operands (the others decline them: convolutions, pools, scans)."""
+"""Node kinds that may take half operands (the others decline them: pools, scans, recurrences and ops
+left to PyTorch)."""
 
 
 def _promoted(dtypes: list[str]) -> str:
