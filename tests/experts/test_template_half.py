@@ -1,7 +1,7 @@
 """Half-precision models in the template expert: float16 and bfloat16 inputs and parameters through
 elementwise ops, reductions and norms, computed in float32 and stored in the model's own type,
 and matrix products (half operands straight into ``tl.dot``, summed in float32), checked against the
-reference under ``TRITON_INTERPRET=1``."""
+reference under ``TRITON_INTERPRET=1``. Pools and scans of half tensors: ``test_template_half_pool_scan``."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ input, or to the input itself when ``count_include_pad`` is off, or the ``diviso
 ``pw_ept`` does not apply: with two elements per thread, Triton 3.6 on an H200 dropped in-bounds
 taps of windows that straddle the padding (8 of the 40 outputs of ``F.avg_pool2d(x, 3, 2, 1,
 ceil_mode=True, divisor_override=5)`` on a (1, 2, 8, 7) input; the interpreter was right).
-Elementwise ops that follow are computed before the one store.
+A float16 or bfloat16 input is read as float32 (the window's maximum is exact, its sum is
+accumulated in float32); elementwise ops that follow are computed before the one store, which
+rounds each stored value to its node's type.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.emit_conv import coords
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule, base_of
-from actors.experts.template.ir import PoolSpec
+from actors.experts.template.ir import HALF, PoolSpec
 from actors.experts.template.params import TemplateParams
 
 
@@ -33,6 +35,7 @@ class PoolWriter(Writer):
         self.xbase, transposed = base_of(self.plan, src, sched.is_exported)
         if transposed:
             raise UnsupportedGraph("a pooling of a transposed tensor is not covered")
+        self.widen = ".to(tl.float32)" if self.plan.nodes[self.xbase].dtype in HALF else ""
         self.op = node.op
         self.spec = PoolSpec.from_attrs(node.attrs)
         nd = len(self.spec.kernel)
@@ -89,7 +92,7 @@ class PoolWriter(Writer):
             stride = math.prod(self.sin[d + 1 :])
             offset.append(f"i{d}" if stride == 1 else f"i{d} * {stride}")
         pad = "float('-inf')" if is_max else "0.0"
-        e(loop, f"v = tl.load({px} + xrow + {' + '.join(offset)}, mask={' & '.join(valid)}, other={pad})")
+        e(loop, f"v = tl.load({px} + xrow + {' + '.join(offset)}, mask={' & '.join(valid)}, other={pad}){self.widen}")
         e(loop, "acc = tl.where((v > acc) | (v != v), v, acc)" if is_max else "acc += v")
         if not is_max:
             e(s, f"acc = acc / {self._divisor(s, outs)}")

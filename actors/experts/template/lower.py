@@ -109,10 +109,11 @@ _HALF_KINDS = frozenset(
         NodeKind.MM,
         NodeKind.PERM,
         NodeKind.CONV,
+        NodeKind.POOL,
+        NodeKind.SCAN,
     }
 )
-"""Node kinds that may take half operands (the others decline them: pools, scans, recurrences and ops
-left to PyTorch)."""
+"""Node kinds that may take half operands (the others decline them: recurrences and ops left to PyTorch)."""
 
 
 def _promoted(dtypes: list[str]) -> str:

@@ -3,9 +3,10 @@
 Window pooling becomes one ``POOL`` node (``op`` ``max`` or ``avg``) whose spec holds kernel,
 stride, padding, dilation and the averaging rules; ``ceil_mode`` shows in the traced output
 shape. Adaptive average pooling to size 1 is a mean over the spatial dims (a row reduction), and
-adaptive pooling whose output size divides the input is plain window pooling. Declined, with the
-reason: ``return_indices``, adaptive pooling with uneven windows, max pooling of a float that is
-not float32.
+adaptive pooling whose output size divides the input is plain window pooling. A float16 or
+bfloat16 input gives a node of its type: the kernel reads it as float32, takes the maximum (exact)
+or sums in float32, and rounds once where it stores. Declined, with the reason: ``return_indices``,
+adaptive pooling with uneven windows.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from actors.experts.template.families.conv import int_tuple
 from actors.experts.template.ir import NodeKind, NodeRef, PoolSpec
 from actors.experts.template.lowering import LowerContext, lowering
 
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-def _out(traced: Any) -> tuple[int, ...]:
-    if not isinstance(traced, torch.Tensor) or traced.dtype != torch.float32:
-        raise UnsupportedGraph("a pooling whose output is not one float32 tensor (return_indices?) is not covered")
+
+def _out(traced: Any, dtype: str) -> tuple[int, ...]:
+    if not isinstance(traced, torch.Tensor) or traced.dtype not in _FLOATS:
+        raise UnsupportedGraph("a pooling whose output is not one floating tensor (return_indices?) is not covered")
+    if str(traced.dtype).removeprefix("torch.") != dtype:
+        raise UnsupportedGraph(f"a pooling of a {dtype} tensor to {traced.dtype} is not covered")
     return tuple(int(s) for s in traced.shape)
 
 
@@ -37,7 +42,7 @@ def lower_pool(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> 
         raise UnsupportedGraph(f"a {nd}d pooling of shape {xs} is not covered")
     if b.get("return_indices"):
         raise UnsupportedGraph("pooling with return_indices is not covered")
-    out = _out(traced)
+    out = _out(traced, lw.node(x).dtype)
     sin, sout = xs[-nd:], out[-nd:]
     if canon.startswith("adaptive"):
         if all(o == 1 for o in sout) and canon == "adaptive_avg_pool":
@@ -70,4 +75,4 @@ def lower_pool(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> 
             op = "avg"
     if out[:-nd] != xs[:-nd] or math.prod(out) == 0:
         raise UnsupportedGraph(f"a pooling from {xs} to {out} is not covered")
-    return lw.add(NodeKind.POOL, out, op=op, args=(x.id,), attrs=spec.attrs())
+    return lw.add(NodeKind.POOL, out, op=op, args=(x.id,), attrs=spec.attrs(), dtype=lw.node(x).dtype)

@@ -3,7 +3,9 @@
 Lowering: ``torch.cumsum(x, dim)`` / ``cumprod`` become one ``SCAN`` node along ``dim``. A flip
 along the scanned dim is tracked as a :class:`FlipRef` and must meet a scan along that dim (or be
 flipped back): ``cumsum(x.flip(d), d).flip(d)`` is a reversed scan of ``x``. Declined, with the
-reason: a ``dtype`` argument, flips over several dims or used anywhere else.
+reason: a ``dtype`` argument, flips over several dims or used anywhere else. A float16 or bfloat16
+input gives a scan of its type (as ``torch.cumsum`` returns), carried in float32 and rounded once
+where it is stored.
 
 Kernel: the value is viewed as ``(outer, R, inner)``. When the scanned dim is innermost a program
 takes ``row_block_m`` rows and walks ``R`` in chunks of ``row_block_r`` (tile ``[M, R]``);
@@ -72,7 +74,8 @@ def lower_scan(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
     if isinstance(x, FlipRef) and x.dim != dim:
         raise UnsupportedGraph(f"{canon} of a tensor flipped along another dim is not covered")
     op = "sum" if canon == "cumsum" else "prod"
-    ref = lw.add(NodeKind.SCAN, shape, op=op, args=(src.id,), dims=(dim, dim + 1), attrs=(float(flipped),))
+    dtype = lw.node(src).dtype
+    ref = lw.add(NodeKind.SCAN, shape, op=op, args=(src.id,), dims=(dim, dim + 1), attrs=(float(flipped),), dtype=dtype)
     return FlipRef(ref, dim) if flipped else ref
 
 
