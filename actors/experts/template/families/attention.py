@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit import INTERPRETED, IndexSpace, Launch, Scope, Writer
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
+from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import HALF, NodeKind, NodeRef, Plan
 from actors.experts.template.kernel_kinds import KernelTemplate, Values, register
 from actors.experts.template.lowering import LowerContext, lowering
@@ -89,8 +90,14 @@ class AttentionWriter(Writer):
         self.lk, self.dv = ks[-2], vs[-1]
         self.scale, self.causal = node.attrs[0], bool(node.attrs[1])
         self.ndt = math.ceil(self.dv / params.attn_block_d)
-        self.widen = "" if node.dtype == "float32" else ".to(tl.float32)"
-        """Half operands are widened on load: products, softmax and sums run in float32."""
+        self.half = node.dtype in HALF
+        """Half operands meet in ``tl.dot`` as they are (scores and sums in float32) and the
+        probabilities are rounded to the operands' type for the second product, as PyTorch's
+        flash and cuDNN kernels do; only under Triton's interpreter, whose bfloat16 products are
+        wrong, are the operands widened (``WIDE``)."""
+        self.hoisted = self.d <= params.attn_block_k
+        """The head dim fits one ``attn_block_k`` step: the program's queries are loaded once,
+        before the key loop, not once per key tile."""
 
     def space(self, row: bool) -> IndexSpace:
         return IndexSpace(lin="lin", mask="cmask")
@@ -98,68 +105,106 @@ class AttentionWriter(Writer):
     def broadcast_row(self, var: str) -> str:
         return var
 
+    def _dot(self, a: str, b: str, acc: str) -> str:
+        if self.half:
+            return f"tl.dot({a}.to(tl.float32) if WIDE else {a}, {b}.to(tl.float32) if WIDE else {b}, {acc})"
+        return f'tl.dot({a}, {b}, {acc}, input_precision="{self.params.attn_precision}")'
+
+    def _load_q(self, s: Scope) -> None:
+        self.emit(
+            s,
+            f"q = tl.load({self.pointer(self.q)} + (bh * {self.lq} + rm[:, None]) * {self.d} + rk[None, :], "
+            "mask=mmask[:, None] & kmask[None, :], other=0.0)",
+        )
+
+    def _key_tile(self, loop: Scope, masked: bool) -> None:
+        """One key tile: its scores (base-2, scaled), the online softmax's update and ``acc``."""
+        e = self.emit
+        lk, d, dv = self.lk, self.d, self.dv
+        pk, pv = self.pointer(self.k), self.pointer(self.v)
+        e(loop, "rn = n0 + tl.arange(0, BLOCK_N)")
+        e(loop, f"nmask = rn < {lk}")
+        e(loop, "qk = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
+        kt = (
+            f"tl.load({pk} + (bh * {lk} + rn[None, :]) * {d} + rk[:, None], "
+            "mask=kmask[:, None] & nmask[None, :], other=0.0)"
+        )
+        if self.hoisted:
+            e(loop, f"kt = {kt}")
+            e(loop, f"qk = {self._dot('q', 'kt', 'qk')}")
+        else:
+            e(loop, f"for k0 in range(0, {d}, BLOCK_K):")
+            inner = Scope(indent=loop.indent + "    ", parent=loop)
+            e(inner, "rk = k0 + tl.arange(0, BLOCK_K)")
+            e(inner, f"kmask = rk < {d}")
+            self._load_q(inner)
+            e(inner, f"kt = {kt}")
+            e(inner, f"qk = {self._dot('q', 'kt', 'qk')}")
+        # scores in base 2: exp(s * scale) == exp2(s * scale * log2(e))
+        qk = f"qk * {self.scale * math.log2(math.e)!r}"
+        if masked:
+            valid = "nmask[None, :] & (rn[None, :] <= rm[:, None])" if self.causal else "nmask[None, :]"
+            e(loop, f"qk = tl.where({valid}, {qk}, float('-inf'))")
+        else:
+            e(loop, f"qk = {qk}")
+        e(loop, "m_new = tl.maximum(m_i, tl.max(qk, axis=1))")
+        e(loop, "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+        e(loop, "pr = tl.exp2(qk - m_safe[:, None])")
+        e(loop, "alpha = tl.exp2(m_i - m_safe)")
+        e(loop, "l_i = l_i * alpha + tl.sum(pr, axis=1)")
+        vmask = "nmask[:, None] & dmask[None, :]" if masked or lk % self.params.attn_block_n else "dmask[None, :]"
+        e(loop, f"v = tl.load({pv} + (bh * {lk} + rn[:, None]) * {dv} + rd[None, :], mask={vmask}, other=0.0)")
+        if self.half:
+            e(loop, "pr = pr.to(v.dtype)")
+        e(loop, f"acc = {self._dot('pr', 'v', 'acc * alpha[:, None]')}")
+        e(loop, "m_i = m_new")
+
     def write(self) -> Launch:
         p = self.params
         s = Scope(indent="    ")
-        pq, pk, pv = (self.pointer(b) for b in (self.q, self.k, self.v))
-        lq, lk, d, dv = self.lq, self.lk, self.d, self.dv
+        lq, lk, dv = self.lq, self.lk, self.dv
         start = len(self.lines)
         e = self.emit
         e(s, f"pid = {self.pid(0)}")
         e(s, f"bh = {self.pid(1)}")
-        e(s, f"rm = (pid // {self.ndt}) * BLOCK_M + tl.arange(0, BLOCK_M)")
+        e(s, f"row0 = (pid // {self.ndt}) * BLOCK_M")
+        e(s, "rm = row0 + tl.arange(0, BLOCK_M)")
         e(s, f"rd = (pid % {self.ndt}) * BLOCK_D + tl.arange(0, BLOCK_D)")
         e(s, f"mmask = rm < {lq}")
         e(s, f"dmask = rd < {dv}")
         e(s, "m_i = tl.full((BLOCK_M,), float('-inf'), tl.float32)")
         e(s, "l_i = tl.zeros((BLOCK_M,), tl.float32)")
         e(s, "acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)")
-        end = f"tl.minimum({lk}, (pid // {self.ndt} + 1) * BLOCK_M)" if self.causal else f"{lk}"
-        e(s, f"for n0 in range(0, {end}, BLOCK_N):")
+        if self.hoisted:
+            e(s, "rk = tl.arange(0, BLOCK_K)")
+            e(s, f"kmask = rk < {self.d}")
+            self._load_q(s)
         loop = Scope(indent="        ", parent=s)
-        e(loop, "rn = n0 + tl.arange(0, BLOCK_N)")
-        e(loop, f"nmask = rn < {lk}")
-        e(loop, "qk = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)")
-        e(loop, f"for k0 in range(0, {d}, BLOCK_K):")
-        inner = Scope(indent="            ", parent=loop)
-        e(inner, "rk = k0 + tl.arange(0, BLOCK_K)")
-        e(inner, f"kmask = rk < {d}")
-        e(
-            inner,
-            f"q = tl.load({pq} + (bh * {lq} + rm[:, None]) * {d} + rk[None, :], "
-            "mask=mmask[:, None] & kmask[None, :], other=0.0)" + self.widen,
-        )
-        e(
-            inner,
-            f"kt = tl.load({pk} + (bh * {lk} + rn[None, :]) * {d} + rk[:, None], "
-            "mask=kmask[:, None] & nmask[None, :], other=0.0)" + self.widen,
-        )
-        e(inner, f'qk = tl.dot(q, kt, qk, input_precision="{p.attn_precision}")')
-        valid = "nmask[None, :] & (rn[None, :] <= rm[:, None])" if self.causal else "nmask[None, :]"
-        e(loop, f"qk = tl.where({valid}, qk * {self.scale!r}, float('-inf'))")
-        e(loop, "m_new = tl.maximum(m_i, tl.max(qk, axis=1))")
-        e(loop, "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
-        e(loop, "pr = tl.exp(qk - m_safe[:, None])")
-        e(loop, "alpha = tl.exp(m_i - m_safe)")
-        e(loop, "l_i = l_i * alpha + tl.sum(pr, axis=1)")
-        e(
-            loop,
-            f"v = tl.load({pv} + (bh * {lk} + rn[:, None]) * {dv} + rd[None, :], "
-            "mask=nmask[:, None] & dmask[None, :], other=0.0)" + self.widen,
-        )
-        e(loop, f'acc = tl.dot(pr, v, acc * alpha[:, None], input_precision="{p.attn_precision}")')
-        e(loop, "m_i = m_new")
+        if self.causal:
+            # key tiles wholly at or before the block's first query need no mask; the rest, up to
+            # the block's last query (the diagonal), do
+            e(s, "full = (row0 // BLOCK_N) * BLOCK_N")
+            e(s, f"for n0 in range(0, tl.minimum(full, {(lk // p.attn_block_n) * p.attn_block_n}), BLOCK_N):")
+            self._key_tile(loop, masked=False)
+            e(s, f"for n0 in range(tl.minimum(full, {(lk // p.attn_block_n) * p.attn_block_n}), "
+                 f"tl.minimum({lk}, row0 + BLOCK_M), BLOCK_N):")  # fmt: skip
+            self._key_tile(loop, masked=True)
+        else:
+            e(s, f"for n0 in range(0, {lk}, BLOCK_N):")
+            self._key_tile(loop, masked=lk % p.attn_block_n != 0)
         e(s, "o = acc / l_i[:, None]")
         e(s, "cmask = mmask[:, None] & dmask[None, :]")
         e(s, f"lin = (bh * {lq} + rm[:, None]) * {dv} + rd[None, :]")
         self.store_exports(s, self.node.id, "o")
         body = self.lines[start:]
-        consts = {
+        consts: dict[str, int | str] = {
             "BLOCK_M": p.attn_block_m,
             "BLOCK_N": p.attn_block_n,
             "BLOCK_K": p.attn_block_k,
             "BLOCK_D": p.attn_block_d,
         }
+        if self.half:
+            consts["WIDE"] = INTERPRETED
         return Launch(
             source="\n".join(["@triton.jit", self.signature(list(consts)), *body]),
             name=self.kernel.name,
@@ -175,12 +220,33 @@ _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_w
 
 
 def _attn_defaults(plan: Plan, sched: Schedule, kernel: Kernel, values: Values) -> dict[str, object]:
-    dv = plan.nodes[kernel.mm].shape[-1]
-    return {"attn_block_d": max(16, min(128, next_pow2(dv))), "attn_block_m": 64, "attn_block_n": 32}
+    node = plan.nodes[kernel.mm]
+    d, dv = plan.nodes[node.tensor_args()[0]].shape[-1], node.shape[-1]
+    return {
+        "attn_block_d": max(16, min(128, next_pow2(dv))),
+        "attn_block_m": 64,
+        "attn_block_n": 32,
+        "attn_block_k": max(16, min(128, next_pow2(d))),  # the head dim in one step up to 128: queries loaded once
+    }
+
+
+def _attn_fit(
+    hw: GpuModel, plan: Plan, sched: Schedule, kernel: Kernel, tf32: bool, values: Values
+) -> dict[str, object]:
+    """Flash-attention tiles: half operands 128 queries x 64 keys a step, 8 warps from a value
+    tile of 128 (4 below), 3 stages; float32 keeps 64 x 32 (twice the bytes a tile) and sums in
+    three TF32 passes where they beat the CUDA cores (``tf32x3_pays``), as fp32 products do."""
+    if "attn_block_m" in values:
+        return {}
+    node = plan.nodes[kernel.mm]
+    bd = max(16, min(128, next_pow2(node.shape[-1])))
+    if node.dtype in HALF:
+        return {"attn_block_m": 128, "attn_block_n": 64, "attn_warps": 8 if bd >= 128 else 4, "attn_stages": 3}
+    return {"attn_precision": "tf32x3"} if hw.tf32x3_pays else {}
 
 
 def _attn_relevant(plan: Plan, sched: Schedule, kernel: Kernel, params: TemplateParams) -> list[str]:
-    return list(_ATTN)
+    return [n for n in _ATTN if n != "attn_precision" or plan.nodes[kernel.mm].dtype not in HALF]
 
 
 register(
@@ -189,6 +255,7 @@ register(
         writer=AttentionWriter,
         defaults=_attn_defaults,
         relevant=_attn_relevant,
+        fit=_attn_fit,
         compute=_ATTN,
         latency=("attn_stages",),
         precision=("attn_precision",),
