@@ -226,6 +226,10 @@ class RunnerConfig:
     the CPU (it is raised back to 0 for its job where the evaluator may: as root); 0 turns it off."""
     compile_timeout_s: float = 600.0
     """Bound on one compile stage."""
+    reference_first_run_s: float = 30.0
+    """Bound on the reference's first load, build and forward (on the meta device, with no data:
+    the memory plan's measure). A reference still running then is refused as a task that does not
+    work, with the line it was stuck on (a ``while True`` in its forward, a ``time.sleep`` at its top)."""
     worker_start_timeout_s: float = 180.0
     """Bound on a worker's start (imports and device initialisation)."""
     log_limit_chars: int = 8000
@@ -279,6 +283,7 @@ class RunnerConfig:
             ("in_place_bytes", self.in_place_bytes >= 0, "must be >= 0"),
             ("max_processes", self.max_processes >= 64, "must be >= 64"),
             ("compile_timeout_s", self.compile_timeout_s > 0, "must be > 0"),
+            ("reference_first_run_s", self.reference_first_run_s > 0, "must be > 0"),
             ("timing_lead_us", 0 <= self.timing_lead_us <= 10_000, "must be within 0..10000"),
             ("worker_nice", 0 <= self.worker_nice <= 19, "must be within 0..19"),
             ("worker_start_timeout_s", self.worker_start_timeout_s > 0, "must be > 0"),

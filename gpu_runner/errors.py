@@ -52,6 +52,17 @@ def task_location(traceback_text: str) -> str | None:
     return f"line {line}, in {name}"
 
 
+def stuck_traceback(log: str) -> str | None:
+    """A worker's log with, last, the innermost task-file frame of the stack it dumped while stuck
+    (``faulthandler`` lists the innermost call first), in a traceback's words for
+    :func:`task_location`; None when the log holds no such stack."""
+    found = re.search(r'File "' + re.escape(REFERENCE_FILENAME) + r'", line (\d+) in (\S+)', log)
+    if found is None:
+        return None
+    line, name = found.groups()
+    return f'{log[-2000:]}\n  File "{REFERENCE_FILENAME}", line {line}, in {name}\n'
+
+
 class WorkerStartError(RunnerError):
     """A sandboxed worker process could not be started or did not become ready."""
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import shutil
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +31,7 @@ import structlog
 
 from gpu_runner.compare import parity_outputs
 from gpu_runner.config import RunnerConfig, usable_cores
-from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, WorkerStartError
+from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, WorkerStartError, stuck_traceback
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, TaskOp, op_frame
 from gpu_runner.lease import UNRANKED, GpuGate, GpuLease, Turn, renice
@@ -143,6 +145,22 @@ COMPILE_ASIDE_UNNICED_CORES = 8
 """Hosts with at least this many usable cores run the compiled baseline's process at nice 0 (it
 is trusted code that never runs a candidate; with fewer cores its compilation would take the CPU
 from a candidate being timed)."""
+
+
+async def stuck_stack(worker: Worker, wait_s: float = 1.0) -> str:
+    """The log of a worker stuck in the reference, with the line it is stuck on last
+    (:func:`gpu_runner.errors.stuck_traceback`): asked for its Python stack with SIGUSR1 (its
+    ``faulthandler``, registered while it measures the task), then read for up to ``wait_s``."""
+    for pid in worker.innermost():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGUSR1)
+    end = time.monotonic() + wait_s
+    while True:
+        text = worker.log_text()
+        found = stuck_traceback(text)
+        if found is not None or time.monotonic() >= end:
+            return found or text[-2000:]
+        await asyncio.sleep(0.05)
 
 
 class RunPool:
@@ -273,10 +291,17 @@ class RunPool:
         """Measure the task's working set in ``worker`` (which stays usable as a spare) and derive
         the memory plan; raises :class:`TaskTooLarge` when one evaluation cannot fit."""
         key = task_key(reference_source)
+        bound = self.cfg.reference_first_run_s
         try:
-            async with asyncio.timeout(self.cfg.worker_start_timeout_s):
+            async with asyncio.timeout(bound):
                 await worker.send(op_frame(Op.MEASURE, MeasureOp(reference_source=reference_source)))
                 header, _ = await worker.recv(1 << 20)
+        except TimeoutError:
+            raise InvalidReference(
+                f"the reference did not finish its first load and run within {bound:g} s (on the meta device, "
+                "with no data): it never returns",
+                await stuck_stack(worker),
+            ) from None
         except asyncio.IncompleteReadError:
             raise WorkerStartError(
                 "run", "the worker died while measuring the task", worker.log_text()[-3000:]

@@ -291,6 +291,12 @@ class Worker:
         cut = f"\n... [{size - 2 * keep} bytes of log cut] ...\n"
         return head.decode(errors="replace") + cut + tail.decode(errors="replace")
 
+    def innermost(self) -> list[int]:
+        """The processes of the worker's tree that have no children: the one running its ops (those
+        above it are the confinement's parents, waiting; a signal without a handler would kill them)."""
+        tree = [self.proc.pid, *_descendants(self.proc.pid)]
+        return [pid for pid in tree if proc_children(pid) == []]
+
     def terminate(self) -> list[int]:
         """SIGKILL the worker's group and every descendant now (blocking, quick); returns their pids to reap.
 

@@ -10,6 +10,9 @@ sees a candidate; it reports the device's free memory as this process sees it.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,6 +75,22 @@ def measured_sizes(ns: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[
 
 def measure(msg: MeasureOp, device: torch.device) -> dict[str, Any]:
     """The ``measured`` frame's fields: sizes (or ``method: unknown: why``) and the device's free memory."""
+    # A reference that never returns (a loop in its forward, a sleep at its top): the parent, giving
+    # up on it, sends SIGUSR1 and reads the line it is stuck on from the stack written to the log.
+    # (A watchdog thread's dump, faulthandler.dump_traceback_later, read the running thread's frames
+    # unsynchronised: a worker crashed so, and the parent saw a worker die instead of a task hang.)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    try:
+        info = _measured(msg)
+    finally:
+        faulthandler.unregister(signal.SIGUSR1)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        info.update(device_free=int(free), device_total=int(total))
+    return info
+
+
+def _measured(msg: MeasureOp) -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
         ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference_measure")
@@ -87,7 +106,4 @@ def measure(msg: MeasureOp, device: torch.device) -> dict[str, Any]:
                 errors.append(f"{mode}: {type(exc).__name__}: {exc}"[:200])
         else:
             info = {"method": "unknown: " + "; ".join(errors)}
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        info.update(device_free=int(free), device_total=int(total))
     return info

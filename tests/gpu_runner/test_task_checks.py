@@ -1,0 +1,54 @@
+"""The evaluator's check of a task before any candidate (on the CPU): a reference that never
+returns is refused within the bound, naming the line it was stuck on."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from gpu_runner.config import RunnerConfig
+from gpu_runner.errors import InvalidReference
+from gpu_runner.service import EvaluationService
+from schemas import DeviceChoice
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
+
+HEAD = "import torch\nimport torch.nn as nn\n\n\n"
+INPUTS = "def get_inputs():\n    return [torch.randn(16, 16)]\n\n\n"
+NO_INIT = "def get_init_inputs():\n    return []\n"
+
+
+def _model(body: str) -> str:
+    return f"class Model(nn.Module):\n    def forward(self, x):\n{body}\n\n"
+
+
+NEVER_RETURNS = HEAD + _model("        while True:\n            pass\n") + INPUTS + NO_INIT
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def service() -> AsyncIterator[EvaluationService]:
+    cfg = RunnerConfig(
+        device=DeviceChoice.CPU, spares=1, compile_workers=1, timing_budget_s=0.3, reference_first_run_s=2.0
+    )
+    async with EvaluationService(cfg) as started:
+        yield started
+
+
+async def _refusal(service: EvaluationService, source: str) -> str:
+    with pytest.raises(InvalidReference) as caught:
+        await service.prepare(source)
+    return caught.value.one_line()
+
+
+async def test_a_reference_that_never_returns_is_refused_with_the_line_it_is_stuck_on(
+    service: EvaluationService,
+) -> None:
+    t0 = time.monotonic()
+    said = await _refusal(service, NEVER_RETURNS)
+    assert time.monotonic() - t0 < 60  # the 2 s bound, not the worker's start-up bound (180 s)
+    assert "did not finish its first load and run within 2 s" in said, said
+    assert re.search(r"\(task file line [78], in forward\)$", said), said  # `while True:` or `pass`
