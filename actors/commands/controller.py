@@ -114,10 +114,10 @@ class RunController:
         """When the run's end was decided (wall clock)."""
 
     async def _setup(self, bus: Bus) -> None:
-        from actors.commands.signature import with_signature
+        from actors.commands.signature import signature_within
 
         await refuse_used_run_id(bus, self.spec)  # at once, before the task's signature takes seconds
-        task = await asyncio.to_thread(with_signature, self.spec.task)
+        task = await signature_within(self.spec.task)
         self.spec = self.spec.model_copy(update={"task": task})
         if self.options.all_llm_experts:
             await self._add_llm_experts(bus)

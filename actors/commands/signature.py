@@ -7,10 +7,16 @@ from different runs can be compared and retrieved.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
 import types
 from typing import Any
 
+from actors.runtime.logs import get_logger
 from schemas import Task, TaskSignature, TensorSpec
+
+log = get_logger(__name__)
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -113,9 +119,33 @@ def with_signature(task: Task, confine: bool | None = None) -> Task:
             signature = _confined_signature(task)
         else:
             signature = signature_of(task.source, task.name)
-    except Exception:  # noqa: BLE001 - a reference that needs a GPU still gets evaluated there
-        return task
+    except (Exception, SystemExit):  # noqa: BLE001 - a reference that needs a GPU still gets evaluated there
+        return task  # (one that calls sys.exit too: its evaluator says so)
     return task.model_copy(update={"signature": signature})
+
+
+SIGNATURE_WAIT_S = 10.0
+"""How long a run waits for its task's signature before it goes on without one."""
+
+
+async def signature_within(task: Task, wait_s: float = SIGNATURE_WAIT_S) -> Task:
+    """:func:`with_signature` in a thread of its own, waited for at most ``wait_s``: a reference
+    that never returns (a loop in its forward) leaves the run to go on without a signature, and its
+    evaluator refuses the task with the line it is stuck on. The thread is a daemon, left to the
+    process's end: Python cannot stop it, and it must not hold the exit (an executor's thread did:
+    such a run ignored its budget and SIGTERM)."""
+    found: concurrent.futures.Future[Task] = concurrent.futures.Future()
+
+    def describe() -> None:
+        found.set_result(with_signature(task))  # with_signature returns the task unchanged on a failure
+
+    threading.Thread(target=describe, name="task-signature", daemon=True).start()
+    try:
+        async with asyncio.timeout(wait_s):
+            return await asyncio.wrap_future(found)
+    except TimeoutError:
+        log.warning("task signature unfinished: the run goes on without it", wait_s=wait_s)
+        return task
 
 
 CHILD_TIMEOUT_S = 180.0

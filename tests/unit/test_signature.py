@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from actors.commands.signature import signature_of
+from actors.commands.signature import signature_of, signature_within
+from schemas import Task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,3 +67,37 @@ def test_large_reference_the_meta_device_cannot_run_is_not_built_on_the_cpu() ->
     with pytest.raises(RuntimeError, match="nonzero"):  # what the meta device raised, not a CPU run
         signature_of(HUGE_DATA_DEPENDENT, "huge_data_dependent")
     assert time.perf_counter() - t0 < 20
+
+
+SLOW_FORWARD = """
+import time
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(3)  # a forward that never returns, standing in: this one ends after the test
+        return x
+
+def get_inputs():
+    return [torch.rand(4)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+async def test_a_run_waits_for_its_task_signature_a_bounded_time() -> None:
+    task = Task.from_source("slow", SLOW_FORWARD)
+    t0 = time.monotonic()
+    described = await signature_within(task, wait_s=0.5)
+    assert time.monotonic() - t0 < 2.5
+    assert described.signature is None
+
+
+async def test_a_task_that_exits_at_import_gets_no_signature_and_no_error() -> None:
+    task = Task.from_source("exits", "import sys\nsys.exit(3)\n")
+    t0 = time.monotonic()
+    described = await signature_within(task, wait_s=10.0)
+    assert time.monotonic() - t0 < 5.0  # answered, not waited out
+    assert described.signature is None
