@@ -25,6 +25,7 @@ import torch
 from gpu_runner.errors import REFERENCE_FILENAME, missing_hint
 from gpu_runner.frames import Report
 from gpu_runner.sandboxed.common import (
+    TORCH_DTYPES,
     Channel,
     Laps,
     OutputSlots,
@@ -227,6 +228,10 @@ def tensors(out: object, what: str) -> list[torch.Tensor]:
     if not items or not all(isinstance(t, torch.Tensor) for t in items):
         got = type(out).__name__ if not items else ", ".join(sorted({type(t).__name__ for t in items}))
         raise ReferenceFault(f"{what} did not return a tensor or a tuple of tensors (it returned {got})")
+    for i, t in enumerate(items):
+        if isinstance(t, torch.Tensor) and str(t.dtype).removeprefix("torch.") not in TORCH_DTYPES:
+            # refused here, where the task is checked: a spare found it only when a candidate came
+            raise ReferenceFault(f"{what} returns a {t.dtype} tensor (output {i}), which cannot be compared")
     return [t.detach() for t in items if isinstance(t, torch.Tensor)]
 
 

@@ -1,5 +1,6 @@
 """The evaluator's check of a task before any candidate (on the CPU): a reference that never
-returns is refused within the bound, naming the line it was stuck on."""
+returns is refused within the bound, naming the line it was stuck on; one whose outputs cannot be
+compared (complex) is refused naming that."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def _model(body: str) -> str:
 
 
 NEVER_RETURNS = HEAD + _model("        while True:\n            pass\n") + INPUTS + NO_INIT
+COMPLEX = (
+    HEAD
+    + _model("        return x * x\n")
+    + "def get_inputs():\n    return [torch.randn(16, 16, dtype=torch.complex64)]\n\n\n"
+    + NO_INIT
+)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -52,3 +59,8 @@ async def test_a_reference_that_never_returns_is_refused_with_the_line_it_is_stu
     assert time.monotonic() - t0 < 60  # the 2 s bound, not the worker's start-up bound (180 s)
     assert "did not finish its first load and run within 2 s" in said, said
     assert re.search(r"\(task file line [78], in forward\)$", said), said  # `while True:` or `pass`
+
+
+async def test_a_reference_with_complex_outputs_is_refused_by_the_task_check(service: EvaluationService) -> None:
+    said = await _refusal(service, COMPLEX)
+    assert "Model.forward returns a torch.complex64 tensor (output 0), which cannot be compared" in said, said
