@@ -40,6 +40,7 @@ from gpu_runner.sandboxed.reference import (
     count_flops,
     error_sums,
     exact_fp32,
+    init_inputs,
     load_reference,
     make_batch_inputs,
     make_inputs,
@@ -158,8 +159,10 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
     init_seed = int(msg["init_seed"])
     init_on_device = device.type == "cuda" and bool(msg.get("init_on_device"))
     try:
-        init_args = list(ns["get_init_inputs"]())
+        init_args = init_inputs(ns)
         model = None if init_on_device else build_model(ns["Model"], init_args, init_seed, torch.device("cpu"), False)
+    except ReferenceFault:
+        raise
     except Exception as exc:
         raise ReferenceFault(f"building the reference failed: {type(exc).__name__}: {exc}") from exc
     laps.lap("build_s")

@@ -205,6 +205,15 @@ def make_batch_inputs(
     return [to_device(values, device) for values in drawn]
 
 
+def init_inputs(ns: dict[str, Any]) -> list[Any]:
+    """The reference's ``get_init_inputs()`` as a list; :class:`ReferenceFault` where it returns
+    something else (an ``int`` was reported as ``TypeError: 'int' object is not iterable``)."""
+    values = ns["get_init_inputs"]()
+    if not isinstance(values, list | tuple):
+        raise ReferenceFault(f"get_init_inputs() returned {type(values).__name__}, not a list")
+    return list(values)
+
+
 def build_model(factory: Any, init_args: list[Any], seed: int, device: torch.device, on_device: bool) -> Any:
     """``factory(*init_args)`` under ``seed``, moved to ``device``.
 

@@ -1,6 +1,6 @@
 """The evaluator's check of a task before any candidate (on the CPU): a reference that never
 returns is refused within the bound, naming the line it was stuck on; one whose outputs cannot be
-compared (complex) is refused naming that."""
+compared (complex) or whose ``get_init_inputs`` returns no list is refused naming that."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ COMPLEX = (
     + "def get_inputs():\n    return [torch.randn(16, 16, dtype=torch.complex64)]\n\n\n"
     + NO_INIT
 )
+INIT_NOT_A_LIST = HEAD + _model("        return torch.relu(x)\n") + INPUTS + "def get_init_inputs():\n    return 5\n"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -64,3 +65,7 @@ async def test_a_reference_that_never_returns_is_refused_with_the_line_it_is_stu
 async def test_a_reference_with_complex_outputs_is_refused_by_the_task_check(service: EvaluationService) -> None:
     said = await _refusal(service, COMPLEX)
     assert "Model.forward returns a torch.complex64 tensor (output 0), which cannot be compared" in said, said
+
+
+async def test_get_init_inputs_returning_no_list_is_refused_naming_it(service: EvaluationService) -> None:
+    assert await _refusal(service, INIT_NOT_A_LIST) == "get_init_inputs() returned int, not a list"
