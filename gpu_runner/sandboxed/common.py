@@ -325,9 +325,10 @@ def checksum(t: torch.Tensor, chunk: int = 1 << 24) -> int:
 
 
 def flatten_outputs(out: object) -> list[object]:
-    """A forward's result as a flat list (a tensor, or a tuple/list of them)."""
+    """A forward's result as a flat list (a tensor, or a tuple/list of them, nested ones too: an
+    ``nn.LSTM``'s ``(output, (h, c))``), in order."""
     if isinstance(out, tuple | list):
-        return list(out)
+        return [item for value in out for item in flatten_outputs(value)]
     return [out]
 
 

@@ -1,6 +1,7 @@
 """The evaluator's check of a task before any candidate (on the CPU): a reference that never
 returns is refused within the bound, naming the line it was stuck on; one whose outputs cannot be
-compared (complex) or whose ``get_init_inputs`` returns no list is refused naming that."""
+compared (complex) or whose ``get_init_inputs`` returns no list is refused naming that; one that
+returns a nested tuple of tensors (an ``nn.LSTM``'s ``(output, (h, c))``) is judged."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from gpu_runner.config import RunnerConfig
+from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import InvalidReference
 from gpu_runner.service import EvaluationService
-from schemas import DeviceChoice
+from schemas import DeviceChoice, EvalStatus, KernelLanguage
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
 
@@ -35,6 +36,29 @@ COMPLEX = (
     + NO_INIT
 )
 INIT_NOT_A_LIST = HEAD + _model("        return torch.relu(x)\n") + INPUTS + "def get_init_inputs():\n    return 5\n"
+NESTED = HEAD + _model("        return torch.relu(x), (torch.relu(x) * 2.0,)\n") + INPUTS + NO_INIT
+NESTED_CANDIDATE = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_twice(x_ptr, a_ptr, b_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    y = tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0)
+    tl.store(a_ptr + offs, y, mask=mask)
+    tl.store(b_ptr + offs, y * 2.0, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        a, b = torch.empty_like(x), torch.empty_like(x)
+        relu_twice[(triton.cdiv(x.numel(), 256),)](x, a, b, x.numel(), BLOCK=256)
+        return a, (b,)
+"""
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -69,3 +93,15 @@ async def test_a_reference_with_complex_outputs_is_refused_by_the_task_check(ser
 
 async def test_get_init_inputs_returning_no_list_is_refused_naming_it(service: EvaluationService) -> None:
     assert await _refusal(service, INIT_NOT_A_LIST) == "get_init_inputs() returned int, not a list"
+
+
+async def test_a_reference_returning_a_nested_tuple_of_tensors_is_judged(service: EvaluationService) -> None:
+    job = EvalJob(
+        reference_source=NESTED,
+        candidate_source=NESTED_CANDIDATE,
+        language=KernelLanguage.TRITON,
+        timeout_s=120.0,
+        candidate_id="nested",
+    )
+    result = await service.evaluate(job)
+    assert result.status is EvalStatus.CORRECT, result.summary
