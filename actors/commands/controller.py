@@ -49,7 +49,7 @@ from actors.commands.progress import Progress, RunWatcher
 from actors.commands.run_registry import refuse_used_run_id, register_new_run
 from actors.commands.run_stream import publish_seeds, write_results
 from actors.kinds.registry import default_expert_config
-from actors.report.model import declines_sentence
+from actors.report.model import declines_sentence, unanswered_sentence
 from actors.runtime.base import Actor
 from actors.runtime.bus import Bus
 from actors.runtime.errors import BusError, ConfigError
@@ -464,7 +464,7 @@ class RunController:
                 # timed before the torch.compile baseline was ready
                 best_vs_compiled=report.best.speedup_vs_compiled if report.best else None,
                 best_compiled_derived=report.best is not None and report.best.compiled_derived is not None,
-                declined=declines_sentence(report.islands),
+                declined=declines_sentence(report.islands) or unanswered_sentence(report.experts),
                 dead_lettered=len(self.dead_lettered),
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,
             )

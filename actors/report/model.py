@@ -211,3 +211,19 @@ def declines_sentence(islands: Sequence[IslandReport]) -> str | None:
             "expert: kfoundry expert set NAME --kind llm ..., then --experts template,NAME)"
         )
     return text
+
+
+def unanswered_sentence(experts: Sequence[ExpertReport]) -> str | None:
+    """``no expert answered in time: N request(s) to NAME unanswered when the run ended`` with a
+    suggestion, where requests got no reply and no expert published a candidate (a run whose budget
+    ended before the template expert's first answer said only "0 evaluated"); else None."""
+    if any(e.published for e in experts):
+        return None
+    waiting = [(e.expert, e.declined_by.get("unavailable", 0)) for e in experts]
+    said = ", ".join(f"{n} request(s) to {name}" for name, n in sorted(waiting) if n)
+    if not said:
+        return None
+    return (
+        f"no expert answered in time: {said} unanswered when the run ended (an expert reads the task before "
+        "its first answer, seconds on a busy machine: give the run more --seconds)"
+    )

@@ -140,3 +140,20 @@ def test_the_end_line_says_when_the_references_outputs_hold_nan() -> None:
         best_candidate_id="c1", run_dir=Path("runs/r1"), device=DeviceChoice.CUDA,
     )  # fmt: skip
     assert "NaN" not in plain.summary(10.0)
+
+
+def test_a_run_whose_experts_never_answered_says_so() -> None:
+    from actors.report.experts import ExpertReport
+    from actors.report.model import unanswered_sentence
+
+    waited = ExpertReport(expert="template", requests=4, declines=4, declined_by={"unavailable": 4})
+    said = unanswered_sentence([waited])
+    assert said is not None
+    assert said.startswith("no expert answered in time: 4 request(s) to template unanswered when the run ended"), said
+    assert "more --seconds" in said
+    outcome = dataclasses.replace(_outcome(DeviceChoice.CPU, best=None), evaluated=0, statuses={}, declined=said)
+    assert "0 evaluated: no expert answered in time" in outcome.summary(20.0)
+    published = ExpertReport(expert="llm", requests=2, published=1)
+    assert unanswered_sentence([waited, published]) is None
+    refused = ExpertReport(expert="template", requests=2, declines=2, declined_by={"refused": 2})
+    assert unanswered_sentence([refused]) is None
