@@ -4,7 +4,9 @@
 [--profile-counters] [--json]``. With
 ``--json`` stdout carries exactly one JSON object (the :class:`schemas.EvalResult`); logs go to
 stderr. Exit status 0 whenever an evaluation completed, whatever its verdict; 2 for bad
-arguments or unreadable files; 1 when the evaluator itself could not run.
+arguments, unreadable files, a device that is not there or a task that does not work; 3 when the
+task is refused on this machine (too large, or ``--isolation strict`` without a layer), as
+``kfoundry run`` says them; 1 when the evaluator itself could not run.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import structlog
 
 from gpu_runner.config import EvalJob, IsolationMode, RunnerConfig, add_precision_option
 from gpu_runner.counters_step import with_counters
-from gpu_runner.errors import InvalidReference, RunnerError
+from gpu_runner.errors import DeviceUnavailable, InvalidReference, IsolationUnavailable, RunnerError, TaskTooLarge
 from gpu_runner.probe import validate_reference
 from gpu_runner.service import EvaluationService
 from schemas import CheckOutcome, DeviceChoice, EvalResult, KernelLanguage, TorchOpsPolicy
@@ -210,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose and exc.detail:
             sys.stderr.write(exc.detail.rstrip() + "\n")
         return 2
+    except DeviceUnavailable as exc:  # a bad option, as `kfoundry run --device cuda` says it
+        sys.stderr.write(f"kfoundry eval: error: {exc}\n")
+        return 2
+    except (TaskTooLarge, IsolationUnavailable) as exc:  # refused on this machine: `run`'s status too
+        sys.stderr.write(f"kfoundry eval: error: {exc}\n")
+        return 3
     except RunnerError as exc:
         sys.stderr.write(f"kfoundry eval: error: {exc}\n")
         return 1

@@ -113,9 +113,23 @@ def test_cli_invalid_reference_is_a_bad_task_status_2(tmp_path: Path, capsys: py
     assert "get_inputs" in err, err
 
 
-def test_cli_cuda_without_a_gpu_is_an_evaluator_error(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_cuda_without_a_gpu_is_a_bad_option_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has a GPU")
     code = main([str(REFERENCES / "add_relu.py"), str(CANDIDATES / "honest_add_relu.py"), "--device", "cuda"])
-    assert code == 1
+    assert code == 2  # as `kfoundry run --device cuda` says it (README, exit statuses)
     assert "not available" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_cli_task_too_large_for_this_machine_is_status_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    huge = tmp_path / "huge.py"
+    huge.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        "        return torch.relu(x)\n\n\ndef get_inputs():\n    return [torch.randn(1 << 20, 1 << 20)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    code = main([str(huge), str(CANDIDATES / "honest_add_relu.py"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 3, err  # as `kfoundry run` refuses it (README, exit statuses)
+    assert "for one evaluation; this host has" in err, err
