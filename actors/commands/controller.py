@@ -367,6 +367,9 @@ class RunController:
 
                     collect_actors(self.actors)
                 actors_task = asyncio.create_task(run_actors(self.actors, actors_stop))
+                # its failure is raised where it is awaited; a run that refused its task before
+                # awaiting it (it ended on the refusal) logged "Task exception was never retrieved"
+                actors_task.add_done_callback(_retrieve)
                 # Actors that start slowly do not hold the run past its deadline (less its wind-down).
                 deadline = self.progress.ends_at
                 ready: asyncio.Future[Any] = asyncio.ensure_future(

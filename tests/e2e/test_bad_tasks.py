@@ -118,6 +118,7 @@ def test_run_of_a_task_that_does_not_work_ends_in_seconds_and_leaves_no_server(t
         time.sleep(0.2)
     assert not left, left
     assert took < 60, f"a run of a broken task took {took:.0f} s of its 120 s budget"
+    assert "never retrieved" not in (tmp_path / "run" / "run.log").read_text()  # every failure taken
     # the embedded server it started is gone: its state file removed, its process stopped
     state = list((tmp_path / "home").rglob("server.json"))
     assert not state, [p.read_text() for p in state]
