@@ -32,7 +32,7 @@ from actors.commands.actor import add_actor_parser
 from actors.commands.run import add_run_parser
 from actors.commands.runs import add_runs_parser
 from actors.runtime.errors import ConfigError, KfError, TaskRefused
-from actors.runtime.process import add_nats_options, nats_url, run_async
+from actors.runtime.process import add_nats_options, exit_promptly, nats_url, run_async
 from actors.runtime.process import say as _out
 
 
@@ -532,6 +532,10 @@ def _main(argv: list[str], *, own_process: bool = False) -> int:
         return int(args.func(args))
     except TaskRefused as exc:  # TaskInvalid (the task's own fault) included
         _out(f"kfoundry: {exc}", sys.stderr)
+        if own_process and args.command == "run":
+            # Its evaluators are closed and its server released: the interpreter's teardown (torch,
+            # the MiniLM model a curator was still loading) only held the exit, 1-3 s on 2 cores.
+            exit_promptly(exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -126,6 +126,26 @@ def test_run_of_a_task_that_does_not_work_ends_in_seconds_and_leaves_no_server(t
     assert running.stdout.strip() == "", running.stdout
 
 
+@pytest.mark.slow  # a run's start-up to its refusal: ~10 s on a 2-core host
+@pytest.mark.timeout(180)
+def test_a_refused_run_exits_without_waiting_for_the_task_files_threads(tmp_path: Path) -> None:
+    # the controller imports the task file to describe it: a thread it starts at import would
+    # hold the interpreter's normal exit (60 s here) after the refusal was said
+    task = tmp_path / "thread_at_import.py"
+    task.write_text(
+        "import threading\nimport time\n"
+        + HEAD
+        + "threading.Thread(target=time.sleep, args=(60,), daemon=False).start()\n\n\n"
+        + RELU
+        + "def get_inputs():\n    raise ValueError('no data here')\n\n\n"
+        + NO_INIT
+    )
+    args = ("run", str(task), "--device", "cpu", "--seconds", "120", "--candidates", "2")
+    done, took = _kfoundry(*args, "--run-dir", str(tmp_path / "run"), env=_env(tmp_path), timeout=150)
+    _one_line(done, "kfoundry:", ["get_inputs() failed: ValueError: no data here"])
+    assert took < 45, f"the run exited {took:.0f} s after its start"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_run_whose_requests_were_all_declined_says_why(tmp_path: Path) -> None:
