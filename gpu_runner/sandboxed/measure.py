@@ -94,7 +94,7 @@ def _measured(msg: MeasureOp) -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
         ns = load_module(msg["reference_source"], REFERENCE_FILENAME, "kf_reference_measure")
-    except Exception as exc:  # noqa: BLE001 - the preparation reports the reference's own fault
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the preparation reports the reference's own fault
         info = {"method": f"unknown: the reference failed to load: {type(exc).__name__}: {exc}"[:300]}
     else:
         errors = []
@@ -102,7 +102,7 @@ def _measured(msg: MeasureOp) -> dict[str, Any]:
             try:
                 info, _ = measured_sizes(ns, mode)
                 break
-            except Exception as exc:  # noqa: BLE001 - the next mode, or an unknown size, recorded
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the next mode, or an unknown size, recorded
                 errors.append(f"{mode}: {type(exc).__name__}: {exc}"[:200])
         else:
             info = {"method": "unknown: " + "; ".join(errors)}

@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             except ReferenceFault as exc:
                 channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
                 break
+            except SystemExit as exc:
+                channel.send(Report.REFERENCE_ERROR, **describe_exception(_exit_fault(exc)))
+                break
             channel.send(Report.PREPARE_TIME, seconds=time.perf_counter() - t0)
         elif op is Op.TASK and prepared is None and referee is None:
             # A referee: it holds the reference and its baselines, and never takes a job.
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 referee = referee_ops.start_task(cast(TaskOp, msg), device, channel)
             except ReferenceFault as exc:
                 channel.send(Report.REFERENCE_ERROR, **describe_exception(exc))
+                break
+            except SystemExit as exc:
+                channel.send(Report.REFERENCE_ERROR, **describe_exception(_exit_fault(exc)))
                 break
         elif referee is not None and op in (Op.TRUTH, Op.BATCH, Op.CANARY):
             from gpu_runner.sandboxed import referee as referee_ops
@@ -189,6 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no atexit hook or lingering thread of a candidate may keep this process alive
+
+
+def _exit_fault(exc: SystemExit) -> BaseException:
+    """The task file called ``sys.exit()`` (or ``exit()``) while loaded, built or run: its fault,
+    reported as a ``ReferenceFault`` whose cause is the exit (its traceback names the line). It
+    ended the worker before, which the parent took for a worker that could not start."""
+    from gpu_runner.sandboxed.reference import ReferenceFault
+
+    fault = ReferenceFault(f"the reference called sys.exit({exc.code!r})")
+    fault.__cause__ = exc
+    return fault
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The evaluator's check of a task before any candidate (on the CPU): a reference that never
 returns is refused within the bound, naming the line it was stuck on; one whose outputs cannot be
-compared (complex) or whose ``get_init_inputs`` returns no list is refused naming that; one that
-returns a nested tuple of tensors (an ``nn.LSTM``'s ``(output, (h, c))``) is judged."""
+compared (complex), whose ``get_init_inputs`` returns no list or that calls ``sys.exit`` is refused
+naming that; one that returns a nested tuple of tensors (an ``nn.LSTM``'s ``(output, (h, c))``)
+is judged."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ COMPLEX = (
     + NO_INIT
 )
 INIT_NOT_A_LIST = HEAD + _model("        return torch.relu(x)\n") + INPUTS + "def get_init_inputs():\n    return 5\n"
+EXITS = "import sys\n" + HEAD + "sys.exit(3)\n\n\n" + _model("        return x\n") + INPUTS + NO_INIT
 NESTED = HEAD + _model("        return torch.relu(x), (torch.relu(x) * 2.0,)\n") + INPUTS + NO_INIT
 NESTED_CANDIDATE = """
 import torch
@@ -93,6 +95,11 @@ async def test_a_reference_with_complex_outputs_is_refused_by_the_task_check(ser
 
 async def test_get_init_inputs_returning_no_list_is_refused_naming_it(service: EvaluationService) -> None:
     assert await _refusal(service, INIT_NOT_A_LIST) == "get_init_inputs() returned int, not a list"
+
+
+async def test_a_reference_that_calls_sys_exit_is_refused_naming_the_call(service: EvaluationService) -> None:
+    said = await _refusal(service, EXITS)
+    assert said == "the reference called sys.exit(3) (task file line 6, in <module>)", said
 
 
 async def test_a_reference_returning_a_nested_tuple_of_tensors_is_judged(service: EvaluationService) -> None:
