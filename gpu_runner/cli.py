@@ -189,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sources = []
     for path in (args.reference, args.candidate):
+        if path.is_dir():  # as `kfoundry run` names it
+            sys.stderr.write(
+                f"kfoundry eval: error: {path} is a directory, not a task file (give the .py file of one task)\n"
+            )
+            return 2
         try:
             sources.append(path.read_text())
         except OSError as exc:

@@ -103,6 +103,12 @@ def test_cli_missing_file_is_a_usage_error(tmp_path: Path, capsys: pytest.Captur
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_cli_directory_as_a_task_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([str(tmp_path), str(CANDIDATES / "honest_add_relu.py")])
+    assert code == 2
+    assert f"{tmp_path} is a directory, not a task file" in capsys.readouterr().err
+
+
 def test_cli_invalid_reference_is_a_bad_task_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "ref.py"
     bad.write_text("import torch\nclass Model: pass\n")
