@@ -77,6 +77,9 @@ def signature_of(source: str, name: str = "task") -> TaskSignature:
     import torch
 
     module = types.ModuleType(f"kf_reference_{name}")
+    # What the task prints while it is described is not the command's output: a forward printing
+    # 20,000 lines put 40,000 before a run's summary on stdout (the evaluator's workers keep theirs).
+    module.__dict__["print"] = _unprinted
     exec(compile(source, f"<reference {name}>", "exec"), module.__dict__)  # the user's own reference
     torch.manual_seed(0)
     inputs: Any = None
@@ -102,6 +105,10 @@ def signature_of(source: str, name: str = "task") -> TaskSignature:
         flops=flops,
         bytes_moved=_nbytes([*in_tensors, *out_tensors, *params]),
     )
+
+
+def _unprinted(*args: object, **kwargs: Any) -> None:
+    """The task file's ``print`` while the controller describes it: nothing is written."""
 
 
 def _nbytes(tensors: list[Any]) -> int:

@@ -69,14 +69,19 @@ def test_large_reference_the_meta_device_cannot_run_is_not_built_on_the_cpu() ->
     assert time.perf_counter() - t0 < 20
 
 
-SLOW_FORWARD = """
+SLOW_IMPORT = """
 import time
+time.sleep(3)  # a task that never returns, standing in: this one ends after the test
+raise RuntimeError("described no further: no trace runs beside the next test's")
+"""
+
+PRINTS = """
 import torch
 import torch.nn as nn
 
 class Model(nn.Module):
     def forward(self, x):
-        time.sleep(3)  # a forward that never returns, standing in: this one ends after the test
+        print("from the task")
         return x
 
 def get_inputs():
@@ -88,7 +93,7 @@ def get_init_inputs():
 
 
 async def test_a_run_waits_for_its_task_signature_a_bounded_time() -> None:
-    task = Task.from_source("slow", SLOW_FORWARD)
+    task = Task.from_source("slow", SLOW_IMPORT)
     t0 = time.monotonic()
     described = await signature_within(task, wait_s=0.5)
     assert time.monotonic() - t0 < 2.5
@@ -101,3 +106,8 @@ async def test_a_task_that_exits_at_import_gets_no_signature_and_no_error() -> N
     described = await signature_within(task, wait_s=10.0)
     assert time.monotonic() - t0 < 5.0  # answered, not waited out
     assert described.signature is None
+
+
+def test_what_the_task_prints_while_described_is_not_the_commands_output(capsys: pytest.CaptureFixture[str]) -> None:
+    signature_of(PRINTS)
+    assert "from the task" not in capsys.readouterr().out
