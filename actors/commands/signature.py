@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import types
 from typing import Any
@@ -144,7 +145,10 @@ async def signature_within(task: Task, wait_s: float = SIGNATURE_WAIT_S) -> Task
     found: concurrent.futures.Future[Task] = concurrent.futures.Future()
 
     def describe() -> None:
-        found.set_result(with_signature(task))  # with_signature returns the task unchanged on a failure
+        signed = with_signature(task)  # the task unchanged on a failure
+        # given up on, the future was cancelled: a late result is dropped (set, it raised in this thread)
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            found.set_result(signed)
 
     threading.Thread(target=describe, name="task-signature", daemon=True).start()
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 import pytest
@@ -75,6 +77,24 @@ time.sleep(3)  # a task that never returns, standing in: this one ends after the
 raise RuntimeError("described no further: no trace runs beside the next test's")
 """
 
+LATE = """
+import time
+import torch
+import torch.nn as nn
+
+time.sleep(1)
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x
+
+def get_inputs():
+    return [torch.rand(4)]
+
+def get_init_inputs():
+    return []
+"""
+
 PRINTS = """
 import torch
 import torch.nn as nn
@@ -98,6 +118,17 @@ async def test_a_run_waits_for_its_task_signature_a_bounded_time() -> None:
     described = await signature_within(task, wait_s=0.5)
     assert time.monotonic() - t0 < 2.5
     assert described.signature is None
+
+
+def test_a_signature_given_up_on_ends_quietly_when_it_comes(capsys: pytest.CaptureFixture[str]) -> None:
+    async def given_up() -> None:
+        await signature_within(Task.from_source("late", LATE), wait_s=0.2)
+
+    asyncio.run(given_up())
+    end = time.monotonic() + 20.0
+    while any(t.name == "task-signature" for t in threading.enumerate()) and time.monotonic() < end:
+        time.sleep(0.1)  # until the late signature came
+    assert "Exception in thread" not in capsys.readouterr().err
 
 
 async def test_a_task_that_exits_at_import_gets_no_signature_and_no_error() -> None:
