@@ -49,7 +49,7 @@ from actors.commands.progress import Progress, RunWatcher
 from actors.commands.run_registry import refuse_used_run_id, register_new_run
 from actors.commands.run_stream import publish_seeds, write_results
 from actors.kinds.registry import default_expert_config
-from actors.report.model import declines_sentence, unanswered_sentence
+from actors.report.model import checking_sentence, declines_sentence, unanswered_sentence
 from actors.runtime.base import Actor
 from actors.runtime.bus import Bus
 from actors.runtime.errors import BusError, ConfigError
@@ -467,7 +467,7 @@ class RunController:
                 # timed before the torch.compile baseline was ready
                 best_vs_compiled=report.best.speedup_vs_compiled if report.best else None,
                 best_compiled_derived=report.best is not None and report.best.compiled_derived is not None,
-                declined=declines_sentence(report.islands) or unanswered_sentence(report.experts),
+                declined=declines_sentence(report.islands) or self._checking() or unanswered_sentence(report.experts),
                 dead_lettered=len(self.dead_lettered),
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,
             )
@@ -481,6 +481,14 @@ class RunController:
             if self.watcher is not None:
                 await self.watcher.stop()
             await bus.close()
+
+    def _checking(self) -> str | None:
+        """Where a local evaluator was still checking the task at the end (a reference whose first
+        run had not returned, a 20 s run's budget before its 30 s bound): what the end line says."""
+        from gpu_runner.config import RunnerConfig
+
+        since = [s for a in self.actors if (s := getattr(a, "checking_since", None)) is not None]
+        return checking_sentence(time.time() - min(since), RunnerConfig.reference_first_run_s) if since else None
 
     async def _stop_actors(self, task: asyncio.Task[None], until: float) -> None:
         await stop_actors(task, self.actors, until, ended_at=self.ended_at, say=self._say)

@@ -57,6 +57,8 @@ class EvaluatorActor(Actor):
         """Seconds the GPU was held for this evaluator's candidates (their ``stages.gpu_s``)."""
         self.serving_since: float | None = None
         """When it began taking candidates (wall clock): the window of its throughput and busy fraction."""
+        self.checking_since: float | None = None
+        """While it checks the task (the reference loaded, built and run once): when that began."""
 
     def prestart(self) -> None:
         """Start the runner now, before the actor runs (its processes' imports then overlap the rest
@@ -66,6 +68,7 @@ class EvaluatorActor(Actor):
     async def setup(self) -> None:
         self.spec = await get_run(self.bus, self.rid)
         self.task = self.spec.task
+        self.checking_since = time.time()
         try:
             await self.runner.start()
             # Candidates are taken from here on: their gate and compile (no GPU) overlap the
@@ -81,6 +84,7 @@ class EvaluatorActor(Actor):
                 await asyncio.wait([preparing])
                 raise
             await preparing  # the task's plan: a refusal (too large) ends the set-up here
+            self.checking_since = None
         except (TaskTooLarge, IsolationUnavailable) as exc:  # no candidate can run here: the run says so and ends
             self.refused = TaskRefused(str(exc))
             raise self.refused from None

@@ -227,3 +227,12 @@ def unanswered_sentence(experts: Sequence[ExpertReport]) -> str | None:
         f"no expert answered in time: {said} unanswered when the run ended (an expert reads the task before "
         "its first answer, seconds on a busy machine: give the run more --seconds)"
     )
+
+
+def checking_sentence(seconds: float, bound_s: float) -> str:
+    """``the evaluator was still checking the task when the run ended`` (how long so far, and the
+    bound after which a reference that never returns is refused): the run's budget ended first."""
+    return (
+        f"the evaluator was still checking the task when the run ended (its reference's first load and run: "
+        f"{seconds:.0f} s so far; one that never returns is refused after {bound_s:g} s)"
+    )

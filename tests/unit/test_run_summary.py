@@ -157,3 +157,15 @@ def test_a_run_whose_experts_never_answered_says_so() -> None:
     assert unanswered_sentence([waited, published]) is None
     refused = ExpertReport(expert="template", requests=2, declines=2, declined_by={"refused": 2})
     assert unanswered_sentence([refused]) is None
+
+
+def test_a_run_that_ended_while_its_task_was_checked_says_so() -> None:
+    from actors.report.model import checking_sentence
+
+    said = checking_sentence(12.4, 30.0)
+    assert said == (
+        "the evaluator was still checking the task when the run ended (its reference's first load and run: "
+        "12 s so far; one that never returns is refused after 30 s)"
+    )
+    outcome = dataclasses.replace(_outcome(DeviceChoice.CPU, best=None), evaluated=0, statuses={}, declined=said)
+    assert "0 evaluated: the evaluator was still checking the task" in outcome.summary(20.0)
