@@ -319,7 +319,13 @@ class JudgedReport(TypedDict):
     results: list[dict[str, Any]]
 
 
-class TaskReadyReport(TypedDict):
+class _TaskReadyOptional(TypedDict, total=False):
+    out_structure: list[Any] | str
+    """How the reference's outputs nest (:mod:`gpu_runner.structure`); absent where the referee
+    measured no outputs (a light or compiled-only one)."""
+
+
+class TaskReadyReport(_TaskReadyOptional):
     out_metas: list[dict[str, Any]]
     phases: dict[str, float]
 

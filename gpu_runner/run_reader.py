@@ -25,6 +25,7 @@ from gpu_runner.frames import Report
 from gpu_runner.pool import Spare, decode_outputs
 from gpu_runner.protocol import Blob, FrameError
 from gpu_runner.sandbox import Worker
+from gpu_runner.structure import difference
 from gpu_runner.verdict import RunRecord, exit_description
 from schemas import Check, CheckName, CheckOutcome
 
@@ -45,6 +46,11 @@ def _numbers(value: object, limit: int = 16) -> dict[str, float]:
         return {}
     out = {str(k)[:40]: round(float(v), 4) for k, v in value.items() if isinstance(v, int | float)}
     return dict(list(out.items())[:limit])
+
+
+async def _decided(check: TrialCheck) -> TrialCheck:
+    """A trial's check known without comparing its values (gathered with the compared ones)."""
+    return check
 
 
 @dataclass
@@ -163,6 +169,10 @@ class ReportReader:
         after = info.get("input_sums_after")
         if after is not None and t < len(ref.input_sums) and list(after) != list(ref.input_sums[t]):
             self.record.mutated_trials.append(t)  # large inputs: checked in the candidate's process
+        differs = difference(ref.info.get("out_structure"), info.get("structure"))
+        if differs is not None:  # nested otherwise than the reference's outputs: incorrect as it is
+            c.compares.append(asyncio.create_task(_decided(TrialCheck(False, "incorrect.shape", differs))))
+            return
         if ref.judged:  # judged on the GPU once the worker is gone
             c.pending.append((t, header))
             return

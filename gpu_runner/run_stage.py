@@ -393,7 +393,8 @@ class RunStage:
         for o in outcomes:
             if isinstance(o, BaseException) and not isinstance(o, FrameError):
                 raise o
-        record.trial_checks = [o for o in outcomes if isinstance(o, TrialCheck)]
+        # after the judge's, where it judged the others (a trial nested otherwise is not judged)
+        record.trial_checks += [o for o in outcomes if isinstance(o, TrialCheck)]
 
     async def _timed_checks(self, w: _Window) -> None:
         """The timed calls chosen for judgment, against the referee's truth of their seeds (host

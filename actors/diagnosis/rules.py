@@ -32,7 +32,7 @@ from schemas import (
 )
 from schemas import DiagnosisCategory as C
 
-_SHAPE_WORDS = ("shape", "outputs, the reference returns", "number of outputs")
+_SHAPE_WORDS = ("shape", "outputs, the reference returns", "number of outputs", "output structure")
 _FAILED_CHECK_CATEGORIES: dict[CheckName, C] = {
     CheckName.KERNELS_LAUNCHED: C.REJECTED_NO_KERNEL_LAUNCHED,
     CheckName.TIMED_LAUNCHES: C.REJECTED_NO_KERNEL_LAUNCHED,

@@ -34,6 +34,7 @@ from gpu_runner.sandboxed.common import (
     checksum,
     describe_exception,
     flatten_outputs,
+    output_structure,
     pack,
     poison_allocator,
     same_bits,
@@ -349,6 +350,7 @@ def _trials(
             "custom_ops": log.custom_ops,
             "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
             "n_outputs": len(items),
+            "structure": output_structure(out),
             "devices_ok": all(o.device == device for o in tensors),
             "strides": [list(o.stride()) for o in tensors],
             "deferred": (

@@ -332,6 +332,15 @@ def flatten_outputs(out: object) -> list[object]:
     return [out]
 
 
+def output_structure(out: object) -> object:
+    """How a forward's result nests, in the wire form the parent reads (:mod:`gpu_runner.structure`):
+    ``"tensor"`` for a tensor (another value: its type's name), ``["tuple", ...]`` or
+    ``["list", ...]`` with the items' structures for a tuple or a list."""
+    if isinstance(out, tuple | list):
+        return ["list" if isinstance(out, list) else "tuple", *(output_structure(v) for v in out)]
+    return "tensor" if isinstance(out, torch.Tensor) else type(out).__name__
+
+
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from gpu_runner.frames import BatchOp, Report, TaskOp, TruthOp
-from gpu_runner.sandboxed.common import Channel, Laps, log
+from gpu_runner.sandboxed.common import Channel, Laps, log, output_structure
 from gpu_runner.sandboxed.reference import (
     ReferenceFault,
     Shipment,
@@ -192,7 +192,10 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
                 raise ReferenceFault(f"get_inputs() failed: {type(exc).__name__}: {exc}") from exc
             args = clone_inputs(sample)
             with torch.no_grad(), exact_fp32():
-                outs = tensors(ref.model(*args), "Model.forward")
+                raw = ref.model(*args)
+                structure = output_structure(raw)
+                outs = tensors(raw, "Model.forward")
+                del raw
                 if sum(o.numel() * o.element_size() for o in outs) <= DETERMINISM_MAX_BYTES:
                     again = tensors(ref.model(*clone_inputs(sample)), "Model.forward")
                     _require_deterministic(outs, again)
@@ -244,6 +247,7 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         input_bytes=in_bytes,
         out_dtype=ref.out_metas[0]["dtype"] if ref.out_metas else "float32",
         out_metas=ref.out_metas,
+        out_structure=structure,
         range_scales=scales,
         nonfinite_share=nonfinite_share,
         mutated_inputs=mutated,

@@ -163,6 +163,10 @@ def test_a_truncated_tf32_kernel_is_told_to_round_where_the_reference_runs_tf32(
             C.INCORRECT_PRECISION,
         ),
         (_corr(detail="2 outputs, the reference returns 1"), C.INCORRECT_SHAPE),
+        (
+            _corr(detail="output structure differs: the reference returns (tensor, (tensor,)), the candidate tensor"),
+            C.INCORRECT_SHAPE,
+        ),
         (_corr(max_abs_err=3.0, mismatch_fraction=0.01, first_bad_index=(7, 999)), C.INCORRECT_BOUNDARY),
     ],
     ids=[
@@ -178,6 +182,7 @@ def test_a_truncated_tf32_kernel_is_told_to_round_where_the_reference_runs_tf32(
         "other",
         "bf16-like",
         "output-count",
+        "output-structure",
         "few-wrong-no-shape",
     ],
 )

@@ -2,7 +2,7 @@
 returns is refused within the bound, naming the line it was stuck on; one whose outputs cannot be
 compared (complex), whose ``get_init_inputs`` returns no list or that calls ``sys.exit`` is refused
 naming that; one that returns a nested tuple of tensors (an ``nn.LSTM``'s ``(output, (h, c))``)
-is judged."""
+is judged, and a candidate that returns its tensors nested otherwise is incorrect."""
 
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ class ModelNew(nn.Module):
         relu_twice[(triton.cdiv(x.numel(), 256),)](x, a, b, x.numel(), BLOCK=256)
         return a, (b,)
 """
+FLAT_CANDIDATE = NESTED_CANDIDATE.replace("return a, (b,)", "return a, b")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -102,13 +103,27 @@ async def test_a_reference_that_calls_sys_exit_is_refused_naming_the_call(servic
     assert said == "the reference called sys.exit(3) (task file line 6, in <module>)", said
 
 
-async def test_a_reference_returning_a_nested_tuple_of_tensors_is_judged(service: EvaluationService) -> None:
-    job = EvalJob(
+def _job(candidate: str, name: str) -> EvalJob:
+    return EvalJob(
         reference_source=NESTED,
-        candidate_source=NESTED_CANDIDATE,
+        candidate_source=candidate,
         language=KernelLanguage.TRITON,
         timeout_s=120.0,
-        candidate_id="nested",
+        candidate_id=name,
     )
-    result = await service.evaluate(job)
+
+
+async def test_a_reference_returning_a_nested_tuple_of_tensors_is_judged(service: EvaluationService) -> None:
+    result = await service.evaluate(_job(NESTED_CANDIDATE, "nested"))
     assert result.status is EvalStatus.CORRECT, result.summary
+
+
+async def test_a_candidate_nested_otherwise_than_the_reference_is_incorrect_naming_both(
+    service: EvaluationService,
+) -> None:
+    result = await service.evaluate(_job(FLAT_CANDIDATE, "flat"))  # the same tensors, flattened
+    said = "output structure differs: the reference returns (tensor, (tensor,)), the candidate (tensor, tensor)"
+    assert result.status is EvalStatus.INCORRECT, result.summary
+    assert result.summary == f"incorrect: {said}"
+    assert result.correctness is not None
+    assert result.correctness.detail == said
