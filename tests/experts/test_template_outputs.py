@@ -1,15 +1,17 @@
-"""Models that return several tensors (a tuple or a list): the template renders every one, fused
-where the schedule allows, and returns them as a tuple; each is checked under the interpreter."""
+"""Models that return several tensors (a tuple or a list, nested or not): the template renders every
+one, fused where the schedule allows, and returns them nested as the reference does, each tuple a
+tuple and each list a list; each is checked under the interpreter."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from actors.experts.template import analyse, default_params, render
 from actors.experts.template.interp_check import finish_check, start_check
-from actors.experts.template.ir import Plan, Unsupported
+from actors.experts.template.ir import Plan, Unsupported, plan_from_dict, plan_to_dict
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,20 +26,47 @@ VIEWS = HEAD + "        y = torch.relu(x)\n        return y, y.view(-1)\n" + TAI
 """Two views of one tensor: outputs that share memory, which the evaluator refuses."""
 
 
-def test_several_outputs_render_as_a_tuple_and_match_pytorch(tmp_path: Path) -> None:
+NESTED = {
+    "tuple_in_tuple": ("        return x.relu(), (x * 2.0, x.sum(1))\n", ("tuple", 0, ("tuple", 1, 2))),
+    "lstm_like": (
+        "        h = torch.tanh(x)\n        c = torch.sigmoid(x) * 2.0\n        return h * c, (h, c)\n",
+        ("tuple", 0, ("tuple", 1, 2)),
+    ),
+    "one_tuple": ("        return (x.relu(),)\n", ("tuple", 0)),
+    "lists": ("        return [x.relu(), [x * 2.0]]\n", ("list", 0, ("list", 1))),
+}
+"""Nested outputs (an ``nn.LSTM``'s ``(output, (h, c))`` made of elementwise ops), a tuple of one
+tensor and nested lists, with the nesting the plan must record."""
+
+
+def test_several_outputs_render_as_the_references_tuple_or_list_and_match_pytorch(tmp_path: Path) -> None:
     jobs = []
-    for source, count in ((TWO, 2), (ROW_AND_ELEMENTS, 2)):
+    for source, count, opening in ((TWO, 2, "return (_b"), (ROW_AND_ELEMENTS, 2, "return [_b")):
         plan = analyse(source)
         assert isinstance(plan, Plan), plan
         assert len(plan.outputs) == count
         candidate = render(plan, default_params(plan))
-        assert "return (_b" in candidate
+        assert opening in candidate
         jobs.append({"reference": source, "candidate": candidate, "seeds": [3, 4], "atol": 1e-4, "rtol": 1e-4})
     plan = analyse(TWO)
     assert isinstance(plan, Plan)
     assert render(plan, default_params(plan)).count("(_kfs, ") == 1  # one launch writes both outputs
     verdicts = finish_check(start_check(jobs, tmp_path), timeout=280)
     assert [v.ok for v in verdicts] == [True, True], verdicts
+
+
+def test_nested_outputs_render_nested_as_the_reference_and_match_pytorch(tmp_path: Path) -> None:
+    jobs = []
+    for name, (body, returns) in NESTED.items():
+        source = HEAD + body + TAIL
+        plan = analyse(source)
+        assert isinstance(plan, Plan), (name, plan)
+        assert plan.returns == returns, name
+        assert plan_from_dict(json.loads(json.dumps(plan_to_dict(plan)))) == plan  # as the analysis child sends it
+        jobs.append({"reference": source, "candidate": render(plan, default_params(plan)), "seeds": [7],
+                     "atol": 1e-4, "rtol": 1e-4})  # fmt: skip
+    verdicts = finish_check(start_check(jobs, tmp_path), timeout=280)
+    assert [v.ok for v in verdicts] == [True] * len(jobs), (list(NESTED), verdicts)
 
 
 def test_outputs_that_share_memory_are_declined() -> None:

@@ -2,7 +2,8 @@
 returns is refused within the bound, naming the line it was stuck on; one whose outputs cannot be
 compared (complex), whose ``get_init_inputs`` returns no list or that calls ``sys.exit`` is refused
 naming that; one that returns a nested tuple of tensors (an ``nn.LSTM``'s ``(output, (h, c))``)
-is judged, and a candidate that returns its tensors nested otherwise is incorrect."""
+is judged (the template expert's candidate for it too), and a candidate that returns its tensors
+nested otherwise is incorrect."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from actors.experts.template import analyse, default_params, render
+from actors.experts.template.ir import Plan
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.errors import InvalidReference
 from gpu_runner.service import EvaluationService
@@ -115,6 +118,15 @@ def _job(candidate: str, name: str) -> EvalJob:
 
 async def test_a_reference_returning_a_nested_tuple_of_tensors_is_judged(service: EvaluationService) -> None:
     result = await service.evaluate(_job(NESTED_CANDIDATE, "nested"))
+    assert result.status is EvalStatus.CORRECT, result.summary
+
+
+async def test_the_template_experts_candidate_for_a_nested_reference_is_judged_correct(
+    service: EvaluationService,
+) -> None:
+    plan = analyse(NESTED)
+    assert isinstance(plan, Plan), plan
+    result = await service.evaluate(_job(render(plan, default_params(plan)), "template"))
     assert result.status is EvalStatus.CORRECT, result.summary
 
 

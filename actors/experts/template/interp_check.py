@@ -6,8 +6,9 @@ verdicts on stdout. It must run with ``TRITON_INTERPRET=1`` in its environment (
 otherwise), and it executes both sources, so it is only ever started as its own process:
 :func:`check_in_subprocess` does that. Per seed it builds ``Model`` and ``ModelNew`` under the
 same seed, requires identical parameters, runs both on the reference's ``get_inputs()``, and
-compares outputs (exactly for integer outputs) plus each one's error against a float64 run of
-the reference. The tests and ``bench/template_bench.py --device cpu`` use it.
+compares outputs (nested as the reference's, a tuple where it has a tuple, a list where it has a
+list; exactly for integer outputs) plus each one's error against a float64 run of the reference.
+The tests and ``bench/template_bench.py --device cpu`` use it.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def _check(job: dict[str, Any]) -> Verdict:
         for x, y in zip(inputs, before, strict=True):
             if isinstance(x, torch.Tensor) and not torch.equal(x, y):
                 return Verdict(False, "the candidate changed an input")
+        if _nesting(actual) != _nesting(expected):
+            return Verdict(False, f"output structure {_nesting(actual)}, the reference's {_nesting(expected)}")
         expected_all, actual_all, exact_all = _listed(expected), _listed(actual), _listed(exact)
         if len(actual_all) != len(expected_all):
             return Verdict(False, f"{len(actual_all)} outputs, the reference returns {len(expected_all)}")
@@ -105,8 +108,16 @@ def _check(job: dict[str, Any]) -> Verdict:
 
 
 def _listed(value: Any) -> list[Any]:
-    """A forward's outputs as a list (one tensor, or a tuple or list of them)."""
-    return list(value) if isinstance(value, tuple | list) else [value]
+    """A forward's outputs as a list, in order (one tensor, or tuples or lists of them, nested or not)."""
+    return [x for v in value for x in _listed(v)] if isinstance(value, tuple | list) else [value]
+
+
+def _nesting(value: Any) -> Any:
+    """How a forward's outputs nest: ``("tuple", "tensor", ("list", ...))``, the kind of each
+    tuple and list kept (the template returns the reference's own)."""
+    if isinstance(value, tuple | list):
+        return ("list" if isinstance(value, list) else "tuple", *map(_nesting, value))
+    return type(value).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -254,7 +254,11 @@ class Plan:
     """The (fuse_epilogue, fuse_prologue) settings that render, each a distinct schedule."""
     extra_outputs: tuple[int, ...] = ()
     """Ids of the further tensors ``forward`` returns, in order, where it returns a tuple or list
-    (rendered as a tuple: every tensor is judged)."""
+    (rendered nested as the reference nests them, :attr:`returns`: every tensor is judged)."""
+    returns: tuple[Any, ...] | None = None
+    """How ``forward`` nests what it returns where it returns a tuple or list (nested ones too: an
+    ``nn.LSTM``'s ``(output, (h, c))``): ``("tuple" | "list", item, ...)``, each item a position in
+    :attr:`outputs` or such a nest; ``None`` where it returns one tensor."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
     """Per returned tensor, the reference's strides where they are not the contiguous ones (an
     einsum's permuted result, a slice of a larger tensor), else ``None``: outputs are judged in the
@@ -412,4 +416,10 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         output_strides=tuple(
             None if st is None else tuple(int(x) for x in st) for st in data.get("output_strides") or ()
         ),
+        returns=None if data.get("returns") is None else _returns_from(data["returns"]),
     )
+
+
+def _returns_from(data: list[Any] | tuple[Any, ...]) -> tuple[Any, ...]:
+    """:attr:`Plan.returns` from its JSON form (lists again tuples, positions integers)."""
+    return (str(data[0]), *(_returns_from(x) if isinstance(x, list | tuple) else int(x) for x in data[1:]))

@@ -143,6 +143,8 @@ class Lowerer:
         self.buffer_paths = frozenset(buffers)
         self.attrs = TensorAttrs(traced)
         """The plain tensor attributes forward reads and writes (not reproduced: what it leaves on them)."""
+        self.returns: tuple[Any, ...] | None = None
+        """How ``forward`` nests the tensors it returns (:attr:`Plan.returns`), once lowered."""
 
     # -- building blocks -------------------------------------------------------------------
     def add(self, kind: NodeKind, shape: tuple[int, ...], **kw: Any) -> NodeRef:
@@ -341,13 +343,21 @@ class Lowerer:
         return output
 
     def _output(self, fxn: fx.Node) -> tuple[int, ...]:
-        """The returned tensors: one, or a tuple or list of them (each computed here, none an
-        alias of another: the evaluator refuses outputs that share memory)."""
-        returned = fxn.args[0]
-        value = self.arg(returned)
-        refs = list(value) if isinstance(value, tuple | list) else [value]
+        """The returned tensors, in order: one, or a tuple or list of them, nested or not (each
+        computed here, none an alias of another: the evaluator refuses outputs that share memory);
+        their nesting goes to :attr:`returns`."""
+        refs: list[Any] = []
+
+        def nest(value: Any) -> Any:
+            if isinstance(value, tuple | list):
+                return ("list" if isinstance(value, list) else "tuple", *(nest(v) for v in value))
+            refs.append(value)
+            return len(refs) - 1
+
+        shape = nest(self.arg(fxn.args[0]))
         if not refs or not all(isinstance(r, NodeRef) for r in refs):
-            raise UnsupportedGraph("forward must return a tensor or a tuple or list of tensors")
+            raise UnsupportedGraph("forward must return tensors (one, or tuples or lists of them)")
+        self.returns = shape if isinstance(shape, tuple) else None
         roots: list[int] = []
         for ref in refs:
             root = self.node(ref)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -63,6 +64,7 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             prelude_source=prelude,
             ops=tuple(lowerer.ops),
             output_strides=_reference_strides(traced),
+            returns=lowerer.returns,
         )
         seen: set[tuple[tuple[str, int], ...]] = set()
         fusions: list[tuple[bool, bool]] = []
@@ -94,9 +96,13 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
 def _reference_strides(traced: Traced) -> tuple[tuple[int, ...] | None, ...]:
     """Per tensor ``forward`` returns, its traced strides where they are not the contiguous ones."""
     output = next(n for n in traced.graph_module.graph.nodes if n.op == "output")
-    returned = output.args[0]
-    values = [traced.values.get(n) for n in (returned if isinstance(returned, tuple | list) else [returned])]
+    values = _flat([traced.values.get(n) for n in _flat(output.args[0])])
     return tuple(tuple(v.stride()) if isinstance(v, torch.Tensor) and not v.is_contiguous() else None for v in values)
+
+
+def _flat(value: Any) -> list[Any]:
+    """Nested tuples and lists as one list, in order (an ``nn.LSTM``'s ``(output, (h, c))``)."""
+    return [x for v in value for x in _flat(v)] if isinstance(value, tuple | list) else [value]
 
 
 def render(plan: Plan, params: TemplateParams, direct: bool = True, arena: bool = True) -> str:
@@ -301,6 +307,18 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: b
         body.extend(_launch_line(stage, direct, arena) for stage in (*launch.pre, launch))
     copies, returned = _returned(plan, sched)
     body.extend(copies)
-    body.append(f"return {returned[0]}" if len(returned) == 1 else f"return ({', '.join(returned)})")
+    if plan.returns is not None:  # the reference's tuples and lists, nested as it nests them
+        body.append(f"return {_nested(plan.returns, returned)}")
+    else:
+        body.append(f"return {returned[0]}" if len(returned) == 1 else f"return ({', '.join(returned)})")
     lines.append(textwrap.indent("\n".join(body), "        "))
     return "\n".join(lines)
+
+
+def _nested(returns: tuple[Any, ...], exprs: list[str]) -> str:
+    """``forward``'s return expression for :attr:`Plan.returns`: ``(_b3, (_b5, _b7))``."""
+    kind, *items = returns
+    inner = ", ".join(_nested(x, exprs) if isinstance(x, tuple) else exprs[x] for x in items)
+    if kind == "list":
+        return f"[{inner}]"
+    return f"({inner},)" if len(items) == 1 else f"({inner})"
