@@ -61,6 +61,10 @@ class Decline(Model):
     """Why no candidate was produced."""
     detail: str = ""
     """Plain-language detail (never a key or a raw secret)."""
+    op: str | None = None
+    """The reference's op the expert does not cover, where one stopped it (``--torch-ops
+    reference`` may leave such an op to PyTorch); ``None`` for any other reason (an input dtype,
+    the outputs' form)."""
 
 
 class GenerateRequest(Message):

@@ -467,7 +467,9 @@ class RunController:
                 # timed before the torch.compile baseline was ready
                 best_vs_compiled=report.best.speedup_vs_compiled if report.best else None,
                 best_compiled_derived=report.best is not None and report.best.compiled_derived is not None,
-                declined=declines_sentence(report.islands) or self._checking() or unanswered_sentence(report.experts),
+                declined=declines_sentence(report.islands, self.spec.torch_ops)
+                or self._checking()
+                or unanswered_sentence(report.experts),
                 dead_lettered=len(self.dead_lettered),
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,
             )

@@ -16,6 +16,7 @@ from schemas import (
     KernelLanguage,
     MigrationReason,
     StopReason,
+    TorchOpsPolicy,
 )
 
 
@@ -195,9 +196,12 @@ class RunReport(_Frozen):
     empty when every layer held or was switched off by config (``--isolation best-effort`` runs)."""
 
 
-def declines_sentence(islands: Sequence[IslandReport]) -> str | None:
+def declines_sentence(islands: Sequence[IslandReport], torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID) -> str | None:
     """``the experts declined N request(s): REASON: DETAIL`` (the decline of the island that had
-    the most) with a suggestion where one helps; None when no expert declined."""
+    the most) with a suggestion where one helps; None when no expert declined. ``--torch-ops
+    reference`` is suggested only for an op the expert does not cover (the decline names it) in a
+    run under another policy (``torch_ops``): it helps with nothing else (an input's dtype, the
+    form of the outputs), where an LLM expert is suggested alone."""
     declined = [i for i in islands if i.last_decline is not None and i.declines]
     if not declined:
         return None
@@ -205,11 +209,11 @@ def declines_sentence(islands: Sequence[IslandReport]) -> str | None:
     last = max(declined, key=lambda i: i.declines).last_decline
     assert last is not None
     text = f"the experts declined {total} request(s): {last.reason}" + (f": {last.detail}" if last.detail else "")
-    if last.reason == DeclineReason.UNSUPPORTED:
-        text += (
-            " (try --torch-ops reference, which leaves the reference's own ops to PyTorch, or an LLM "
-            "expert: kfoundry expert set NAME --kind llm ..., then --experts template,NAME)"
-        )
+    llm = "an LLM expert: kfoundry expert set NAME --kind llm ..., then --experts template,NAME"
+    if last.reason == DeclineReason.UNSUPPORTED and last.op is not None and torch_ops is not TorchOpsPolicy.REFERENCE:
+        text += f" (try --torch-ops reference, which leaves the reference's own ops to PyTorch, or {llm})"
+    elif last.reason == DeclineReason.UNSUPPORTED:
+        text += f" (try {llm})"
     return text
 
 

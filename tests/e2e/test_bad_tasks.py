@@ -166,3 +166,4 @@ def test_a_run_whose_requests_were_all_declined_says_why(tmp_path: Path) -> None
     line = done.stdout.splitlines()[0]
     assert "0 evaluated: the experts declined" in line, line
     assert "torch.int64" in line, line
+    assert "--torch-ops" not in line, line  # leaving ops to PyTorch does not help with an input's dtype

@@ -219,6 +219,21 @@ async def test_unsupported_reference_and_cuda_requests_are_declined() -> None:
     assert expert.stats().declines == 2
 
 
+async def test_a_decline_names_the_op_only_where_an_uncovered_op_stopped_it() -> None:
+    head = "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+    tail = "\n\ndef get_inputs():\n    return [torch.randn(8, 8{})]\n\n\ndef get_init_inputs():\n    return []\n"
+    expert = _expert()
+    uncovered = head + "        return torch.erfinv(x)\n" + tail.format("")
+    float64 = head + "        return x.relu()\n" + tail.format(", dtype=torch.float64")
+    op = await expert.generate(_request(task=Task.from_source("erfinv", uncovered)))
+    dtype = await expert.generate(_request(task=Task.from_source("float64", float64)))
+    assert op.decline is not None
+    assert op.decline.op == "function torch.erfinv"  # --torch-ops reference leaves it to PyTorch
+    assert dtype.decline is not None
+    assert dtype.decline.reason is DeclineReason.UNSUPPORTED
+    assert dtype.decline.op is None, dtype.decline  # leaving ops to PyTorch does not help
+
+
 async def test_plan_is_traced_once_per_task_even_under_concurrent_requests() -> None:
     expert = _expert(max_variants=3)
     replies = await asyncio.gather(*(expert.generate(_request(seed=s, n=10)) for s in range(4)))

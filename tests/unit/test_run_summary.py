@@ -100,7 +100,11 @@ def test_a_run_that_evaluated_nothing_names_the_declines_and_what_to_try() -> No
     from actors.report.model import IslandReport, declines_sentence
     from schemas import Decline, DeclineReason
 
-    why = Decline(reason=DeclineReason.UNSUPPORTED, detail="function torch.randn_like is not covered by the templates")
+    why = Decline(
+        reason=DeclineReason.UNSUPPORTED,
+        detail="function torch.randn_like is not covered by the templates",
+        op="function torch.randn_like",
+    )
     islands = [
         IslandReport(island="i0", evaluated=0, declines=9, last_decline=why),
         IslandReport(island="i1", evaluated=0, declines=7, last_decline=why),
@@ -118,6 +122,30 @@ def test_a_run_that_evaluated_nothing_names_the_declines_and_what_to_try() -> No
     timeout = Decline(reason=DeclineReason.TIMEOUT, detail="no reply in 60 s")
     other = declines_sentence([IslandReport(island="i0", evaluated=0, declines=2, last_decline=timeout)])
     assert other == "the experts declined 2 request(s): timeout: no reply in 60 s"
+
+
+def test_a_decline_that_leaving_ops_to_pytorch_cannot_help_suggests_no_torch_ops() -> None:
+    from actors.report.model import IslandReport, declines_sentence
+    from schemas import Decline, DeclineReason, TorchOpsPolicy
+
+    def said(why: Decline, policy: TorchOpsPolicy = TorchOpsPolicy.FORBID) -> str:
+        sentence = declines_sentence([IslandReport(island="i0", evaluated=0, declines=3, last_decline=why)], policy)
+        assert sentence is not None
+        return sentence
+
+    llm = "(try an LLM expert: kfoundry expert set NAME --kind llm ..., then --experts template,NAME)"
+    for detail in (
+        "input x is torch.float64; only float32 (and bool masks) is covered",
+        "input x is torch.int32; only float32 (and bool masks) is covered",
+    ):
+        dtype = said(Decline(reason=DeclineReason.UNSUPPORTED, detail=detail))  # no op: the template's own
+        assert "--torch-ops" not in dtype, dtype
+        assert dtype.endswith(llm), dtype
+    op = Decline(reason=DeclineReason.UNSUPPORTED, detail="function torch.fft.fft is not covered", op="torch.fft.fft")
+    assert "(try --torch-ops reference, which leaves the reference's own ops to PyTorch, or an LLM" in said(op)
+    already = said(op, TorchOpsPolicy.REFERENCE)  # the run already leaves them: no use saying it
+    assert "--torch-ops" not in already, already
+    assert already.endswith(llm), already
 
 
 def test_the_end_line_says_when_the_references_outputs_hold_nan() -> None:

@@ -228,7 +228,7 @@ class TemplateExpert:
             plan = await self.plan_for(request.task.task_id, request.task.source, keep_torch)
             if isinstance(plan, Unsupported):
                 log.info("template.decline", detail=plan.detail)
-                return self._decline(request, started, plan.detail)
+                return self._decline(request, started, plan.detail, plan.op)
             proposals = await asyncio.to_thread(self._propose, plan, request)
         except Exception as exc:
             # The one boundary: a failure here is a bug of the expert; it is logged with its
@@ -246,12 +246,12 @@ class TemplateExpert:
             elapsed_s=time.perf_counter() - started,
         )
 
-    def _decline(self, request: GenerateRequest, started: float, detail: str) -> GenerateReply:
+    def _decline(self, request: GenerateRequest, started: float, detail: str, op: str | None = None) -> GenerateReply:
         self._declines += 1
         return GenerateReply(
             request_id=request.request_id,
             expert=self.name,
-            decline=Decline(reason=DeclineReason.UNSUPPORTED, detail=detail),
+            decline=Decline(reason=DeclineReason.UNSUPPORTED, detail=detail, op=op),
             elapsed_s=time.perf_counter() - started,
         )
 
