@@ -52,7 +52,7 @@ from actors.kinds.registry import default_expert_config
 from actors.report.model import checking_sentence, declines_sentence, unanswered_sentence
 from actors.runtime.base import Actor
 from actors.runtime.bus import Bus
-from actors.runtime.errors import BusError, ConfigError
+from actors.runtime.errors import BusError, ConfigError, TaskInvalid
 from actors.runtime.kv import get_expert_config, list_expert_configs, put_expert_config
 from actors.runtime.logs import get_logger
 from actors.runtime.options import RunOptions
@@ -67,6 +67,7 @@ from schemas import (
 )
 
 if TYPE_CHECKING:
+    from actors.commands.signature import SignatureRun
     from actors.runtime.gpu_claim import GpuClaim
 
 log = get_logger(__name__)
@@ -112,12 +113,15 @@ class RunController:
         """When the first SIGINT/SIGTERM arrived (wall clock), or an operator's stop was read."""
         self.ended_at: float | None = None
         """When the run's end was decided (wall clock)."""
+        self.signature_run: SignatureRun | None = None
+        """The task's description in this process (its forward run once), from the set-up on."""
 
     async def _setup(self, bus: Bus) -> None:
-        from actors.commands.signature import signature_within
+        from actors.commands.signature import SignatureRun, signature_within
 
         await refuse_used_run_id(bus, self.spec)  # at once, before the task's signature takes seconds
-        task = await signature_within(self.spec.task)
+        self.signature_run = SignatureRun()
+        task = await signature_within(self.spec.task, run=self.signature_run)
         self.spec = self.spec.model_copy(update={"task": task})
         if self.options.all_llm_experts:
             await self._add_llm_experts(bus)
@@ -452,6 +456,8 @@ class RunController:
                         await stopping  # an actor's failure is raised here, once the results are written
                     finally:
                         faulthandler.cancel_dump_traceback_later()
+            if (hang := self._hang()) is not None:
+                raise hang
             best = self.progress.best
             return RunOutcome(
                 run_id=self.spec.run_id,
@@ -491,6 +497,24 @@ class RunController:
 
         since = [s for a in self.actors if (s := getattr(a, "checking_since", None)) is not None]
         return checking_sentence(time.time() - min(since), RunnerConfig.reference_first_run_s) if since else None
+
+    def _hang(self) -> TaskInvalid | None:
+        """Where the run ended while a local evaluator still checked the task and the task's
+        description here (its forward, run once on the meta device or the CPU) had not returned
+        past the time it was given: a forward that does not return (a 20 s run of one ended before
+        the evaluator's 30 s bound, status 1). The run is refused as a task that does not work (2)."""
+        from actors.commands.signature import SIGNATURE_WAIT_S
+        from gpu_runner.config import RunnerConfig
+
+        stuck = self.signature_run.unreturned_s() if self.signature_run is not None else None
+        if stuck is None or stuck <= SIGNATURE_WAIT_S or self._checking() is None:
+            return None
+        return TaskInvalid(
+            f"the task does not work: its forward had not returned after {stuck:.0f} s when the run ended "
+            f"(run once here to describe the task, given {SIGNATURE_WAIT_S:g} s; the evaluator, still checking "
+            f"it, refuses one that never returns after {RunnerConfig.reference_first_run_s:g} s and names the "
+            "line it is stuck on: give the run more --seconds to see it)"
+        )
 
     async def _stop_actors(self, task: asyncio.Task[None], until: float) -> None:
         await stop_actors(task, self.actors, until, ended_at=self.ended_at, say=self._say)

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import time
 import types
 from typing import Any
 
@@ -136,20 +137,42 @@ SIGNATURE_WAIT_S = 10.0
 """How long a run waits for its task's signature before it goes on without one."""
 
 
-async def signature_within(task: Task, wait_s: float = SIGNATURE_WAIT_S) -> Task:
+class SignatureRun:
+    """The task's description in its thread (:func:`signature_within`): when it began and whether
+    it has returned. One that has not returned long after the run gave up on it is a forward that
+    may never return: the run's end says so where its evaluator had not yet refused the task."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        """When the description began (monotonic clock)."""
+        self.returned = threading.Event()
+
+    def unreturned_s(self) -> float | None:
+        """Seconds the description has run without returning; None once it returned or before it began."""
+        if self.started is None or self.returned.is_set():
+            return None
+        return time.monotonic() - self.started
+
+
+async def signature_within(task: Task, wait_s: float = SIGNATURE_WAIT_S, run: SignatureRun | None = None) -> Task:
     """:func:`with_signature` in a thread of its own, waited for at most ``wait_s``: a reference
     that never returns (a loop in its forward) leaves the run to go on without a signature, and its
     evaluator refuses the task with the line it is stuck on. The thread is a daemon, left to the
     process's end: Python cannot stop it, and it must not hold the exit (an executor's thread did:
-    such a run ignored its budget and SIGTERM)."""
+    such a run ignored its budget and SIGTERM). ``run`` follows it (:class:`SignatureRun`)."""
     found: concurrent.futures.Future[Task] = concurrent.futures.Future()
+    run = run or SignatureRun()
 
     def describe() -> None:
-        signed = with_signature(task)  # the task unchanged on a failure
+        try:
+            signed = with_signature(task)  # the task unchanged on a failure
+        finally:
+            run.returned.set()
         # given up on, the future was cancelled: a late result is dropped (set, it raised in this thread)
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             found.set_result(signed)
 
+    run.started = time.monotonic()
     threading.Thread(target=describe, name="task-signature", daemon=True).start()
     try:
         async with asyncio.timeout(wait_s):

@@ -167,3 +167,21 @@ def test_a_run_whose_requests_were_all_declined_says_why(tmp_path: Path) -> None
     assert "0 evaluated: the experts declined" in line, line
     assert "torch.int64" in line, line
     assert "--torch-ops" not in line, line  # leaving ops to PyTorch does not help with an input's dtype
+
+
+@pytest.mark.slow  # a 20 s run and its end: ~30 s on a 2-core host
+@pytest.mark.timeout(180)
+def test_a_run_that_ends_before_the_evaluator_refuses_a_forward_that_never_returns_says_so(tmp_path: Path) -> None:
+    # its budget ends before the evaluator's 30 s bound: the forward, run once to describe the
+    # task and given 10 s, had still not returned, so the run is refused as a task that does not work
+    task = tmp_path / "never_returns.py"
+    task.write_text(
+        HEAD
+        + "class Model(nn.Module):\n    def forward(self, x):\n        while True:\n            pass\n\n\n"
+        + "def get_inputs():\n    return [torch.randn(16, 16)]\n\n\n"
+        + NO_INIT
+    )
+    args = ("run", str(task), "--device", "cpu", "--seconds", "20", "--candidates", "2")
+    done, took = _kfoundry(*args, "--run-dir", str(tmp_path / "run"), env=_env(tmp_path), timeout=150)
+    _one_line(done, "kfoundry:", ["its forward had not returned after", "give the run more --seconds"])
+    assert took < 60, f"a 20 s run took {took:.0f} s"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from actors.commands.signature import signature_of, signature_within
+from actors.commands.signature import SignatureRun, signature_of, signature_within
 from schemas import Task
 
 pytestmark = pytest.mark.timeout(60)
@@ -129,6 +129,20 @@ def test_a_signature_given_up_on_ends_quietly_when_it_comes(capsys: pytest.Captu
     while any(t.name == "task-signature" for t in threading.enumerate()) and time.monotonic() < end:
         time.sleep(0.1)  # until the late signature came
     assert "Exception in thread" not in capsys.readouterr().err
+
+
+async def test_a_signature_given_up_on_is_known_unreturned_until_it_returns() -> None:
+    run = SignatureRun()
+    assert run.unreturned_s() is None  # not begun
+    await signature_within(Task.from_source("late", LATE), wait_s=0.2, run=run)
+    stuck = run.unreturned_s()
+    assert stuck is not None
+    assert stuck >= 0.2
+    assert await asyncio.to_thread(run.returned.wait, 20.0)
+    assert run.unreturned_s() is None
+    quick = SignatureRun()
+    await signature_within(Task.from_source("prints", PRINTS), wait_s=10.0, run=quick)
+    assert quick.unreturned_s() is None
 
 
 async def test_a_task_that_exits_at_import_gets_no_signature_and_no_error() -> None:
