@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from actors.experts.template.errors import UnsupportedGraph, number
-from actors.experts.template.ir import COMPARISONS, Absent, DiagRef, NodeKind, NodeRef, TupleRef
+from actors.experts.template.ir import CASTS, COMPARISONS, HALF, Absent, DiagRef, NodeKind, NodeRef, TupleRef
 from actors.experts.template.lowering import INDEX_DTYPES, LowerContext, lower_fn
 from actors.experts.template.products import product
 
@@ -343,6 +343,23 @@ def _whole_slice(lw: LowerContext, x: object, index: object, traced: Any) -> boo
     return all(p is Ellipsis or (isinstance(p, slice) and p.start in (None, 0) and p.step in (None, 1)) for p in parts)
 
 
+_CAST_OPS = {target: op for op, target in CASTS.items()}
+
+
+def _converted(lw: LowerContext, x: object, traced: Any) -> NodeRef:
+    """``x.contiguous()``, ``.clone()``, ``.float()``, ``.half()``, ``.to(dtype)``: ``x`` itself, or
+    a conversion between float32, float16 and bfloat16 (an elementwise op, :data:`CASTS`)."""
+    if not isinstance(traced, torch.Tensor) or not isinstance(x, NodeRef):
+        raise UnsupportedGraph("a conversion of something that is not a tensor")
+    target = str(traced.dtype).removeprefix("torch.")
+    source = lw.node(x).dtype
+    if target == source:
+        return x
+    if target not in _CAST_OPS or source not in ("float32", *HALF):
+        raise UnsupportedGraph(f"a conversion from {source} to {target} is not covered (float32, float16, bfloat16)")
+    return lw.ew(_CAST_OPS[target], x)
+
+
 def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> object:
     x = b.get("input")
     if canon == "view":
@@ -350,9 +367,7 @@ def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
             raise UnsupportedGraph("a view of something that is not a tensor")
         return lw.view(x, tuple(traced.shape))
     if canon == "alias":
-        if not isinstance(traced, torch.Tensor) or not isinstance(x, NodeRef) or traced.dtype != torch.float32:
-            raise UnsupportedGraph("a conversion to a dtype other than float32 is not covered")
-        return x
+        return _converted(lw, x, traced)
     if canon == "dropout":
         if number(b["p"], "p") != 0.0 and b["training"]:
             raise UnsupportedGraph("dropout with p > 0 in training mode is random; not covered")

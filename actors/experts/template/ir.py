@@ -124,6 +124,9 @@ EW_OPS: dict[str, tuple[int, int]] = {
     "take_last": (2, 0),
     "triu": (1, 1),
     "tril": (1, 1),
+    "as_float32": (1, 0),
+    "round_float16": (1, 0),
+    "round_bfloat16": (1, 0),
 }
 """Elementwise ops the templates emit, with their arity. Comparisons make ``bool`` nodes (0.0 / 1.0
 inside a kernel, as loaded bool masks are); ``where`` picks by a ``bool`` first argument.
@@ -146,6 +149,11 @@ def gathered(op: str, i: int) -> bool:
 
 
 COMPARISONS: frozenset[str] = frozenset({"eq", "ne", "gt", "ge", "lt", "le"})
+
+CASTS: dict[str, str] = {"as_float32": "float32", "round_float16": "float16", "round_bfloat16": "bfloat16"}
+"""Conversions between the floating types (``x.half()``, ``x.to(torch.bfloat16)``, ``x.float()``) as
+elementwise ops -> the type of their result: a half one rounds the value to that type (later ops
+compute on the rounded value, as PyTorch's do), a float32 one keeps it."""
 
 RED_OPS: tuple[str, ...] = ("sum", "prod", "amax", "amin", "argmax", "argmin")
 """Reductions the row template emits (mean is a sum and a division)."""

@@ -21,6 +21,7 @@ from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import (
+    CASTS,
     COMPARISONS,
     EW_OPS,
     FLOAT_ARG,
@@ -254,7 +255,11 @@ class Lowerer:
             raise UnsupportedGraph(f"{op} of constants only", op=op)
         shape = _broadcast(shapes, op)
         dtype = (
-            "bool" if op in COMPARISONS else _promoted([self.node(NodeRef(a)).dtype for a in clean if type(a) is int])
+            CASTS[op]
+            if op in CASTS
+            else "bool"
+            if op in COMPARISONS
+            else _promoted([self.node(NodeRef(a)).dtype for a in clean if type(a) is int])
         )
         return self.add(NodeKind.EW, shape, op=op, args=tuple(clean), attrs=tuple(float(a) for a in attrs), dtype=dtype)
 

@@ -91,17 +91,38 @@ def _trace_with_sizes(model: torch.nn.Module, inputs: list[Any], rebound: set[st
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a value it could not compute: fall back to the plain tracer
         warnings.filterwarnings("ignore", message=".*_assert_is_none")  # a default of None checked
+        # a default of another value is checked by ``torch._assert(arg == value)``, on no tensor
+        checks = "(<built-in function eq>|<function _assert )"
+        warnings.filterwarnings("ignore", message=f"Could not compute metadata for call_function target {checks}")
         meta_args = dict(zip(names, inputs, strict=False))
         with _kept_attributes(model, rebound), _attribute_reads(tracer, model):
             graph = tracer.trace(model, meta_args=meta_args, concrete_args=defaults or None)
-    for node in list(graph.nodes):  # fx's check that a None default was given None: nothing to compute
+    defaulted = [n for n in graph.nodes if n.op == "placeholder"][len(inputs) :]
+    for node in list(graph.nodes):  # fx's checks that a defaulted argument got its default: nothing to compute
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
             graph.erase_node(node)
+        elif node.op == "call_function" and node.target is torch._assert and _checks_a_default(node, defaulted):
+            check = node.args[0]
+            graph.erase_node(node)
+            if isinstance(check, fx.Node) and not check.users:
+                graph.erase_node(check)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for node in placeholders[len(inputs) :]:  # the defaulted arguments, once nothing reads them
         if not node.users:
             graph.erase_node(node)
     return fx.GraphModule(tracer.root, graph)
+
+
+def _checks_a_default(node: fx.Node, defaulted: list[fx.Node]) -> bool:
+    """Whether ``node`` is fx's ``torch._assert(arg == value)`` on an argument left to its default."""
+    check = node.args[0] if node.args else None
+    return (
+        isinstance(check, fx.Node)
+        and check.op == "call_function"
+        and check.target is operator.eq
+        and bool(check.args)
+        and check.args[0] in defaulted
+    )
 
 
 _AUGMENTED = {
@@ -325,7 +346,7 @@ def trace_reference(source: str) -> Traced:
         raise TraceFailed("construct", "Model(...) is not an nn.Module")
     float_args: set[int] = set()
     for i, value in enumerate(inputs):
-        if isinstance(value, float):  # a scalar operand (KernelBench's matrix-scalar product)
+        if isinstance(value, float | int) and not isinstance(value, bool):  # a scalar operand (a matrix-scalar product)
             inputs[i] = torch.tensor(value, dtype=torch.float32, device="meta")
             float_args.add(i)
         elif not isinstance(value, torch.Tensor):
