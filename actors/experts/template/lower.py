@@ -151,8 +151,8 @@ class Lowerer:
     def add(self, kind: NodeKind, shape: tuple[int, ...], **kw: Any) -> NodeRef:
         """Append a node and return a reference to it."""
         if kind not in _HALF_KINDS and any(self.nodes[a].dtype in HALF for a in kw.get("args", ()) if type(a) is int):
-            raise UnsupportedGraph(f"a {kind.value} node of float16/bfloat16 tensors is not covered (elementwise, "
-                                   "reductions and attention are)")  # fmt: skip
+            raise UnsupportedGraph(f"a {kind.value} node of float16/bfloat16 tensors is not covered (recurrent "
+                                   "layers and ops left to PyTorch are float32 only)")  # fmt: skip
         node = Node(id=len(self.nodes), kind=kind, shape=tuple(int(s) for s in shape), **kw)
         self.nodes.append(node)
         return NodeRef(node.id)
