@@ -119,7 +119,7 @@ def precision_note(correctness: Correctness | None) -> str:
     if correctness.precision is PrecisionMode.EXACT:
         return f"# judged at exact precision (IEEE float32 reference): {err}\n"
     if correctness.ref_default_err_vs_fp64 is None:
-        return f"# judged at the reference's precision (IEEE float32 at PyTorch's defaults): {err}\n"
+        return f"# judged at the reference's precision (its own types at PyTorch's defaults, no TF32): {err}\n"
     return (
         f"# judged at the reference's precision (PyTorch's defaults, TF32 in cuDNN convolutions: the reference "
         f"errs {correctness.ref_default_err_vs_fp64:.2e}): {err}\n"
