@@ -416,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     from actors.kbench.bench import add_bench_parser
 
     add_bench_parser(sub)
+    from actors.commands.export import add_export_parser
+
+    add_export_parser(sub)
 
     p = sub.add_parser("eval", help="evaluate one candidate against a reference (see `kfoundry eval -h`)")
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -62,10 +62,12 @@ def test_kfoundry_run_on_cpu_leaves_a_correct_standalone_model(tmp_path: Path) -
     assert any(line.get("event") == "feedback" and line.get("run") == "e2ecpu" for line in log_lines)
     # The embedded server left with the last command that used it.
     assert not (tmp_path / "home" / "nats" / "server.json").exists()
-    # The best model stands alone and is judged correct by the honest evaluator.
-    check = _kfoundry(
-        "eval", str(QUICKSTART), str(run_dir / "best_model.py"), "--device", "cpu", "--json", env=env, timeout=300
-    )
+    # The best model stands alone, exported as a module, and is judged correct by the honest evaluator.
+    exported = tmp_path / "quickstart_kernels.py"
+    done = _kfoundry("export", str(run_dir), "--task", str(QUICKSTART), "--out", str(exported), env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "# Verified at these inputs" in exported.read_text()
+    check = _kfoundry("eval", str(QUICKSTART), str(exported), "--device", "cpu", "--json", env=env, timeout=300)
     assert check.returncode == 0, check.stderr[-3000:]
     verdict = json.loads(check.stdout)
     assert verdict["status"] == "correct", verdict["summary"]
