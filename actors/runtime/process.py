@@ -53,11 +53,15 @@ def nats_url(arg: str | None) -> Iterator[str]:
     url = server.acquire()
     try:
         yield url
-    finally:
-        # The command is ending: connections it left open end with it and do not keep a server
-        # it started itself running (one it found running counts every client, this one's too).
-        # Nor does the server's own shutdown hold the exit (the next command to start one waits).
-        server.release(ignore_own=server.started_here, wait=False)
+    except BaseException:
+        # A command ending on an error (a task refused) exits at once after its line: the server
+        # it started is gone before it does (its store holds little; a prompt exit left it running).
+        server.release(ignore_own=server.started_here, wait=True)
+        raise
+    # The command is ending: connections it left open end with it and do not keep a server it
+    # started itself running (one it found running counts every client, this one's too). Nor does
+    # the server's own shutdown hold the exit (the next command to start one waits).
+    server.release(ignore_own=server.started_here, wait=False)
 
 
 def positive_seconds(text: str) -> float:
