@@ -293,6 +293,16 @@ INTERPRETED = "_KF_INTERPRETED"
 """A constexpr value of the rendered source: 1 where Triton's interpreter runs its kernels
 (``TRITON_INTERPRET=1``), else 0 (``render`` defines it once, after the kernels)."""
 
+WIDE: dict[str, int | str] = {"WIDE": INTERPRETED}
+"""The constexpr of a kernel that takes half operands into :func:`half_dot`."""
+
+
+def half_dot(a: str, b: str, acc: str) -> str:
+    """``tl.dot`` of half operands as they are (tensor cores, float32 sums), widened to float32 only
+    where the interpreter runs the kernel (``WIDE``): its bfloat16 products are wrong (off by 2.7e10
+    in a 16x16 product, Triton 3.9), and a product of two half values is exact in float32 either way."""
+    return f"tl.dot({a}.to(tl.float32) if WIDE else {a}, {b}.to(tl.float32) if WIDE else {b}, {acc})"
+
 
 @dataclass
 class Launch:

@@ -28,7 +28,7 @@ import math
 from functools import cached_property
 
 from actors.experts.precision import tf32_rounding
-from actors.experts.template.emit import INTERPRETED, IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, Schedule, base_of
@@ -332,7 +332,7 @@ class ConvWriter(Writer):
             name=self.kernel.name,
             pointers=self.pointers,
             grid=(math.ceil(rows / bm) * npn * (self._phases() if self.phased() else 1), self.spec.groups),
-            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **({"WIDE": INTERPRETED} if self.half else {})},
+            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **(WIDE if self.half else {})},
             num_warps=min(p.conv_warps, max(1, bm // 64)) if one else p.conv_warps,
             num_stages=p.conv_stages,
             lead_args=lead,
@@ -549,7 +549,7 @@ class ConvWriter(Writer):
         float64 on an H200 (KernelBench L1-63, L2-4), past precision parity's bar of 3x; rounded,
         they err as cuDNN does."""
         if self.half:
-            self.emit(loop, "acc = tl.dot(a.to(tl.float32) if WIDE else a, b.to(tl.float32) if WIDE else b, acc)")
+            self.emit(loop, f"acc = {half_dot('a', 'b', 'acc')}")
             return
         if self.params.conv_precision == "tf32" and not self.preround():
             for t in ("a", "b"):

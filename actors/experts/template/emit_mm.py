@@ -28,7 +28,7 @@ import importlib.util
 import math
 from dataclasses import dataclass
 
-from actors.experts.template.emit import INTERPRETED, IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.fuse import Kernel, Schedule, base_of
 from actors.experts.template.ir import HALF
 from actors.experts.template.params import TemplateParams
@@ -211,7 +211,7 @@ class MatmulWriter(Writer):
             lo, hi = "0", str(self.kp if self.pad else k)
         e(s, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
         if self.half:
-            dot = "acc = tl.dot(a.to(tl.float32) if WIDE else a, b.to(tl.float32) if WIDE else b, acc)"
+            dot = f"acc = {half_dot('a', 'b', 'acc')}"
         else:
             dot = f'acc = tl.dot(a, b, acc, input_precision="{p.mm_precision}")'
         inner = Scope(indent=s.indent + "    ", parent=s)
@@ -318,15 +318,8 @@ class MatmulWriter(Writer):
 
     def _consts(self) -> dict[str, int | str]:
         p = self.params
-        consts: dict[str, int | str] = {
-            "BLOCK_M": p.mm_block_m,
-            "BLOCK_N": p.mm_block_n,
-            "BLOCK_K": p.mm_block_k,
-            "GROUP_M": p.mm_group_m,
-        }
-        if self.half:
-            consts["WIDE"] = INTERPRETED
-        return consts
+        consts = {"BLOCK_M": p.mm_block_m, "BLOCK_N": p.mm_block_n, "BLOCK_K": p.mm_block_k, "GROUP_M": p.mm_group_m}
+        return {**consts, **(WIDE if self.half else {})}
 
     def write(self) -> Launch:
         if self.split > 1:

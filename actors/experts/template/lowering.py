@@ -21,7 +21,8 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from actors.experts.template.ir import KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import HALF, KeepTorch, Node, NodeKind, NodeRef
 from actors.experts.template.trace import Traced
 
 
@@ -55,6 +56,17 @@ LowerFn = Callable[[LowerContext, str, dict[str, Any], Any], object]
 _REGISTRY: dict[str, LowerFn] = {}
 _FAMILIES = "actors.experts.template.families"
 _loaded: list[str] = []
+
+
+def one_float_type(lw: LowerContext, operands: list[NodeRef], what: str) -> str:
+    """The one floating type of a product's, convolution's or attention's operands: float32, or one
+    half type (its tensor-core products sum in float32 and the result is stored in that type);
+    declined where they differ (PyTorch refuses a mix) or are of another type."""
+    dtypes = {lw.node(t).dtype for t in operands}
+    if len(dtypes) == 1 and dtypes <= {"float32", *HALF}:
+        return dtypes.pop()
+    mix = " and ".join(sorted(dtypes))
+    raise UnsupportedGraph(f"{what} of {mix} tensors is not covered (float32, float16, bfloat16)")
 
 
 def lowering(*canons: str) -> Callable[[LowerFn], LowerFn]:

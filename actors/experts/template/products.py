@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import HALF, NodeKind, NodeRef
-from actors.experts.template.lowering import LowerContext
+from actors.experts.template.ir import NodeKind, NodeRef
+from actors.experts.template.lowering import LowerContext, one_float_type
 
 
 def product(lw: LowerContext, a: NodeRef, w: NodeRef) -> NodeRef:
@@ -21,17 +21,8 @@ def product(lw: LowerContext, a: NodeRef, w: NodeRef) -> NodeRef:
         vector = _as_row(lw, w)
         if vector is not None and not lw.transposed(a):
             return _matvec(lw, a, vector)
-    return lw.add(NodeKind.MM, (*(ba or bb), sa[-2], sb[-1]), args=(a.id, w.id), dtype=_dtype(lw, a, w))
-
-
-def _dtype(lw: LowerContext, a: NodeRef, w: NodeRef) -> str:
-    """The product's dtype: its operands' one floating type (float32, float16 or bfloat16; PyTorch
-    refuses a mix). Half operands meet in ``tl.dot`` as they are and are summed in float32, as
-    cuBLAS does, and the result is stored in their type."""
-    dtypes = {lw.node(a).dtype, lw.node(w).dtype}
-    if len(dtypes) == 1 and dtypes <= {"float32", *HALF}:
-        return dtypes.pop()
-    raise UnsupportedGraph(f"a matrix product of {' and '.join(sorted(dtypes))} operands is not covered")
+    dtype = one_float_type(lw, [a, w], "a matrix product")
+    return lw.add(NodeKind.MM, (*(ba or bb), sa[-2], sb[-1]), args=(a.id, w.id), dtype=dtype)
 
 
 def _as_row(lw: LowerContext, column: NodeRef) -> NodeRef | None:

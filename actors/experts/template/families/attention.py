@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from actors.experts.template.emit import INTERPRETED, IndexSpace, Launch, Scope, Writer
+from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
 from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import HALF, NodeKind, NodeRef, Plan
 from actors.experts.template.kernel_kinds import KernelTemplate, Values, register
-from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.lowering import LowerContext, lowering, one_float_type
 from actors.experts.template.params import TemplateParams
 
 
@@ -64,10 +64,7 @@ def _dtype(lw: LowerContext, operands: list[Any]) -> str:
     """The common dtype of q, k and v: float32, or one half type (computed in float32, stored half)."""
     if not all(isinstance(t, NodeRef) for t in operands):
         raise UnsupportedGraph("scaled_dot_product_attention of a non-tensor operand")
-    dtypes = {lw.node(t).dtype for t in operands}
-    if len(dtypes) == 1 and dtypes <= {"float32", *HALF}:
-        return dtypes.pop()
-    raise UnsupportedGraph(f"attention of {sorted(dtypes)} operands is not covered (float32, float16, bfloat16)")
+    return one_float_type(lw, operands, "attention")
 
 
 class AttentionWriter(Writer):
@@ -107,7 +104,7 @@ class AttentionWriter(Writer):
 
     def _dot(self, a: str, b: str, acc: str) -> str:
         if self.half:
-            return f"tl.dot({a}.to(tl.float32) if WIDE else {a}, {b}.to(tl.float32) if WIDE else {b}, {acc})"
+            return half_dot(a, b, acc)
         return f'tl.dot({a}, {b}, {acc}, input_precision="{self.params.attn_precision}")'
 
     def _load_q(self, s: Scope) -> None:
@@ -197,14 +194,13 @@ class AttentionWriter(Writer):
         e(s, f"lin = (bh * {lq} + rm[:, None]) * {dv} + rd[None, :]")
         self.store_exports(s, self.node.id, "o")
         body = self.lines[start:]
-        consts: dict[str, int | str] = {
+        consts = {
             "BLOCK_M": p.attn_block_m,
             "BLOCK_N": p.attn_block_n,
             "BLOCK_K": p.attn_block_k,
             "BLOCK_D": p.attn_block_d,
+            **(WIDE if self.half else {}),
         }
-        if self.half:
-            consts["WIDE"] = INTERPRETED
         return Launch(
             source="\n".join(["@triton.jit", self.signature(list(consts)), *body]),
             name=self.kernel.name,

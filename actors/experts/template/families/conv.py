@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import HALF, ConvSpec, NodeKind, NodeRef
-from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.ir import ConvSpec, NodeKind, NodeRef
+from actors.experts.template.lowering import LowerContext, lowering, one_float_type
 
 
 def int_tuple(value: object, nd: int, what: str) -> tuple[int, ...]:
@@ -69,9 +69,9 @@ def lower_conv(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> 
         raise UnsupportedGraph(f"convolution padding_mode={b['padding_mode']!r} is not covered")
     if b.get("output_size") is not None:
         raise UnsupportedGraph("a transposed convolution called with output_size is not covered")
-    dtypes = {lw.node(x).dtype, lw.node(weight).dtype}
-    if not isinstance(traced, torch.Tensor) or len(dtypes) != 1 or not dtypes <= {"float32", *HALF}:
-        raise UnsupportedGraph(f"a convolution of {' and '.join(sorted(dtypes))} tensors is not covered")
+    dtype = one_float_type(lw, [x, weight], "a convolution")
+    if not isinstance(traced, torch.Tensor):
+        raise UnsupportedGraph("a convolution whose output is not a tensor")
     groups = b.get("groups", 1)
     if not isinstance(groups, int) or groups < 1 or xs[1] % groups:
         raise UnsupportedGraph(f"convolution groups={groups!r} with {xs[1]} input channels")
@@ -85,7 +85,7 @@ def lower_conv(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> 
     if len(out) != nd + 2 or out[:2] != (xs[0], cout) or math.prod(out) == 0:
         raise UnsupportedGraph(f"a convolution from {xs} by {ws} to {out} is not covered")
     spec = ConvSpec(transposed, groups, stride, padding, dilation)
-    ref = lw.add(NodeKind.CONV, out, args=(x.id, weight.id), attrs=spec.attrs(), dtype=dtypes.pop())
+    ref = lw.add(NodeKind.CONV, out, args=(x.id, weight.id), attrs=spec.attrs(), dtype=dtype)
     if bias is None:
         return ref
     return lw.ew("add", ref, lw.view(bias, (cout, *([1] * nd))))
