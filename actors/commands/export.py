@@ -94,6 +94,7 @@ def task_inputs(task: Path, task_id: str) -> list[str]:
     device (no data); the task file must be the run's (its fingerprint is the run's task id)."""
     import torch
 
+    from actors.experts.template.trace import load_namespace
     from schemas import source_fingerprint
 
     try:
@@ -103,9 +104,8 @@ def task_inputs(task: Path, task_id: str) -> list[str]:
     if task_id and source_fingerprint(source) != task_id:
         given = source_fingerprint(source)
         raise ConfigError(f"{task} is not this run's task (its id is {given}, the run's {task_id})")
-    namespace: dict[str, Any] = {"__name__": "kf_export_task"}
+    namespace = load_namespace(source)  # the user's own task file, loaded as the template expert loads it
     try:
-        exec(compile(source, str(task), "exec"), namespace)  # the user's own task file, as kfoundry run imports it
         with torch.device("meta"):
             inputs = list(namespace["get_inputs"]())
     except Exception as exc:  # the task's own failure, named
