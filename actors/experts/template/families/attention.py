@@ -215,14 +215,19 @@ class AttentionWriter(Writer):
 _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
 
 
+def _tile(extent: int) -> int:
+    """A head-dim tile: the extent's power of two, 16 to 128."""
+    return max(16, min(128, next_pow2(extent)))
+
+
 def _attn_defaults(plan: Plan, sched: Schedule, kernel: Kernel, values: Values) -> dict[str, object]:
     node = plan.nodes[kernel.mm]
     d, dv = plan.nodes[node.tensor_args()[0]].shape[-1], node.shape[-1]
     return {
-        "attn_block_d": max(16, min(128, next_pow2(dv))),
+        "attn_block_d": _tile(dv),
         "attn_block_m": 64,
         "attn_block_n": 32,
-        "attn_block_k": max(16, min(128, next_pow2(d))),  # the head dim in one step up to 128: queries loaded once
+        "attn_block_k": _tile(d),  # the head dim in one step up to 128: queries loaded once
     }
 
 
@@ -235,9 +240,9 @@ def _attn_fit(
     if "attn_block_m" in values:
         return {}
     node = plan.nodes[kernel.mm]
-    bd = max(16, min(128, next_pow2(node.shape[-1])))
     if node.dtype in HALF:
-        return {"attn_block_m": 128, "attn_block_n": 64, "attn_warps": 8 if bd >= 128 else 4, "attn_stages": 3}
+        warps = 8 if _tile(node.shape[-1]) >= 128 else 4
+        return {"attn_block_m": 128, "attn_block_n": 64, "attn_warps": warps, "attn_stages": 3}
     return {"attn_precision": "tf32x3"} if hw.tf32x3_pays else {}
 
 
