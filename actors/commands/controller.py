@@ -280,6 +280,8 @@ class RunController:
 
     async def _abort(self, bus: Bus) -> None:
         """A second interrupt: record the run's end (what was in flight is cancelled) at once."""
+        if self.watcher is not None:  # bounded: it stops at once
+            await self.watcher.catch_up(0.5)
         cancelled = tuple(sorted(self.progress.in_flight))
         self.cancelled = cancelled
         with contextlib.suppress(BusError, TimeoutError, nats.errors.Error):
@@ -400,6 +402,7 @@ class RunController:
             try:
                 reason = await self._wait_for_end(stop, actors_task)
                 self.ended_at = time.time()
+                await self.watcher.catch_up(1.0)  # what is in flight: every candidate already issued
                 log.info(
                     "run ending", reason=str(reason), evaluated=self.progress.evaluated, deadline=self.progress.deadline
                 )

@@ -173,6 +173,8 @@ class RunWatcher:
         self._psub: object | None = None
         self._dlq: Subscription | None = None
         self._stopping = False
+        self.handled_seq = 0
+        """The stream sequence of the last message counted."""
         run = progress.spec.run_id
         self._prefix = {
             "cand": subjects.candidates(run).rsplit(".", 2)[0] + ".",
@@ -215,6 +217,8 @@ class RunWatcher:
         """Count one message of the run stream."""
         subject = msg.subject
         p = self._prefix
+        with contextlib.suppress(ValueError, AttributeError):  # a message without JetStream metadata
+            self.handled_seq = max(self.handled_seq, msg.metadata.sequence.stream)
         try:
             if subject.startswith(p["cand"]):
                 self.progress.on_candidate(subject.rsplit(".", 1)[1])
@@ -252,6 +256,30 @@ class RunWatcher:
             self.changed.set()
             with contextlib.suppress(nats.errors.Error):
                 await msgs[-1].ack()
+
+    async def catch_up(self, timeout: float = 1.0) -> bool:
+        """Wait, at most ``timeout`` s, until every message already in the run stream is counted.
+
+        The run's end decides on what is in flight; a candidate published just before an interrupt
+        may not have reached this reader yet (seen in CI: a RunEnd whose ``cancelled`` missed the
+        one candidate in flight). False when it did not catch up in time, or the server did not say.
+        """
+        run = self.progress.spec.run_id
+        stream = subjects.run_stream(run)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                info = await self.bus.js.consumer_info(stream, CONTROLLER_CONSUMER, timeout=max(0.1, timeout))
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                log.warning("run stream position not read", error=f"{type(exc).__name__}: {exc}")
+                return False
+            delivered = (info.delivered.stream_seq if info.delivered is not None else 0) or 0
+            if not info.num_pending and self.handled_seq >= delivered:
+                return True
+            if time.monotonic() >= deadline or self._task is None or self._task.done():
+                log.warning("run stream not caught up", pending=info.num_pending, behind=delivered - self.handled_seq)
+                return False
+            await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
         """Stop reading (bounded: a fetch in progress ends within its timeout)."""

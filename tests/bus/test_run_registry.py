@@ -202,3 +202,26 @@ async def test_status_shows_the_backlog_of_runs_not_ended_unless_asked_for_all(b
     assert streams(await consumer_lag(bus.nc)) == {subjects.run_stream(live)}
     assert streams(await consumer_lag(bus.nc, ended=True)) == {subjects.run_stream(r) for r in (live, ended)}
     assert streams(await consumer_lag(bus.nc, run_id=ended)) == {subjects.run_stream(ended)}
+
+
+async def test_the_controllers_count_catches_up_with_every_candidate_already_in_the_stream(
+    bus: Bus, run_id: str
+) -> None:
+    """The run's end decides what was in flight from this count: a candidate published just before
+    it must be counted (CI saw a RunEnd whose ``cancelled`` missed the one candidate in flight)."""
+    spec = _spec(run_id)
+    await register_new_run(bus, spec)
+    progress = Progress(spec)
+    watcher = RunWatcher(bus, progress)
+    await watcher.start()
+    try:
+        ids = [f"c{i:03d}" for i in range(200)]
+        for cid in ids:
+            await bus.js.publish(subjects.candidates(run_id, "i0", cid), b"{}")
+        assert await watcher.catch_up(10.0)
+        assert progress.issued == set(ids)
+    finally:
+        await watcher.stop()
+    await bus.js.publish(subjects.candidates(run_id, "i0", "late"), b"{}")
+    assert not await watcher.catch_up(0.2)  # nobody reads any more: it says so instead of waiting
+    assert "late" not in progress.issued

@@ -251,10 +251,13 @@ def _start_slow_run(nats_server: ServerInfo, run_id: str, tmp_path: Path) -> tup
             stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=_env(tmp_path), cwd=ROOT,
         )  # fmt: skip
     deadline = time.monotonic() + 200
-    while asyncio.run(_issued(nats_server.url, run_id)) < 1 and time.monotonic() < deadline:
+    while (issued := asyncio.run(_issued(nats_server.url, run_id))) < 1 and time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(log.read_text())
         time.sleep(0.5)
+    if issued < 1:
+        proc.kill()
+        raise AssertionError(f"no candidate issued in 200 s: {log.read_text()[-2000:]}")
     return proc, log
 
 
