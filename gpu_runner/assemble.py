@@ -38,6 +38,7 @@ from schemas import (
     PrecisionMode,
     Profile,
     Severity,
+    ShapeCheck,
     StageTimes,
     TimerKind,
 )
@@ -76,6 +77,8 @@ class Collected:
     """Shipped timed calls' frames (trial number: header, blobs, pending bulk read), host-compared."""
     timed_checks: list[TrialCheck] = field(default_factory=list)
     """The judged timed calls' comparisons."""
+    shape_compares: dict[int, asyncio.Task[TrialCheck]] = field(default_factory=dict)
+    """Held-out shapes' comparisons running in threads (gathered with the trials')."""
 
 
 def _expected(c: Collected) -> int:
@@ -165,6 +168,8 @@ def build(c: Collected) -> EvalResult:
     corr = _correctness(c) if rec.trial_checks else None
     if rec.error is not None:
         status, summary, finding = error_status(rec.error, c.planned_bytes)
+        if rec.error.get("stage") == "held_out_shape" and (where := _shape_in_progress(c)):
+            summary += f" (at held-out shape {where})"
         findings += [finding] if finding else []
         if rec.error.get("traceback"):
             common["runtime_log"] = truncate(f"{rec.log}\n{rec.error['traceback']}", limit)
@@ -183,10 +188,11 @@ def build(c: Collected) -> EvalResult:
             **common,
         )
     if rec.died is not None:
+        where = _shape_in_progress(c)
         return _base(
             c,
             EvalStatus.RUNTIME_ERROR,
-            f"runtime_error: the run process {rec.died}",
+            f"runtime_error: the run process {rec.died}" + (f" at held-out shape {where}" if where else ""),
             checks=tuple(checks),
             findings=tuple(findings),
             correctness=corr,
@@ -214,6 +220,20 @@ def build(c: Collected) -> EvalResult:
             checks=tuple(checks),
             findings=tuple(findings),
             correctness=corr,
+            profile=profile,
+            **common,
+        )
+    checks.append(held_out_check(c, corr.held_out))
+    wrong = next((s for s in corr.held_out if s.outcome == "wrong"), None)
+    if wrong is not None:  # correct at the reference's shape only: wrong where a user would call it
+        detail = f"wrong at held-out shape {wrong.shape}: {wrong.detail}"
+        return _base(
+            c,
+            EvalStatus.INCORRECT,
+            f"incorrect: {detail}"[:600],
+            checks=tuple(checks),
+            findings=tuple(findings),
+            correctness=corr.model_copy(update={"detail": detail}),
             profile=profile,
             **common,
         )
@@ -448,7 +468,56 @@ def _correctness(c: Collected) -> Any:
     tol = c.cfg.tolerances.get(dtype, (0.0, 0.0))
     found = correctness(c.record.trial_checks, _expected(c), tol, PrecisionMode(c.job.precision or c.cfg.precision))
     share = _nonfinite_share(c.reference)
-    return found.model_copy(update={"reference_nonfinite_share": share}) if share and found is not None else found
+    update: dict[str, Any] = {"held_out": held_out(c), "held_out_note": c.reference.variants_note or None}
+    if share:
+        update["reference_nonfinite_share"] = share
+    return found.model_copy(update=update)
+
+
+def held_out(c: Collected) -> tuple[ShapeCheck, ...]:
+    """The candidate at each held-out shape its spare drew, as far as it got (shapes it never
+    reached, the job having ended before, are left out)."""
+    rec, ref = c.record, c.reference
+    assert rec is not None
+    assert ref is not None
+    out: list[ShapeCheck] = []
+    for v, variant in enumerate(ref.variants):
+        label = str(variant["label"])
+        if v in rec.shape_raised:
+            out.append(ShapeCheck(shape=label, outcome="raised", detail=rec.shape_raised[v]))
+        elif v in rec.shape_checks:
+            k = rec.shape_checks[v]
+            detail = "" if k.ok else (k.detail or k.category or "outputs differ")
+            out.append(
+                ShapeCheck(shape=label, outcome="correct" if k.ok else "wrong", detail=detail, max_abs_err=k.max_abs)
+            )
+    return tuple(out)
+
+
+def _shape_in_progress(c: Collected) -> str | None:
+    """The held-out shape the candidate was called at when its job ended, if its trials were all
+    in and some shape was still to come (shapes are called in order, after the trials)."""
+    rec, ref = c.record, c.reference
+    if rec is None or ref is None or not ref.variants or len(rec.trial_infos) < len(ref.seeds):
+        return None
+    done = set(rec.shape_raised) | set(rec.shape_checks) | set(c.shape_compares)
+    pending = [v for v in range(len(ref.variants)) if v not in done]
+    return str(ref.variants[pending[0]]["label"]) if pending else None
+
+
+def held_out_check(c: Collected, shapes: tuple[ShapeCheck, ...]) -> Check:
+    """The ``held_out_shapes`` check: every shape's outcome in one line."""
+    assert c.reference is not None
+    note = c.reference.variants_note
+    if not shapes:
+        return Check(name=CheckName.HELD_OUT_SHAPES, outcome=CheckOutcome.SKIPPED, detail=note or "no held-out shape")
+    wrong = [s for s in shapes if s.outcome == "wrong"]
+    parts = [f"{s.outcome} at {s.shape}" + (f" ({s.detail})" if s.detail else "") for s in shapes]
+    return Check(
+        name=CheckName.HELD_OUT_SHAPES,
+        outcome=CheckOutcome.FAILED if wrong else CheckOutcome.PASSED,
+        detail="; ".join(parts)[:1500] + (f" [drawn from {note}]" if note else ""),
+    )
 
 
 def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:

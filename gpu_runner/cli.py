@@ -62,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
         help="on a GPU with Nsight Compute (ncu) on PATH, profile a correct candidate short of speed-of-light "
         "(DRAM and SM throughput, occupancy, warp stalls) in the worker's confinement; slow (seconds to minutes)",
     )
+    parser.add_argument(
+        "--held-out-shapes",
+        type=int,
+        default=3,
+        metavar="N",
+        help="also call the candidate at up to N other input shapes the reference accepts, drawn from the task's "
+        "module-level sizes or its DYNAMIC_DIMS (default 3; 0: none); wrong outputs at one make it incorrect",
+    )
     parser.add_argument("--json", action="store_true", help="print the EvalResult as one JSON object")
     parser.add_argument("--verbose", action="store_true", help="log progress to stderr")
     return parser
@@ -98,6 +106,7 @@ async def _evaluate(
     torch_ops: TorchOpsPolicy = TorchOpsPolicy.FORBID,
     profile_counters: bool = False,
     precision: str = "reference",
+    held_out_shapes: int = 3,
 ) -> EvalResult:
     validate_reference(reference)
     config = RunnerConfig(
@@ -106,6 +115,7 @@ async def _evaluate(
         compile_workers=2,
         timing_budget_s=3.0,
         isolation=IsolationMode(isolation),
+        held_out_shapes=held_out_shapes,
     )
     service = EvaluationService(config)
     try:
@@ -144,6 +154,12 @@ def summary_text(result: EvalResult) -> str:
             f"correctness: {c.passed_trials}/{c.trials} trials, atol={c.atol:g} rtol={c.rtol:g}, "
             f"max abs err {c.max_abs_err}, err vs fp64 {c.err_vs_fp64} (eager {c.ref_err_vs_fp64})"
         )
+        for shape in c.held_out:
+            lines.append(
+                f"held-out shape {shape.shape}: {shape.outcome}" + (f" ({shape.detail})" if shape.detail else "")
+            )
+        if not c.held_out and c.held_out_note:
+            lines.append(f"held-out shapes: {c.held_out_note}")
     if result.timing is not None:
         t = result.timing
         lines.append(
@@ -187,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.timeout > 0:
         sys.stderr.write("kfoundry eval: error: --timeout must be a positive number of seconds\n")
         return 2
+    if args.held_out_shapes < 0:
+        sys.stderr.write(f"kfoundry eval: error: --held-out-shapes must be >= 0, got {args.held_out_shapes}\n")
+        return 2
     sources = []
     for path in (args.reference, args.candidate):
         if path.is_dir():  # as `kfoundry run` names it
@@ -210,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 TorchOpsPolicy(args.torch_ops),
                 args.profile_counters,
                 args.precision,
+                args.held_out_shapes,
             )
         )
     except InvalidReference as exc:  # the task's own fault: one line (the traceback with --verbose), as `run` says it

@@ -111,6 +111,9 @@ class RunnerConfig:
     """Where private per-process directories are made; ``None`` is a fresh temporary directory."""
     trials: int = 5
     """Correctness trials, each with fresh inputs from a seed drawn with ``secrets``."""
+    held_out_shapes: int = 3
+    """Held-out shapes each candidate is also checked at, once, after its trials (0: none;
+    :mod:`gpu_runner.sandboxed.held_out`). Wrong outputs at one make the candidate incorrect."""
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=lambda: DEFAULT_TOLERANCES)
     """(atol, rtol) per floating output dtype."""
     precision_factor: float = 10.0

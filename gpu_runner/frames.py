@@ -85,6 +85,8 @@ class Report(StrEnum):
     SANDBOX = "sandbox"
     ARMED = "armed"
     TRIAL = "trial"
+    SHAPE_TRIAL = "shape_trial"
+    """From a spare, after the trials: the candidate's outputs at one held-out shape, or what it raised."""
     TRIALS_DONE = "trials_done"
     MEMORY = "memory"
     PROFILE = "profile"
@@ -112,7 +114,14 @@ class SandboxSettings(TypedDict, total=False):
     seccomp: str
 
 
-class PrepareOp(TypedDict):
+class _PrepareOptional(TypedDict, total=False):
+    variants: list[dict[str, int]]
+    """Held-out shapes (:mod:`gpu_runner.sandboxed.held_out`): per shape, the module-level sizes
+    its inputs are drawn with, under ``variant_seeds``."""
+    variant_seeds: list[int]
+
+
+class PrepareOp(_PrepareOptional):
     """``prepare``: the task's reference (for ``get_inputs`` and ``get_init_inputs`` only), every
     trial's seed and input scale, and the reference's output metadata (for the output buffers)."""
 
@@ -150,6 +159,8 @@ class TaskOp(_TaskOptional):
 
 
 class _ParityOptional(TypedDict, total=False):
+    overrides: list[dict[str, int]]
+    """Per seed, the module-level sizes its inputs are drawn with (a held-out shape; none: the task's)."""
     parity: list[bool]
     """Per output, whether to measure the reference's error at PyTorch's defaults on each seed's
     inputs too (:func:`gpu_runner.compare.parity_outputs`; none where absent)."""
@@ -217,7 +228,12 @@ class JobOp(TypedDict):
     call (the parent checks them against the checksums the spare made before any candidate)."""
 
 
-class MeasureOp(TypedDict):
+class _MeasureOptional(TypedDict, total=False):
+    held_out_shapes: int
+    """Derive up to this many held-out shapes of the task (none where absent or 0)."""
+
+
+class MeasureOp(_MeasureOptional):
     """``measure``: the task whose sizes and FLOPs to report."""
 
     reference_source: str
@@ -297,6 +313,14 @@ class TrialReport(_TrialOptional):
     trial: int
     tensors: list[dict[str, Any]]
     info: dict[str, Any]
+
+
+class ShapeTrialReport(TypedDict):
+    variant: int
+    tensors: list[dict[str, Any]]
+    info: dict[str, Any]
+    """What the candidate's process saw (launches, outputs' structure), or ``raised``: what the
+    candidate raised at this shape."""
 
 
 class MemoryReport(TypedDict):
@@ -391,6 +415,7 @@ REPORTS: dict[Report, type[Any]] = {
     Report.SANDBOX: SandboxReport,
     Report.ARMED: NoFields,
     Report.TRIAL: TrialReport,
+    Report.SHAPE_TRIAL: ShapeTrialReport,
     Report.TRIALS_DONE: NoFields,
     Report.MEMORY: MemoryReport,
     Report.PROFILE: ProfileReport,

@@ -86,6 +86,12 @@ class ReferenceData:
     """Per trial, the wire metadata (dtype, shape, nbytes) of the reference's outputs."""
     files: Path | None = None
     """Where the candidate's output files wait for the judge (out of every worker's reach)."""
+    variants: list[dict[str, Any]] = field(default_factory=list)
+    """The held-out shapes the spare drew inputs at (``label``, ``overrides``; see
+    :func:`held_out_shapes`), in the order of ``variant_truths``."""
+    variant_truths: list[Truth] = field(default_factory=list)
+    variants_note: str = ""
+    """How the held-out shapes were drawn, or why there are none."""
 
     def discard(self) -> None:
         """Remove the reference files (the spare is used up or killed)."""
@@ -122,6 +128,30 @@ def _take_shared(worker: Worker, metas: list[list[dict[str, Any]]], timed_slots:
     if wrong:
         worker.close_shared()
         raise ProtocolError("the spare's shared outputs do not match its reference outputs")
+
+
+def held_out_shapes(measured: dict[str, Any], fp: Footprint) -> tuple[list[dict[str, Any]], str]:
+    """The held-out shapes a measuring worker derived (:mod:`gpu_runner.sandboxed.held_out`), as
+    many as fit in one trial's bytes together (the memory plan counts a spare's trials, not these),
+    and its note on how they were drawn."""
+    note = str(measured.get("variants_note") or "")[:500]
+    room = fp.input_bytes + fp.output_bytes
+    kept: list[dict[str, Any]] = []
+    for v in measured.get("variants") or []:
+        if not isinstance(v, dict):
+            continue
+        overrides = v.get("overrides")
+        if not isinstance(overrides, dict) or not all(
+            isinstance(k, str) and type(n) is int for k, n in overrides.items()
+        ):
+            continue
+        nbytes = int(v.get("nbytes") or 0)
+        if nbytes > room:
+            note += f"; not checked: {v.get('label')} (no room beside the trials)"
+            continue
+        room -= nbytes
+        kept.append({"label": str(v.get("label") or overrides)[:300], "overrides": dict(overrides)})
+    return kept, note
 
 
 def trial_scales(trials: int, range_scales: list[float]) -> list[float]:
@@ -242,6 +272,8 @@ class RunPool:
         self.plan: MemoryPlan | None = None
         """The current task's memory plan (None until a task is known, or on an old reference)."""
         self.plans: dict[str, MemoryPlan] = {}
+        self.variants: dict[str, tuple[list[dict[str, Any]], str]] = {}
+        """Per task, its held-out shapes (:func:`held_out_shapes`) and how they were drawn."""
         self.planned = asyncio.Event()
         """Set while the current task's plan is known (spares wait for it before they prepare)."""
         self.planned.set()
@@ -294,7 +326,12 @@ class RunPool:
         bound = self.cfg.reference_first_run_s
         try:
             async with asyncio.timeout(bound):
-                await worker.send(op_frame(Op.MEASURE, MeasureOp(reference_source=reference_source)))
+                await worker.send(
+                    op_frame(
+                        Op.MEASURE,
+                        MeasureOp(reference_source=reference_source, held_out_shapes=self.cfg.held_out_shapes),
+                    )
+                )
                 header, _ = await worker.recv(1 << 20)
         except TimeoutError:
             raise InvalidReference(
@@ -334,6 +371,7 @@ class RunPool:
             method=fp.method,
         )
         self.plans[key] = made
+        self.variants[key] = held_out_shapes(header, fp)
         return made
 
     def spares_wanted(self) -> int:
@@ -386,22 +424,27 @@ class RunPool:
         on_device = self.plan is not None and self.plan.footprint.input_bytes >= INPUTS_ON_DEVICE_BYTES
         init_on_device = bool(info.get("init_on_device"))
         out_metas = [dict(m) for m in info.get("out_metas") or []]
-        msg = op_frame(
-            Op.PREPARE,
-            PrepareOp(
-                reference_source=reference_source,
-                init_seed=self.init_seeds[task],
-                trial_seeds=seeds,
-                trial_scales=scales,
-                out_metas=out_metas,
-                device_verdict=device_verdict,
-                inputs_on_device=on_device,
-                init_on_device=init_on_device,
-                in_place_bytes=self.cfg.in_place_bytes,
-                shared_outputs=self.plan is not None and self.plan.shared_outputs,
-                timed_slots=self.plan.timed_slots if self.plan is not None else 0,
-            ),
+        variants, variants_note = self.variants.get(task, ([], "the task was not measured"))
+        if device_verdict and variants:  # judged on the device: the judge has no held-out shapes yet
+            variants, variants_note = [], "none: this task's outputs are judged on the device"
+        variant_seeds = [secrets.randbits(62) for _ in variants]
+        op = PrepareOp(
+            reference_source=reference_source,
+            init_seed=self.init_seeds[task],
+            trial_seeds=seeds,
+            trial_scales=scales,
+            out_metas=out_metas,
+            device_verdict=device_verdict,
+            inputs_on_device=on_device,
+            init_on_device=init_on_device,
+            in_place_bytes=self.cfg.in_place_bytes,
+            shared_outputs=self.plan is not None and self.plan.shared_outputs,
+            timed_slots=self.plan.timed_slots if self.plan is not None else 0,
         )
+        if variants:
+            op["variants"] = [dict(v["overrides"]) for v in variants]
+            op["variant_seeds"] = variant_seeds
+        msg = op_frame(Op.PREPARE, op)
         data = ReferenceData(
             judged=device_verdict,
             seeds=seeds,
@@ -410,17 +453,38 @@ class RunPool:
             on_device=on_device,
             init_on_device=init_on_device,
             info=info,
+            variants=list(variants),
+            variants_note=variants_note,
         )
         await spare.worker.send(msg)
         try:
             # The referee computes the reference's outputs for the spare's seeds meanwhile (the
             # judge does it after the candidate, for outputs judged on the device).
             truths = None if device_verdict else asyncio.create_task(self.truths(reference_source, seeds, scales, 0))
+            shaped = (
+                asyncio.create_task(
+                    self.truths(
+                        reference_source,
+                        variant_seeds,
+                        [1.0] * len(variants),
+                        len(seeds),
+                        overrides=[dict(v["overrides"]) for v in variants],
+                    )
+                )
+                if variants
+                else None
+            )
             try:
                 await self._collect_reference(spare, data, timeout_s, on_reference_done)
             finally:
                 if truths is not None:
                     done = await asyncio.gather(truths, return_exceptions=True)
+                if shaped is not None:
+                    at_shapes = (await asyncio.gather(shaped, return_exceptions=True))[0]
+            if shaped is not None:
+                if isinstance(at_shapes, BaseException):
+                    raise at_shapes
+                data.variant_truths = list(at_shapes)
             if truths is not None:
                 got = done[0]
                 if isinstance(got, BaseException):
@@ -501,15 +565,17 @@ class RunPool:
         first: int,
         skips: list[int] | None = None,
         timed: bool = False,
+        overrides: list[dict[str, int]] | None = None,
     ) -> list[Truth]:
-        """The reference's outputs and float64 residuals of ``seeds`` (see :meth:`Referee.truths`),
-        from a truth worker, or from the referee itself where the plan has none (a large task)."""
+        """The reference's outputs and float64 residuals of ``seeds`` (see :meth:`Referee.truths`;
+        ``overrides``: per seed, a held-out shape's sizes), from a truth worker, or from the referee
+        itself where the plan has none (a large task)."""
         key = task_key(reference_source)
         plan = self.plans.get(key)
         # the referee's calibration names the outputs to measure at PyTorch's defaults per trial
         parity = parity_outputs(self.referee.info) if self.referee.task == key else []
         if plan is None or not plan.truth_workers or self.referee.task != key:
-            return await self.referee.truths(seeds, scales, first, skips, timed, parity)
+            return await self.referee.truths(seeds, scales, first, skips, timed, parity, overrides)
         async with self.truth_workers:
             worker = await self._idle_truth_worker(key)
             if worker is None:
@@ -523,7 +589,7 @@ class RunPool:
                     raise
             kept = False
             try:
-                got = await worker.truths(seeds, scales, first, skips, timed, parity)
+                got = await worker.truths(seeds, scales, first, skips, timed, parity, overrides)
                 kept = not self.closed and self.referee.task == key and worker.alive
                 if kept:
                     self.idle_truth.append(worker)

@@ -270,6 +270,7 @@ class Referee:
         skips: list[int] | None = None,
         timed: bool = False,
         parity: list[bool] | None = None,
+        overrides: list[dict[str, int]] | None = None,
     ) -> list[Truth]:
         """The reference's outputs and float64 residuals of ``seeds`` (trial numbers from ``first``;
         ``skips``: per seed, the draws before the one wanted; ``timed``: timed calls' inputs, which
@@ -285,6 +286,8 @@ class Referee:
                 on_device=timed,
                 parity=parity or [],
             )
+            if overrides:
+                op["overrides"] = overrides
             await worker.send(op_frame(Op.TRUTH, op))
             out: list[Truth] = []
 

@@ -26,8 +26,8 @@ from gpu_runner.pool import Spare, decode_outputs
 from gpu_runner.protocol import Blob, FrameError
 from gpu_runner.sandbox import Worker
 from gpu_runner.structure import difference
-from gpu_runner.verdict import RunRecord, exit_description
-from schemas import Check, CheckName, CheckOutcome
+from gpu_runner.verdict import RunRecord, exit_description, runtime_findings
+from schemas import Check, CheckName, CheckOutcome, Severity
 
 _COMPARERS = ThreadPoolExecutor(max_workers=max(2, min(8, usable_cores() // 2)), thread_name_prefix="kf-compare")
 """Output comparisons (tens to hundreds of ms of numpy each) run here, not in the event loop's
@@ -117,6 +117,8 @@ class ReportReader:
             self.c.checks.append(Check(name=CheckName.SANDBOX_LIMITS, outcome=CheckOutcome.PASSED, detail=detail))
         elif kind is Report.TRIAL:
             self._trial(header, blobs, later)
+        elif kind is Report.SHAPE_TRIAL:
+            self._shape_trial(header, blobs)
         elif kind is Report.INPUTS:
             self._inputs(header, blobs)
         elif kind is Report.LATER_CALLS:
@@ -186,6 +188,47 @@ class ReportReader:
             header, blobs, later, dtypes, ref.outputs[t], ref.dtypes[t], residuals, c.compare_times, scale, measured
         )
         c.compares.append(asyncio.create_task(compare))
+
+    def _shape_trial(self, header: dict[str, Any], blobs: list[Blob]) -> None:
+        """The candidate at one held-out shape: what it raised, or its outputs compared with the
+        reference's at that shape (the same rules as a trial's, and the same checks of what its
+        process saw: a forward that launches nothing of its own there computes with PyTorch)."""
+        ref, c = self.spare.reference, self.c
+        assert ref is not None
+        v = int(header["variant"])
+        if not 0 <= v < min(len(ref.variants), len(ref.variant_truths)) or v in c.shape_compares:
+            raise FrameError(f"held-out shape {v} does not exist, or came twice")
+        if v in self.record.shape_raised:
+            raise FrameError(f"held-out shape {v} came twice")
+        label = str(ref.variants[v]["label"])
+        info = dict(header["info"])
+        raised = info.get("raised")
+        if raised is not None:
+            what = raised if isinstance(raised, dict) else {}
+            self.record.shape_raised[v] = f"{what.get('etype', 'Exception')}: {what.get('message', '')}"[:300]
+            return
+        gate = c.gate
+        own = set(gate.triton_kernels) | set(gate.cuda_kernels)
+        refusals = [
+            f
+            for f in runtime_findings(
+                [{**info, "trial": f"at {label}"}], own, gate.admitted_aten_ops, gate.op_namespaces
+            )
+            if f.severity is Severity.REJECT
+        ]
+        differs = difference(ref.info.get("out_structure"), info.get("structure"))
+        if refusals or differs is not None:
+            why = refusals[0].message if refusals else f"at {label}: {differs}"
+            c.shape_compares[v] = asyncio.create_task(_decided(TrialCheck(False, "incorrect.held_out", why)))
+            return
+        truth = ref.variant_truths[v]
+        dtypes = [str(m.get("dtype")) for m in header["tensors"]]
+        cand = decode_outputs(header, blobs)
+        c.shape_compares[v] = asyncio.create_task(
+            self.compare_arrays(
+                cand, dtypes, truth.outputs, truth.dtypes, truth.residuals, measured=truth.default_errors
+            )
+        )
 
     async def compare(
         self,

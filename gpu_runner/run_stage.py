@@ -374,6 +374,15 @@ class RunStage:
                 self.background(w.worker.reap(w.tree, sweep=self.iso.pids.startswith("skipped")))
         else:
             await self._timed_checks(w)
+        if c.shape_compares:
+            shaped = await asyncio.gather(*c.shape_compares.values(), return_exceptions=True)
+            for v, o in zip(c.shape_compares, shaped, strict=True):
+                if isinstance(o, FrameError):
+                    record.error = _frame_error("held_out_shape", o)
+                elif isinstance(o, BaseException):
+                    raise o
+                else:
+                    record.shape_checks[v] = o
         if not c.compares:
             return
         t_gather = time.perf_counter()

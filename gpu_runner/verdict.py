@@ -44,6 +44,10 @@ class RunRecord:
     census: dict[str, tuple[int, int]] = field(default_factory=dict)
     """(threads, processes) of the candidate's process tree as the parent read them from ``/proc``:
     when its trials were done and when its timing was."""
+    shape_raised: dict[int, str] = field(default_factory=dict)
+    """Held-out shapes (by number) at which the candidate raised, with what it raised."""
+    shape_checks: dict[int, TrialCheck] = field(default_factory=dict)
+    """Held-out shapes at which it returned: how its outputs compared (or what refused them)."""
 
 
 def truncate(text: str, limit: int) -> str:

@@ -110,6 +110,8 @@ class CheckName(StrEnum):
     """A trial's outputs unchanged by the calls after it (no workspace returned every time)."""
     RANGE_TRIALS = "range_trials"
     """Trials whose inputs were drawn at large and small magnitudes where the reference stays finite."""
+    HELD_OUT_SHAPES = "held_out_shapes"
+    """The candidate called at other input shapes the reference accepts, drawn by the evaluator."""
     L2_FLUSH = "l2_flush"
     PERSISTING_L2_RESET = "persisting_l2_reset"
     COMPILED_BASELINE = "compiled_baseline"

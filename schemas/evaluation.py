@@ -80,6 +80,19 @@ class Baselines(Model):
     """Why ``compiled`` is missing, if it is."""
 
 
+class ShapeCheck(Model):
+    """The candidate at one held-out shape: input shapes other than the reference's own, drawn by
+    the evaluator from the task's ``get_inputs`` (issue 38)."""
+
+    shape: str
+    """The module-level sizes changed and the input shapes drawn with them."""
+    outcome: Literal["correct", "wrong", "raised"]
+    """``raised``: the candidate raised at this shape (a specialised kernel says so, never computes
+    garbage); ``wrong``: its outputs did not match the reference's there (the candidate is incorrect)."""
+    detail: str = ""
+    max_abs_err: float | None = None
+
+
 class Correctness(Model):
     """How the candidate's outputs compared with the reference's."""
 
@@ -119,6 +132,10 @@ class Correctness(Model):
     reference_nonfinite_share: float | None = None
     """Share of the reference's floating output elements that are NaN/Inf (its first draw), where
     there are any: the outputs were judged on matching positions."""
+    held_out: tuple[ShapeCheck, ...] = ()
+    """The candidate at each held-out shape, in the order drawn (none: see ``held_out_note``)."""
+    held_out_note: str | None = None
+    """How the held-out shapes were drawn from the task, or why there are none."""
 
 
 class SpeedOfLight(Model):

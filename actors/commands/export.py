@@ -151,6 +151,11 @@ def header(report: dict[str, Any], run_dir: Path, out: Path, task: Path | None, 
             "Verified at the input shapes of the task's get_inputs() (a template candidate is specialised to them; "
             "its forward refuses others); give --task to list them here."
         )
+    for shape in best.get("held_out") or []:
+        outcome = "correct" if shape.get("outcome") == "correct" else f"raised: {shape.get('detail')}"
+        lines.append(f"Held-out shape (drawn by the evaluator) {shape.get('shape')}: {outcome}")
+    if not best.get("held_out") and best.get("held_out_note"):
+        lines.append(f"Held-out shapes: {best['held_out_note']}")
     precision = best.get("precision")
     err, ref = best.get("err_vs_fp64"), best.get("ref_err_vs_fp64")
     if precision is not None and err is not None:

@@ -16,10 +16,13 @@ Totals, over the N problems of the bench (every problem attempted counts, whatev
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from actors.report.model import BestKernel
 
 
 class ProblemStatus(StrEnum):
@@ -71,6 +74,11 @@ class ProblemResult(_Frozen):
     """Its relative L2 error against float64."""
     ref_default_err_vs_fp64: float | None = None
     """The reference's at PyTorch's defaults, where they are not IEEE float32 (TF32 convolutions)."""
+    held_out: str | None = None
+    """The best at the evaluator's held-out shapes, counted by outcome (``3 correct``, ``1 correct,
+    2 raised``), or why none were checked."""
+    held_out_all_correct: bool | None = None
+    """Whether the best was correct at every held-out shape (``None``: none checked, or no best)."""
     evaluated: int | None = None
     """Candidates evaluated; ``None`` when no report was written."""
     first_correct_s: float | None = None
@@ -181,6 +189,14 @@ def totals(results: Sequence[ProblemResult]) -> Totals:
     )
 
 
+def held_out_summary(best: BestKernel) -> str:
+    """The best at the held-out shapes, counted by outcome, or why none were checked."""
+    if not best.held_out:
+        return f"none: {best.held_out_note}" if best.held_out_note else "none"
+    counts = Counter(s.outcome for s in best.held_out)
+    return ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+
+
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{fmt}}{suffix}"
 
@@ -224,8 +240,9 @@ def markdown(bench: BenchFile) -> str:
         lines += [budget, ""]
     lines += [
         "| problem | status | vs eager | vs compile | % SOL | evaluated | first correct (s) | wall (s) "
-        "| peak GPU (GiB) | peak host (GiB) | precision (error vs float64: best / reference at defaults) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| peak GPU (GiB) | peak host (GiB) | precision (error vs float64: best / reference at defaults) "
+        "| held-out shapes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in bench.results:
         sol = r.sol_fraction * 100 if r.sol_fraction is not None else None
@@ -237,7 +254,7 @@ def markdown(bench: BenchFile) -> str:
             f"| {_num(r.speedup_vs_compiled, '.3g', 'x')}{'*' if r.compiled_derived else ''} | {_num(sol, '.1f')} "
             f"| {_num(r.evaluated, 'd')} | {_num(r.first_correct_s, '.0f')} | {r.wall_s:.0f} | {gpu} "
             f"| {_gib(r.peak_host_bytes)} "
-            f"| {_precision(r)} |"
+            f"| {_precision(r)} | {(r.held_out or '–').replace('|', '/')[:80]} |"
         )
     if any(r.compiled_derived for r in bench.results):
         lines += [
@@ -248,6 +265,10 @@ def markdown(bench: BenchFile) -> str:
     t = bench.totals or totals(bench.results)
     lines += ["", f"**Totals over {t.problems} problems**", ""]
     lines.append(f"- correct: {t.correct}/{t.problems} ({_num(_pct(t.share_correct), '.0f', '%')})")
+    checked = [r for r in bench.results if r.held_out_all_correct is not None]
+    if checked:
+        generic = sum(1 for r in checked if r.held_out_all_correct)
+        lines.append(f"- bests correct at every held-out shape: {generic} of {len(checked)} checked")
     lines.append("- " + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in t.by_status.items()))
     for base, label in ((Baseline.EAGER, "eager"), (Baseline.COMPILED, "torch.compile")):
         fp = ", ".join(f"fast_{p} {_num(_pct(v), '.0f', '%')}" for p, v in t.fast_p[base.value].items())

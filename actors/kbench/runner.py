@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from actors.kbench.errors import Interrupted
 from actors.kbench.monitor import TreeMonitor, reap
 from actors.kbench.problems import Problem
-from actors.kbench.results import ProblemResult, ProblemStatus
+from actors.kbench.results import ProblemResult, ProblemStatus, held_out_summary
 from actors.kbench.slots import Slot
 from actors.report import RunReport
 from actors.runtime.logs import get_logger
@@ -257,6 +257,10 @@ def run_problem(
         precision=best.precision if best is not None else None,
         err_vs_fp64=best.err_vs_fp64 if best is not None else None,
         ref_default_err_vs_fp64=best.ref_default_err_vs_fp64 if best is not None else None,
+        held_out=held_out_summary(best) if best is not None else None,
+        held_out_all_correct=(
+            all(s.outcome == "correct" for s in best.held_out) if best is not None and best.held_out else None
+        ),
         evaluated=report.evaluated if report is not None else None,
         first_correct_s=report.first_correct_s if report is not None else None,
         peak_host_bytes=peaks.host_bytes,

@@ -95,7 +95,10 @@ CONTRACT = (
     "network or environment access, RNG seeding, cuBLAS/cuDNN/CUTLASS or ATen calls from C++, and "
     "defining `Model`, `get_inputs`, `get_init_inputs` or the problem sizes.\n"
     "- Outputs must match the reference within float32 rounding, must not alias the inputs, and "
-    "inputs must not be modified."
+    "inputs must not be modified.\n"
+    "- The candidate is also called at other input shapes the reference accepts (an odd batch, other "
+    "spatial or sequence sizes, a batch of one): take sizes from the inputs at run time and mask every "
+    "edge. Wrong outputs there make it incorrect; raising an error for a shape it does not support does not."
 )
 
 SOURCE_LIMIT = 30_000

@@ -264,6 +264,8 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
         err_vs_fp64=top.correctness.err_vs_fp64 if top.correctness else None,
         ref_err_vs_fp64=top.correctness.ref_err_vs_fp64 if top.correctness else None,
         ref_default_err_vs_fp64=top.correctness.ref_default_err_vs_fp64 if top.correctness else None,
+        held_out=top.correctness.held_out if top.correctness else (),
+        held_out_note=top.correctness.held_out_note if top.correctness else None,
     )
 
 

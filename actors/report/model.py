@@ -15,6 +15,7 @@ from schemas import (
     DiagnosisCategory,
     KernelLanguage,
     MigrationReason,
+    ShapeCheck,
     StopReason,
     TorchOpsPolicy,
 )
@@ -66,6 +67,10 @@ class BestKernel(_Frozen):
     """The reference's own in IEEE float32."""
     ref_default_err_vs_fp64: float | None = None
     """The reference's at PyTorch's defaults, where they differ from IEEE float32 (TF32 convolutions)."""
+    held_out: tuple[ShapeCheck, ...] = ()
+    """It at the evaluator's held-out shapes: correct, or raised (a specialised kernel); never wrong."""
+    held_out_note: str | None = None
+    """How those shapes were drawn from the task, or why there were none."""
 
 
 class FitnessSample(_Frozen):

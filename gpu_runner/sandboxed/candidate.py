@@ -186,6 +186,9 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
         laps.lap("init_s")
         stage = "forward"
         _trials(prepared, cand, log, msg, channel, threads0, children0, laps)
+        stage = "held_out_shape"
+        _shape_trials(prepared, cand, log, channel)
+        laps.lap("shape_trials_s")
         # The trials' inputs go: the timing draws its own (the memory plan counts one or the other).
         prepared.trials.clear()
         if device.type == "cuda":
@@ -383,6 +386,49 @@ def _trials(
         peak = torch.cuda.max_memory_allocated(device) - base_mem
         channel.send(Report.MEMORY, peak_bytes=int(peak))
     laps.lap("trial_memory_s")
+
+
+def _shape_trials(prepared: Prepared, cand: Any, log: LaunchLog, channel: Channel) -> None:
+    """The candidate called once at each held-out shape (after the trials, before the timing). What
+    it returns goes to the parent, packed, with what this process saw; what it raises is reported
+    and the next shape tried, unless the device is left unusable (then the job fails here)."""
+    device = prepared.device
+    recorder = DispatchRecorder(log)
+    for v, pristine in enumerate(prepared.variants):
+        work = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+        threads0, children0 = threading.active_count(), _children()
+        log.reset()
+        log.recording = True
+        try:
+            with torch.no_grad(), recorder:
+                out = cand(*work)
+            sync(device)
+        except Exception as exc:  # noqa: BLE001 - what the candidate raised at this shape is the evidence
+            log.recording = False
+            sync(device)  # a device left unusable fails the job here, at this stage
+            raised = describe_exception(exc)
+            channel.send(Report.SHAPE_TRIAL, variant=v, tensors=[], info={"raised": raised})
+            continue
+        log.recording = False
+        items = flatten_outputs(out)
+        tensors = [o.detach() for o in items if type(o) is torch.Tensor]
+        info = {
+            "own_launches": log.own_launches,
+            "own_names": list(log.own_names),
+            "ext_calls": log.ext_calls,
+            "foreign_ops": log.foreign_ops,
+            "custom_ops": log.custom_ops,
+            "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
+            "n_outputs": len(items),
+            "structure": output_structure(out),
+            "devices_ok": all(o.device == device for o in tensors),
+            "threads": threading.active_count() - threads0,
+            "children": _children() - children0,
+        }
+        metas, blobs = pack(tensors)
+        channel.send(Report.SHAPE_TRIAL, blobs=blobs, variant=v, tensors=metas, info=info)
+        del out, items, tensors, work
+    prepared.variants.clear()
 
 
 def _violation(info: dict[str, Any]) -> bool:

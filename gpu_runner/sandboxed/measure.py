@@ -13,6 +13,7 @@ import contextlib
 import faulthandler
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import MeasureOp
 from gpu_runner.sandboxed.common import flatten_outputs
+from gpu_runner.sandboxed.held_out import derive
 from gpu_runner.sandboxed.reference import load_module
 
 
@@ -98,12 +100,24 @@ def _measured(msg: MeasureOp) -> dict[str, Any]:
         info = {"method": f"unknown: the reference failed to load: {type(exc).__name__}: {exc}"[:300]}
     else:
         errors = []
+        forward_s = 0.0
         for mode in ("meta", "fake"):
             try:
+                t0 = time.monotonic()
                 info, _ = measured_sizes(ns, mode)
+                forward_s = time.monotonic() - t0
                 break
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - the next mode, or an unknown size, recorded
                 errors.append(f"{mode}: {type(exc).__name__}: {exc}"[:200])
         else:
             info = {"method": "unknown: " + "; ".join(errors)}
+        if msg.get("held_out_shapes", 0) and info.get("method") != "meta":
+            info.update(variants=[], variants_note=f"none drawn: the reference measures by {info.get('method')}")
+        elif msg.get("held_out_shapes", 0):
+            try:
+                base = int(info["input_bytes"]) + int(info["output_bytes"])
+                variants, note = derive(ns, base_bytes=base, forward_s=forward_s)
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - no held-out shapes, and why
+                variants, note = [], f"none drawn: {type(exc).__name__}: {exc}"[:300]
+            info.update(variants=variants[: int(msg.get("held_out_shapes", 0))], variants_note=note)
     return info

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,12 +135,20 @@ class Referee:
     """The last timed batch's outputs, held until the next batch as a candidate holds its own."""
     out_metas: list[dict[str, Any]] = field(default_factory=list)
 
-    def draw(self, seed: int, scale: float = 1.0, on_device: bool | None = None, skip: int = 0) -> list[Any]:
-        """A trial's or timed call's inputs (as the spare draws them)."""
+    def draw(
+        self,
+        seed: int,
+        scale: float = 1.0,
+        on_device: bool | None = None,
+        skip: int = 0,
+        overrides: Mapping[str, int] | None = None,
+    ) -> list[Any]:
+        """A trial's or timed call's inputs (as the spare draws them; at a held-out shape with ``overrides``)."""
         where = self.inputs_on_device if on_device is None else on_device
+        ns = self.namespace
         if where:
-            return make_inputs(self.namespace, seed, self.device, on_device=True, scale=scale, skip=skip)
-        cpu = make_inputs(self.namespace, seed, torch.device("cpu"), scale=scale, skip=skip)
+            return make_inputs(ns, seed, self.device, on_device=True, scale=scale, skip=skip, overrides=overrides)
+        cpu = make_inputs(ns, seed, torch.device("cpu"), scale=scale, skip=skip, overrides=overrides)
         return to_device(cpu, self.device)
 
     def float64(self) -> Any:
@@ -529,8 +538,11 @@ def serve_truth(ref: Referee, msg: TruthOp, channel: Channel) -> None:
     with channel.gpu_lease(ref.device):
         model64 = ref.float64()
         on_device = True if msg["on_device"] else None
-        for k, (seed, skip, scale) in enumerate(zip(msg["seeds"], msg["skips"], msg["scales"], strict=True)):
-            inputs = ref.draw(int(seed), float(scale), on_device=on_device, skip=int(skip))
+        overrides = list(msg.get("overrides") or [{} for _ in msg["seeds"]])
+        for k, (seed, skip, scale, sizes) in enumerate(
+            zip(msg["seeds"], msg["skips"], msg["scales"], overrides, strict=True)
+        ):
+            inputs = ref.draw(int(seed), float(scale), on_device=on_device, skip=int(skip), overrides=sizes)
             outs, residuals, fp64_error, measured = truth(ref.model, model64, inputs, parity)
             shipments.append((first + k, [o.detach() for o in outs + residuals], len(outs), fp64_error, measured))
         del model64

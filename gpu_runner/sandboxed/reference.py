@@ -17,7 +17,7 @@ import linecache
 import math
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from gpu_runner.sandboxed.common import (
     register_host,
     sync,
 )
+from gpu_runner.sandboxed.held_out import sized
 
 
 class ReferenceFault(Exception):
@@ -139,9 +140,11 @@ def make_inputs(
     on_device: bool = False,
     scale: float = 1.0,
     skip: int = 0,
+    overrides: Mapping[str, int] | None = None,
 ) -> list[Any]:
     """The reference's ``get_inputs()`` under ``seed``, on ``device`` (floating inputs times
-    ``scale``): the draw after ``skip`` others from the same seed (a timed batch's call ``skip``).
+    ``scale``): the draw after ``skip`` others from the same seed (a timed batch's call ``skip``);
+    with ``overrides``, the task's module-level sizes set so (a held-out shape, :func:`sized`).
 
     With ``on_device`` the factory functions it calls allocate on ``device`` directly (a 6 GB
     ``torch.randn`` takes milliseconds on a GPU and many seconds and gigabytes of the host's
@@ -149,7 +152,8 @@ def make_inputs(
     so (one that calls ``.numpy()``, say) is drawn again on the CPU under the same seed: it fails
     the same way wherever the same inputs are drawn (the spare, the referee, the judge), so they agree.
     """
-    return scale_inputs(make_batch_inputs(ns, seed, skip + 1, device, on_device)[-1], scale)
+    with sized(ns, overrides):
+        return scale_inputs(make_batch_inputs(ns, seed, skip + 1, device, on_device)[-1], scale)
 
 
 def seed_generators(seed: int) -> None:

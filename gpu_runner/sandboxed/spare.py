@@ -64,6 +64,8 @@ class Prepared:
     shared: SharedSlots | None = None
     """Shared buffers (device memory on CUDA) the outputs are copied into for the judge."""
     extra: dict[str, Any] = field(default_factory=dict)
+    variants: list[list[Any]] = field(default_factory=list)
+    """Inputs at the task's held-out shapes (one draw each, from the parent's ``variant_seeds``)."""
 
 
 def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
@@ -104,6 +106,8 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
             raise ReferenceFault(f"drawing the inputs failed: {type(exc).__name__}: {exc}") from exc
         input_sums = [[checksum(v) if isinstance(v, torch.Tensor) else None for v in values] for values in trials]
         laps.lap("to_device_s")
+        variants = _variants(ns, msg, device, on_device)
+        laps.lap("variants_s")
     for t in locked:  # the lease's end synchronised the copies
         unregister_host(t)
     del host_trials, locked
@@ -119,6 +123,7 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
         out_nbytes=sum(t.numel() * t.element_size() for t in templates),
         in_nbytes=sum(v.numel() * v.element_size() for v in trials[0] if isinstance(v, torch.Tensor)),
         on_device=on_device,
+        variants=variants,
     )
     channel.send(Report.REFERENCE_DONE)
     # Buffers for every trial's outputs and for the timed calls the parent may ask for.
@@ -158,3 +163,19 @@ def prepare(msg: PrepareOp, device: torch.device, channel: Channel) -> Prepared:
         ),
     )
     return prepared
+
+
+def _variants(ns: dict[str, Any], msg: PrepareOp, device: torch.device, on_device: bool) -> list[list[Any]]:
+    """One draw of the inputs at each held-out shape the parent sent (none: no such check)."""
+    sizes, seeds = list(msg.get("variants") or []), [int(x) for x in msg.get("variant_seeds") or []]
+    if len(sizes) != len(seeds):
+        raise ReferenceFault("the parent sent a seed for each held-out shape: the numbers differ")
+    try:
+        if on_device:
+            return [make_inputs(ns, s, device, on_device=True, overrides=o) for s, o in zip(seeds, sizes, strict=True)]
+        return [
+            to_device(make_inputs(ns, s, torch.device("cpu"), overrides=o), device)
+            for s, o in zip(seeds, sizes, strict=True)
+        ]
+    except Exception as exc:
+        raise ReferenceFault(f"drawing the inputs at a held-out shape failed: {type(exc).__name__}: {exc}") from exc
