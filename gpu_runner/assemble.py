@@ -475,15 +475,20 @@ def _correctness(c: Collected) -> Any:
 
 
 def held_out(c: Collected) -> tuple[ShapeCheck, ...]:
-    """The candidate at each held-out shape its spare drew, as far as it got (shapes it never
-    reached, the job having ended before, are left out)."""
+    """The candidate at each held-out shape its spare drew, as far as it got. Where its job ended
+    as it should (its process said it was done) every shape must have an answer: one missing means
+    the candidate's process skipped it (the list of shapes lives there), and counts as wrong."""
     rec, ref = c.record, c.reference
     assert rec is not None
     assert ref is not None
+    finished = rec.done is not None and rec.error is None and rec.died is None
     out: list[ShapeCheck] = []
     for v, variant in enumerate(ref.variants):
         label = str(variant["label"])
-        if v in rec.shape_raised:
+        if finished and v not in rec.shape_raised and v not in rec.shape_checks:
+            why = "the candidate's process sent nothing for this shape (it was skipped)"
+            out.append(ShapeCheck(shape=label, outcome="wrong", detail=why))
+        elif v in rec.shape_raised:
             out.append(ShapeCheck(shape=label, outcome="raised", detail=rec.shape_raised[v]))
         elif v in rec.shape_checks:
             k = rec.shape_checks[v]

@@ -3,12 +3,13 @@
 Each reaches what it needs through attributes of torch (the ``gc`` and ``inspect`` modules,
 ``sys.modules``, ``torch.library``) and goes after something a verdict once depended on: stored
 reference outputs, its own timing report, the baseline's module, the flags of its trials, the
-harness's clock and flush, its input drawing. The evaluator keeps all of that out of the candidate's
-process (the referee holds the reference and times the baselines; the parent judges outputs and
-checks every timing against its own clock), so each must end refused, incorrect or flagged, or,
-where its trick has nothing left to act on, correct without gaining anything by it. Runs on the
-CPU (Triton's interpreter) and, with ``-m gpu``, on a GPU, where the timing cheats get a task large
-enough for the parent's clock to resolve them. ``bench/trust_bench.py`` prints the same suite as a table.
+harness's clock and flush, its input drawing, its calls at held-out shapes. The evaluator keeps
+all of that out of the candidate's process (the referee holds the reference and times the
+baselines; the parent judges outputs and checks every timing against its own clock), so each must
+end refused, incorrect or flagged, or, where its trick has nothing left to act on, correct without
+gaining anything by it. Runs on the CPU (Triton's interpreter) and, with ``-m gpu``, on a GPU,
+where the timing cheats get a task large enough for the parent's clock to resolve them.
+``bench/trust_bench.py`` prints the same suite as a table.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ CASES = [
     case("hostile_lowprec_when_timed", "add_relu", S.INCORRECT),
     case("hostile_stale_when_timed", "add_relu", S.INCORRECT),
     case("hostile_softmax_no_max", "softmax_rows", S.INCORRECT),
+    case("hostile_skip_held_out", "softmax_sized", S.INCORRECT),
     # tricks with nothing left to act on: correct, and no gain
     case("hostile_memo_by_values", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=1.1),
     case("hostile_frame_walk_checker", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0),
