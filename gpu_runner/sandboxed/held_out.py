@@ -19,7 +19,8 @@ of its first tensor input, or the name of a module-level size, with the range it
 only those move, to the range's ends and a random value between them. Each variant is kept only
 where the reference's forward accepts it on the meta device (its outputs' shapes and dtypes come
 from there) and where its inputs and outputs are no larger than the reference's own shapes' (the
-memory plan counted those). Runs in the worker that measures the task, which never sees a
+memory plan counted those) nor than :data:`CAP_BYTES` or an eighth of them (a large task's
+halved batch becomes fewer rows, still odd). Runs in the worker that measures the task, which never sees a
 candidate; the random draws use the evaluator's own generator.
 """
 
@@ -37,6 +38,10 @@ import torch
 from gpu_runner.sandboxed.common import flatten_outputs
 
 MAX_VARIANTS = 3
+CAP_BYTES = 64 << 20
+"""A held-out shape's inputs and outputs at most, or an eighth of the reference's where that is
+more (the parent compares them on the host; the spare holds them beside its trials): edges and
+odd sizes need no gigabytes."""
 BUDGET_S = 5.0
 """Seconds the derivation may take in all (the task's measurement has a bound: ``reference_first_run_s``)."""
 DECLARED = "DYNAMIC_DIMS"
@@ -138,6 +143,18 @@ def _odd_half(value: int, rng: random.Random) -> int:
     return rng.randrange(lo | 1, max(lo | 1, hi) + 1, 2) if hi > 1 else 1
 
 
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _odd(value: int) -> int:
+    """``value`` made odd (down), at least 1."""
+    return max(1, value - 1 if value > 1 and value % 2 == 0 else value)
+
+
 def _three_quarters(value: int) -> int:
     """About three quarters of ``value``, odd: a non-power-of-two change."""
     return max(1, (value * 3 // 4) | 1) if value > 2 else value
@@ -191,13 +208,17 @@ def derive(
     base_bytes: int | None = None,
     forward_s: float = 0.0,
     budget_s: float = BUDGET_S,
+    cap_bytes: int = CAP_BYTES,
 ) -> tuple[list[dict[str, Any]], str]:
     """The task's held-out shapes (each: ``overrides``, ``label``, ``inputs``, ``out_metas``,
     ``nbytes``) and a note on how they were drawn (or why there are none).
 
     ``base_bytes``: one trial's inputs and outputs at the reference's shapes (measured here where
     not given); ``forward_s``: how long the reference's meta forward took. A shape whose forward
-    would end past ``budget_s`` is not tried (the task's measurement is bounded as a whole)."""
+    would end past ``budget_s`` is not tried (the task's measurement is bounded as a whole). A
+    shape's inputs and outputs together are at most the reference's own and ``cap_bytes`` or an
+    eighth of the reference's, whichever is more: where a halved batch is larger, fewer rows (odd)
+    are drawn."""
     rng = rng or random.Random()
     started = time.monotonic()
     base_inputs = _draw(ns, None)
@@ -207,6 +228,7 @@ def derive(
     base = _tensor_shapes(base_inputs)
     moves = {name: m for name in free_sizes(ns) if (m := _moves(ns, name, base))}
     proposals: list[dict[str, int]] = []
+    lead: list[str] = []
     if DECLARED in ns:
         declared = _declared(ns, moves)
         if isinstance(declared, str):
@@ -239,27 +261,40 @@ def derive(
         t0 = time.monotonic()
         base_bytes = _nbytes(base_inputs) + _nbytes(_forward(model, base_inputs))
         forward_s = time.monotonic() - t0
+    limit = min(base_bytes, max(cap_bytes, base_bytes // 8))
     variants: list[dict[str, Any]] = []
     seen: set[tuple[tuple[int, ...] | None, ...]] = {tuple(base)}
     dropped: list[str] = []
-    for proposal in proposals:
-        over = {k: v for k, v in proposal.items() if v != ns[k]}
-        label = ", ".join(f"{k}={v}" for k, v in over.items())
+
+    def attempt(over: dict[str, int]) -> tuple[list[Any], list[Any]] | str:
+        """The inputs and outputs at ``over``, or why there are none."""
         if time.monotonic() - started + forward_s > budget_s:
-            dropped.append(f"{label} (the reference's meta forward takes {forward_s:.1f} s: out of time)")
-            continue
+            return f"the reference's meta forward takes {forward_s:.1f} s: out of time"
         try:
             inputs = _draw(ns, over)
-            outs = _forward(model, inputs)
+            return inputs, _forward(model, inputs)
         except Exception as exc:  # noqa: BLE001 - the reference does not take this shape: not a check
-            dropped.append(f"{label} (the reference refuses it: {type(exc).__name__})")
+            return f"the reference refuses it: {type(exc).__name__}"
+
+    for proposal in proposals:
+        over = {k: v for k, v in proposal.items() if v != ns[k]}
+        got = attempt(over)
+        nbytes = _nbytes(got[0]) + _nbytes(got[1]) if not isinstance(got, str) else 0
+        shrink = [name for name in lead if name in over and over[name] > 1]
+        if nbytes > limit and shrink:  # a large task: fewer rows, still odd
+            over = {**over, **{name: _odd(int(over[name] * limit / nbytes)) for name in shrink}}
+            got = attempt(over)
+            nbytes = _nbytes(got[0]) + _nbytes(got[1]) if not isinstance(got, str) else 0
+        label = ", ".join(f"{k}={v}" for k, v in over.items())
+        if isinstance(got, str):
+            dropped.append(f"{label} ({got})")
             continue
+        inputs, outs = got
         shapes = tuple(_tensor_shapes(inputs))
         if not over or shapes in seen:
             continue
-        nbytes = _nbytes(inputs) + _nbytes(outs)
-        if nbytes > base_bytes:
-            dropped.append(f"{label} (larger than the reference's shapes)")
+        if nbytes > limit:
+            dropped.append(f"{label} (its inputs and outputs, {_size(nbytes)}, exceed {_size(limit)})")
             continue
         seen.add(shapes)
         drawn = ", ".join(str(tuple(s)) for s in shapes if s is not None)

@@ -134,6 +134,7 @@ def test_declared_dynamic_dims_are_the_only_ones_drawn_within_their_range() -> N
         """
     variants, note = derive(_ns(body), random.Random(0))
     firsts = [v["inputs"][0][0] for v in variants]
+    assert firsts, note
     assert firsts[0] == 3, firsts
     assert firsts[-1] == 40, firsts
     assert all(3 <= b <= 40 for b in firsts), firsts
@@ -143,7 +144,7 @@ def test_declared_dynamic_dims_are_the_only_ones_drawn_within_their_range() -> N
     assert [v["inputs"] for v in by_name] == [[[64, 5]]]
     larger, note = derive(_ns(body.replace("{0: (3, 40)}", "{0: (100, 100)}")), random.Random(0))
     assert larger == []
-    assert "larger than the reference's shapes" in note
+    assert "batch_size=100 (its inputs and outputs, 15.6 KiB, exceed 10.0 KiB)" in note
     for bad, why in (
         ("{0: (0, 4)}", "1 <= low <= high"),
         ("{1.5: (1, 4)}", "keys are dimensions"),
@@ -203,3 +204,29 @@ async def test_the_evaluator_checks_every_candidate_at_its_held_out_shapes() -> 
     raised = refuses.correctness.held_out
     assert [s.outcome for s in raised] == ["raised"] * 3
     assert raised[0].detail.startswith("ValueError: this ModelNew was generated for x of shape (16, 100)")
+
+
+def test_a_large_tasks_held_out_batch_has_fewer_rows_still_odd() -> None:
+    ns = _ns(
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return x.relu()
+
+        batch_size = 64
+        dim = 1000
+
+        def get_inputs():
+            return [torch.randn(batch_size, dim)]
+
+        def get_init_inputs():
+            return []
+        """
+    )
+    # 512000 bytes at the reference's shape; an eighth of it (64000) is more than the cap given
+    variants, _ = derive(ns, random.Random(0), cap_bytes=40_000)
+    rows = [v["inputs"][0][0] for v in variants]
+    assert rows[-1] == 1
+    assert all(n % 2 == 1 for n in rows), rows
+    assert all(v["nbytes"] <= 64_000 for v in variants), [v["nbytes"] for v in variants]
+    assert variants[0]["nbytes"] > 40_000  # shrunk to the eighth, not further
