@@ -207,6 +207,8 @@ class DiagnosisCategory(StrEnum):
     INCORRECT_INDEXING = "incorrect.indexing"
     INCORRECT_PRECISION = "incorrect.precision"
     INCORRECT_RACE = "incorrect.race"
+    INCORRECT_HELD_OUT = "incorrect.held_out"
+    """Correct at the reference's input shapes, wrong at a held-out shape (sizes taken as constants)."""
     INCORRECT_OTHER = "incorrect.other"
 
     REJECTED_THREADS = "rejected.threads"

@@ -90,7 +90,9 @@ class ShapeCheck(Model):
     """``raised``: the candidate raised at this shape (a specialised kernel says so, never computes
     garbage); ``wrong``: its outputs did not match the reference's there (the candidate is incorrect)."""
     detail: str = ""
+    """What it raised, or how its outputs differed (empty where correct)."""
     max_abs_err: float | None = None
+    """Largest absolute difference to the reference's outputs at this shape (where it returned)."""
 
 
 class Correctness(Model):

@@ -117,6 +117,12 @@ _HINTS: Mapping[C, tuple[str, ...]] = MappingProxyType(
             "Results change between runs on the same inputs: remove unsynchronised writes to the same "
             "location, use atomics or a separate reduction pass, and never read uninitialised memory.",
         ),
+        C.INCORRECT_HELD_OUT: (
+            "Correct at the reference's shapes only: take every size from the inputs at run time "
+            "(x.shape, x.stride()) and pass it to the kernel, size grids with triton.cdiv of it, mask "
+            "every edge (an odd batch, a last partial tile, a batch of one); never hard-code a size. "
+            "Raising a clear error for a shape the kernel cannot take is allowed; wrong outputs are not.",
+        ),
         C.INCORRECT_OTHER: ("Compare the kernel's formula with the reference's forward step by step.",),
         C.SLOW_LAUNCH_BOUND: (
             "Launch overhead dominates: fuse the kernels into one (elementwise epilogues into the "

@@ -250,6 +250,10 @@ class RuleDiagnoser:
         if corr is None:
             category = C.INCORRECT_SHAPE if any(k in low for k in _SHAPE_WORDS) else C.INCORRECT_OTHER
             return _Reading(category, result.summary, ev, confidence=0.5)
+        wrong = [s for s in corr.held_out if s.outcome == "wrong"]
+        if wrong and corr.passed_trials == corr.trials:
+            where = f"Correct at the reference's input shapes, wrong at {wrong[0].shape}."
+            return _Reading(C.INCORRECT_HELD_OUT, where, ev, confidence=0.9)
         errs = (corr.max_abs_err, corr.max_rel_err, corr.err_vs_fp64)
         if any(e is not None and not math.isfinite(e) for e in errs) or "nan" in low or "inf " in low:
             return _Reading(C.INCORRECT_NAN_INF, "The output contains NaN or Inf.", ev)

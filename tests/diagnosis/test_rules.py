@@ -199,6 +199,21 @@ def test_error_at_the_start_of_the_output_is_not_called_a_boundary_error() -> No
     assert RULES.diagnose(f.incorrect(cand, corr)).category is not C.INCORRECT_BOUNDARY
 
 
+def test_wrong_only_at_a_held_out_shape_says_so_and_asks_for_run_time_sizes() -> None:
+    from schemas import ShapeCheck
+
+    cand = f.candidate()
+    shapes = (
+        ShapeCheck(shape="batch_size=7: inputs (7, 100)", outcome="wrong", detail="output 0: relative L2 error 0.4"),
+        ShapeCheck(shape="batch_size=1: inputs (1, 100)", outcome="correct"),
+    )
+    corr = _corr(passed_trials=5, held_out=shapes, detail="wrong at held-out shape batch_size=7: inputs (7, 100)")
+    d = RULES.diagnose(f.incorrect(cand, corr))
+    assert d.category is C.INCORRECT_HELD_OUT
+    assert d.summary == "Correct at the reference's input shapes, wrong at batch_size=7: inputs (7, 100)."
+    assert any("hard-code" in h for h in d.hints)
+
+
 def test_many_launches_of_tiny_kernels_are_launch_bound_and_go_to_fusion() -> None:
     cand = f.candidate()
     d = RULES.diagnose(f.correct(cand, median_ms=0.05, bound_ms=0.01, launches=4))
