@@ -172,7 +172,7 @@ def _kernels(source: str) -> dict[str, str]:
     return {
         node.name: ast.unparse(node)
         for node in tree.body
-        if isinstance(node, ast.FunctionDef) and node.name != "_kf_stream"  # the launch sites' helper
+        if isinstance(node, ast.FunctionDef) and node.name not in ("_kf_stream", "_kf_refuse")  # helpers
     }
 
 

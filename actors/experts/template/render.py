@@ -144,7 +144,7 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
         + (f", {len(launches) - len(kernels)} op(s) left to PyTorch" if len(kernels) < len(launches) else "")
         + ").",
         "",
-        "Specialised to the reference's input shapes; forward checks them. Ops: "
+        "Specialised to the reference's input shapes: forward refuses others, naming the dimension. Ops: "
         + ", ".join(dict.fromkeys(plan.ops))
         + '."""',
         "",
@@ -168,8 +168,34 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
     if sites:
         parts.append(LAUNCHER_SOURCE)
         parts.extend([*(_site(stage) for stage in sites), "", ""])
+    if any(node.path != FLOAT_ARG for node in plan.inputs):
+        parts.append(REFUSE_SOURCE)
     parts.append(_model(plan, sched, launches, direct, placed))
     return "\n".join(parts) + "\n"
+
+
+REFUSE_SOURCE = '''
+def _kf_refuse(name, value, shape, dtype):
+    """The error for an input this ModelNew's kernels were not written for: which dimension differs."""
+    got = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    if got is None:
+        what = f"{name} is a {type(value).__name__}, not a tensor"
+    elif len(got) != len(shape):
+        what = f"{name} has {len(got)} dimensions (shape {got}), not {len(shape)}"
+    elif got != shape:
+        dims = ", ".join(f"dimension {d} is {g}, not {w}" for d, (g, w) in enumerate(zip(got, shape)) if g != w)
+        what = f"{name} has shape {got}: {dims}"
+    else:
+        what = f"{name} is {str(value.dtype).replace('torch.', '')}, not {dtype}"
+    return ValueError(
+        f"{what}. This ModelNew's kernels are specialised to {name} of shape {shape} {dtype} (Kernel "
+        "Foundry's template expert writes them for the reference's input shapes); generate it again at "
+        "the shape you need."
+    )
+
+'''
+"""The helper a rendered ``forward`` raises through when an input is not of the shape and dtype its
+kernels were written for (the message names each dimension that differs)."""
 
 
 def _returned(plan: Plan, sched: Schedule) -> tuple[list[str], list[str]]:
@@ -257,7 +283,7 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: b
             continue
         body.append(
             f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n"
-            f'    raise ValueError("this ModelNew was generated for {name} of shape {tuple(node.shape)} {node.dtype}")'
+            f'    raise _kf_refuse("{name}", {name}, {tuple(node.shape)!r}, "{node.dtype}")'
         )
     used_bases = {
         b
