@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.shapes < 1:
         parser.error("--repeat and --shapes must be at least 1")
+    from gpu_runner.cli import _configure_logging
+
+    _configure_logging(verbose=False)  # the evaluator's progress lines at warnings only
     try:
         text = asyncio.run(main_async(args))
     except DeviceUnavailable as exc:
