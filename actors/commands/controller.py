@@ -481,6 +481,7 @@ class RunController:
                 or unanswered_sentence(report.experts),
                 dead_lettered=len(self.dead_lettered),
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,
+                held_out=report.best.held_out if report.best else (),
             )
         finally:
             interrupt.cancel()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from pathlib import Path
 
-from schemas import Correctness, DeviceChoice, PrecisionMode, StopReason
+from schemas import Correctness, DeviceChoice, PrecisionMode, ShapeCheck, StopReason
 
 
 class RunVerdict(StrEnum):
@@ -126,6 +126,33 @@ def precision_note(correctness: Correctness | None) -> str:
     )
 
 
+def held_out_note(correctness: Correctness | None) -> str:
+    """The comment line of ``best_model.py`` that says how it did at the evaluator's held-out shapes."""
+    shapes = correctness.held_out if correctness is not None else ()
+    if not shapes:
+        note = correctness.held_out_note if correctness is not None else None
+        return f"# held-out shapes: none checked ({note})\n" if note else ""
+    correct = [s.shape for s in shapes if s.outcome == "correct"]
+    raised = [s.shape for s in shapes if s.outcome == "raised"]
+    line = "# held-out shapes (drawn by the evaluator):"
+    if correct:
+        line += f" correct at {'; '.join(correct)}"
+    if raised:
+        line += ("; " if correct else " ") + f"raises at {'; '.join(raised)} (specialised to the reference's shapes)"
+    return line + "\n"
+
+
+def held_out_sentence(shapes: tuple[ShapeCheck, ...]) -> str | None:
+    """The run's end line's note where its best raises at held-out shapes (a specialised kernel)."""
+    raised = [s for s in shapes if s.outcome == "raised"]
+    if not raised:
+        return None
+    return (
+        f"note: the best is specialised to the reference's input shapes: it raises at {len(raised)} of the "
+        f"{len(shapes)} held-out shapes the evaluator tried ({'; '.join(s.shape for s in raised)})"
+    )
+
+
 @dataclass
 class RunOutcome:
     """What a run achieved."""
@@ -150,6 +177,8 @@ class RunOutcome:
     reference_nonfinite_share: float | None = None
     """Where the reference's own outputs hold NaN/Inf, their share: the run's verdicts compared
     candidates on matching positions, which its end line says."""
+    held_out: tuple[ShapeCheck, ...] = ()
+    """The best at the evaluator's held-out shapes (its end line notes the ones it raises at)."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -187,6 +216,8 @@ class RunOutcome:
                 f"\nnote: the reference's own outputs hold NaN/Inf ({self.reference_nonfinite_share:.1%} of "
                 "elements): candidates were judged on matching NaN/Inf positions and finite values elsewhere"
             )
+        if self.best_fitness is not None and (shaped := held_out_sentence(self.held_out)):
+            line += f"\n{shaped}"
         if self.device is DeviceChoice.CPU:
             line += f"\n{CPU_TIMINGS_NOTE}"
         return line

@@ -10,7 +10,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actors.commands.outcome import model_header_note, precision_note, verdict_of
+from actors.commands.outcome import held_out_note, model_header_note, precision_note, verdict_of
 from actors.runtime.bus import Bus
 from actors.runtime.logs import get_logger
 from actors.runtime.quota import CandidateQuota
@@ -103,6 +103,7 @@ async def write_results(
         verdict = verdict_of(best.speedup_vs_eager, spec.device)
         header += model_header_note(verdict, best.speedup_vs_eager, speedup_c)
         header += precision_note(best.correctness)
+        header += held_out_note(best.correctness)
         if best.torch_ops:
             header += (
                 f"# left to PyTorch (the reference's own ops, --torch-ops reference): {', '.join(best.torch_ops)}\n"

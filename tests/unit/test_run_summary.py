@@ -197,3 +197,30 @@ def test_a_run_that_ended_while_its_task_was_checked_says_so() -> None:
     )
     outcome = dataclasses.replace(_outcome(DeviceChoice.CPU, best=None), evaluated=0, statuses={}, declined=said)
     assert "0 evaluated: the evaluator was still checking the task" in outcome.summary(20.0)
+
+
+def test_a_best_that_raises_at_held_out_shapes_is_called_specialised_in_the_end_line_and_its_file() -> None:
+    from actors.commands.outcome import held_out_note
+    from schemas import Correctness, ShapeCheck
+
+    shapes = (
+        ShapeCheck(shape="batch_size=31: inputs (31, 256)", outcome="raised", detail="ValueError: x has shape"),
+        ShapeCheck(shape="batch_size=1: inputs (1, 256)", outcome="correct"),
+    )
+    text = dataclasses.replace(_outcome(DeviceChoice.CUDA, best=1.3), held_out=shapes).summary(5.0)
+    assert text.splitlines()[1] == (
+        "note: the best is specialised to the reference's input shapes: it raises at 1 of the 2 held-out "
+        "shapes the evaluator tried (batch_size=31: inputs (31, 256))"
+    )
+    generic = shapes[0].model_copy(update={"outcome": "correct", "detail": ""})
+    assert (
+        len(dataclasses.replace(_outcome(DeviceChoice.CUDA, best=1.3), held_out=(generic,)).summary(5.0).splitlines())
+        == 1
+    )
+    corr = Correctness(trials=5, passed_trials=5, atol=1e-4, rtol=1e-4, held_out=shapes)
+    assert held_out_note(corr) == (
+        "# held-out shapes (drawn by the evaluator): correct at batch_size=1: inputs (1, 256); raises at "
+        "batch_size=31: inputs (31, 256) (specialised to the reference's shapes)\n"
+    )
+    none = Correctness(trials=5, passed_trials=5, atol=1e-4, rtol=1e-4, held_out_note="no tensor input")
+    assert held_out_note(none) == "# held-out shapes: none checked (no tensor input)\n"
