@@ -346,15 +346,7 @@ def _trials(
         elapsed = time.perf_counter() - t0
         laps.lap("trial_forward_s")
         info: dict[str, Any] = {
-            "own_launches": log.own_launches,
-            "own_names": list(log.own_names),
-            "ext_calls": log.ext_calls,
-            "foreign_ops": log.foreign_ops,
-            "custom_ops": log.custom_ops,
-            "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
-            "n_outputs": len(items),
-            "structure": output_structure(out),
-            "devices_ok": all(o.device == device for o in tensors),
+            **_seen(log, out, items, tensors, device),
             "strides": [list(o.stride()) for o in tensors],
             "deferred": (
                 any(checksum(o) != s for o, s in zip(tensors, sums, strict=True))
@@ -388,6 +380,24 @@ def _trials(
     laps.lap("trial_memory_s")
 
 
+def _seen(
+    log: LaunchLog, out: object, items: list[object], tensors: list[torch.Tensor], device: torch.device
+) -> dict[str, Any]:
+    """What this process saw of one call (a trial's or a held-out shape's): its launches and ops,
+    and its outputs' types, nesting and devices."""
+    return {
+        "own_launches": log.own_launches,
+        "own_names": list(log.own_names),
+        "ext_calls": log.ext_calls,
+        "foreign_ops": log.foreign_ops,
+        "custom_ops": log.custom_ops,
+        "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
+        "n_outputs": len(items),
+        "structure": output_structure(out),
+        "devices_ok": all(o.device == device for o in tensors),
+    }
+
+
 def _shape_trials(prepared: Prepared, cand: Any, log: LaunchLog, channel: Channel) -> None:
     """The candidate called once at each held-out shape (after the trials, before the timing). What
     it returns goes to the parent, packed, with what this process saw; what it raises is reported
@@ -413,15 +423,7 @@ def _shape_trials(prepared: Prepared, cand: Any, log: LaunchLog, channel: Channe
         items = flatten_outputs(out)
         tensors = [o.detach() for o in items if type(o) is torch.Tensor]
         info = {
-            "own_launches": log.own_launches,
-            "own_names": list(log.own_names),
-            "ext_calls": log.ext_calls,
-            "foreign_ops": log.foreign_ops,
-            "custom_ops": log.custom_ops,
-            "bad_types": [type(o).__name__ for o in items if type(o) is not torch.Tensor],
-            "n_outputs": len(items),
-            "structure": output_structure(out),
-            "devices_ok": all(o.device == device for o in tensors),
+            **_seen(log, out, items, tensors, device),
             "threads": threading.active_count() - threads0,
             "children": _children() - children0,
         }
