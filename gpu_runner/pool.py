@@ -345,6 +345,8 @@ class RunPool:
             ) from None
         if header["kind"] is not Report.MEASURED:
             raise ProtocolError(f"unexpected {header.get('kind')!r} while measuring the task")
+        if header.get("variants_error"):  # the task declares its dynamic dimensions wrongly
+            raise InvalidReference(str(header["variants_error"]))
         fp = Footprint.from_wire(header)
         made = plan(
             fp,

@@ -37,6 +37,11 @@ import torch
 
 from gpu_runner.sandboxed.common import flatten_outputs
 
+
+class DeclarationError(ValueError):
+    """The task's ``DYNAMIC_DIMS`` cannot be used as written (the task's fault: said in one line)."""
+
+
 MAX_VARIANTS = 3
 CAP_BYTES = 64 << 20
 """A held-out shape's inputs and outputs at most, or an eighth of the reference's where that is
@@ -211,7 +216,8 @@ def derive(
     cap_bytes: int = CAP_BYTES,
 ) -> tuple[list[dict[str, Any]], str]:
     """The task's held-out shapes (each: ``overrides``, ``label``, ``inputs``, ``out_metas``,
-    ``nbytes``) and a note on how they were drawn (or why there are none).
+    ``nbytes``) and a note on how they were drawn (or why there are none); raises
+    :class:`DeclarationError` where the task's ``DYNAMIC_DIMS`` cannot be used.
 
     ``base_bytes``: one trial's inputs and outputs at the reference's shapes (measured here where
     not given); ``forward_s``: how long the reference's meta forward took. A shape whose forward
@@ -232,7 +238,7 @@ def derive(
     if DECLARED in ns:
         declared = _declared(ns, moves)
         if isinstance(declared, str):
-            return [], declared
+            raise DeclarationError(declared)
         for pick in ("low", "draw", "high"):
             over = {}
             for name, (lo, hi) in declared.items():

@@ -22,7 +22,7 @@ import torch
 from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import MeasureOp
 from gpu_runner.sandboxed.common import flatten_outputs
-from gpu_runner.sandboxed.held_out import derive
+from gpu_runner.sandboxed.held_out import DeclarationError, derive
 from gpu_runner.sandboxed.reference import load_module
 
 
@@ -117,6 +117,9 @@ def _measured(msg: MeasureOp) -> dict[str, Any]:
             try:
                 base = int(info["input_bytes"]) + int(info["output_bytes"])
                 variants, note = derive(ns, base_bytes=base, forward_s=forward_s)
+            except DeclarationError as exc:  # the task's own mistake: the parent refuses the task
+                variants, note = [], ""
+                info["variants_error"] = str(exc)[:500]
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - no held-out shapes, and why
                 variants, note = [], f"none drawn: {type(exc).__name__}: {exc}"[:300]
             info.update(variants=variants[: int(msg.get("held_out_shapes", 0))], variants_note=note)

@@ -119,6 +119,20 @@ def test_cli_invalid_reference_is_a_bad_task_status_2(tmp_path: Path, capsys: py
     assert "get_inputs" in err, err
 
 
+def test_cli_task_declaring_dynamic_dims_wrongly_is_a_bad_task_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = (REFERENCES / "softmax_sized.py").read_text() + "\nDYNAMIC_DIMS = {0: (8, 2)}\n"
+    bad = tmp_path / "ref.py"
+    bad.write_text(source)
+    code = main([str(bad), str(CANDIDATES / "softmax_any_shape.py"), "--device", "cpu"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "kfoundry eval: error: the task does not work: DYNAMIC_DIMS[0] must have 1 <= low <= high, got (8, 2)"
+    ], err
+
+
 def test_cli_cuda_without_a_gpu_is_a_bad_option_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has a GPU")
