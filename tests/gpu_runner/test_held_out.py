@@ -233,3 +233,29 @@ def test_a_large_tasks_held_out_batch_has_fewer_rows_still_odd() -> None:
     assert all(n % 2 == 1 for n in rows), rows
     assert all(v["nbytes"] <= 64_000 for v in variants), [v["nbytes"] for v in variants]
     assert variants[0]["nbytes"] > 40_000  # shrunk to the eighth, not further
+
+
+async def test_the_template_experts_elementwise_candidate_is_correct_at_every_held_out_shape() -> None:
+    """Its kernels are written for the reference's shapes, with run-time-sized copies for any other."""
+    from actors.experts.template.params import TemplateParams
+    from actors.experts.template.render import analyse, render
+    from gpu_runner.config import EvalJob
+    from schemas import KernelLanguage
+
+    task = reference("swish_sized")
+    plan = analyse(task)
+    source = render(plan, TemplateParams())  # type: ignore[arg-type]
+    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    async with EvaluationService(cfg) as service:
+        job = EvalJob(
+            reference_source=task,
+            candidate_source=source,
+            language=KernelLanguage.TRITON,
+            timeout_s=120.0,
+            candidate_id="template-swish",
+        )
+        result = await service.evaluate(job)
+    assert result.status is EvalStatus.CORRECT, result.summary
+    assert result.correctness is not None
+    shapes = result.correctness.held_out
+    assert [s.outcome for s in shapes] == ["correct"] * 3, shapes

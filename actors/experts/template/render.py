@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from actors.experts.template import any_size
 from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import INTERPRETED, Launch
@@ -137,6 +138,7 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
         for kernel in sched.kernels
     ]
     kernels = [launch for launch in launches if launch is not None]
+    generic = any_size.kernels(plan, sched, params, used) if any_size.eligible(plan, sched, launches) else []
     parts = [
         header(plan.template, params),
         f'"""ModelNew from Kernel Foundry\'s template expert ({plan.template}: '
@@ -144,7 +146,12 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
         + (f", {len(launches) - len(kernels)} op(s) left to PyTorch" if len(kernels) < len(launches) else "")
         + ").",
         "",
-        "Specialised to the reference's input shapes: forward refuses others, naming the dimension. Ops: "
+        (
+            "Specialised to the reference's input shapes, with run-time-sized copies of its kernels for "
+            "any other shape. Ops: "
+            if generic
+            else "Specialised to the reference's input shapes: forward refuses others, naming the dimension. Ops: "
+        )
         + ", ".join(dict.fromkeys(plan.ops))
         + '."""',
         "",
@@ -161,6 +168,8 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
     placed = _arena(plan, sched, launches) if arena else Arena()
     for stage in stages:
         parts.extend(["", placed.source(stage), ""])
+    for launch in generic:
+        parts.extend(["", launch.source, ""])
     wide = [stage for stage in stages if INTERPRETED in stage.constexprs.values()]
     if wide:  # a triton.jit function is a JITFunction unless the interpreter runs it
         parts.extend([f"{INTERPRETED} = int(not isinstance({wide[0].name}, triton.runtime.JITFunction))", ""])
@@ -170,12 +179,15 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
         parts.extend([*(_site(stage) for stage in sites), "", ""])
     if any(node.path != FLOAT_ARG for node in plan.inputs):
         parts.append(REFUSE_SOURCE)
-    parts.append(_model(plan, sched, launches, direct, placed))
+    model = _model(plan, sched, launches, direct, placed, any_shape=bool(generic))
+    if generic:
+        model += "\n\n" + any_size.method(plan, sched, generic)
+    parts.append(model)
     return "\n".join(parts) + "\n"
 
 
 REFUSE_SOURCE = '''
-def _kf_refuse(name, value, shape, dtype):
+def _kf_refuse(name, value, shape, dtype, any_shape=False):
     """The error for an input this ModelNew's kernels were not written for: which dimension differs."""
     got = tuple(value.shape) if isinstance(value, torch.Tensor) else None
     if got is None:
@@ -187,6 +199,8 @@ def _kf_refuse(name, value, shape, dtype):
         what = f"{name} has shape {got}: {dims}"
     else:
         what = f"{name} is {str(value.dtype).replace('torch.', '')}, not {dtype}"
+    if any_shape:
+        return ValueError(f"{what}. This ModelNew takes inputs of any shape, all of one shape, {dtype}.")
     return ValueError(
         f"{what}. This ModelNew's kernels are specialised to {name} of shape {shape} {dtype} (Kernel "
         "Foundry's template expert writes them for the reference's input shapes); generate it again at "
@@ -267,7 +281,12 @@ def _launch_line(launch: Launch, direct: bool, arena: Arena) -> str:
     return f"{launch.name}[{grid}]({', '.join(args)})"
 
 
-def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: bool, arena: Arena) -> str:
+def _model(
+    plan: Plan, sched: Schedule, launches: list[Launch | None], direct: bool, arena: Arena, any_shape: bool = False
+) -> str:
+    """``ModelNew``: the reference's constructor and a ``forward`` that checks its inputs, makes its
+    buffers and launches the kernels; ``any_shape``: inputs of other shapes go to the run-time-sized
+    kernels (``any_size.METHOD``) instead of being refused."""
     inputs = plan.inputs
     names = plan.arg_names
     lines = ["class ModelNew(nn.Module):", textwrap.indent(plan.init_source, "    "), ""]
@@ -281,10 +300,12 @@ def _model(plan: Plan, sched: Schedule, launches: list[Launch | None], direct: b
                 f'    raise ValueError("this ModelNew was generated for {name} as a Python number")'
             )
             continue
-        body.append(
-            f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n"
-            f'    raise _kf_refuse("{name}", {name}, {tuple(node.shape)!r}, "{node.dtype}")'
+        other = (
+            f"    return self.{any_size.METHOD}({', '.join(names)})"
+            if any_shape
+            else f'    raise _kf_refuse("{name}", {name}, {tuple(node.shape)!r}, "{node.dtype}")'
         )
+        body.append(f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n{other}")
     used_bases = {
         b
         for launch in launches
