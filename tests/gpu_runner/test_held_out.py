@@ -259,3 +259,12 @@ async def test_the_template_experts_elementwise_candidate_is_correct_at_every_he
     assert result.correctness is not None
     shapes = result.correctness.held_out
     assert [s.outcome for s in shapes] == ["correct"] * 3, shapes
+
+
+async def test_a_candidate_whose_process_dies_at_a_held_out_shape_is_told_where() -> None:
+    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    async with EvaluationService(cfg) as service:
+        result = await service.evaluate(job("softmax_sized", "softmax_dies_elsewhere"))
+    assert result.status is EvalStatus.RUNTIME_ERROR, result.summary
+    assert result.summary.startswith("runtime_error: the run process killed by SIG"), result.summary
+    assert "at held-out shape batch_size=" in result.summary
