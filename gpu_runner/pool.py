@@ -462,36 +462,32 @@ class RunPool:
         try:
             # The referee computes the reference's outputs for the spare's seeds meanwhile (the
             # judge does it after the candidate, for outputs judged on the device).
-            truths = None if device_verdict else asyncio.create_task(self.truths(reference_source, seeds, scales, 0))
-            shaped = (
-                asyncio.create_task(
+            # One request for the trials and the held-out shapes (each request copies the model to float64).
+            sizes: list[dict[str, int]] = [{} for _ in seeds] + [dict(v["overrides"]) for v in variants]
+            truths = (
+                None
+                if device_verdict
+                else asyncio.create_task(
                     self.truths(
                         reference_source,
-                        variant_seeds,
-                        [1.0] * len(variants),
-                        len(seeds),
-                        overrides=[dict(v["overrides"]) for v in variants],
+                        seeds + variant_seeds,
+                        scales + [1.0] * len(variants),
+                        0,
+                        overrides=sizes if variants else None,
                     )
                 )
-                if variants
-                else None
             )
             try:
                 await self._collect_reference(spare, data, timeout_s, on_reference_done)
             finally:
                 if truths is not None:
                     done = await asyncio.gather(truths, return_exceptions=True)
-                if shaped is not None:
-                    at_shapes = (await asyncio.gather(shaped, return_exceptions=True))[0]
-            if shaped is not None:
-                if isinstance(at_shapes, BaseException):
-                    raise at_shapes
-                data.variant_truths = list(at_shapes)
             if truths is not None:
                 got = done[0]
                 if isinstance(got, BaseException):
                     raise got
-                for truth in got:
+                data.variant_truths = list(got[len(seeds) :])
+                for truth in got[: len(seeds)]:
                     data.outputs.append(truth.outputs)
                     data.dtypes.append(truth.dtypes)
                     data.residuals.append(truth.residuals)

@@ -160,7 +160,7 @@ def _shaped_inputs(reference_source: str) -> Shaped:
     ``meta`` device; where the reference cannot run there, real inputs are drawn on the CPU."""
     ref = load_module(reference_source, REFERENCE_FILENAME, "kf_reference")
     try:
-        sizes, shapes = measured_sizes(ref, "meta")
+        sizes, shapes, _ = measured_sizes(ref, "meta")
         inputs = [
             torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
             for v in shapes

@@ -214,20 +214,24 @@ def derive(
     forward_s: float = 0.0,
     budget_s: float = BUDGET_S,
     cap_bytes: int = CAP_BYTES,
+    model: Any = None,
+    base_inputs: list[Any] | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """The task's held-out shapes (each: ``overrides``, ``label``, ``inputs``, ``out_metas``,
     ``nbytes``) and a note on how they were drawn (or why there are none); raises
     :class:`DeclarationError` where the task's ``DYNAMIC_DIMS`` cannot be used.
 
     ``base_bytes``: one trial's inputs and outputs at the reference's shapes (measured here where
-    not given); ``forward_s``: how long the reference's meta forward took. A shape whose forward
+    not given); ``forward_s``: how long the reference's meta forward took; ``model`` and
+    ``base_inputs``: the measurement's meta model and inputs (built here where not given). A shape whose forward
     would end past ``budget_s`` is not tried (the task's measurement is bounded as a whole). A
     shape's inputs and outputs together are at most the reference's own and ``cap_bytes`` or an
     eighth of the reference's, whichever is more: where a halved batch is larger, fewer rows (odd)
     are drawn."""
     rng = rng or random.Random()
     started = time.monotonic()
-    base_inputs = _draw(ns, None)
+    if base_inputs is None:
+        base_inputs = _draw(ns, None)
     if not any(isinstance(v, torch.Tensor) for v in base_inputs):
         return [], "no tensor input"
     first = next(i for i, v in enumerate(base_inputs) if isinstance(v, torch.Tensor))
@@ -261,8 +265,9 @@ def derive(
         if len(others) > 1:  # where they cannot all move at once: one at a time (if room is left)
             proposals += [{**halved, name: value} for name, value in others.items()]
         how = "module-level sizes " + ", ".join(f"{n}={ns[n]}" for n in moves)
-    with torch.device("meta"):
-        model = ns["Model"](*list(ns["get_init_inputs"]()))
+    if model is None:  # the measurement's own meta model, where it passes it
+        with torch.device("meta"):
+            model = ns["Model"](*list(ns["get_init_inputs"]()))
     if base_bytes is None:
         t0 = time.monotonic()
         base_bytes = _nbytes(base_inputs) + _nbytes(_forward(model, base_inputs))

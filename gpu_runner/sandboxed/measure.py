@@ -51,9 +51,9 @@ def _fake() -> Iterator[None]:
         yield
 
 
-def measured_sizes(ns: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[Any]]:
+def measured_sizes(ns: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[Any], Any]:
     """Bytes of one trial's inputs and outputs, the parameters and the largest tensor, by ``mode``;
-    and the inputs themselves (storage-less tensors: their shapes, strides and dtypes)."""
+    the inputs themselves (storage-less tensors: their shapes, strides and dtypes); and the model."""
     init_args = list(ns["get_init_inputs"]())
     with _meta() if mode == "meta" else _fake():
         model = ns["Model"](*init_args)
@@ -72,7 +72,7 @@ def measured_sizes(ns: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[
         "largest_tensor_bytes": max(in_big, out_big),
         "method": mode,
     }
-    return sizes, inputs
+    return sizes, inputs, model
 
 
 def measure(msg: MeasureOp, device: torch.device) -> dict[str, Any]:
@@ -101,10 +101,12 @@ def _measured(msg: MeasureOp) -> dict[str, Any]:
     else:
         errors = []
         forward_s = 0.0
+        model: Any = None
+        inputs: list[Any] = []
         for mode in ("meta", "fake"):
             try:
                 t0 = time.monotonic()
-                info, _ = measured_sizes(ns, mode)
+                info, inputs, model = measured_sizes(ns, mode)
                 forward_s = time.monotonic() - t0
                 break
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - the next mode, or an unknown size, recorded
@@ -116,7 +118,7 @@ def _measured(msg: MeasureOp) -> dict[str, Any]:
         elif msg.get("held_out_shapes", 0):
             try:
                 base = int(info["input_bytes"]) + int(info["output_bytes"])
-                variants, note = derive(ns, base_bytes=base, forward_s=forward_s)
+                variants, note = derive(ns, base_bytes=base, forward_s=forward_s, model=model, base_inputs=inputs)
             except DeclarationError as exc:  # the task's own mistake: the parent refuses the task
                 variants, note = [], ""
                 info["variants_error"] = str(exc)[:500]

@@ -17,6 +17,7 @@ import textwrap
 from actors.experts.template.emit import Launch, PointwiseWriter, Scope
 from actors.experts.template.fuse import KernelKind, Schedule, base_of
 from actors.experts.template.ir import FLOAT_ARG, GATHER_OPS, NodeKind, Plan
+from actors.experts.template.params import TemplateParams
 
 METHOD = "_kf_any_size"
 """The ``ModelNew`` method that runs the run-time-sized kernels."""
@@ -70,9 +71,9 @@ def eligible(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> bool
     )
 
 
-def kernels(plan: Plan, sched: Schedule, params: object, used: set[str]) -> list[Launch]:
+def kernels(plan: Plan, sched: Schedule, params: TemplateParams, used: set[str]) -> list[Launch]:
     """The run-time-sized kernels, in the schedule's order."""
-    return [AnySizePointwiseWriter(sched, kernel, params, used).write() for kernel in sched.kernels]  # type: ignore[arg-type]
+    return [AnySizePointwiseWriter(sched, kernel, params, used).write() for kernel in sched.kernels]
 
 
 def method(plan: Plan, sched: Schedule, launches: list[Launch]) -> str:
