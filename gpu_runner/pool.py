@@ -463,7 +463,8 @@ class RunPool:
             # The referee computes the reference's outputs for the spare's seeds meanwhile (the
             # judge does it after the candidate, for outputs judged on the device).
             # One request for the trials and the held-out shapes (each request copies the model to float64).
-            sizes: list[dict[str, int]] = [{} for _ in seeds] + [dict(v["overrides"]) for v in variants]
+            none: dict[str, int] = {}
+            sizes = [none for _ in seeds] + [dict(v["overrides"]) for v in variants]
             truths = (
                 None
                 if device_verdict
