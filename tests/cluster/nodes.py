@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,14 +20,26 @@ from typing import Any
 
 from actors.runtime.nats_server import find_binary
 
+PORT_RANGE = (20000, 32000)
+"""Where the cluster's listening ports are drawn: below Linux's ephemeral range (32768-60999), from
+which the kernel hands out the source ports of outgoing connections. A port found free there by
+binding to port 0 could be taken a moment later by a route connecting between the servers just
+started, and the server meant to listen on it never joined the cluster (a three-replica bucket then
+waited 60 s on "no suitable peers for placement" in CI)."""
+
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports that were free on ``host`` a moment ago."""
-    socks = []
+    """``n`` distinct ports in :data:`PORT_RANGE` that were free on ``host`` a moment ago."""
+    rng = random.Random()
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket()
-            s.bind((host, 0))
+            try:
+                s.bind((host, rng.randrange(*PORT_RANGE)))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [int(s.getsockname()[1]) for s in socks]
     finally:
@@ -117,8 +130,9 @@ class Cluster:
     def __init__(self, root: Path, hosts: Sequence[str], netns: Sequence[str | None] | None = None) -> None:
         namespaces = list(netns) if netns is not None else [None] * len(hosts)
         self.nodes: list[Node] = []
+        ports = free_ports(3 * len(hosts))  # at once: one node's ports are never another's
         for i, (host, ns) in enumerate(zip(hosts, namespaces, strict=True)):
-            port, cport, hport = free_ports(3) if ns is None else (4222, 6222, 8222)
+            port, cport, hport = ports[3 * i : 3 * i + 3] if ns is None else (4222, 6222, 8222)
             self.nodes.append(Node(f"n{i + 1}", host, port, cport, hport, root / f"n{i + 1}", netns=ns))
         for node in self.nodes:
             node.routes = [f"nats://{n.host}:{n.cluster_port}" for n in self.nodes if n is not node]
@@ -159,6 +173,20 @@ class Cluster:
                             leader = s["cluster"]["leader"]
                             return next(n for n in self.nodes if n.name == leader)
         raise LookupError(f"no leader known for stream {stream}")
+
+    def describe(self, tail: int = 1500) -> str:
+        """Each node's state and the end of its log, for a failing test's message."""
+        parts = []
+        for n in self.nodes:
+            state = (
+                "not started"
+                if n.proc is None
+                else ("running" if n.proc.poll() is None else f"exited {n.proc.returncode}")
+            )
+            log_path = n.store / "server.log"
+            log = log_path.read_text(errors="replace")[-tail:] if log_path.exists() else ""
+            parts.append(f"--- {n.name} ({n.url}, cluster port {n.cluster_port}): {state}\n{log}")
+        return "\n".join(parts)
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -60,6 +60,8 @@ def test_buckets_and_streams_of_three_replicas_are_made_on_a_cluster_that_has_ju
             node.start()
         try:
             made = asyncio.run(_open_at_once(cluster.nodes[start % 3].url))
+        except Exception as exc:
+            raise AssertionError(f"cold start {start}: {exc}\n{cluster.describe()}") from exc
         finally:
             cluster.stop()
         assert made == ["kf_cold_a", "kf_cold_b", "KF_RUN_coldrun x3"], made
