@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from actors.experts.template.any_batch import sized
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import ew_expr, lit
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
@@ -77,8 +78,14 @@ class Writer:
         self.lines: list[str] = []
         self.pointers: list[int] = []
         self.counter = 0
-        self.wide = any(self.plan.nodes[n].numel > INT32_LIMIT // 2 for n in kernel.nodes) or any(
-            self.plan.nodes[a].numel > INT32_LIMIT // 2 for n in kernel.nodes for a in self.plan.nodes[n].tensor_args()
+        self.wide = (
+            sized(self.plan)
+            or any(self.plan.nodes[n].numel > INT32_LIMIT // 2 for n in kernel.nodes)
+            or any(
+                self.plan.nodes[a].numel > INT32_LIMIT // 2
+                for n in kernel.nodes
+                for a in self.plan.nodes[n].tensor_args()
+            )
         )
 
     # -- bookkeeping ---------------------------------------------------------------------

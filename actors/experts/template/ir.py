@@ -267,6 +267,10 @@ class Plan:
     """How ``forward`` nests what it returns where it returns a tuple or list (nested ones too: an
     ``nn.LSTM``'s ``(output, (h, c))``): ``("tuple" | "list", item, ...)``, each item a position in
     :attr:`outputs` or such a nest; ``None`` where it returns one tensor."""
+    batch: tuple[tuple[int, ...], ...] = ()
+    """Per node, per dimension of its shape: ``c`` where that dimension is ``c`` times the inputs'
+    leading (batch) dimension, else 0 (``any_batch.py``: found by tracing the reference at a second
+    batch size); empty where the plan is not the same at every batch size."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
     """Per returned tensor, the reference's strides where they are not the contiguous ones (an
     einsum's permuted result, a slice of a larger tensor), else ``None``: outputs are judged in the
@@ -425,6 +429,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
             None if st is None else tuple(int(x) for x in st) for st in data.get("output_strides") or ()
         ),
         returns=None if data.get("returns") is None else _returns_from(data["returns"]),
+        batch=tuple(tuple(int(c) for c in dims) for dims in data.get("batch") or ()),
     )
 
 

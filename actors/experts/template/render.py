@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from actors.experts.template import any_size
+from actors.experts.template import any_batch, any_size
 from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import INTERPRETED, Launch
@@ -28,7 +28,7 @@ from actors.experts.template.kernel_kinds import template_of
 from actors.experts.template.launcher import LAUNCHER_SOURCE
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
-from actors.experts.template.trace import Traced, trace_reference
+from actors.experts.template.trace import Traced, load_namespace, trace_reference
 
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
 
@@ -52,21 +52,7 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
     reference``), as long as some kernel is left.
     """
     try:
-        traced = trace_reference(reference_source)
-        init_text, prelude = init_source(reference_source)
-        lowerer = Lowerer(traced, KeepTorch(keep_torch))
-        outputs = lowerer.lower()
-        plan = Plan(
-            nodes=tuple(lowerer.nodes),
-            output=outputs[0],
-            extra_outputs=outputs[1:],
-            arg_names=traced.arg_names,
-            init_source=init_text,
-            prelude_source=prelude,
-            ops=tuple(lowerer.ops),
-            output_strides=_reference_strides(traced),
-            returns=lowerer.returns,
-        )
+        plan = lowered(reference_source, keep_torch)
         seen: set[tuple[tuple[str, int], ...]] = set()
         fusions: list[tuple[bool, bool]] = []
         template = ""
@@ -87,11 +73,40 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             if shape not in seen:
                 seen.add(shape)
                 fusions.append((epilogue, prologue))
-        return replace(plan, template=template, fusions=tuple(fusions))
+        return replace(
+            plan, template=template, fusions=tuple(fusions), batch=_batch_links(reference_source, plan, keep_torch)
+        )
     except UnsupportedGraph as exc:
         return Unsupported(detail=exc.detail, op=exc.op)
     except TraceFailed as exc:
         return Unsupported(detail=f"the reference could not be traced: {exc}")
+
+
+def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch) -> tuple[tuple[int, ...], ...]:
+    """``Plan.batch`` (``any_batch.find``): the reference lowered again at a second batch size."""
+    namespace = load_namespace(reference_source)
+    sizes = {k: v for k, v in namespace.items() if type(v) is int and not k.startswith("__")}
+    return any_batch.find(sizes, plan, lambda changed: lowered(reference_source, keep_torch, changed))
+
+
+def lowered(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE, sizes: dict[str, int] | None = None) -> Plan:
+    """The reference traced (with ``sizes``: module-level integers set to other values first) and
+    lowered into a plan, before any schedule is tried."""
+    traced = trace_reference(reference_source, sizes)
+    init_text, prelude = init_source(reference_source)
+    lowerer = Lowerer(traced, KeepTorch(keep_torch))
+    outputs = lowerer.lower()
+    return Plan(
+        nodes=tuple(lowerer.nodes),
+        output=outputs[0],
+        extra_outputs=outputs[1:],
+        arg_names=traced.arg_names,
+        init_source=init_text,
+        prelude_source=prelude,
+        ops=tuple(lowerer.ops),
+        output_strides=_reference_strides(traced),
+        returns=lowerer.returns,
+    )
 
 
 def _reference_strides(traced: Traced) -> tuple[tuple[int, ...] | None, ...]:
@@ -139,6 +154,7 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
     ]
     kernels = [launch for launch in launches if launch is not None]
     generic = any_size.kernels(plan, sched, params, used) if any_size.eligible(plan, sched, launches) else []
+    batched = _any_batch(plan, params, used) if plan.batch and not generic else None
     parts = [
         header(plan.template, params),
         f'"""ModelNew from Kernel Foundry\'s template expert ({plan.template}: '
@@ -150,6 +166,9 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
             "Specialised to the reference's input shapes, with run-time-sized copies of its kernels for "
             "any other shape. Ops: "
             if generic
+            else "Specialised to the reference's input shapes, with copies of its kernels that take any batch "
+            "size (other shapes are refused, naming the dimension). Ops: "
+            if batched
             else "Specialised to the reference's input shapes: forward refuses others, naming the dimension. Ops: "
         )
         + ", ".join(dict.fromkeys(plan.ops))
@@ -170,6 +189,8 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
         parts.extend(["", placed.source(stage), ""])
     for launch in generic:
         parts.extend(["", launch.source, ""])
+    for source in batched[0] if batched else ():
+        parts.extend(["", source, ""])
     wide = [stage for stage in stages if INTERPRETED in stage.constexprs.values()]
     if wide:  # a triton.jit function is a JITFunction unless the interpreter runs it
         parts.extend([f"{INTERPRETED} = int(not isinstance({wide[0].name}, triton.runtime.JITFunction))", ""])
@@ -179,15 +200,18 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
         parts.extend([*(_site(stage) for stage in sites), "", ""])
     if any(node.path != FLOAT_ARG for node in plan.inputs):
         parts.append(REFUSE_SOURCE)
-    model = _model(plan, sched, launches, direct, placed, any_shape=bool(generic))
+    other = any_size.METHOD if generic else any_batch.METHOD if batched else None
+    model = _model(plan, sched, launches, direct, placed, other=other)
     if generic:
         model += "\n\n" + any_size.method(plan, sched, generic)
+    if batched:
+        model += "\n\n" + batched[1]
     parts.append(model)
     return "\n".join(parts) + "\n"
 
 
 REFUSE_SOURCE = '''
-def _kf_refuse(name, value, shape, dtype, any_shape=False):
+def _kf_refuse(name, value, shape, dtype, any_shape=False, any_batch=False):
     """The error for an input this ModelNew's kernels were not written for: which dimension differs."""
     got = tuple(value.shape) if isinstance(value, torch.Tensor) else None
     if got is None:
@@ -201,6 +225,11 @@ def _kf_refuse(name, value, shape, dtype, any_shape=False):
         what = f"{name} is {str(value.dtype).replace('torch.', '')}, not {dtype}"
     if any_shape:
         return ValueError(f"{what}. This ModelNew takes inputs of any shape, all of one shape, {dtype}.")
+    if any_batch:
+        return ValueError(
+            f"{what}. This ModelNew's kernels take any batch size (dimension 0); its other dimensions are "
+            "fixed at the reference's (Kernel Foundry's template expert writes them for its shapes)."
+        )
     return ValueError(
         f"{what}. This ModelNew's kernels are specialised to {name} of shape {shape} {dtype} (Kernel "
         "Foundry's template expert writes them for the reference's input shapes); generate it again at "
@@ -282,15 +311,32 @@ def _launch_line(launch: Launch, direct: bool, arena: Arena) -> str:
 
 
 def _model(
-    plan: Plan, sched: Schedule, launches: list[Launch | None], direct: bool, arena: Arena, any_shape: bool = False
+    plan: Plan, sched: Schedule, launches: list[Launch | None], direct: bool, arena: Arena, other: str | None = None
 ) -> str:
     """``ModelNew``: the reference's constructor and a ``forward`` that checks its inputs, makes its
-    buffers and launches the kernels; ``any_shape``: inputs of other shapes go to the run-time-sized
-    kernels (``any_size.METHOD``) instead of being refused."""
-    inputs = plan.inputs
+    buffers and launches the kernels; ``other``: the method that inputs of other shapes go to
+    (``any_size.METHOD``, ``any_batch.METHOD``) instead of being refused."""
     names = plan.arg_names
     lines = ["class ModelNew(nn.Module):", textwrap.indent(plan.init_source, "    "), ""]
     lines.append(f"    def forward(self, {', '.join(names)}):")
+    body = _forward(plan, sched, launches, direct, arena, other)
+    lines.append(textwrap.indent("\n".join(body), "        "))
+    return "\n".join(lines)
+
+
+def _forward(
+    plan: Plan,
+    sched: Schedule,
+    launches: list[Launch | None],
+    direct: bool,
+    arena: Arena,
+    other: str | None = None,
+    batch: bool = False,
+) -> list[str]:
+    """The lines of ``forward`` (see :func:`_model`); ``batch``: of ``any_batch.METHOD``, whose
+    shapes are expressions in the batch and whose refusals say that only the batch may change."""
+    inputs = plan.inputs
+    names = plan.arg_names
     body: list[str] = []
     for node in inputs:
         name = names[node.index]
@@ -300,12 +346,12 @@ def _model(
                 f'    raise ValueError("this ModelNew was generated for {name} as a Python number")'
             )
             continue
-        other = (
-            f"    return self.{any_size.METHOD}({', '.join(names)})"
-            if any_shape
-            else f'    raise _kf_refuse("{name}", {name}, {tuple(node.shape)!r}, "{node.dtype}")'
+        refuse = f'    raise _kf_refuse("{name}", {name}, {tuple(node.shape)!r}, "{node.dtype}"' + (
+            ", any_batch=True)" if batch else ")"
         )
-        body.append(f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n{other}")
+        if other is not None:
+            refuse = f"    return self.{other}({', '.join(names)})"
+        body.append(f"if tuple({name}.shape) != {tuple(node.shape)!r} or {name}.dtype != torch.{node.dtype}:\n{refuse}")
     used_bases = {
         b
         for launch in launches
@@ -358,8 +404,54 @@ def _model(
         body.append(f"return {_nested(plan.returns, returned)}")
     else:
         body.append(f"return {returned[0]}" if len(returned) == 1 else f"return ({', '.join(returned)})")
-    lines.append(textwrap.indent("\n".join(body), "        "))
-    return "\n".join(lines)
+    return body
+
+
+def _any_batch(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list[str], str] | None:
+    """The any-batch kernels' sources and ``ModelNew``'s method that launches them (``any_batch``),
+    or None where the plan, rendered at two batch sizes, does not come out the same."""
+    renders: list[tuple[list[str], str]] = []
+    helpers: set[str] = set()
+    for value in any_batch.probe_batches(plan):
+        sym = any_batch.symbolic(plan, value)
+        try:
+            sched = schedule(sym, params)
+            launches = [
+                None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, helpers)
+                for kernel in sched.kernels
+            ]
+            renders.append(_batched(sym, sched, launches))
+        except Exception:  # noqa: BLE001 - a writer that cannot take a symbolic size: no any-batch path
+            return None
+    if not any_batch.check_texts(["\n".join([*sources, method]) for sources, method in renders]):
+        return None
+    used |= helpers
+    return renders[0]
+
+
+def _batched(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[list[str], str]:
+    """The renamed any-batch kernels (``kf_B`` their first argument) and the method that runs them."""
+    stages = [stage for launch in launches if launch is not None for stage in (*launch.pre, launch)]
+    names = {stage.name: stage.name + any_batch.SUFFIX for stage in stages}
+    sources = [any_batch.batched_source(stage.source, names) for stage in stages]
+
+    def renamed(launch: Launch) -> Launch:
+        return replace(
+            launch,
+            name=names[launch.name],
+            lead_args=(any_batch.NAME, *launch.lead_args),
+            pre=tuple(renamed(p) for p in launch.pre),
+        )
+
+    moved = [None if launch is None else renamed(launch) for launch in launches]
+    body = _forward(plan, sched, moved, direct=False, arena=Arena(), batch=True)
+    first = plan.arg_names[any_batch.leading_input(plan)]
+    rank = len(next(n for n in plan.inputs if n.index == any_batch.leading_input(plan)).shape)
+    lines = [
+        f"def {any_batch.METHOD}(self, {', '.join(plan.arg_names)}):",
+        textwrap.indent("\n".join([*any_batch.guard(plan, first, rank), *body]), "    "),
+    ]
+    return sources, textwrap.indent("\n".join(lines), "    ")
 
 
 def _nested(returns: tuple[Any, ...], exprs: list[str]) -> str:

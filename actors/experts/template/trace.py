@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import importlib.util
 import operator
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -332,9 +332,12 @@ def _construct(namespace: dict[str, Any], init_inputs: list[Any]) -> Any:
     return model.to("meta")
 
 
-def trace_reference(source: str) -> Traced:
-    """Build the reference on the meta device, trace ``forward`` and record every value."""
+def trace_reference(source: str, sizes: Mapping[str, int] | None = None) -> Traced:
+    """Build the reference on the meta device, trace ``forward`` and record every value;
+    ``sizes``: module-level integers of the reference set to other values first (``any_batch.py``
+    traces it at a second batch size)."""
     namespace = load_namespace(source)
+    namespace.update(sizes or {})
     try:
         with torch.device("meta"):
             init_inputs = list(namespace["get_init_inputs"]())

@@ -1,0 +1,300 @@
+"""Models at any batch size (issue 38 item 1: products, rows, convolutions, pools, every family).
+
+The template's kernels are written for the reference's input shapes: every size is a constant.
+Users call a model at other batch sizes first of all, and for most models the batch is the only
+size that can change (the others are fixed by the weights). So ``analyse`` traces the reference a
+second time with its batch-size variable set to another value (:func:`find`): where the plan is the
+same but for the sizes, every dimension that moved is ``c`` times the batch (``Plan.batch``).
+
+``render`` then renders the plan once more with those dimensions symbolic (:class:`Sym`, an ``int``
+whose text is an expression in ``kf_B``, the batch at run time): the writers compute as they always
+do, and what they print (masks, index arithmetic, grids, buffer shapes) comes out as expressions of
+``kf_B`` instead of numbers. The copies take ``kf_B`` as their first argument, and ``forward`` calls
+them, through ``ModelNew._kf_any_batch``, for inputs that differ from the reference's in the batch
+alone. Block sizes and every other tuning choice stay those of the reference's shapes.
+
+Whether the copies hold at every batch is checked where they are made: the plan is rendered at two
+batch sizes (the reference's and an odd one three times larger) and must come out as the same
+text. A size that a writer turned into a plain number, a decision it took on the batch's value (a
+mask left out where the batch divided a block, 64-bit offsets for large tensors only): each makes
+the two texts differ, and then the model has no any-batch path (``forward`` refuses other shapes,
+naming the dimension, as before).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from actors.experts.template.ir import FLOAT_ARG, NodeKind, Plan
+
+NAME = "kf_B"
+"""The run-time batch size: the any-batch kernels' first argument, a local of ``_kf_any_batch``."""
+METHOD = "_kf_any_batch"
+"""The ``ModelNew`` method that runs the any-batch kernels."""
+SUFFIX = "_b"
+"""Appended to each any-batch kernel's name."""
+
+
+def _affine_text(a: int, b: int) -> str:
+    term = NAME if a == 1 else f"{NAME} * {a}"
+    if not b:
+        return term if a == 1 else f"({term})"
+    return f"({term} {'+' if b > 0 else '-'} {abs(b)})"
+
+
+class Sym(int):
+    """A size that moves with the batch: an ``int`` (its value at the batch being rendered, so the
+    writers' arithmetic and decisions run as usual) whose text is an expression in ``kf_B``.
+    Arithmetic with it gives another ``Sym`` (kept as ``a * kf_B + b`` while it is affine, so
+    ``ceil(rows / 64)`` reads ``((kf_B + 63) // 64)``); ``str``, ``repr`` and f-strings give the
+    expression."""
+
+    expr: str
+    affine: tuple[int, int] | None
+
+    def __new__(cls, value: int, expr: str = "", affine: tuple[int, int] | None = None) -> Sym:
+        obj = super().__new__(cls, value)
+        obj.affine = affine
+        obj.expr = _affine_text(*affine) if affine is not None else expr
+        return obj
+
+    def __repr__(self) -> str:
+        return self.expr
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return self.expr
+
+    def _op(self, other: Any, sym: str, reflected: bool = False) -> Any:
+        if isinstance(other, bool) or not isinstance(other, int):
+            return NotImplemented
+        x, y = (other, self) if reflected else (self, other)
+        value = _APPLY[sym](int(x), int(y))
+        fx, fy = _form(x), _form(y)
+        if fx is not None and fy is not None:
+            (a1, b1), (a2, b2) = fx, fy
+            form = None
+            if sym == "+":
+                form = (a1 + a2, b1 + b2)
+            elif sym == "-":
+                form = (a1 - a2, b1 - b2)
+            elif sym == "*" and (a1 == 0 or a2 == 0):
+                form = (a1 * b2 + a2 * b1, b1 * b2)
+            elif sym == "//" and a2 == 0 and b2 == 1:
+                form = (a1, b1)
+            if form is not None:
+                return Sym(value, affine=form) if form[0] else form[1]
+        if (fy == (0, 1) and sym in ("*", "//")) or (fy == (0, 0) and sym in ("+", "-")):
+            return x  # the identities keep the text short
+        if (fx == (0, 1) and sym == "*") or (fx == (0, 0) and sym == "+"):
+            return y
+        return Sym(value, f"({_text(x)} {sym} {_text(y)})")
+
+    def __add__(self, other: Any) -> Any:
+        return self._op(other, "+")
+
+    def __radd__(self, other: Any) -> Any:
+        return self._op(other, "+", reflected=True)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._op(other, "-")
+
+    def __rsub__(self, other: Any) -> Any:
+        return self._op(other, "-", reflected=True)
+
+    def __mul__(self, other: Any) -> Any:
+        return self._op(other, "*")
+
+    def __rmul__(self, other: Any) -> Any:
+        return self._op(other, "*", reflected=True)
+
+    def __floordiv__(self, other: Any) -> Any:
+        return self._op(other, "//")
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        return self._op(other, "//", reflected=True)
+
+    def __mod__(self, other: Any) -> Any:
+        return self._op(other, "%")
+
+    def __rmod__(self, other: Any) -> Any:
+        return self._op(other, "%", reflected=True)
+
+    def __neg__(self) -> Any:
+        return 0 - self
+
+    def __truediv__(self, other: Any) -> Any:
+        if isinstance(other, bool) or not isinstance(other, int):
+            return NotImplemented
+        return Quotient(self, other)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        if isinstance(other, bool) or not isinstance(other, int):
+            return NotImplemented
+        return Quotient(other, self)
+
+
+_APPLY: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+}
+
+
+def _form(value: int) -> tuple[int, int] | None:
+    """``(a, b)`` where ``value`` is ``a * kf_B + b`` (a plain number: ``(0, value)``), else None."""
+    if isinstance(value, Sym):
+        return value.affine
+    return (0, int(value))
+
+
+def _text(value: int) -> str:
+    return value.expr if isinstance(value, Sym) else repr(int(value))
+
+
+class Quotient(float):
+    """``a / b`` of sizes, one of them symbolic: a ``float`` whose ``math.ceil`` and ``math.floor``
+    are symbolic again (a grid of ``ceil(rows / BLOCK)`` programs)."""
+
+    num: int
+    den: int
+
+    def __new__(cls, num: int, den: int) -> Quotient:
+        obj = super().__new__(cls, int(num) / int(den))
+        obj.num, obj.den = num, den
+        return obj
+
+    def __ceil__(self) -> Any:
+        return (self.num + self.den - 1) // self.den
+
+    def __floor__(self) -> Any:
+        return self.num // self.den
+
+
+def symbolic(plan: Plan, batch: int) -> Plan:
+    """``plan`` with every batch-linked dimension a :class:`Sym` worth its size at ``batch``."""
+
+    def dim(d: int, c: int) -> int:
+        return Sym(c * batch, affine=(c, 0)) if c else d
+
+    nodes = tuple(
+        replace(node, shape=tuple(dim(d, c) for d, c in zip(node.shape, links, strict=True)))
+        for node, links in zip(plan.nodes, plan.batch, strict=True)
+    )
+    return replace(plan, nodes=nodes)
+
+
+def reference_batch(plan: Plan) -> int:
+    """The batch size the plan was traced at."""
+    for node, links in zip(plan.nodes, plan.batch, strict=True):
+        for d, c in zip(node.shape, links, strict=True):
+            if c:
+                return int(d) // c
+    raise ValueError("the plan has no batch-linked dimension")
+
+
+def leading_input(plan: Plan) -> int:
+    """The position (in ``forward``'s arguments) of the first input whose dimension 0 is the batch."""
+    for node in plan.inputs:
+        if node.path != FLOAT_ARG and plan.batch[node.id][:1] == (1,):
+            return node.index
+    raise ValueError("no input has the batch as its dimension 0")
+
+
+def find(
+    source_sizes: dict[str, int], plan: Plan, relower: Callable[[dict[str, int]], Plan]
+) -> tuple[tuple[int, ...], ...]:
+    """``Plan.batch`` for ``plan``: the module-level integers of the reference (``source_sizes``)
+    equal to its first input's leading dimension are each set to another value in turn and the
+    reference lowered again (``relower``); the first for which the plan is the same but for sizes,
+    with every input's dimension 0 moving with it and nothing else of the inputs or parameters,
+    gives each dimension's multiple of the batch. Empty where none does."""
+    tensors = [n for n in plan.inputs if n.path != FLOAT_ARG]
+    if not tensors or not tensors[0].shape:
+        return ()
+    b0 = int(tensors[0].shape[0])
+    b1 = 2 * b0 + 1
+    for name, value in source_sizes.items():
+        if value != b0:
+            continue
+        try:
+            other = relower({name: b1})
+        except Exception:  # noqa: BLE001 - the reference refuses that batch: no any-batch path
+            continue
+        links = _links(plan, other, b0, b1)
+        if links is not None:
+            return links
+    return ()
+
+
+def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], ...] | None:
+    """Each dimension's multiple of the batch where ``other`` (traced at ``b1``) is ``plan`` (at
+    ``b0``) but for sizes; None where it is not, or where the batch is not the inputs' dimension 0."""
+    if len(plan.nodes) != len(other.nodes) or plan.outputs != other.outputs or plan.returns != other.returns:
+        return None
+    if plan.output_strides != other.output_strides or plan.init_source != other.init_source:
+        return None
+    out: list[tuple[int, ...]] = []
+    for a, b in zip(plan.nodes, other.nodes, strict=True):
+        if replace(a, shape=()) != replace(b, shape=()) or len(a.shape) != len(b.shape):
+            return None
+        dims: list[int] = []
+        for da, db in zip(a.shape, b.shape, strict=True):
+            if da == db:
+                dims.append(0)
+                continue
+            if da % b0 or db % b1 or da // b0 != db // b1:
+                return None
+            dims.append(da // b0)
+        if a.kind is NodeKind.PARAM and any(dims):
+            return None
+        if a.kind is NodeKind.INPUT and a.path != FLOAT_ARG and (not dims or dims[0] != 1 or any(dims[1:])):
+            return None
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+def sized(plan: Plan) -> bool:
+    """Whether a plan's shapes hold symbolic sizes (the writers then always take 64-bit offsets:
+    the batch, and with it every size, has no upper bound)."""
+    return any(isinstance(d, Sym) for node in plan.nodes for d in node.shape)
+
+
+_DEF = re.compile(r"^def (\w+)\(", re.M)
+
+
+def batched_source(source: str, names: dict[str, str]) -> str:
+    """A kernel's source with ``kf_B`` as its first parameter and every kernel renamed (``names``)."""
+    source = _DEF.sub(lambda m: f"def {m.group(1)}({NAME}, ", source, count=1)
+    for old, new in names.items():
+        source = re.sub(rf"\b{re.escape(old)}\b", new, source)
+    return source
+
+
+def guard(plan: Plan, first: str, rank: int) -> list[str]:
+    """The any-batch method's first lines: the batch from its leading input, and a clear refusal of
+    a batch of 0 (the kernels' grids start at one program)."""
+    return [
+        f"{NAME} = {first}.shape[0] if isinstance({first}, torch.Tensor) and {first}.dim() == {rank} else -1",
+        f"if {NAME} == 0:\n"
+        f'    raise ValueError("{first} has a batch of 0: this ModelNew\'s kernels take a batch of at least 1")',
+    ]
+
+
+def check_texts(texts: list[str]) -> bool:
+    """Whether the renderings at different batch sizes came out the same (see the module's doc)."""
+    return len(set(texts)) == 1 and NAME in texts[0]
+
+
+def probe_batches(plan: Plan) -> tuple[int, int]:
+    """The two batch sizes the any-batch copies are rendered at: the reference's, and an odd one
+    about three times larger (a decision on the batch's value, or a size printed as a number,
+    differs between them)."""
+    b0 = reference_batch(plan)
+    return b0, 3 * b0 + 2 if b0 % 2 else 3 * b0 + 1
