@@ -235,30 +235,43 @@ def test_a_large_tasks_held_out_batch_has_fewer_rows_still_odd() -> None:
     assert variants[0]["nbytes"] > 40_000  # shrunk to the eighth, not further
 
 
-async def test_the_template_experts_elementwise_candidate_is_correct_at_every_held_out_shape() -> None:
-    """Its kernels are written for the reference's shapes, with run-time-sized copies for any other."""
+async def test_the_template_experts_candidates_are_checked_at_every_held_out_shape() -> None:
+    """Its kernels are written for the reference's shapes, with run-time-sized copies for any other
+    shape (an elementwise model) or for any batch (a softmax: another row length is refused)."""
     from actors.experts.template.params import TemplateParams
     from actors.experts.template.render import analyse, render
     from gpu_runner.config import EvalJob
     from schemas import KernelLanguage
 
-    task = reference("swish_sized")
-    plan = analyse(task)
-    source = render(plan, TemplateParams())  # type: ignore[arg-type]
     cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    results = {}
     async with EvaluationService(cfg) as service:
-        job = EvalJob(
-            reference_source=task,
-            candidate_source=source,
-            language=KernelLanguage.TRITON,
-            timeout_s=120.0,
-            candidate_id="template-swish",
-        )
-        result = await service.evaluate(job)
-    assert result.status is EvalStatus.CORRECT, result.summary
-    assert result.correctness is not None
-    shapes = result.correctness.held_out
+        for name in ("swish_sized", "softmax_sized"):
+            task = reference(name)
+            source = render(analyse(task), TemplateParams())  # type: ignore[arg-type]
+            job = EvalJob(
+                reference_source=task,
+                candidate_source=source,
+                language=KernelLanguage.TRITON,
+                timeout_s=120.0,
+                candidate_id=f"template-{name}",
+            )
+            results[name] = await service.evaluate(job)
+    for result in results.values():
+        assert result.status is EvalStatus.CORRECT, result.summary
+        assert result.correctness is not None
+    shapes = results["swish_sized"].correctness.held_out  # type: ignore[union-attr]
     assert [s.outcome for s in shapes] == ["correct"] * 3, shapes
+    rows = {s.shape: s for s in results["softmax_sized"].correctness.held_out}  # type: ignore[union-attr]
+    assert len(rows) == 3, rows
+    for label, check in rows.items():
+        if "dim=" in label:  # the row length moved too: refused, naming the dimension
+            assert check.outcome == "raised", check
+            assert "dimension 1 is" in check.detail, check
+            assert "any batch size" in check.detail, check
+        else:  # the batch alone
+            assert check.outcome == "correct", check
+    assert sum(c.outcome == "correct" for c in rows.values()) == 2, rows
 
 
 async def test_a_candidate_whose_process_dies_at_a_held_out_shape_is_told_where() -> None:

@@ -209,15 +209,15 @@ def leading_input(plan: Plan) -> int:
 
 def find(
     source_sizes: dict[str, int], plan: Plan, relower: Callable[[dict[str, int]], Plan]
-) -> tuple[tuple[int, ...], ...]:
+) -> tuple[tuple[tuple[int, ...], ...], str]:
     """``Plan.batch`` for ``plan``: the module-level integers of the reference (``source_sizes``)
     equal to its first input's leading dimension are each set to another value in turn and the
     reference lowered again (``relower``); the first for which the plan is the same but for sizes,
     with every input's dimension 0 moving with it and nothing else of the inputs or parameters,
-    gives each dimension's multiple of the batch. Empty where none does."""
+    gives each dimension's multiple of the batch, with its name. Empty where none does."""
     tensors = [n for n in plan.inputs if n.path != FLOAT_ARG]
     if not tensors or not tensors[0].shape:
-        return ()
+        return (), ""
     b0 = int(tensors[0].shape[0])
     b1 = 2 * b0 + 1
     for name, value in source_sizes.items():
@@ -229,13 +229,14 @@ def find(
             continue
         links = _links(plan, other, b0, b1)
         if links is not None:
-            return links
-    return ()
+            return links, name
+    return (), ""
 
 
 def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], ...] | None:
     """Each dimension's multiple of the batch where ``other`` (traced at ``b1``) is ``plan`` (at
-    ``b0``) but for sizes; None where it is not, or where the batch is not the inputs' dimension 0."""
+    ``b0``) but for sizes; None where it is not, or where an input moves other than in its
+    dimension 0 alone (a weight passed as an input stays as it is)."""
     if len(plan.nodes) != len(other.nodes) or plan.outputs != other.outputs or plan.returns != other.returns:
         return None
     if plan.output_strides != other.output_strides or plan.init_source != other.init_source:
@@ -254,9 +255,11 @@ def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], 
             dims.append(da // b0)
         if a.kind is NodeKind.PARAM and any(dims):
             return None
-        if a.kind is NodeKind.INPUT and a.path != FLOAT_ARG and (not dims or dims[0] != 1 or any(dims[1:])):
-            return None
+        if a.kind is NodeKind.INPUT and any(dims) and (dims[0] != 1 or any(dims[1:])):
+            return None  # an input moves with the batch in its dimension 0 alone, or not at all
         out.append(tuple(dims))
+    if not any(any(out[n.id]) for n in plan.inputs):
+        return None
     return tuple(out)
 
 

@@ -271,6 +271,8 @@ class Plan:
     """Per node, per dimension of its shape: ``c`` where that dimension is ``c`` times the inputs'
     leading (batch) dimension, else 0 (``any_batch.py``: found by tracing the reference at a second
     batch size); empty where the plan is not the same at every batch size."""
+    batch_name: str = ""
+    """The reference's module-level variable that sets the batch size (where :attr:`batch` is set)."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
     """Per returned tensor, the reference's strides where they are not the contiguous ones (an
     einsum's permuted result, a slice of a larger tensor), else ``None``: outputs are judged in the
@@ -430,6 +432,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         ),
         returns=None if data.get("returns") is None else _returns_from(data["returns"]),
         batch=tuple(tuple(int(c) for c in dims) for dims in data.get("batch") or ()),
+        batch_name=str(data.get("batch_name") or ""),
     )
 
 

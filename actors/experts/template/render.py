@@ -73,16 +73,15 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             if shape not in seen:
                 seen.add(shape)
                 fusions.append((epilogue, prologue))
-        return replace(
-            plan, template=template, fusions=tuple(fusions), batch=_batch_links(reference_source, plan, keep_torch)
-        )
+        batch, batch_name = _batch_links(reference_source, plan, keep_torch)
+        return replace(plan, template=template, fusions=tuple(fusions), batch=batch, batch_name=batch_name)
     except UnsupportedGraph as exc:
         return Unsupported(detail=exc.detail, op=exc.op)
     except TraceFailed as exc:
         return Unsupported(detail=f"the reference could not be traced: {exc}")
 
 
-def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch) -> tuple[tuple[int, ...], ...]:
+def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch) -> tuple[tuple[tuple[int, ...], ...], str]:
     """``Plan.batch`` (``any_batch.find``): the reference lowered again at a second batch size."""
     namespace = load_namespace(reference_source)
     sizes = {k: v for k, v in namespace.items() if type(v) is int and not k.startswith("__")}

@@ -1,0 +1,225 @@
+"""Models at any batch size (issue 38 item 1): the template writes its kernels for the reference's
+shapes and, where the batch is a module-level size of the task, copies whose every batch-linked size
+is an expression of the batch at run time (``any_batch.py``). Checked under Triton's interpreter
+against the reference at batch sizes the run never saw, for every family the template's test cases
+cover (products, rows, norms, convolutions, transposed convolutions, pools, scans); what has no
+any-batch path (a reduction over the batch, batch-norm statistics) and the refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import warnings
+from pathlib import Path
+from string import Template
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from actors.experts.template import any_batch
+from actors.experts.template.any_batch import Sym
+from actors.experts.template.ir import Plan, Unsupported
+from actors.experts.template.params import TemplateParams
+from actors.experts.template.render import analyse, render
+from tests.experts import (
+    template_attn_cases,
+    template_cases,
+    template_conv_cases,
+    template_loss_cases,
+    template_norm_cases,
+    template_pool_cases,
+    template_scan_cases,
+)
+from tests.experts.template_cases import HEAD, Case
+
+ALL_CASES: dict[str, Case] = {
+    case.name: case
+    for case in (
+        *template_cases.CASES,
+        *template_conv_cases.CONV_CASES,
+        *template_pool_cases.POOL_CASES,
+        *template_norm_cases.NORM_CASES,
+        *template_norm_cases.GRAPH_CASES,
+        *template_scan_cases.SCAN_CASES,
+        *template_loss_cases.LOSS_CASES,
+        *template_attn_cases.ATTN_CASES,
+    )
+}
+
+FAMILIES = (
+    "linear_relu",  # a product and its epilogue
+    "matmul_scale_residual",  # a second input that does not move with the batch
+    "gemm_groupnorm_swish",  # a product, then a norm over groups of its rows
+    "softmax_middle_dim",  # rows over a middle dimension
+    "layer_norm",
+    "argmax_middle",
+    "conv2d_grouped_asymmetric_mish_scale",
+    "conv_transpose2d_grouped_clamp_divide",
+    "conv2d_gelu_global_avg_pool",
+    "maxpool1d_dilated_ceil",
+    "cumsum_reverse",
+)
+"""One case per family, checked in the default run (every case in the slow one)."""
+
+COVERED = 38
+"""Cases (at their first sizes) that got an any-batch path when this was written, every one correct."""
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _source(case: Case, index: int = 0) -> str:
+    """The case with its sizes as module-level variables (``KF_B = 3``), as KernelBench writes them."""
+    sizes = case.sizes[index]
+    head = "".join(f"KF_{k} = {v}\n" for k, v in sizes.items())
+    return HEAD + head + "\n" + Template(case.template).substitute({k: f"KF_{k}" for k in sizes})
+
+
+def _load(source: str, path: Path) -> ModuleType:
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # triton.jit reads the kernels' source through their module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    return [x for v in value for x in _flat(v)] if isinstance(value, tuple | list) else [value]
+
+
+def _check_batches(source: str, plan: Plan, module: ModuleType, label: str) -> list[int]:
+    """The candidate against the reference at batch 1 and an odd batch above the reference's (the
+    task's own ``get_inputs`` at that batch); returns the batches checked."""
+    ns: dict[str, Any] = {}
+    exec(compile(source, label, "exec"), ns)  # the test's own task source
+    b0 = int(ns[plan.batch_name])
+    batches = sorted({1, b0 + 2 if b0 % 2 else b0 + 1} - {b0})
+    for b in batches:
+        ns[plan.batch_name] = b
+        torch.manual_seed(0)
+        inputs = list(ns["get_inputs"]())
+        init = list(ns["get_init_inputs"]())
+        torch.manual_seed(1)
+        reference = ns["Model"](*init)
+        torch.manual_seed(1)
+        candidate = module.ModelNew(*init)
+        with warnings.catch_warnings():
+            # numpy, under the interpreter, warns of log(0) in lanes the kernel's masks then drop
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = _flat(candidate(*inputs))
+        want = _flat(reference(*inputs))
+        assert len(got) == len(want), label
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape, f"{label} at batch {b}"
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m, b=b: f"{label} at batch {b}: {m}")
+    return batches
+
+
+def _any_batch_case(name: str, tmp_path: Path, index: int = 0) -> tuple[str, Plan, str]:
+    source = _source(ALL_CASES[name], index)
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    return source, plan, render(plan, TemplateParams())
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_model_of_each_family_is_correct_at_batch_sizes_the_run_never_saw(name: str, tmp_path: Path) -> None:
+    source, plan, rendered = _any_batch_case(name, tmp_path)
+    assert plan.batch_name == "KF_B" or plan.batch_name.startswith("KF_"), plan.batch_name
+    assert f"def {any_batch.METHOD}(self" in rendered, name
+    module = _load(rendered, tmp_path / f"kf_anyb_{name}.py")
+    assert _check_batches(source, plan, module, name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_every_case_with_an_any_batch_path_is_correct_at_other_batches(tmp_path: Path) -> None:
+    covered: list[str] = []
+    for name, case in ALL_CASES.items():
+        for index in range(len(case.sizes)):
+            source = _source(case, index)
+            plan = analyse(source)
+            if isinstance(plan, Unsupported):
+                continue
+            rendered = render(plan, TemplateParams())
+            if f"def {any_batch.METHOD}(self" not in rendered:
+                continue
+            module = _load(rendered, tmp_path / f"kf_anyb_all_{name}_{index}.py")
+            _check_batches(source, plan, module, f"{name}[{index}]")
+            if index == 0:
+                covered.append(name)
+    assert len(covered) >= COVERED, covered
+
+
+def test_a_reduction_over_the_batch_gets_no_any_batch_path_and_refuses_other_batches(tmp_path: Path) -> None:
+    # full_sum reduces over the batch: its block size follows the batch, so the copies rendered at
+    # two batch sizes differ and there are none
+    source, plan, rendered = _any_batch_case("full_sum", tmp_path)
+    assert plan.batch_name == "KF_B"  # the plan moves with the batch ...
+    assert any_batch.METHOD not in rendered  # ... but its kernels would not hold at every batch
+    # batch-norm statistics divide by the batch: the plan itself differs at a second batch
+    _, plan2, rendered2 = _any_batch_case("batchnorm2d_training_relu", tmp_path)
+    assert not plan2.batch
+    assert any_batch.METHOD not in rendered2
+    module = _load(rendered, tmp_path / "kf_anyb_full_sum.py")
+    ns: dict[str, Any] = {}
+    exec(compile(source, "full_sum", "exec"), ns)
+    x = next(t for t in ns["get_inputs"]() if isinstance(t, torch.Tensor))
+    with pytest.raises(ValueError, match=r"dimension 0 is 1, not \d+\. .*specialised to"):
+        module.ModelNew(*ns["get_init_inputs"]())(x[:1], *list(ns["get_inputs"]())[1:])
+
+
+def test_the_any_batch_path_refuses_other_dimensions_and_an_empty_batch(tmp_path: Path) -> None:
+    source, _plan, rendered = _any_batch_case("linear_relu", tmp_path)
+    module = _load(rendered, tmp_path / "kf_anyb_refuse.py")
+    ns: dict[str, Any] = {}
+    exec(compile(source, "linear_relu", "exec"), ns)
+    model = module.ModelNew(*ns["get_init_inputs"]())
+    k = int(ns["KF_K"])
+    with pytest.raises(
+        ValueError, match=rf"^x has shape \(5, {k + 1}\): dimension 1 is {k + 1}, not {k}\. .*any batch size"
+    ):
+        model(torch.randn(5, k + 1))
+    with pytest.raises(ValueError, match=r"^x has a batch of 0"):
+        model(torch.randn(0, k))
+    with pytest.raises(ValueError, match=r"^x has 3 dimensions"):
+        model(torch.randn(5, k, 1))
+
+
+def test_symbolic_sizes_print_as_expressions_of_the_batch() -> None:
+    b = Sym(12, affine=(1, 0))
+    assert str(b) == "kf_B"
+    assert int(b) == 12
+    rows = b * 7
+    assert f"{rows}" == "(kf_B * 7)"
+    assert int(rows) == 84
+    tiles = math.ceil(rows / 64)
+    assert str(tiles) == "((kf_B * 7 + 63) // 64)"
+    assert int(tiles) == 2
+    assert repr((rows, 5)) == "((kf_B * 7), 5)"
+    assert str((b + 63) - 63) == "kf_B"  # affine forms fold
+    assert (b * 3 - b * 3) == 0
+    assert not isinstance(b * 3 - b * 3, Sym)
+    assert str(rows % 5 * 1) == "((kf_B * 7) % 5)"
+    assert str(2 * b + 1) == "(kf_B * 2 + 1)"
+
+
+def test_the_batch_is_found_only_where_the_plan_is_the_same_but_for_sizes(tmp_path: Path) -> None:
+    source, plan, _ = _any_batch_case("matmul_scale_residual", tmp_path)
+    assert plan.batch_name == "KF_M"
+    by_id = {n.id: n for n in plan.nodes}
+    moving = {by_id[n.id].shape: plan.batch[n.id] for n in plan.inputs}
+    assert sorted(moving.values()) == [(0, 0), (1, 0), (1, 0)]  # the (K, N) operand stays
+    # a batch written as a literal is not a size of the task: no any-batch path
+    literal = source.replace("KF_M = ", "UNUSED = ").replace("KF_M", "33")
+    plain = analyse(literal)
+    assert isinstance(plain, Plan)
+    assert not plain.batch
