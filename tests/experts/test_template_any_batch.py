@@ -119,7 +119,8 @@ def _check_batches(source: str, plan: Plan, module: ModuleType, label: str) -> l
         assert len(got) == len(want), label
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape, f"{label} at batch {b}"
-            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m, b=b: f"{label} at batch {b}: {m}")
+            where = f"{label} at batch {b}"
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{where}: {m}")  # noqa: B023
     return batches
 
 
