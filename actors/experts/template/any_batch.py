@@ -2,23 +2,25 @@
 
 The template's kernels are written for the reference's input shapes: every size is a constant.
 Users call a model at other batch sizes first of all, and for most models the batch is the only
-size that can change (the others are fixed by the weights). So ``analyse`` traces the reference a
-second time with its batch-size variable set to another value (:func:`find`): where the plan is the
-same but for the sizes, every dimension that moved is ``c`` times the batch (``Plan.batch``).
+size that can change (the others are fixed by the weights). So ``analyse`` lowers the reference a
+second time with one of its sizes set to another value (:func:`find`: a module-level integer that
+``get_inputs`` alone reads, as the evaluator's held-out shapes move; one named like a batch first):
+where the plan is the same but for the sizes, each input moves in one dimension or not at all and
+no parameter moves, every dimension that moved is ``c`` times that size (``Plan.batch``).
 
 ``render`` then renders the plan once more with those dimensions symbolic (:class:`Sym`, an ``int``
-whose text is an expression in ``kf_B``, the batch at run time): the writers compute as they always
+whose text is an expression in ``kf_B``, the size at run time): the writers compute as they always
 do, and what they print (masks, index arithmetic, grids, buffer shapes) comes out as expressions of
 ``kf_B`` instead of numbers. The copies take ``kf_B`` as their first argument, and ``forward`` calls
-them, through ``ModelNew._kf_any_batch``, for inputs that differ from the reference's in the batch
+them, through ``ModelNew._kf_any_batch``, for inputs that differ from the reference's in that size
 alone. Block sizes and every other tuning choice stay those of the reference's shapes.
 
-Whether the copies hold at every batch is checked where they are made: the plan is rendered at two
-batch sizes (the reference's and an odd one three times larger) and must come out as the same
-text. A size that a writer turned into a plain number, a decision it took on the batch's value (a
-mask left out where the batch divided a block, 64-bit offsets for large tensors only): each makes
+Whether the copies hold at every size is checked where they are made: the plan is rendered at two
+values (the reference's and an odd one about three times larger) and must come out as the same
+text. A size that a writer turned into a plain number, a decision it took on the value (a block
+as long as a reduction over the batch, a mask left out where the size divided a block): each makes
 the two texts differ, and then the model has no any-batch path (``forward`` refuses other shapes,
-naming the dimension, as before).
+naming the dimension, as before). Offsets are 64-bit in the copies (the size has no upper bound).
 """
 
 from __future__ import annotations
@@ -199,33 +201,45 @@ def reference_batch(plan: Plan) -> int:
     raise ValueError("the plan has no batch-linked dimension")
 
 
-def leading_input(plan: Plan) -> int:
-    """The position (in ``forward``'s arguments) of the first input whose dimension 0 is the batch."""
+def leading_input(plan: Plan) -> tuple[int, int]:
+    """The position (in ``forward``'s arguments) of the first input that moves with the batch, and
+    its dimension that does."""
     for node in plan.inputs:
-        if node.path != FLOAT_ARG and plan.batch[node.id][:1] == (1,):
-            return node.index
-    raise ValueError("no input has the batch as its dimension 0")
+        links = plan.batch[node.id]
+        if node.path != FLOAT_ARG and 1 in links:
+            return node.index, links.index(1)
+    raise ValueError("no input moves with the batch")
+
+
+PROBE_LIMIT_S = 5.0
+"""A reference whose lowering took longer is not lowered again to find its batch (a recurrent
+model unrolled over a long sequence: the second lowering would double an analysis of tens of
+seconds, the loop's first candidate waits on it)."""
+PROBES = 2
+"""Sizes tried at most (those named like a batch first)."""
 
 
 def find(
-    source_sizes: dict[str, int], plan: Plan, relower: Callable[[dict[str, int]], Plan]
+    source_sizes: dict[str, int],
+    plan: Plan,
+    relower: Callable[[dict[str, int]], Plan],
+    lowering_s: float = 0.0,
 ) -> tuple[tuple[tuple[int, ...], ...], str]:
-    """``Plan.batch`` for ``plan``: the module-level integers of the reference (``source_sizes``)
-    equal to its first input's leading dimension are each set to another value in turn and the
-    reference lowered again (``relower``); the first for which the plan is the same but for sizes,
-    with every input's dimension 0 moving with it and nothing else of the inputs or parameters,
-    gives each dimension's multiple of the batch, with its name. Empty where none does."""
-    tensors = [n for n in plan.inputs if n.path != FLOAT_ARG]
-    if not tensors or not tensors[0].shape:
+    """``Plan.batch`` for ``plan`` and the batch's name: the reference's sizes that ``get_inputs``
+    alone reads (``source_sizes``; those named like a batch first, :data:`PROBES` at most) are each
+    set to another value in turn and the reference lowered again (``relower``). The first for which
+    the plan is the same but for sizes, each input moving with it in one dimension or not at all
+    and no parameter moving, gives each dimension's multiple of the batch. Empty where none does,
+    or where the first lowering took ``lowering_s`` over :data:`PROBE_LIMIT_S`."""
+    if lowering_s > PROBE_LIMIT_S or not any(n.path != FLOAT_ARG for n in plan.inputs):
         return (), ""
-    b0 = int(tensors[0].shape[0])
-    b1 = 2 * b0 + 1
-    for name, value in source_sizes.items():
-        if value != b0:
-            continue
+    names = sorted(source_sizes, key=lambda name: "batch" not in name.lower())[:PROBES]
+    for name in names:
+        b0 = source_sizes[name]
+        b1 = 2 * b0 + 1
         try:
             other = relower({name: b1})
-        except Exception:  # noqa: BLE001 - the reference refuses that batch: no any-batch path
+        except Exception:  # noqa: BLE001 - the reference refuses that size: not this one
             continue
         links = _links(plan, other, b0, b1)
         if links is not None:
@@ -235,8 +249,8 @@ def find(
 
 def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], ...] | None:
     """Each dimension's multiple of the batch where ``other`` (traced at ``b1``) is ``plan`` (at
-    ``b0``) but for sizes; None where it is not, or where an input moves other than in its
-    dimension 0 alone (a weight passed as an input stays as it is)."""
+    ``b0``) but for sizes; None where it is not, or where an input moves other than in one
+    dimension, as the batch itself (a weight passed as an input stays as it is)."""
     if len(plan.nodes) != len(other.nodes) or plan.outputs != other.outputs or plan.returns != other.returns:
         return None
     if plan.output_strides != other.output_strides or plan.init_source != other.init_source:
@@ -255,8 +269,8 @@ def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], 
             dims.append(da // b0)
         if a.kind is NodeKind.PARAM and any(dims):
             return None
-        if a.kind is NodeKind.INPUT and any(dims) and (dims[0] != 1 or any(dims[1:])):
-            return None  # an input moves with the batch in its dimension 0 alone, or not at all
+        if a.kind is NodeKind.INPUT and any(dims) and sorted(dims) != [0] * (len(dims) - 1) + [1]:
+            return None  # an input moves with the batch in one dimension, or not at all
         out.append(tuple(dims))
     if not any(any(out[n.id]) for n in plan.inputs):
         return None
@@ -280,11 +294,11 @@ def batched_source(source: str, names: dict[str, str]) -> str:
     return source
 
 
-def guard(plan: Plan, first: str, rank: int) -> list[str]:
-    """The any-batch method's first lines: the batch from its leading input, and a clear refusal of
-    a batch of 0 (the kernels' grids start at one program)."""
+def guard(first: str, rank: int, dim: int) -> list[str]:
+    """The any-batch method's first lines: the batch from its leading input's dimension ``dim``,
+    and a clear refusal of a batch of 0 (the kernels' grids start at one program)."""
     return [
-        f"{NAME} = {first}.shape[0] if isinstance({first}, torch.Tensor) and {first}.dim() == {rank} else -1",
+        f"{NAME} = {first}.shape[{dim}] if isinstance({first}, torch.Tensor) and {first}.dim() == {rank} else -1",
         f"if {NAME} == 0:\n"
         f'    raise ValueError("{first} has a batch of 0: this ModelNew\'s kernels take a batch of at least 1")',
     ]

@@ -268,9 +268,9 @@ class Plan:
     ``nn.LSTM``'s ``(output, (h, c))``): ``("tuple" | "list", item, ...)``, each item a position in
     :attr:`outputs` or such a nest; ``None`` where it returns one tensor."""
     batch: tuple[tuple[int, ...], ...] = ()
-    """Per node, per dimension of its shape: ``c`` where that dimension is ``c`` times the inputs'
-    leading (batch) dimension, else 0 (``any_batch.py``: found by tracing the reference at a second
-    batch size); empty where the plan is not the same at every batch size."""
+    """Per node, per dimension of its shape: ``c`` where that dimension is ``c`` times the batch (the
+    size :attr:`batch_name` sets), else 0 (``any_batch.py``: found by lowering the reference at a
+    second batch size); empty where the plan is not the same at every batch size."""
     batch_name: str = ""
     """The reference's module-level variable that sets the batch size (where :attr:`batch` is set)."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()

@@ -11,6 +11,7 @@ reference's ``forward`` leaves on its plain tensor attributes is not reproduced 
 from __future__ import annotations
 
 import textwrap
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +30,7 @@ from actors.experts.template.launcher import LAUNCHER_SOURCE
 from actors.experts.template.lower import Lowerer
 from actors.experts.template.params import TemplateParams, header
 from actors.experts.template.trace import Traced, load_namespace, trace_reference
+from gpu_runner.sandboxed.held_out import free_sizes
 
 _FUSIONS = ((True, True), (False, True), (True, False), (False, False))
 
@@ -52,7 +54,9 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
     reference``), as long as some kernel is left.
     """
     try:
+        started = time.monotonic()
         plan = lowered(reference_source, keep_torch)
+        lowering_s = time.monotonic() - started
         seen: set[tuple[tuple[str, int], ...]] = set()
         fusions: list[tuple[bool, bool]] = []
         template = ""
@@ -73,7 +77,7 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             if shape not in seen:
                 seen.add(shape)
                 fusions.append((epilogue, prologue))
-        batch, batch_name = _batch_links(reference_source, plan, keep_torch)
+        batch, batch_name = _batch_links(reference_source, plan, keep_torch, lowering_s)
         return replace(plan, template=template, fusions=tuple(fusions), batch=batch, batch_name=batch_name)
     except UnsupportedGraph as exc:
         return Unsupported(detail=exc.detail, op=exc.op)
@@ -81,11 +85,16 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
         return Unsupported(detail=f"the reference could not be traced: {exc}")
 
 
-def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch) -> tuple[tuple[tuple[int, ...], ...], str]:
+def _batch_links(
+    reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0
+) -> tuple[tuple[tuple[int, ...], ...], str]:
     """``Plan.batch`` (``any_batch.find``): the reference lowered again at a second batch size."""
     namespace = load_namespace(reference_source)
-    sizes = {k: v for k, v in namespace.items() if type(v) is int and not k.startswith("__")}
-    return any_batch.find(sizes, plan, lambda changed: lowered(reference_source, keep_torch, changed))
+    # only what ``get_inputs`` alone reads (the evaluator's held-out shapes move the same sizes)
+    sizes = {name: namespace[name] for name in free_sizes(namespace)}
+    return any_batch.find(
+        sizes, plan, lambda changed: lowered(reference_source, keep_torch, changed), lowering_s=lowering_s
+    )
 
 
 def lowered(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE, sizes: dict[str, int] | None = None) -> Plan:
@@ -210,7 +219,7 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
 
 
 REFUSE_SOURCE = '''
-def _kf_refuse(name, value, shape, dtype, any_shape=False, any_batch=False):
+def _kf_refuse(name, value, shape, dtype, any_shape=False, any_batch=None):
     """The error for an input this ModelNew's kernels were not written for: which dimension differs."""
     got = tuple(value.shape) if isinstance(value, torch.Tensor) else None
     if got is None:
@@ -226,7 +235,7 @@ def _kf_refuse(name, value, shape, dtype, any_shape=False, any_batch=False):
         return ValueError(f"{what}. This ModelNew takes inputs of any shape, all of one shape, {dtype}.")
     if any_batch:
         return ValueError(
-            f"{what}. This ModelNew's kernels take any batch size (dimension 0); its other dimensions are "
+            f"{what}. This ModelNew's kernels take any batch size; its other dimensions are "
             "fixed at the reference's (Kernel Foundry's template expert writes them for its shapes)."
         )
     return ValueError(
@@ -346,7 +355,7 @@ def _forward(
             )
             continue
         refuse = f'    raise _kf_refuse("{name}", {name}, {tuple(node.shape)!r}, "{node.dtype}"' + (
-            ", any_batch=True)" if batch else ")"
+            f", any_batch={plan.batch_name!r})" if batch else ")"
         )
         if other is not None:
             refuse = f"    return self.{other}({', '.join(names)})"
@@ -444,11 +453,11 @@ def _batched(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tupl
 
     moved = [None if launch is None else renamed(launch) for launch in launches]
     body = _forward(plan, sched, moved, direct=False, arena=Arena(), batch=True)
-    first = plan.arg_names[any_batch.leading_input(plan)]
-    rank = len(next(n for n in plan.inputs if n.index == any_batch.leading_input(plan)).shape)
+    index, dim = any_batch.leading_input(plan)
+    rank = len(next(n for n in plan.inputs if n.index == index).shape)
     lines = [
         f"def {any_batch.METHOD}(self, {', '.join(plan.arg_names)}):",
-        textwrap.indent("\n".join([*any_batch.guard(plan, first, rank), *body]), "    "),
+        textwrap.indent("\n".join([*any_batch.guard(plan.arg_names[index], rank, dim), *body]), "    "),
     ]
     return sources, textwrap.indent("\n".join(lines), "    ")
 
