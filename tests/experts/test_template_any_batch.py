@@ -8,7 +8,10 @@ any-batch path (a reduction over the batch, batch-norm statistics) and the refus
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +25,7 @@ import torch
 
 from actors.experts.template import any_batch, default_params, mutate
 from actors.experts.template.any_batch import Sym
+from actors.experts.template.hardware import TABLE
 from actors.experts.template.ir import Plan, Unsupported
 from actors.experts.template.params import TemplateParams
 from actors.experts.template.render import analyse, render
@@ -239,3 +243,55 @@ def test_the_batch_is_found_only_where_the_plan_is_the_same_but_for_sizes(tmp_pa
     assert isinstance(plain, Plan)
     assert plain.batch_name == "KF_K"
     assert [plain.batch[n.id] for n in plain.inputs] == [(0, 1), (1, 0), (0, 0)]
+
+
+COMPILE = """
+import json, sys, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from actors.experts.template.trace import load_namespace
+from gpu_runner.sandboxed.candidate import import_candidate
+from gpu_runner.sandboxed.compiling import _CompileOnlyDriver
+from gpu_runner.sandboxed.hooks import CompileShare, LaunchLog, install_triton_hooks
+
+candidate, reference, name, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
+kernels = []
+install_triton_hooks(LaunchLog(), compile_only=True, compiled=kernels, share=CompileShare())
+ns = load_namespace(open(reference).read())
+ns[name] = batch
+torch.manual_seed(0)
+inputs, init = list(ns["get_inputs"]()), list(ns["get_init_inputs"]())
+model = import_candidate(candidate)["ModelNew"](*init)
+with torch.no_grad():
+    getattr(model, sys.argv[5])(*inputs)
+print(json.dumps({"kernels": len(kernels)}))
+"""
+"""Compiles what the any-batch method launches for an H200 (sm_90) on a machine without a GPU:
+Triton's driver replaced by one that only names the target, launches turned into compile-only
+calls (the evaluator's compile stage does the same). The interpreter takes sizes the compiler
+would refuse (a block shape that is not a constant); this does not."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_any_batch_kernels_compile_for_a_hopper_gpu_without_one(tmp_path: Path) -> None:
+    script = tmp_path / "compile.py"
+    script.write_text(COMPILE)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    for name in FAMILIES:
+        source, plan, _ = _any_batch_case(name, tmp_path)
+        rendered = render(plan, default_params(plan, TABLE["H200"]))
+        assert any_batch.METHOD in rendered, name
+        candidate, reference = tmp_path / f"cand_{name}.py", tmp_path / f"ref_{name}.py"
+        candidate.write_text(rendered)
+        reference.write_text(source)
+        argv = [sys.executable, str(script), str(candidate), str(reference), plan.batch_name, "3", any_batch.METHOD]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        assert json.loads(done.stdout.strip().splitlines()[-1])["kernels"] >= 1, name
+    cubins = {p.stem for p in (tmp_path / "cache").rglob("*.cubin")}
+    assert cubins, "nothing was compiled"
+    assert all(c.endswith(any_batch.SUFFIX) for c in cubins), cubins

@@ -26,6 +26,7 @@ naming the dimension, as before). Offsets are 64-bit in the copies (the size has
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -217,6 +218,8 @@ model unrolled over a long sequence: the second lowering would double an analysi
 seconds, the loop's first candidate waits on it)."""
 PROBES = 2
 """Sizes tried at most (those named like a batch first)."""
+PROBE_BUDGET_S = 10.0
+"""No further lowering is started after this long in :func:`find`."""
 
 
 def find(
@@ -227,23 +230,28 @@ def find(
 ) -> tuple[tuple[tuple[int, ...], ...], str]:
     """``Plan.batch`` for ``plan`` and the batch's name: the reference's sizes that ``get_inputs``
     alone reads (``source_sizes``; those named like a batch first, :data:`PROBES` at most) are each
-    set to another value in turn and the reference lowered again (``relower``). The first for which
+    set to a value next to it in turn and the reference lowered again (``relower``). The first for which
     the plan is the same but for sizes, each input moving with it in one dimension or not at all
     and no parameter moving, gives each dimension's multiple of the batch. Empty where none does,
     or where the first lowering took ``lowering_s`` over :data:`PROBE_LIMIT_S`."""
     if lowering_s > PROBE_LIMIT_S or not any(n.path != FLOAT_ARG for n in plan.inputs):
         return (), ""
     names = sorted(source_sizes, key=lambda name: "batch" not in name.lower())[:PROBES]
+    deadline = time.monotonic() + PROBE_BUDGET_S
     for name in names:
         b0 = source_sizes[name]
-        b1 = 2 * b0 + 1
-        try:
-            other = relower({name: b1})
-        except Exception:  # noqa: BLE001 - the reference refuses that size: not this one
-            continue
-        links = _links(plan, other, b0, b1)
-        if links is not None:
-            return links, name
+        # near values: a lowering that picks its form by size (a reduction split for more programs
+        # below some row count) keeps it; below first, where sizes are powers of two
+        for b1 in (b0 - 1, b0 + 1) if b0 > 2 else (b0 + 1,):
+            if time.monotonic() > deadline:
+                return (), ""
+            try:
+                other = relower({name: b1})
+            except Exception:  # noqa: BLE001 - the reference refuses that size: not this one
+                break
+            links = _links(plan, other, b0, b1)
+            if links is not None:
+                return links, name
     return (), ""
 
 
