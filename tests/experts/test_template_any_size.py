@@ -78,5 +78,5 @@ def test_what_the_any_shape_path_refuses_and_what_stays_specialised(tmp_path: Pa
     linear = render(analyse((ROOT / "examples" / "quickstart.py").read_text()), TemplateParams())  # type: ignore[arg-type]
     assert "_kf_any_size" not in linear
     quick = _load(linear, tmp_path / "kf_any_linear.py").ModelNew(256, 256)
-    with pytest.raises(ValueError, match=r"^x has shape \(23, 100\): dimension 1 is 100, not 256\. .* any batch size"):
+    with pytest.raises(ValueError, match=r"^x has shape \(23, 100\): dimension 1 is 100, not 256\. .* any batch_size;"):
         quick(torch.randn(23, 100))

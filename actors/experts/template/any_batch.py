@@ -204,7 +204,7 @@ def reference_batch(plan: Plan) -> int:
 
 def leading_input(plan: Plan) -> tuple[int, int]:
     """The position (in ``forward``'s arguments) of the first input that moves with the batch, and
-    its dimension that does."""
+    its dimension that does (0)."""
     for node in plan.inputs:
         links = plan.batch[node.id]
         if node.path != FLOAT_ARG and 1 in links:
@@ -227,13 +227,16 @@ def find(
     plan: Plan,
     relower: Callable[[dict[str, int]], Plan],
     lowering_s: float = 0.0,
+    outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]] | None = None,
 ) -> tuple[tuple[tuple[int, ...], ...], str]:
     """``Plan.batch`` for ``plan`` and the batch's name: the reference's sizes that ``get_inputs``
     alone reads (``source_sizes``; those named like a batch first, :data:`PROBES` at most) are each
-    set to a value next to it in turn and the reference lowered again (``relower``). The first for which
-    the plan is the same but for sizes, each input moving with it in one dimension or not at all
-    and no parameter moving, gives each dimension's multiple of the batch. Empty where none does,
-    or where the first lowering took ``lowering_s`` over :data:`PROBE_LIMIT_S`."""
+    set to a value next to it in turn and the reference lowered again (``relower``). The first for
+    which the plan is the same but for sizes, each input moving with it in its dimension 0 or not
+    at all and no parameter moving, gives each dimension's multiple of the batch, once the
+    reference's outputs (``outputs_at``: their shapes from a forward on the meta device) have the
+    shapes that predicts at a batch of one and at one about twice the reference's. Empty where
+    none does, or where the first lowering took ``lowering_s`` over :data:`PROBE_LIMIT_S`."""
     if lowering_s > PROBE_LIMIT_S or not any(n.path != FLOAT_ARG for n in plan.inputs):
         return (), ""
     names = sorted(source_sizes, key=lambda name: "batch" not in name.lower())[:PROBES]
@@ -250,9 +253,35 @@ def find(
             except Exception:  # noqa: BLE001 - the reference refuses that size: not this one
                 break
             links = _links(plan, other, b0, b1)
-            if links is not None:
-                return links, name
+            if links is None:
+                continue
+            if outputs_at is not None and not _outputs_hold(plan, links, name, b0, outputs_at):
+                break
+            return links, name
     return (), ""
+
+
+def _outputs_hold(
+    plan: Plan,
+    links: tuple[tuple[int, ...], ...],
+    name: str,
+    b0: int,
+    outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]],
+) -> bool:
+    """Whether the reference's outputs have the shapes ``links`` predicts at a batch of one and at
+    ``2 * b0 + 1``."""
+    for value in {1, 2 * b0 + 1} - {b0}:
+        want = [
+            tuple(c * value if c else d for d, c in zip(plan.nodes[nid].shape, links[nid], strict=True))
+            for nid in plan.outputs
+        ]
+        try:
+            got = outputs_at({name: value})
+        except Exception:  # noqa: BLE001 - the reference refuses that batch: no path that takes it
+            return False
+        if got != want:
+            return False
+    return True
 
 
 def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], ...] | None:
@@ -277,8 +306,11 @@ def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], 
             dims.append(da // b0)
         if a.kind is NodeKind.PARAM and any(dims):
             return None
-        if a.kind is NodeKind.INPUT and any(dims) and sorted(dims) != [0] * (len(dims) - 1) + [1]:
-            return None  # an input moves with the batch in one dimension, or not at all
+        if a.kind is NodeKind.INPUT and any(dims) and (dims[0] != 1 or any(dims[1:])):
+            # an input moves with the batch in its dimension 0 alone, or not at all: a size of
+            # another dimension (a length a pool or a strided convolution reads in windows) can
+            # leave a result's size the same at the sizes next to it and change it further away
+            return None
         out.append(tuple(dims))
     if not any(any(out[n.id]) for n in plan.inputs):
         return None

@@ -89,12 +89,31 @@ def _batch_links(
     reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0
 ) -> tuple[tuple[tuple[int, ...], ...], str]:
     """``Plan.batch`` (``any_batch.find``): the reference lowered again at a second batch size."""
+    try:
+        namespace = load_namespace(reference_source)
+        # only what ``get_inputs`` alone reads (the evaluator's held-out shapes move the same sizes)
+        sizes = {name: namespace[name] for name in free_sizes(namespace)}
+        return any_batch.find(
+            sizes,
+            plan,
+            lambda changed: lowered(reference_source, keep_torch, changed),
+            lowering_s=lowering_s,
+            outputs_at=lambda changed: _output_shapes(reference_source, changed),
+        )
+    except Exception:  # noqa: BLE001 - user code: the plan stands without an any-batch path
+        return (), ""
+
+
+def _output_shapes(reference_source: str, sizes: dict[str, int]) -> list[tuple[int, ...]]:
+    """The shapes of the reference's outputs, in order, from a forward on the meta device with
+    ``sizes`` (module-level integers) set first."""
     namespace = load_namespace(reference_source)
-    # only what ``get_inputs`` alone reads (the evaluator's held-out shapes move the same sizes)
-    sizes = {name: namespace[name] for name in free_sizes(namespace)}
-    return any_batch.find(
-        sizes, plan, lambda changed: lowered(reference_source, keep_torch, changed), lowering_s=lowering_s
-    )
+    namespace.update(sizes)
+    with torch.device("meta"), torch.no_grad():
+        inputs = list(namespace["get_inputs"]())
+        model = namespace["Model"](*namespace["get_init_inputs"]())
+        out = model(*inputs)
+    return [tuple(int(d) for d in t.shape) for t in _flat([out]) if isinstance(t, torch.Tensor)]
 
 
 def lowered(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE, sizes: dict[str, int] | None = None) -> Plan:
@@ -174,8 +193,8 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
             "Specialised to the reference's input shapes, with run-time-sized copies of its kernels for "
             "any other shape. Ops: "
             if generic
-            else "Specialised to the reference's input shapes, with copies of its kernels that take any batch "
-            "size (other shapes are refused, naming the dimension). Ops: "
+            else f"Specialised to the reference's input shapes, with copies of its kernels that take any "
+            f"{plan.batch_name} (other shapes are refused, naming the dimension). Ops: "
             if batched
             else "Specialised to the reference's input shapes: forward refuses others, naming the dimension. Ops: "
         )
@@ -235,8 +254,8 @@ def _kf_refuse(name, value, shape, dtype, any_shape=False, any_batch=None):
         return ValueError(f"{what}. This ModelNew takes inputs of any shape, all of one shape, {dtype}.")
     if any_batch:
         return ValueError(
-            f"{what}. This ModelNew's kernels take any batch size; its other dimensions are "
-            "fixed at the reference's (Kernel Foundry's template expert writes them for its shapes)."
+            f"{what}. This ModelNew's kernels take any {any_batch}; the other sizes are fixed at the "
+            "reference's (Kernel Foundry's template expert writes them for its shapes)."
         )
     return ValueError(
         f"{what}. This ModelNew's kernels are specialised to {name} of shape {shape} {dtype} (Kernel "
