@@ -12,10 +12,12 @@ the median over the evaluations after the first (whose spare was prepared on its
 the evaluation's total (``total_s``), its run stage (``run_s``: trials, held-out calls, timing) and
 the time its GPU window was held (``gpu_s``). The table goes to ``--out`` as well.
 
-Cases: the quickstart task with the template expert's first candidate (specialised: it raises at
-other shapes), an elementwise task with the template's candidate (run-time-sized copies of its
-kernels: correct at any shape), and a softmax over ``(batch_size, dim)`` with a candidate correct
-at any shape and one wrong at an odd batch (``tests/gpu_runner``'s references and candidates).
+Cases: the quickstart task (a linear layer) with the template expert's first candidate (copies of
+its kernels that take any batch: correct at the held-out batches), an elementwise task with the
+template's candidate (run-time-sized copies of its kernels: correct at any shape), a softmax over
+``(batch_size, dim)`` with the template's candidate (any batch; the shape with another row length
+raises), with a candidate correct at any shape and with one wrong at an odd batch
+(``tests/gpu_runner``'s references and candidates).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class Case:
 
 
 CASES = (
-    Case("quickstart, template (specialised)", HERE / "examples" / "quickstart.py", None),
+    Case("quickstart, template (any batch)", HERE / "examples" / "quickstart.py", None),
     Case("swish + residual, template (any shape)", REFS / "swish_sized.py", None),
+    Case("softmax, template (any batch)", REFS / "softmax_sized.py", None),
     Case("softmax, any shape", REFS / "softmax_sized.py", CANDS / "softmax_any_shape.py"),
     Case("softmax, wrong at an odd batch", REFS / "softmax_sized.py", CANDS / "softmax_row_pairs.py"),
 )
