@@ -511,7 +511,11 @@ class RunController:
         from gpu_runner.config import RunnerConfig
 
         stuck = self.signature_run.unreturned_s() if self.signature_run is not None else None
-        if stuck is None or stuck <= SIGNATURE_WAIT_S or self._checking() is None:
+        # a local evaluator still starting counts as one that has not checked the task: with the
+        # forward spinning in this process's thread (holding the GIL), its set-up can start past a
+        # 20 s budget on a loaded host (the run then ended as "no expert answered", status 1)
+        unchecked = any(getattr(a, "task_checked", True) is False for a in self.actors)
+        if stuck is None or stuck <= SIGNATURE_WAIT_S or not unchecked:
             return None
         return TaskInvalid(
             f"the task does not work: its forward had not returned after {stuck:.0f} s when the run ended "

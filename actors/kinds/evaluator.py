@@ -59,6 +59,8 @@ class EvaluatorActor(Actor):
         """When it began taking candidates (wall clock): the window of its throughput and busy fraction."""
         self.checking_since: float | None = None
         """While it checks the task (the reference loaded, built and run once): when that began."""
+        self.task_checked = False
+        """Whether it has checked the task (until then, starting or checking, it has judged nothing)."""
 
     def prestart(self) -> None:
         """Start the runner now, before the actor runs (its processes' imports then overlap the rest
@@ -85,6 +87,7 @@ class EvaluatorActor(Actor):
                 raise
             await preparing  # the task's plan: a refusal (too large) ends the set-up here
             self.checking_since = None
+            self.task_checked = True
         except (TaskTooLarge, IsolationUnavailable) as exc:  # no candidate can run here: the run says so and ends
             self.refused = TaskRefused(str(exc))
             raise self.refused from None
