@@ -7,7 +7,6 @@ any-batch path (a reduction over the batch, batch-norm statistics) and the refus
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -38,6 +37,7 @@ from tests.experts import (
     template_scan_cases,
 )
 from tests.experts.template_cases import HEAD, Case
+from tests.experts.test_template_any_size import _load
 
 ALL_CASES: dict[str, Case] = {
     case.name: case
@@ -82,17 +82,6 @@ def _source(case: Case, index: int = 0) -> str:
     sizes = case.sizes[index]
     head = "".join(f"KF_{k} = {v}\n" for k, v in sizes.items())
     return HEAD + head + "\n" + Template(case.template).substitute({k: f"KF_{k}" for k in sizes})
-
-
-def _load(source: str, path: Path) -> ModuleType:
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module  # triton.jit reads the kernels' source through their module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
