@@ -48,17 +48,17 @@ def _tiles(bm: int, bn: int, bk: int, warps: int, stages: int, **more: object) -
 
 
 _SWEEP: tuple[tuple[str, dict[str, object]], ...] = (
-    _tiles(64, 128, 16, 8, 3),
-    _tiles(128, 128, 16, 8, 2),
-    _tiles(128, 128, 16, 8, 3),
-    _tiles(128, 128, 32, 8, 3),
     _tiles(128, 64, 32, 4, 3),
-    _tiles(128, 64, 16, 4, 4),
-    _tiles(256, 128, 16, 8, 3),
+    _tiles(128, 64, 32, 4, 4),
+    _tiles(128, 128, 32, 4, 3),
+    _tiles(128, 128, 32, 8, 3),
+    _tiles(128, 128, 32, 8, 4),
     _tiles(256, 64, 32, 8, 3),
-    _tiles(128, 128, 32, 8, 3, conv_a_transposed=True),
-    _tiles(128, 128, 32, 8, 3, conv_taps_outer=False),
-    _tiles(128, 64, 64, 8, 3, conv_taps_outer=False),
+    _tiles(256, 128, 32, 8, 2),
+    _tiles(256, 128, 32, 8, 3),
+    _tiles(256, 128, 16, 8, 4),
+    _tiles(128, 128, 64, 8, 2),
+    _tiles(64, 128, 32, 4, 4),
 )
 """``--sweep``: tile shapes, warps and stages in one TF32 pass (the first candidate's order unless
 the label says flat), for choosing the first candidate's tiles on a GPU."""

@@ -16,7 +16,7 @@ import json
 import secrets
 import shutil
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -143,18 +143,28 @@ class Compiler:
         finally:
             self.starting -= 1
 
-    def key(self, candidate: str, reference: str) -> str:
+    def key(self, candidate: str, reference: str, variants: Sequence[Mapping[str, int]] = ()) -> str:
         parts = [candidate, reference, json.dumps(self.target, sort_keys=True), self.versions, self.device]
+        if variants:  # compiled at the held-out shapes too: another entry
+            parts.append(json.dumps(list(variants), sort_keys=True))
         return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
     def needed(self, gate: GateReport) -> bool:
         return self.device == "cuda" or gate.uses_load_inline
 
-    async def compile(self, candidate: str, reference: str, gate: GateReport, timeout_s: float) -> CompileOutcome:
-        """Compile (or fetch from the cache) one candidate."""
+    async def compile(
+        self,
+        candidate: str,
+        reference: str,
+        gate: GateReport,
+        timeout_s: float,
+        variants: Sequence[Mapping[str, int]] = (),
+    ) -> CompileOutcome:
+        """Compile (or fetch from the cache) one candidate; at the task's held-out shapes
+        (``variants``, module-level sizes) too, where they are known."""
         if not self.needed(gate):
             return CompileOutcome(ok=True, needed=False, aot="not needed: Triton runs under the interpreter here")
-        key = self.key(candidate, reference)
+        key = self.key(candidate, reference, variants)
         entry = self.cache / key
         cached = self._load(entry)
         if cached is not None:
@@ -164,7 +174,7 @@ class Compiler:
         future: asyncio.Future[CompileOutcome] = asyncio.get_running_loop().create_future()
         self.inflight[key] = future
         try:
-            outcome = await self._compile(candidate, reference, gate, timeout_s, entry)
+            outcome = await self._compile(candidate, reference, gate, timeout_s, entry, variants)
             future.set_result(outcome)
             return outcome
         except BaseException as exc:
@@ -193,7 +203,13 @@ class Compiler:
         )
 
     async def _compile(
-        self, candidate: str, reference: str, gate: GateReport, timeout_s: float, entry: Path
+        self,
+        candidate: str,
+        reference: str,
+        gate: GateReport,
+        timeout_s: float,
+        entry: Path,
+        variants: Sequence[Mapping[str, int]] = (),
     ) -> CompileOutcome:
         queued = time.perf_counter()
         async with self.sem:
@@ -204,7 +220,7 @@ class Compiler:
             self.refill()
             self.running += 1
             try:
-                header = await self._run(worker, candidate, reference, gate, timeout_s)
+                header = await self._run(worker, candidate, reference, gate, timeout_s, variants)
             except TimeoutError:
                 return CompileOutcome(
                     ok=False,
@@ -255,7 +271,13 @@ class Compiler:
             return outcome
 
     async def _run(
-        self, worker: Worker, candidate: str, reference: str, gate: GateReport, timeout_s: float
+        self,
+        worker: Worker,
+        candidate: str,
+        reference: str,
+        gate: GateReport,
+        timeout_s: float,
+        variants: Sequence[Mapping[str, int]] = (),
     ) -> dict[str, Any]:
         path = worker.dir / "candidate.py"
         path.write_text(candidate)
@@ -273,6 +295,7 @@ class Compiler:
                     triton_kernels=list(gate.triton_kernels),
                     sandbox=sandbox,
                     jobs=max(1, usable_cores() // max(1, self.running)),
+                    variants=[dict(v) for v in variants],
                 ),
             )
         )

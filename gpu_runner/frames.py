@@ -250,6 +250,11 @@ class CompileOp(TypedDict):
     sandbox: SandboxSettings
     jobs: int
     """Cores the stage may use: it compiles its Triton kernels in up to this many processes."""
+    variants: list[dict[str, int]]
+    """The task's held-out shapes (module-level sizes to set while drawing inputs): the
+    compile-only forward runs at each of them too, so kernels a candidate launches only at other
+    shapes (copies taking any batch) are compiled here, where the run process, which may not
+    start ``ptxas``, finds them."""
 
 
 class JudgeOp(_ParityOptional):

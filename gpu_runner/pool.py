@@ -760,6 +760,15 @@ class RunPool:
         finally:
             self.seeding.discard(task)
 
+    async def held_out_overrides(self, reference_source: str) -> list[dict[str, int]]:
+        """The task's held-out shapes as module-level sizes (what the compile stage also compiles
+        at), once its plan is known: none where they are not checked (a device verdict)."""
+        plan = await self.plan_for(reference_source)
+        if plan is not None and plan.device_verdict:
+            return []
+        variants, _ = self.variants.get(task_key(reference_source), ([], ""))
+        return [dict(v["overrides"]) for v in variants]
+
     async def plan_for(self, reference_source: str) -> MemoryPlan | None:
         """The task's memory plan, measured first if the pool is not ready for this task yet
         (None on an old reference that cannot be measured)."""

@@ -38,7 +38,7 @@ from gpu_runner.errors import (
     WorkerStartError,
 )
 from gpu_runner.forkserver import ForkServer
-from gpu_runner.gate import check_candidate
+from gpu_runner.gate import GateReport, check_candidate
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
 from gpu_runner.lease import UNRANKED, GpuGate, Turn, TurnLock
@@ -364,12 +364,17 @@ class EvaluationService:
         assert self.compiler is not None
         job = c.job
         budget = job.timeout_s - (time.perf_counter() - started)
+        variants = await self._held_out_overrides(job.reference_source, c.gate)
         t_compile = time.perf_counter()
         try:
             async with asyncio.timeout(max(0.01, budget)):
                 phase.to("compile")
                 c.compile = await self.compiler.compile(
-                    job.candidate_source, job.reference_source, c.gate, min(self.cfg.compile_timeout_s, budget)
+                    job.candidate_source,
+                    job.reference_source,
+                    c.gate,
+                    min(self.cfg.compile_timeout_s, budget),
+                    variants,
                 )
         except TimeoutError:
             c.timed_out = f"the compile stage exceeded the {job.timeout_s:g} s timeout"
@@ -389,6 +394,23 @@ class EvaluationService:
         if c.compile.timed_out:
             c.compile.error.setdefault("stage", "compile")
         return False
+
+    async def _held_out_overrides(self, reference_source: str, gate: GateReport) -> list[dict[str, int]]:
+        """The held-out shapes the compile stage compiles a candidate's Triton kernels at too (the
+        run process may not start ``ptxas``: a kernel first launched at a held-out shape would
+        raise there). Known once the task is measured, which the evaluator starts first; waiting
+        for it is bounded like a worker's start, and a task that cannot be measured gets none
+        here (its evaluation reports why)."""
+        assert self.compiler is not None
+        if self.cfg.held_out_shapes <= 0 or not gate.triton_kernels or not self.compiler.needed(gate):
+            return []
+        if self.compiler.device != "cuda":
+            return []
+        try:
+            async with asyncio.timeout(self.cfg.worker_start_timeout_s):
+                return await self._require().held_out_overrides(reference_source)
+        except (TimeoutError, WorkerStartError, ProtocolError, FrameError, EvaluatorFault):
+            return []
 
     async def _acquire_and_run(
         self, runs: RunPool, c: Collected, started: float, budget: float, phase: Phase, turn: Turn

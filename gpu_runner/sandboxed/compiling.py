@@ -27,6 +27,7 @@ from gpu_runner.memplan import ON_DEVICE_BYTES
 from gpu_runner.sandboxed import common
 from gpu_runner.sandboxed.candidate import enter_sandbox, import_candidate
 from gpu_runner.sandboxed.common import Channel, Laps, describe_exception
+from gpu_runner.sandboxed.held_out import sized
 from gpu_runner.sandboxed.hooks import CompileShare, LaunchLog, install_ext_loader, install_triton_hooks
 from gpu_runner.sandboxed.measure import measured_sizes
 from gpu_runner.sandboxed.reference import build_model, load_module, make_inputs
@@ -182,6 +183,39 @@ def _build_candidate(factory: Any, init_args: list[Any], empty_params: bool) -> 
     return model.to_empty(device="cpu") if empty_params and isinstance(model, torch.nn.Module) else model
 
 
+def compile_at_variants(cand: Any, reference: dict[str, Any], variants: list[dict[str, int]]) -> str:
+    """Run the compile-only forward at each held-out shape (the reference's module-level sizes set
+    to ``variants``' values while its inputs are drawn on the ``meta`` device): kernels the
+    candidate launches only at other shapes are compiled too. A forward that raises there is the
+    candidate's own answer at that shape (a specialised kernel refusing it), which the run stage
+    reports; only a Triton compile error is noted. Returns a note for the ``aot`` line."""
+    if not variants:
+        return ""
+    ran, refused, failed = 0, 0, []
+    for overrides in variants:
+        try:
+            with sized(reference, overrides):
+                _, shapes, _ = measured_sizes(reference, "meta")
+            inputs = [
+                torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+                for v in shapes
+            ]
+            with torch.no_grad():
+                cand(*inputs)
+            ran += 1
+        except Exception as exc:  # noqa: BLE001 - the candidate's refusal is its answer; the run stage reports it
+            if _is_compile_error(exc):
+                failed.append(f"{overrides}: {type(exc).__name__}")
+            else:
+                refused += 1
+    note = f"; at {ran} of {len(variants)} held-out shapes too"
+    if refused:
+        note += f" ({refused} raised in the forward)"
+    if failed:
+        note += f" (compile errors at {', '.join(failed)[:300]})"
+    return note
+
+
 def warm() -> None:
     """Import, once in a fork server, what the first operation of a reference on the ``meta``
     device imports (``torch._dynamo`` and PyTorch's reference implementations: about 1 s of every
@@ -259,6 +293,8 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             aot = "complete: every kernel the forward launches was compiled ahead of time"
             if processes > 1:
                 aot += f" ({aot_shares})"
+            aot += compile_at_variants(cand, shaped.reference, msg.get("variants") or [])
+            laps.lap("variants_s")
             aot += _build_launchers(kernels)
             laps.lap("launchers_s")
         except BaseException as exc:  # noqa: BLE001 - a Triton compile error is a verdict; others mean JIT later

@@ -31,6 +31,22 @@ class IndexSpace:
     mask: str
     shape: tuple[int, ...] | None = None
     fast: dict[tuple[int, int], str] = field(default_factory=dict)
+    vectors: dict[tuple[int, int], tuple[str, str, str]] = field(default_factory=dict)
+    """Blocks that are one axis of a 2-D tile: the axis's 1-D index, its 1-D mask and the
+    broadcast (``[None, :]``). An operand read through one of them alone (a bias over output
+    channels) is loaded once per tile column or row and broadcast: one pointer per column, not per
+    element (a 128x128 product tile's per-element bias pointers spilled registers)."""
+
+    def vector(self, target: tuple[int, ...], blocks: tuple[tuple[int, int, int], ...]) -> tuple[str, str, str] | None:
+        """(index, mask, broadcast) of an operand read by one :attr:`vectors` block, else None."""
+        if self.shape is None or tuple(target) != tuple(self.shape) or len(blocks) != 1:
+            return None
+        a, b, stride = blocks[0]
+        found = self.vectors.get((a, b))
+        if found is None:
+            return None
+        index, mask, spread = found
+        return (index if stride == 1 else f"({index}) * {stride}", mask, spread)
 
     def index(self, target: tuple[int, ...], block: tuple[int, int]) -> str:
         """Index of a broadcast operand covering ``block`` of ``target``."""
@@ -141,19 +157,25 @@ class Writer:
             code = f"tl.load({ptr})" + (".to(tl.float32)" if widen else "")
         else:
             sp = self.space(row)
-            index = " + ".join(
-                sp.index(target, (a, b)) if stride == 1 else f"({sp.index(target, (a, b))}) * {stride}"
-                for a, b, stride in blocks
-            )
-            key = ("load", base, index)
+            mask, spread = sp.mask, ""
+            vector = sp.vector(target, blocks)
+            if vector is not None:
+                index, mask, spread = vector
+            else:
+                index = " + ".join(
+                    sp.index(target, (a, b)) if stride == 1 else f"({sp.index(target, (a, b))}) * {stride}"
+                    for a, b, stride in blocks
+                )
+            key = ("load", base, index, spread)
             hint = ""
             if scope.eviction is not None and self.plan.nodes[base].numel == self.kernel.numel:
                 hint = f", eviction_policy={scope.eviction!r}"  # small broadcast operands stay as they are
-            code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0.0{hint})"
+            code = f"tl.load({ptr} + {index}, mask={mask}, other=0.0{hint})"
             if self.plan.nodes[base].dtype == "bool":
-                code = f"tl.load({ptr} + {index}, mask={sp.mask}, other=0{hint}).to(tl.float32)"
+                code = f"tl.load({ptr} + {index}, mask={mask}, other=0{hint}).to(tl.float32)"
             elif self.plan.nodes[base].dtype in HALF:  # computed in float32
                 code += ".to(tl.float32)"
+            code += spread
         found = scope.get(key)
         if found is not None:
             return found

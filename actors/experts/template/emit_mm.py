@@ -169,6 +169,10 @@ class MatmulWriter(Writer):
             mask="cmask",
             shape=self.out_shape,
             fast={(rank - 1, rank): "rn[None, :]", (0, rank - 1): f"{rows}[:, None]"},
+            vectors={
+                (rank - 1, rank): ("rn", f"(rn < {self.n})", "[None, :]"),
+                (0, rank - 1): (rows, f"(rm < {self.m})", "[:, None]"),
+            },
         )
 
     def broadcast_row(self, var: str) -> str:
