@@ -55,6 +55,9 @@ class Collected:
     gate: GateReport
     checks: list[Check] = field(default_factory=list)
     compile: CompileOutcome | None = None
+    compile_pending: bool = False
+    """The candidate was compiled before the task's held-out shapes were known: compiled at them
+    too once they are (``EvaluationService._compile_late``)."""
     reference: ReferenceData | None = None
     record: RunRecord | None = None
     device: dict[str, Any] | None = None

@@ -760,13 +760,17 @@ class RunPool:
         finally:
             self.seeding.discard(task)
 
-    async def held_out_overrides(self, reference_source: str) -> list[dict[str, int]]:
+    def held_out_overrides(self, reference_source: str) -> list[dict[str, int]] | None:
         """The task's held-out shapes as module-level sizes (what the compile stage also compiles
-        at), once its plan is known: none where they are not checked (a device verdict)."""
-        plan = await self.plan_for(reference_source)
+        at), or None while the task is not measured yet; none where they are not checked (a
+        device verdict)."""
+        key = task_key(reference_source)
+        if key not in self.plans:
+            return None
+        plan = self.plans[key]
         if plan is not None and plan.device_verdict:
             return []
-        variants, _ = self.variants.get(task_key(reference_source), ([], ""))
+        variants, _ = self.variants.get(key, ([], ""))
         return [dict(v["overrides"]) for v in variants]
 
     async def plan_for(self, reference_source: str) -> MemoryPlan | None:

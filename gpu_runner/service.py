@@ -336,6 +336,9 @@ class EvaluationService:
             if one_at_a_time:
                 # The plan fits one evaluation at a time (prepare, run, judge): the next waits.
                 await serial.enter_async_context(self._one_at_a_time.hold(turn))
+            # a candidate compiled before the task was measured: at its held-out shapes too, while
+            # the pool prepares a spare for it (the pool's own work, started once the plan is known)
+            await self._await_late(c, self._compile_late(c))
             result = await self._acquire_and_run(runs, c, started, budget, phase, turn)
             if one_at_a_time:  # the next evaluation's reference, while its candidate compiles
                 runs.prepare_ahead()
@@ -364,7 +367,8 @@ class EvaluationService:
         assert self.compiler is not None
         job = c.job
         budget = job.timeout_s - (time.perf_counter() - started)
-        variants = await self._held_out_overrides(job.reference_source, c.gate)
+        variants = self._held_out_overrides(job.reference_source, c.gate)
+        c.compile_pending = variants is None
         t_compile = time.perf_counter()
         try:
             async with asyncio.timeout(max(0.01, budget)):
@@ -374,7 +378,7 @@ class EvaluationService:
                     job.reference_source,
                     c.gate,
                     min(self.cfg.compile_timeout_s, budget),
-                    variants,
+                    variants or (),
                 )
         except TimeoutError:
             c.timed_out = f"the compile stage exceeded the {job.timeout_s:g} s timeout"
@@ -395,22 +399,45 @@ class EvaluationService:
             c.compile.error.setdefault("stage", "compile")
         return False
 
-    async def _held_out_overrides(self, reference_source: str, gate: GateReport) -> list[dict[str, int]]:
+    def _held_out_overrides(self, reference_source: str, gate: GateReport) -> list[dict[str, int]] | None:
         """The held-out shapes the compile stage compiles a candidate's Triton kernels at too (the
         run process may not start ``ptxas``: a kernel first launched at a held-out shape would
-        raise there). Known once the task is measured, which the evaluator starts first; waiting
-        for it is bounded like a worker's start, and a task that cannot be measured gets none
-        here (its evaluation reports why)."""
+        raise there): ``[]`` where there is nothing to compile at, None while the task is still
+        being measured (the evaluator starts that first; the compile does not wait for it, and
+        :meth:`_compile_late` compiles at the shapes beside the spare's preparation)."""
         assert self.compiler is not None
         if self.cfg.held_out_shapes <= 0 or not gate.triton_kernels or not self.compiler.needed(gate):
             return []
         if self.compiler.device != "cuda":
             return []
+        return self._require().held_out_overrides(reference_source)
+
+    def _compile_late(self, c: Collected) -> Coroutine[Any, Any, CompileOutcome] | None:
+        """Once the task is measured: for a candidate compiled before its held-out shapes were
+        known, the same compile at them too (None where none is needed)."""
+        assert self.compiler is not None
+        if not c.compile_pending or c.compile is None or not c.compile.ok:
+            return None
+        variants = self._held_out_overrides(c.job.reference_source, c.gate)
+        if not variants:
+            return None
+        budget = max(0.01, min(self.cfg.compile_timeout_s, c.job.timeout_s))
+        return self.compiler.compile(c.job.candidate_source, c.job.reference_source, c.gate, budget, variants)
+
+    async def _await_late(self, c: Collected, late: Coroutine[Any, Any, CompileOutcome] | None) -> None:
+        """Use the compile at the held-out shapes where it succeeded (a superset of the first);
+        else the first stays, and the shapes it lacks raise in the run stage (said there)."""
+        if late is None:
+            return
         try:
-            async with asyncio.timeout(self.cfg.worker_start_timeout_s):
-                return await self._require().held_out_overrides(reference_source)
-        except (TimeoutError, WorkerStartError, ProtocolError, FrameError, EvaluatorFault):
-            return []
+            outcome = await late
+        except Exception as exc:  # noqa: BLE001 - the first compile stands; logged
+            logger.warning("held_out_compile_failed", candidate=c.job.candidate_id, error=repr(exc)[:300])
+            return
+        if outcome.ok:
+            c.compile = outcome
+        else:
+            logger.warning("held_out_compile_failed", candidate=c.job.candidate_id, error=str(outcome.error)[:300])
 
     async def _acquire_and_run(
         self, runs: RunPool, c: Collected, started: float, budget: float, phase: Phase, turn: Turn

@@ -327,7 +327,11 @@ _DEF = re.compile(r"^def (\w+)\(", re.M)
 
 
 def batched_source(source: str, names: dict[str, str]) -> str:
-    """A kernel's source with ``kf_B`` as its first parameter and every kernel renamed (``names``)."""
+    """A kernel's source with ``kf_B`` as its first parameter and every kernel renamed (``names``).
+    ``kf_B`` is not specialised on (Triton would compile a batch of 1, and batches divisible by 16,
+    apart): one compile serves every batch, at a user's first call and in the evaluator's compile
+    stage, which compiles the copies at each held-out batch."""
+    source = source.replace("@triton.jit\n", f'@triton.jit(do_not_specialize=["{NAME}"])\n', 1)
     source = _DEF.sub(lambda m: f"def {m.group(1)}({NAME}, ", source, count=1)
     for old, new in names.items():
         source = re.sub(rf"\b{re.escape(old)}\b", new, source)
