@@ -402,6 +402,8 @@ class RunController:
             try:
                 reason = await self._wait_for_end(stop, actors_task)
                 self.ended_at = time.time()
+                if self.signature_run is not None:
+                    self.signature_run.stop()  # a forward still spinning would hold the GIL against the end
                 await self.watcher.catch_up(1.0)  # what is in flight: every candidate already issued
                 log.info(
                     "run ending", reason=str(reason), evaluated=self.progress.evaluated, deadline=self.progress.deadline

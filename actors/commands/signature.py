@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import ctypes
 import threading
 import time
 import types
@@ -146,12 +147,37 @@ class SignatureRun:
         self.started: float | None = None
         """When the description began (monotonic clock)."""
         self.returned = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.stopped_s: float | None = None
+        """Where :meth:`stop` stopped it unreturned: how long it had run then."""
 
     def unreturned_s(self) -> float | None:
-        """Seconds the description has run without returning; None once it returned or before it began."""
+        """Seconds the description has run without returning (until :meth:`stop`, if stopped);
+        None once it returned or before it began."""
         if self.started is None or self.returned.is_set():
             return None
+        if self.stopped_s is not None:
+            return self.stopped_s
         return time.monotonic() - self.started
+
+    def stop(self) -> None:
+        """The run is ending: a description still running is asked to stop (:class:`_GivenUp` is
+        raised in its thread at its next Python instruction). A forward spinning in Python
+        (``while True: pass``) holds the GIL against everything the run's end does: a 20 s run of
+        one took 69-128 s to end in CI jobs. Code waiting in C (a child process, a long kernel)
+        releases the GIL and stops when it returns to Python, if ever; the daemon thread is left
+        to the process's end either way."""
+        thread = self.thread
+        if self.started is None or self.returned.is_set() or thread is None or thread.ident is None:
+            return
+        if not thread.is_alive() or self.stopped_s is not None:
+            return
+        self.stopped_s = time.monotonic() - self.started
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_GivenUp))
+
+
+class _GivenUp(BaseException):
+    """Raised in the signature's thread by :meth:`SignatureRun.stop`."""
 
 
 async def signature_within(task: Task, wait_s: float = SIGNATURE_WAIT_S, run: SignatureRun | None = None) -> Task:
@@ -166,14 +192,19 @@ async def signature_within(task: Task, wait_s: float = SIGNATURE_WAIT_S, run: Si
     def describe() -> None:
         try:
             signed = with_signature(task)  # the task unchanged on a failure
-        finally:
+        except _GivenUp:
+            return  # stopped at the run's end (SignatureRun.stop): it had not returned
+        except BaseException:
             run.returned.set()
+            raise
+        run.returned.set()
         # given up on, the future was cancelled: a late result is dropped (set, it raised in this thread)
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             found.set_result(signed)
 
     run.started = time.monotonic()
-    threading.Thread(target=describe, name="task-signature", daemon=True).start()
+    run.thread = threading.Thread(target=describe, name="task-signature", daemon=True)
+    run.thread.start()
     try:
         async with asyncio.timeout(wait_s):
             return await asyncio.wrap_future(found)

@@ -156,3 +156,36 @@ async def test_a_task_that_exits_at_import_gets_no_signature_and_no_error() -> N
 def test_what_the_task_prints_while_described_is_not_the_commands_output(capsys: pytest.CaptureFixture[str]) -> None:
     signature_of(PRINTS)
     assert "from the task" not in capsys.readouterr().out
+
+
+SPINS = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        while True:
+            pass
+
+def get_inputs():
+    return [torch.rand(4)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+async def test_a_description_spinning_at_the_runs_end_is_stopped_and_stays_unreturned() -> None:
+    # a forward spinning in Python holds the GIL against the run's end while its thread lives
+    run = SignatureRun()
+    await signature_within(Task.from_source("spins", SPINS), wait_s=0.3, run=run)
+    assert run.thread is not None
+    assert run.thread.is_alive()
+    run.stop()
+    frozen = run.unreturned_s()
+    assert frozen is not None
+    assert frozen >= 0.3
+    run.thread.join(10.0)
+    assert not run.thread.is_alive()
+    assert run.unreturned_s() == frozen  # stopped, not returned: still a forward that never returned
+    assert not run.returned.is_set()
