@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpu_runner.errors import ConfigError
+from gpu_runner.lease import COMPILE_PATIENCE_S
 from gpu_runner.stats import DEFAULT_TOLERANCES as DEFAULT_TOLERANCES
 from schemas import DeviceChoice, KernelLanguage, TorchOpsPolicy
 
@@ -229,6 +230,10 @@ class RunnerConfig:
     the CPU (it is raised back to 0 for its job where the evaluator may: as root); 0 turns it off."""
     compile_timeout_s: float = 600.0
     """Bound on one compile stage."""
+    compile_patience_s: float = COMPILE_PATIENCE_S
+    """How long a compiled candidate waits for better-ranked ones still being compiled before it
+    lines up for a spare (``gpu_runner.lease.CompileLine``: the first verdict is the first
+    starting point's, not the fastest compile's); 0 turns it off."""
     reference_first_run_s: float = 30.0
     """Bound on the reference's first load, build and forward (on the meta device, with no data:
     the memory plan's measure). A reference still running then is refused as a task that does not
@@ -286,6 +291,7 @@ class RunnerConfig:
             ("in_place_bytes", self.in_place_bytes >= 0, "must be >= 0"),
             ("max_processes", self.max_processes >= 64, "must be >= 64"),
             ("compile_timeout_s", self.compile_timeout_s > 0, "must be > 0"),
+            ("compile_patience_s", self.compile_patience_s >= 0, "must be >= 0"),
             ("reference_first_run_s", self.reference_first_run_s > 0, "must be > 0"),
             ("timing_lead_us", 0 <= self.timing_lead_us <= 10_000, "must be within 0..10000"),
             ("worker_nice", 0 <= self.worker_nice <= 19, "must be within 0..19"),

@@ -45,6 +45,9 @@ ARM_PATIENCE_S = 0.5
 """How long an armed candidate lets the GPU wait for a better-ranked one still arming (its job
 staged, its module imported) before it goes first: at a run's start the first spares are armed
 together, and the first starting point should not lose the GPU to the fastest import."""
+COMPILE_PATIENCE_S = 10.0
+"""How long a compiled candidate lets a better-ranked one still being gated or compiled go first
+(:class:`CompileLine`, ``RunnerConfig.compile_patience_s``'s default)."""
 
 
 def renice(pgid: int, value: int) -> OSError | None:
@@ -94,6 +97,48 @@ class TurnLock:
             yield
         finally:
             await asyncio.shield(self.release())
+
+
+class CompileLine:
+    """Evaluations not yet in line for a spare (gated, compiled, compiled at the held-out shapes),
+    by turn. One ready to line up waits while a better-ranked one is still here, for at most a
+    patience: the spares, the one-at-a-time lock and the GPU take candidates by turn, but only
+    those already waiting. At a run's start (an H200, KernelBench L1-63, two islands of four) the
+    candidate whose kernels compiled first took the first spare: a mutation at 0.31x eager became
+    the first verdict, while the islands' first starting point, ranked 0, ran 1.16x, the run's best.
+    """
+
+    def __init__(self) -> None:
+        self._here: set[Turn] = set()
+        self._changed = asyncio.Condition()
+
+    def enter(self, turn: Turn) -> None:
+        """An evaluation arrived (before its gate)."""
+        self._here.add(turn)
+
+    async def leave(self, turn: Turn) -> None:
+        """It lines up for a spare, or ended before (idempotent)."""
+        if turn in self._here:
+            self._here.discard(turn)
+            async with self._changed:
+                self._changed.notify_all()
+
+    def ahead(self, turn: Turn) -> int:
+        """Better-ranked evaluations still being gated or compiled."""
+        return sum(1 for other in self._here if other < turn)
+
+    async def wait_turn(self, turn: Turn, patience_s: float) -> float:
+        """Wait while a better-ranked evaluation is still here, for ``patience_s`` at most; then
+        leave. The seconds waited."""
+        started = time.perf_counter()
+        try:
+            if self.ahead(turn):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(patience_s), self._changed:
+                        await self._changed.wait_for(lambda: not self.ahead(turn))
+        finally:
+            await self.leave(turn)
+        return time.perf_counter() - started
 
 
 class GpuGate:

@@ -427,8 +427,6 @@ class RunPool:
         init_on_device = bool(info.get("init_on_device"))
         out_metas = [dict(m) for m in info.get("out_metas") or []]
         variants, variants_note = self.variants.get(task, ([], "the task was not measured"))
-        if device_verdict and variants:  # judged on the device: the judge has no held-out shapes yet
-            variants, variants_note = [], "none: this task's outputs are judged on the device"
         variant_seeds = [secrets.randbits(62) for _ in variants]
         op = PrepareOp(
             reference_source=reference_source,
@@ -461,22 +459,24 @@ class RunPool:
         await spare.worker.send(msg)
         try:
             # The referee computes the reference's outputs for the spare's seeds meanwhile (the
-            # judge does it after the candidate, for outputs judged on the device).
+            # judge does it after the candidate, for outputs judged on the device: the held-out
+            # shapes' are small, at most 64 MiB, and compared on the host for every task).
             # One request for the trials and the held-out shapes (each request copies the model to float64).
             none: dict[str, int] = {}
-            sizes = [none for _ in seeds] + [dict(v["overrides"]) for v in variants]
+            trial_seeds = [] if device_verdict else seeds
+            sizes = [none for _ in trial_seeds] + [dict(v["overrides"]) for v in variants]
             truths = (
-                None
-                if device_verdict
-                else asyncio.create_task(
+                asyncio.create_task(
                     self.truths(
                         reference_source,
-                        seeds + variant_seeds,
-                        scales + [1.0] * len(variants),
+                        trial_seeds + variant_seeds,
+                        scales[: len(trial_seeds)] + [1.0] * len(variants),
                         0,
                         overrides=sizes if variants else None,
                     )
                 )
+                if sizes
+                else None
             )
             try:
                 await self._collect_reference(spare, data, timeout_s, on_reference_done)
@@ -487,8 +487,8 @@ class RunPool:
                 got = done[0]
                 if isinstance(got, BaseException):
                     raise got
-                data.variant_truths = list(got[len(seeds) :])
-                for truth in got[: len(seeds)]:
+                data.variant_truths = list(got[len(trial_seeds) :])
+                for truth in got[: len(trial_seeds)]:
                     data.outputs.append(truth.outputs)
                     data.dtypes.append(truth.dtypes)
                     data.residuals.append(truth.residuals)
@@ -762,14 +762,10 @@ class RunPool:
 
     def held_out_overrides(self, reference_source: str) -> list[dict[str, int]] | None:
         """The task's held-out shapes as module-level sizes (what the compile stage also compiles
-        at), or None while the task is not measured yet; none where they are not checked (a
-        device verdict)."""
+        at), or None while the task is not measured yet."""
         key = task_key(reference_source)
         if key not in self.plans:
             return None
-        plan = self.plans[key]
-        if plan is not None and plan.device_verdict:
-            return []
         variants, _ = self.variants.get(key, ([], ""))
         return [dict(v["overrides"]) for v in variants]
 

@@ -41,7 +41,7 @@ from gpu_runner.forkserver import ForkServer
 from gpu_runner.gate import GateReport, check_candidate
 from gpu_runner.janitor import Janitor, mark_owner, sweep_stale
 from gpu_runner.judge import Judge
-from gpu_runner.lease import UNRANKED, GpuGate, Turn, TurnLock
+from gpu_runner.lease import UNRANKED, CompileLine, GpuGate, Turn, TurnLock
 from gpu_runner.pool import RunPool, task_key
 from gpu_runner.probe import describe_device, detect_cuda, validate_reference, versions
 from gpu_runner.protocol import FrameError
@@ -97,6 +97,8 @@ class EvaluationService:
         self._one_at_a_time = TurnLock()
         """Held from a spare to the verdict where the plan fits one evaluation at a time (by turn)."""
         self._arrivals = itertools.count()
+        self._line = CompileLine()
+        """Evaluations being gated and compiled, by turn (the first verdicts follow the ranks)."""
         """Evaluations in the order they arrived (the second half of their turn)."""
         self._stage: RunStage | None = None
         self.start_phases: dict[str, float] = {}
@@ -303,11 +305,18 @@ class EvaluationService:
             phase.to(None)
 
     async def _evaluate(self, job: EvalJob, phase: Phase) -> EvalResult:
-        runs = self._require()
         started = time.perf_counter()
         # its place in line for a spare and for the GPU: the candidate's rank, then its arrival
         turn: Turn = (UNRANKED if job.rank is None else float(job.rank), next(self._arrivals))
         validate_reference(job.reference_source)
+        self._line.enter(turn)
+        try:
+            return await self._evaluate_in_line(job, phase, started, turn)
+        finally:
+            await self._line.leave(turn)
+
+    async def _evaluate_in_line(self, job: EvalJob, phase: Phase, started: float, turn: Turn) -> EvalResult:
+        runs = self._require()
         c = await self._gate(job, phase, started)
         gate = c.gate
         if gate.syntax_error:
@@ -332,13 +341,17 @@ class EvaluationService:
                     plan = await runs.plan_for(job.reference_source)
             except (TimeoutError, WorkerStartError, ProtocolError, FrameError, EvaluatorFault) as exc:
                 return self._no_worker(c, started, exc)
+            # a candidate compiled before the task was measured: at its held-out shapes too, while
+            # the pool prepares a spare for it (the pool's own work, started once the plan is known)
+            await self._await_late(c, self._compile_late(c))
+            # better-ranked candidates still compiling line up first (up to the patience)
+            c.stages = c.stages.model_copy(
+                update={"line_s": await self._line.wait_turn(turn, self.cfg.compile_patience_s)}
+            )
             one_at_a_time = plan is not None and plan.device_verdict and plan.spares == 0
             if one_at_a_time:
                 # The plan fits one evaluation at a time (prepare, run, judge): the next waits.
                 await serial.enter_async_context(self._one_at_a_time.hold(turn))
-            # a candidate compiled before the task was measured: at its held-out shapes too, while
-            # the pool prepares a spare for it (the pool's own work, started once the plan is known)
-            await self._await_late(c, self._compile_late(c))
             result = await self._acquire_and_run(runs, c, started, budget, phase, turn)
             if one_at_a_time:  # the next evaluation's reference, while its candidate compiles
                 runs.prepare_ahead()

@@ -236,6 +236,9 @@ class StageTimes(Model):
     """Static gate."""
     compile_s: float | None = None
     """Compilation (zero on a cache hit)."""
+    line_s: float | None = None
+    """Waiting, once compiled, for better-ranked candidates still being compiled (the evaluator's
+    compile patience) before lining up for a spare."""
     run_s: float | None = None
     """Correctness and timing in the run process."""
     measure_s: float | None = None

@@ -334,3 +334,46 @@ def test_the_any_batch_kernels_compile_for_a_hopper_gpu_without_one(tmp_path: Pa
     cubins = {p.stem for p in (tmp_path / "cache").rglob("*.cubin")}
     assert cubins, "nothing was compiled"
     assert all(c.endswith(any_batch.SUFFIX) for c in cubins), cubins
+
+
+_SLOW_LINEAR = """
+import time
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+batch_size = 16
+n = 32
+
+def get_inputs():
+    return [torch.randn(batch_size, n)]
+
+def get_init_inputs():
+    $work
+    return [n]
+"""
+
+
+def test_the_lowering_limit_counts_the_analysis_own_work_not_a_busy_hosts_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On an H200 host busy starting its evaluator, KernelBench L2-9's first analysis took longer
+    # than the limit in wall time and its kernels got no any-batch copies. Waiting (here a sleep)
+    # does not count; the analysis's own CPU time does (here a spin).
+    analyse(Template(_SLOW_LINEAR).substitute(work="pass"))  # the process's first tracing, at full limit
+    monkeypatch.setattr(any_batch, "PROBE_LIMIT_S", 0.2)
+    waits = analyse(Template(_SLOW_LINEAR).substitute(work="time.sleep(0.4)"))
+    assert isinstance(waits, Plan), waits
+    assert waits.batch_name == "batch_size"
+    spin = "t = time.thread_time()\n    while time.thread_time() - t < 0.4:\n        pass"
+    works = analyse(Template(_SLOW_LINEAR).substitute(work=spin))
+    assert isinstance(works, Plan), works
+    assert works.batch_name == ""
+    assert works.batch == ()

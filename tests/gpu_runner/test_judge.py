@@ -15,7 +15,7 @@ import pytest
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.service import EvaluationService
 from schemas import CheckName, CheckOutcome, DeviceChoice, EvalStatus, KernelLanguage
-from tests.gpu_runner.conftest import CANDIDATES, REFERENCES
+from tests.gpu_runner.conftest import CANDIDATES, REFERENCES, job
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,6 +63,28 @@ async def test_judged_task_catches_a_partial_output_and_lower_precision(judged: 
     status, summary = await _evaluate(judged, "precision_downcast.py")
     assert status is EvalStatus.INCORRECT, summary
     assert "float64" in summary or "outside" in summary
+
+
+async def test_judged_tasks_are_checked_at_their_held_out_shapes_on_the_host(judged: EvaluationService) -> None:
+    # The judge compares the trials where they lie; the held-out shapes (small) are compared by the
+    # parent against the referee's truths, as for any task: a kernel right only at the reference's
+    # even batch cannot pass because the task's outputs are judged on the device.
+    generic = await judged.evaluate(job("softmax_sized", "softmax_any_shape"))
+    pairs = await judged.evaluate(job("softmax_sized", "softmax_row_pairs"))
+    assert judged.runs is not None
+    assert judged.runs.plan is not None
+    assert judged.runs.plan.device_verdict
+    assert judged.judge is not None
+    assert judged.judge.compared >= 2
+
+    assert generic.status is EvalStatus.CORRECT, generic.summary
+    assert generic.correctness is not None
+    assert [s.outcome for s in generic.correctness.held_out] == ["correct"] * 3, generic.correctness.held_out
+    assert pairs.status is EvalStatus.INCORRECT, pairs.summary
+    assert pairs.correctness is not None
+    assert pairs.correctness.passed_trials == pairs.correctness.trials  # the judge passed its trials
+    assert "wrong at held-out shape batch_size=" in pairs.summary
+    assert pairs.fitness is None
 
 
 def _memfds(pid: int | str = "self") -> int:

@@ -12,7 +12,7 @@ import pytest
 
 from gpu_runner.frames import JudgeOp, OpFrame, Report
 from gpu_runner.judge import Judge
-from gpu_runner.lease import ARM_PATIENCE_S, UNRANKED, GpuGate, GpuLease, TurnLock
+from gpu_runner.lease import ARM_PATIENCE_S, UNRANKED, CompileLine, GpuGate, GpuLease, TurnLock
 from gpu_runner.referee import Referee
 from gpu_runner.sandbox import Worker
 
@@ -225,6 +225,50 @@ async def test_an_armed_candidate_waits_a_little_for_a_better_ranked_one_still_a
     await gate.forget((0.0, 4))
     await asyncio.wait_for(gate.acquire_candidate((3.0, 5)), ARM_PATIENCE_S / 4)
     await gate.release(exclusive=False, candidate=True)
+
+
+async def test_a_compiled_candidate_lines_up_after_better_ranked_ones_still_compiling() -> None:
+    line = CompileLine()
+    order: list[tuple[float, int]] = []
+    compiled = {turn: asyncio.Event() for turn in [(0.0, 1), (1.0, 2), (5.0, 0)]}
+
+    async def evaluate(turn: tuple[float, int]) -> None:
+        line.enter(turn)
+        await compiled[turn].wait()
+        await line.wait_turn(turn, 30.0)
+        order.append(turn)
+
+    tasks = [asyncio.create_task(evaluate(t)) for t in compiled]
+    await _settle()
+    compiled[(5.0, 0)].set()  # the mutation's kernels compile first
+    await _settle()
+    assert order == []  # the first starting points are still compiling
+    compiled[(1.0, 2)].set()
+    await _settle()
+    assert order == []
+    compiled[(0.0, 1)].set()
+    await asyncio.gather(*tasks)
+    assert order == [(0.0, 1), (1.0, 2), (5.0, 0)]
+    assert line.ahead((UNRANKED, 9)) == 0  # everyone left
+
+
+async def test_the_compile_line_waits_no_longer_than_its_patience_and_not_for_one_that_left() -> None:
+    line = CompileLine()
+    line.enter((0.0, 0))  # a compile that never ends
+    line.enter((2.0, 1))
+    started = asyncio.get_running_loop().time()
+    waited = await line.wait_turn((2.0, 1), 0.2)
+    assert 0.18 <= waited < 5.0
+    assert asyncio.get_running_loop().time() - started >= 0.18
+    assert line.ahead((2.0, 1)) == 1  # it left; the other is still here
+    await line.leave((0.0, 0))  # its evaluation ended (an error, a rejection)
+    await line.leave((0.0, 0))  # twice is harmless
+    line.enter((3.0, 2))
+    assert await asyncio.wait_for(line.wait_turn((3.0, 2), 30.0), 1.0) < 1.0
+    # patience 0: nobody waits
+    line.enter((0.0, 3))
+    line.enter((4.0, 4))
+    assert await asyncio.wait_for(line.wait_turn((4.0, 4), 0.0), 1.0) < 1.0
 
 
 async def test_the_turn_lock_goes_by_turn_also_to_waiters_woken_together() -> None:

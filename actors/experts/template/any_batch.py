@@ -213,7 +213,8 @@ def leading_input(plan: Plan) -> tuple[int, int]:
 
 
 PROBE_LIMIT_S = 5.0
-"""A reference whose lowering took longer is not lowered again to find its batch (a recurrent
+"""A reference whose lowering took longer (CPU seconds of the analysing thread: waiting for a busy
+host's cores does not count) is not lowered again to find its batch (a recurrent
 model unrolled over a long sequence: the second lowering would double an analysis of tens of
 seconds, the loop's first candidate waits on it)."""
 PROBES = 2
