@@ -959,5 +959,10 @@ class RunPool:
 
 
 def decode_outputs(header: dict[str, Any], blobs: Sequence[Blob]) -> list[npt.NDArray[Any]]:
-    """Tensors of a frame as numpy arrays."""
-    return [tensor_from_wire(m, b) for m, b in zip(header.get("tensors", []), blobs, strict=True)]
+    """Tensors of a frame as numpy arrays; a frame whose tensors and blobs do not match is the run
+    process's fault (a :class:`FrameError`), not the evaluator's."""
+    metas = header.get("tensors", [])
+    if not isinstance(metas, list) or len(metas) != len(blobs):
+        count = len(metas) if isinstance(metas, list) else "no list of"
+        raise FrameError(f"a frame announced {count} tensors and sent {len(blobs)}")
+    return [tensor_from_wire(m, b) for m, b in zip(metas, blobs, strict=True)]

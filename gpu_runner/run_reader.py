@@ -93,6 +93,10 @@ class ReportReader:
                 c.record.died = exit_description(worker.proc.returncode)
                 return None
             kind = header["kind"]
+            if kind is not Report.TRIAL and later is None and "bulk" in header:
+                # a worker keeps its trials' files for the judge; the rest (a held-out shape's
+                # outputs, the inputs as a call left them) is checked here, in the parent, for every task
+                later = worker.read_bulk_later(header.pop("bulk"), self.max_blob)
             if kind in until and not absorb_wanted:
                 if later is None and "bulk" in header:  # a worker whose trial files stay for the judge
                     later = worker.read_bulk_later(header.pop("bulk"), self.max_blob)

@@ -116,6 +116,9 @@ class _Window:
     """Whether the run holds the GPU alone (the timing), not the candidate lease."""
     tree: list[int] | None = None
     marks: dict[str, float] = field(default_factory=dict)
+    failed: bool = False
+    """Whether the run stage itself failed (an exception the verdict does not cover): the judge will
+    not take the worker's files, so it is reaped at once (its device memory freed for the next)."""
 
     @property
     def worker(self) -> Worker:
@@ -158,6 +161,9 @@ class RunStage:
                 w.reader.record.error = _frame_error(w.stage, exc)
             except SessionAborted:
                 pass  # the worker's error or death is in the record
+            except BaseException:
+                w.failed = True  # no judge will take its files: the worker is reaped now
+                raise
             finally:
                 self._end_worker(w)
         finally:
@@ -339,7 +345,7 @@ class RunStage:
         if w.tree is None:
             w.tree = worker.terminate()
         assert w.spare.reference is not None
-        if not w.spare.reference.judged:  # else after the judge took the output files
+        if not w.spare.reference.judged or w.failed:  # else after the judge took the output files
             self.background(worker.reap(w.tree, sweep=self.iso.pids.startswith("skipped")))
         record.log = worker.log_text()
         w.mark("terminated")

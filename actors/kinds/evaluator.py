@@ -37,6 +37,7 @@ class EvaluatorActor(Actor):
         run_id: str,
         runner: Runner,
         concurrency: int = 2,
+        lookahead: int | None = None,
         ack_wait_s: float = 30.0,
         max_deliver: int = 3,
         actor_id: str | None = None,
@@ -45,6 +46,12 @@ class EvaluatorActor(Actor):
         super().__init__(nats_url=nats_url, run_id=run_id, actor_id=actor_id, version=version)
         self.runner = runner
         self.concurrency = concurrency
+        self.lookahead = concurrency if lookahead is None else lookahead
+        """Candidates taken beyond those judged at once (default: as many), gated and compiled while
+        they wait: the evaluator then picks the best-ranked for its spares and the GPU. Taking only
+        ``concurrency``, it took whichever island's candidates reached the stream first: on an
+        H200 (KernelBench L2-52) one island's four starts, its hedge at 0.58x eager first, while the
+        other's first starting point (1.98x, the run's best) waited 11 s in the stream."""
         self.ack_wait_s = ack_wait_s
         self.max_deliver = max_deliver
         self.task: Task | None = None
@@ -102,9 +109,9 @@ class EvaluatorActor(Actor):
             filter_subject=subjects.candidates(self.rid),
             ack_wait_s=self.ack_wait_s,
             max_deliver=self.max_deliver,
-            batch=self.concurrency,
+            batch=self.concurrency + self.lookahead,
         )
-        await self.bus.consume(consumer, Candidate, self.handle, concurrency=self.concurrency)
+        await self.bus.consume(consumer, Candidate, self.handle, concurrency=self.concurrency + self.lookahead)
         self.serving_since = time.time()
 
     async def handle(self, candidate: Candidate, delivery: Delivery) -> None:

@@ -77,14 +77,17 @@ async def test_candidates_are_taken_while_the_task_is_prepared(nats_url: str, ru
         run = await register_run(bus, run_id)
         actor = EvaluatorActor(nats_url=nats_url, run_id=run_id, runner=runner, concurrency=2)
         task = asyncio.create_task(actor.run())
-        await publish_candidates(bus, run, range(3))
-        # the preparation still runs: the candidates have reached the runner all the same
-        assert await _until(lambda: runner.before_prepared == 2, 20), runner.before_prepared
+        await publish_candidates(bus, run, range(5))
+        # the preparation still runs: the candidates have reached the runner all the same, as many
+        # as it judges at once and as many again (the look-ahead it picks the best-ranked from)
+        assert await _until(lambda: runner.before_prepared == 4, 20), runner.before_prepared
+        await asyncio.sleep(0.5)
+        assert runner.before_prepared == 4  # the fifth waits in the stream
         assert not runner.prepared
         runner.release.set()
         await asyncio.wait_for(actor.wait_ready(), 20)
-        got = await collect(bus, subjects.run_stream(run_id), subjects.results(run_id), EvalResult, want=3, timeout=30)
-        assert len(got) == 3
+        got = await collect(bus, subjects.run_stream(run_id), subjects.results(run_id), EvalResult, want=5, timeout=30)
+        assert len(got) == 5
         actor.request_stop("test over")
         await task
     finally:

@@ -9,13 +9,14 @@ import itertools
 import os
 import signal
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.service import EvaluationService
 from schemas import CheckName, CheckOutcome, DeviceChoice, EvalStatus, KernelLanguage
-from tests.gpu_runner.conftest import CANDIDATES, REFERENCES, job
+from tests.gpu_runner.conftest import CANDIDATES, REFERENCES, job, reference
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,8 +70,12 @@ async def test_judged_tasks_are_checked_at_their_held_out_shapes_on_the_host(jud
     # The judge compares the trials where they lie; the held-out shapes (small) are compared by the
     # parent against the referee's truths, as for any task: a kernel right only at the reference's
     # even batch cannot pass because the task's outputs are judged on the device.
-    generic = await judged.evaluate(job("softmax_sized", "softmax_any_shape"))
-    pairs = await judged.evaluate(job("softmax_sized", "softmax_row_pairs"))
+    # at 512 x 512 a held-out shape's outputs pass the frame's inline size and come as files, as
+    # the trials' do (which the worker keeps for the judge)
+    wide = reference("softmax_sized").replace("= 16\n", "= 512\n").replace("= 100\n", "= 512\n")
+    assert "batch_size = 512" in wide
+    generic = await judged.evaluate(replace(job("softmax_sized", "softmax_any_shape"), reference_source=wide))
+    pairs = await judged.evaluate(replace(job("softmax_sized", "softmax_row_pairs"), reference_source=wide))
     assert judged.runs is not None
     assert judged.runs.plan is not None
     assert judged.runs.plan.device_verdict
