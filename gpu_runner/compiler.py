@@ -32,9 +32,16 @@ from gpu_runner.gate import GateReport
 from gpu_runner.isolation import sandbox_settings
 from gpu_runner.protocol import FrameError
 from gpu_runner.sandbox import Isolation, Worker, await_ready, chown_tree, spawn_worker
+from gpu_runner.triton_cache import copy_tree
 
 logger = structlog.get_logger(__name__)
 _names = count()
+
+
+def _seed_cache(seed: Path, tree: Path) -> None:
+    """Start a worker's Triton cache ``tree`` from an earlier compile's (where it still exists)."""
+    if seed.is_dir():
+        copy_tree(seed, tree)
 
 
 @dataclass(frozen=True)
@@ -159,9 +166,12 @@ class Compiler:
         gate: GateReport,
         timeout_s: float,
         variants: Sequence[Mapping[str, int]] = (),
+        seed: Path | None = None,
     ) -> CompileOutcome:
         """Compile (or fetch from the cache) one candidate; at the task's held-out shapes
-        (``variants``, module-level sizes) too, where they are known."""
+        (``variants``, module-level sizes) too, where they are known. ``seed``: the Triton cache of
+        an earlier compile of the same candidate (at the reference's shapes alone), which the
+        worker starts from: only the kernels the shapes add are compiled."""
         if not self.needed(gate):
             return CompileOutcome(ok=True, needed=False, aot="not needed: Triton runs under the interpreter here")
         key = self.key(candidate, reference, variants)
@@ -174,7 +184,7 @@ class Compiler:
         future: asyncio.Future[CompileOutcome] = asyncio.get_running_loop().create_future()
         self.inflight[key] = future
         try:
-            outcome = await self._compile(candidate, reference, gate, timeout_s, entry, variants)
+            outcome = await self._compile(candidate, reference, gate, timeout_s, entry, variants, seed)
             future.set_result(outcome)
             return outcome
         except BaseException as exc:
@@ -210,6 +220,7 @@ class Compiler:
         timeout_s: float,
         entry: Path,
         variants: Sequence[Mapping[str, int]] = (),
+        seed: Path | None = None,
     ) -> CompileOutcome:
         queued = time.perf_counter()
         async with self.sem:
@@ -220,7 +231,7 @@ class Compiler:
             self.refill()
             self.running += 1
             try:
-                header = await self._run(worker, candidate, reference, gate, timeout_s, variants)
+                header = await self._run(worker, candidate, reference, gate, timeout_s, variants, seed)
             except TimeoutError:
                 return CompileOutcome(
                     ok=False,
@@ -278,10 +289,13 @@ class Compiler:
         gate: GateReport,
         timeout_s: float,
         variants: Sequence[Mapping[str, int]] = (),
+        seed: Path | None = None,
     ) -> dict[str, Any]:
         path = worker.dir / "candidate.py"
         path.write_text(candidate)
         (worker.dir / "ext").mkdir(exist_ok=True)
+        if seed is not None:
+            await asyncio.to_thread(_seed_cache, seed, worker.dir / "triton")
         chown_tree(worker.dir, self.iso.uid, self.iso.gid)
         sandbox = sandbox_settings(self.cfg, self.iso, worker.dir, worker.bulk, "compile", True)
         await worker.send(

@@ -435,7 +435,9 @@ class EvaluationService:
         if not variants:
             return None
         budget = max(0.01, min(self.cfg.compile_timeout_s, c.job.timeout_s))
-        return self.compiler.compile(c.job.candidate_source, c.job.reference_source, c.gate, budget, variants)
+        return self.compiler.compile(
+            c.job.candidate_source, c.job.reference_source, c.gate, budget, variants, seed=c.compile.triton_dir
+        )
 
     async def _await_late(self, c: Collected, late: Coroutine[Any, Any, CompileOutcome] | None) -> None:
         """Use the compile at the held-out shapes where it succeeded (a superset of the first);

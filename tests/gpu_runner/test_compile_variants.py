@@ -15,6 +15,7 @@ import pytest
 from actors.experts.template import Plan, analyse, default_params, render
 from actors.experts.template.any_batch import SUFFIX
 from actors.experts.template.hardware import TABLE
+from gpu_runner.triton_cache import copy_tree
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +42,7 @@ print(json.dumps({"note": note, "at_reference": at_reference, "kernels": len(ker
 """
 
 
-def _compile(tmp_path: Path, variants: list[dict[str, int]]) -> dict[str, object]:
+def _compile(tmp_path: Path, variants: list[dict[str, int]], seed: Path | None = None) -> dict[str, object]:
     reference = (HERE / "examples" / "quickstart.py").read_text()
     plan = analyse(reference)
     assert isinstance(plan, Plan)
@@ -49,7 +50,9 @@ def _compile(tmp_path: Path, variants: list[dict[str, int]]) -> dict[str, object
     (tmp_path / "cand.py").write_text(render(plan, default_params(plan, TABLE["H200"])))
     (tmp_path / "ref.py").write_text(reference)
     (tmp_path / "script.py").write_text(SCRIPT)
-    cache = tmp_path / f"cache{len(variants)}"
+    cache = tmp_path / f"cache{len(variants)}{'s' if seed else ''}"
+    if seed is not None:  # as the compile stage seeds a late compile at the shapes
+        copy_tree(seed, cache)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(HERE))
     argv = [sys.executable, str(tmp_path / "script.py"), str(tmp_path / "cand.py"), str(tmp_path / "ref.py")]
@@ -57,6 +60,7 @@ def _compile(tmp_path: Path, variants: list[dict[str, int]]) -> dict[str, object
     assert done.returncode == 0, done.stderr[-3000:]
     out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     out["cubins"] = sorted(p.stem for p in cache.rglob("*.cubin"))
+    out["cache"] = str(cache)
     return out
 
 
@@ -73,3 +77,24 @@ def test_the_copies_a_candidate_launches_at_held_out_batches_are_compiled_ahead(
     assert held["kernels"] > held["at_reference"]  # type: ignore[operator]
     # two batches ran; another feature size is refused by the candidate's forward (its answer there)
     assert held["note"] == "; at 2 of 3 held-out shapes too (1 raised in the forward)", held["note"]
+
+
+def test_a_compile_at_the_shapes_seeded_with_the_first_compiles_cache_compiles_only_the_copies(
+    tmp_path: Path,
+) -> None:
+    # A candidate compiled before its task's held-out shapes were known is compiled again at them;
+    # started from the first compile's Triton cache (copied to another folder, as the compile stage
+    # does), the kernels at the reference's shapes are cache hits and only the copies are new.
+    plain = _compile(tmp_path, [])
+    stored = Path(str(plain["cache"]))
+    before = {p.relative_to(stored): p.stat().st_mtime_ns for p in stored.rglob("*.cubin")}
+    first = stored.rename(tmp_path / "stored")  # its group files name a folder that is gone, as a worker's is
+    held = _compile(tmp_path, [{"batch_size": 21}, {"batch_size": 1}], seed=first)
+    cache = Path(str(held["cache"]))
+    after = {p.relative_to(cache): p.stat().st_mtime_ns for p in cache.rglob("*.cubin")}
+    new = sorted(p.stem for p in set(after) - set(before))
+    assert before
+    assert new
+    assert all(stem.endswith(SUFFIX) for stem in new), new  # the copies alone were compiled
+    # the first compile's files were found, not written again (the copy keeps their times)
+    assert {p: after.get(p) for p in before} == before
