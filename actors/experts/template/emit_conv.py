@@ -101,8 +101,11 @@ class ConvWriter(Writer):
             fast = {(1, 2): "co", (0, 1): "nb", (2, rank): "sp"}
         else:
             fast = {(1, 2): "co[None, :]", (0, 1): "nb[:, None]", (2, rank): "sp[:, None]"}
-            vectors = {(1, 2): ("co", "nmask", "[None, :]"), (0, 1): ("nb", "mmask", "[:, None]")}
-            vectors[(2, rank)] = ("sp", "mmask", "[:, None]")
+            vectors = {
+                (1, 2): ("co", "nmask", "[None, :]"),
+                (0, 1): ("nb", "mmask", "[:, None]"),
+                (2, rank): ("sp", "mmask", "[:, None]"),
+            }
             return IndexSpace(lin="lin", mask="cmask", shape=self.out_shape, fast=fast, vectors=vectors)
         return IndexSpace(lin="lin", mask="cmask", shape=self.out_shape, fast=fast)
 
