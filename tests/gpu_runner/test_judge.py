@@ -75,7 +75,13 @@ async def test_judged_tasks_are_checked_at_their_held_out_shapes_on_the_host(jud
     wide = reference("softmax_sized").replace("= 16\n", "= 512\n").replace("= 100\n", "= 512\n")
     assert "batch_size = 512" in wide
     generic = await judged.evaluate(replace(job("softmax_sized", "softmax_any_shape"), reference_source=wide))
+    assert judged.runs is not None
+    (first,) = judged.runs.variant_truths.values()
     pairs = await judged.evaluate(replace(job("softmax_sized", "softmax_row_pairs"), reference_source=wide))
+    # the shapes' truths were computed once for the task (the referee is not asked again per spare)
+    (second,) = judged.runs.variant_truths.values()
+    assert len(first) == 3
+    assert [id(t) for t in second] == [id(t) for t in first]
     assert judged.runs is not None
     assert judged.runs.plan is not None
     assert judged.runs.plan.device_verdict
