@@ -230,6 +230,12 @@ class RunnerConfig:
     the CPU (it is raised back to 0 for its job where the evaluator may: as root); 0 turns it off."""
     compile_timeout_s: float = 600.0
     """Bound on one compile stage."""
+    max_running: int = 0
+    """Evaluations at once past the compile line (a spare, the run stage, the verdict), by turn;
+    0: no bound. An evaluator actor that takes more candidates than it judges at once (to pick
+    the best-ranked) sets it to what it judges at once: the memory plan counts its spares and one
+    running candidate, and on an H200 (KernelBench L1-86) eight candidates past the line ran
+    out of device memory."""
     compile_patience_s: float = COMPILE_PATIENCE_S
     """How long a compiled candidate waits for better-ranked ones still being compiled before it
     lines up for a spare (``gpu_runner.lease.CompileLine``: the first verdict is the first
@@ -292,6 +298,7 @@ class RunnerConfig:
             ("max_processes", self.max_processes >= 64, "must be >= 64"),
             ("compile_timeout_s", self.compile_timeout_s > 0, "must be > 0"),
             ("compile_patience_s", self.compile_patience_s >= 0, "must be >= 0"),
+            ("max_running", self.max_running >= 0, "must be >= 0"),
             ("reference_first_run_s", self.reference_first_run_s > 0, "must be > 0"),
             ("timing_lead_us", 0 <= self.timing_lead_us <= 10_000, "must be within 0..10000"),
             ("worker_nice", 0 <= self.worker_nice <= 19, "must be within 0..19"),

@@ -60,12 +60,21 @@ def renice(pgid: int, value: int) -> OSError | None:
 
 
 class TurnLock:
-    """A lock handed to its waiters by turn (lowest first) instead of in the order they came."""
+    """A lock (``capacity`` holders at once: a semaphore) handed to its waiters by turn (lowest
+    first) instead of in the order they came."""
 
-    def __init__(self) -> None:
-        self.held = False
+    def __init__(self, capacity: int = 1) -> None:
+        if capacity < 1:
+            raise ValueError(f"a turn lock holds at least one, not {capacity}")
+        self.capacity = capacity
+        self.holders = 0
         self._waiting: set[Turn] = set()
         self._changed = asyncio.Condition()
+
+    @property
+    def held(self) -> bool:
+        """Whether no one else may take it now."""
+        return self.holders >= self.capacity
 
     async def acquire(self, turn: Turn) -> None:
         self._waiting.add(turn)
@@ -74,15 +83,17 @@ class TurnLock:
             await asyncio.sleep(0)  # those woken with it (by the task's plan, at a run's start) get in line first
             async with self._changed:
                 await self._changed.wait_for(lambda: not self.held and turn == min(self._waiting))
-                self.held = acquired = True
+                self.holders += 1
+                acquired = True
                 self._waiting.discard(turn)
+                self._changed.notify_all()  # the next in line, where room is left
         finally:
             if not acquired:  # cancelled: the next in line may go now
                 self._waiting.discard(turn)
                 await asyncio.shield(self._wake())
 
     async def release(self) -> None:
-        self.held = False
+        self.holders -= 1
         await self._wake()
 
     async def _wake(self) -> None:

@@ -98,6 +98,8 @@ class EvaluationService:
         """Held from a spare to the verdict where the plan fits one evaluation at a time (by turn)."""
         self._arrivals = itertools.count()
         self._line = CompileLine()
+        self._running = TurnLock(config.max_running) if config.max_running else None
+        """Evaluations past the compile line at once (``RunnerConfig.max_running``), by turn."""
         """Evaluations being gated and compiled, by turn (the first verdicts follow the ranks)."""
         """Evaluations in the order they arrived (the second half of their turn)."""
         self._stage: RunStage | None = None
@@ -348,6 +350,8 @@ class EvaluationService:
             c.stages = c.stages.model_copy(
                 update={"line_s": await self._line.wait_turn(turn, self.cfg.compile_patience_s)}
             )
+            if self._running is not None:
+                await serial.enter_async_context(self._running.hold(turn))
             one_at_a_time = plan is not None and plan.device_verdict and plan.spares == 0
             if one_at_a_time:
                 # The plan fits one evaluation at a time (prepare, run, judge): the next waits.

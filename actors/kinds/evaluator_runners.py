@@ -134,6 +134,7 @@ class GpuRunner:
         claim: GpuClaim | None = None,
         compile_workers: int | None = None,
         host_memory_share: float = 1.0,
+        max_running: int = 0,
     ) -> None:
         from gpu_runner.config import IsolationMode
         from gpu_runner.service import EvaluationService, RunnerConfig
@@ -148,6 +149,7 @@ class GpuRunner:
             isolation=IsolationMode(isolation),
             gpu=self.gpu.uuid if self.gpu is not None else None,
             host_memory_share=host_memory_share,
+            max_running=max_running,
         )
         if compile_workers is not None:
             config = dataclasses.replace(config, compile_workers=compile_workers)

@@ -75,6 +75,7 @@ def _evaluator(ctx: BuildContext) -> Actor:
 
     on_gpu = ctx.gpu_claim is not None or options.device is DeviceChoice.CUDA
     concurrency, spares = evaluator_sizing(on_gpu, compile_workers_per_gpu(ctx.gpus_here))
+    concurrency = options.eval_concurrency or options.concurrency or concurrency
     runner: Runner
     if options.runner is RunnerKind.NOOP:
         runner = NoopRunner(options.noop_delay_s)
@@ -95,13 +96,15 @@ def _evaluator(ctx: BuildContext) -> Actor:
             device=device,
             spares=spares if options.spares is None else options.spares,
             isolation=isolation_mode(options),
+            # it judges ``concurrency`` at once; the look-ahead it takes beyond waits for its turn
+            max_running=concurrency,
             **sizing,
         )
     return EvaluatorActor(
         nats_url=ctx.url,
         run_id=ctx.run,
         runner=runner,
-        concurrency=options.eval_concurrency or options.concurrency or concurrency,
+        concurrency=concurrency,
         ack_wait_s=options.ack_wait_s,
         actor_id=ctx.actor_id,
         version=options.version,

@@ -303,6 +303,32 @@ async def test_a_cancelled_waiter_of_the_turn_lock_does_not_hold_up_the_others()
     assert lock.held
 
 
+async def test_a_turn_lock_of_capacity_two_lets_two_in_by_turn() -> None:
+    lock = TurnLock(2)
+    inside: list[tuple[float, int]] = []
+    release = asyncio.Event()
+    most = 0
+
+    async def evaluate(turn: tuple[float, int]) -> None:
+        nonlocal most
+        async with lock.hold(turn):
+            inside.append(turn)
+            most = max(most, lock.holders)
+            await release.wait()
+
+    turns = [(7.0, 0), (3.0, 1), (0.0, 2), (5.0, 3), (1.0, 4)]
+    tasks = [asyncio.create_task(evaluate(t)) for t in turns]
+    await _settle()
+    assert inside == [(0.0, 2), (1.0, 4)]  # the two best-ranked, though they came third and last
+    release.set()
+    await asyncio.gather(*tasks)
+    assert inside[2:] == [(3.0, 1), (5.0, 3), (7.0, 0)]
+    assert most == 2
+    assert lock.holders == 0
+    with pytest.raises(ValueError, match="at least one"):
+        TurnLock(0)
+
+
 async def test_a_cancelled_upgrade_lets_spares_in_again() -> None:
     gate = GpuGate()
     await gate.acquire_candidate()
