@@ -467,10 +467,10 @@ class RunPool:
         await spare.worker.send(msg)
         try:
             # The referee computes the reference's outputs for the spare's seeds meanwhile (the
-            # judge does it after the candidate, for outputs judged on the device: the held-out
-            # shapes' are small, at most 64 MiB, and compared on the host for every task).
-            # One request for the trials and the held-out shapes (each request copies the model to float64).
-            # The held-out shapes' truths are asked for once per task (the first spare's).
+            # judge does it after the candidate, for outputs judged on the device; the held-out
+            # shapes' are compared on the host for every task). One request for the trials and the
+            # held-out shapes (each request copies the model to float64); the held-out shapes'
+            # truths are asked for once per task (by its first spare).
             none: dict[str, int] = {}
             trial_seeds = [] if device_verdict else seeds
             shaped = variants if known is None else []

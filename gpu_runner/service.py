@@ -97,11 +97,11 @@ class EvaluationService:
         self._one_at_a_time = TurnLock()
         """Held from a spare to the verdict where the plan fits one evaluation at a time (by turn)."""
         self._arrivals = itertools.count()
+        """Evaluations in the order they arrived (the second half of their turn)."""
         self._line = CompileLine()
+        """Evaluations being gated and compiled, by turn (the first verdicts follow the ranks)."""
         self._running = TurnLock(config.max_running) if config.max_running else None
         """Evaluations past the compile line at once (``RunnerConfig.max_running``), by turn."""
-        """Evaluations being gated and compiled, by turn (the first verdicts follow the ranks)."""
-        """Evaluations in the order they arrived (the second half of their turn)."""
         self._stage: RunStage | None = None
         self.start_phases: dict[str, float] = {}
         """Seconds of each phase of :meth:`start` (and ``process_s``: since this process began)."""
