@@ -265,21 +265,25 @@ def error_status(error: dict[str, Any], planned_bytes: int | None = None) -> tup
     if stage == "missing_model":
         finding = Finding(rule=R.MISSING_MODEL, severity=Severity.REJECT, message="the candidate defines no ModelNew")
         return EvalStatus.REJECTED, "rejected: the candidate defines no ModelNew", finding
+    low = message.lower()
+    oom = etype in ("MemoryError", "OutOfMemoryError") or "out of memory" in low or "can't allocate memory" in low
+    sizes = ""
+    if oom and planned_bytes and isinstance(held := error.get("device_reserved"), int):
+        # also at the import: on an H200 two candidates were blamed with a compile_error for an
+        # out-of-memory that other processes caused
+        needed = held + int(error.get("device_requested") or 0)
+        sizes = f"{needed / (1 << 30):.1f} GiB needed of {planned_bytes / (1 << 30):.1f} GiB planned"
+        if needed <= planned_bytes:
+            return (
+                EvalStatus.EVALUATOR_ERROR,
+                f"evaluator error: out of memory in {stage} within the memory plan ({sizes}): the plan "
+                "or another process left too little device memory",
+                None,
+            )
     if etype in ("CompilationError", "CompileTimeAssertionFailure", "OutOfResources") or stage == "import":
         return EvalStatus.COMPILE_ERROR, f"compile_error: {etype} while {stage}: {first}", None
-    low = message.lower()
-    if etype in ("MemoryError", "OutOfMemoryError") or "out of memory" in low or "can't allocate memory" in low:
-        held = error.get("device_reserved")
-        if planned_bytes and isinstance(held, int):
-            needed = held + int(error.get("device_requested") or 0)
-            sizes = f"{needed / (1 << 30):.1f} GiB needed of {planned_bytes / (1 << 30):.1f} GiB planned"
-            if needed <= planned_bytes:
-                return (
-                    EvalStatus.EVALUATOR_ERROR,
-                    f"evaluator error: out of memory in {stage} within the memory plan ({sizes}): the plan "
-                    "or another process left too little device memory",
-                    None,
-                )
+    if oom:
+        if sizes:
             first = f"{first} ({sizes} for the candidate's process)"
         finding = Finding(
             rule=R.RESOURCE_LIMIT,

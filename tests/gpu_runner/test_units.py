@@ -333,6 +333,11 @@ def test_out_of_memory_within_the_plan_is_the_evaluators_fault_not_the_candidate
     # without a plan (the CPU, or a process that reported nothing) the candidate's process is blamed
     assert error_status(within)[0] is EvalStatus.RUNTIME_ERROR
     assert error_status(oom, planned_bytes=50 * gib)[0] is EvalStatus.RUNTIME_ERROR
+    # at the import too (other processes took the memory while the candidate's module loaded)
+    at_import = {**within, "stage": "import"}
+    assert error_status(at_import, planned_bytes=50 * gib)[0] is EvalStatus.EVALUATOR_ERROR
+    assert error_status({**beyond, "stage": "import"}, planned_bytes=50 * gib)[0] is EvalStatus.COMPILE_ERROR
+    assert error_status({"stage": "import", "etype": "SyntaxError", "message": "x"})[0] is EvalStatus.COMPILE_ERROR
 
 
 def test_reference_outputs_are_made_without_tf32_and_the_defaults_come_back() -> None:
