@@ -435,7 +435,6 @@ class RunPool:
         out_metas = [dict(m) for m in info.get("out_metas") or []]
         variants, variants_note = self.variants.get(task, ([], "the task was not measured"))
         variant_seeds = self.variant_seeds.setdefault(task, [secrets.randbits(62) for _ in variants])
-        known = self.variant_truths.get(task) if variants else []
         op = PrepareOp(
             reference_source=reference_source,
             init_seed=self.init_seeds[task],
@@ -473,7 +472,7 @@ class RunPool:
             # truths are asked for once per task (by its first spare).
             none: dict[str, int] = {}
             trial_seeds = [] if device_verdict else seeds
-            shaped = variants if known is None else []
+            shaped = [] if task in self.variant_truths else variants  # none yet: this spare asks
             sizes = [none for _ in trial_seeds] + [dict(v["overrides"]) for v in shaped]
             truths = (
                 asyncio.create_task(

@@ -7,11 +7,9 @@ at an odd batch, one that raises at any shape but its own (a specialised kernel 
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 import textwrap
-from dataclasses import replace
 
 import pytest
 
@@ -283,31 +281,3 @@ async def test_a_candidate_whose_process_dies_at_a_held_out_shape_is_told_where(
     assert result.status is EvalStatus.RUNTIME_ERROR, result.summary
     assert result.summary.startswith("runtime_error: the run process killed by SIG"), result.summary
     assert "at held-out shape batch_size=" in result.summary
-
-
-async def test_evaluations_past_the_compile_line_are_bounded_and_go_by_rank() -> None:
-    # An evaluator actor takes more candidates than it judges at once (to pick the best-ranked);
-    # past the compile line only ``max_running`` go on at once (the memory plan counts its spares
-    # and one running candidate), the best-ranked first.
-    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=2, compile_workers=2, timing_budget_s=0.3, max_running=1)
-    most = 0
-    done: list[str] = []
-    async with EvaluationService(cfg) as service:
-
-        async def sample() -> None:
-            nonlocal most
-            while True:
-                past = sum(service.in_flight[p] for p in ("arm", "gpu_wait", "gpu", "verdict"))
-                most = max(most, past)
-                await asyncio.sleep(0.005)
-
-        async def evaluate(rank: int) -> None:
-            result = await service.evaluate(replace(job("softmax_sized", "softmax_any_shape"), rank=rank))
-            assert result.status is EvalStatus.CORRECT, result.summary
-            done.append(f"rank {rank}")
-
-        watcher = asyncio.create_task(sample())
-        await asyncio.gather(*(evaluate(rank) for rank in (5, 3, 0)))
-        watcher.cancel()
-    assert most == 1
-    assert done == ["rank 0", "rank 3", "rank 5"]
