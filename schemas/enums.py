@@ -29,6 +29,32 @@ class DeviceKind(StrEnum):
     CUDA = "cuda"
 
 
+class OpFamily(StrEnum):
+    """What kind of kernel an op of a forward is (the template expert's kernel kinds, and what
+    they do not cover)."""
+
+    CONV = "conv"
+    """Convolutions, transposed or not."""
+    MM = "mm"
+    """Matrix products (linear layers, ``matmul``, ``bmm``, ``einsum``)."""
+    ATTN = "attn"
+    """Fused attention (``scaled_dot_product_attention``)."""
+    REC = "rec"
+    """Recurrent layers (RNN, LSTM, GRU) run as one op."""
+    ROW = "row"
+    """Reductions along rows: softmax, norms, sums and means, losses."""
+    POOL = "pool"
+    """Window pooling."""
+    SCAN = "scan"
+    """Cumulative sums and products."""
+    PW = "pw"
+    """Elementwise (pointwise) work, broadcasts included."""
+    LAYOUT = "layout"
+    """Data movement: copies, concatenation, padding, indexing, views."""
+    OTHER = "other"
+    """Anything else."""
+
+
 class DeviceChoice(StrEnum):
     """What a user may ask for: a device, or whatever is present."""
 

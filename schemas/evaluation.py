@@ -7,7 +7,16 @@ from typing import Literal
 from pydantic import Field
 
 from schemas.base import Message, Model, now
-from schemas.enums import CheatRule, CheckOutcome, DeviceKind, EvalStatus, PrecisionMode, Severity, TimerKind
+from schemas.enums import (
+    CheatRule,
+    CheckOutcome,
+    DeviceKind,
+    EvalStatus,
+    OpFamily,
+    PrecisionMode,
+    Severity,
+    TimerKind,
+)
 
 
 class Finding(Model):
@@ -69,6 +78,68 @@ class TimingStats(Model):
     """Device-wide wall-clock time per call (host clock around a synchronized batch), if taken."""
 
 
+class OpTime(Model):
+    """One kind of op of the reference's forward, where it was called, and its time."""
+
+    module: str
+    """Dotted path of the innermost submodule that called it (``""``: ``Model.forward``'s own code)."""
+    op: str
+    """The aten op (``aten::convolution``), as PyTorch dispatched it."""
+    family: OpFamily
+    """What kind of kernel the op is."""
+    calls: int = Field(ge=1)
+    """Calls per forward."""
+    time_us: float = Field(ge=0.0)
+    """Its time per forward, all calls together."""
+    share: float = Field(ge=0.0, le=1.0)
+    """Its fraction of the time of every op of the forward."""
+
+
+class FamilyShare(Model):
+    """One family of ops and its share of the reference's time."""
+
+    family: OpFamily
+    """The family."""
+    time_us: float = Field(ge=0.0)
+    """Time per forward of its ops."""
+    share: float = Field(ge=0.0, le=1.0)
+    """Fraction of the time of every op of the forward."""
+
+
+class ReferenceProfile(Model):
+    """Where the reference's time goes: its forward timed op by op, once per task, in the referee
+    (a process no candidate runs in), at PyTorch's defaults. A candidate's speedup on a kernel can
+    gain the run at most what that kernel's ops take of the reference (Amdahl's law)."""
+
+    timer: str
+    """How the ops were timed (``cuda events per op`` or ``cpu clock per op``)."""
+    forward_us: float = Field(ge=0.0)
+    """One forward, timed whole, without the per-op timers."""
+    ops_us: float = Field(ge=0.0)
+    """The ops' times added up (the shares' denominator). Below ``forward_us`` by launch gaps and
+    host work between ops; above it where the per-op timers cost more than they measure."""
+    families: tuple[FamilyShare, ...] = ()
+    """Every family with time, largest first."""
+    ops: tuple[OpTime, ...] = ()
+    """The largest (module, op) pairs, largest first (at most ``PROFILE_OPS_KEPT``)."""
+    more_ops: int = Field(default=0, ge=0)
+    """Pairs left out of ``ops``."""
+
+
+class KernelTime(Model):
+    """One of the candidate's own kernels in one forward, timed in the candidate's process (as
+    evidence for the diagnosis and the report: the verdict's timings never come from there)."""
+
+    name: str
+    """The kernel's name (a Triton function's or an extension function's)."""
+    family: OpFamily | None = None
+    """Its family where its name says it (the template's ``_kf_conv0`` is a convolution)."""
+    launches: int = Field(ge=1)
+    """Launches per forward."""
+    time_us: float = Field(ge=0.0)
+    """Time per forward, all launches together."""
+
+
 class Baselines(Model):
     """The reference timed live, in the same process state, interleaved with the candidate."""
 
@@ -78,6 +149,8 @@ class Baselines(Model):
     """``torch.compile`` of the reference; ``None`` if it could not be built here."""
     compiled_error: str | None = None
     """Why ``compiled`` is missing, if it is."""
+    profile: ReferenceProfile | None = None
+    """Where the reference's time goes, op by op (``None``: not measured)."""
 
 
 class ShapeCheck(Model):
@@ -201,6 +274,11 @@ class Profile(Model):
     """Peak device memory during the candidate's forward."""
     counters: HardwareCounters | None = None
     """Profiler counters of a slow correct candidate (opt-in: ``--profile-counters``)."""
+    kernel_times: tuple[KernelTime, ...] = ()
+    """The candidate's own kernels timed one by one over one forward, largest first (empty: not
+    measured)."""
+    kernel_timer: str | None = None
+    """How ``kernel_times`` were timed (``cuda events per launch``, ``cpu clock per launch``)."""
 
 
 class DeviceInfo(Model):
