@@ -6,6 +6,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+from pydantic import ValidationError
+
 from gpu_runner.compare import TrialCheck, correctness, precision_rule, speed_of_light, timing_stats
 from gpu_runner.compiler import CompileOutcome
 from gpu_runner.config import EvalJob, RunnerConfig
@@ -37,11 +40,14 @@ from schemas import (
     Finding,
     PrecisionMode,
     Profile,
+    ReferenceProfile,
     Severity,
     ShapeCheck,
     StageTimes,
     TimerKind,
 )
+
+logger = structlog.get_logger(__name__)
 
 R = CheatRule
 
@@ -421,7 +427,9 @@ def _timed(
         )
     )
     review += [f.message for f in findings if f.severity is Severity.REVIEW and f.message not in review]
-    baselines = Baselines(eager=eager, compiled=compiled, compiled_error=compiled_error)
+    baselines = Baselines(
+        eager=eager, compiled=compiled, compiled_error=compiled_error, profile=reference_profile(ref.info)
+    )
     rejects = [f for f in findings[len(c.gate.findings) :] if f.severity is Severity.REJECT]
     status, summary = EvalStatus.CORRECT, ""
     if cand is None:
@@ -456,6 +464,18 @@ def _timed(
         review=tuple(review),
         **common,
     )
+
+
+def reference_profile(info: dict[str, Any]) -> ReferenceProfile | None:
+    """The referee's profile of the reference's forward (``None``: not measured there)."""
+    raw = info.get("op_profile")
+    if raw is None:
+        return None
+    try:
+        return ReferenceProfile.model_validate(raw)
+    except ValidationError as exc:  # the referee's own fault: the verdict does not rest on it
+        logger.warning("reference_profile_invalid", error=str(exc)[:500])
+        return None
 
 
 def _nonfinite_share(ref: Any) -> float:

@@ -31,6 +31,7 @@ import torch
 
 from gpu_runner.frames import BatchOp, Report, TaskOp, TruthOp
 from gpu_runner.sandboxed.common import Channel, Laps, log, output_structure
+from gpu_runner.sandboxed.op_profile import profile_ops
 from gpu_runner.sandboxed.reference import (
     ReferenceFault,
     Shipment,
@@ -238,6 +239,8 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         laps.lap("range_defaults_s")
         flops = count_flops(ref.model, sample)
         laps.lap("flops_s")
+        profile = reference_profile(ref.model, sample, device)
+        laps.lap("profile_s")
         floor = _calibrate(ref)
         laps.lap("calibrate_s")
     if msg.get("compiled_baseline"):
@@ -262,9 +265,20 @@ def start_task(msg: TaskOp, device: torch.device, channel: Channel) -> Referee:
         mutated_inputs=mutated,
         default_errors=defaults,
         range_default_errors=ranged,
+        op_profile=profile,
         **_baseline_fields(ref, floor, laps),
     )
     return ref
+
+
+def reference_profile(model: torch.nn.Module, sample: list[Any], device: torch.device) -> dict[str, Any] | None:
+    """The reference's forward timed op by op (:func:`profile_ops`), or ``None`` where that fails:
+    the profile only informs the report and the search, never a verdict."""
+    try:
+        return profile_ops(model, lambda: clone_inputs(sample), device)
+    except Exception as exc:  # noqa: BLE001 - a missing profile leaves the shares unmeasured, logged
+        log(f"op profile failed: {type(exc).__name__}: {exc}")
+        return None
 
 
 def _baseline_fields(ref: Referee, floor: float | None, laps: Laps) -> dict[str, Any]:
