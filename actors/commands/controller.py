@@ -48,6 +48,7 @@ from actors.commands.outcome import RunOutcome
 from actors.commands.progress import Progress, RunWatcher
 from actors.commands.run_registry import refuse_used_run_id, register_new_run
 from actors.commands.run_stream import publish_seeds, write_results
+from actors.evolution.amdahl import breakdown_lines
 from actors.kinds.registry import default_expert_config
 from actors.report.model import checking_sentence, declines_sentence, unanswered_sentence
 from actors.runtime.base import Actor
@@ -484,6 +485,9 @@ class RunController:
                 dead_lettered=len(self.dead_lettered),
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,
                 held_out=report.best.held_out if report.best else (),
+                time_split=tuple(breakdown_lines(report.best.time_breakdown, limit=4))
+                if report.best is not None and report.best.time_breakdown is not None
+                else (),
             )
         finally:
             interrupt.cancel()

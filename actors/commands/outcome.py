@@ -179,6 +179,8 @@ class RunOutcome:
     candidates on matching positions, which its end line says."""
     held_out: tuple[ShapeCheck, ...] = ()
     """The best at the evaluator's held-out shapes (its end line notes the ones it raises at)."""
+    time_split: tuple[str, ...] = ()
+    """Where the best's time and the reference's go (``actors.evolution.amdahl.breakdown_lines``)."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -218,6 +220,9 @@ class RunOutcome:
             )
         if self.best_fitness is not None and (shaped := held_out_sentence(self.held_out)):
             line += f"\n{shaped}"
+        if self.best_fitness is not None and self.time_split:
+            line += "\nwhere the time goes (Amdahl's law; report.json's best.time_breakdown has it all):"
+            line += "".join(f"\n  {part}" for part in self.time_split)
         if self.device is DeviceChoice.CPU:
             line += f"\n{CPU_TIMINGS_NOTE}"
         return line

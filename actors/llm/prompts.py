@@ -12,6 +12,7 @@ the job for this request (first version, repair, or speed-up).
 from __future__ import annotations
 
 from actors.diagnosis.counters import describe
+from actors.evolution.amdahl import breakdown, breakdown_lines
 from actors.experts.precision import precision_text
 from actors.llm.redact import shorten
 from schemas import (
@@ -188,6 +189,10 @@ def result_section(result: EvalResult) -> str:
         lines.append(f"- {result.profile.kernel_launches} kernel launches per forward")
     if result.profile is not None and result.profile.counters is not None:
         lines.extend(f"- {line}" for line in describe(result.profile.counters))
+    split = breakdown(result)
+    if split is not None:
+        lines.append("- where the time goes (a kernel can gain the whole forward at most its share of it):")
+        lines.extend(f"  - {line}" for line in breakdown_lines(split))
     corr = result.correctness
     if corr is not None and corr.passed_trials < corr.trials:
         lines.append(f"- correctness: {corr.passed_trials}/{corr.trials} trials passed")

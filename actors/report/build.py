@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from actors.commands.outcome import beats, verdict_of
+from actors.evolution.amdahl import breakdown
 from actors.evolution.brain import IslandBrain
 from actors.evolution.errors import StateError
 from actors.report.experts import (
@@ -266,6 +267,7 @@ def _best(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult]) -> 
         ref_default_err_vs_fp64=top.correctness.ref_default_err_vs_fp64 if top.correctness else None,
         held_out=top.correctness.held_out if top.correctness else (),
         held_out_note=top.correctness.held_out_note if top.correctness else None,
+        time_breakdown=breakdown(top),
     )
 
 

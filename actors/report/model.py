@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from actors.commands.outcome import RunVerdict
+from actors.evolution.amdahl import TimeBreakdown
 from actors.report.experts import ExpertReport, FamilyReport
 from actors.runtime.gpu_usage import GpuUsage
 from schemas import (
@@ -71,6 +72,9 @@ class BestKernel(_Frozen):
     """It at the evaluator's held-out shapes: correct, or raised (a specialised kernel); never wrong."""
     held_out_note: str | None = None
     """How those shapes were drawn from the task, or why there were none."""
+    time_breakdown: TimeBreakdown | None = None
+    """Where its time and the reference's go, family by family (Amdahl's law); ``None``: neither
+    the reference's ops nor its kernels were timed."""
 
 
 class FitnessSample(_Frozen):

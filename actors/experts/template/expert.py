@@ -25,6 +25,7 @@ from enum import StrEnum
 import numpy as np
 import structlog
 
+from actors.evolution.amdahl import steering_shares
 from actors.experts.precision import tf32_admitted
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.hardware import detect, lookup
@@ -363,6 +364,7 @@ class TemplateExpert:
         avoid = set(request.avoid)
         if parent is not None:
             diagnosis = request.diagnosis.category if request.diagnosis is not None else None
+            shares = {f.value: v for f, v in steering_shares(request.parent_result).items()}
             seen = {parent}
             # the diagnosis's moves first; where the island has all they reach, any move
             for steer in (diagnosis, None) if diagnosis is not None else (None,):
@@ -370,7 +372,7 @@ class TemplateExpert:
                 for _ in range(8 * n):
                     if len(chosen) == n:
                         break
-                    child = mutate(plan, parent, rng, diagnosis=steer, tf32=tf32)
+                    child = mutate(plan, parent, rng, diagnosis=steer, tf32=tf32, shares=shares)
                     if child not in seen:
                         seen.add(child)
                         if source_fingerprint(self._render(plan, child)) not in avoid:

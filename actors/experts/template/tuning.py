@@ -5,20 +5,26 @@ larger matmul tiles for larger products). ``mutate`` steps one to three of the p
 matter for the plan to a neighbouring value; the diagnosis decides which parameters and which
 direction (launch-bound: fuse and enlarge; memory-bound: vector width, block sizes, one pass;
 compute-bound: matmul tiles, stages and dot precision; latency-bound: split-K, persistence, stages
-and warps; out of resources: smaller and fewer).
+and warps; out of resources: smaller and fewer). Given where the time goes (each kernel kind's
+share), a mutation aims at one kind drawn in proportion to its share.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
+from actors.evolution.amdahl import family_weights
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.fuse import KernelKind, Schedule, schedule
 from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import Plan
 from actors.experts.template.kernel_kinds import names_in, template_of, templates
 from actors.experts.template.params import SPACE, TemplateParams
-from schemas.enums import DiagnosisCategory
+from schemas.enums import DiagnosisCategory, OpFamily
+
+_FAMILIES = frozenset(f.value for f in OpFamily)
 
 
 def default_params(plan: Plan, hw: GpuModel | None = None, tf32: bool = False) -> TemplateParams:
@@ -51,16 +57,43 @@ def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule, tf32: bool = False) -> di
 
 def relevant_params(plan: Plan, params: TemplateParams) -> tuple[str, ...]:
     """The parameters that change the rendered kernels of ``plan`` under ``params``."""
-    names: list[str] = []
+    by_kind = relevant_by_kind(plan, params)
+    return tuple(dict.fromkeys(n for names in by_kind.values() for n in names))
+
+
+def relevant_by_kind(plan: Plan, params: TemplateParams) -> dict[str, tuple[str, ...]]:
+    """:func:`relevant_params` per kernel kind of the schedule (``""``: the fusion flags, which
+    change kernels of every kind)."""
+    names: dict[str, list[str]] = {}
     sched = schedule(plan, params)
     for kernel in sched.kernels:
         template = template_of(kernel.kind)
         if template is not None:
-            names += template.relevant(plan, sched, kernel, params)
+            names.setdefault(kernel.kind.value, []).extend(template.relevant(plan, sched, kernel, params))
     for i, flag in enumerate(("fuse_epilogue", "fuse_prologue")):
         if len({f[i] for f in plan.fusions}) > 1:
-            names.append(flag)
-    return tuple(dict.fromkeys(names))
+            names.setdefault("", []).append(flag)
+    return {kind: tuple(dict.fromkeys(n)) for kind, n in names.items() if n}
+
+
+def _aimed(
+    plan: Plan, params: TemplateParams, rng: np.random.Generator, shares: Mapping[str, float] | None
+) -> tuple[str, ...]:
+    """The parameters of one kernel kind, drawn in proportion to its share of the time (Amdahl's
+    law: a kind that takes most of the time pays most to improve), with the fusion flags; all
+    relevant parameters where no shares are known or the plan has one kind."""
+    by_kind = relevant_by_kind(plan, params)
+    everything = tuple(dict.fromkeys(n for names in by_kind.values() for n in names))
+    kinds = {k for k in by_kind if k}
+    if not shares or len(kinds) < 2:
+        return everything
+    weights = family_weights({OpFamily(f): w for f, w in shares.items() if f in _FAMILIES}, kinds)
+    if not weights:
+        return everything
+    names = sorted(weights)
+    p = np.array([weights[k] for k in names])
+    kind = names[int(rng.choice(len(names), p=p / p.sum()))]
+    return tuple(dict.fromkeys((*by_kind[kind], *by_kind.get("", ()))))
 
 
 def _step(name: str, value: object, rng: np.random.Generator, direction: int) -> object:
@@ -123,16 +156,18 @@ def mutate(
     *,
     diagnosis: DiagnosisCategory | None,
     tf32: bool = False,
+    shares: Mapping[str, float] | None = None,
 ) -> TemplateParams:
     """A valid neighbour of ``params`` for ``plan``, steered by ``diagnosis`` (``tf32``: the run
-    admits TF32 convolutions; else none is proposed).
+    admits TF32 convolutions; else none is proposed) and aimed at one kernel kind drawn by its
+    share of the time (``shares``: ``OpFamily`` value → share; see :func:`_aimed`).
 
     Returns ``params`` itself only when no other valid configuration is reachable.
     """
     relevant = relevant_params(plan, params)
     if not relevant:
         return params
-    names, direction, forced = _choices(relevant, params, diagnosis)
+    names, direction, forced = _choices(_aimed(plan, params, rng, shares), params, diagnosis)
     for attempt in range(64):
         changes: dict[str, object] = dict(forced) if attempt < 32 else {}
         count = 1 + int(rng.random() < 0.4) + int(rng.random() < 0.15)
