@@ -14,6 +14,7 @@ from gpu_runner.compiler import CompileOutcome
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.crosscheck import canary_check, cross_check, crosscheck_slack
 from gpu_runner.gate import GateReport
+from gpu_runner.kernel_times import read_kernel_times
 from gpu_runner.pool import ReferenceData
 from gpu_runner.protocol import Blob
 from gpu_runner.timing_session import SessionRecord
@@ -173,7 +174,7 @@ def build(c: Collected) -> EvalResult:
     torch_ops = (*c.gate.torch_ops_kept, *kept_ops(infos, admitted))
     common["torch_ops"] = torch_ops
     findings += profile_findings(rec.profile, own_names, bool(torch_ops))
-    profile = _profile(rec, infos)
+    profile = candidate_profile(rec, infos)
     corr = _correctness(c) if rec.trial_checks else None
     if rec.error is not None:
         status, summary, finding = error_status(rec.error, c.planned_bytes)
@@ -548,7 +549,10 @@ def held_out_check(c: Collected, shapes: tuple[ShapeCheck, ...]) -> Check:
     )
 
 
-def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:
+def candidate_profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:
+    """What the candidate launched: counts and names from its first trial (or the profiler's),
+    its peak memory, and its own kernels timed one by one after its timed calls (from the ``done``
+    frame, dropped if malformed)."""
     own = infos[0].get("own_launches") if infos else None
     names = (
         tuple(rec.profile.get("kernels", [])[:16])
@@ -558,6 +562,13 @@ def _profile(rec: RunRecord, infos: list[dict[str, Any]]) -> Profile:
         else ()
     )
     launches = rec.profile.get("launches") if rec.profile else own
+    done = rec.done or {}
+    times, timer = read_kernel_times(done.get("kernel_times"), done.get("kernel_timer"))
     return Profile(
-        kernel_launches=launches, own_kernel_launches=own, kernel_names=names, peak_memory_bytes=rec.memory_peak
+        kernel_launches=launches,
+        own_kernel_launches=own,
+        kernel_names=names,
+        peak_memory_bytes=rec.memory_peak,
+        kernel_times=times,
+        kernel_timer=timer.value if timer is not None else None,
     )

@@ -98,6 +98,21 @@ class Report(StrEnum):
     GPU_RELEASE = "gpu_release"
 
 
+class KernelTimer(StrEnum):
+    """How a candidate's process timed its own launches one by one (the ``kernel_timer`` of ``done``)."""
+
+    CUDA = "cuda events per launch"
+    """CUDA events recorded on the current stream just before and after each launch."""
+    CPU = "cpu clock per launch"
+    """The host's ``perf_counter`` around each launch."""
+
+
+KERNEL_NAME_CHARS = 200
+"""The longest kernel name a ``done`` frame's ``kernel_times`` may carry (the process cuts longer ones)."""
+KERNEL_TIMES_KEPT = 64
+"""The most kernels a ``done`` frame's ``kernel_times`` carries (and a profile keeps): the largest."""
+
+
 class SandboxSettings(TypedDict, total=False):
     """What a worker applies to itself before it imports a candidate (the ``sandbox`` of a
     ``job`` or ``compile``), built once by :func:`gpu_runner.isolation.sandbox_settings`."""
@@ -336,7 +351,17 @@ class ProfileReport(TypedDict):
     kernels: list[str]
 
 
-class DoneReport(TypedDict):
+class _DoneOptional(TypedDict, total=False):
+    kernel_times: Any
+    """From a spare whose candidate's timed calls are done: its own kernels timed one by one over
+    one more forward, ``[{"name": str, "launches": int, "time_us": float}, ...]`` largest first
+    (absent: not measured). Written where the candidate runs, so any value may arrive: the parent
+    validates it (:func:`gpu_runner.kernel_times.read_kernel_times`) and drops it if malformed."""
+    kernel_timer: Any
+    """How ``kernel_times`` were timed (a :class:`KernelTimer` value), read as defensively."""
+
+
+class DoneReport(_DoneOptional):
     phases: dict[str, float]
 
 

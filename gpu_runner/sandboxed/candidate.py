@@ -10,8 +10,10 @@ memory cannot pass). The outputs as they were at return go to the parent, with t
 call left them (small ones) and what this process saw (launches, foreign aten ops, custom ops,
 threads, children, aliasing, strides, output changes after return). Then the parent drives the
 timing: one ``batch`` of fresh seeds at a time, the same harness as the referee's baselines
-(:mod:`gpu_runner.sandboxed.timing`), its own clock around each. Everything this process reports
-after the import may have been rewritten by the candidate: the parent decides from its own data.
+(:mod:`gpu_runner.sandboxed.timing`), its own clock around each. After the timed calls, one more
+forward on inputs of its own times each of the candidate's launches alone (the ``kernel_times`` of
+``done``: evidence for the report, never for the verdict). Everything this process reports after
+the import may have been rewritten by the candidate: the parent decides from its own data.
 """
 
 from __future__ import annotations
@@ -41,16 +43,22 @@ from gpu_runner.sandboxed.common import (
     storage_ptrs,
     sync,
 )
+from gpu_runner.sandboxed.common import log as log_line
 from gpu_runner.sandboxed.hooks import (
     CANDIDATE_MODULE,
     DispatchRecorder,
     LaunchLog,
+    LaunchTimer,
     install_ext_loader,
     install_triton_hooks,
 )
 from gpu_runner.sandboxed.reference import build_model, load_module, make_batch_inputs, make_inputs
 from gpu_runner.sandboxed.spare import Prepared
 from gpu_runner.sandboxed.timing import Flusher, run_batch, send_timed
+
+KERNEL_TIMES_MAX_FORWARD_S = 2.0
+"""The candidate's own kernels are timed one by one only when its timed forward takes at most this
+long (the extra forward is paid inside the candidate's time limit)."""
 
 
 def enter_sandbox(sb: Mapping[str, Any], device: torch.device) -> dict[str, str]:
@@ -197,9 +205,13 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
         # drives the timing batch by batch once the GPU is ours alone.
         channel.send(Report.TRIALS_DONE)
         stage = "timing"
-        if not _timed_batches(prepared, cand, log, channel, flusher):
+        timed_ms = _timed_batches(prepared, cand, log, channel, flusher)
+        if timed_ms is None:
             return
         laps.lap("timing_s")
+        stage = "kernel_times"
+        kernel_times = _kernel_times(prepared, cand, log, timed_ms)
+        laps.lap("kernel_times_s")
         if profiled:
             stage = "profile"
             _profile(cand, prepared, channel)
@@ -209,14 +221,20 @@ def run_job(prepared: Prepared, msg: JobOp, channel: Channel) -> None:
     except BaseException as exc:  # noqa: BLE001 - whatever the candidate raised is the verdict's evidence
         channel.send(Report.ERROR, stage=stage, **describe_exception(exc), **_memory_at_oom(exc, device))
         return
-    channel.send(Report.DONE, jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds)
+    channel.send(
+        Report.DONE, jit_fallback=log.jit_fallback, ext_loaded=log.ext_loaded, phases=laps.seconds, **kernel_times
+    )
 
 
-def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Channel, flusher: Flusher) -> bool:
-    """Serve the parent's ``batch`` and ``ship`` ops until ``finish`` (True) or anything else (False)."""
+def _timed_batches(
+    prepared: Prepared, cand: Any, log: LaunchLog, channel: Channel, flusher: Flusher
+) -> list[float] | None:
+    """Serve the parent's ``batch`` and ``ship`` ops until ``finish`` (the last batch's
+    milliseconds per call) or anything else (None)."""
     device = prepared.device
     ns = prepared.namespace
     kept: list[list[torch.Tensor]] = []
+    samples: list[float] = []
 
     def draw(seed: int, count: int, laps: dict[str, float]) -> list[list[Any]]:
         return make_batch_inputs(ns, seed, count, device, True, laps)
@@ -224,7 +242,7 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
     while True:
         op, header = channel.next()
         if op is Op.FINISH:
-            return True
+            return samples
         if op is Op.BATCH:
             batch = cast(BatchOp, header)
             kept = []  # the last batch's outputs go now (as the referee's do: the same allocations)
@@ -233,13 +251,45 @@ def _timed_batches(prepared: Prepared, cand: Any, log: LaunchLog, channel: Chann
             result = run_batch(batch, lambda inputs: cand(*inputs), draw, device, flusher)
             log.recording = False
             kept = send_timed(channel, batch, device, result, own_launches=log.own_launches)
+            samples = result[0]
         elif op is Op.SHIP:
             ship = cast(ShipOp, header)
             call = int(ship["call"])
             outs = kept[call] if 0 <= call < len(kept) else []
             _send_outputs(prepared, channel, int(ship["trial"]), outs, {"timed": True, "n_outputs": len(outs)})
         else:
-            return False
+            return None
+
+
+def _kernel_times(prepared: Prepared, cand: Any, log: LaunchLog, timed_ms: list[float]) -> dict[str, Any]:
+    """One more forward, outside any timed region, on inputs drawn here (nothing the parent
+    judges), each of the candidate's own launches timed alone (:class:`LaunchTimer`): the ``done``
+    frame's ``kernel_times`` and ``kernel_timer``. Nothing (and one log line) where the timed
+    forward is too long to pay for another, the forward raises or it launched nothing of its own:
+    whatever happens here, the verdict is the timed calls'."""
+    forward_s = sorted(timed_ms)[len(timed_ms) // 2] / 1e3 if timed_ms else None
+    if forward_s is None or forward_s > KERNEL_TIMES_MAX_FORWARD_S:
+        why = "no timed call" if forward_s is None else f"its forward takes {forward_s:.2f} s"
+        log_line(f"kernel times: not measured ({why})")
+        return {}
+    device = prepared.device
+    timer = LaunchTimer(device)
+    try:
+        inputs = make_inputs(prepared.namespace, prepared.init_seed, device, on_device=True)
+        log.timer = timer
+        try:
+            with torch.no_grad():
+                cand(*inputs)
+        finally:
+            log.timer = None
+        times = timer.summary()  # waits for the device on CUDA
+    except Exception as exc:  # noqa: BLE001 - the candidate's code raised: no times, the verdict stands
+        log_line(f"kernel times: not measured (the extra forward raised {type(exc).__name__}: {str(exc)[:200]})")
+        return {}
+    if not times:
+        log_line("kernel times: not measured (the extra forward launched none of the candidate's own kernels)")
+        return {}
+    return {"kernel_times": times, "kernel_timer": timer.kind.value}
 
 
 def _send_outputs(

@@ -7,6 +7,9 @@
 * C++/CUDA: ``torch.utils.cpp_extension.load_inline`` is replaced: compile mode builds into the
   compile stage's directory and records the ``.so``; run mode loads that ``.so`` (or falls back to
   building privately) and hands back a module whose functions count their calls.
+* Timing: with a :class:`LaunchTimer` on the log, each of the candidate's own launches (Triton's
+  and extension functions') is timed alone, for one forward after the timed calls (CUDA events
+  around it on the current stream, or the host clock on the CPU).
 * A ``TorchDispatchMode`` records every aten op the forward dispatches outside the candidate's
   own launches: a compute op there means the PyTorch op, not a kernel, did the work. Custom ops
   (any namespace torch does not own) are recorded apart, by name: the parent counts one as the
@@ -19,9 +22,11 @@ what they record: it is evidence for the diagnosis and a filter for honest mista
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +36,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpu_runner.aten_policy import ALLOWED_ATEN_OPS
+from gpu_runner.frames import KERNEL_NAME_CHARS, KERNEL_TIMES_KEPT, KernelTimer
 
 CANDIDATE_MODULE = "kf_candidate"
 BUILTIN_OP_NAMESPACES = frozenset(
@@ -54,6 +60,58 @@ BUILTIN_OP_NAMESPACES = frozenset(
 """Op namespaces that belong to torch itself (anything else was registered by the candidate)."""
 
 
+class LaunchTimer:
+    """Times each of the candidate's own launches alone, for one forward: CUDA events recorded on
+    the current stream just before and after it (read after one synchronisation, in
+    :meth:`summary`), or the host clock around it on the CPU. A launch made inside one being timed
+    (an extension function that launches a Triton kernel) is the outer one's time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.kind = KernelTimer.CUDA if self.cuda else KernelTimer.CPU
+        self._events: list[tuple[str, Any, Any]] = []
+        self._host: list[tuple[str, float]] = []
+        self._inside = False
+
+    def call(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, timed as one launch of ``name``."""
+        if self._inside:
+            return fn(*args, **kwargs)
+        self._inside = True
+        try:
+            if self.cuda:
+                start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                start.record()
+                out = fn(*args, **kwargs)
+                end.record()
+                self._events.append((name, start, end))
+            else:
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                self._host.append((name, (time.perf_counter() - t0) * 1e6))
+        finally:
+            self._inside = False
+        return out
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per kernel name (cut to :data:`KERNEL_NAME_CHARS`): launches and microseconds, all
+        launches together; largest first, at most :data:`KERNEL_TIMES_KEPT` (the ``kernel_times``
+        of the ``done`` frame). On CUDA it waits for the device first."""
+        timed = self._host
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            timed = [(name, float(start.elapsed_time(end)) * 1e3) for name, start, end in self._events]
+        totals: dict[str, tuple[int, float]] = {}
+        for name, us in timed:
+            key = name[:KERNEL_NAME_CHARS]
+            launches, total = totals.get(key, (0, 0.0))
+            totals[key] = (launches + 1, total + max(0.0, us))
+        ranked = sorted(totals.items(), key=lambda kv: kv[1][1], reverse=True)[:KERNEL_TIMES_KEPT]
+        return [{"name": name, "launches": n, "time_us": us} for name, (n, us) in ranked]
+
+
 @dataclass
 class LaunchLog:
     """Counts of the candidate's own launches and of foreign aten ops, per forward."""
@@ -70,6 +128,8 @@ class LaunchLog:
     recording: bool = False
     jit_fallback: list[str] = field(default_factory=list)
     ext_loaded: list[str] = field(default_factory=list)
+    timer: LaunchTimer | None = None
+    """Times each own launch while set (one forward after the timed calls; nothing is counted then)."""
 
     def reset(self) -> None:
         self.own_launches = 0
@@ -147,13 +207,17 @@ def _count_at_launchers(log: LaunchLog) -> bool:
 
     def run(self: Any) -> Any:
         launcher = getter(self)
-        if log.recording:
+        timer = log.timer
+        if log.recording or timer is not None:
             own = self.__dict__.get("_kf_own")
             if own is None:
                 own = _kernel_module(getattr(self, "src", None)) == CANDIDATE_MODULE
                 self._kf_own = own
             if own:
-                log.launched(str(getattr(self, "name", "?")))
+                name = str(getattr(self, "name", "?"))
+                log.launched(name)
+                if timer is not None:
+                    return functools.partial(timer.call, name, launcher)
         return launcher
 
     CompiledKernel.run = property(run)
@@ -196,10 +260,13 @@ def install_triton_hooks(
                 if compiled is not None and kernel is not None:
                     compiled.append(kernel)
                 return kernel
+            timer = log.timer if own and not warmup else None
             if own and not warmup:
                 log.launched(_kernel_name(self))
             log.suspended += 1
             try:
+                if timer is not None:
+                    return timer.call(_kernel_name(self), _orig, self, *args, grid=grid, warmup=warmup, **kwargs)
                 return _orig(self, *args, grid=grid, warmup=warmup, **kwargs)
             finally:
                 log.suspended -= 1
@@ -231,6 +298,8 @@ class _CountingModule:
             if log.recording:
                 log.ext_calls += 1
                 log.launched(name)
+            if log.timer is not None:
+                return log.timer.call(name, fn, *args, **kwargs)
             return fn(*args, **kwargs)
 
         call.__name__ = name

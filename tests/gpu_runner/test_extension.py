@@ -25,6 +25,10 @@ async def test_cpp_extension_builds_once_and_passes_on_cpu(tmp_path: Path) -> No
     assert first.compile_log is not None
     assert first.profile is not None
     assert first.profile.own_kernel_launches == 1
+    # the extension's function, timed alone in one more forward after the timed calls
+    assert [(k.name, k.launches) for k in first.profile.kernel_times] == [("add_relu", 1)]
+    assert first.profile.kernel_times[0].time_us > 0
+    assert first.profile.kernel_timer == "cpu clock per launch"
     compile_checks = [c for c in second.checks if c.name == "compile"]
     assert compile_checks
     assert compile_checks[0].outcome is CheckOutcome.PASSED
