@@ -35,7 +35,9 @@ _REFERENCE = ReferenceProfile(
     ),
     ops=(
         OpTime(module="features.0", op="aten::convolution", family=OpFamily.CONV, calls=1, time_us=800.0, share=0.8),
-        OpTime(module="features.1", op="aten::native_batch_norm", family=OpFamily.ROW, calls=1, time_us=150, share=0.15),
+        OpTime(
+            module="features.1", op="aten::native_batch_norm", family=OpFamily.ROW, calls=1, time_us=150, share=0.15
+        ),
         OpTime(module="", op="aten::relu", family=OpFamily.PW, calls=1, time_us=50.0, share=0.05),
     ),
 )
@@ -71,7 +73,8 @@ def test_each_family_gets_its_share_its_speedup_and_what_it_alone_makes_of_the_w
     assert conv.speedup == pytest.approx(2.0)
     assert conv.alone == pytest.approx(1 / (0.2 + 0.8 / 2))  # Amdahl: 1.667x
     assert rows[OpFamily.ROW].speedup == pytest.approx(1.5)
-    assert rows[OpFamily.PW].candidate_us is None and rows[OpFamily.PW].kernels == ()  # fused
+    assert rows[OpFamily.PW].candidate_us is None
+    assert rows[OpFamily.PW].kernels == ()
     assert b.candidate_kernels_us == pytest.approx(500.0)
     assert [o.op for o in b.torch_ops] == ["aten::native_batch_norm"]
 
@@ -86,7 +89,8 @@ def test_nothing_profiled_is_no_breakdown_and_an_llm_reads_the_breakdown_where_t
     assert breakdown(_result(reference=None)) is None
     assert "where the time goes" not in result_section(_result(reference=None))
     text = result_section(_result(_KERNELS))
-    assert "where the time goes" in text and "conv: 80% of the reference's time" in text
+    assert "where the time goes" in text
+    assert "conv: 80% of the reference's time" in text
 
 
 def test_the_search_aims_where_the_time_is_left_and_at_the_reference_before_anything_ran() -> None:
@@ -142,4 +146,5 @@ def test_mutations_go_to_the_kernel_kind_that_holds_the_time() -> None:
     flipped = changed_kinds({"mm": 0.05, "row": 0.95}, seed=1)
     assert flipped["row"] > 4 * flipped["mm"], flipped
     blind = changed_kinds(None, seed=1)
-    assert blind["mm"] > 0 and blind["row"] > 0, blind
+    assert blind["mm"] > 0, blind
+    assert blind["row"] > 0, blind

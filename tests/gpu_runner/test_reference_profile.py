@@ -34,7 +34,8 @@ class _Net(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.features(x).flatten(1)
         z = self.head(y)
-        return torch.softmax(z, dim=-1).cumsum(-1) + self.head(y)
+        out: torch.Tensor = torch.softmax(z, dim=-1).cumsum(-1) + self.head(y)
+        return out
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,8 @@ def test_each_op_is_charged_to_the_innermost_module_that_called_it_and_shares_ad
     profile = ReferenceProfile.model_validate(raw)
 
     assert profile.timer == "cpu clock per op"
-    assert profile.forward_us > 0 and profile.ops_us > 0
+    assert profile.forward_us > 0
+    assert profile.ops_us > 0
     assert sum(f.share for f in profile.families) == pytest.approx(1.0)
     assert sum(o.share for o in profile.ops) == pytest.approx(1.0)
     where = {(o.module, o.op): o for o in profile.ops}
@@ -103,7 +105,8 @@ async def test_every_verdict_carries_the_referees_profile_of_the_reference() -> 
         result = await service.evaluate(job("linear_relu", "honest_linear_relu"))
 
     assert result.status is EvalStatus.CORRECT, result.summary
-    assert result.baselines is not None and result.baselines.profile is not None
+    assert result.baselines is not None
+    assert result.baselines.profile is not None
     profile = result.baselines.profile
     ops = {(o.module, o.op): o.family for o in profile.ops}
     assert ops["linear", "aten::addmm"] is OpFamily.MM
