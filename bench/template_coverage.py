@@ -9,7 +9,10 @@ candidate for the shrunk reference and evaluates it through the real evaluator o
 row can be confirmed correct without a GPU. ``--check --device cuda`` evaluates the first
 candidate at the published size on the GPU instead and prints its family, verdict and speedup
 over eager. ``--torch-ops reference`` plans as ``kfoundry run --torch-ops reference`` does: ops
-the templates do not cover stay the reference's own PyTorch calls between the kernels.
+the templates do not cover stay the reference's own PyTorch calls between the kernels. Each
+generated row also says at which shapes its first candidate's ``ModelNew`` runs: ``any shape``
+(elementwise from end to end), ``any batch`` (copies of its kernels take the batch at run time) or
+``fixed`` (the reference's shapes only; others are refused, naming the dimension).
 Nothing of the checkout is copied anywhere but a temporary folder that is removed afterwards.
 
     python -m bench.template_coverage ~/kb/KernelBench --level 1
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import structlog
 
-from actors.experts.template import Plan, Unsupported, analyse, default_params, render
+from actors.experts.template import Plan, Unsupported, analyse, any_batch, any_size, default_params, render
 from actors.experts.template.ir import KeepTorch
 from actors.kbench.problems import DEV_SUBSET
 from bench.template_bench import evaluate_cli
@@ -49,6 +52,8 @@ class Row:
     generated: bool
     detail: str
     check: str = ""
+    shapes: str = ""
+    """``any shape``, ``any batch`` or ``fixed``: the shapes the first candidate takes."""
 
 
 def _shrunk(value: int, batch: bool, factor: int, above: int) -> int:
@@ -130,10 +135,10 @@ def cover(path: Path, args: argparse.Namespace, workdir: Path) -> Row | Pending:
     if not isinstance(plan, Plan):
         return Row(path.stem, False, plan.detail)
     try:
-        render(plan, default_params(plan))
+        first = render(plan, default_params(plan))
     except Exception as exc:  # noqa: BLE001 - a rendering failure is this row's finding
         return Row(path.stem, False, f"render failed: {type(exc).__name__}: {exc}")
-    row = Row(path.stem, True, plan.template)
+    row = Row(path.stem, True, plan.template, shapes=shapes_taken(first))
     if not args.check:
         return row
     on_gpu = args.device == "cuda"
@@ -145,6 +150,15 @@ def cover(path: Path, args: argparse.Namespace, workdir: Path) -> Row | Pending:
     reference = workdir / f"ref_{path.stem}.py"
     reference.write_text(small, encoding="utf-8")
     return Pending(row, reference, render(small_plan, default_params(small_plan)))
+
+
+def shapes_taken(rendered: str) -> str:
+    """At which shapes a rendered ``ModelNew`` runs (see the module's doc)."""
+    if f"def {any_size.METHOD}(self" in rendered:
+        return "any shape"
+    if f"def {any_batch.METHOD}(self" in rendered:
+        return "any batch"
+    return "fixed"
 
 
 def check(pending: Pending, args: argparse.Namespace, workdir: Path) -> Row:
@@ -166,7 +180,8 @@ def check(pending: Pending, args: argparse.Namespace, workdir: Path) -> Row:
 def _print(row: Row) -> None:
     verdict = "generated" if row.generated else "declined"
     extra = f" | check: {row.check}" if row.check else ""
-    print(f"{row.problem:70s} {verdict:9s} {row.detail[:160]}{extra}", flush=True)
+    shapes = f"{row.shapes:9s} " if row.generated else " " * 10
+    print(f"{row.problem:70s} {verdict:9s} {shapes}{row.detail[:160]}{extra}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     done = sum(r.generated for r in rows)
     checked = sum(r.check.startswith("correct") for r in rows)
     summary = f"\nlevel {args.level}: generated {done}/{len(rows)}"
+    taken = {kind: sum(r.shapes == kind for r in rows) for kind in ("any shape", "any batch", "fixed")}
+    summary += " (" + ", ".join(f"{kind} {n}" for kind, n in taken.items()) + ")"
     if args.check:
         summary += f", correct on {args.device} {checked}/{done}"
     print(summary + f" ({time.perf_counter() - started:.0f} s)")

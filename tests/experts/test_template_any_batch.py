@@ -2,14 +2,16 @@
 shapes and, where the batch is a module-level size of the task, copies whose every batch-linked size
 is an expression of the batch at run time (``any_batch.py``). Checked under Triton's interpreter
 against the reference at batch sizes the run never saw, for every family the template's test cases
-cover (products, rows, norms, convolutions, transposed convolutions, pools, scans); what has no
-any-batch path (a reduction over the batch, batch-norm statistics) and the refusals."""
+cover (products, rows, norms, convolutions, transposed convolutions, pools, scans), statistics
+over the batch (batch norm in training mode, a sum or a mean over the samples) at batches many
+times the reference's, and the refusals of a model that has no batch."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +70,7 @@ FAMILIES = (
 )
 """One case per family, checked in the default run (every case in the slow one)."""
 
-COVERED = 37
+COVERED = 52
 """Cases (at their first sizes) that got an any-batch path when this was written, every one correct."""
 
 
@@ -88,13 +90,15 @@ def _flat(value: Any) -> list[torch.Tensor]:
     return [x for v in value for x in _flat(v)] if isinstance(value, tuple | list) else [value]
 
 
-def check_batches(source: str, batch_name: str, module: ModuleType, label: str) -> list[int]:
-    """The candidate against the reference at batch 1 and an odd batch above the reference's (the
-    task's own ``get_inputs`` at that batch); returns the batches checked."""
+def check_batches(
+    source: str, batch_name: str, module: ModuleType, label: str, batches: list[int] | None = None
+) -> list[int]:
+    """The candidate against the reference at batch 1 and an odd batch above the reference's (or
+    at ``batches``; the task's own ``get_inputs`` at each); returns the batches checked."""
     ns: dict[str, Any] = {}
     exec(compile(source, label, "exec"), ns)  # the test's own task source
     b0 = int(ns[batch_name])
-    batches = sorted({1, b0 + 2 if b0 % 2 else b0 + 1} - {b0})
+    batches = sorted(set(batches or {1, b0 + 2 if b0 % 2 else b0 + 1}) - {b0})
     for b in batches:
         ns[batch_name] = b
         torch.manual_seed(0)
@@ -123,7 +127,9 @@ out = {}
 for job in jobs:
     try:
         module = _load(job["rendered"], Path(job["path"]))
-        out[job["label"]] = check_batches(job["source"], job["batch_name"], module, job["label"])
+        out[job["label"]] = check_batches(
+            job["source"], job["batch_name"], module, job["label"], job.get("batches")
+        )
     except Exception as exc:  # reported to the test, which fails naming it
         out[job["label"]] = f"{type(exc).__name__}: {exc}"[:3000]
 print(json.dumps(out))
@@ -133,7 +139,7 @@ interpreter takes Triton's library functions (``tl.zeros``) only where it was on
 first imported, which in a test session another test may have done without it."""
 
 
-def _check_in_child(jobs: list[dict[str, str]], tmp_path: Path) -> dict[str, Any]:
+def _check_in_child(jobs: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
     """Each job's outcome: the batches it was checked at, or the error that stopped it."""
     listing = tmp_path / "jobs.json"
     listing.write_text(json.dumps(jobs))
@@ -217,22 +223,72 @@ def test_a_length_read_in_windows_is_not_taken_for_a_batch(tmp_path: Path) -> No
     assert any_batch.METHOD not in rendered
 
 
-def test_a_reduction_over_the_batch_gets_no_any_batch_path_and_refuses_other_batches(tmp_path: Path) -> None:
-    # full_sum reduces over the batch: its block size follows the batch, so the copies rendered at
-    # two batch sizes differ and there are none
-    source, plan, rendered = _any_batch_case("full_sum", tmp_path)
-    assert plan.batch_name == "KF_B"  # the plan moves with the batch ...
-    assert any_batch.METHOD not in rendered  # ... but its kernels would not hold at every batch
-    # batch-norm statistics divide by the batch: the plan itself differs at a second batch
-    _, plan2, rendered2 = _any_batch_case("batchnorm2d_training_relu", tmp_path)
-    assert not plan2.batch
-    assert any_batch.METHOD not in rendered2
-    module = _load(rendered, tmp_path / "kf_anyb_full_sum.py")
+def test_statistics_over_the_batch_loop_over_it_and_hold_at_batches_many_times_the_references(
+    tmp_path: Path,
+) -> None:
+    # a sum over every element, batch norm's statistics (divided by the batch times the pixels: a
+    # constant that moves with the batch) and a loss averaged over the samples: their reductions
+    # over the batch loop over it in blocks of a size the batch does not set, so batches of five
+    # blocks and more hold too
+    jobs = []
+    for name in ("full_sum", "batchnorm2d_training_relu", "kl_div_batchmean"):
+        source, plan, rendered = _any_batch_case(name, tmp_path)
+        assert f"def {any_batch.METHOD}(self" in rendered, name
+        assert re.search(rf"for r0 in range\(0, \(?{any_batch.NAME}\b", rendered), name
+        if name != "full_sum":
+            assert any(any(c) for c in plan.batch_args), name  # the divisor moves with the batch
+        jobs.append({**_job(name, source, plan, rendered, tmp_path), "batches": [1, 2, 70, 333]})
+    outcomes = _check_in_child(jobs, tmp_path)
+    assert outcomes == {name: [1, 2, 70, 333] for name in ("full_sum", "batchnorm2d_training_relu", "kl_div_batchmean")}
+
+
+_GEMM_BATCHNORM1D = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 12)
+        self.bn = nn.BatchNorm1d(12, eps=1e-4)
+
+    def forward(self, x):
+        return self.bn(self.fc(x) * 1.5)
+
+batch_size = 9
+
+def get_inputs():
+    return [torch.randn(batch_size, 10)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_batch_the_reference_refuses_is_refused_and_the_others_hold(tmp_path: Path) -> None:
+    # batch norm in training mode refuses one value per channel: so does the any-batch path
+    plan = analyse(_GEMM_BATCHNORM1D)
+    assert isinstance(plan, Plan), plan
+    assert (plan.batch_name, plan.batch_least) == ("batch_size", 2)
+    rendered = render(plan, TemplateParams())
+    module = _load(rendered, tmp_path / "kf_anyb_bn1d_refuse.py")
+    with pytest.raises(ValueError, match="x has a batch of 1: the reference refuses a batch below 2"):
+        module.ModelNew()(torch.randn(1, 10))
+    job = {**_job("bn1d", _GEMM_BATCHNORM1D, plan, rendered, tmp_path), "batches": [2, 37, 300]}
+    assert _check_in_child([job], tmp_path) == {"bn1d": [2, 37, 300]}
+
+
+def test_a_model_without_a_batch_size_of_its_own_refuses_other_shapes_naming_the_dimension(tmp_path: Path) -> None:
+    # the task's inputs have no module-level size that get_inputs alone reads: nothing to move
+    source, plan, rendered = _any_batch_case("gemm_scale_batchnorm1d", tmp_path)
+    assert not plan.batch
+    assert any_batch.METHOD not in rendered
+    module = _load(rendered, tmp_path / "kf_anyb_fixed.py")
     ns: dict[str, Any] = {}
-    exec(compile(source, "full_sum", "exec"), ns)
-    x = next(t for t in ns["get_inputs"]() if isinstance(t, torch.Tensor))
+    exec(compile(source, "gemm_scale_batchnorm1d", "exec"), ns)
+    x = ns["get_inputs"]()[0]
     with pytest.raises(ValueError, match=r"dimension 0 is 1, not \d+\. .*specialised to"):
-        module.ModelNew(*ns["get_init_inputs"]())(x[:1], *list(ns["get_inputs"]())[1:])
+        module.ModelNew(*ns["get_init_inputs"]())(x[:1])
 
 
 def test_the_any_batch_path_refuses_other_dimensions_and_an_empty_batch(tmp_path: Path) -> None:

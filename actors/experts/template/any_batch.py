@@ -28,10 +28,10 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from actors.experts.template.ir import FLOAT_ARG, NodeKind, Plan
+from actors.experts.template.ir import FLOAT_ARG, Arg, Node, NodeKind, Plan
 
 NAME = "kf_B"
 """The run-time batch size: the any-batch kernels' first argument, a local of ``_kf_any_batch``."""
@@ -161,6 +161,21 @@ def _text(value: int) -> str:
     return value.expr if isinstance(value, Sym) else repr(int(value))
 
 
+class SymFloat(float):
+    """A float constant that moves with the batch (``c`` times it: a mean's divisor over the
+    batch): a ``float`` worth its value at the batch being rendered whose text (``lit``) is
+    ``(kf_B * c)``, an exact product in float32 as the literal it stands for would be. Arithmetic on
+    it gives a plain float, whose number then differs between the two renderings: the check of
+    :func:`check_texts` refuses the path rather than keep a folded number."""
+
+    expr: str
+
+    def __new__(cls, value: float, multiple: int) -> SymFloat:
+        obj = super().__new__(cls, value)
+        obj.expr = f"({NAME} * {float(multiple)!r})"
+        return obj
+
+
 class Quotient(float):
     """``a / b`` of sizes, one of them symbolic: a ``float`` whose ``math.ceil`` and ``math.floor``
     are symbolic again (a grid of ``ceil(rows / BLOCK)`` programs)."""
@@ -181,14 +196,23 @@ class Quotient(float):
 
 
 def symbolic(plan: Plan, batch: int) -> Plan:
-    """``plan`` with every batch-linked dimension a :class:`Sym` worth its size at ``batch``."""
+    """``plan`` with every batch-linked dimension a :class:`Sym` worth its size at ``batch``, and
+    every batch-linked constant a :class:`SymFloat`."""
 
     def dim(d: int, c: int) -> int:
         return Sym(c * batch, affine=(c, 0)) if c else d
 
+    def arg(a: Arg, c: int) -> Arg:
+        return SymFloat(float(c * batch), c) if c else a
+
+    consts = plan.batch_args or tuple(() for _ in plan.nodes)
     nodes = tuple(
-        replace(node, shape=tuple(dim(d, c) for d, c in zip(node.shape, links, strict=True)))
-        for node, links in zip(plan.nodes, plan.batch, strict=True)
+        replace(
+            node,
+            shape=tuple(dim(d, c) for d, c in zip(node.shape, links, strict=True)),
+            args=tuple(arg(a, c) for a, c in zip(node.args, cs, strict=True)) if cs else node.args,
+        )
+        for node, links, cs in zip(plan.nodes, plan.batch, consts, strict=True)
     )
     return replace(plan, nodes=nodes)
 
@@ -223,23 +247,39 @@ PROBE_BUDGET_S = 10.0
 """No further lowering is started after this long in :func:`find`."""
 
 
+Links = tuple[tuple[int, ...], ...]
+"""Per node, per dimension (or per argument): its multiple of the batch, or 0."""
+
+
+@dataclass(frozen=True)
+class Found:
+    """What :func:`find` found: ``Plan.batch``, ``Plan.batch_args`` and ``Plan.batch_name``."""
+
+    dims: Links = ()
+    args: Links = ()
+    name: str = ""
+    least: int = 1
+    """The smallest batch the reference takes (2 where it refuses 1: batch norm's statistics)."""
+
+
 def find(
     source_sizes: dict[str, int],
     plan: Plan,
     relower: Callable[[dict[str, int]], Plan],
     lowering_s: float = 0.0,
     outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]] | None = None,
-) -> tuple[tuple[tuple[int, ...], ...], str]:
+) -> Found:
     """``Plan.batch`` for ``plan`` and the batch's name: the reference's sizes that ``get_inputs``
     alone reads (``source_sizes``; those named like a batch first, :data:`PROBES` at most) are each
     set to a value next to it in turn and the reference lowered again (``relower``). The first for
     which the plan is the same but for sizes, each input moving with it in its dimension 0 or not
     at all and no parameter moving, gives each dimension's multiple of the batch, once the
     reference's outputs (``outputs_at``: their shapes from a forward on the meta device) have the
-    shapes that predicts at a batch of one and at one about twice the reference's. Empty where
-    none does, or where the first lowering took ``lowering_s`` over :data:`PROBE_LIMIT_S`."""
+    shapes that predicts at a batch of one and at one about twice the reference's; float constants
+    that are the same multiple of the batch in both lowerings move with it too. Empty where none
+    does, or where the first lowering took ``lowering_s`` over :data:`PROBE_LIMIT_S`."""
     if lowering_s > PROBE_LIMIT_S or not any(n.path != FLOAT_ARG for n in plan.inputs):
-        return (), ""
+        return Found()
     names = sorted(source_sizes, key=lambda name: "batch" not in name.lower())[:PROBES]
     deadline = time.monotonic() + PROBE_BUDGET_S
     for name in names:
@@ -248,18 +288,20 @@ def find(
         # below some row count) keeps it; below first, where sizes are powers of two
         for b1 in (b0 - 1, b0 + 1) if b0 > 2 else (b0 + 1,):
             if time.monotonic() > deadline:
-                return (), ""
+                return Found()
             try:
                 other = relower({name: b1})
             except Exception:  # noqa: BLE001 - the reference refuses that size: not this one
                 break
-            links = _links(plan, other, b0, b1)
-            if links is None:
+            linked = _links(plan, other, b0, b1)
+            if linked is None:
                 continue
-            if outputs_at is not None and not _outputs_hold(plan, links, name, b0, outputs_at):
+            links, consts = linked
+            least = 1 if outputs_at is None else _outputs_hold(plan, links, name, b0, outputs_at)
+            if least is None:
                 break
-            return links, name
-    return (), ""
+            return Found(links, consts if any(any(c) for c in consts) else (), name, least)
+    return Found()
 
 
 def _outputs_hold(
@@ -268,35 +310,77 @@ def _outputs_hold(
     name: str,
     b0: int,
     outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]],
-) -> bool:
-    """Whether the reference's outputs have the shapes ``links`` predicts at a batch of one and at
-    ``2 * b0 + 1``."""
-    for value in {1, 2 * b0 + 1} - {b0}:
-        want = [
-            tuple(c * value if c else d for d, c in zip(plan.nodes[nid].shape, links[nid], strict=True))
-            for nid in plan.outputs
-        ]
+) -> int | None:
+    """The smallest batch the reference takes, where its outputs have the shapes ``links`` predicts
+    at it (a batch of one, or of two where it refuses one: batch norm in training mode) and at
+    ``2 * b0 + 1``; None where they do not."""
+    least = None
+    for small in (1, 2):
+        if small >= b0:
+            break
         try:
-            got = outputs_at({name: value})
-        except Exception:  # noqa: BLE001 - the reference refuses that batch: no path that takes it
-            return False
-        if got != want:
-            return False
-    return True
+            if outputs_at({name: small}) != _predicted(plan, links, small):
+                return None
+        except Exception:  # noqa: BLE001 - the reference refuses that batch: try the next
+            continue
+        least = small
+        break
+    if least is None:
+        return None
+    try:
+        if outputs_at({name: 2 * b0 + 1}) != _predicted(plan, links, 2 * b0 + 1):
+            return None
+    except Exception:  # noqa: BLE001 - the reference refuses that batch: no path that takes it
+        return None
+    return least
 
 
-def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], ...] | None:
-    """Each dimension's multiple of the batch where ``other`` (traced at ``b1``) is ``plan`` (at
-    ``b0``) but for sizes; None where it is not, or where an input moves other than in one
-    dimension, as the batch itself (a weight passed as an input stays as it is)."""
+def _predicted(plan: Plan, links: Links, value: int) -> list[tuple[int, ...]]:
+    """The output shapes ``links`` predicts at batch ``value``."""
+    return [
+        tuple(c * value if c else d for d, c in zip(plan.nodes[nid].shape, links[nid], strict=True))
+        for nid in plan.outputs
+    ]
+
+
+def _constants(a: Node, b: Node, b0: int, b1: int) -> tuple[int, ...] | None:
+    """Per argument of ``a`` (at batch ``b0``) and ``b`` (the same node at ``b1``): 0 where they
+    are the same, ``c`` where both are float constants ``c`` times their batch (``c`` a whole
+    number), None where they differ otherwise."""
+    if len(a.args) != len(b.args):
+        return None
+    out: list[int] = []
+    for x, y in zip(a.args, b.args, strict=True):
+        if type(x) is type(y) and x == y:
+            out.append(0)
+            continue
+        if not (isinstance(x, float) and isinstance(y, float)):
+            return None
+        c = x / b0
+        if c != y / b1 or c < 1 or c != int(c):
+            return None
+        out.append(int(c))
+    return tuple(out)
+
+
+def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[Links, Links] | None:
+    """Each dimension's multiple of the batch, and each float constant's, where ``other`` (traced
+    at ``b1``) is ``plan`` (at ``b0``) but for sizes and such constants; None where it is not, or
+    where an input moves other than in one dimension, as the batch itself (a weight passed as an
+    input stays as it is)."""
     if len(plan.nodes) != len(other.nodes) or plan.outputs != other.outputs or plan.returns != other.returns:
         return None
     if plan.output_strides != other.output_strides or plan.init_source != other.init_source:
         return None
     out: list[tuple[int, ...]] = []
+    consts: list[tuple[int, ...]] = []
     for a, b in zip(plan.nodes, other.nodes, strict=True):
-        if replace(a, shape=()) != replace(b, shape=()) or len(a.shape) != len(b.shape):
+        if replace(a, shape=(), args=()) != replace(b, shape=(), args=()) or len(a.shape) != len(b.shape):
             return None
+        moved = _constants(a, b, b0, b1)
+        if moved is None:
+            return None
+        consts.append(moved)
         dims: list[int] = []
         for da, db in zip(a.shape, b.shape, strict=True):
             if da == db:
@@ -315,7 +399,7 @@ def _links(plan: Plan, other: Plan, b0: int, b1: int) -> tuple[tuple[int, ...], 
         out.append(tuple(dims))
     if not any(any(out[n.id]) for n in plan.inputs):
         return None
-    return tuple(out)
+    return tuple(out), tuple(consts)
 
 
 def sized(plan: Plan) -> bool:
@@ -339,14 +423,22 @@ def batched_source(source: str, names: dict[str, str]) -> str:
     return source
 
 
-def guard(first: str, rank: int, dim: int) -> list[str]:
+def guard(first: str, rank: int, dim: int, least: int = 1) -> list[str]:
     """The any-batch method's first lines: the batch from its leading input's dimension ``dim``,
-    and a clear refusal of a batch of 0 (the kernels' grids start at one program)."""
-    return [
+    and a clear refusal of a batch of 0 (the kernels' grids start at one program), or below
+    ``least`` where the reference itself refuses it."""
+    lines = [
         f"{NAME} = {first}.shape[{dim}] if isinstance({first}, torch.Tensor) and {first}.dim() == {rank} else -1",
         f"if {NAME} == 0:\n"
         f'    raise ValueError("{first} has a batch of 0: this ModelNew\'s kernels take a batch of at least 1")',
     ]
+    if least > 1:
+        lines.append(
+            f"if 0 < {NAME} < {least}:\n"
+            f'    raise ValueError(f"{first} has a batch of {{{NAME}}}: the reference refuses a batch below {least} '
+            f'(its forward raised at a batch of 1), and so does this ModelNew")'
+        )
+    return lines
 
 
 def check_texts(texts: list[str]) -> bool:

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import math
 
+from actors.experts.template.any_batch import Sym
 from actors.experts.template.emit import IndexSpace, Launch, Scope, Writer
 from actors.experts.template.fuse import Kernel, Schedule
 from actors.experts.template.ir import NodeKind
 from actors.experts.template.params import ONE_PASS_MAX_TILE, TemplateParams
+
+SYM_ROW_TILE = 4096
+"""Largest tile (elements) of a loop over a row whose length moves with the batch."""
 
 
 def next_pow2(n: int) -> int:
@@ -36,8 +40,14 @@ class RowWriter(Writer):
         self.bm = params.row_block_m if self.last else 1
         self.bi = 1 if self.last else params.row_block_i
         width = self.bm if self.last else self.bi
-        self.one_pass = params.row_one_pass and rtile * width <= ONE_PASS_MAX_TILE
-        self.block_r = rtile if self.one_pass else min(params.row_block_r, rtile)
+        if isinstance(self.r, Sym):
+            # a row whose length moves with the batch (batch norm's statistics, a mean over the
+            # samples) has no bound: loop over it in blocks that do not depend on its length
+            self.one_pass = False
+            self.block_r = max(16, min(params.row_block_r, SYM_ROW_TILE // width))
+        else:
+            self.one_pass = params.row_one_pass and rtile * width <= ONE_PASS_MAX_TILE
+            self.block_r = rtile if self.one_pass else min(params.row_block_r, rtile)
         self.axis = 1 if self.last else 0
         self.tile = "[BLOCK_M, BLOCK_R]" if self.last else "[BLOCK_R, BLOCK_I]"
         self.ridx = "cols[None, :]" if self.last else "rr[:, None]"
@@ -301,7 +311,7 @@ class RowWriter(Writer):
         lanes, rows = ("[None, :]", "rmask[:, None]") if self.last else ("[:, None]", "imask[None, :]")
         self.emit(top, f"{n} = tl.where({rows}, ({passes}){lanes}, 0).to(tl.float32)")
         self.emit(top, f"{sv} = tl.sum({total}, axis={ax})")
-        self.emit(top, f"{mu} = {sv} / {float(r)}")
+        self.emit(top, f"{mu} = {sv} / {f'({r} * 1.0)' if isinstance(r, Sym) else float(r)}")
         spread = f"{n} * ({mean} - {self.broadcast_row(mu)}) * ({mean} - {self.broadcast_row(mu)})"
         self.emit(top, f"{qv} = tl.sum({q}, axis={ax}) + tl.sum({spread}, axis={ax})")
         top.memo[("v", s_id)] = sv

@@ -102,7 +102,11 @@ HELPER_DEPS: dict[str, tuple[str, ...]] = {
 
 
 def lit(value: float) -> str:
-    """A float constant as Triton source text."""
+    """A float constant as Triton source text (an expression where it moves with the batch,
+    ``any_batch.SymFloat``)."""
+    expr = getattr(value, "expr", None)
+    if isinstance(expr, str):
+        return expr
     if math.isnan(value):
         raise UnsupportedGraph("a NaN constant is not covered")
     if math.isinf(value):

@@ -273,6 +273,12 @@ class Plan:
     second batch size); empty where the plan is not the same at every batch size."""
     batch_name: str = ""
     """The reference's module-level variable that sets the batch size (where :attr:`batch` is set)."""
+    batch_args: tuple[tuple[int, ...], ...] = ()
+    """Per node, per argument: ``c`` where that float constant is ``c`` times the batch (a mean's
+    divisor over the batch: batch norm's statistics, a loss averaged over its samples), else 0;
+    empty where no constant moves with the batch (or :attr:`batch` is empty)."""
+    batch_least: int = 1
+    """The smallest batch the reference takes (2 where it refuses 1: batch norm in training mode)."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
     """Per returned tensor, the reference's strides where they are not the contiguous ones (an
     einsum's permuted result, a slice of a larger tensor), else ``None``: outputs are judged in the
@@ -433,6 +439,8 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         returns=None if data.get("returns") is None else _returns_from(data["returns"]),
         batch=tuple(tuple(int(c) for c in dims) for dims in data.get("batch") or ()),
         batch_name=str(data.get("batch_name") or ""),
+        batch_args=tuple(tuple(int(c) for c in cs) for cs in data.get("batch_args") or ()),
+        batch_least=int(data.get("batch_least") or 1),
     )
 
 

@@ -80,18 +80,25 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             if shape not in seen:
                 seen.add(shape)
                 fusions.append((epilogue, prologue))
-        batch, batch_name = _batch_links(reference_source, plan, keep_torch, lowering_s)
-        return replace(plan, template=template, fusions=tuple(fusions), batch=batch, batch_name=batch_name)
+        found = _batch_links(reference_source, plan, keep_torch, lowering_s)
+        return replace(
+            plan,
+            template=template,
+            fusions=tuple(fusions),
+            batch=found.dims,
+            batch_name=found.name,
+            batch_args=found.args,
+            batch_least=found.least,
+        )
     except UnsupportedGraph as exc:
         return Unsupported(detail=exc.detail, op=exc.op)
     except TraceFailed as exc:
         return Unsupported(detail=f"the reference could not be traced: {exc}")
 
 
-def _batch_links(
-    reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0
-) -> tuple[tuple[tuple[int, ...], ...], str]:
-    """``Plan.batch`` (``any_batch.find``): the reference lowered again at a second batch size."""
+def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0) -> any_batch.Found:
+    """``Plan.batch`` and what goes with it (``any_batch.find``): the reference lowered again at a
+    second batch size."""
     try:
         namespace = load_namespace(reference_source)
         # only what ``get_inputs`` alone reads (the evaluator's held-out shapes move the same sizes)
@@ -104,7 +111,7 @@ def _batch_links(
             outputs_at=lambda changed: _output_shapes(reference_source, changed),
         )
     except Exception:  # noqa: BLE001 - user code: the plan stands without an any-batch path
-        return (), ""
+        return any_batch.Found()
 
 
 def _output_shapes(reference_source: str, sizes: dict[str, int]) -> list[tuple[int, ...]]:
@@ -477,9 +484,10 @@ def _batched(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tupl
     body = _forward(plan, sched, moved, direct=False, arena=Arena(), batch=True)
     index, dim = any_batch.leading_input(plan)
     rank = len(next(n for n in plan.inputs if n.index == index).shape)
+    guard = any_batch.guard(plan.arg_names[index], rank, dim, plan.batch_least)
     lines = [
         f"def {any_batch.METHOD}(self, {', '.join(plan.arg_names)}):",
-        textwrap.indent("\n".join([*any_batch.guard(plan.arg_names[index], rank, dim), *body]), "    "),
+        textwrap.indent("\n".join([*guard, *body]), "    "),
     ]
     return sources, textwrap.indent("\n".join(lines), "    ")
 
