@@ -316,7 +316,8 @@ def _outputs_hold(
     ``2 * b0 + 1``; None where they do not."""
     least = None
     for small in (1, 2):
-        if small >= b0:
+        if small >= b0:  # the reference's own batch is the smallest it was seen to take
+            least = b0
             break
         try:
             if outputs_at({name: small}) != _predicted(plan, links, small):
