@@ -180,6 +180,7 @@ def summary_text(result: EvalResult) -> str:
         lines.append(
             f"speed of light: {result.sol.bound_ms:.4f} ms ({result.sol.limiter}), {result.sol.fraction:.1%} reached"
         )
+    lines.extend(_time_lines(result))
     for f in result.findings:
         where = f" line {f.line}" if f.line else ""
         lines.append(f"finding {f.rule.value} [{f.severity.value}]{where}: {f.message}")
@@ -190,6 +191,27 @@ def summary_text(result: EvalResult) -> str:
         lines.append(f"left to PyTorch (the reference's own ops): {', '.join(result.torch_ops)}")
     lines.extend(f"review: {r}" for r in result.review)
     return "\n".join(lines) + "\n"
+
+
+def _time_lines(result: EvalResult, top: int = 5) -> list[str]:
+    """Where the reference's time goes (its ops by family and the largest, from the referee) and
+    the candidate's (its own kernels, timed in its process)."""
+    lines: list[str] = []
+    ref = result.baselines.profile if result.baselines is not None else None
+    if ref is not None and ref.families:
+        shares = ", ".join(f"{f.family.value} {f.share:.0%}" for f in ref.families[:top])
+        lines.append(f"reference's time by family: {shares} ({ref.timer}, {ref.ops_us:.0f} us of ops per forward)")
+        ops = ", ".join(f"{o.op.split('::')[-1]} in {o.module or 'forward'} {o.share:.0%}" for o in ref.ops[:top])
+        lines.append(f"reference's largest ops: {ops}")
+    kernels = result.profile.kernel_times if result.profile is not None else ()
+    if kernels:
+        total = sum(k.time_us for k in kernels) or 1.0
+        listed = ", ".join(
+            f"{k.name} x{k.launches} {k.time_us:.0f} us ({k.time_us / total:.0%})" for k in kernels[:top]
+        )
+        timer = result.profile.kernel_timer if result.profile is not None else None
+        lines.append(f"candidate's kernels: {listed} ({timer})")
+    return lines
 
 
 def _pct(value: float | None) -> str:

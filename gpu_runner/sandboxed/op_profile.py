@@ -154,6 +154,12 @@ _LAYOUT = frozenset(
 )
 
 
+_ALLOCATIONS = frozenset(
+    {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided"}
+)
+"""Ops that only allocate (no kernel runs; their host time is not work of the model's)."""
+
+
 def family_of(op: str, out_numel: int | None = None, in_numel: int | None = None) -> str:
     """The ``OpFamily`` value of an aten op (``aten::convolution`` or ``convolution``): by name, and
     for a name no table knows, elementwise (``pw``) where its output has as many elements as its
@@ -213,7 +219,7 @@ class _OpTimer(TorchDispatchMode):
         kwargs = kwargs or {}
         where = self.modules[-1] if self.modules else ""
         name = str(func.name()).split(".")[0]
-        if _is_view(func):
+        if _is_view(func) or name in _ALLOCATIONS:
             return func(*args, **kwargs)
         start: Any
         end: Any

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpu_runner.cli import summary_text
 from gpu_runner.config import RunnerConfig
 from gpu_runner.sandboxed.op_profile import family_of, profile_ops
 from gpu_runner.service import EvaluationService
@@ -112,3 +113,7 @@ async def test_every_verdict_carries_the_referees_profile_of_the_reference() -> 
     assert ops["linear", "aten::addmm"] is OpFamily.MM
     assert ops["", "aten::relu"] is OpFamily.PW
     assert {f.family for f in profile.families} == {OpFamily.MM, OpFamily.PW}
+    said = summary_text(result)  # what kfoundry eval prints
+    assert "reference's time by family: " in said
+    assert "reference's largest ops: " in said
+    assert "addmm in linear" in said
