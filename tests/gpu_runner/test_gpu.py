@@ -95,3 +95,40 @@ async def test_launches_of_kept_compiled_kernels_count_as_the_candidates_own(gpu
     assert timed.outcome is CheckOutcome.PASSED, timed.detail
     assert timed.detail is not None
     assert not timed.detail.startswith("0 own launches"), timed.detail
+
+
+@pytest.mark.timeout(600)
+async def test_the_reference_and_the_candidates_kernels_are_timed_one_by_one_on_the_gpu(
+    gpu: EvaluationService,
+) -> None:
+    """The referee's op profile (CUDA events per op) and the candidate's kernel times (CUDA events
+    per launch, its template-named kernel and its kept launch sites) on a real GPU: both present,
+    and the candidate's kernel times add up to about its timed median."""
+    from actors.experts.template import Plan, analyse, default_params, render
+
+    source = reference("linear_relu")
+    plan = analyse(source)
+    assert isinstance(plan, Plan)
+    await gpu.prepare(source)
+    result = await gpu.evaluate(
+        EvalJob(
+            reference_source=source,
+            candidate_source=render(plan, default_params(plan)),
+            language=KernelLanguage.TRITON,
+            timeout_s=120.0,
+            candidate_id="timed_one_by_one",
+        )
+    )
+    assert result.status is EvalStatus.CORRECT, result.summary
+    assert result.baselines is not None
+    assert result.baselines.profile is not None
+    assert result.baselines.profile.timer == "cuda events per op"
+    assert {o.op for o in result.baselines.profile.ops} >= {"aten::addmm", "aten::relu"}
+    assert result.profile is not None
+    assert result.profile.kernel_timer == "cuda events per launch"
+    names = [k.name for k in result.profile.kernel_times]
+    assert names, result.profile
+    assert all(name.startswith("_kf_") for name in names), names
+    assert result.timing is not None
+    total_ms = sum(k.time_us for k in result.profile.kernel_times) / 1e3
+    assert 0.2 * result.timing.median_ms <= total_ms <= 5 * result.timing.median_ms, (total_ms, result.timing)
