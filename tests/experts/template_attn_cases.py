@@ -3,7 +3,8 @@ explicit ``softmax(Q @ K^T * scale [causal mask]) @ V`` pattern in its common sp
 
 Non-causal and causal, default and explicit scale, head dims and sequence lengths that are not
 powers of two nor multiples of the tiles, cross-attention (more keys than queries), a value
-width other than the head dim, and an epilogue after the attention.
+width other than the head dim, an epilogue after the attention, and value heads wider than one
+flash tile (lowered unfused: two products and a row softmax).
 """
 
 from __future__ import annotations
@@ -13,6 +14,23 @@ from tests.experts.template_cases import Case, _model
 _QKV = "torch.rand(2, 3, $L, $D), torch.rand(2, 3, $S, $D), torch.rand(2, 3, $S, $E)"
 
 ATTN_CASES: tuple[Case, ...] = (
+    Case(
+        "sdpa_wide_value_head_unfused",  # more than one flash tile of values: two products and a softmax
+        _model("", "", "q, k, v", "return F.scaled_dot_product_attention(q, k, v, scale=0.05)", _QKV, ""),
+        ({"L": 21, "S": 19, "D": 150, "E": 136},),
+    ),
+    Case(
+        "explicit_softmax_wide_head_unfused",
+        _model(
+            "",
+            "",
+            "q, k, v",
+            "return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ v",
+            _QKV,
+            "",
+        ),
+        ({"L": 9, "S": 23, "D": 130, "E": 260},),
+    ),
     Case(
         "sdpa_plain",
         _model("", "", "q, k, v", "return F.scaled_dot_product_attention(q, k, v)", _QKV, ""),

@@ -105,6 +105,23 @@ def test_half_attention_matches_pytorch_under_the_interpreter(tmp_path: Path) ->
         assert v.err_vs_fp64 <= 4 * v.ref_err_vs_fp64
 
 
+def test_wide_float32_value_heads_are_two_products_and_a_softmax_and_causal_or_half_ones_stay_flash() -> None:
+    def plan(body: str, d: int, e: int, dtype: str = "") -> Plan:
+        cast = f".to(torch.{dtype})" if dtype else ""
+        inputs = f"torch.rand(2, 3, 21, {d}){cast}, torch.rand(2, 3, 19, {d}){cast}, torch.rand(2, 3, 19, {e}){cast}"
+        result = analyse(HEAD + _model("", "", "q, k, v", body, inputs, ""))
+        assert isinstance(result, Plan), result
+        return result
+
+    sdpa = "return F.scaled_dot_product_attention(q, k, v)"
+    assert plan(sdpa, 256, 1024).template == "mm+row+mm"
+    assert plan(sdpa, 64, 129).template == "mm+row+mm"
+    assert plan(sdpa, 256, 128).template == "attn"  # one tile of values: the scores are computed once
+    causal = "return F.scaled_dot_product_attention(q, k, v, is_causal=True)"
+    assert plan(causal, 256, 1024).template == "attn"
+    assert plan(sdpa, 256, 1024, "bfloat16").template == "attn"
+
+
 def test_half_products_outside_attention_are_products() -> None:
     result = analyse(_half_source("float16", "return q @ k.transpose(-2, -1)"))
     assert isinstance(result, Plan), result

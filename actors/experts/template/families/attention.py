@@ -11,6 +11,14 @@ reach memory. ``Q K^T`` is accumulated over the head dim in chunks of ``attn_blo
 value width is split over several programs each recomputes the scores (the parameter trades that
 against registers). Causal attention masks keys after the query (PyTorch's top-left alignment)
 and stops the key loop at the diagonal. The elementwise ops that follow run before the store.
+
+Wide value heads (more than :data:`FLASH_MAX_DV` columns, one tile of the kernel above) in float32
+are lowered unfused instead (:func:`unfused_pays`): ``Q K^T`` as a product, the scale and softmax
+as a row kernel, then the product with ``V``. The flash kernel would compute the scores again for
+every value tile (eight times for a head of 1024: most of its time), while the unfused path
+computes them once and moves the score matrix through memory three times, which costs less for
+such heads. The score matrix is bounded (:data:`UNFUSED_MAX_SCORE_BYTES`); causal attention
+stays flash (it skips the blocks above the diagonal).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from actors.experts.template.composites import reduce_dims
 from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
@@ -27,6 +36,7 @@ from actors.experts.template.ir import HALF, NodeKind, NodeRef, Plan
 from actors.experts.template.kernel_kinds import KernelTemplate, Values, register
 from actors.experts.template.lowering import LowerContext, lowering, one_float_type
 from actors.experts.template.params import TemplateParams
+from actors.experts.template.products import product
 
 
 @lowering("sdpa")
@@ -57,7 +67,34 @@ def lower_sdpa(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
         raise UnsupportedGraph(f"attention scale={scale!r} is not a number")
     out = (*qs[:-1], vs[-1])
     causal = bool(b.get("is_causal", False))
+    if unfused_pays(qs, ks, vs, dtype, causal):
+        return _unfused(lw, q, k, v, float(scale))
     return lw.add(NodeKind.ATTN, out, args=(q.id, k.id, v.id), attrs=(float(scale), float(causal)), dtype=dtype)
+
+
+FLASH_MAX_DV = 128
+"""The widest value head the flash kernel computes in one tile (``_tile``)."""
+UNFUSED_MAX_SCORE_BYTES = 2 << 30
+"""The largest score matrix (float32) the unfused path writes to memory."""
+
+
+def unfused_pays(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...], dtype: str, causal: bool) -> bool:
+    """Whether attention of these shapes runs unfused (see the module's doc): a float32 head whose
+    value width is more than one tile of the flash kernel, not causal, and a score matrix within
+    :data:`UNFUSED_MAX_SCORE_BYTES`. Per output element the flash kernel then does ``ceil(dv /
+    128) * d`` multiply-adds for the scores and the unfused path ``d`` plus three float32 passes
+    over the scores: at a head of 256 already fewer, at 1024 a fifth."""
+    scores = math.prod(qs[:-1]) * ks[-2] * 4
+    return dtype == "float32" and not causal and vs[-1] > FLASH_MAX_DV and scores <= UNFUSED_MAX_SCORE_BYTES
+
+
+def _unfused(lw: LowerContext, q: NodeRef, k: NodeRef, v: NodeRef, scale: float) -> NodeRef:
+    """``softmax(Q K^T * scale) V`` as two products and a row softmax (the row maximum first)."""
+    scores = lw.ew("mul", product(lw, q, lw.perm(k)), scale)
+    dims = reduce_dims(lw.shape(scores), -1)
+    shifted = lw.ew("sub", scores, lw.red("amax", scores, dims, True))
+    e = lw.ew("exp", shifted)
+    return product(lw, lw.ew("div", e, lw.red("sum", e, dims, True)), v)
 
 
 def _dtype(lw: LowerContext, operands: list[Any]) -> str:
