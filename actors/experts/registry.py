@@ -17,8 +17,9 @@ from schemas import ExpertConfig, ExpertKind
 
 def _template(config: ExpertConfig) -> Expert:
     from actors.experts.template.expert import TemplateExpert
+    from actors.experts.template.plan_store import PlanStore, default_store_dir
 
-    return TemplateExpert(config.name, gpu=config.target_gpu)
+    return TemplateExpert(config.name, gpu=config.target_gpu, plan_store=PlanStore(default_store_dir()))
 
 
 def _llm(config: ExpertConfig) -> Expert:

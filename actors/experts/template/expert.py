@@ -33,6 +33,7 @@ from actors.experts.template.ir import KeepTorch, Plan, Unsupported
 from actors.experts.template.isolate import analyse_in_child
 from actors.experts.template.kernels.conv import cudnn_ieee_likely
 from actors.experts.template.params import TemplateParams, params_from_source
+from actors.experts.template.plan_store import PlanStore
 from actors.experts.template.render import analyse, render
 from actors.experts.template.tuning import default_params, mutate
 from schemas import (
@@ -74,6 +75,8 @@ class TemplateExpertStats:
     declines: int
     plans_traced: int
     errors: int
+    plans_stored: int = 0
+    """Plans read from the plan store (:mod:`.plan_store`) instead of analysed."""
 
 
 def _params_of(candidate: Candidate) -> TemplateParams | None:
@@ -130,6 +133,7 @@ class TemplateExpert:
         analysis: AnalysisMode = AnalysisMode.PROCESS,
         analysis_timeout_s: float = 180.0,
         gpu: str | None = None,
+        plan_store: PlanStore | None = None,
     ) -> None:
         if not name or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
             raise ValueError(f"expert name {name!r} must be 1-64 letters, digits, '-' or '_'")
@@ -145,6 +149,8 @@ class TemplateExpert:
         """The GPU fresh starts are sized for (a name ``hardware.lookup`` knows, e.g. ``H200``):
         the evaluators' where the expert runs elsewhere; ``None``: the GPU the last verdict it was
         shown names (``_evaluated_on``), until then this machine's."""
+        self.plan_store = plan_store
+        """Plans kept on disk between runs (``None``: every process analyses its tasks afresh)."""
         self._evaluated_on: str | None = None
         """The GPU named by the newest verdict a request carried (its ``device``)."""
         self._plans: OrderedDict[tuple[str, KeepTorch], Plan | Unsupported] = OrderedDict()
@@ -158,10 +164,13 @@ class TemplateExpert:
         not reused while the entry lives): the same configurations come back again and again."""
         self._sources_lock = threading.Lock()  # proposals are made in worker threads
         self._requests = self._proposals = self._declines = self._traced = self._errors = 0
+        self._stored = 0
 
     def stats(self) -> TemplateExpertStats:
         """A snapshot of the counters."""
-        return TemplateExpertStats(self._requests, self._proposals, self._declines, self._traced, self._errors)
+        return TemplateExpertStats(
+            self._requests, self._proposals, self._declines, self._traced, self._errors, self._stored
+        )
 
     async def aclose(self) -> None:
         """Drop cached plans (nothing else is held)."""
@@ -205,16 +214,29 @@ class TemplateExpert:
         async with lock:
             cached = self._plans.get(key)
             if cached is None:
-                if self.analysis is AnalysisMode.PROCESS:
-                    cached = await analyse_in_child(source, self.analysis_timeout_s, keep_torch)
-                else:
-                    cached = await asyncio.to_thread(analyse, source, keep_torch)
-                self._traced += 1
+                cached = await self._analysed(source, keep_torch)
                 self._plans[key] = cached
                 while len(self._plans) > _PLAN_CACHE:
                     (old, kept), _ = self._plans.popitem(last=False)
                     self._locks.pop(f"{old}:{kept}", None)
         return cached
+
+    async def _analysed(self, source: str, keep_torch: KeepTorch) -> Plan | Unsupported:
+        """The plan from the plan store where it keeps one, else analysed (and then kept there)."""
+        store = self.plan_store
+        if store is not None:
+            kept = await asyncio.to_thread(store.get, source, keep_torch)
+            if kept is not None:
+                self._stored += 1
+                return kept
+        if self.analysis is AnalysisMode.PROCESS:
+            plan = await analyse_in_child(source, self.analysis_timeout_s, keep_torch)
+        else:
+            plan = await asyncio.to_thread(analyse, source, keep_torch)
+        self._traced += 1
+        if store is not None and isinstance(plan, Plan):
+            await asyncio.to_thread(store.put, source, keep_torch, plan)
+        return plan
 
     async def generate(self, request: GenerateRequest) -> GenerateReply:
         """Up to ``request.n`` (at most ``max_variants``) template candidates, or a decline."""
