@@ -11,8 +11,9 @@ candidate at the published size on the GPU instead and prints its family, verdic
 over eager. ``--torch-ops reference`` plans as ``kfoundry run --torch-ops reference`` does: ops
 the templates do not cover stay the reference's own PyTorch calls between the kernels. Each
 generated row also says at which shapes its first candidate's ``ModelNew`` runs: ``any shape``
-(elementwise from end to end), ``any batch`` (copies of its kernels take the batch at run time) or
-``fixed`` (the reference's shapes only; others are refused, naming the dimension).
+(elementwise from end to end), ``any sizes`` (copies of its kernels take every free size of the
+task at run time: the batch, image sizes, lengths), ``any batch`` (the batch alone) or ``fixed``
+(the reference's shapes only; others are refused, naming the dimension).
 Nothing of the checkout is copied anywhere but a temporary folder that is removed afterwards.
 
     python -m bench.template_coverage ~/kb/KernelBench --level 1
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import structlog
 
-from actors.experts.template import Plan, Unsupported, analyse, any_batch, any_size, default_params, render
+from actors.experts.template import Plan, Unsupported, analyse, any_batch, any_size, any_sizes, default_params, render
 from actors.experts.template.ir import KeepTorch
 from actors.kbench.problems import DEV_SUBSET
 from bench.template_bench import evaluate_cli
@@ -156,6 +157,8 @@ def shapes_taken(rendered: str) -> str:
     """At which shapes a rendered ``ModelNew`` runs (see the module's doc)."""
     if f"def {any_size.METHOD}(self" in rendered:
         return "any shape"
+    if f"def {any_sizes.METHOD}(self" in rendered:
+        return "any sizes"
     if f"def {any_batch.METHOD}(self" in rendered:
         return "any batch"
     return "fixed"
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     done = sum(r.generated for r in rows)
     checked = sum(r.check.startswith("correct") for r in rows)
     summary = f"\nlevel {args.level}: generated {done}/{len(rows)}"
-    taken = {kind: sum(r.shapes == kind for r in rows) for kind in ("any shape", "any batch", "fixed")}
+    taken = {kind: sum(r.shapes == kind for r in rows) for kind in ("any shape", "any sizes", "any batch", "fixed")}
     summary += " (" + ", ".join(f"{kind} {n}" for kind, n in taken.items()) + ")"
     if args.check:
         summary += f", correct on {args.device} {checked}/{done}"

@@ -10,7 +10,7 @@ specialised to them (and checks them at run time).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -279,6 +279,9 @@ class Plan:
     empty where no constant moves with the batch (or :attr:`batch` is empty)."""
     batch_least: int = 1
     """The smallest batch the reference takes (2 where it refuses 1: batch norm in training mode)."""
+    sizes: Any = None
+    """How every dimension follows all of the task's free sizes (``any_sizes.Sizes``: the batch,
+    image sizes, lengths); ``None`` where it does not in the form ``any_sizes`` fits."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
     """Per returned tensor, the reference's strides where they are not the contiguous ones (an
     einsum's permuted result, a slice of a larger tensor), else ``None``: outputs are judged in the
@@ -400,8 +403,11 @@ def broadcast_blocks(operand: tuple[int, ...], target: tuple[int, ...]) -> tuple
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """A plan as plain JSON-able data (the analysis child process sends it this way)."""
-    data = asdict(plan)
+    from actors.experts.template import any_sizes
+
+    data = asdict(replace(plan, sizes=None))
     data["nodes"] = [{**asdict(n), "kind": n.kind.value} for n in plan.nodes]
+    data["sizes"] = any_sizes.to_data(plan.sizes) if plan.sizes else None
     return data
 
 
@@ -441,7 +447,15 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         batch_name=str(data.get("batch_name") or ""),
         batch_args=tuple(tuple(int(c) for c in cs) for cs in data.get("batch_args") or ()),
         batch_least=int(data.get("batch_least") or 1),
+        sizes=_sizes_from(data.get("sizes")),
     )
+
+
+def _sizes_from(data: Any) -> Any:
+    from actors.experts.template import any_sizes
+
+    found = any_sizes.from_data(data)
+    return found if found else None
 
 
 def _returns_from(data: list[Any] | tuple[Any, ...]) -> tuple[Any, ...]:

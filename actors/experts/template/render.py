@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from actors.experts.template import any_batch, any_size
+from actors.experts.template import any_batch, any_size, any_sizes
 from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import INTERPRETED, Launch
@@ -81,6 +81,7 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
                 seen.add(shape)
                 fusions.append((epilogue, prologue))
         found = _batch_links(reference_source, plan, keep_torch, lowering_s)
+        sizes = _size_links(reference_source, plan, keep_torch, lowering_s)
         return replace(
             plan,
             template=template,
@@ -89,6 +90,7 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             batch_name=found.name,
             batch_args=found.args,
             batch_least=found.least,
+            sizes=sizes or None,
         )
     except UnsupportedGraph as exc:
         return Unsupported(detail=exc.detail, op=exc.op)
@@ -112,6 +114,22 @@ def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lower
         )
     except Exception:  # noqa: BLE001 - user code: the plan stands without an any-batch path
         return any_batch.Found()
+
+
+def _size_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0) -> any_sizes.Sizes:
+    """``Plan.sizes`` (``any_sizes.find``): the reference lowered again with each free size moved."""
+    try:
+        namespace = load_namespace(reference_source)
+        sizes = {name: namespace[name] for name in free_sizes(namespace)}
+        return any_sizes.find(
+            sizes,
+            plan,
+            lambda changed: lowered(reference_source, keep_torch, changed),
+            lambda changed: _output_shapes(reference_source, changed),
+            lowering_s=lowering_s,
+        )
+    except Exception:  # noqa: BLE001 - user code: the plan stands without an any-size path
+        return any_sizes.Sizes()
 
 
 def _output_shapes(reference_source: str, sizes: dict[str, int]) -> list[tuple[int, ...]]:
@@ -191,7 +209,8 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
     ]
     kernels = [launch for launch in launches if launch is not None]
     generic = any_size.kernels(plan, sched, params, used) if any_size.eligible(plan, sched, launches) else []
-    batched = _any_batch(plan, params, used) if plan.batch and not generic else None
+    sized = _any_sizes(plan, params, used) if plan.sizes and not generic else None
+    batched = sized or (_any_batch(plan, params, used) if plan.batch and not generic else None)
     parts = [
         header(plan.template, params),
         f'"""ModelNew from Kernel Foundry\'s template expert ({plan.template}: '
@@ -204,7 +223,7 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
             "any other shape. Ops: "
             if generic
             else f"Specialised to the reference's input shapes, with copies of its kernels that take any "
-            f"{plan.batch_name} (other shapes are refused, naming the dimension). Ops: "
+            f"{_free(plan) if sized else plan.batch_name} (other shapes are refused, naming the dimension). Ops: "
             if batched
             else "Specialised to the reference's input shapes: forward refuses others, naming the dimension. Ops: "
         )
@@ -237,7 +256,7 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
         parts.extend([*(_site(stage) for stage in sites), "", ""])
     if any(node.path != FLOAT_ARG for node in plan.inputs):
         parts.append(REFUSE_SOURCE)
-    other = any_size.METHOD if generic else any_batch.METHOD if batched else None
+    other = any_size.METHOD if generic else any_sizes.METHOD if sized else any_batch.METHOD if batched else None
     model = _model(plan, sched, launches, direct, placed, other=other)
     if generic:
         model += "\n\n" + any_size.method(plan, sched, generic)
@@ -369,6 +388,7 @@ def _forward(
     arena: Arena,
     other: str | None = None,
     batch: bool = False,
+    free: str | None = None,
 ) -> list[str]:
     """The lines of ``forward`` (see :func:`_model`); ``batch``: of ``any_batch.METHOD``, whose
     shapes are expressions in the batch and whose refusals say that only the batch may change."""
@@ -384,7 +404,7 @@ def _forward(
             )
             continue
         refuse = f'    raise _kf_refuse("{name}", {name}, {tuple(node.shape)!r}, "{node.dtype}"' + (
-            f", any_batch={plan.batch_name!r})" if batch else ")"
+            f", any_batch={free or plan.batch_name!r})" if batch else ")"
         )
         if other is not None:
             refuse = f"    return self.{other}({', '.join(names)})"
@@ -442,6 +462,60 @@ def _forward(
     else:
         body.append(f"return {returned[0]}" if len(returned) == 1 else f"return ({', '.join(returned)})")
     return body
+
+
+def _free(plan: Plan) -> str:
+    """The sizes an any-size ``ModelNew`` takes, for people: ``batch_size, height and width``."""
+    names = [str(n) for n in plan.sizes.names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _any_sizes(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list[str], str] | None:
+    """The any-size kernels' sources and the method that launches them (``any_sizes``), or None
+    where the plan, rendered at two sets of sizes, does not come out the same."""
+    found = plan.sizes
+    renders: list[tuple[list[str], str]] = []
+    helpers: set[str] = set()
+    for point in any_sizes.probe_points(plan, found):
+        sym = any_sizes.symbolic(plan, found, point)
+        try:
+            sched = schedule(sym, params)
+            launches = [
+                None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, helpers)
+                for kernel in sched.kernels
+            ]
+            renders.append(_sized(sym, sched, launches))
+        except Exception:  # noqa: BLE001 - a writer that cannot take a symbolic size: no any-size path
+            return None
+    if not any_sizes.check_texts(["\n".join([*sources, method]) for sources, method in renders], found):
+        return None
+    used |= helpers
+    return renders[0]
+
+
+def _sized(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[list[str], str]:
+    """The renamed any-size kernels (the size variables their first arguments) and the method."""
+    found = plan.sizes
+    variables = found.variables
+    stages = [stage for launch in launches if launch is not None for stage in (*launch.pre, launch)]
+    names = {stage.name: stage.name + any_sizes.SUFFIX for stage in stages}
+    sources = [any_sizes.kernel_source(stage.source, variables, names) for stage in stages]
+
+    def renamed(launch: Launch) -> Launch:
+        return replace(
+            launch,
+            name=names[launch.name],
+            lead_args=(*variables, *launch.lead_args),
+            pre=tuple(renamed(p) for p in launch.pre),
+        )
+
+    moved = [None if launch is None else renamed(launch) for launch in launches]
+    body = _forward(plan, sched, moved, direct=False, arena=Arena(), batch=True, free=_free(plan))
+    lines = [
+        f"def {any_sizes.METHOD}(self, {', '.join(plan.arg_names)}):",
+        textwrap.indent("\n".join([*any_sizes.guard(plan, found), *body]), "    "),
+    ]
+    return sources, textwrap.indent("\n".join(lines), "    ")
 
 
 def _any_batch(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list[str], str] | None:

@@ -1,0 +1,521 @@
+"""Models at any size of their inputs: the batch and the image sizes, lengths and widths alike
+(issue 38 item 1; ``any_batch.py`` moves the batch alone).
+
+The task's free sizes (module-level integers only ``get_inputs`` reads, as the evaluator's
+held-out shapes move) are each moved alone by one and by two and the reference lowered again
+(:func:`find`). Where every lowering is the plan but for sizes, every dimension (and every float
+constant that moved: a mean's divisor) is fitted as ``c * (a1 * s1 + b1) * (a2 * s2 + b2) ...``,
+one affine factor per size it follows: the batch (``B``), a same-padded convolution's output
+(``H``), an unpadded one's (``H - 2``), a flattened image (``C * (H - 2) * (W - 2)``). A strided
+window (``(H - 3) // 2 + 1``) is not of that form, and the fit or its check fails. The fit is
+checked by lowering the reference at two further sets of sizes, every size moved at once, where
+every node must have exactly the predicted shape, and the reference's outputs too (on the meta
+device). Parameters never move, and each size must be some input's dimension as it is.
+
+``render`` then writes the plan's kernels once more with those dimensions as :class:`SymN`
+(an ``int`` whose text is the fitted expression of ``kf_<size>``, the sizes at run time) and keeps
+them only where two renderings, at the reference's sizes and at distinct sizes none of which is
+any other size or dimension of the plan, come out as the same text (any decision a writer took on
+a value, or a size printed as a number, makes them differ). ``ModelNew._kf_any_sizes`` reads the
+sizes from the inputs, refuses sizes for which a factor would be below one (the reference refuses
+them too) or below the smallest the reference takes, and checks every input's whole shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from actors.experts.template.any_batch import Sym, _text
+from actors.experts.template.ir import FLOAT_ARG, Arg, Node, NodeKind, Plan
+
+METHOD = "_kf_any_sizes"
+"""The ``ModelNew`` method that runs the any-size kernels."""
+SUFFIX = "_s"
+"""Appended to each any-size kernel's name."""
+MAX_SIZES = 4
+"""Free sizes moved at most (the lowerings needed grow with them)."""
+PROBE_LIMIT_S = 2.0
+"""A reference whose first lowering took longer (CPU seconds) is not lowered again here."""
+BUDGET_S = 15.0
+"""No further lowering is started after this long in :func:`find`."""
+
+Factor = tuple[int, int, int]
+"""``(size index, a, b)``: the factor ``a * s + b`` of a fitted quantity."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A quantity fitted to the sizes: ``scale * prod(a * s[i] + b for (i, a, b) in factors)``."""
+
+    scale: int
+    factors: tuple[Factor, ...] = ()
+
+    def at(self, sizes: tuple[int, ...]) -> int:
+        """Its value at ``sizes``."""
+        return self.scale * math.prod(a * sizes[i] + b for i, a, b in self.factors)
+
+    def text(self, names: tuple[str, ...]) -> str:
+        """Its expression in the run-time size variables ``names``."""
+        parts = [_affine(names[i], a, b) for i, a, b in self.factors]
+        if self.scale != 1 or not parts:
+            parts.insert(0, str(self.scale))
+        return parts[0] if len(parts) == 1 else "(" + " * ".join(parts) + ")"
+
+
+def _affine(name: str, a: int, b: int) -> str:
+    term = name if a == 1 else f"{a} * {name}"
+    if not b:
+        return term if a == 1 else f"({term})"
+    return f"({term} {'+' if b > 0 else '-'} {abs(b)})"
+
+
+class Decided(Exception):
+    """A writer compared a size that moves with the task's sizes with another (``<``, ``>``):
+    a kernel chosen by such a comparison holds on one side of it only, so there is no any-size
+    path (two renderings could both fall on the same side)."""
+
+
+Linear = tuple[tuple[tuple[str, int], ...], int]
+"""``((variable, coefficient), ...), constant``: an expression linear in the size variables."""
+
+
+class SymN(Sym):
+    """A size that moves with several of the task's sizes: an ``int`` worth its value at the sizes
+    being rendered, whose text is an expression of them (:class:`Fit`). Arithmetic gives another
+    :class:`SymN` whose text records it (the writers compute with it as with a number), linear in
+    the variables (:attr:`lin`) while it stays so.
+
+    Comparisons are where a writer decides on a value, which a kernel for every size must not.
+    Between two linear expressions of the same variables with the same coefficients the answer
+    is the same at every size and is given (a window's last tap against the input's length); any
+    other ordering raises :class:`Decided`. Equality holds only between the same expression (a
+    size that moves is never a given number: ``inner == 1`` is false, and the general form is
+    written)."""
+
+    lin: Linear | None
+
+    def __new__(cls, value: int, expr: str = "", affine: tuple[int, int] | None = None) -> SymN:
+        obj = int.__new__(cls, value)
+        obj.affine = None
+        obj.expr = expr
+        obj.lin = None
+        return obj
+
+    @classmethod
+    def linear(cls, value: int, expr: str, lin: Linear | None) -> SymN:
+        """A size whose expression is ``lin`` (``None``: not linear)."""
+        obj = cls(value, expr)
+        obj.lin = lin
+        return obj
+
+    def _op(self, other: Any, sym: str, reflected: bool = False) -> Any:
+        if isinstance(other, bool) or not isinstance(other, int):
+            return NotImplemented
+        x, y = (other, self) if reflected else (self, other)
+        value = _APPLY[sym](int(x), int(y))
+        if not isinstance(y, Sym) and ((sym in ("*", "//") and int(y) == 1) or (sym in ("+", "-") and int(y) == 0)):
+            return x
+        if not isinstance(x, Sym) and ((sym == "*" and int(x) == 1) or (sym == "+" and int(x) == 0)):
+            return y
+        return SymN.linear(value, f"({_text(x)} {sym} {_text(y)})", _combine(_lin(x), _lin(y), sym))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, int) or isinstance(other, bool):
+            return False
+        if isinstance(other, Sym) and other.expr == self.expr:
+            return True
+        mine, theirs = self.lin, _lin(other)
+        return mine is not None and theirs is not None and mine == theirs
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(self.expr)
+
+    def _order(self, other: object, sym: str) -> bool:
+        theirs = _lin(other) if isinstance(other, int) and not isinstance(other, bool) else None
+        if self.lin is not None and theirs is not None and self.lin[0] == theirs[0]:
+            a, b = self.lin[1], theirs[1]
+            return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[sym]
+        raise Decided(f"{self.expr} compared with {other!r}")
+
+    def __lt__(self, other: object) -> bool:
+        return self._order(other, "<")
+
+    def __le__(self, other: object) -> bool:
+        return self._order(other, "<=")
+
+    def __gt__(self, other: object) -> bool:
+        return self._order(other, ">")
+
+    def __ge__(self, other: object) -> bool:
+        return self._order(other, ">=")
+
+
+def _lin(x: int) -> Linear | None:
+    """``x`` as a linear expression (a plain number: no variables)."""
+    if isinstance(x, SymN):
+        return x.lin
+    if isinstance(x, Sym):
+        return None
+    return ((), int(x))
+
+
+def _combine(a: Linear | None, b: Linear | None, sym: str) -> Linear | None:
+    """The linear form of ``a sym b`` (``None`` where it is not linear)."""
+    if a is None or b is None:
+        return None
+    if sym in ("+", "-"):
+        sign = 1 if sym == "+" else -1
+        coef = dict(a[0])
+        for var, c in b[0]:
+            coef[var] = coef.get(var, 0) + sign * c
+        return tuple(sorted((v, c) for v, c in coef.items() if c)), a[1] + sign * b[1]
+    if sym == "*" and (not a[0] or not b[0]):
+        k, form = (a[1], b) if not a[0] else (b[1], a)
+        return tuple((v, k * c) for v, c in form[0] if k * c), k * form[1]
+    return None
+
+
+_APPLY: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+}
+
+
+class SymFloatN(float):
+    """A float constant fitted to the sizes (a mean's divisor): its text is ``(expr * 1.0)``."""
+
+    expr: str
+
+    def __new__(cls, value: float, expr: str) -> SymFloatN:
+        obj = super().__new__(cls, value)
+        obj.expr = f"({expr} * 1.0)"
+        return obj
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What :func:`find` found (``Plan.sizes``): the sizes, how every dimension and moving constant
+    follows them, and the smallest value of each the reference takes."""
+
+    names: tuple[str, ...] = ()
+    values: tuple[int, ...] = ()
+    """At the reference's shapes."""
+    dims: tuple[tuple[Fit | None, ...], ...] = ()
+    """Per node, per dimension: its fit (``None``: a constant)."""
+    args: tuple[tuple[Fit | None, ...], ...] = ()
+    """Per node, per argument: the fit of a float constant that moves (``None``: it does not)."""
+    least: tuple[int, ...] = ()
+    """Per size, the smallest the reference takes (1, or 2: batch norm's statistics)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The run-time variables: ``kf_<size name>``."""
+        return tuple(f"kf_{name}" for name in self.names)
+
+
+def _fit(d0: int, moved: list[tuple[int, int]], s0: tuple[int, ...]) -> Fit | None:
+    """The fit of a quantity worth ``d0`` at ``s0`` and ``moved[i] = (at s_i + 1, at s_i + 2)``
+    with size ``i`` moved alone; None where it is not of the product form."""
+    factors: list[tuple[int, int, int, int]] = []  # (i, alpha, beta, gcd)
+    for i, (d1, d2) in enumerate(moved):
+        if d1 == d0 and d2 == d0:
+            continue
+        alpha = d1 - d0
+        if d2 - d1 != alpha or alpha == 0:
+            return None
+        beta = d0 - alpha * s0[i]
+        g = math.gcd(alpha, beta) * (1 if alpha > 0 else -1)
+        factors.append((i, alpha, beta, g))
+    if not factors:
+        return Fit(scale=d0)
+    scale_num = math.prod(g for *_, g in factors)
+    scale_den = d0 ** (len(factors) - 1)
+    if scale_den == 0 or scale_num % scale_den:
+        return None
+    fit = Fit(scale_num // scale_den, tuple((i, alpha // g, beta // g) for i, alpha, beta, g in factors))
+    return fit if fit.scale > 0 and fit.at(s0) == d0 else None
+
+
+def _same_but_sizes(a: Node, b: Node) -> bool:
+    """Whether two lowerings' nodes are the same op on the same operands (sizes and float
+    constants may differ)."""
+    if replace(a, shape=(), args=()) != replace(b, shape=(), args=()) or len(a.shape) != len(b.shape):
+        return False
+    if len(a.args) != len(b.args):
+        return False
+    return all(
+        (type(x) is type(y) and x == y) or (isinstance(x, float) and isinstance(y, float))
+        for x, y in zip(a.args, b.args, strict=True)
+    )
+
+
+def find(
+    source_sizes: Mapping[str, int],
+    plan: Plan,
+    relower: Callable[[dict[str, int]], Plan],
+    outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]],
+    lowering_s: float = 0.0,
+) -> Sizes:
+    """``Plan.sizes`` (see the module's doc), or an empty :class:`Sizes` where the plan does not
+    follow the task's sizes in that form, or where the first lowering took ``lowering_s`` over
+    :data:`PROBE_LIMIT_S`."""
+    if lowering_s > PROBE_LIMIT_S or not source_sizes or len(source_sizes) > MAX_SIZES:
+        return Sizes()
+    if not any(n.path != FLOAT_ARG for n in plan.inputs):
+        return Sizes()
+    names = tuple(source_sizes)
+    s0 = tuple(int(source_sizes[n]) for n in names)
+    deadline = time.monotonic() + BUDGET_S
+    lowered: list[tuple[Plan, Plan]] = []
+    for i, name in enumerate(names):
+        pair = []
+        for step in (1, 2):
+            if time.monotonic() > deadline:
+                return Sizes()
+            try:
+                other = relower({name: s0[i] + step})
+            except Exception:  # noqa: BLE001 - the reference refuses that size: no path
+                return Sizes()
+            if len(other.nodes) != len(plan.nodes) or other.outputs != plan.outputs or other.returns != plan.returns:
+                return Sizes()
+            if other.init_source != plan.init_source or other.output_strides != plan.output_strides:
+                return Sizes()
+            if not all(_same_but_sizes(a, b) for a, b in zip(plan.nodes, other.nodes, strict=True)):
+                return Sizes()
+            pair.append(other)
+        lowered.append((pair[0], pair[1]))
+    dims: list[tuple[Fit | None, ...]] = []
+    args: list[tuple[Fit | None, ...]] = []
+    for k, node in enumerate(plan.nodes):
+        row: list[Fit | None] = []
+        for j, d0 in enumerate(node.shape):
+            fit = _fit(int(d0), [(int(p1.nodes[k].shape[j]), int(p2.nodes[k].shape[j])) for p1, p2 in lowered], s0)
+            if fit is None:
+                return Sizes()
+            row.append(fit if fit.factors else None)
+        if node.kind is NodeKind.PARAM and any(row):
+            return Sizes()
+        dims.append(tuple(row))
+        consts: list[Fit | None] = []
+        for j, x in enumerate(node.args):
+            moved = [(float(p1.nodes[k].args[j]), float(p2.nodes[k].args[j])) for p1, p2 in lowered]
+            if not isinstance(x, float) or all(m == (x, x) for m in moved):
+                consts.append(None)
+                continue
+            if x != int(x) or any(y != int(y) or z != int(z) for y, z in moved):
+                return Sizes()
+            fit = _fit(int(x), [(int(y), int(z)) for y, z in moved], s0)
+            if fit is None or not fit.factors:
+                return Sizes()
+            consts.append(fit)
+        args.append(tuple(consts))
+    found = Sizes(names, s0, tuple(dims), tuple(args) if any(any(a) for a in args) else ())
+    if not _bare(plan, found):
+        return Sizes()
+    for point in _checks(s0):
+        if time.monotonic() > deadline or not _holds(plan, found, point, relower, outputs_at):
+            return Sizes()
+    return replace(found, least=_least(plan, found, outputs_at))
+
+
+def _bare(plan: Plan, found: Sizes) -> bool:
+    """Whether every size is some input's dimension as it is, and every input dimension that moves
+    is of one size (the run-time sizes are read from there)."""
+    bare: set[int] = set()
+    for node in plan.inputs:
+        for fit in found.dims[node.id]:
+            if fit is None:
+                continue
+            if fit.scale == 1 and len(fit.factors) == 1 and fit.factors[0][1:] == (1, 0):
+                bare.add(fit.factors[0][0])
+    return bare == set(range(len(found.names)))
+
+
+def _checks(s0: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Two sets of sizes, every size moved at once: larger (odd, about twice) and smaller (about
+    three quarters, odd), each value distinct from the others."""
+    large = tuple(2 * s + 1 + 2 * i for i, s in enumerate(s0))
+    small = tuple(max(1, (3 * s // 4) | 1) for s in s0)
+    return [large, small] if small != s0 else [large]
+
+
+def _holds(
+    plan: Plan,
+    found: Sizes,
+    point: tuple[int, ...],
+    relower: Callable[[dict[str, int]], Plan],
+    outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]],
+) -> bool:
+    """Whether the reference lowered at ``point`` has exactly the shapes (and constants) the fits
+    predict, and its outputs too."""
+    changed = dict(zip(found.names, point, strict=True))
+    try:
+        other = relower(changed)
+        outs = outputs_at(changed)
+    except Exception:  # noqa: BLE001 - the reference refuses these sizes: the fit is not checked
+        return False
+    if len(other.nodes) != len(plan.nodes):
+        return False
+    for k, (a, b) in enumerate(zip(plan.nodes, other.nodes, strict=True)):
+        if not _same_but_sizes(a, b):
+            return False
+        if tuple(b.shape) != _at(a.shape, found.dims[k], point):
+            return False
+        for j, x in enumerate(a.args):
+            fit = found.args[k][j] if found.args else None
+            if isinstance(x, float) and b.args[j] != (float(fit.at(point)) if fit is not None else x):
+                return False
+    return outs == [_at(plan.nodes[o].shape, found.dims[o], point) for o in plan.outputs]
+
+
+def _at(shape: tuple[int, ...], fits: tuple[Fit | None, ...], point: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape at ``point`` by its fits."""
+    return tuple(fit.at(point) if fit is not None else d for d, fit in zip(shape, fits, strict=True))
+
+
+def _least(plan: Plan, found: Sizes, outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]]) -> tuple[int, ...]:
+    """Per size, 1 where the reference takes it (the others as they are), else 2 (batch norm's
+    statistics refuse one value per channel); a size whose factors need more is bounded by the
+    factors' own check at run time."""
+    out = []
+    for name in found.names:
+        try:
+            outputs_at({name: 1})
+            out.append(1)
+        except Exception:  # noqa: BLE001 - the reference refuses 1 there
+            out.append(2)
+    return tuple(out)
+
+
+def symbolic(plan: Plan, found: Sizes, point: tuple[int, ...]) -> Plan:
+    """``plan`` with every fitted dimension a :class:`SymN` worth its value at ``point``, and every
+    fitted constant a :class:`SymFloatN`."""
+    names = found.variables
+
+    def arg(a: Arg, fit: Fit | None) -> Arg:
+        return SymFloatN(float(fit.at(point)), fit.text(names)) if fit is not None else a
+
+    def dim(d: int, fit: Fit | None) -> int:
+        if fit is None:
+            return d
+        lin: Linear | None = None
+        if len(fit.factors) == 1:
+            i, a, b = fit.factors[0]
+            lin = (((names[i], fit.scale * a),), fit.scale * b)
+        return SymN.linear(fit.at(point), fit.text(names), lin)
+
+    nodes = []
+    for k, node in enumerate(plan.nodes):
+        shape = tuple(dim(d, fit) for d, fit in zip(node.shape, found.dims[k], strict=True))
+        consts = found.args[k] if found.args else ()
+        args = tuple(arg(a, f) for a, f in zip(node.args, consts, strict=True)) if consts else node.args
+        nodes.append(replace(node, shape=shape, args=args))
+    return replace(plan, nodes=tuple(nodes))
+
+
+def probe_points(plan: Plan, found: Sizes) -> list[tuple[int, ...]]:
+    """The two sets of sizes the copies are rendered at: the reference's, and one where every size
+    is odd, about three times larger, and differs from every other size and from every constant
+    dimension of the plan (a writer that took a decision on two values being equal shows it)."""
+    taken = {int(d) for node in plan.nodes for d in node.shape}
+    other: list[int] = []
+    for s in found.values:
+        v = (3 * s + 1) | 1
+        while v in taken or v in other:
+            v += 2
+        other.append(v)
+    return [found.values, tuple(other)]
+
+
+def check_texts(texts: list[str], found: Sizes) -> bool:
+    """Whether the renderings at the probe points came out the same, naming every size."""
+    return len(set(texts)) == 1 and all(v in texts[0] for v in found.variables)
+
+
+def guard(plan: Plan, found: Sizes) -> list[str]:
+    """The any-size method's first lines: each size read from an input dimension that is that size,
+    then refused where a fitted factor would be below one or the size below the least the
+    reference takes."""
+    lines: list[str] = []
+    names = plan.arg_names
+    for i, var in enumerate(found.variables):
+        node, dim = next(
+            (n, j)
+            for n in plan.inputs
+            for j, fit in enumerate(found.dims[n.id])
+            if fit is not None and fit.scale == 1 and fit.factors == ((i, 1, 0),)
+        )
+        x = names[node.index]
+        rank = len(node.shape)
+        lines.append(f"{var} = {x}.shape[{dim}] if isinstance({x}, torch.Tensor) and {x}.dim() == {rank} else -1")
+    factors = sorted(
+        {(i, a, b) for row in found.dims for fit in row if fit is not None for (i, a, b) in fit.factors}
+        | {(i, 1, 0) for i in range(len(found.names))}
+    )
+    conds = [f"{_affine(found.variables[i], a, b)} < 1" for i, a, b in factors]
+    conds += [f"{var} < {least}" for var, least in zip(found.variables, found.least, strict=True) if least > 1]
+    sizes = ", ".join(f"{name}={{{var}}}" for name, var in zip(found.names, found.variables, strict=True))
+    lines.append(
+        f"if {' or '.join(dict.fromkeys(conds))}:\n"
+        f'    raise ValueError(f"sizes {sizes}: too small for this model (the reference refuses them too)")'
+    )
+    return lines
+
+
+def kernel_source(source: str, variables: tuple[str, ...], names: dict[str, str]) -> str:
+    """A kernel's source with the size variables as its first parameters (not specialised on: one
+    compile serves every size) and every kernel renamed (``names``)."""
+    listed = ", ".join(f'"{v}"' for v in variables)
+    source = source.replace("@triton.jit\n", f"@triton.jit(do_not_specialize=[{listed}])\n", 1)
+    source = re.sub(
+        r"^def (\w+)\(", lambda m: f"def {m.group(1)}({', '.join(variables)}, ", source, count=1, flags=re.M
+    )
+    for old, new in names.items():
+        source = re.sub(rf"\b{re.escape(old)}\b", new, source)
+    return source
+
+
+def to_data(found: Sizes) -> dict[str, Any]:
+    """``found`` as plain JSON-able data (``Plan.sizes`` in ``plan_to_dict``)."""
+
+    def fit(f: Fit | None) -> list[Any] | None:
+        return None if f is None else [f.scale, [list(x) for x in f.factors]]
+
+    return {
+        "names": list(found.names),
+        "values": list(found.values),
+        "dims": [[fit(f) for f in row] for row in found.dims],
+        "args": [[fit(f) for f in row] for row in found.args],
+        "least": list(found.least),
+    }
+
+
+def from_data(data: Mapping[str, Any] | None) -> Sizes:
+    """The inverse of :func:`to_data` (empty data: no sizes)."""
+    if not data:
+        return Sizes()
+
+    def fit(f: Any) -> Fit | None:
+        return None if f is None else Fit(int(f[0]), tuple((int(i), int(a), int(b)) for i, a, b in f[1]))
+
+    return Sizes(
+        names=tuple(str(n) for n in data["names"]),
+        values=tuple(int(v) for v in data["values"]),
+        dims=tuple(tuple(fit(f) for f in row) for row in data["dims"]),
+        args=tuple(tuple(fit(f) for f in row) for row in data["args"]),
+        least=tuple(int(v) for v in data["least"]),
+    )

@@ -1,0 +1,221 @@
+"""Models at any size of their inputs (issue 38 item 1): the batch, image sizes, lengths and widths
+at once (``any_sizes.py``). The fits of a plan's dimensions to the task's sizes, what has no such
+path (a strided window, a kernel chosen by comparing a size), the refusals, and the copies checked
+under Triton's interpreter against the reference at sizes the run never saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from actors.experts.template import any_batch, any_sizes, default_params, mutate
+from actors.experts.template.any_sizes import Decided, Fit, SymN, _fit
+from actors.experts.template.ir import Plan, Unsupported
+from actors.experts.template.params import TemplateParams
+from actors.experts.template.render import analyse, render
+from tests.experts.test_template_any_batch import ALL_CASES, _source
+from tests.experts.test_template_any_size import _load
+
+CONV = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.conv2 = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv2(torch.relu(self.conv(x)))).flatten(1).softmax(dim=1)
+
+batch_size = 4
+height = 12
+width = 10
+
+def get_inputs():
+    return [torch.randn(batch_size, 3, height, width)]
+
+def get_init_inputs():
+    return []
+"""
+
+COVERED = 50
+"""Test cases (at their first sizes, plain parameters) with an any-size path when this was written."""
+
+
+def test_dimensions_are_fitted_as_products_of_affine_factors_of_the_sizes() -> None:
+    s0 = (4, 12, 10)  # batch, height, width
+    # 8 * (H - 2) * (W - 2): an unpadded 3x3 convolution's flattened image
+    flat = _fit(8 * 10 * 8, [(640, 640), (8 * 11 * 8, 8 * 12 * 8), (8 * 10 * 9, 8 * 10 * 10)], s0)
+    assert flat == Fit(8, ((1, 1, -2), (2, 1, -2)))
+    assert flat.text(("kf_b", "kf_h", "kf_w")) == "(8 * (kf_h - 2) * (kf_w - 2))"
+    assert flat.at((1, 3, 5)) == 8 * 1 * 3
+    assert _fit(7, [(7, 7), (7, 7), (7, 7)], s0) == Fit(7)
+    # (H - 3) // 2 + 1, a strided window: 5, 5, 6 at heights 12, 13, 14 is not affine
+    assert _fit(5, [(7, 7), (5, 6), (7, 7)], s0) is None
+
+
+def test_a_convolutional_model_takes_any_batch_and_image_size_and_is_correct_there(tmp_path: Path) -> None:
+    plan = analyse(CONV)
+    assert isinstance(plan, Plan), plan
+    assert plan.sizes is not None
+    assert plan.sizes.names == ("batch_size", "height", "width")
+    conv = next(n for n in plan.nodes if n.kind.value == "conv")
+    texts = [f.text(plan.sizes.variables) if f else None for f in plan.sizes.dims[conv.id]]
+    assert texts == ["kf_batch_size", None, "(kf_height - 2)", "(kf_width - 2)"]
+    jobs = []
+    for label, params in _variants(plan):
+        rendered = render(plan, params)
+        assert f"def {any_sizes.METHOD}(self" in rendered, label
+        assert any_batch.METHOD not in rendered  # the any-size path supersedes the batch's
+        points = [{"batch_size": 1, "height": 3, "width": 3}, {"batch_size": 3, "height": 17, "width": 6}]
+        jobs.append(_job(label, CONV, rendered, tmp_path, [*points, {"batch_size": 2, "height": 41, "width": 30}]))
+    outcomes = _check_in_child(jobs, tmp_path)
+    assert outcomes == {label: 3 for label, _ in _variants(plan)}, outcomes
+
+
+def test_sizes_below_what_the_reference_takes_are_refused_saying_so(tmp_path: Path) -> None:
+    plan = analyse(CONV)
+    assert isinstance(plan, Plan)
+    module = _load(render(plan, TemplateParams()), tmp_path / "kf_sizes_refuse.py")
+    with pytest.raises(ValueError, match=r"sizes batch_size=2, height=2, width=9: too small for this model"):
+        module.ModelNew()(torch.randn(2, 3, 2, 9))
+    with pytest.raises(ValueError, match=r"dimension 1 is 4, not 3\. This ModelNew's kernels take any batch_size, "):
+        module.ModelNew()(torch.randn(2, 4, 12, 10))
+
+
+def test_a_strided_window_is_not_fitted_and_the_batch_alone_moves() -> None:
+    source = CONV.replace("nn.Conv2d(3, 8, 3)", "nn.Conv2d(3, 8, 3, stride=2)")
+    plan = analyse(source)
+    assert isinstance(plan, Plan)
+    assert plan.sizes is None
+    assert plan.batch_name == "batch_size"
+    assert any_batch.METHOD in render(plan, TemplateParams())
+
+
+def test_a_kernel_chosen_by_comparing_a_size_gets_no_any_size_path() -> None:
+    # the convolution's fused spatial sum lets one tile of rows span two images, decided by the
+    # image's size against the tile: at small images a tile spans more, so that kernel holds on
+    # one side of the comparison only
+    plan = analyse(_source(ALL_CASES["conv2d_gelu_global_avg_pool"], 0))
+    assert isinstance(plan, Plan)
+    assert plan.sizes is not None
+    assert any_sizes.METHOD not in render(plan, default_params(plan))
+    x = SymN(64, "(kf_h * kf_w)")
+    with pytest.raises(Decided, match=r"\(kf_h \* kf_w\) compared with 128"):
+        _ = x < 128
+    with pytest.raises(Decided):
+        min(128, x)
+    assert x != 64  # a size that moves is never a given number
+    assert x == SymN(99, "(kf_h * kf_w)")
+    y = x * 2 + 1
+    assert (int(y), str(y)) == (129, "(((kf_h * kf_w) * 2) + 1)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3000)
+def test_every_case_with_an_any_size_path_is_correct_at_sizes_the_run_never_saw(tmp_path: Path) -> None:
+    covered: list[str] = []
+    jobs = []
+    for name, case in ALL_CASES.items():
+        source = _source(case, 0)
+        plan = analyse(source)
+        if isinstance(plan, Unsupported) or plan.sizes is None:
+            continue
+        for label, params in _variants(plan):
+            rendered = render(plan, params)
+            if f"def {any_sizes.METHOD}(self" not in rendered:
+                continue
+            if label == "plain":
+                covered.append(name)
+            s0 = plan.sizes.values
+            points = [
+                [max(1, (3 * s // 4) | 1) for s in s0],
+                [2 * s + 3 + 2 * i for i, s in enumerate(s0)],
+                [1] * len(s0),
+            ]
+            sized = [dict(zip(plan.sizes.names, p, strict=True)) for p in points]
+            jobs.append(_job(f"{name} {label}", source, rendered, tmp_path, sized))
+    outcomes = _check_in_child(jobs, tmp_path)
+    bad = {k: v for k, v in outcomes.items() if not isinstance(v, int)}
+    assert not bad, bad
+    assert len(covered) >= COVERED, covered
+
+
+def _variants(plan: Plan) -> list[tuple[str, TemplateParams]]:
+    """Plain parameters, the run's first ones and a mutation of them (no TMA: the interpreter has
+    no tensor descriptors)."""
+    start = default_params(plan)
+    mutant = mutate(plan, start, np.random.default_rng(3), diagnosis=None).with_changes(mm_tma=False)
+    return [("plain", TemplateParams()), ("default", start), ("mutant", mutant)]
+
+
+def _job(label: str, source: str, rendered: str, tmp_path: Path, points: list[dict[str, int]]) -> dict[str, Any]:
+    path = tmp_path / f"kf_sizes_{abs(hash(label))}.py"
+    return {"label": label, "source": source, "rendered": rendered, "path": str(path), "points": points}
+
+
+CHILD = """
+import json, sys
+from pathlib import Path
+import torch
+from tests.experts.test_template_any_size import _load
+
+def flat(v):
+    return [x for i in v for x in flat(i)] if isinstance(v, (tuple, list)) else [v]
+
+out = {}
+for job in json.loads(Path(sys.argv[1]).read_text()):
+    try:
+        module = _load(job["rendered"], Path(job["path"]))
+        ns = {}
+        exec(compile(job["source"], job["label"], "exec"), ns)
+        checked = 0
+        for point in job["points"]:
+            ns.update(point)
+            torch.manual_seed(0)
+            inputs, init = list(ns["get_inputs"]()), list(ns["get_init_inputs"]())
+            torch.manual_seed(1)
+            reference = ns["Model"](*init)
+            torch.manual_seed(1)
+            candidate = module.ModelNew(*init)
+            try:
+                want = flat(reference(*inputs))
+            except Exception:  # the reference refuses these sizes: nothing to compare
+                continue
+            got = flat(candidate(*inputs))
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert g.shape == w.shape, (point, g.shape, w.shape)
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"at {point}: {m}")
+            checked += 1
+        out[job["label"]] = checked
+    except Exception as exc:
+        out[job["label"]] = f"{type(exc).__name__}: {exc}"[:3000]
+print(json.dumps(out))
+"""
+"""Runs the checks in a process of its own with ``TRITON_INTERPRET=1`` from its start (see
+``test_template_any_batch``)."""
+
+
+def _check_in_child(jobs: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
+    listing = tmp_path / "jobs.json"
+    listing.write_text(json.dumps(jobs))
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-W", "ignore::RuntimeWarning", str(script), str(listing)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=2400, check=False, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
