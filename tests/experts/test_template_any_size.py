@@ -74,9 +74,10 @@ def test_what_the_any_shape_path_refuses_and_what_stays_specialised(tmp_path: Pa
         model(torch.randn(3, 5), torch.randn(3, 6))  # broadcasting is not taken
     with pytest.raises(ValueError, match=r"^x is float64, not float32\. This ModelNew takes inputs of any shape"):
         model(torch.randn(3, 5).double(), torch.randn(3, 5))
-    # not elementwise throughout (a product): any batch (``any_batch.py``), a clear refusal elsewhere
+    # not elementwise throughout (a product): any batch (its one free size, ``any_sizes.py``), a
+    # clear refusal elsewhere
     linear = render(analyse((ROOT / "examples" / "quickstart.py").read_text()), TemplateParams())  # type: ignore[arg-type]
-    assert "_kf_any_size" not in linear
+    assert "def _kf_any_size(self" not in linear
     quick = _load(linear, tmp_path / "kf_any_linear.py").ModelNew(256, 256)
     with pytest.raises(ValueError, match=r"^x has shape \(23, 100\): dimension 1 is 100, not 256\. .* any batch_size;"):
         quick(torch.randn(23, 100))

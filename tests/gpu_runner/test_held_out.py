@@ -237,7 +237,7 @@ def test_a_large_tasks_held_out_batch_has_fewer_rows_still_odd() -> None:
 
 async def test_the_template_experts_candidates_are_checked_at_every_held_out_shape() -> None:
     """Its kernels are written for the reference's shapes, with run-time-sized copies for any other
-    shape (an elementwise model) or for any batch (a softmax: another row length is refused)."""
+    shape (an elementwise model) or for any of the task's sizes (a softmax: any batch and row length)."""
     from actors.experts.template.params import TemplateParams
     from actors.experts.template.render import analyse, render
     from gpu_runner.config import EvalJob
@@ -264,14 +264,8 @@ async def test_the_template_experts_candidates_are_checked_at_every_held_out_sha
     assert [s.outcome for s in shapes] == ["correct"] * 3, shapes
     rows = {s.shape: s for s in results["softmax_sized"].correctness.held_out}  # type: ignore[union-attr]
     assert len(rows) == 3, rows
-    for label, check in rows.items():
-        if "dim=" in label:  # the row length moved too: refused, naming the dimension
-            assert check.outcome == "raised", check
-            assert "dimension 1 is" in check.detail, check
-            assert "any batch_size" in check.detail, check
-        else:  # the batch alone
-            assert check.outcome == "correct", check
-    assert sum(c.outcome == "correct" for c in rows.values()) == 2, rows
+    assert any("dim=" in label for label in rows), rows  # the row length moved too
+    assert [c.outcome for c in rows.values()] == ["correct"] * 3, rows
 
 
 async def test_a_candidate_whose_process_dies_at_a_held_out_shape_is_told_where() -> None:
