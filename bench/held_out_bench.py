@@ -15,8 +15,8 @@ the time its GPU window was held (``gpu_s``). The table goes to ``--out`` as wel
 Cases: the quickstart task (a linear layer) with the template expert's first candidate (copies of
 its kernels that take any batch: correct at the held-out batches), an elementwise task with the
 template's candidate (run-time-sized copies of its kernels: correct at any shape), a softmax over
-``(batch_size, dim)`` with the template's candidate (any batch; the shape with another row length
-raises), with a candidate correct at any shape and with one wrong at an odd batch
+``(batch_size, dim)`` with the template's candidate (any batch and row length: copies of its
+kernels that take every free size of the task), with a candidate correct at any shape and with one wrong at an odd batch
 (``tests/gpu_runner``'s references and candidates).
 """
 
@@ -54,7 +54,7 @@ class Case:
 CASES = (
     Case("quickstart, template (any batch)", HERE / "examples" / "quickstart.py", None),
     Case("swish + residual, template (any shape)", REFS / "swish_sized.py", None),
-    Case("softmax, template (any batch)", REFS / "softmax_sized.py", None),
+    Case("softmax, template (any sizes)", REFS / "softmax_sized.py", None),
     Case("softmax, any shape", REFS / "softmax_sized.py", CANDS / "softmax_any_shape.py"),
     Case("softmax, wrong at an odd batch", REFS / "softmax_sized.py", CANDS / "softmax_row_pairs.py"),
 )
