@@ -140,12 +140,13 @@ interpreter takes Triton's library functions (``tl.zeros``) only where it was on
 first imported, which in a test session another test may have done without it."""
 
 
-def _check_in_child(jobs: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
-    """Each job's outcome: the batches it was checked at, or the error that stopped it."""
+def _check_in_child(jobs: list[dict[str, Any]], tmp_path: Path, child: str = CHILD) -> dict[str, Any]:
+    """Each job's outcome (``child``'s last line: for :data:`CHILD`, the batches it was checked at,
+    or the error that stopped it)."""
     listing = tmp_path / "jobs.json"
     listing.write_text(json.dumps(jobs))
     script = tmp_path / "child.py"
-    script.write_text(CHILD)
+    script.write_text(child)
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     argv = [sys.executable, "-W", "ignore::RuntimeWarning", str(script), str(listing)]

@@ -5,10 +5,6 @@ under Triton's interpreter against the reference at sizes the run never saw."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +18,7 @@ from actors.experts.template.ir import Plan, Unsupported
 from actors.experts.template.params import TemplateParams
 from actors.experts.template.render import analyse, render
 from tests.experts.test_template_any_batch import ALL_CASES, _source
+from tests.experts.test_template_any_batch import _check_in_child as check_batches_in_child
 from tests.experts.test_template_any_size import _load
 
 CONV = """
@@ -204,18 +201,8 @@ for job in json.loads(Path(sys.argv[1]).read_text()):
 print(json.dumps(out))
 """
 """Runs the checks in a process of its own with ``TRITON_INTERPRET=1`` from its start (see
-``test_template_any_batch``)."""
+``test_template_any_batch``): the number of sizes checked per job, or the error that stopped it."""
 
 
 def _check_in_child(jobs: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
-    listing = tmp_path / "jobs.json"
-    listing.write_text(json.dumps(jobs))
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    argv = [sys.executable, "-W", "ignore::RuntimeWarning", str(script), str(listing)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=2400, check=False, cwd=root)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return out
+    return check_batches_in_child(jobs, tmp_path, CHILD)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from actors.experts.template.any_batch import Sym, _text
+from actors.experts.template.any_batch import _APPLY, Sym, _text
 from actors.experts.template.ir import FLOAT_ARG, Arg, Node, NodeKind, Plan
 
 METHOD = "_kf_any_sizes"
@@ -181,15 +181,6 @@ def _combine(a: Linear | None, b: Linear | None, sym: str) -> Linear | None:
         k, form = (a[1], b) if not a[0] else (b[1], a)
         return tuple((v, k * c) for v, c in form[0] if k * c), k * form[1]
     return None
-
-
-_APPLY: dict[str, Callable[[int, int], int]] = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "//": lambda a, b: a // b,
-    "%": lambda a, b: a % b,
-}
 
 
 class SymFloatN(float):

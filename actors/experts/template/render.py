@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -474,20 +475,42 @@ def _any_sizes(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list
     """The any-size kernels' sources and the method that launches them (``any_sizes``), or None
     where the plan, rendered at two sets of sizes, does not come out the same."""
     found = plan.sizes
+    return _copies(
+        lambda: [any_sizes.symbolic(plan, found, point) for point in any_sizes.probe_points(plan, found)],
+        params,
+        used,
+        _sized,
+        lambda texts: any_sizes.check_texts(texts, found),
+    )
+
+
+def _copies(
+    probes: Callable[[], list[Plan]],
+    params: TemplateParams,
+    used: set[str],
+    assemble: Callable[[Plan, Schedule, list[Launch | None]], tuple[list[str], str]],
+    same: Callable[[list[str]], bool],
+) -> tuple[list[str], str] | None:
+    """Kernels and a method written for each symbolic plan of ``probes`` (one per probe), kept
+    where every rendering comes out the same (``same``); None where not, or where a writer cannot
+    take a symbolic size."""
     renders: list[tuple[list[str], str]] = []
     helpers: set[str] = set()
-    for point in any_sizes.probe_points(plan, found):
-        sym = any_sizes.symbolic(plan, found, point)
+    try:
+        syms = probes()
+    except Exception:  # noqa: BLE001 - a plan the symbolic sizes do not fit: no such path
+        return None
+    for sym in syms:
         try:
             sched = schedule(sym, params)
             launches = [
                 None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, helpers)
                 for kernel in sched.kernels
             ]
-            renders.append(_sized(sym, sched, launches))
-        except Exception:  # noqa: BLE001 - a writer that cannot take a symbolic size: no any-size path
+            renders.append(assemble(sym, sched, launches))
+        except Exception:  # noqa: BLE001 - a writer that cannot take a symbolic size: no such path
             return None
-    if not any_sizes.check_texts(["\n".join([*sources, method]) for sources, method in renders], found):
+    if not same(["\n".join([*sources, method]) for sources, method in renders]):
         return None
     used |= helpers
     return renders[0]
@@ -521,23 +544,13 @@ def _sized(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[
 def _any_batch(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list[str], str] | None:
     """The any-batch kernels' sources and ``ModelNew``'s method that launches them (``any_batch``),
     or None where the plan, rendered at two batch sizes, does not come out the same."""
-    renders: list[tuple[list[str], str]] = []
-    helpers: set[str] = set()
-    for value in any_batch.probe_batches(plan):
-        sym = any_batch.symbolic(plan, value)
-        try:
-            sched = schedule(sym, params)
-            launches = [
-                None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, helpers)
-                for kernel in sched.kernels
-            ]
-            renders.append(_batched(sym, sched, launches))
-        except Exception:  # noqa: BLE001 - a writer that cannot take a symbolic size: no any-batch path
-            return None
-    if not any_batch.check_texts(["\n".join([*sources, method]) for sources, method in renders]):
-        return None
-    used |= helpers
-    return renders[0]
+    return _copies(
+        lambda: [any_batch.symbolic(plan, value) for value in any_batch.probe_batches(plan)],
+        params,
+        used,
+        _batched,
+        any_batch.check_texts,
+    )
 
 
 def _batched(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[list[str], str]:
