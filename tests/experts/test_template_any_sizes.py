@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from actors.experts.template import any_batch, any_sizes, default_params, mutate
-from actors.experts.template.any_sizes import Decided, Fit, SymN, _fit
+from actors.experts.template.any_sizes import Decided, SymN, _fit
 from actors.experts.template.ir import Plan, Unsupported
 from actors.experts.template.params import TemplateParams
 from actors.experts.template.render import analyse, render
+from actors.experts.template.size_fits import Fit
 from tests.experts.test_template_any_batch import ALL_CASES, _source
 from tests.experts.test_template_any_batch import _check_in_child as check_batches_in_child
 from tests.experts.test_template_any_size import _load

@@ -1,6 +1,6 @@
 """The compile stage compiles at the task's held-out shapes too: a candidate whose kernels take any
-batch launches copies of them only at other batches, and the run process (which may not start
-``ptxas``) must find those compiled. Compiled here for an H200 (sm_90) without a GPU."""
+batch (or any size) launches copies of them only at other shapes, and the run process (which may
+not start ``ptxas``) must find those compiled. Compiled here for an H200 (sm_90) without a GPU."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from actors.experts.template import Plan, analyse, default_params, render
-from actors.experts.template.any_batch import SUFFIX
+from actors.experts.template import Plan, analyse, any_batch, any_sizes, default_params, render
 from actors.experts.template.hardware import TABLE
 from gpu_runner.triton_cache import copy_tree
 
 pytestmark = pytest.mark.timeout(300)
 
 HERE = Path(__file__).resolve().parents[2]
+SUFFIX = (any_batch.SUFFIX, any_sizes.SUFFIX)
+"""The names' endings of the template's copies (any batch, any size)."""
 
 SCRIPT = """
 import json, sys, torch

@@ -27,11 +27,12 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from actors.experts.template.any_batch import _APPLY, Sym, _text
 from actors.experts.template.ir import FLOAT_ARG, Arg, Node, NodeKind, Plan
+from actors.experts.template.size_fits import Fit, Sizes, _affine
 
 METHOD = "_kf_any_sizes"
 """The ``ModelNew`` method that runs the any-size kernels."""
@@ -43,35 +44,6 @@ PROBE_LIMIT_S = 2.0
 """A reference whose first lowering took longer (CPU seconds) is not lowered again here."""
 BUDGET_S = 15.0
 """No further lowering is started after this long in :func:`find`."""
-
-Factor = tuple[int, int, int]
-"""``(size index, a, b)``: the factor ``a * s + b`` of a fitted quantity."""
-
-
-@dataclass(frozen=True)
-class Fit:
-    """A quantity fitted to the sizes: ``scale * prod(a * s[i] + b for (i, a, b) in factors)``."""
-
-    scale: int
-    factors: tuple[Factor, ...] = ()
-
-    def at(self, sizes: tuple[int, ...]) -> int:
-        """Its value at ``sizes``."""
-        return self.scale * math.prod(a * sizes[i] + b for i, a, b in self.factors)
-
-    def text(self, names: tuple[str, ...]) -> str:
-        """Its expression in the run-time size variables ``names``."""
-        parts = [_affine(names[i], a, b) for i, a, b in self.factors]
-        if self.scale != 1 or not parts:
-            parts.insert(0, str(self.scale))
-        return parts[0] if len(parts) == 1 else "(" + " * ".join(parts) + ")"
-
-
-def _affine(name: str, a: int, b: int) -> str:
-    term = name if a == 1 else f"{a} * {name}"
-    if not b:
-        return term if a == 1 else f"({term})"
-    return f"({term} {'+' if b > 0 else '-'} {abs(b)})"
 
 
 class Decided(Exception):
@@ -192,30 +164,6 @@ class SymFloatN(float):
         obj = super().__new__(cls, value)
         obj.expr = f"({expr} * 1.0)"
         return obj
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """What :func:`find` found (``Plan.sizes``): the sizes, how every dimension and moving constant
-    follows them, and the smallest value of each the reference takes."""
-
-    names: tuple[str, ...] = ()
-    values: tuple[int, ...] = ()
-    """At the reference's shapes."""
-    dims: tuple[tuple[Fit | None, ...], ...] = ()
-    """Per node, per dimension: its fit (``None``: a constant)."""
-    args: tuple[tuple[Fit | None, ...], ...] = ()
-    """Per node, per argument: the fit of a float constant that moves (``None``: it does not)."""
-    least: tuple[int, ...] = ()
-    """Per size, the smallest the reference takes (1, or 2: batch norm's statistics)."""
-
-    def __bool__(self) -> bool:
-        return bool(self.names)
-
-    @property
-    def variables(self) -> tuple[str, ...]:
-        """The run-time variables: ``kf_<size name>``."""
-        return tuple(f"kf_{name}" for name in self.names)
 
 
 def _fit(d0: int, moved: list[tuple[int, int]], s0: tuple[int, ...]) -> Fit | None:
@@ -478,35 +426,3 @@ def kernel_source(source: str, variables: tuple[str, ...], names: dict[str, str]
     for old, new in names.items():
         source = re.sub(rf"\b{re.escape(old)}\b", new, source)
     return source
-
-
-def to_data(found: Sizes) -> dict[str, Any]:
-    """``found`` as plain JSON-able data (``Plan.sizes`` in ``plan_to_dict``)."""
-
-    def fit(f: Fit | None) -> list[Any] | None:
-        return None if f is None else [f.scale, [list(x) for x in f.factors]]
-
-    return {
-        "names": list(found.names),
-        "values": list(found.values),
-        "dims": [[fit(f) for f in row] for row in found.dims],
-        "args": [[fit(f) for f in row] for row in found.args],
-        "least": list(found.least),
-    }
-
-
-def from_data(data: Mapping[str, Any] | None) -> Sizes:
-    """The inverse of :func:`to_data` (empty data: no sizes)."""
-    if not data:
-        return Sizes()
-
-    def fit(f: Any) -> Fit | None:
-        return None if f is None else Fit(int(f[0]), tuple((int(i), int(a), int(b)) for i, a, b in f[1]))
-
-    return Sizes(
-        names=tuple(str(n) for n in data["names"]),
-        values=tuple(int(v) for v in data["values"]),
-        dims=tuple(tuple(fit(f) for f in row) for row in data["dims"]),
-        args=tuple(tuple(fit(f) for f in row) for row in data["args"]),
-        least=tuple(int(v) for v in data["least"]),
-    )

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from actors.experts.template import size_fits
+
 
 class KeepTorch(StrEnum):
     """Which reference ops the templates do not cover may stay PyTorch calls between kernels."""
@@ -279,8 +281,8 @@ class Plan:
     empty where no constant moves with the batch (or :attr:`batch` is empty)."""
     batch_least: int = 1
     """The smallest batch the reference takes (2 where it refuses 1: batch norm in training mode)."""
-    sizes: Any = None
-    """How every dimension follows all of the task's free sizes (``any_sizes.Sizes``: the batch,
+    sizes: size_fits.Sizes | None = None
+    """How every dimension follows all of the task's free sizes (``size_fits.Sizes``: the batch,
     image sizes, lengths); ``None`` where it does not in the form ``any_sizes`` fits."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
     """Per returned tensor, the reference's strides where they are not the contiguous ones (an
@@ -403,11 +405,9 @@ def broadcast_blocks(operand: tuple[int, ...], target: tuple[int, ...]) -> tuple
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """A plan as plain JSON-able data (the analysis child process sends it this way)."""
-    from actors.experts.template import any_sizes
-
     data = asdict(replace(plan, sizes=None))
     data["nodes"] = [{**asdict(n), "kind": n.kind.value} for n in plan.nodes]
-    data["sizes"] = any_sizes.to_data(plan.sizes) if plan.sizes else None
+    data["sizes"] = size_fits.to_data(plan.sizes) if plan.sizes else None
     return data
 
 
@@ -451,10 +451,8 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
     )
 
 
-def _sizes_from(data: Any) -> Any:
-    from actors.experts.template import any_sizes
-
-    found = any_sizes.from_data(data)
+def _sizes_from(data: Any) -> size_fits.Sizes | None:
+    found = size_fits.from_data(data)
     return found if found else None
 
 

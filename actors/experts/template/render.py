@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from actors.experts.template import any_batch, any_size, any_sizes
+from actors.experts.template import any_batch, any_size, any_sizes, size_fits
 from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import INTERPRETED, Launch
@@ -117,7 +117,7 @@ def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lower
         return any_batch.Found()
 
 
-def _size_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0) -> any_sizes.Sizes:
+def _size_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0) -> size_fits.Sizes:
     """``Plan.sizes`` (``any_sizes.find``): the reference lowered again with each free size moved."""
     try:
         namespace = load_namespace(reference_source)
@@ -130,7 +130,7 @@ def _size_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, loweri
             lowering_s=lowering_s,
         )
     except Exception:  # noqa: BLE001 - user code: the plan stands without an any-size path
-        return any_sizes.Sizes()
+        return size_fits.Sizes()
 
 
 def _output_shapes(reference_source: str, sizes: dict[str, int]) -> list[tuple[int, ...]]:
@@ -467,6 +467,7 @@ def _forward(
 
 def _free(plan: Plan) -> str:
     """The sizes an any-size ``ModelNew`` takes, for people: ``batch_size, height and width``."""
+    assert plan.sizes is not None
     names = [str(n) for n in plan.sizes.names]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
@@ -475,6 +476,7 @@ def _any_sizes(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list
     """The any-size kernels' sources and the method that launches them (``any_sizes``), or None
     where the plan, rendered at two sets of sizes, does not come out the same."""
     found = plan.sizes
+    assert found is not None
     return _copies(
         lambda: [any_sizes.symbolic(plan, found, point) for point in any_sizes.probe_points(plan, found)],
         params,
@@ -519,6 +521,7 @@ def _copies(
 def _sized(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[list[str], str]:
     """The renamed any-size kernels (the size variables their first arguments) and the method."""
     found = plan.sizes
+    assert found is not None
     variables = found.variables
     stages = [stage for launch in launches if launch is not None for stage in (*launch.pre, launch)]
     names = {stage.name: stage.name + any_sizes.SUFFIX for stage in stages}
