@@ -162,17 +162,17 @@ def _text(value: int) -> str:
 
 
 class SymFloat(float):
-    """A float constant that moves with the batch (``c`` times it: a mean's divisor over the
-    batch): a ``float`` worth its value at the batch being rendered whose text (``lit``) is
-    ``(kf_B * c)``, an exact product in float32 as the literal it stands for would be. Arithmetic on
-    it gives a plain float, whose number then differs between the two renderings: the check of
-    :func:`check_texts` refuses the path rather than keep a folded number."""
+    """A float constant that moves with the sizes (a mean's divisor over the batch): a ``float``
+    worth its value at the sizes being rendered whose text (``lit``) is ``size_expr * 1.0``
+    (``(kf_B * 4096.0)``), an exact product in float32 as the literal it stands for would be.
+    Arithmetic on it gives a plain float, whose number then differs between the two renderings:
+    the check of :func:`check_texts` refuses the path rather than keep a folded number."""
 
     expr: str
 
-    def __new__(cls, value: float, multiple: int) -> SymFloat:
+    def __new__(cls, value: float, expr: str) -> SymFloat:
         obj = super().__new__(cls, value)
-        obj.expr = f"({NAME} * {float(multiple)!r})"
+        obj.expr = expr
         return obj
 
 
@@ -203,7 +203,7 @@ def symbolic(plan: Plan, batch: int) -> Plan:
         return Sym(c * batch, affine=(c, 0)) if c else d
 
     def arg(a: Arg, c: int) -> Arg:
-        return SymFloat(float(c * batch), c) if c else a
+        return SymFloat(float(c * batch), f"({NAME} * {float(c)!r})") if c else a
 
     consts = plan.batch_args or tuple(() for _ in plan.nodes)
     nodes = tuple(
@@ -412,13 +412,15 @@ def sized(plan: Plan) -> bool:
 _DEF = re.compile(r"^def (\w+)\(", re.M)
 
 
-def batched_source(source: str, names: dict[str, str]) -> str:
-    """A kernel's source with ``kf_B`` as its first parameter and every kernel renamed (``names``).
-    ``kf_B`` is not specialised on (Triton would compile a batch of 1, and batches divisible by 16,
-    apart): one compile serves every batch, at a user's first call and in the evaluator's compile
-    stage, which compiles the copies at each held-out batch."""
-    source = source.replace("@triton.jit\n", f'@triton.jit(do_not_specialize=["{NAME}"])\n', 1)
-    source = _DEF.sub(lambda m: f"def {m.group(1)}({NAME}, ", source, count=1)
+def batched_source(source: str, names: dict[str, str], variables: tuple[str, ...] = (NAME,)) -> str:
+    """A kernel's source with ``variables`` (``kf_B``, or the any-size copies' ``kf_<size>``) as its
+    first parameters and every kernel renamed (``names``). They are not specialised on (Triton
+    would compile a batch of 1, and batches divisible by 16, apart): one compile serves every size,
+    at a user's first call and in the evaluator's compile stage, which compiles the copies at each
+    held-out shape."""
+    listed = ", ".join(f'"{v}"' for v in variables)
+    source = source.replace("@triton.jit\n", f"@triton.jit(do_not_specialize=[{listed}])\n", 1)
+    source = _DEF.sub(lambda m: f"def {m.group(1)}({', '.join(variables)}, ", source, count=1)
     for old, new in names.items():
         source = re.sub(rf"\b{re.escape(old)}\b", new, source)
     return source

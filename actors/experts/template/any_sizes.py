@@ -24,13 +24,12 @@ them too) or below the smallest the reference takes, and checks every input's wh
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from actors.experts.template.any_batch import _APPLY, Sym, _text
+from actors.experts.template.any_batch import _APPLY, Sym, SymFloat, _text
 from actors.experts.template.ir import FLOAT_ARG, Arg, Node, NodeKind, Plan
 from actors.experts.template.size_fits import Fit, Sizes, _affine
 
@@ -155,17 +154,6 @@ def _combine(a: Linear | None, b: Linear | None, sym: str) -> Linear | None:
     return None
 
 
-class SymFloatN(float):
-    """A float constant fitted to the sizes (a mean's divisor): its text is ``(expr * 1.0)``."""
-
-    expr: str
-
-    def __new__(cls, value: float, expr: str) -> SymFloatN:
-        obj = super().__new__(cls, value)
-        obj.expr = f"({expr} * 1.0)"
-        return obj
-
-
 def _fit(d0: int, moved: list[tuple[int, int]], s0: tuple[int, ...]) -> Fit | None:
     """The fit of a quantity worth ``d0`` at ``s0`` and ``moved[i] = (at s_i + 1, at s_i + 2)``
     with size ``i`` moved alone; None where it is not of the product form."""
@@ -268,7 +256,7 @@ def find(
     for point in _checks(s0):
         if time.monotonic() > deadline or not _holds(plan, found, point, relower, outputs_at):
             return Sizes()
-    return replace(found, least=_least(plan, found, outputs_at))
+    return replace(found, least=_least(found, outputs_at))
 
 
 def _bare(plan: Plan, found: Sizes) -> bool:
@@ -326,7 +314,7 @@ def _at(shape: tuple[int, ...], fits: tuple[Fit | None, ...], point: tuple[int, 
     return tuple(fit.at(point) if fit is not None else d for d, fit in zip(shape, fits, strict=True))
 
 
-def _least(plan: Plan, found: Sizes, outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]]) -> tuple[int, ...]:
+def _least(found: Sizes, outputs_at: Callable[[dict[str, int]], list[tuple[int, ...]]]) -> tuple[int, ...]:
     """Per size, 1 where the reference takes it (the others as they are), else 2 (batch norm's
     statistics refuse one value per channel); a size whose factors need more is bounded by the
     factors' own check at run time."""
@@ -342,11 +330,11 @@ def _least(plan: Plan, found: Sizes, outputs_at: Callable[[dict[str, int]], list
 
 def symbolic(plan: Plan, found: Sizes, point: tuple[int, ...]) -> Plan:
     """``plan`` with every fitted dimension a :class:`SymN` worth its value at ``point``, and every
-    fitted constant a :class:`SymFloatN`."""
+    fitted constant an ``any_batch.SymFloat``."""
     names = found.variables
 
     def arg(a: Arg, fit: Fit | None) -> Arg:
-        return SymFloatN(float(fit.at(point)), fit.text(names)) if fit is not None else a
+        return SymFloat(float(fit.at(point)), f"({fit.text(names)} * 1.0)") if fit is not None else a
 
     def dim(d: int, fit: Fit | None) -> int:
         if fit is None:
@@ -413,16 +401,3 @@ def guard(plan: Plan, found: Sizes) -> list[str]:
         f'    raise ValueError(f"sizes {sizes}: too small for this model (the reference refuses them too)")'
     )
     return lines
-
-
-def kernel_source(source: str, variables: tuple[str, ...], names: dict[str, str]) -> str:
-    """A kernel's source with the size variables as its first parameters (not specialised on: one
-    compile serves every size) and every kernel renamed (``names``)."""
-    listed = ", ".join(f'"{v}"' for v in variables)
-    source = source.replace("@triton.jit\n", f"@triton.jit(do_not_specialize=[{listed}])\n", 1)
-    source = re.sub(
-        r"^def (\w+)\(", lambda m: f"def {m.group(1)}({', '.join(variables)}, ", source, count=1, flags=re.M
-    )
-    for old, new in names.items():
-        source = re.sub(rf"\b{re.escape(old)}\b", new, source)
-    return source

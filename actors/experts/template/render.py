@@ -81,8 +81,9 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
             if shape not in seen:
                 seen.add(shape)
                 fusions.append((epilogue, prologue))
-        found = _batch_links(reference_source, plan, keep_torch, lowering_s)
-        sizes = _size_links(reference_source, plan, keep_torch, lowering_s)
+        free = _free_sizes(reference_source)  # the file loaded once for both
+        found = _batch_links(reference_source, plan, keep_torch, free, lowering_s)
+        sizes = _size_links(reference_source, plan, keep_torch, free, lowering_s)
         return replace(
             plan,
             template=template,
@@ -99,15 +100,24 @@ def analyse(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE) -> Pl
         return Unsupported(detail=f"the reference could not be traced: {exc}")
 
 
-def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0) -> any_batch.Found:
+def _free_sizes(reference_source: str) -> dict[str, int]:
+    """The task's module-level sizes that ``get_inputs`` alone reads (the evaluator's held-out
+    shapes move the same ones); none where the file does not load again."""
+    try:
+        namespace = load_namespace(reference_source)
+        return {name: namespace[name] for name in free_sizes(namespace)}
+    except Exception:  # noqa: BLE001 - user code: the plan stands without copies for other sizes
+        return {}
+
+
+def _batch_links(
+    reference_source: str, plan: Plan, keep_torch: KeepTorch, free: dict[str, int], lowering_s: float = 0.0
+) -> any_batch.Found:
     """``Plan.batch`` and what goes with it (``any_batch.find``): the reference lowered again at a
     second batch size."""
     try:
-        namespace = load_namespace(reference_source)
-        # only what ``get_inputs`` alone reads (the evaluator's held-out shapes move the same sizes)
-        sizes = {name: namespace[name] for name in free_sizes(namespace)}
         return any_batch.find(
-            sizes,
+            free,
             plan,
             lambda changed: lowered(reference_source, keep_torch, changed),
             lowering_s=lowering_s,
@@ -117,13 +127,13 @@ def _batch_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lower
         return any_batch.Found()
 
 
-def _size_links(reference_source: str, plan: Plan, keep_torch: KeepTorch, lowering_s: float = 0.0) -> size_fits.Sizes:
+def _size_links(
+    reference_source: str, plan: Plan, keep_torch: KeepTorch, free: dict[str, int], lowering_s: float = 0.0
+) -> size_fits.Sizes:
     """``Plan.sizes`` (``any_sizes.find``): the reference lowered again with each free size moved."""
     try:
-        namespace = load_namespace(reference_source)
-        sizes = {name: namespace[name] for name in free_sizes(namespace)}
         return any_sizes.find(
-            sizes,
+            free,
             plan,
             lambda changed: lowered(reference_source, keep_torch, changed),
             lambda changed: _output_shapes(reference_source, changed),
@@ -525,7 +535,7 @@ def _sized(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[
     variables = found.variables
     stages = [stage for launch in launches if launch is not None for stage in (*launch.pre, launch)]
     names = {stage.name: stage.name + any_sizes.SUFFIX for stage in stages}
-    sources = [any_sizes.kernel_source(stage.source, variables, names) for stage in stages]
+    sources = [any_batch.batched_source(stage.source, names, variables) for stage in stages]
 
     def renamed(launch: Launch) -> Launch:
         return replace(
