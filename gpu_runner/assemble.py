@@ -506,6 +506,7 @@ def held_out(c: Collected) -> tuple[ShapeCheck, ...]:
     assert rec is not None
     assert ref is not None
     finished = rec.done is not None and rec.error is None and rec.died is None
+    times = {t.variant: t for t in c.session.held_out} if c.session is not None else {}
     out: list[ShapeCheck] = []
     for v, variant in enumerate(ref.variants):
         label = str(variant["label"])
@@ -517,8 +518,17 @@ def held_out(c: Collected) -> tuple[ShapeCheck, ...]:
         elif v in rec.shape_checks:
             k = rec.shape_checks[v]
             detail = "" if k.ok else (k.detail or k.category or "outputs differ")
+            timed = times.get(v) if k.ok else None
             out.append(
-                ShapeCheck(shape=label, outcome="correct" if k.ok else "wrong", detail=detail, max_abs_err=k.max_abs)
+                ShapeCheck(
+                    shape=label,
+                    outcome="correct" if k.ok else "wrong",
+                    detail=detail,
+                    max_abs_err=k.max_abs,
+                    candidate_ms=timed.candidate_ms if timed is not None else None,
+                    eager_ms=timed.eager_ms if timed is not None else None,
+                    timing_note=(timed.note or None) if timed is not None else None,
+                )
             )
     return tuple(out)
 

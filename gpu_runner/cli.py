@@ -156,7 +156,9 @@ def summary_text(result: EvalResult) -> str:
         )
         for shape in c.held_out:
             lines.append(
-                f"held-out shape {shape.shape}: {shape.outcome}" + (f" ({shape.detail})" if shape.detail else "")
+                f"held-out shape {shape.shape}: {shape.outcome}"
+                + (f" ({shape.detail})" if shape.detail else "")
+                + (f", {speed}" if (speed := shape.speed_text()) else "")
             )
         if not c.held_out and c.held_out_note:
             lines.append(f"held-out shapes: {c.held_out_note}")

@@ -23,6 +23,8 @@ from schemas import DeviceChoice, KernelLanguage, TorchOpsPolicy
 
 PRECISION_MODES = ("reference", "exact")
 """``RunnerConfig.precision``'s values."""
+HELD_OUT_TIMING = ("best", "all", "off")
+"""``RunnerConfig.held_out_timing``'s values."""
 
 
 def add_precision_option(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +117,13 @@ class RunnerConfig:
     held_out_shapes: int = 3
     """Held-out shapes each candidate is also checked at, once, after its trials (0: none;
     :mod:`gpu_runner.sandboxed.held_out`). Wrong outputs at one make the candidate incorrect."""
+    held_out_timing: str = "best"
+    """Which candidates are also timed at their held-out shapes, against the eager reference there
+    (the report's speedup at each shape; no verdict reads it): ``best``, those faster at the
+    task's own shape than every correct candidate this evaluator timed before on the task (the
+    run's best is always among them); ``all``; ``off``."""
+    held_out_timing_s: float = 1.5
+    """Wall-clock budget of one candidate's held-out timing (all its shapes together)."""
     tolerances: Mapping[str, tuple[float, float]] = field(default_factory=lambda: DEFAULT_TOLERANCES)
     """(atol, rtol) per floating output dtype."""
     precision_factor: float = 10.0
@@ -270,6 +279,8 @@ class RunnerConfig:
             ("timing_min_reps", self.timing_min_reps >= 3, "must be >= 3"),
             ("timing_max_reps", self.timing_max_reps >= self.timing_min_reps, "must be >= timing_min_reps"),
             ("timing_budget_s", self.timing_budget_s > 0, "must be > 0"),
+            ("held_out_timing", self.held_out_timing in HELD_OUT_TIMING, f"must be one of {'/'.join(HELD_OUT_TIMING)}"),
+            ("held_out_timing_s", self.held_out_timing_s > 0, "must be > 0"),
             ("timing_pool_sessions", self.timing_pool_sessions >= 0, "must be >= 0"),
             ("timing_pool_agree", self.timing_pool_agree > 0, "must be > 0"),
             ("warmup_min_calls", self.warmup_min_calls >= 1, "must be >= 1"),

@@ -194,7 +194,13 @@ class TruthOp(_ParityOptional):
     """Draw the inputs on the device (timed calls' are, in every process), else as trials are."""
 
 
-class BatchOp(TypedDict):
+class _BatchOptional(TypedDict, total=False):
+    overrides: dict[str, int]
+    """A held-out shape's module-level sizes: the batch's inputs are drawn at that shape (the
+    task's own where absent)."""
+
+
+class BatchOp(_BatchOptional):
     """``batch``: one timed batch (the same harness in the spare and the referee)."""
 
     callable: str

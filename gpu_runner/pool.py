@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import secrets
 import shutil
@@ -150,7 +151,7 @@ def held_out_shapes(measured: dict[str, Any], fp: Footprint) -> tuple[list[dict[
             note += f"; not checked: {v.get('label')} (no room beside the trials)"
             continue
         room -= nbytes
-        kept.append({"label": str(v.get("label") or overrides)[:300], "overrides": dict(overrides)})
+        kept.append({"label": str(v.get("label") or overrides)[:300], "overrides": dict(overrides), "nbytes": nbytes})
     return kept, note
 
 
@@ -278,6 +279,8 @@ class RunPool:
         """Per task, the secret seeds of its held-out shapes' inputs: drawn once, as their truths
         are computed once (:attr:`variant_truths`)."""
         self.variant_truths: dict[str, list[Truth]] = {}
+        self.best_ms: dict[str, float] = {}
+        """Per task, the least median of a correct candidate timed here (:meth:`held_out_bar`)."""
         """Per task, the reference's outputs at its held-out shapes. Computed for every spare, they
         made the referee the bottleneck of tasks judged on the device (an H200, KernelBench L1-86:
         14 candidates in 60 s instead of 38, a spare's preparation 4-6 s instead of under 1)."""
@@ -770,6 +773,17 @@ class RunPool:
             logger.warning("triton_seed_failed", error=str(exc)[:300])
         finally:
             self.seeding.discard(task)
+
+    def held_out_bar(self, task: str | None) -> float | None:
+        """The least median (ms) at the task's own shape of a correct candidate timed here so far
+        (None: none yet): candidates under it are timed at their held-out shapes too."""
+        return self.best_ms.get(task or "")
+
+    def note_correct(self, reference_source: str, median_ms: float) -> None:
+        """A correct candidate's median at the task's own shape (lowers the held-out bar)."""
+        key = task_key(reference_source)
+        if median_ms > 0 and median_ms < self.best_ms.get(key, math.inf):
+            self.best_ms[key] = median_ms
 
     def held_out_overrides(self, reference_source: str) -> list[dict[str, int]] | None:
         """The task's held-out shapes as module-level sizes (what the compile stage also compiles

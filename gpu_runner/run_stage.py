@@ -36,7 +36,7 @@ from gpu_runner.pool import RunPool, Spare
 from gpu_runner.protocol import FrameError
 from gpu_runner.run_reader import ReportReader
 from gpu_runner.sandbox import Worker, census, chown_tree
-from gpu_runner.timing_session import SessionAborted, TimingSession
+from gpu_runner.timing_session import HeldOutShape, SessionAborted, TimingSession
 from gpu_runner.triton_cache import copy_tree
 from gpu_runner.verdict import RunRecord, runtime_findings
 from schemas import Check, CheckName, CheckOutcome, Severity
@@ -323,6 +323,8 @@ class RunStage:
                 shippable=plan.timed_slots if plan is not None else 0,
                 compiled=compiled,
                 compiled_note=self.runs.compiled_note(w.spare.task),
+                held_out=self._held_out_shapes(w),
+                held_out_bar_ms=self.runs.held_out_bar(w.spare.task) if self.cfg.held_out_timing == "best" else None,
             )
             w.c.session = session.rec
             t0 = time.perf_counter()
@@ -338,6 +340,20 @@ class RunStage:
         async with asyncio.timeout(max(0.01, w.budget)):
             if await w.reader.until(Report.MEASURED) is Report.MEASURED:
                 await w.reader.until()
+
+    def _held_out_shapes(self, w: _Window) -> list[HeldOutShape]:
+        """The held-out shapes to time the candidate at: those its trial there did not raise at
+        (whether it was right there is judged beside the timing; the report keeps only the
+        times of shapes judged correct)."""
+        ref = w.spare.reference
+        if self.cfg.held_out_timing == "off" or ref is None:
+            return []
+        raised = w.reader.record.shape_raised
+        return [
+            HeldOutShape(variant=v, overrides=dict(variant["overrides"]), nbytes=int(variant.get("nbytes") or 0))
+            for v, variant in enumerate(ref.variants)
+            if v not in raised
+        ]
 
     def _end_worker(self, w: _Window) -> None:
         """Kill the worker (if the GPU window did not) and reap it unless the judge still needs its files."""

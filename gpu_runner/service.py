@@ -56,7 +56,7 @@ from gpu_runner.sandbox import (
     without_user,
     worker_env,
 )
-from schemas import Check, CheckName, CheckOutcome, DeviceChoice, EvalResult, Severity, StageTimes
+from schemas import Check, CheckName, CheckOutcome, DeviceChoice, EvalResult, EvalStatus, Severity, StageTimes
 
 __all__ = ["EvalJob", "EvaluationService", "RunnerConfig"]
 logger = structlog.get_logger(__name__)
@@ -489,6 +489,8 @@ class EvaluationService:
     def _finish(self, c: Collected, started: float, result: EvalResult | None = None) -> EvalResult:
         c.stages = c.stages.model_copy(update={"total_s": time.perf_counter() - started})
         result = build(c) if result is None else result.model_copy(update={"stages": c.stages})
+        if result.status is EvalStatus.CORRECT and result.timing is not None and self.runs is not None:
+            self.runs.note_correct(c.job.reference_source, result.timing.median_ms)
         self.stats[result.status.value] = self.stats.get(result.status.value, 0) + 1
         logger.info("evaluated", candidate=c.job.candidate_id, status=result.status.value, summary=result.summary[:200])
         return result

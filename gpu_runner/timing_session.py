@@ -25,6 +25,7 @@ import random
 import secrets
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,32 @@ class Kept:
     ship_ms: float | None = None
 
 
+@dataclass(frozen=True)
+class HeldOutShape:
+    """A held-out shape to time the candidate at (its trial there did not raise)."""
+
+    variant: int
+    """Its place among the task's held-out shapes."""
+    overrides: dict[str, int]
+    """The module-level sizes its inputs are drawn with."""
+    nbytes: int = 0
+    """Its inputs' and outputs' bytes (what bounds a batch's calls; 0: unknown)."""
+
+
+@dataclass
+class HeldOutTime:
+    """The candidate and the eager reference timed at one held-out shape, side by side."""
+
+    variant: int
+    candidate_ms: float | None = None
+    """Median milliseconds per call (None: not timed, see ``note``)."""
+    eager_ms: float | None = None
+    calls: int = 0
+    """Timed calls of each."""
+    note: str = ""
+    """Why there is no time, or what limited it."""
+
+
 @dataclass
 class SessionRecord:
     """What a timing session leaves for the verdict."""
@@ -112,6 +139,11 @@ class SessionRecord:
     """Per baseline, the samples of the task's earlier sessions this one pooled with its own
     (the referee's, :class:`gpu_runner.referee.BaselineLedger`); empty where it timed both
     baselines in every round."""
+    held_out: list[HeldOutTime] = field(default_factory=list)
+    """The candidate and the eager reference at held-out shapes (evidence for the report: the
+    verdict, its cross-check and its canaries read none of these batches)."""
+    held_out_s: float = 0.0
+    """The seconds the held-out timing took."""
     recheck_excess_us: float | None = None
     """Where the parent's clock contradicted the first rounds (more time outside the windows than
     allowed), by how much per call; those rounds were then timed again with longer spins, and
@@ -137,6 +169,8 @@ class TimingSession:
         shippable: int,
         compiled: Referee | None = None,
         compiled_note: str | None = None,
+        held_out: Sequence[HeldOutShape] = (),
+        held_out_bar_ms: float | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = device
@@ -163,13 +197,19 @@ class TimingSession:
         candidate and one baseline)."""
         self.pool_dropped = False
         self.cover_factor = LEAD_FACTOR
+        self.held_out = list(held_out)
+        """Held-out shapes to time the candidate at, after its own timing (none: not asked)."""
+        self.held_out_bar_ms = held_out_bar_ms
+        """Time them only where the candidate's median at the task's shape is under this (None: always)."""
         self.shipped = 0
         self.seen = 0
         """Timed calls whose outputs came back so far (the reservoir's count, across a re-check)."""
 
-    def _op(self, callable_: str, seed: int, calls: int, warmup: bool, outputs: str) -> BatchOp:
+    def _op(
+        self, callable_: str, seed: int, calls: int, warmup: bool, outputs: str, overrides: dict[str, int] | None = None
+    ) -> BatchOp:
         rate = self.cycles_per_us
-        return BatchOp(
+        op = BatchOp(
             callable=callable_,
             seed=seed,
             calls=calls,
@@ -183,6 +223,9 @@ class TimingSession:
             outputs=outputs,
             canary=callable_ != "candidate" and self.device == "cuda",
         )
+        if overrides:
+            op["overrides"] = dict(overrides)
+        return op
 
     async def _candidate_batch(self, op: BatchOp, timeout_s: float) -> tuple[Batch, dict[str, Any], list[Any]]:
         worker = self.reader.worker
@@ -200,9 +243,19 @@ class TimingSession:
         batch = Batch.from_report("candidate", header, wall, op["warmup"])
         return batch, header, blobs
 
-    async def _batch(self, callable_: str, seed: int, calls: int, warmup: bool, deadline: float) -> tuple[Batch, Any]:
-        outputs = "none" if warmup else self.rec.outputs_mode
-        op = self._op(callable_, seed, calls, warmup, outputs)
+    async def _batch(
+        self,
+        callable_: str,
+        seed: int,
+        calls: int,
+        warmup: bool,
+        deadline: float,
+        shape: HeldOutShape | None = None,
+    ) -> tuple[Batch, Any]:
+        """One batch of ``callable_``, kept in the record (at a held-out ``shape``: returned only,
+        its outputs not sent)."""
+        outputs = "none" if warmup or shape is not None else self.rec.outputs_mode
+        op = self._op(callable_, seed, calls, warmup, outputs, shape.overrides if shape is not None else None)
         timeout = max(0.5, deadline - time.perf_counter())
         if callable_ == "candidate":
             batch, header, blobs = await self._candidate_batch(op, timeout)
@@ -214,7 +267,8 @@ class TimingSession:
             self.rec.flush_bytes = int(header.get("flush_bytes") or 0)
             self.rec.l2_reset = self.rec.l2_reset or bool(header.get("l2_reset"))
             self.rec.timer = str(header.get("timer") or self.rec.timer)
-        self.rec.batches.append(batch)
+        if shape is None:
+            self.rec.batches.append(batch)
         return batch, extra
 
     def _memory_cap(self) -> int:
@@ -283,11 +337,68 @@ class TimingSession:
             self.cover_factor = RECHECK_FACTOR * LEAD_FACTOR
             self._size_cover(self.rec.superseded)
             await self._rounds(n, deadline)
+        if self.held_out and self._worth_held_out():
+            t_held = time.perf_counter()
+            await self._held_out_times(min(deadline, t_held + cfg.held_out_timing_s), deadline)
+            self.rec.held_out_s = time.perf_counter() - t_held
         if self.device == "cuda":
             self.rec.final_canary_us, self.rec.final_busy_ms = await self.referee.canary()
         self._settle_pool()
         self.rec.elapsed_s = time.perf_counter() - started
         return self.rec
+
+    def _worth_held_out(self) -> bool:
+        """Whether the candidate's median at the task's own shape is under the bar (or there is none)."""
+        own = self._own("candidate")
+        if not own:
+            return False
+        return self.held_out_bar_ms is None or statistics.median(own) < self.held_out_bar_ms
+
+    async def _held_out_times(self, end: float, deadline: float) -> None:
+        """The candidate and the eager reference at each held-out shape, in alternating batches of
+        the same fresh inputs (the same harness as at the task's own shape), until both medians
+        are known to ten times the target error, six rounds or ``end`` (no batch starts that its
+        warm-up says would end past it). Each shape's batches are cross-checked on their own
+        against the parent's clock: a contradicted report gives no time there (the verdict is the
+        task's own shape's, timed before)."""
+        slack_us, slack_ratio = crosscheck_slack(self.cfg, cuda=self.device == "cuda")
+        target = 10 * self.cfg.timing_target_rel_err
+        for shape in self.held_out:
+            got = HeldOutTime(variant=shape.variant)
+            self.rec.held_out.append(got)
+            if time.perf_counter() >= end:
+                got.note = "out of time"
+                continue
+            cap = MAX_BATCH if not shape.nbytes else max(1, min(MAX_BATCH, TIMING_INPUT_BYTES // shape.nbytes))
+            warm_calls = min(self.cfg.warmup_min_calls, cap)
+            warm = [
+                (await self._batch(name, secrets.randbits(62), warm_calls, True, deadline, shape))[0]
+                for name in ("candidate", "eager")
+            ]
+            per_call_s = max(b.wall_ms / max(1, b.calls) for b in warm) / 1e3
+            n = max(1, min(cap, int(self.cfg.timing_batch_s / max(per_call_s, 1e-6))))
+            samples: dict[str, list[float]] = {"candidate": [], "eager": []}
+            batches: list[Batch] = []
+            for rounds in range(1, 7):
+                if time.perf_counter() + 2.5 * n * per_call_s > end:
+                    got.note = "out of time" if rounds == 1 else f"{rounds - 1} round(s) in the time"
+                    break
+                seed = secrets.randbits(62)
+                for name in ("candidate", "eager") if rounds % 2 else ("eager", "candidate"):
+                    batch, _ = await self._batch(name, seed, n, False, deadline, shape)
+                    samples[name] += batch.samples
+                    batches.append(batch)
+                if rounds >= 2 and all(len(x) >= 3 and median_rel_stderr(x) <= target for x in samples.values()):
+                    break
+            if not samples["candidate"] or not samples["eager"]:
+                continue
+            _, finding, _ = cross_check(batches, slack_us, slack_ratio, self.rec.flush_us, "", self.rec.empty_kernel_us)
+            if finding is not None and finding.severity is Severity.REJECT:
+                got.note = f"not kept: {finding.message}"
+                continue
+            got.candidate_ms = statistics.median(samples["candidate"])
+            got.eager_ms = statistics.median(samples["eager"])
+            got.calls = min(len(samples["candidate"]), len(samples["eager"]))
 
     def _own(self, name: str) -> list[float]:
         return [x for b in self.rec.batches if b.callable == name and not b.warmup for x in b.samples]

@@ -166,6 +166,28 @@ class ShapeCheck(Model):
     """What it raised, or how its outputs differed (empty where correct)."""
     max_abs_err: float | None = None
     """Largest absolute difference to the reference's outputs at this shape (where it returned)."""
+    candidate_ms: float | None = None
+    """The candidate's median milliseconds per call at this shape, timed beside ``eager_ms`` in
+    alternating batches of the same inputs (only where it was correct here and timed: see
+    ``RunnerConfig.held_out_timing``). Evidence for the report: no verdict or search reads it."""
+    eager_ms: float | None = None
+    """The eager reference's median milliseconds per call at this shape."""
+    timing_note: str | None = None
+    """Why this shape has no times, where it was to be timed and is not."""
+
+    @property
+    def speedup_vs_eager(self) -> float | None:
+        """eager / candidate at this shape (None: not timed)."""
+        if self.candidate_ms and self.eager_ms:
+            return self.eager_ms / self.candidate_ms
+        return None
+
+    def speed_text(self) -> str:
+        """``1.52x eager (0.310 ms against 0.471 ms)``, or empty where not timed."""
+        speedup = self.speedup_vs_eager
+        if speedup is None or self.candidate_ms is None or self.eager_ms is None:
+            return ""
+        return f"{speedup:.3g}x eager ({self.candidate_ms:.4g} ms against {self.eager_ms:.4g} ms)"
 
 
 class Correctness(Model):

@@ -153,6 +153,9 @@ def header(report: dict[str, Any], run_dir: Path, out: Path, task: Path | None, 
         )
     for shape in best.get("held_out") or []:
         outcome = "correct" if shape.get("outcome") == "correct" else f"raised: {shape.get('detail')}"
+        cand_ms, eager_ms = shape.get("candidate_ms"), shape.get("eager_ms")
+        if outcome == "correct" and cand_ms and eager_ms:
+            outcome += f", {eager_ms / cand_ms:.3g}x eager there ({cand_ms:.4g} ms against {eager_ms:.4g} ms)"
         lines.append(f"Held-out shape (drawn by the evaluator) {shape.get('shape')}: {outcome}")
     if not best.get("held_out") and best.get("held_out_note"):
         lines.append(f"Held-out shapes: {best['held_out_note']}")

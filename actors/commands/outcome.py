@@ -132,7 +132,7 @@ def held_out_note(correctness: Correctness | None) -> str:
     if not shapes:
         note = correctness.held_out_note if correctness is not None else None
         return f"# held-out shapes: none checked ({note})\n" if note else ""
-    correct = [s.shape for s in shapes if s.outcome == "correct"]
+    correct = [s.shape + (f" ({speed})" if (speed := s.speed_text()) else "") for s in shapes if s.outcome == "correct"]
     raised = [s.shape for s in shapes if s.outcome == "raised"]
     line = "# held-out shapes (drawn by the evaluator):"
     if correct:
@@ -143,14 +143,22 @@ def held_out_note(correctness: Correctness | None) -> str:
 
 
 def held_out_sentence(shapes: tuple[ShapeCheck, ...]) -> str | None:
-    """The run's end line's note where its best raises at held-out shapes (a specialised kernel)."""
+    """The run's end lines on its best at the held-out shapes: its speed where it was timed there,
+    and a note where it raises at some (a specialised kernel)."""
+    lines = []
+    timed = [s for s in shapes if s.speedup_vs_eager is not None]
+    if timed:
+        lines.append(
+            "at held-out shapes the best ran "
+            + "; ".join(f"{s.speedup_vs_eager:.2f}x eager at {s.shape}" for s in timed)
+        )
     raised = [s for s in shapes if s.outcome == "raised"]
-    if not raised:
-        return None
-    return (
-        f"note: the best is specialised to the reference's input shapes: it raises at {len(raised)} of the "
-        f"{len(shapes)} held-out shapes the evaluator tried ({'; '.join(s.shape for s in raised)})"
-    )
+    if raised:
+        lines.append(
+            f"note: the best is specialised to the reference's input shapes: it raises at {len(raised)} of the "
+            f"{len(shapes)} held-out shapes the evaluator tried ({'; '.join(s.shape for s in raised)})"
+        )
+    return "\n".join(lines) or None
 
 
 @dataclass

@@ -194,7 +194,11 @@ def held_out_summary(best: BestKernel) -> str:
     if not best.held_out:
         return f"none: {best.held_out_note}" if best.held_out_note else "none"
     counts = Counter(s.outcome for s in best.held_out)
-    return ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    text = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    speedups = [x for s in best.held_out if (x := s.speedup_vs_eager) is not None]
+    if speedups:
+        text += f" ({', '.join(f'{x:.2f}x' for x in speedups)} eager there)"
+    return text
 
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:

@@ -592,7 +592,7 @@ def serve_batch(ref: Referee, msg: BatchOp, channel: Channel) -> None:
     result = run_batch(
         msg,
         fn,
-        lambda seed, n, laps: make_batch_inputs(ref.namespace, seed, n, ref.device, True, laps),
+        lambda seed, n, laps: make_batch_inputs(ref.namespace, seed, n, ref.device, True, laps, msg.get("overrides")),
         ref.device,
         ref.flusher,
     )

@@ -176,21 +176,24 @@ def make_batch_inputs(
     device: torch.device,
     on_device: bool,
     laps: dict[str, float] | None = None,
+    overrides: Mapping[str, int] | None = None,
 ) -> list[list[Any]]:
     """``count`` draws of ``get_inputs()`` one after another from ``seed`` (one seeding for a whole
     timed batch: seeding the generators is most of a small draw's host time), on ``device``;
-    ``laps`` gets the host seconds of the seeding (``seed_s``) and of the draws (``draws_s``)."""
+    ``laps`` gets the host seconds of the seeding (``seed_s``) and of the draws (``draws_s``);
+    ``overrides``: at a held-out shape (:func:`sized`)."""
 
     def draws() -> list[Any]:
         t0 = time.perf_counter()
         seed_generators(seed)
         t1 = time.perf_counter()
         out = []
-        for _ in range(count):
-            values = ns["get_inputs"]()
-            if not isinstance(values, list | tuple):
-                raise ReferenceFault(f"get_inputs() returned {type(values).__name__}, not a list")
-            out.append(list(values))
+        with sized(ns, overrides):
+            for _ in range(count):
+                values = ns["get_inputs"]()
+                if not isinstance(values, list | tuple):
+                    raise ReferenceFault(f"get_inputs() returned {type(values).__name__}, not a list")
+                out.append(list(values))
         if laps is not None:
             laps["seed_s"], laps["draws_s"] = t1 - t0, time.perf_counter() - t1
         return out
