@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,31 @@ async def test_aa_identical_kernel_scores_one(gpu: EvaluationService) -> None:
         assert result.speedup_vs_eager is not None
         speedups.append(result.speedup_vs_eager)
     assert 0.98 <= statistics.median(speedups) <= 1.02, speedups
+
+
+@pytest.mark.timeout(600)
+async def test_aa_identical_kernel_scores_one_at_the_held_out_shapes_too(
+    gpu_runner_tmp: Path, record_property: Callable[[str, object], None]
+) -> None:
+    # The same kernel as candidate and as reference, timed at every held-out shape ("all"): the
+    # shapes' own harness must say 1.0 there too (the smallest shape, a launch, is reported only).
+    cfg = fast_config(DeviceChoice.CUDA, gpu_runner_tmp / "held-out-aa", timing_budget_s=4.0, held_out_timing="all")
+    ratios: dict[str, list[float]] = {}
+    async with EvaluationService(cfg) as service:
+        for _ in range(3):
+            result = await service.evaluate(job("aa_add_relu", "honest_add_relu"))
+            assert result.status is EvalStatus.CORRECT, result.summary
+            assert result.correctness is not None
+            for shape in result.correctness.held_out:
+                assert shape.outcome == "correct", shape
+                assert shape.speedup_vs_eager is not None, shape
+                ratios.setdefault(shape.shape, []).append(shape.speedup_vs_eager)
+    record_property("held_out_speedups", {k: [round(x, 4) for x in v] for k, v in ratios.items()})  # in the junit xml
+    assert len(ratios) >= 2, ratios
+    large = {k: v for k, v in ratios.items() if not k.startswith("N=1:")}
+    assert large, ratios
+    for name, values in large.items():
+        assert 0.95 <= statistics.median(values) <= 1.05, (name, values)
 
 
 @pytest.mark.timeout(600)
