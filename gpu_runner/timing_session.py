@@ -363,14 +363,16 @@ class TimingSession:
         task's own shape's, timed before)."""
         slack_us, slack_ratio = crosscheck_slack(self.cfg, cuda=self.device == "cuda")
         target = 10 * self.cfg.timing_target_rel_err
+        # a call at a held-out shape (no larger than the task's) takes at most about this long
+        own_s = sum(statistics.median(x) for x in (self._own("candidate"), self._own("eager")) if x) / 1e3
         for shape in self.held_out:
             got = HeldOutTime(variant=shape.variant)
             self.rec.held_out.append(got)
-            if time.perf_counter() >= end:
-                got.note = "out of time"
-                continue
             cap = MAX_BATCH if not shape.nbytes else max(1, min(MAX_BATCH, TIMING_INPUT_BYTES // shape.nbytes))
             warm_calls = min(self.cfg.warmup_min_calls, cap)
+            if time.perf_counter() + warm_calls * own_s + 2 * self.cfg.warmup_min_s >= end:
+                got.note = "out of time"
+                continue
             warm = [
                 (await self._batch(name, secrets.randbits(62), warm_calls, True, deadline, shape))[0]
                 for name in ("candidate", "eager")
