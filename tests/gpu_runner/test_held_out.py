@@ -178,20 +178,40 @@ def test_inputs_drawn_at_a_held_out_shape_leave_the_task_as_it_was() -> None:
 
 
 async def test_the_evaluator_checks_every_candidate_at_its_held_out_shapes() -> None:
-    cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
+    # every candidate is timed at its held-out shapes too ("all"; the default times only those
+    # faster at the task's shape than every correct one before)
+    cfg = RunnerConfig(
+        device=DeviceChoice.CPU,
+        spares=1,
+        compile_workers=2,
+        timing_budget_s=0.3,
+        held_out_timing="all",
+        held_out_timing_s=20.0,
+    )
     async with EvaluationService(cfg) as service:
         generic = await service.evaluate(job("softmax_sized", "softmax_any_shape"))
         pairs = await service.evaluate(job("softmax_sized", "softmax_row_pairs"))
         refuses = await service.evaluate(job("softmax_sized", "softmax_refuses_others"))
+        bar = service.runs.held_out_bar(next(iter(service.runs.best_ms))) if service.runs else None
 
     assert generic.status is EvalStatus.CORRECT, generic.summary
     assert generic.correctness is not None
+    assert generic.timing is not None
     shapes = generic.correctness.held_out
     assert [s.outcome for s in shapes] == ["correct"] * 3, shapes
     assert shapes[2].shape == "batch_size=1: inputs (1, 100)"
     assert "dim=75" in shapes[1].shape  # 100 to an odd three quarters
     check = next(c for c in generic.checks if c.name == CheckName.HELD_OUT_SHAPES)
     assert check.outcome is CheckOutcome.PASSED
+    # timed at each shape beside the eager reference there, on inputs of that shape
+    for s in shapes:
+        assert s.candidate_ms is not None, s
+        assert s.eager_ms is not None, s
+        assert min(s.candidate_ms, s.eager_ms) > 0, s
+        assert s.speedup_vs_eager == pytest.approx(s.eager_ms / s.candidate_ms)
+    assert shapes[2].candidate_ms != generic.timing.median_ms
+    # the held-out bar is the faster correct candidate's median at the task's own shape
+    assert bar == min(r.timing.median_ms for r in (generic, refuses) if r.timing is not None)
 
     # correct on every trial at the reference's even batch; wrong where the batch is odd
     assert pairs.status is EvalStatus.INCORRECT, pairs.summary
@@ -206,42 +226,9 @@ async def test_the_evaluator_checks_every_candidate_at_its_held_out_shapes() -> 
     assert refuses.correctness is not None
     raised = refuses.correctness.held_out
     assert [s.outcome for s in raised] == ["raised"] * 3
+    assert all(s.candidate_ms is None for s in raised)  # a shape it refused is not timed
+    assert all(s.candidate_ms is None for s in pairs.correctness.held_out)  # nor one it got wrong
     assert raised[0].detail.startswith("ValueError: this ModelNew was generated for x of shape (16, 100)")
-
-
-async def test_held_out_shapes_are_timed_beside_the_eager_reference_where_the_candidate_is_right() -> None:
-    # every candidate timed there ("all"); the default times only those under the task's best so far
-    cfg = RunnerConfig(
-        device=DeviceChoice.CPU,
-        spares=1,
-        compile_workers=2,
-        timing_budget_s=0.3,
-        held_out_timing="all",
-        held_out_timing_s=20.0,
-    )
-    async with EvaluationService(cfg) as service:
-        generic = await service.evaluate(job("softmax_sized", "softmax_any_shape"))
-        refuses = await service.evaluate(job("softmax_sized", "softmax_refuses_others"))
-        bar = service.runs.held_out_bar(next(iter(service.runs.best_ms))) if service.runs else None
-
-    assert generic.status is EvalStatus.CORRECT, generic.summary
-    assert generic.correctness is not None
-    assert generic.timing is not None
-    shapes = generic.correctness.held_out
-    assert [s.outcome for s in shapes] == ["correct"] * 3, shapes
-    for s in shapes:
-        assert s.candidate_ms is not None, s
-        assert s.eager_ms is not None, s
-        assert min(s.candidate_ms, s.eager_ms) > 0, s
-        assert s.speedup_vs_eager == pytest.approx(s.eager_ms / s.candidate_ms)
-    # a batch of one is not timed like the task's batch of 16: its own inputs were drawn
-    assert shapes[2].candidate_ms != generic.timing.median_ms
-    # shapes the candidate refused have no times
-    assert refuses.correctness is not None
-    assert all(s.outcome == "raised" and s.candidate_ms is None for s in refuses.correctness.held_out)
-    # the bar is the faster correct candidate's median at the task's own shape
-    medians = [r.timing.median_ms for r in (generic, refuses) if r.timing is not None]
-    assert bar == min(medians)
 
 
 def test_a_large_tasks_held_out_batch_has_fewer_rows_still_odd() -> None:

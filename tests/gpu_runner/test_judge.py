@@ -66,6 +66,7 @@ async def test_judged_task_catches_a_partial_output_and_lower_precision(judged: 
     assert "float64" in summary or "outside" in summary
 
 
+@pytest.mark.slow  # 23 s: the default suite keeps the device-judged held-out path's other tests
 async def test_judged_tasks_are_checked_at_their_held_out_shapes_on_the_host(judged: EvaluationService) -> None:
     # The judge compares the trials where they lie; the held-out shapes (small) are compared by the
     # parent against the referee's truths, as for any task: a kernel right only at the reference's
