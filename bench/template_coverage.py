@@ -38,7 +38,8 @@ import structlog
 
 from actors.experts.template import Plan, Unsupported, analyse, any_batch, any_size, any_sizes, default_params, render
 from actors.experts.template.ir import KeepTorch
-from actors.kbench.problems import DEV_SUBSET
+from actors.kbench.errors import ProblemSpecError
+from actors.kbench.problems import DEV_SUBSET, parse_spec
 from bench.template_bench import evaluate_cli
 
 DEV = DEV_SUBSET
@@ -192,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="a KernelBench checkout (holding level1, level2, ...)")
     parser.add_argument("--level", type=int, choices=sorted(DEV), required=True)
-    parser.add_argument("--problems", nargs="*", default=["dev"], help="'dev' (default), 'all' or problem numbers")
+    parser.add_argument(
+        "--problems", nargs="*", default=["dev"], help="'dev' (default), 'all' or problem numbers: 1,2,5-9 (or 1 2 5)"
+    )
     parser.add_argument("--check", action="store_true", help="evaluate the first candidate (see --device)")
     parser.add_argument("--factor", type=int, default=32, help="divide sizes above 32 by this for --check")
     parser.add_argument("--above", type=int, default=32, help="for --check: shrink sizes above this")
@@ -220,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
     )
     root = args.root.expanduser()
-    if args.problems == ["dev"]:
-        numbers = DEV[args.level]
-    elif args.problems == ["all"]:
+    try:  # as kfoundry bench reads them: 1,2,5-9, dev or all (several words are joined)
+        numbers = parse_spec(",".join(args.problems), args.level)
+    except ProblemSpecError as exc:
+        parser.error(str(exc))
+    if not numbers:  # all
         numbers = tuple(sorted(int(p.name.split("_", 1)[0]) for p in (root / f"level{args.level}").glob("[0-9]*.py")))
-    else:
-        numbers = tuple(int(n) for n in args.problems)
     rows: list[Row] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kf-coverage-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
