@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.experts.template import Plan, analyse, default_params, render
+from actors.experts.template import Plan, analyse, any_sizes, default_params, render
 from actors.experts.template.ir import KeepTorch
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.service import EvaluationService
@@ -20,22 +20,33 @@ from schemas import DeviceChoice, EvalStatus, KernelLanguage
 MODELS = sorted((Path(__file__).resolve().parents[2] / "examples" / "models").glob("*.py"))
 
 
+def _first(path: Path) -> str:
+    source = path.read_text(encoding="utf-8")
+    plan = analyse(source)
+    if not isinstance(plan, Plan):  # as the expert does: data movement may stay PyTorch under any policy
+        plan = analyse(source, KeepTorch.LAYOUT)
+    assert isinstance(plan, Plan), f"{path.stem}: {plan}"
+    return render(plan, default_params(plan))
+
+
+@pytest.mark.parametrize("name", ["gpt_block", "mlp_mixer"])
+def test_a_transformer_blocks_first_candidate_takes_any_batch_and_sequence_length(name: str) -> None:
+    # A batched product with one shared weight and a causal attention whose key length moves
+    # decide nothing on the moving sizes, so the kernels are written for every size.
+    path = next(p for p in MODELS if p.stem == name)
+    assert f"def {any_sizes.METHOD}(self" in _first(path)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_every_ordinary_model_is_generated_and_its_first_candidate_is_correct(tmp_path: Path) -> None:
     assert len(MODELS) >= 5, MODELS
     jobs = []
     for path in MODELS:
-        source = path.read_text(encoding="utf-8")
-        plan = analyse(source)
-        if not isinstance(plan, Plan):  # as the expert does: data movement may stay PyTorch under any policy
-            plan = analyse(source, KeepTorch.LAYOUT)
-        assert isinstance(plan, Plan), f"{path.stem}: {plan}"
-        candidate = render(plan, default_params(plan))
         jobs.append(
             EvalJob(
-                reference_source=source,
-                candidate_source=candidate,
+                reference_source=path.read_text(encoding="utf-8"),
+                candidate_source=_first(path),
                 language=KernelLanguage.TRITON,
                 timeout_s=600.0,
                 candidate_id=path.stem,

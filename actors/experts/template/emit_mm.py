@@ -98,7 +98,9 @@ def mm_shape(sched: Schedule, kernel: Kernel) -> MmShape:
     a, b = _operand(sched, a_id), _operand(sched, b_id)
     m, k, n = a.rows, a.cols, b.cols
     batch = math.prod(node.shape[:-2])
-    if batch > 1 and a.batch > 1 and b.batch == 1 and not a.transposed:
+    # A batched A times one shared B: one product of A's rows. Written without ordering the batch
+    # (at a batch of one it is the same product), so that a batch that moves decides nothing.
+    if b.batch == 1 and a.batch == batch and not a.transposed:
         m, batch = m * batch, 1
     return MmShape(m, n, k, batch, a, b)
 
@@ -163,7 +165,7 @@ class MatmulWriter(Writer):
             return IndexSpace(
                 lin="offs", mask="mask", shape=self.out_shape, fast={(rank - 1, rank): "rn", (0, rank - 1): "rm"}
             )
-        rows = "rg" if self.batch > 1 else "rm"
+        rows = "rg" if self.batch != 1 else "rm"
         return IndexSpace(
             lin="lin",
             mask="cmask",
@@ -195,7 +197,7 @@ class MatmulWriter(Writer):
             s = Scope(indent=s.indent + "    ", parent=s)
         else:
             e(s, f"w = {self.pid(0)}")
-        if self.batch > 1:
+        if self.batch != 1:
             e(s, f"bid = {self.pid(1)}")
         e(s, f"tile = w // {split}" if split > 1 else "tile = w")
         e(s, f"group = GROUP_M * {npn}")
@@ -236,11 +238,11 @@ class MatmulWriter(Writer):
     def _pointer_loop(self, s: Scope, pa: str, pb: str, lo: str, hi: str, dot: str) -> None:
         m, n, k = self.m, self.n, self.k
         e = self.emit
-        sab = self.a.batch_stride if self.a.batch > 1 else 0
-        sbb = self.b.batch_stride if self.b.batch > 1 else 0
+        sab = self.a.batch_stride if self.a.batch != 1 else 0
+        sbb = self.b.batch_stride if self.b.batch != 1 else 0
         ka = f"({lo} + rk)" if lo != "0" else "rk"
-        ta = f" + bid * {sab}" if self.batch > 1 else ""
-        tb = f" + bid * {sbb}" if self.batch > 1 else ""
+        ta = f" + bid * {sab}" if self.batch != 1 else ""
+        tb = f" + bid * {sbb}" if self.batch != 1 else ""
         e(s, f"a_ptrs = {pa}{ta} + rm[:, None] * {self.a.row_stride} + {ka}[None, :] * {self.a.col_stride}")
         e(s, f"b_ptrs = {pb}{tb} + {ka}[:, None] * {self.b.row_stride} + rn[None, :] * {self.b.col_stride}")
         e(s, f"for k0 in range({lo}, {hi}, BLOCK_K):")
@@ -268,7 +270,7 @@ class MatmulWriter(Writer):
     def _epilogue(self, s: Scope) -> None:
         m, n = self.m, self.n
         self.emit(s, f"cmask = (rm[:, None] < {m}) & (rn[None, :] < {n})")
-        if self.batch > 1:
+        if self.batch != 1:
             self.emit(s, f"rg = bid * {m} + rm")
             self.emit(s, f"lin = rg[:, None] * {n} + rn[None, :]")
         else:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from actors.experts.template.any_batch import Sym
 from actors.experts.template.composites import reduce_dims
 from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.emit_row import next_pow2
@@ -186,7 +187,9 @@ class AttentionWriter(Writer):
         e(loop, "pr = tl.exp2(qk - m_safe[:, None])")
         e(loop, "alpha = tl.exp2(m_i - m_safe)")
         e(loop, "l_i = l_i * alpha + tl.sum(pr, axis=1)")
-        vmask = "nmask[:, None] & dmask[None, :]" if masked or lk % self.params.attn_block_n else "dmask[None, :]"
+        vmask = (
+            "nmask[:, None] & dmask[None, :]" if masked or _ragged(lk, self.params.attn_block_n) else "dmask[None, :]"
+        )
         e(loop, f"v = tl.load({pv} + (bh * {lk} + rn[:, None]) * {dv} + rd[None, :], mask={vmask}, other=0.0)")
         if self.half:
             e(loop, "pr = pr.to(v.dtype)")
@@ -225,7 +228,7 @@ class AttentionWriter(Writer):
             self._key_tile(loop, masked=True)
         else:
             e(s, f"for n0 in range(0, {lk}, BLOCK_N):")
-            self._key_tile(loop, masked=lk % p.attn_block_n != 0)
+            self._key_tile(loop, masked=_ragged(lk, p.attn_block_n))
         e(s, "o = acc / l_i[:, None]")
         e(s, "cmask = mmask[:, None] & dmask[None, :]")
         e(s, f"lin = (bh * {lq} + rm[:, None]) * {dv} + rd[None, :]")
@@ -250,6 +253,12 @@ class AttentionWriter(Writer):
 
 
 _ATTN = ("attn_block_m", "attn_block_n", "attn_block_k", "attn_block_d", "attn_warps", "attn_stages", "attn_precision")
+
+
+def _ragged(extent: int, block: int) -> bool:
+    """Whether the last of ``extent``'s tiles of ``block`` may be partial (always, for a size that
+    moves: the kernel then serves every length)."""
+    return isinstance(extent, Sym) or extent % block != 0
 
 
 def _tile(extent: int) -> int:
