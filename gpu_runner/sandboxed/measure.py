@@ -75,6 +75,34 @@ def measured_sizes(ns: dict[str, Any], mode: str) -> tuple[dict[str, Any], list[
     return sizes, inputs, model
 
 
+class KernelOnMeta(RuntimeError):
+    """The reference launched a Triton kernel while it ran on meta or fake tensors."""
+
+
+@contextlib.contextmanager
+def _no_kernel_launches() -> Iterator[None]:
+    """Triton launches refused while the reference runs on meta or fake tensors: their pointers
+    are null, and on a GPU such a launch is an illegal memory access that leaves this process's
+    CUDA context unusable (the measuring worker then died at its next CUDA call: a reference that
+    is itself a Triton kernel, the A/A test's). The mode fails instead and the next is tried."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # no Triton: nothing to guard
+        yield
+        return
+    real = JITFunction.run
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(self, "__name__", "a kernel")
+        raise KernelOnMeta(f"the reference launches the Triton kernel {name}, which cannot run without data")
+
+    JITFunction.run = refuse
+    try:
+        yield
+    finally:
+        JITFunction.run = real
+
+
 def measure(msg: MeasureOp, device: torch.device) -> dict[str, Any]:
     """The ``measured`` frame's fields: sizes (or ``method: unknown: why``) and the device's free memory."""
     # A reference that never returns (a loop in its forward, a sleep at its top): the parent, giving
@@ -83,7 +111,8 @@ def measure(msg: MeasureOp, device: torch.device) -> dict[str, Any]:
     # unsynchronised: a worker crashed so, and the parent saw a worker die instead of a task hang.)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
-        info = _measured(msg)
+        with _no_kernel_launches():
+            info = _measured(msg)
     finally:
         faulthandler.unregister(signal.SIGUSR1)
     if device.type == "cuda":

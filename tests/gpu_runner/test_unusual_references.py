@@ -6,6 +6,8 @@ measure (``.item()`` at construction) and whose inputs dwarf its outputs is judg
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpu_runner.config import RunnerConfig
@@ -50,3 +52,45 @@ async def test_a_reference_of_unmeasured_sizes_with_large_inputs_is_judged() -> 
     async with EvaluationService(cfg) as service:
         result = await service.evaluate(job("unmeasured_row_sum", "honest_unmeasured_row_sum"))
     assert result.status is EvalStatus.CORRECT, result.summary
+
+
+_GUARD_CHILD = """
+import torch, triton, triton.language as tl
+from gpu_runner.sandboxed.measure import KernelOnMeta, _no_kernel_launches, measured_sizes
+
+@triton.jit
+def fill(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, 1.0, mask=offs < n)
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        fill[(1,)](x, x.numel(), BLOCK=8)
+        return x
+
+ns = {"Model": Model, "get_inputs": lambda: [torch.empty(8)], "get_init_inputs": lambda: []}
+with _no_kernel_launches():
+    try:
+        measured_sizes(ns, "meta")
+    except KernelOnMeta as exc:
+        print("refused:", exc)
+print("restored:", "refuse" not in type(fill).run.__qualname__)
+"""
+
+
+def test_a_reference_launching_triton_kernels_is_not_run_on_meta_tensors(tmp_path: Path) -> None:
+    # On a GPU such a launch gets null pointers: an illegal memory access that left the measuring
+    # worker's CUDA context unusable. Triton's own launcher (not its interpreter) is what a GPU runs.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    child = tmp_path / "child.py"  # Triton reads a kernel's source from its file
+    child.write_text(_GUARD_CHILD, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert "refused: the reference launches the Triton kernel fill" in done.stdout, done.stdout + done.stderr
+    assert "restored: True" in done.stdout, done.stdout

@@ -21,6 +21,8 @@ class Model(nn.Module):
 
     def forward(self, x, y):
         out = torch.empty_like(x)
+        if x.is_meta:  # measured on meta tensors (sizes, held-out shapes): its output's shape alone
+            return out
         n = x.numel()
         add_relu_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
         return out
