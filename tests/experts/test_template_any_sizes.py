@@ -98,14 +98,7 @@ def test_a_strided_window_is_not_fitted_and_the_batch_alone_moves() -> None:
     assert any_batch.METHOD in render(plan, TemplateParams())
 
 
-def test_a_kernel_chosen_by_comparing_a_size_gets_no_any_size_path() -> None:
-    # the convolution's fused spatial sum lets one tile of rows span two images, decided by the
-    # image's size against the tile: at small images a tile spans more, so that kernel holds on
-    # one side of the comparison only
-    plan = analyse(_source(ALL_CASES["conv2d_gelu_global_avg_pool"], 0))
-    assert isinstance(plan, Plan)
-    assert plan.sizes is not None
-    assert any_sizes.METHOD not in render(plan, default_params(plan))
+def test_a_size_compared_by_a_writer_is_decided_only_where_every_size_decides_alike() -> None:
     x = SymN(64, "(kf_h * kf_w)")
     with pytest.raises(Decided, match=r"\(kf_h \* kf_w\) compared with 128"):
         _ = x < 128
@@ -115,6 +108,71 @@ def test_a_kernel_chosen_by_comparing_a_size_gets_no_any_size_path() -> None:
     assert x == SymN(99, "(kf_h * kf_w)")
     y = x * 2 + 1
     assert (int(y), str(y)) == (129, "(((kf_h * kf_w) * 2) + 1)")
+
+
+def test_a_convolutions_fused_spatial_sums_take_any_size_looping_over_the_images_a_tile_spans(
+    tmp_path: Path,
+) -> None:
+    # A global average pool joins the convolution's kernel: its tiles add their rows' sums per
+    # image and channel. How many images a tile spans follows the image's size against the tile,
+    # so the any-size copy counts them at run time (KernelBench L2-52, 67 and 73's bests on an
+    # H200 refused every other image size before); 3x3 images put 1 position per image, so a
+    # tile spans dozens of images, the last beyond the batch.
+    source = _source(ALL_CASES["conv2d_gelu_global_avg_pool"], 0)
+    plan = analyse(source)
+    assert isinstance(plan, Plan)
+    assert plan.sizes is not None
+    params = default_params(plan).with_changes(fuse_epilogue=True)
+    rendered = render(plan, params)
+    assert f"def {any_sizes.METHOD}(self" in rendered
+    assert "for j" in rendered.split(f"def {any_sizes.METHOD}")[0]  # the copy's kernel loops
+    names = plan.sizes.names
+    points = [dict(zip(names, p, strict=True)) for p in ((1, 3, 3), (5, 4, 9), (2, 21, 17))]
+    outcomes = _check_in_child([_job("pooled", source, rendered, tmp_path, points)], tmp_path)
+    assert outcomes == {"pooled": 3}, outcomes
+
+
+DEPTHWISE = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.depthwise = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.pointwise = nn.Conv2d(6, 4, 1)
+
+    def forward(self, x):
+        return self.pointwise(self.depthwise(x))
+
+batch_size = 3
+height = 40
+width = 36
+
+def get_inputs():
+    return [torch.randn(batch_size, 6, height, width)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_depthwise_convolution_takes_any_image_size_its_tiles_per_image_counted_at_run_time(
+    tmp_path: Path,
+) -> None:
+    # one output channel per group: a tile is one image's run of positions, several tiles per
+    # image at the task's size, and how many follows the image (KernelBench L1-86's best on an H200
+    # refused every other image size before)
+    plan = analyse(DEPTHWISE)
+    assert isinstance(plan, Plan)
+    assert plan.sizes is not None
+    rendered = render(plan, default_params(plan))
+    assert f"def {any_sizes.METHOD}(self" in rendered
+    assert "nb = pid // ((((kf_height * kf_width)" in rendered
+    names = plan.sizes.names
+    points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (2, 5, 7), (4, 45, 33))]
+    outcomes = _check_in_child([_job("depthwise", DEPTHWISE, rendered, tmp_path, points)], tmp_path)
+    assert outcomes == {"depthwise": 3}, outcomes
 
 
 @pytest.mark.slow

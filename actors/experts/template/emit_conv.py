@@ -28,6 +28,7 @@ import math
 from functools import cached_property
 
 from actors.experts.precision import tf32_rounding
+from actors.experts.template.any_batch import Sym
 from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
@@ -265,7 +266,7 @@ class ConvWriter(Writer):
         if one:  # npn is 1; a tile is one image's run of positions (see one_channel)
             bm = min(bm, max(MIN_ONE_CHANNEL_ROWS, next_pow2(so)))
             per_image = math.ceil(so / bm)
-            if per_image > 1:
+            if isinstance(per_image, Sym) or per_image > 1:  # a moving image: tiles per image at run time
                 e(s, f"nb = pid // {per_image}")
                 e(s, f"sp = (pid % {per_image}) * BLOCK_M + tl.arange(0, BLOCK_M)")
             else:
@@ -364,13 +365,24 @@ class ConvWriter(Writer):
         positions, so they span a few images, each summed in the tile (a fixed tree) and added
         once per channel (relaxed atomics: the tiles' order is free). Rows of one image are
         ``per`` apart; a tile spanning more than five images (outer products' long tiles) adds
-        element by element."""
+        element by element. Where the positions per image move (an any-size copy) the images a tile
+        spans are known at run time only, and a loop adds each."""
         first, per, bm = self.tile_rows
         n, c = self.out_shape[0], self.cout
         ptr = self.pointer(nid)
         src = self.value(scope, self.plan.nodes[nid].tensor_args()[0])
         part = self.fresh("ps")
         self.emit(scope, f"{part} = tl.where(cmask, {src}, 0.0)")
+        if isinstance(per, Sym):
+            img, reach, j = self.fresh("ni"), self.fresh("nr"), self.fresh("j")
+            self.emit(scope, f"{img} = ({first}) // ({per})")
+            self.emit(scope, f"{reach} = tl.minimum(({bm - 1}) // ({per}) + 2, ({n}) - {img})")
+            self.emit(scope, f"for {j} in range(0, {reach}):")
+            body = Scope(indent=scope.indent + "    ", parent=scope)
+            total = self.fresh("ss")
+            self.emit(body, f"{total} = tl.sum(tl.where(nb[:, None] == {img} + {j}, {part}, 0.0), axis=0)")
+            self.emit(body, f'tl.atomic_add({ptr} + ({img} + {j}) * {c} + co, {total}, mask=nmask, sem="relaxed")')
+            return
         if per % bm == 0:
             span = 1  # tiles never straddle two images
         elif bm % per == 0:

@@ -338,7 +338,11 @@ it: each tile then spans few images (``ConvWriter``'s partial sums per image).""
 
 def spatial_sum(plan: Plan, node: Node, conv_shape: tuple[int, ...]) -> bool:
     """Whether ``node`` sums a float32 value of the convolution's output shape over every spatial
-    dimension (batch and channels kept), over at least :data:`SPATIAL_SUM_MIN` positions."""
+    dimension (batch and channels kept), over at least :data:`SPATIAL_SUM_MIN` positions.
+
+    The bound only changes speed (the convolution's tiles add into the sums at any size): where
+    the positions move with the task's sizes (an any-size copy, ``any_sizes``) it is taken at the
+    size being rendered, and the copy is kept only where every rendering takes it alike."""
     rank = len(conv_shape)
     src = node.tensor_args()[0] if node.kind is NodeKind.RED else -1
     return (
@@ -347,7 +351,7 @@ def spatial_sum(plan: Plan, node: Node, conv_shape: tuple[int, ...]) -> bool:
         and node.dims == (2, rank)
         and node.dtype == "float32"
         and plan.nodes[src].shape == conv_shape
-        and math.prod(conv_shape[2:]) >= SPATIAL_SUM_MIN
+        and int(math.prod(conv_shape[2:])) >= SPATIAL_SUM_MIN
     )
 
 
