@@ -5,6 +5,7 @@ under Triton's interpreter against the reference at sizes the run never saw."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 
 from actors.experts.template import any_batch, any_sizes, default_params, mutate
 from actors.experts.template.any_sizes import Decided, SymN, _fit
-from actors.experts.template.ir import Plan, Unsupported
+from actors.experts.template.ir import Plan, Unsupported, plan_from_dict, plan_to_dict
 from actors.experts.template.params import TemplateParams
 from actors.experts.template.render import analyse, render
 from actors.experts.template.size_fits import Fit
@@ -173,6 +174,50 @@ def test_a_depthwise_convolution_takes_any_image_size_its_tiles_per_image_counte
     points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (2, 5, 7), (4, 45, 33))]
     outcomes = _check_in_child([_job("depthwise", DEPTHWISE, rendered, tmp_path, points)], tmp_path)
     assert outcomes == {"depthwise": 3}, outcomes
+
+
+GROUPED = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        return torch.sigmoid(self.norm(x))
+
+batch_size = 2
+height = 192
+width = 192
+
+def get_inputs():
+    return [torch.randn(batch_size, 8, height, width)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_reduction_split_by_its_size_gets_an_any_size_copy_lowered_whole(tmp_path: Path) -> None:
+    # 8 rows of 73728: the group norm's sums are split in parts for parallelism, as many as the
+    # rows leave room for (another batch, another split: KernelBench L1-35 and L2-21 had no
+    # any-size copy). The copy comes from the reference lowered without the split, and the plan
+    # keeps it through the analysis child's JSON.
+    plan = analyse(GROUPED)
+    assert isinstance(plan, Plan)
+    assert plan.sizes is not None and plan.sizes.plan is not None
+    assert len(plan.sizes.plan.nodes) < len(plan.nodes)
+    again = plan_from_dict(json.loads(json.dumps(plan_to_dict(plan))))
+    params = default_params(plan)
+    rendered = render(plan, params)
+    assert render(again, params) == rendered
+    assert f"def {any_sizes.METHOD}(self" in rendered
+    names = plan.sizes.names
+    points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (3, 7, 5), (1, 33, 40))]
+    outcomes = _check_in_child([_job("grouped", GROUPED, rendered, tmp_path, points)], tmp_path)
+    assert outcomes == {"grouped": 3}, outcomes
 
 
 @pytest.mark.slow

@@ -408,6 +408,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     data = asdict(replace(plan, sizes=None))
     data["nodes"] = [{**asdict(n), "kind": n.kind.value} for n in plan.nodes]
     data["sizes"] = size_fits.to_data(plan.sizes) if plan.sizes else None
+    if plan.sizes and plan.sizes.plan is not None:
+        data["sizes"]["plan"] = plan_to_dict(plan.sizes.plan)
     return data
 
 
@@ -453,6 +455,8 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
 
 def _sizes_from(data: Any) -> size_fits.Sizes | None:
     found = size_fits.from_data(data)
+    if found and data.get("plan") is not None:
+        found = replace(found, plan=plan_from_dict(data["plan"]))
     return found if found else None
 
 

@@ -127,10 +127,13 @@ def _promoted(dtypes: list[str]) -> str:
 class Lowerer:
     """Walks the FX graph once, building nodes."""
 
-    def __init__(self, traced: Traced, keep_torch: KeepTorch = KeepTorch.NONE) -> None:
+    def __init__(self, traced: Traced, keep_torch: KeepTorch = KeepTorch.NONE, split: bool = True) -> None:
         self.traced = traced
         self.keep_torch = keep_torch
         """Which ops the templates do not cover may stay the reference's PyTorch calls."""
+        self.split = split
+        """Whether reductions over few huge rows are split in parts (:func:`_split`): a choice by
+        size, so a plan for any size (``any_sizes``) is lowered without it."""
         self.nodes: list[Node] = []
         self.env: dict[fx.Node, Any] = {}
         self.ops: list[str] = []
@@ -302,7 +305,7 @@ class Lowerer:
 
     def split_parts(self, op: str, src: NodeRef, dims: tuple[int, int]) -> int | None:
         """How many parts a reduction of ``src`` over ``dims`` is split into (``None``: kept whole)."""
-        return None if self.transposed(src) else _split(op, self.shape(src), dims)
+        return None if self.transposed(src) or not self.split else _split(op, self.shape(src), dims)
 
     def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool, split_rows: bool = True) -> NodeRef:
         """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge,

@@ -130,15 +130,33 @@ def _batch_links(
 def _size_links(
     reference_source: str, plan: Plan, keep_torch: KeepTorch, free: dict[str, int], lowering_s: float = 0.0
 ) -> size_fits.Sizes:
-    """``Plan.sizes`` (``any_sizes.find``): the reference lowered again with each free size moved."""
+    """``Plan.sizes`` (``any_sizes.find``): the reference lowered again with each free size moved.
+    Where the plan's lowering chose by size (a reduction over few huge rows split in parts, as
+    many as the rows leave room for: KernelBench L1-35 and L2-21's group norms), the fits are of
+    the reference lowered without such choices, held in :attr:`Sizes.plan`."""
     try:
-        return any_sizes.find(
+        found = any_sizes.find(
             free,
             plan,
             lambda changed: lowered(reference_source, keep_torch, changed),
             lambda changed: _output_shapes(reference_source, changed),
             lowering_s=lowering_s,
         )
+        if found or not free:
+            return found
+        started = time.thread_time()
+        whole = lowered(reference_source, keep_torch, split=False)
+        if whole.nodes == plan.nodes:
+            return found
+        whole = replace(whole, batch=plan.batch, batch_name=plan.batch_name, batch_args=plan.batch_args)
+        found = any_sizes.find(
+            free,
+            whole,
+            lambda changed: lowered(reference_source, keep_torch, changed, split=False),
+            lambda changed: _output_shapes(reference_source, changed),
+            lowering_s=max(lowering_s, time.thread_time() - started),
+        )
+        return replace(found, plan=whole) if found else found
     except Exception:  # noqa: BLE001 - user code: the plan stands without an any-size path
         return size_fits.Sizes()
 
@@ -155,12 +173,17 @@ def _output_shapes(reference_source: str, sizes: dict[str, int]) -> list[tuple[i
     return [tuple(int(d) for d in t.shape) for t in _flat([out]) if isinstance(t, torch.Tensor)]
 
 
-def lowered(reference_source: str, keep_torch: KeepTorch = KeepTorch.NONE, sizes: dict[str, int] | None = None) -> Plan:
+def lowered(
+    reference_source: str,
+    keep_torch: KeepTorch = KeepTorch.NONE,
+    sizes: dict[str, int] | None = None,
+    split: bool = True,
+) -> Plan:
     """The reference traced (with ``sizes``: module-level integers set to other values first) and
-    lowered into a plan, before any schedule is tried."""
+    lowered into a plan, before any schedule is tried (``split``: see ``Lowerer.split``)."""
     traced = trace_reference(reference_source, sizes)
     init_text, prelude = init_source(reference_source)
-    lowerer = Lowerer(traced, KeepTorch(keep_torch))
+    lowerer = Lowerer(traced, KeepTorch(keep_torch), split=split)
     outputs = lowerer.lower()
     return Plan(
         nodes=tuple(lowerer.nodes),
@@ -487,8 +510,11 @@ def _any_sizes(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list
     where the plan, rendered at two sets of sizes, does not come out the same."""
     found = plan.sizes
     assert found is not None
+    base = plan  # or the plan lowered without choices by size, holding the fits
+    if found.plan is not None:
+        base = replace(found.plan, sizes=replace(found, plan=None))
     return _copies(
-        lambda: [any_sizes.symbolic(plan, found, point) for point in any_sizes.probe_points(plan, found)],
+        lambda: [any_sizes.symbolic(base, found, point) for point in any_sizes.probe_points(base, found)],
         params,
         used,
         _sized,

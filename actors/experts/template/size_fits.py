@@ -53,6 +53,10 @@ class Sizes:
     """Per node, per argument: the fit of a float constant that moves (``None``: it does not)."""
     least: tuple[int, ...] = ()
     """Per size, the smallest the reference takes (1, or 2: batch norm's statistics)."""
+    plan: Any = None
+    """The plan the fits are of where it is not the plan that holds them (an ``ir.Plan``): the
+    reference lowered without choices taken by size (a reduction over few huge rows split in
+    parts), whose copy then runs at every size but the task's; ``None``: the plan itself."""
 
     def __bool__(self) -> bool:
         return bool(self.names)
