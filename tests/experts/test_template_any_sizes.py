@@ -47,7 +47,7 @@ def get_init_inputs():
     return []
 """
 
-COVERED = 50
+COVERED = 59
 """Test cases (at their first sizes, plain parameters) with an any-size path when this was written."""
 
 
@@ -59,8 +59,13 @@ def test_dimensions_are_fitted_as_products_of_affine_factors_of_the_sizes() -> N
     assert flat.text(("kf_b", "kf_h", "kf_w")) == "(8 * (kf_h - 2) * (kf_w - 2))"
     assert flat.at((1, 3, 5)) == 8 * 1 * 3
     assert _fit(7, [(7, 7), (7, 7), (7, 7)], s0) == Fit(7)
-    # (H - 3) // 2 + 1, a strided window: 5, 5, 6 at heights 12, 13, 14 is not affine
+    # (H - 3) // 2 + 1, a strided window: 5, 5, 6 at heights 12, 13, 14 is not affine, and two
+    # steps do not show its period
     assert _fit(5, [(7, 7), (5, 6), (7, 7)], s0) is None
+    # over two periods it is a floor factor: 3 * ((H - 1) // 2) channels by rows
+    rows = [3 * ((h - 1) // 2) for h in range(13, 17)]
+    assert _fit(15, [(15, 15), rows, (15, 15)], s0) == Fit(3, (), ((1, 1, -1, 2),))
+    assert Fit(3, (), ((1, 1, -1, 2),)).text(("kf_b", "kf_h", "kf_w")) == "(3 * ((kf_h - 1) // 2))"
 
 
 def test_a_convolutional_model_takes_any_batch_and_image_size_and_is_correct_there(tmp_path: Path) -> None:
@@ -90,13 +95,30 @@ def test_sizes_below_what_the_reference_takes_are_refused_saying_so(tmp_path: Pa
         module.ModelNew()(torch.randn(2, 4, 12, 10))
 
 
-def test_a_strided_window_is_not_fitted_and_the_batch_alone_moves() -> None:
-    source = CONV.replace("nn.Conv2d(3, 8, 3)", "nn.Conv2d(3, 8, 3, stride=2)")
+def test_a_strided_window_is_fitted_as_a_floor_and_the_model_takes_any_size(tmp_path: Path) -> None:
+    # a stride-2 convolution then a 2x2 max pool: (H - 1) // 2 then (H - 1) // 4, which two steps
+    # of a size do not show; the sizes are moved over two periods of the strides (8 steps)
+    source = CONV.replace("nn.Conv2d(3, 8, 3)", "nn.Conv2d(3, 8, 3, stride=2)").replace(
+        "return torch.relu(self.conv2(torch.relu(self.conv(x))))",
+        "return torch.relu(self.conv2(F.max_pool2d(torch.relu(self.conv(x)), 2)))",
+    )
+    source = source.replace("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n")
+    source = source.replace("height = 12", "height = 21").replace("width = 10", "width = 30")
     plan = analyse(source)
-    assert isinstance(plan, Plan)
-    assert plan.sizes is None
-    assert plan.batch_name == "batch_size"
-    assert any_batch.METHOD in render(plan, TemplateParams())
+    assert isinstance(plan, Plan), plan
+    assert plan.sizes is not None
+    pool = next(n for n in plan.nodes if n.kind.value == "pool")
+    texts = [f.text(plan.sizes.variables) if f else None for f in plan.sizes.dims[pool.id]]
+    assert texts == ["kf_batch_size", None, "((kf_height - 1) // 4)", "((kf_width - 1) // 4)"]
+    rendered = render(plan, default_params(plan))
+    assert f"def {any_sizes.METHOD}(self" in rendered
+    names = plan.sizes.names
+    points = [dict(zip(names, p, strict=True)) for p in ((1, 7, 7), (2, 8, 13), (3, 26, 10))]
+    outcomes = _check_in_child([_job("strided", source, rendered, tmp_path, points)], tmp_path)
+    assert outcomes == {"strided": 3}, outcomes
+    module = _load(rendered, tmp_path / "kf_sizes_strided_refuse.py")
+    with pytest.raises(ValueError, match=r"sizes batch_size=2, height=4, width=9: too small"):
+        module.ModelNew()(torch.randn(2, 3, 4, 9))  # a pooled image of no rows
 
 
 def test_a_size_compared_by_a_writer_is_decided_only_where_every_size_decides_alike() -> None:

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from actors.experts.template.any_batch import _APPLY, Sym, SymFloat, _text
-from actors.experts.template.ir import FLOAT_ARG, Arg, Node, NodeKind, Plan
+from actors.experts.template.ir import FLOAT_ARG, Arg, ConvSpec, Node, NodeKind, Plan, PoolSpec
 from actors.experts.template.size_fits import Fit, Sizes, _affine
 
 METHOD = "_kf_any_sizes"
@@ -43,6 +43,11 @@ PROBE_LIMIT_S = 2.0
 """A reference whose first lowering took longer (CPU seconds) is not lowered again here."""
 BUDGET_S = 15.0
 """No further lowering is started after this long in :func:`find`."""
+FLOOR_BUDGET_S = 3.0
+"""The most the lowerings that look for floor factors may take (estimated from the first ones)."""
+MAX_PERIOD = 32
+"""The longest period of a floor factor looked for (five stride-2 windows): a size the affine fit
+does not explain is moved by up to twice that, one lowering per step."""
 
 
 class Decided(Exception):
@@ -154,27 +159,74 @@ def _combine(a: Linear | None, b: Linear | None, sym: str) -> Linear | None:
     return None
 
 
-def _fit(d0: int, moved: list[tuple[int, int]], s0: tuple[int, ...]) -> Fit | None:
-    """The fit of a quantity worth ``d0`` at ``s0`` and ``moved[i] = (at s_i + 1, at s_i + 2)``
-    with size ``i`` moved alone; None where it is not of the product form."""
-    factors: list[tuple[int, int, int, int]] = []  # (i, alpha, beta, gcd)
-    for i, (d1, d2) in enumerate(moved):
-        if d1 == d0 and d2 == d0:
+def _fit(d0: int, moved: Sequence[Sequence[int]], s0: tuple[int, ...]) -> Fit | None:
+    """The fit of a quantity worth ``d0`` at ``s0`` and ``moved[i] = (at s_i + 1, at s_i + 2, ...)``
+    with size ``i`` moved alone; None where it is not of the product form. A size it follows
+    affinely gives an affine factor (two steps show it); one it follows by a strided window's
+    floor gives a floor factor, seen over two of its periods (:func:`_floor_factor`)."""
+    factors: list[tuple[int, int, int]] = []
+    floors: list[tuple[int, int, int, int]] = []
+    common: list[int] = []  # per moving size, what the quantity is a multiple of
+    for i, seq in enumerate(moved):
+        vals = [d0, *seq]
+        if all(v == d0 for v in vals):
             continue
-        alpha = d1 - d0
-        if d2 - d1 != alpha or alpha == 0:
+        alpha = vals[1] - d0
+        if alpha and all(v == d0 + alpha * t for t, v in enumerate(vals)):
+            beta = d0 - alpha * s0[i]
+            g = math.gcd(alpha, beta) * (1 if alpha > 0 else -1)
+            factors.append((i, alpha // g, beta // g))
+            common.append(g)
+            continue
+        floor = _floor_factor(vals, s0[i])
+        if floor is None:
             return None
-        beta = d0 - alpha * s0[i]
-        g = math.gcd(alpha, beta) * (1 if alpha > 0 else -1)
-        factors.append((i, alpha, beta, g))
-    if not factors:
+        (a, b, q), k = floor
+        floors.append((i, a, b, q))
+        common.append(k)
+    if not common:
         return Fit(scale=d0)
-    scale_num = math.prod(g for *_, g in factors)
-    scale_den = d0 ** (len(factors) - 1)
+    scale_num = math.prod(common)
+    scale_den = d0 ** (len(common) - 1)
     if scale_den == 0 or scale_num % scale_den:
         return None
-    fit = Fit(scale_num // scale_den, tuple((i, alpha // g, beta // g) for i, alpha, beta, g in factors))
+    fit = Fit(scale_num // scale_den, tuple(factors), tuple(floors))
     return fit if fit.scale > 0 and fit.at(s0) == d0 else None
+
+
+def _floor_factor(vals: list[int], s: int) -> tuple[tuple[int, int, int], int] | None:
+    """``((a, b, q), k)`` with ``vals[t] == k * ((a * (s + t) + b) // q)`` for every ``t`` and the
+    smallest period ``q`` (at least 2) that ``vals`` shows twice, or None."""
+    if min(vals) <= 0:
+        return None
+    k = math.gcd(*vals)
+    f = [v // k for v in vals]
+    for q in range(2, (len(f) - 1) // 2 + 1):
+        a = f[q] - f[0]
+        if a <= 0 or f[2 * q] - f[q] != a:
+            continue
+        lo = max(q * v - a * (s + t) for t, v in enumerate(f))
+        hi = min(q * v - a * (s + t) + q - 1 for t, v in enumerate(f))
+        if lo <= hi and all((a * (s + t) + lo) // q == v for t, v in enumerate(f)):
+            return (a, lo, q), k
+    return None
+
+
+def period_bound(plan: Plan) -> int:
+    """How far a size must move to show the longest period a dimension can have in its floor: the
+    strides of the plan's strided windows (convolutions and pools) multiplied, at most
+    :data:`MAX_PERIOD` (1 where no window is strided: affine fits only)."""
+    bound = 1
+    for node in plan.nodes:
+        if node.kind is NodeKind.CONV:
+            spec = ConvSpec.from_attrs(node.attrs)
+            stride = 1 if spec.transposed else max(spec.stride, default=1)
+        elif node.kind is NodeKind.POOL:
+            stride = max(PoolSpec.from_attrs(node.attrs).stride, default=1)
+        else:
+            continue
+        bound = min(bound * max(stride, 1), MAX_PERIOD)
+    return bound
 
 
 def _same_but_sizes(a: Node, b: Node) -> bool:
@@ -207,56 +259,105 @@ def find(
     names = tuple(source_sizes)
     s0 = tuple(int(source_sizes[n]) for n in names)
     deadline = time.monotonic() + BUDGET_S
-    lowered: list[tuple[Plan, Plan]] = []
-    for i, name in enumerate(names):
-        pair = []
-        for step in (1, 2):
+    probes: list[list[Plan]] = [[] for _ in names]  # per size, the plans at s + 1, s + 2, ...
+
+    def probe(i: int, upto: int) -> bool:
+        """Lower with size ``i`` moved by each step up to ``upto``; False where the reference
+        refuses a size, lowers to another plan, or the budget ends."""
+        while len(probes[i]) < upto:
             if time.monotonic() > deadline:
-                return Sizes()
+                return False
             try:
-                other = relower({name: s0[i] + step})
+                other = relower({names[i]: s0[i] + len(probes[i]) + 1})
             except Exception:  # noqa: BLE001 - the reference refuses that size: no path
+                return False
+            if not _same_plan(plan, other):
+                return False
+            probes[i].append(other)
+        return True
+
+    started = time.monotonic()
+    for i in range(len(names)):
+        if not probe(i, 2):
+            return Sizes()
+    each_s = (time.monotonic() - started) / (2 * len(names))  # warm: the first lowering paid the imports
+    # Two steps show an affine size. A strided window's floor may stay put over them (a pool of
+    # 11 at 2048 is 186 up to 2056) or move unevenly: where the plan has strided windows and the
+    # fits fail, or do not hold at the check points, every size is moved over two of the longest
+    # period its windows allow, and fitted again, where those lowerings fit in FLOOR_BUDGET_S (a
+    # small model's: a deep network's lowerings would hold up the first candidate).
+    longest = 2 * period_bound(plan)
+    for attempt in (0, 1):
+        if attempt:
+            if longest <= 2 or each_s * (longest - 2) * len(names) > FLOOR_BUDGET_S:
                 return Sizes()
-            if len(other.nodes) != len(plan.nodes) or other.outputs != plan.outputs or other.returns != plan.returns:
+            if not all(probe(i, longest) for i in range(len(names))):
                 return Sizes()
-            if other.init_source != plan.init_source or other.output_strides != plan.output_strides:
-                return Sizes()
-            if not all(_same_but_sizes(a, b) for a, b in zip(plan.nodes, other.nodes, strict=True)):
-                return Sizes()
-            pair.append(other)
-        lowered.append((pair[0], pair[1]))
+        fitted = _fits(plan, probes, s0)
+        if fitted is None:
+            continue
+        dims, args = fitted
+        found = Sizes(names, s0, tuple(dims), tuple(args) if any(any(a) for a in args) else ())
+        if not _bare(plan, found):
+            return Sizes()
+        if all(time.monotonic() <= deadline and _holds(plan, found, p, relower, outputs_at) for p in _checks(s0)):
+            break
+    else:
+        return Sizes()
+    return replace(found, least=_least(found, outputs_at))
+
+
+def _same_plan(plan: Plan, other: Plan) -> bool:
+    """Whether ``other`` is ``plan`` lowered at other sizes: the same ops on the same operands."""
+    if len(other.nodes) != len(plan.nodes) or other.outputs != plan.outputs or other.returns != plan.returns:
+        return False
+    if other.init_source != plan.init_source or other.output_strides != plan.output_strides:
+        return False
+    return all(_same_but_sizes(a, b) for a, b in zip(plan.nodes, other.nodes, strict=True))
+
+
+def _affine_size(plan: Plan, seen: list[Plan]) -> bool:
+    """Whether every dimension follows one size affinely over the plans ``seen`` at its steps."""
+    for k, node in enumerate(plan.nodes):
+        for j, d0 in enumerate(node.shape):
+            vals = [int(d0), *(int(p.nodes[k].shape[j]) for p in seen)]
+            step = vals[1] - vals[0]
+            if any(v != vals[0] + step * t for t, v in enumerate(vals)):
+                return False
+    return True
+
+
+def _fits(
+    plan: Plan, probes: list[list[Plan]], s0: tuple[int, ...]
+) -> tuple[list[tuple[Fit | None, ...]], list[tuple[Fit | None, ...]]] | None:
+    """Every dimension's fit and every moving float constant's, from the plans at each size's
+    steps; None where one has none (or a parameter moves)."""
     dims: list[tuple[Fit | None, ...]] = []
     args: list[tuple[Fit | None, ...]] = []
     for k, node in enumerate(plan.nodes):
         row: list[Fit | None] = []
         for j, d0 in enumerate(node.shape):
-            fit = _fit(int(d0), [(int(p1.nodes[k].shape[j]), int(p2.nodes[k].shape[j])) for p1, p2 in lowered], s0)
+            fit = _fit(int(d0), [[int(p.nodes[k].shape[j]) for p in seen] for seen in probes], s0)
             if fit is None:
-                return Sizes()
-            row.append(fit if fit.factors else None)
+                return None
+            row.append(fit if fit.moves else None)
         if node.kind is NodeKind.PARAM and any(row):
-            return Sizes()
+            return None
         dims.append(tuple(row))
         consts: list[Fit | None] = []
         for j, x in enumerate(node.args):
-            moved = [(float(p1.nodes[k].args[j]), float(p2.nodes[k].args[j])) for p1, p2 in lowered]
-            if not isinstance(x, float) or all(m == (x, x) for m in moved):
+            moved = [[float(p.nodes[k].args[j]) for p in seen] for seen in probes]
+            if not isinstance(x, float) or all(y == x for seq in moved for y in seq):
                 consts.append(None)
                 continue
-            if x != int(x) or any(y != int(y) or z != int(z) for y, z in moved):
-                return Sizes()
-            fit = _fit(int(x), [(int(y), int(z)) for y, z in moved], s0)
-            if fit is None or not fit.factors:
-                return Sizes()
+            if x != int(x) or any(y != int(y) for seq in moved for y in seq):
+                return None
+            fit = _fit(int(x), [[int(y) for y in seq] for seq in moved], s0)
+            if fit is None or not fit.moves:
+                return None
             consts.append(fit)
         args.append(tuple(consts))
-    found = Sizes(names, s0, tuple(dims), tuple(args) if any(any(a) for a in args) else ())
-    if not _bare(plan, found):
-        return Sizes()
-    for point in _checks(s0):
-        if time.monotonic() > deadline or not _holds(plan, found, point, relower, outputs_at):
-            return Sizes()
-    return replace(found, least=_least(found, outputs_at))
+    return dims, args
 
 
 def _bare(plan: Plan, found: Sizes) -> bool:
@@ -267,7 +368,7 @@ def _bare(plan: Plan, found: Sizes) -> bool:
         for fit in found.dims[node.id]:
             if fit is None:
                 continue
-            if fit.scale == 1 and len(fit.factors) == 1 and fit.factors[0][1:] == (1, 0):
+            if fit.scale == 1 and len(fit.factors) == 1 and fit.factors[0][1:] == (1, 0) and not fit.floors:
                 bare.add(fit.factors[0][0])
     return bare == set(range(len(found.names)))
 
@@ -340,7 +441,7 @@ def symbolic(plan: Plan, found: Sizes, point: tuple[int, ...]) -> Plan:
         if fit is None:
             return d
         lin: Linear | None = None
-        if len(fit.factors) == 1:
+        if len(fit.factors) == 1 and not fit.floors:
             i, a, b = fit.factors[0]
             lin = (((names[i], fit.scale * a),), fit.scale * b)
         return SymN.linear(fit.at(point), fit.text(names), lin)
@@ -384,7 +485,7 @@ def guard(plan: Plan, found: Sizes) -> list[str]:
             (n, j)
             for n in plan.inputs
             for j, fit in enumerate(found.dims[n.id])
-            if fit is not None and fit.scale == 1 and fit.factors == ((i, 1, 0),)
+            if fit is not None and fit.scale == 1 and fit.factors == ((i, 1, 0),) and not fit.floors
         )
         x = names[node.index]
         rank = len(node.shape)
@@ -394,6 +495,8 @@ def guard(plan: Plan, found: Sizes) -> list[str]:
         | {(i, 1, 0) for i in range(len(found.names))}
     )
     conds = [f"{_affine(found.variables[i], a, b)} < 1" for i, a, b in factors]
+    floors = sorted({f for row in found.dims for fit in row if fit is not None for f in fit.floors})
+    conds += [f"{_affine(found.variables[i], a, b)} < {q}" for i, a, b, q in floors]  # a window past the image
     conds += [f"{var} < {least}" for var, least in zip(found.variables, found.least, strict=True) if least > 1]
     sizes = ", ".join(f"{name}={{{var}}}" for name, var in zip(found.names, found.variables, strict=True))
     lines.append(

@@ -29,6 +29,7 @@ from functools import cached_property
 
 from actors.experts.precision import tf32_rounding
 from actors.experts.template.any_batch import Sym
+from actors.experts.template.any_sizes import Decided
 from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.emit_row import next_pow2
 from actors.experts.template.errors import UnsupportedGraph
@@ -65,6 +66,16 @@ def coords(writer: Writer, s: Scope, flat: str, sizes: tuple[int, ...], prefix: 
         writer.emit(s, f"{prefix}{d} = {expr}")
         names.append(f"{prefix}{d}")
     return names
+
+
+def _past_end(last: int, size: int) -> bool:
+    """Whether input index ``last`` may be past an input of ``size``: where both move with the
+    task's sizes and no comparison holds at every size (a strided window: by the size's parity),
+    it may, and the bound is checked in the kernel."""
+    try:
+        return last >= size
+    except Decided:
+        return True
 
 
 class ConvWriter(Writer):
@@ -151,7 +162,7 @@ class ConvWriter(Writer):
                 self.emit(loop, f"i{d} = {od} - {p} + {qd}" if p else f"i{d} = {od} + {qd}")
                 if p:  # without padding no tap reads below 0
                     valid.append(f"(i{d} >= 0)")
-                if (self.sout[d] - 1) * s - p + (self.ks[d] - 1) * dl >= size:  # the last row's last tap
+                if _past_end((self.sout[d] - 1) * s - p + (self.ks[d] - 1) * dl, size):  # the last row's last tap
                     valid.append(f"(i{d} < {size})")
             else:
                 pos = f"{o} + {p} - {qd}" if p else f"{o} - {qd}"

@@ -11,25 +11,43 @@ from typing import Any
 
 Factor = tuple[int, int, int]
 """``(size index, a, b)``: the factor ``a * s + b`` of a fitted quantity."""
+Floor = tuple[int, int, int, int]
+"""``(size index, a, b, q)``: the factor ``(a * s + b) // q`` (a strided window's output, ``q``
+the strides of the windows that led there multiplied), with ``a * s + b >= q`` wherever the
+reference takes ``s`` (so Python's floor and the kernels' truncating division agree)."""
 
 
 @dataclass(frozen=True)
 class Fit:
-    """A quantity fitted to the sizes: ``scale * prod(a * s[i] + b for (i, a, b) in factors)``."""
+    """A quantity fitted to the sizes: ``scale * prod(a * s[i] + b for (i, a, b) in factors)
+    * prod((a * s[i] + b) // q for (i, a, b, q) in floors)``."""
 
     scale: int
     factors: tuple[Factor, ...] = ()
+    floors: tuple[Floor, ...] = ()
+
+    @property
+    def moves(self) -> bool:
+        """Whether it follows some size."""
+        return bool(self.factors or self.floors)
 
     def at(self, sizes: tuple[int, ...]) -> int:
         """Its value at ``sizes``."""
-        return self.scale * math.prod(a * sizes[i] + b for i, a, b in self.factors)
+        affine = math.prod(a * sizes[i] + b for i, a, b in self.factors)
+        return self.scale * affine * math.prod((a * sizes[i] + b) // q for i, a, b, q in self.floors)
 
     def text(self, names: tuple[str, ...]) -> str:
         """Its expression in the run-time size variables ``names``."""
         parts = [_affine(names[i], a, b) for i, a, b in self.factors]
+        parts += [_floor(names[i], a, b, q) for i, a, b, q in self.floors]
         if self.scale != 1 or not parts:
             parts.insert(0, str(self.scale))
         return parts[0] if len(parts) == 1 else "(" + " * ".join(parts) + ")"
+
+
+def _floor(name: str, a: int, b: int, q: int) -> str:
+    inner = _affine(name, a, b)
+    return f"({inner} // {q})"
 
 
 def _affine(name: str, a: int, b: int) -> str:
@@ -71,7 +89,9 @@ def to_data(found: Sizes) -> dict[str, Any]:
     """``found`` as plain JSON-able data (``Plan.sizes`` in ``plan_to_dict``)."""
 
     def fit(f: Fit | None) -> list[Any] | None:
-        return None if f is None else [f.scale, [list(x) for x in f.factors]]
+        if f is None:
+            return None
+        return [f.scale, [list(x) for x in f.factors], *([[list(x) for x in f.floors]] if f.floors else [])]
 
     return {
         "names": list(found.names),
@@ -88,7 +108,10 @@ def from_data(data: Mapping[str, Any] | None) -> Sizes:
         return Sizes()
 
     def fit(f: Any) -> Fit | None:
-        return None if f is None else Fit(int(f[0]), tuple((int(i), int(a), int(b)) for i, a, b in f[1]))
+        if f is None:
+            return None
+        floors = tuple((int(i), int(a), int(b), int(q)) for i, a, b, q in f[2]) if len(f) > 2 else ()
+        return Fit(int(f[0]), tuple((int(i), int(a), int(b)) for i, a, b in f[1]), floors)
 
     return Sizes(
         names=tuple(str(n) for n in data["names"]),
