@@ -242,6 +242,44 @@ def test_a_reduction_split_by_its_size_gets_an_any_size_copy_lowered_whole(tmp_p
     assert outcomes == {"grouped": 3}, outcomes
 
 
+LONG_K = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, A, B):
+        return torch.matmul(A, B)
+
+M = 16
+N = 24
+K = 2048
+
+def get_inputs():
+    return [torch.randn(M, K), torch.randn(K, N)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_split_k_product_takes_any_size_its_slices_past_k_adding_zeros(tmp_path: Path) -> None:
+    # the split is halved where K leaves a slice too few steps: a choice of speed, taken at the
+    # sizes rendered (KernelBench L1-6 had no any-size copy); at a K of 40 three of the four
+    # slices have nothing to add
+    plan = analyse(LONG_K)
+    assert isinstance(plan, Plan)
+    assert plan.sizes is not None
+    params = default_params(plan).with_changes(mm_split_k=4, mm_block_k=32, mm_tma=False)
+    rendered = render(plan, params)
+    assert f"def {any_sizes.METHOD}(self" in rendered
+    copy = rendered[rendered.index("_s(kf_M"):]
+    assert "k_lo = (w % 4)" in copy
+    names = plan.sizes.names
+    points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (5, 7, 40), (17, 9, 700))]
+    outcomes = _check_in_child([_job("long_k", LONG_K, rendered, tmp_path, points)], tmp_path)
+    assert outcomes == {"long_k": 3}, outcomes
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3000)
 def test_every_case_with_an_any_size_path_is_correct_at_sizes_the_run_never_saw(tmp_path: Path) -> None:

@@ -7,16 +7,24 @@ held-out shapes move) are each moved alone by one and by two and the reference l
 constant that moved: a mean's divisor) is fitted as ``c * (a1 * s1 + b1) * (a2 * s2 + b2) ...``,
 one affine factor per size it follows: the batch (``B``), a same-padded convolution's output
 (``H``), an unpadded one's (``H - 2``), a flattened image (``C * (H - 2) * (W - 2)``). A strided
-window (``(H - 3) // 2 + 1``) is not of that form, and the fit or its check fails. The fit is
+window's output (``(H - 3) // 2 + 1``) is a floor factor, ``(a * s + b) // q``: two steps do not
+show it, so where the plan has strided windows and the affine fit fails or does not hold, every
+size is moved over two periods of the windows' strides multiplied (:func:`period_bound`, where
+those lowerings fit in :data:`FLOOR_BUDGET_S`) and fitted again. The fit is
 checked by lowering the reference at two further sets of sizes, every size moved at once, where
 every node must have exactly the predicted shape, and the reference's outputs too (on the meta
-device). Parameters never move, and each size must be some input's dimension as it is.
+device). Parameters never move, and each size must be some input's dimension as it is. A
+lowering that chooses by size (a reduction over few huge rows split in parts) is fitted as the
+reference lowered without that choice (``render._size_links``, ``Sizes.plan``).
 
 ``render`` then writes the plan's kernels once more with those dimensions as :class:`SymN`
 (an ``int`` whose text is the fitted expression of ``kf_<size>``, the sizes at run time) and keeps
 them only where two renderings, at the reference's sizes and at distinct sizes none of which is
 any other size or dimension of the plan, come out as the same text (any decision a writer took on
-a value, or a size printed as a number, makes them differ). ``ModelNew._kf_any_sizes`` reads the
+a value, or a size printed as a number, makes them differ). A choice that only changes speed (a
+spatial sum fused into its convolution, a split-K's halving) is taken at the sizes rendered, the
+kernel correct at every size (the images a tile spans counted at run time), and the copy kept
+where both renderings choose alike. ``ModelNew._kf_any_sizes`` reads the
 sizes from the inputs, refuses sizes for which a factor would be below one (the reference refuses
 them too) or below the smallest the reference takes, and checks every input's whole shape.
 """

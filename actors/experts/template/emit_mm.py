@@ -119,8 +119,11 @@ def needs_padding(shape: MmShape, esize: int) -> bool:
 
 def effective_split(requested: int, m: int, n: int, k: int, block_k: int) -> int:
     """The split-K factor actually used: ``requested`` halved until every slice keeps
-    ``MIN_STEPS_PER_SLICE`` K steps and the work buffer fits ``WORKSPACE_LIMIT``."""
-    split = requested
+    ``MIN_STEPS_PER_SLICE`` K steps and the work buffer fits ``WORKSPACE_LIMIT``. The halving
+    only changes speed and the buffer's size (a slice past K adds zeros): where the sizes move (an
+    any-size copy) it is decided at the size being rendered, and the copy kept only where every
+    rendering decides alike."""
+    split, m, n, k = requested, int(m), int(n), int(k)
     while split > 1 and (math.ceil(k / block_k) < split * MIN_STEPS_PER_SLICE or split * m * n > WORKSPACE_LIMIT):
         split //= 2
     return split
