@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors.experts.template import any_batch, default_params, mutate, render
+from actors.experts.template import any_batch, any_sizes, default_params, mutate, render
 from actors.experts.template import emit_mm as emit_mm_module
 from actors.experts.template.emit_mm import effective_split
 from actors.experts.template.hardware import CPU_FALLBACK, TABLE, GpuModel
@@ -175,6 +175,7 @@ def _kernels(source: str) -> dict[str, str]:
         if isinstance(node, ast.FunctionDef)
         and node.name not in ("_kf_stream", "_kf_refuse")  # helpers
         and not node.name.endswith(any_batch.SUFFIX)  # the copies that take any batch (any_batch.py)
+        and not node.name.endswith(any_sizes.SUFFIX)  # and any sizes (any_sizes.py)
     }
 
 
