@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from actors.experts.template import any_batch, any_sizes, default_params, mutate
-from actors.experts.template.any_sizes import Decided, SymN, _fit
+from actors.experts.template.any_sizes import Decided, SymN, _fit, at_task
 from actors.experts.template.ir import Plan, Unsupported, plan_from_dict, plan_to_dict
 from actors.experts.template.params import TemplateParams
 from actors.experts.template.render import analyse, render
@@ -131,6 +131,9 @@ def test_a_size_compared_by_a_writer_is_decided_only_where_every_size_decides_al
     assert x == SymN(99, "(kf_h * kf_w)")
     y = x * 2 + 1
     assert (int(y), str(y)) == (129, "(((kf_h * kf_w) * 2) + 1)")
+    # a choice of speed reads the value at the task's sizes, the same in every rendering
+    z = SymN.linear(300, "(kf_h * kf_w)", None, task=64) * 2 + 1
+    assert (int(z), at_task(z), at_task(7)) == (601, 129, 7)
 
 
 def test_a_convolutions_fused_spatial_sums_take_any_size_looping_over_the_images_a_tile_spans(
@@ -274,6 +277,9 @@ def test_a_split_k_product_takes_any_size_its_slices_past_k_adding_zeros(tmp_pat
     assert f"def {any_sizes.METHOD}(self" in rendered
     copy = rendered[rendered.index("_s(kf_M"):]
     assert "k_lo = (w % 4)" in copy
+    # 64 steps of K leave 128 slices too few: halved at the task's K in every rendering (at the
+    # probe's threefold K it would be halved less, and the copy was lost)
+    assert f"def {any_sizes.METHOD}(self" in render(plan, params.with_changes(mm_split_k=128))
     names = plan.sizes.names
     points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (5, 7, 40), (17, 9, 700))]
     outcomes = _check_in_child([_job("long_k", LONG_K, rendered, tmp_path, points)], tmp_path)

@@ -79,22 +79,28 @@ class SymN(Sym):
     is the same at every size and is given (a window's last tap against the input's length); any
     other ordering raises :class:`Decided`. Equality holds only between the same expression (a
     size that moves is never a given number: ``inner == 1`` is false, and the general form is
-    written)."""
+    written). A choice that only changes speed reads :attr:`task` (:func:`at_task`), the same in
+    every rendering."""
 
     lin: Linear | None
+    task: int
+    """Its value at the task's own sizes."""
 
     def __new__(cls, value: int, expr: str = "", affine: tuple[int, int] | None = None) -> SymN:
         obj = int.__new__(cls, value)
         obj.affine = None
         obj.expr = expr
         obj.lin = None
+        obj.task = value
         return obj
 
     @classmethod
-    def linear(cls, value: int, expr: str, lin: Linear | None) -> SymN:
-        """A size whose expression is ``lin`` (``None``: not linear)."""
+    def linear(cls, value: int, expr: str, lin: Linear | None, task: int | None = None) -> SymN:
+        """A size whose expression is ``lin`` (``None``: not linear), worth ``task`` at the task's
+        sizes (``value`` where not given)."""
         obj = cls(value, expr)
         obj.lin = lin
+        obj.task = value if task is None else task
         return obj
 
     def _op(self, other: Any, sym: str, reflected: bool = False) -> Any:
@@ -106,7 +112,8 @@ class SymN(Sym):
             return x
         if not isinstance(x, Sym) and ((sym == "*" and int(x) == 1) or (sym == "+" and int(x) == 0)):
             return y
-        return SymN.linear(value, f"({_text(x)} {sym} {_text(y)})", _combine(_lin(x), _lin(y), sym))
+        task = _APPLY[sym](at_task(x), at_task(y))
+        return SymN.linear(value, f"({_text(x)} {sym} {_text(y)})", _combine(_lin(x), _lin(y), sym), task)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, int) or isinstance(other, bool):
@@ -140,6 +147,12 @@ class SymN(Sym):
 
     def __ge__(self, other: object) -> bool:
         return self._order(other, ">=")
+
+
+def at_task(x: int) -> int:
+    """``x`` at the task's own sizes: for a choice that only changes speed (a kernel correct on
+    either side of it), taken alike in every rendering of an any-size copy."""
+    return x.task if isinstance(x, SymN) else int(x)
 
 
 def _lin(x: int) -> Linear | None:
@@ -452,7 +465,7 @@ def symbolic(plan: Plan, found: Sizes, point: tuple[int, ...]) -> Plan:
         if len(fit.factors) == 1 and not fit.floors:
             i, a, b = fit.factors[0]
             lin = (((names[i], fit.scale * a),), fit.scale * b)
-        return SymN.linear(fit.at(point), fit.text(names), lin)
+        return SymN.linear(fit.at(point), fit.text(names), lin, fit.at(found.values))
 
     nodes = []
     for k, node in enumerate(plan.nodes):

@@ -28,6 +28,7 @@ import importlib.util
 import math
 from dataclasses import dataclass
 
+from actors.experts.template.any_sizes import at_task
 from actors.experts.template.emit import WIDE, IndexSpace, Launch, Scope, Writer, half_dot
 from actors.experts.template.fuse import Kernel, Schedule, base_of
 from actors.experts.template.ir import HALF
@@ -121,9 +122,8 @@ def effective_split(requested: int, m: int, n: int, k: int, block_k: int) -> int
     """The split-K factor actually used: ``requested`` halved until every slice keeps
     ``MIN_STEPS_PER_SLICE`` K steps and the work buffer fits ``WORKSPACE_LIMIT``. The halving
     only changes speed and the buffer's size (a slice past K adds zeros): where the sizes move (an
-    any-size copy) it is decided at the size being rendered, and the copy kept only where every
-    rendering decides alike."""
-    split, m, n, k = requested, int(m), int(n), int(k)
+    any-size copy) it is decided at the task's own sizes (``any_sizes.at_task``)."""
+    split, m, n, k = requested, at_task(m), at_task(n), at_task(k)
     while split > 1 and (math.ceil(k / block_k) < split * MIN_STEPS_PER_SLICE or split * m * n > WORKSPACE_LIMIT):
         split //= 2
     return split

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from actors.experts.template.any_sizes import at_task
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import GATHER_OPS, Node, NodeKind, Plan, broadcast_blocks, gathered
 from actors.experts.template.params import TemplateParams
@@ -342,7 +343,7 @@ def spatial_sum(plan: Plan, node: Node, conv_shape: tuple[int, ...]) -> bool:
 
     The bound only changes speed (the convolution's tiles add into the sums at any size): where
     the positions move with the task's sizes (an any-size copy, ``any_sizes``) it is taken at the
-    size being rendered, and the copy is kept only where every rendering takes it alike."""
+    task's own sizes."""
     rank = len(conv_shape)
     src = node.tensor_args()[0] if node.kind is NodeKind.RED else -1
     return (
@@ -351,7 +352,7 @@ def spatial_sum(plan: Plan, node: Node, conv_shape: tuple[int, ...]) -> bool:
         and node.dims == (2, rank)
         and node.dtype == "float32"
         and plan.nodes[src].shape == conv_shape
-        and int(math.prod(conv_shape[2:])) >= SPATIAL_SUM_MIN
+        and at_task(math.prod(conv_shape[2:])) >= SPATIAL_SUM_MIN
     )
 
 
