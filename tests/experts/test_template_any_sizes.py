@@ -6,6 +6,7 @@ under Triton's interpreter against the reference at sizes the run never saw."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +233,8 @@ def test_a_reduction_split_by_its_size_gets_an_any_size_copy_lowered_whole(tmp_p
     # keeps it through the analysis child's JSON.
     plan = analyse(GROUPED)
     assert isinstance(plan, Plan)
-    assert plan.sizes is not None and plan.sizes.plan is not None
+    assert plan.sizes is not None
+    assert plan.sizes.plan is not None
     assert len(plan.sizes.plan.nodes) < len(plan.nodes)
     again = plan_from_dict(json.loads(json.dumps(plan_to_dict(plan))))
     params = default_params(plan)
@@ -275,7 +277,7 @@ def test_a_split_k_product_takes_any_size_its_slices_past_k_adding_zeros(tmp_pat
     params = default_params(plan).with_changes(mm_split_k=4, mm_block_k=32, mm_tma=False)
     rendered = render(plan, params)
     assert f"def {any_sizes.METHOD}(self" in rendered
-    copy = rendered[rendered.index("_s(kf_M"):]
+    copy = rendered[rendered.index("_s(kf_M") :]
     assert "k_lo = (w % 4)" in copy
     # 64 steps of K leave 128 slices too few: halved at the task's K in every rendering (at the
     # probe's threefold K it would be halved less, and the copy was lost)
@@ -284,6 +286,86 @@ def test_a_split_k_product_takes_any_size_its_slices_past_k_adding_zeros(tmp_pat
     points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (5, 7, 40), (17, 9, 700))]
     outcomes = _check_in_child([_job("long_k", LONG_K, rendered, tmp_path, points)], tmp_path)
     assert outcomes == {"long_k": 3}, outcomes
+
+
+WINDOWED = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+{init}
+
+    def forward(self, x):
+{body}
+
+batch_size = 2
+height = {h}
+width = {w}
+
+def get_inputs():
+    return [torch.randn(batch_size, 3, height, width)]
+
+def get_init_inputs():
+    return []
+"""
+
+WINDOWS = {
+    # (H - 1) // 2 + 1 with a ceil-mode pool's rounding: (H + 2) // 2
+    "ceil_mode_pool_padded": (
+        "self.conv = nn.Conv2d(3, 4, 3, padding=1)",
+        "return F.max_pool2d(torch.relu(self.conv(x)), 3, stride=2, padding=1, ceil_mode=True)",
+        (23, 18),
+        "((kf_height + 2) // 2)",
+    ),
+    "average_pool_padding_not_counted": (
+        "self.conv = nn.Conv2d(3, 4, 2)",
+        "return F.avg_pool2d(self.conv(x), 3, stride=2, padding=1, count_include_pad=False)",
+        (21, 16),
+        "(kf_height // 2)",
+    ),
+    "dilated_stride_3_convolution": (
+        "self.conv = nn.Conv2d(3, 5, 3, stride=3, dilation=2)",
+        "return torch.sigmoid(self.conv(x))",
+        (29, 26),
+        "((kf_height - 2) // 3)",
+    ),
+    # down by a strided convolution, up by a transposed one: twice a floor
+    "down_then_up": (
+        "self.down = nn.Conv2d(3, 4, 3, stride=2, padding=1)\nself.up = nn.ConvTranspose2d(4, 3, 2, stride=2)",
+        "return self.up(torch.relu(self.down(x)))",
+        (16, 20),
+        "(2 * ((kf_height + 1) // 2))",
+    ),
+    "strided_then_spatial_mean": (
+        "self.conv = nn.Conv2d(3, 6, 5, stride=2)",
+        "return torch.relu(self.conv(x)).mean(dim=(2, 3))",
+        (27, 24),
+        None,
+    ),
+}
+
+
+@pytest.mark.slow
+def test_strided_windows_of_every_kind_take_any_size_and_are_correct_there(tmp_path: Path) -> None:
+    jobs = []
+    for name, (init, body, (h, w), height_text) in WINDOWS.items():
+        source = WINDOWED.format(init=textwrap.indent(init, " " * 8), body=textwrap.indent(body, " " * 8), h=h, w=w)
+        plan = analyse(source)
+        assert isinstance(plan, Plan), (name, plan)
+        assert plan.sizes is not None, name
+        out = plan.nodes[plan.output]
+        fit = plan.sizes.dims[out.id][2] if len(out.shape) > 2 else None  # the output's height
+        assert (fit.text(plan.sizes.variables) if fit is not None else None) == height_text, name
+        rendered = render(plan, default_params(plan))
+        assert f"def {any_sizes.METHOD}(self" in rendered, name
+        sizes = [(1, h + 1, w + 3), (3, h - 4, w - 5), (2, 2 * h + 1, w + 2), (1, 9, 10)]
+        points = [dict(zip(plan.sizes.names, p, strict=True)) for p in sizes]
+        jobs.append(_job(name, source, rendered, tmp_path, points))
+    outcomes = _check_in_child(jobs, tmp_path)
+    assert outcomes == dict.fromkeys(WINDOWS, 4), outcomes
 
 
 @pytest.mark.slow

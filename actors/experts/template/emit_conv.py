@@ -385,14 +385,14 @@ class ConvWriter(Writer):
         part = self.fresh("ps")
         self.emit(scope, f"{part} = tl.where(cmask, {src}, 0.0)")
         if isinstance(per, Sym):
-            img, reach, j = self.fresh("ni"), self.fresh("nr"), self.fresh("j")
+            img, reach, step = self.fresh("ni"), self.fresh("nr"), self.fresh("j")
             self.emit(scope, f"{img} = ({first}) // ({per})")
             self.emit(scope, f"{reach} = tl.minimum(({bm - 1}) // ({per}) + 2, ({n}) - {img})")
-            self.emit(scope, f"for {j} in range(0, {reach}):")
+            self.emit(scope, f"for {step} in range(0, {reach}):")
             body = Scope(indent=scope.indent + "    ", parent=scope)
             total = self.fresh("ss")
-            self.emit(body, f"{total} = tl.sum(tl.where(nb[:, None] == {img} + {j}, {part}, 0.0), axis=0)")
-            self.emit(body, f'tl.atomic_add({ptr} + ({img} + {j}) * {c} + co, {total}, mask=nmask, sem="relaxed")')
+            self.emit(body, f"{total} = tl.sum(tl.where(nb[:, None] == {img} + {step}, {part}, 0.0), axis=0)")
+            self.emit(body, f'tl.atomic_add({ptr} + ({img} + {step}) * {c} + co, {total}, mask=nmask, sem="relaxed")')
             return
         if per % bm == 0:
             span = 1  # tiles never straddle two images
