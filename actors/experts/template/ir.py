@@ -284,6 +284,9 @@ class Plan:
     sizes: size_fits.Sizes | None = None
     """How every dimension follows all of the task's free sizes (``size_fits.Sizes``: the batch,
     image sizes, lengths); ``None`` where it does not in the form ``any_sizes`` fits."""
+    split: bool = False
+    """Whether a reduction over few huge rows was split in parts, as many as its size leaves room
+    for (``Lowerer.split``): a choice by size, so ``any_sizes`` fits the plan lowered whole."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
     """Per returned tensor, the reference's strides where they are not the contiguous ones (an
     einsum's permuted result, a slice of a larger tensor), else ``None``: outputs are judged in the
@@ -450,6 +453,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
         batch_args=tuple(tuple(int(c) for c in cs) for cs in data.get("batch_args") or ()),
         batch_least=int(data.get("batch_least") or 1),
         sizes=_sizes_from(data.get("sizes")),
+        split=bool(data.get("split", False)),
     )
 
 

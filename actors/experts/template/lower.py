@@ -134,6 +134,8 @@ class Lowerer:
         self.split = split
         """Whether reductions over few huge rows are split in parts (:func:`_split`): a choice by
         size, so a plan for any size (``any_sizes``) is lowered without it."""
+        self.split_taken = False
+        """Whether some reduction was split (``Plan.split``)."""
         self.nodes: list[Node] = []
         self.env: dict[fx.Node, Any] = {}
         self.ops: list[str] = []
@@ -305,7 +307,9 @@ class Lowerer:
 
     def split_parts(self, op: str, src: NodeRef, dims: tuple[int, int]) -> int | None:
         """How many parts a reduction of ``src`` over ``dims`` is split into (``None``: kept whole)."""
-        return None if self.transposed(src) or not self.split else _split(op, self.shape(src), dims)
+        parts = None if self.transposed(src) or not self.split else _split(op, self.shape(src), dims)
+        self.split_taken |= parts is not None
+        return parts
 
     def red(self, op: str, src: NodeRef, dims: tuple[int, int], keepdim: bool, split_rows: bool = True) -> NodeRef:
         """A reduction of ``src`` over ``dims`` (split in two stages when its rows are few and huge,

@@ -142,12 +142,10 @@ def _size_links(
             lambda changed: _output_shapes(reference_source, changed),
             lowering_s=lowering_s,
         )
-        if found or not free:
+        if found or not free or not plan.split or lowering_s > any_sizes.PROBE_LIMIT_S:
             return found
         started = time.thread_time()
         whole = lowered(reference_source, keep_torch, split=False)
-        if whole.nodes == plan.nodes:
-            return found
         whole = replace(whole, batch=plan.batch, batch_name=plan.batch_name, batch_args=plan.batch_args)
         found = any_sizes.find(
             free,
@@ -195,6 +193,7 @@ def lowered(
         ops=tuple(lowerer.ops),
         output_strides=_reference_strides(traced),
         returns=lowerer.returns,
+        split=lowerer.split_taken,
     )
 
 
