@@ -113,10 +113,7 @@ def test_a_strided_window_is_fitted_as_a_floor_and_the_model_takes_any_size(tmp_
     assert texts == ["kf_batch_size", None, "((kf_height - 1) // 4)", "((kf_width - 1) // 4)"]
     rendered = render(plan, default_params(plan))
     assert f"def {any_sizes.METHOD}(self" in rendered
-    names = plan.sizes.names
-    points = [dict(zip(names, p, strict=True)) for p in ((1, 7, 7), (2, 8, 13), (3, 26, 10))]
-    outcomes = _check_in_child([_job("strided", source, rendered, tmp_path, points)], tmp_path)
-    assert outcomes == {"strided": 3}, outcomes
+    assert _correct_at(plan, source, rendered, tmp_path, ((1, 7, 7), (2, 8, 13), (3, 26, 10))) == 3
     module = _load(rendered, tmp_path / "kf_sizes_strided_refuse.py")
     with pytest.raises(ValueError, match=r"sizes batch_size=2, height=4, width=9: too small"):
         module.ModelNew()(torch.randn(2, 3, 4, 9))  # a pooled image of no rows
@@ -153,10 +150,7 @@ def test_a_convolutions_fused_spatial_sums_take_any_size_looping_over_the_images
     rendered = render(plan, params)
     assert f"def {any_sizes.METHOD}(self" in rendered
     assert "for j" in rendered.split(f"def {any_sizes.METHOD}")[0]  # the copy's kernel loops
-    names = plan.sizes.names
-    points = [dict(zip(names, p, strict=True)) for p in ((1, 3, 3), (5, 4, 9), (2, 21, 17))]
-    outcomes = _check_in_child([_job("pooled", source, rendered, tmp_path, points)], tmp_path)
-    assert outcomes == {"pooled": 3}, outcomes
+    assert _correct_at(plan, source, rendered, tmp_path, ((1, 3, 3), (5, 4, 9), (2, 21, 17))) == 3
 
 
 DEPTHWISE = """
@@ -196,10 +190,7 @@ def test_a_depthwise_convolution_takes_any_image_size_its_tiles_per_image_counte
     rendered = render(plan, default_params(plan))
     assert f"def {any_sizes.METHOD}(self" in rendered
     assert "nb = pid // ((((kf_height * kf_width)" in rendered
-    names = plan.sizes.names
-    points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (2, 5, 7), (4, 45, 33))]
-    outcomes = _check_in_child([_job("depthwise", DEPTHWISE, rendered, tmp_path, points)], tmp_path)
-    assert outcomes == {"depthwise": 3}, outcomes
+    assert _correct_at(plan, DEPTHWISE, rendered, tmp_path, ((1, 1, 1), (2, 5, 7), (4, 45, 33))) == 3
 
 
 GROUPED = """
@@ -241,10 +232,7 @@ def test_a_reduction_split_by_its_size_gets_an_any_size_copy_lowered_whole(tmp_p
     rendered = render(plan, params)
     assert render(again, params) == rendered
     assert f"def {any_sizes.METHOD}(self" in rendered
-    names = plan.sizes.names
-    points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (3, 7, 5), (1, 33, 40))]
-    outcomes = _check_in_child([_job("grouped", GROUPED, rendered, tmp_path, points)], tmp_path)
-    assert outcomes == {"grouped": 3}, outcomes
+    assert _correct_at(plan, GROUPED, rendered, tmp_path, ((1, 1, 1), (3, 7, 5), (1, 33, 40))) == 3
 
 
 LONG_K = """
@@ -282,10 +270,7 @@ def test_a_split_k_product_takes_any_size_its_slices_past_k_adding_zeros(tmp_pat
     # 64 steps of K leave 128 slices too few: halved at the task's K in every rendering (at the
     # probe's threefold K it would be halved less, and the copy was lost)
     assert f"def {any_sizes.METHOD}(self" in render(plan, params.with_changes(mm_split_k=128))
-    names = plan.sizes.names
-    points = [dict(zip(names, p, strict=True)) for p in ((1, 1, 1), (5, 7, 40), (17, 9, 700))]
-    outcomes = _check_in_child([_job("long_k", LONG_K, rendered, tmp_path, points)], tmp_path)
-    assert outcomes == {"long_k": 3}, outcomes
+    assert _correct_at(plan, LONG_K, rendered, tmp_path, ((1, 1, 1), (5, 7, 40), (17, 9, 700))) == 3
 
 
 WINDOWED = """
@@ -404,6 +389,14 @@ def _variants(plan: Plan) -> list[tuple[str, TemplateParams]]:
     start = default_params(plan)
     mutant = mutate(plan, start, np.random.default_rng(3), diagnosis=None).with_changes(mm_tma=False)
     return [("plain", TemplateParams()), ("default", start), ("mutant", mutant)]
+
+
+def _correct_at(plan: Plan, source: str, rendered: str, tmp_path: Path, sizes: tuple[tuple[int, ...], ...]) -> Any:
+    """How many of ``sizes`` (values of the plan's sizes, in order) the rendered model matched the
+    reference at, under the interpreter in a child process (or the error it raised)."""
+    assert plan.sizes is not None
+    points = [dict(zip(plan.sizes.names, p, strict=True)) for p in sizes]
+    return _check_in_child([_job("sizes", source, rendered, tmp_path, points)], tmp_path)["sizes"]
 
 
 def _job(label: str, source: str, rendered: str, tmp_path: Path, points: list[dict[str, int]]) -> dict[str, Any]:
