@@ -358,12 +358,13 @@ from gpu_runner.sandboxed.candidate import import_candidate
 from gpu_runner.sandboxed.compiling import _CompileOnlyDriver
 from gpu_runner.sandboxed.hooks import CompileShare, LaunchLog, install_triton_hooks
 
-candidate, reference, name, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+candidate, reference, name, batch = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+sizes = json.loads(batch) if name == "-" else {name: int(batch)}  # "-" then {"size": value, ...}
 driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
 kernels = []
 install_triton_hooks(LaunchLog(), compile_only=True, compiled=kernels, share=CompileShare())
 ns = load_namespace(open(reference).read())
-ns[name] = batch
+ns.update(sizes)
 torch.manual_seed(0)
 inputs, init = list(ns["get_inputs"]()), list(ns["get_init_inputs"]())
 model = import_candidate(candidate)["ModelNew"](*init)

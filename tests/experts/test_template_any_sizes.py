@@ -6,6 +6,9 @@ under Triton's interpreter against the reference at sizes the run never saw."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -16,11 +19,12 @@ import torch
 
 from actors.experts.template import any_batch, any_sizes, default_params, mutate
 from actors.experts.template.any_sizes import Decided, SymN, _fit, at_task
+from actors.experts.template.hardware import TABLE
 from actors.experts.template.ir import Plan, Unsupported, plan_from_dict, plan_to_dict
 from actors.experts.template.params import TemplateParams
 from actors.experts.template.render import analyse, render
 from actors.experts.template.size_fits import Fit
-from tests.experts.test_template_any_batch import ALL_CASES, _source
+from tests.experts.test_template_any_batch import ALL_CASES, COMPILE, _source
 from tests.experts.test_template_any_batch import _check_in_child as check_batches_in_child
 from tests.experts.test_template_any_size import _load
 
@@ -351,6 +355,50 @@ def test_strided_windows_of_every_kind_take_any_size_and_are_correct_there(tmp_p
         jobs.append(_job(name, source, rendered, tmp_path, points))
     outcomes = _check_in_child(jobs, tmp_path)
     assert outcomes == dict.fromkeys(WINDOWS, 4), outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_any_size_kernels_compile_for_a_hopper_gpu_without_one(tmp_path: Path) -> None:
+    # The interpreter takes what the compiler may refuse (a loop over a run-time count, a block
+    # shape that is not a constant): the copies of this module's models, compiled for an H200 as
+    # the evaluator's compile stage does, at sizes other than the task's.
+    pooled = _source(ALL_CASES["conv2d_gelu_global_avg_pool"], 0)
+    models = {
+        "pooled": (pooled, TABLE["H200"], False, {}, (5, 4, 9)),
+        "pooled_nhwc": (
+            pooled,
+            TABLE["H200"],
+            True,
+            {"conv_layout": "nhwc", "conv_precision": "tf32", "conv_block_n": 16},
+            (5, 4, 9),
+        ),
+        "depthwise": (DEPTHWISE, TABLE["H200"], False, {}, (2, 5, 7)),
+        "grouped": (GROUPED, TABLE["H200"], False, {}, (3, 7, 5)),
+        "long_k": (LONG_K, TABLE["H200"], False, {"mm_split_k": 4}, (5, 7, 40)),
+    }
+    script = tmp_path / "compile.py"
+    script.write_text(COMPILE)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    for name, (source, hw, tf32, changes, sizes) in models.items():
+        plan = analyse(source)
+        assert isinstance(plan, Plan)
+        assert plan.sizes is not None
+        rendered = render(plan, default_params(plan, hw, tf32).with_changes(**changes))
+        assert f"def {any_sizes.METHOD}(self" in rendered, name
+        candidate, reference = tmp_path / f"cand_{name}.py", tmp_path / f"ref_{name}.py"
+        candidate.write_text(rendered)
+        reference.write_text(source)
+        at = json.dumps(dict(zip(plan.sizes.names, sizes, strict=True)))
+        argv = [sys.executable, str(script), str(candidate), str(reference), "-", at, any_sizes.METHOD]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        assert json.loads(done.stdout.strip().splitlines()[-1])["kernels"] >= 1, name
+    cubins = {p.stem for p in (tmp_path / "cache").rglob("*.cubin")}
+    assert "_kf_conv0_in_s" in cubins, cubins  # the channels-last path's copy of its input
+    assert all(c.endswith(any_sizes.SUFFIX) for c in cubins), cubins
 
 
 @pytest.mark.slow
