@@ -364,7 +364,7 @@ def test_the_any_size_kernels_compile_for_a_hopper_gpu_without_one(tmp_path: Pat
     # shape that is not a constant): the copies of this module's models, compiled for an H200 as
     # the evaluator's compile stage does, at sizes other than the task's.
     pooled = _source(ALL_CASES["conv2d_gelu_global_avg_pool"], 0)
-    models = {
+    models: dict[str, tuple[str, Any, bool, dict[str, Any], tuple[int, ...]]] = {
         "pooled": (pooled, TABLE["H200"], False, {}, (5, 4, 9)),
         "pooled_nhwc": (
             pooled,
