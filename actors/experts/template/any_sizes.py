@@ -22,9 +22,9 @@ reference lowered without that choice (``render._size_links``, ``Sizes.plan``).
 them only where two renderings, at the reference's sizes and at distinct sizes none of which is
 any other size or dimension of the plan, come out as the same text (any decision a writer took on
 a value, or a size printed as a number, makes them differ). A choice that only changes speed (a
-spatial sum fused into its convolution, a split-K's halving) is taken at the sizes rendered, the
-kernel correct at every size (the images a tile spans counted at run time), and the copy kept
-where both renderings choose alike. ``ModelNew._kf_any_sizes`` reads the
+spatial sum fused into its convolution, a split-K's halving) is taken at the task's own sizes in
+every rendering (:func:`at_task`), with kernels correct at every size (the images a tile spans
+counted at run time). ``ModelNew._kf_any_sizes`` reads the
 sizes from the inputs, refuses sizes for which a factor would be below one (the reference refuses
 them too) or below the smallest the reference takes, and checks every input's whole shape.
 """
@@ -335,17 +335,6 @@ def _same_plan(plan: Plan, other: Plan) -> bool:
     if other.init_source != plan.init_source or other.output_strides != plan.output_strides:
         return False
     return all(_same_but_sizes(a, b) for a, b in zip(plan.nodes, other.nodes, strict=True))
-
-
-def _affine_size(plan: Plan, seen: list[Plan]) -> bool:
-    """Whether every dimension follows one size affinely over the plans ``seen`` at its steps."""
-    for k, node in enumerate(plan.nodes):
-        for j, d0 in enumerate(node.shape):
-            vals = [int(d0), *(int(p.nodes[k].shape[j]) for p in seen)]
-            step = vals[1] - vals[0]
-            if any(v != vals[0] + step * t for t, v in enumerate(vals)):
-                return False
-    return True
 
 
 def _fits(
