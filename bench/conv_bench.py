@@ -119,7 +119,10 @@ def bench_problem(
     ns = load_module(source, str(problem.path), "kf_conv_bench_reference")
     init = list(ns["get_init_inputs"]())
     torch.manual_seed(SEED)
-    model = ns["Model"](*init).cuda().eval()
+    # In training mode, as KernelBench and the evaluator run it (a batch norm then normalises by
+    # the batch's statistics, as the candidates do); ``eval()`` here compared L2-52's candidates
+    # with running statistics and reported an error of 4.6 for kernels the evaluator judged right.
+    model = ns["Model"](*init).cuda()
     torch.manual_seed(SEED + 1)
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
     with torch.no_grad():

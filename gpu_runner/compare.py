@@ -90,10 +90,65 @@ class PrecisionRule:
         if not isinstance(measured, list) or not any(p is not None for p in self.parity):
             return self
         parity = [
-            (_parity_error(measured[i]) or p) if p is not None and i < len(measured) else p
+            _kept(_parity_error(measured[i]), p) if p is not None and i < len(measured) else p
             for i, p in enumerate(self.parity)
         ]
         return replace(self, parity=tuple(parity))
+
+
+FALLBACK_RATIO = 100.0
+"""A measure of the reference at PyTorch's defaults whose relative L2 error is this many times
+below the task's calibration did not run as the user's model runs: cuDNN, short of device memory
+for the workspace of its TF32 algorithm, took one without workspace, in IEEE fp32 (TF32 errs about
+1e3 times IEEE fp32 on a convolution; draws of one task differ by far less). On an H100 the
+referee of KernelBench L1-57 (a transposed convolution of 2 GiB in and out), started again beside
+a full GPU, measured its defaults at 2.2e-07 where its first start had 2.7e-04: the TF32 the
+user's model runs was refused as a downcast and the eager baseline was timed 4x slower than it
+runs. Such a measure is kept out: the earlier one stands (:meth:`PrecisionRule.on_trial`,
+:func:`kept_defaults`)."""
+
+
+def fell_back(measured: ParityError, task: ParityError) -> bool:
+    """Whether ``measured`` is far more precise than the task's calibration ``task``
+    (:data:`FALLBACK_RATIO`): the defaults' algorithm changed under memory pressure."""
+    return measured.rel_l2 * FALLBACK_RATIO < task.rel_l2
+
+
+def _kept(measured: ParityError | None, task: ParityError) -> ParityError:
+    """A trial's own measure of the defaults where there is one and it did not fall back, else
+    the task's."""
+    return task if measured is None or fell_back(measured, task) else measured
+
+
+def kept_defaults(first: dict[str, Any], again: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """A restarted referee's ``task_ready`` (``again``) with the first start's measures of the
+    defaults (``first``) kept per output where the new one fell back (:func:`fell_back`): the
+    first start measures beside an idle GPU, a restart beside spares and a running candidate.
+    Returns the header and the outputs whose measure was kept (typical draws'; range scales'
+    too where both starts drew at the same scales)."""
+    merged = dict(again)
+    kept: list[int] = []
+
+    def merge(old: Any, new: Any, note: bool) -> Any:
+        if isinstance(old, list) and new is None:  # no measure at all (bit for bit IEEE, or no room)
+            new = [None] * len(old)
+        if not isinstance(old, list) or not isinstance(new, list) or len(old) != len(new):
+            return new
+        out = list(new)
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            was, now = _parity_error(a), _parity_error(b)
+            if was is not None and (now is None or fell_back(now, was)):
+                out[i] = a
+                if note and i not in kept:
+                    kept.append(i)
+        return out
+
+    merged["default_errors"] = merge(first.get("default_errors"), again.get("default_errors"), True)
+    old_r, new_r = first.get("range_default_errors"), again.get("range_default_errors")
+    if first.get("range_scales") == again.get("range_scales") and isinstance(old_r, list) and isinstance(new_r, list):
+        merged["range_default_errors"] = [merge(a, b, True) for a, b in zip(old_r, new_r, strict=False)]
+        merged["range_default_errors"] += new_r[len(old_r) :]
+    return merged, sorted(kept)
 
 
 def _parity_error(item: Any) -> ParityError | None:

@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import numpy.typing as npt
 import structlog
 
+from gpu_runner.compare import kept_defaults
 from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError
 from gpu_runner.frames import BatchOp, Op, Report, TaskOp, TruthOp, op_frame
 from gpu_runner.lease import GpuGate, GpuLease, renice
@@ -160,6 +161,8 @@ class Referee:
         self.info: dict[str, Any] = {}
         """The ``task_ready`` frame of the current task (sizes, FLOPs, output metadata, range scales)."""
         self.task: str | None = None
+        self._first_defaults: dict[str, dict[str, Any]] = {}
+        """Per task, its first start's measures of the reference at PyTorch's defaults."""
         self.ledger = BaselineLedger(pool_sessions)
         """The current task's baseline samples from earlier timing sessions."""
 
@@ -184,6 +187,8 @@ class Referee:
             except BaseException:
                 await self.stop()
                 raise
+            if not op.get("light") and not op.get("compiled_only"):
+                header = self._defaults_kept(key, header)
             self.info, self.task = header, key
             log = logger.debug if op.get("light") else logger.info
             log(
@@ -199,6 +204,28 @@ class Referee:
                 phases={k: round(float(v), 3) for k, v in (header.get("phases") or {}).items()},
             )
             return header
+
+    def _defaults_kept(self, key: str, header: dict[str, Any]) -> dict[str, Any]:
+        """``header`` with the first start's measures of the reference at PyTorch's defaults kept
+        where this (re)start's fell back (:func:`gpu_runner.compare.kept_defaults`); the first
+        start's are remembered per task."""
+        first = self._first_defaults.get(key)
+        if first is None:
+            self._first_defaults[key] = {
+                k: header.get(k) for k in ("default_errors", "range_scales", "range_default_errors")
+            }
+            return header
+        merged, kept = kept_defaults(first, header)
+        if kept:
+            logger.warning(
+                "defaults_measure_kept",
+                task=key,
+                outputs=kept,
+                reason="the restarted referee measured the reference at PyTorch's defaults far more "
+                "precisely than its first start (cuDNN without the workspace of its TF32 algorithm): "
+                "the first start's measure stands",
+            )
+        return merged
 
     async def _until(self, kind: Report, timeout_s: float) -> tuple[dict[str, Any], list[Blob]]:
         """Frames until ``kind``; its header and blobs."""

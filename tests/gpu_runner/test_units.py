@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from gpu_runner.compare import (
+    ParityError,
     TrialCheck,
     compare_trial,
     defaults_at,
+    kept_defaults,
     parity_outputs,
     precision_rule,
     speed_of_light,
@@ -490,6 +492,56 @@ def test_a_trial_is_held_to_the_reference_s_error_on_its_own_inputs() -> None:
         True,
     ]
     assert parity_outputs({"default_errors": None}) == []
+
+
+def test_a_measure_of_the_defaults_that_fell_back_to_ieee_is_kept_out() -> None:
+    """On an H100 the restarted referee of a 2 GiB transposed convolution measured its defaults at
+    2.2e-07 (cuDNN short of workspace memory took an IEEE algorithm) where its first start had
+    2.7e-04 (TF32, as the user's model runs): such a measure, a trial's or a restart's, gives way
+    to the earlier one; draws that differ as draws do (a few times) are taken as they come."""
+    tf32 = {"rel_l2": 2.7e-4, "max_rms": 0.004, "exact_rel_l2": 2.2e-7}
+    ieee = {"rel_l2": 2.2e-7, "max_rms": 1e-5, "exact_rel_l2": 2.2e-7}
+    other_draw = {"rel_l2": 9e-5, "max_rms": 0.02, "exact_rel_l2": 2.1e-7}
+    info: dict[str, Any] = {"default_errors": [tf32, None]}
+    cfg = RunnerConfig()
+    task_rule = precision_rule(cfg, info)
+    assert precision_rule(cfg, info, None, 1.0, [ieee, None]).parity == task_rule.parity
+    assert precision_rule(cfg, info, None, 1.0, [other_draw, None]).parity[0] == ParityError(9e-5, 0.02)
+
+    merged, kept = kept_defaults(info, {"default_errors": [ieee, None], "compiled": True})
+    assert merged["default_errors"] == [tf32, None]
+    assert kept == [0]
+    assert merged["compiled"] is True  # the rest of the new header stands
+    merged, kept = kept_defaults(info, {"default_errors": None})  # bit for bit IEEE: nothing granted
+    assert merged["default_errors"] == [tf32, None]
+    assert kept == [0]
+    merged, kept = kept_defaults(info, {"default_errors": [other_draw, None]})
+    assert merged["default_errors"] == [other_draw, None]
+    assert kept == []
+    ranged = {**info, "range_scales": [1e6, 1e-6], "range_default_errors": [[tf32, None], None]}
+    again = {"default_errors": [tf32, None], "range_scales": [1e6, 1e-6], "range_default_errors": [[ieee, None], None]}
+    merged, kept = kept_defaults(ranged, again)
+    assert merged["range_default_errors"] == [[tf32, None], None]
+    assert kept == [0]
+    moved = {**again, "range_scales": [1e5, 1e-6]}  # other scales: nothing to compare with
+    assert kept_defaults(ranged, moved)[0]["range_default_errors"] == [[ieee, None], None]
+
+
+def test_a_restarted_referee_keeps_its_first_start_s_measure_of_the_defaults() -> None:
+    """The parent's referee handle remembers each task's first measure and applies
+    :func:`kept_defaults` to every later start of that task (not to another task's)."""
+    from gpu_runner.lease import GpuGate
+    from gpu_runner.referee import Referee
+
+    async def never() -> Any:
+        raise AssertionError("no process is started here")
+
+    referee = Referee(never, GpuGate(), nice=0, timeout_s=1.0)
+    tf32 = {"rel_l2": 2.7e-4, "max_rms": 0.004}
+    ieee = {"rel_l2": 2.2e-7, "max_rms": 1e-5}
+    assert referee._defaults_kept("a", {"default_errors": [tf32]})["default_errors"] == [tf32]
+    assert referee._defaults_kept("a", {"default_errors": [ieee]})["default_errors"] == [tf32]
+    assert referee._defaults_kept("b", {"default_errors": [ieee]})["default_errors"] == [ieee]
 
 
 def test_the_referee_measures_each_trial_s_defaults_on_its_inputs() -> None:
