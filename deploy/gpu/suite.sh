@@ -5,7 +5,8 @@
 #   kbench-dev  every level's development subset, every GPU busy (KB_LEVELS, KB_DEADLINE; below)
 #   kbench   kfoundry bench's own arguments, e.g.  kbench --level 1 --problems dev --seconds 90
 #            (the KernelBench folder defaults to $KB, else .kb/, else ~/kb/KernelBench); it resumes
-#            from /tmp/kf-kbench on a warm machine, or from a carried .kb-state/bench.json
+#            from /tmp/kf-kbench on a warm machine, or from a carried .kb-state/bench.json;
+#            KF_MEMWATCH=1 samples every process's device memory into gpu_mem.csv
 # Expects the wheels of deploy/gpu/fetch_wheels.sh in .whl/ (installed into python3's own
 # site-packages, the checkout on a .pth file there) and writes logs under $OUT (or ./gpu-out).
 set -uo pipefail
@@ -67,9 +68,23 @@ case "$stage" in
       kb=$(kb_dir) || exit 1
       set -- "$kb" "$@"
     fi
+    # KF_MEMWATCH=1: every second, each process's device memory (nvidia-smi) with its command
+    # line, into $out/gpu_mem.csv (which role of the evaluator holds what when a GPU fills).
+    watcher=
+    if [ "${KF_MEMWATCH:-0}" = 1 ]; then
+      ( while sleep 1; do
+          t=$(date +%s)
+          nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+            | while IFS=', ' read -r pid mib; do
+                echo "$t,$pid,$mib,$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-160)"
+              done
+        done ) > "$out/gpu_mem.csv" &
+      watcher=$!
+    fi
     timeout -s TERM -k 60 "${KB_TIMEOUT:-560}" python3 -m actors.cli bench "$@" --device "${KF_DEVICE:-cuda}" --out "$work" 2>&1 \
       | tee "$out/kbench.log" | tail -40
     rc=${PIPESTATUS[0]}
+    [ -n "$watcher" ] && kill "$watcher" 2>/dev/null
     cp "$work/bench.json" "$work/bench.md" "$out/" 2>/dev/null
     [ -d "$work/runs" ] && tar -czf "$out/kbench-runs.tar.gz" -C "$work" --exclude='*.png' runs
     [ -f "$work/bench.md" ] && cat "$work/bench.md"
