@@ -111,7 +111,7 @@ async def test_a_configuration_proposed_again_has_the_source_rendered_fresh() ->
     again = await expert.generate(_request())  # the same configurations: their sources are reused
     plan = await expert.plan_for(_TASK.task_id, _TASK.source)
     assert isinstance(plan, Plan)
-    fresh = [render(plan, TemplateParams.from_dict(dict(p.params))) for p in first.proposals]
+    fresh = [render(plan, TemplateParams.from_dict(dict(p.params)), hw=detect()) for p in first.proposals]
     assert [p.source for p in first.proposals] == fresh
     assert [p.source for p in again.proposals] == fresh
     await expert.aclose()

@@ -28,7 +28,7 @@ import structlog
 from actors.evolution.amdahl import steering_shares
 from actors.experts.precision import tf32_admitted
 from actors.experts.template.errors import InvalidParams
-from actors.experts.template.hardware import detect, lookup
+from actors.experts.template.hardware import GpuModel, detect, lookup
 from actors.experts.template.ir import KeepTorch, Plan, Unsupported
 from actors.experts.template.isolate import analyse_in_child
 from actors.experts.template.kernels.conv import cudnn_ieee_likely
@@ -159,9 +159,10 @@ class TemplateExpert:
         at exact precision (the reference's cuDNN computes IEEE fp32 there, as it does for few
         input channels); no further proposal for them is in TF32."""
         self._locks: dict[str, asyncio.Lock] = {}
-        self._sources: OrderedDict[tuple[int, TemplateParams], tuple[Plan, str]] = OrderedDict()
-        """Rendered sources by plan and parameters (the plan kept with its source, so its id is
-        not reused while the entry lives): the same configurations come back again and again."""
+        self._sources: OrderedDict[tuple[int, TemplateParams, GpuModel], tuple[Plan, str]] = OrderedDict()
+        """Rendered sources by plan, parameters and the GPU the size buckets were chosen for (the
+        plan kept with its source, so its id is not reused while the entry lives): the same
+        configurations come back again and again."""
         self._sources_lock = threading.Lock()  # proposals are made in worker threads
         self._requests = self._proposals = self._declines = self._traced = self._errors = 0
         self._stored = 0
@@ -180,14 +181,17 @@ class TemplateExpert:
             self._sources.clear()
 
     def _render(self, plan: Plan, params: TemplateParams) -> str:
-        """``render(plan, params)``, from the cache when this configuration was rendered lately."""
-        key = (id(plan), params)
+        """``render(plan, params)``, with a configuration per size bucket for the copies that take
+        other sizes, chosen for the GPU fresh starts are sized for (``_starts``); from the cache
+        when this configuration was rendered lately for that GPU."""
+        hw = detect(self.gpu or self._evaluated_on)
+        key = (id(plan), params, hw)
         with self._sources_lock:
             hit = self._sources.get(key)
             if hit is not None and hit[0] is plan:
                 self._sources.move_to_end(key)
                 return hit[1]
-        source = render(plan, params)
+        source = render(plan, params, hw=hw)
         with self._sources_lock:
             self._sources[key] = (plan, source)
             if len(self._sources) > _SOURCES_KEPT:

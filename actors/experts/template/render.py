@@ -10,21 +10,23 @@ reference's ``forward`` leaves on its plain tensor attributes is not reproduced 
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from actors.experts.template import any_batch, any_size, any_sizes, size_fits
+from actors.experts.template import any_batch, any_size, any_sizes, buckets, size_fits
 from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import INTERPRETED, Launch
-from actors.experts.template.errors import TraceFailed, UnsupportedGraph
+from actors.experts.template.errors import InvalidParams, TraceFailed, UnsupportedGraph
 from actors.experts.template.exprs import attr_path, helpers_source
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of, schedule
+from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import FLOAT_ARG, TENSOR_ATTR, KeepTorch, NodeKind, Plan, Unsupported
 from actors.experts.template.kernel_kinds import template_of
 from actors.experts.template.launcher import LAUNCHER_SOURCE
@@ -209,15 +211,19 @@ def _flat(value: Any) -> list[Any]:
     return [x for v in value for x in _flat(v)] if isinstance(value, tuple | list) else [value]
 
 
-def render(plan: Plan, params: TemplateParams, direct: bool = True, arena: bool = True) -> str:
+def render(
+    plan: Plan, params: TemplateParams, direct: bool = True, arena: bool = True, hw: GpuModel | None = None
+) -> str:
     """The complete ``ModelNew`` source for ``plan`` under ``params``. ``direct``: launches
     after a site's first go straight to the kernel it compiled (``launcher.py``); off, every
     launch goes through ``triton.jit``. ``arena``: intermediates share one buffer per dtype
-    (``arena.py``); off, each is a ``torch.empty`` of its own."""
+    (``arena.py``); off, each is a ``torch.empty`` of its own. ``hw``: the copies for other sizes
+    get a configuration per size bucket from this model of the GPU (``buckets.py``); ``None``:
+    they run with ``params`` at every size."""
     fusion = (params.fuse_epilogue, params.fuse_prologue)
     if fusion not in plan.fusions:
         params = params.with_changes(fuse_epilogue=True, fuse_prologue=True)
-    return _render(plan, params, schedule(plan, params), direct, arena)
+    return _render(plan, params, schedule(plan, params), direct, arena, hw)
 
 
 def _direct(launch: Launch) -> bool:
@@ -234,7 +240,14 @@ def _site(launch: Launch) -> str:
     return f"_L{launch.name} = _KfLaunch({launch.name}, ({grid},), {', '.join(kw)})"
 
 
-def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = True, arena: bool = True) -> str:
+def _render(
+    plan: Plan,
+    params: TemplateParams,
+    sched: Schedule,
+    direct: bool = True,
+    arena: bool = True,
+    hw: GpuModel | None = None,
+) -> str:
     used: set[str] = set()
     launches = [
         None if kernel.kind is KernelKind.TORCH else write_kernel(sched, kernel, params, used)
@@ -242,8 +255,10 @@ def _render(plan: Plan, params: TemplateParams, sched: Schedule, direct: bool = 
     ]
     kernels = [launch for launch in launches if launch is not None]
     generic = any_size.kernels(plan, sched, params, used) if any_size.eligible(plan, sched, launches) else []
-    sized = _any_sizes(plan, params, used) if plan.sizes and not generic else None
-    batched = sized or (_any_batch(plan, params, used) if plan.batch and not generic else None)
+    if sum(1 + len(launch.pre) for launch in kernels) > buckets.MAX_KERNELS:
+        hw = None  # every bucket is another copy of every kernel to compile
+    sized = _any_sizes(plan, params, used, hw) if plan.sizes and not generic else None
+    batched = sized or (_any_batch(plan, params, used, hw) if plan.batch and not generic else None)
     parts = [
         header(plan.template, params),
         f'"""ModelNew from Kernel Foundry\'s template expert ({plan.template}: '
@@ -504,34 +519,146 @@ def _free(plan: Plan) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _any_sizes(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list[str], str] | None:
+@dataclass(frozen=True)
+class _Copy:
+    """The kernels of a copy for other sizes and the lines of the method that launches them."""
+
+    sources: tuple[str, ...]
+    """The renamed kernels' sources."""
+    head: tuple[str, ...]
+    """The method's first lines: the sizes read from the inputs and checked (``guard``)."""
+    body: tuple[str, ...]
+    """The rest: ``forward``'s lines at the run-time sizes."""
+    names: tuple[tuple[str, str], ...]
+    """Each kernel's name at the task's shapes and in this copy."""
+
+    @property
+    def text(self) -> str:
+        """Everything the copy writes (what the probes' renderings must agree on)."""
+        return "\n".join([*self.sources, *self.head, *self.body])
+
+    def normalised(self) -> str:
+        """The kernels and ``forward``'s lines, every kernel under its name at the task's shapes (two
+        copies that differ only in their suffixes compare equal)."""
+        text = "\n".join([*self.sources, *self.body])
+        for old, new in self.names:
+            text = re.sub(rf"\b{re.escape(new)}\b", old, text)
+        return text
+
+
+def _any_sizes(
+    plan: Plan, params: TemplateParams, used: set[str], hw: GpuModel | None = None
+) -> tuple[list[str], str] | None:
     """The any-size kernels' sources and the method that launches them (``any_sizes``), or None
-    where the plan, rendered at two sets of sizes, does not come out the same."""
+    where the plan, rendered at two sets of sizes, does not come out the same. With ``hw``, further
+    copies for the smaller size buckets (``buckets.py``), the method choosing among them."""
     found = plan.sizes
     assert found is not None
     base = plan  # or the plan lowered without choices by size, holding the fits
     if found.plan is not None:
         base = replace(found.plan, sizes=replace(found, plan=None))
-    return _copies(
-        lambda: [any_sizes.symbolic(base, found, point) for point in any_sizes.probe_points(base, found)],
-        params,
-        used,
-        _sized,
-        lambda texts: any_sizes.check_texts(texts, found),
+
+    def copy(at: TemplateParams, suffix: str, task: tuple[int, ...], into: set[str]) -> _Copy | None:
+        sizes = replace(found, values=task)  # choices of speed taken at these sizes (``any_sizes.at_task``)
+        return _copies(
+            lambda: [any_sizes.symbolic(base, sizes, point) for point in any_sizes.probe_points(base, found)],
+            at,
+            into,
+            lambda sym, sched, launches: _sized(sym, sched, launches, suffix),
+            lambda texts: any_sizes.check_texts(texts, found),
+        )
+
+    main = copy(params, any_sizes.SUFFIX, found.values, used)
+    if main is None:
+        return None
+    total = buckets.work(found.values)
+    kept: list[tuple[buckets.Bucket, _Copy]] = []
+    if hw is not None:
+
+        def at(b: int) -> tuple[Plan, tuple[int, ...], str]:
+            rep = buckets.representative(found.values, found.least, b)
+            where = ", ".join(f"{name}={v}" for name, v in zip(found.names, rep, strict=True))
+            return buckets.concrete_sizes(base, found, rep), rep, where
+
+        def make(at_params: TemplateParams, b: int, rep: tuple[int, ...], into: set[str]) -> _Copy | None:
+            return copy(at_params, f"{any_sizes.SUFFIX}{b}", rep, into)
+
+        kept = _bucketed(main, params, hw, used, buckets.reachable(total, buckets.work(found.least)), at, make)
+    return _assembled(main, kept, any_sizes.METHOD, plan.arg_names, found.variables, total)
+
+
+def _bucketed(
+    main: _Copy,
+    params: TemplateParams,
+    hw: GpuModel,
+    used: set[str],
+    reachable: list[int],
+    at: Callable[[int], tuple[Plan, Any, str]],
+    make: Callable[[TemplateParams, int, Any, set[str]], _Copy | None],
+) -> list[tuple[buckets.Bucket, _Copy]]:
+    """The copies of the buckets ``reachable`` (``at``: the plan at a bucket's representative
+    sizes, those sizes, and their text; ``make``: the copy rendered with a bucket's parameters),
+    consecutive equal ones merged, those that come out as ``main`` (or fail to render) left to it."""
+    own = main.normalised()
+    made: list[tuple[int, str | None, str]] = []
+    copies: dict[int, tuple[_Copy, set[str]]] = {}
+    for b in reachable:
+        concrete, rep, where = at(b)
+        try:
+            chosen = buckets.bucket_params(concrete, params, hw, tf32=params.conv_precision == "tf32")
+        except (InvalidParams, UnsupportedGraph):  # the candidate's precisions refuse the model's tiles
+            made.append((b, None, ""))
+            continue
+        helpers: set[str] = set()
+        copy = make(chosen, b, rep, helpers)
+        text = copy.normalised() if copy is not None else None
+        if copy is None or text == own:
+            made.append((b, None, ""))
+            continue
+        made.append((b, text, buckets.note(params, chosen, where)))
+        copies[b] = (copy, helpers)
+    kept = buckets.runs(made)
+    for run in kept:
+        used |= copies[run.first][1]
+    return [(run, copies[run.first][0]) for run in kept]
+
+
+def _assembled(
+    main: _Copy,
+    kept: list[tuple[buckets.Bucket, _Copy]],
+    method: str,
+    args: tuple[str, ...],
+    variables: tuple[str, ...],
+    total: int,
+) -> tuple[list[str], str]:
+    """Every copy's kernels, and the methods: ``method`` (the sizes read and checked, the call sent
+    to its bucket's method, else the run's own copy) and one per bucket kept."""
+    everything = [*args, *variables]
+    lines = buckets.dispatch(
+        [run for run, _ in kept], total, variables, lambda b: f"return self.{method}_{b}({', '.join(everything)})"
     )
+    methods = [_method(method, args, [*main.head, *lines, *main.body])]
+    methods += [_method(f"{method}_{run.first}", (*args, *variables), list(copy.body)) for run, copy in kept]
+    return [*main.sources, *(source for _, copy in kept for source in copy.sources)], "\n\n".join(methods)
+
+
+def _method(name: str, args: tuple[str, ...], body: list[str]) -> str:
+    """A ``ModelNew`` method, indented as the class's."""
+    lines = [f"def {name}(self, {', '.join(args)}):", textwrap.indent("\n".join(body), "    ")]
+    return textwrap.indent("\n".join(lines), "    ")
 
 
 def _copies(
     probes: Callable[[], list[Plan]],
     params: TemplateParams,
     used: set[str],
-    assemble: Callable[[Plan, Schedule, list[Launch | None]], tuple[list[str], str]],
+    assemble: Callable[[Plan, Schedule, list[Launch | None]], _Copy],
     same: Callable[[list[str]], bool],
-) -> tuple[list[str], str] | None:
-    """Kernels and a method written for each symbolic plan of ``probes`` (one per probe), kept
-    where every rendering comes out the same (``same``); None where not, or where a writer cannot
-    take a symbolic size."""
-    renders: list[tuple[list[str], str]] = []
+) -> _Copy | None:
+    """A copy (kernels and the method's lines) written for each symbolic plan of ``probes`` (one
+    per probe), kept where every rendering comes out the same (``same``); None where not, or where
+    a writer cannot take a symbolic size."""
+    renders: list[_Copy] = []
     helpers: set[str] = set()
     try:
         syms = probes()
@@ -547,19 +674,19 @@ def _copies(
             renders.append(assemble(sym, sched, launches))
         except Exception:  # noqa: BLE001 - a writer that cannot take a symbolic size: no such path
             return None
-    if not same(["\n".join([*sources, method]) for sources, method in renders]):
+    if not same([copy.text for copy in renders]):
         return None
     used |= helpers
     return renders[0]
 
 
-def _sized(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[list[str], str]:
-    """The renamed any-size kernels (the size variables their first arguments) and the method."""
+def _sized(plan: Plan, sched: Schedule, launches: list[Launch | None], suffix: str = any_sizes.SUFFIX) -> _Copy:
+    """The renamed any-size kernels (the size variables their first arguments) and the method's lines."""
     found = plan.sizes
     assert found is not None
     variables = found.variables
     stages = [stage for launch in launches if launch is not None for stage in (*launch.pre, launch)]
-    names = {stage.name: stage.name + any_sizes.SUFFIX for stage in stages}
+    names = {stage.name: stage.name + suffix for stage in stages}
     sources = [any_batch.batched_source(stage.source, names, variables) for stage in stages]
 
     def renamed(launch: Launch) -> Launch:
@@ -572,29 +699,47 @@ def _sized(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[
 
     moved = [None if launch is None else renamed(launch) for launch in launches]
     body = _forward(plan, sched, moved, direct=False, arena=Arena(), batch=True, free=_free(plan))
-    lines = [
-        f"def {any_sizes.METHOD}(self, {', '.join(plan.arg_names)}):",
-        textwrap.indent("\n".join([*any_sizes.guard(plan, found), *body]), "    "),
-    ]
-    return sources, textwrap.indent("\n".join(lines), "    ")
+    return _Copy(tuple(sources), tuple(any_sizes.guard(plan, found)), tuple(body), tuple(names.items()))
 
 
-def _any_batch(plan: Plan, params: TemplateParams, used: set[str]) -> tuple[list[str], str] | None:
+def _any_batch(
+    plan: Plan, params: TemplateParams, used: set[str], hw: GpuModel | None = None
+) -> tuple[list[str], str] | None:
     """The any-batch kernels' sources and ``ModelNew``'s method that launches them (``any_batch``),
-    or None where the plan, rendered at two batch sizes, does not come out the same."""
-    return _copies(
-        lambda: [any_batch.symbolic(plan, value) for value in any_batch.probe_batches(plan)],
-        params,
-        used,
-        _batched,
-        any_batch.check_texts,
-    )
+    or None where the plan, rendered at two batch sizes, does not come out the same. With ``hw``,
+    further copies for the smaller batch buckets (``buckets.py``)."""
+
+    def make(at_params: TemplateParams, suffix: str, into: set[str]) -> _Copy | None:
+        return _copies(
+            lambda: [any_batch.symbolic(plan, value) for value in any_batch.probe_batches(plan)],
+            at_params,
+            into,
+            lambda sym, sched, launches: _batched(sym, sched, launches, suffix),
+            any_batch.check_texts,
+        )
+
+    main = make(params, any_batch.SUFFIX, used)
+    if main is None:
+        return None
+    total = any_batch.reference_batch(plan)
+    kept: list[tuple[buckets.Bucket, _Copy]] = []
+    if hw is not None:
+
+        def at(b: int) -> tuple[Plan, int, str]:
+            rep = buckets.representative((total,), (plan.batch_least,), b)[0]
+            return buckets.concrete_batch(plan, rep), rep, f"{plan.batch_name}={rep}"
+
+        def make_at(at_params: TemplateParams, b: int, rep: int, into: set[str]) -> _Copy | None:
+            return make(at_params, f"{any_batch.SUFFIX}{b}", into)
+
+        kept = _bucketed(main, params, hw, used, buckets.reachable(total, plan.batch_least), at, make_at)
+    return _assembled(main, kept, any_batch.METHOD, plan.arg_names, (any_batch.NAME,), total)
 
 
-def _batched(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tuple[list[str], str]:
-    """The renamed any-batch kernels (``kf_B`` their first argument) and the method that runs them."""
+def _batched(plan: Plan, sched: Schedule, launches: list[Launch | None], suffix: str = any_batch.SUFFIX) -> _Copy:
+    """The renamed any-batch kernels (``kf_B`` their first argument) and the method's lines."""
     stages = [stage for launch in launches if launch is not None for stage in (*launch.pre, launch)]
-    names = {stage.name: stage.name + any_batch.SUFFIX for stage in stages}
+    names = {stage.name: stage.name + suffix for stage in stages}
     sources = [any_batch.batched_source(stage.source, names) for stage in stages]
 
     def renamed(launch: Launch) -> Launch:
@@ -610,11 +755,7 @@ def _batched(plan: Plan, sched: Schedule, launches: list[Launch | None]) -> tupl
     index, dim = any_batch.leading_input(plan)
     rank = len(next(n for n in plan.inputs if n.index == index).shape)
     guard = any_batch.guard(plan.arg_names[index], rank, dim, plan.batch_least)
-    lines = [
-        f"def {any_batch.METHOD}(self, {', '.join(plan.arg_names)}):",
-        textwrap.indent("\n".join([*guard, *body]), "    "),
-    ]
-    return sources, textwrap.indent("\n".join(lines), "    ")
+    return _Copy(tuple(sources), tuple(guard), tuple(body), tuple(names.items()))
 
 
 def _nested(returns: tuple[Any, ...], exprs: list[str]) -> str:
