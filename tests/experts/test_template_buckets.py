@@ -151,7 +151,7 @@ def test_any_size_copies_get_the_hardware_models_tiles_per_bucket_and_are_correc
         "bucket 1 (at most 1/4 of the task's work): mm_block_m=64, mm_block_n=32, mm_warps=4, "
         "the hardware model's choice at batch_size=256",
     ]
-    assert "if 0 < kf_work * 16 <= 2048:\n            return self._kf_any_sizes_2(x, kf_batch_size)" in rendered
+    assert "if 0 < _kf_work * 16 <= 2048:\n            return self._kf_any_sizes_2(x, kf_batch_size)" in rendered
     assert "_kf_mm0_s1[" in rendered
     assert "BLOCK_M=32, BLOCK_N=32" in rendered.split(f"def {any_sizes.METHOD}_2(")[1]
     # the task's size runs forward; a call of over a quarter of its work the run's own copy; the
@@ -182,7 +182,7 @@ def test_a_bucket_whose_copy_is_the_runs_own_falls_through_to_it(tmp_path: Path)
         "bucket 1 (at most 1/4 of the task's work, over 1/16): mm_block_m=64, "
         "the hardware model's choice at batch_size=256",
     ]
-    assert "if 0 < kf_work * 4 <= 2048 < kf_work * 16:" in rendered
+    assert "if 0 < _kf_work * 4 <= 2048 < _kf_work * 16:" in rendered
     ran = _ran("through", LINEAR, rendered, tmp_path, "batch_size", [129, 128, 1])
     assert ran == {129: f"{any_sizes.METHOD}_1", 128: any_sizes.METHOD, 1: any_sizes.METHOD}
 
@@ -195,7 +195,7 @@ def test_any_batch_copies_get_a_configuration_per_bucket_and_are_correct_in_each
     assert any_sizes.METHOD not in rendered
     assert f"def {any_batch.METHOD}_1(self, x, kf_B):" in rendered
     assert f"def {any_batch.METHOD}_2(self, x, kf_B):" in rendered
-    assert "kf_work = kf_B\n" in rendered
+    assert "_kf_work = kf_B\n" in rendered
     assert "_kf_mm0_b2[" in rendered
     assert _comments(rendered)[1].startswith("bucket 1 (at most 1/4 of the task's work): mm_block_m=64, mm_block_n=32")
     ran = _ran("batch", LINEAR, rendered, tmp_path, "batch_size", [2048, 1000, 300, 1])
@@ -209,7 +209,7 @@ def test_without_a_gpu_model_the_copies_keep_the_candidates_configuration() -> N
     rendered = render(plan, params)
     assert f"def {any_sizes.METHOD}(self, x):" in rendered
     assert f"{any_sizes.METHOD}_" not in rendered
-    assert "kf_work" not in rendered
+    assert "_kf_work" not in rendered
     assert render(replace(plan, sizes=None), params).count(f"def {any_batch.METHOD}") == 1
     # a model of fixed sizes has no copies, so nothing for the buckets either
     fixed = LINEAR.replace("[torch.randn(batch_size, in_features)]", "[torch.randn(2048, in_features)]")
@@ -277,12 +277,12 @@ def test_consecutive_buckets_of_one_copy_merge_and_the_runs_own_are_left_out() -
     assert gapped == [buckets.Bucket(1, 1, "one"), buckets.Bucket(3, 3, "three")]
     lines = buckets.dispatch(gapped, 4096, ("kf_b", "kf_h"), str)
     assert lines == [
-        "kf_work = kf_b * kf_h",
+        "_kf_work = kf_b * kf_h",
         "# bucket 3 (at most 1/64 of the task's work): three",
-        "if 0 < kf_work * 64 <= 4096:",
+        "if 0 < _kf_work * 64 <= 4096:",
         "    3",
         "# bucket 1 (at most 1/4 of the task's work, over 1/16): one",
-        "if 0 < kf_work * 4 <= 4096 < kf_work * 16:",
+        "if 0 < _kf_work * 4 <= 4096 < _kf_work * 16:",
         "    1",
     ]
 
@@ -304,7 +304,7 @@ def test_every_case_with_bucket_copies_is_correct_in_each_bucket(tmp_path: Path)
         mutant = mutate(plan, start, np.random.default_rng(3), diagnosis=None).with_changes(mm_tma=False)
         for label, params in (("default", start), ("mutant", mutant)):
             rendered = render(plan, params, hw=H200)
-            if "kf_work = " not in rendered:
+            if "_kf_work = " not in rendered:
                 continue
             if plan.sizes:
                 names, values, least = plan.sizes.names, plan.sizes.values, plan.sizes.least

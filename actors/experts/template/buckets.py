@@ -160,15 +160,15 @@ def dispatch(kept: Sequence[Bucket], total: int, variables: Sequence[str], call:
     if not kept:
         return []
     served = {b for run in kept for b in range(run.first, run.last + 1)}
-    lines = [f"kf_work = {' * '.join(variables)}"]
+    lines = [f"_kf_work = {' * '.join(variables)}"]  # not ``kf_``: a size could be named ``work``
     for run in sorted(kept, key=lambda r: -r.first):
         deeper = run.last + 1
         bounded = deeper <= DEEPEST and deeper not in served and total >= STEP**deeper
         which = f"bucket {run.first}" if run.first == run.last else f"buckets {run.first} to {run.last}"
         share = f"at most 1/{STEP**run.first} of the task's work"
-        cond = f"0 < kf_work * {STEP**run.first} <= {total}"
+        cond = f"0 < _kf_work * {STEP**run.first} <= {total}"
         if bounded:
             share += f", over 1/{STEP**deeper}"
-            cond += f" < kf_work * {STEP**deeper}"
+            cond += f" < _kf_work * {STEP**deeper}"
         lines += [f"# {which} ({share}): {run.note}", f"if {cond}:", f"    {call(run.first)}"]
     return lines
