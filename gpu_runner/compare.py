@@ -129,7 +129,7 @@ def kept_defaults(first: dict[str, Any], again: dict[str, Any]) -> tuple[dict[st
     merged = dict(again)
     kept: list[int] = []
 
-    def merge(old: Any, new: Any, note: bool) -> Any:
+    def merge(old: Any, new: Any) -> Any:
         if isinstance(old, list) and new is None:  # no measure at all (bit for bit IEEE, or no room)
             new = [None] * len(old)
         if not isinstance(old, list) or not isinstance(new, list) or len(old) != len(new):
@@ -139,14 +139,14 @@ def kept_defaults(first: dict[str, Any], again: dict[str, Any]) -> tuple[dict[st
             was, now = _parity_error(a), _parity_error(b)
             if was is not None and (now is None or fell_back(now, was)):
                 out[i] = a
-                if note and i not in kept:
+                if i not in kept:
                     kept.append(i)
         return out
 
-    merged["default_errors"] = merge(first.get("default_errors"), again.get("default_errors"), True)
+    merged["default_errors"] = merge(first.get("default_errors"), again.get("default_errors"))
     old_r, new_r = first.get("range_default_errors"), again.get("range_default_errors")
     if first.get("range_scales") == again.get("range_scales") and isinstance(old_r, list) and isinstance(new_r, list):
-        merged["range_default_errors"] = [merge(a, b, True) for a, b in zip(old_r, new_r, strict=False)]
+        merged["range_default_errors"] = [merge(a, b) for a, b in zip(old_r, new_r, strict=False)]
         merged["range_default_errors"] += new_r[len(old_r) :]
     return merged, sorted(kept)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -421,15 +421,17 @@ def batched_source(source: str, names: dict[str, str], variables: tuple[str, ...
     listed = ", ".join(f'"{v}"' for v in variables)
     source = source.replace("@triton.jit\n", f"@triton.jit(do_not_specialize=[{listed}])\n", 1)
     source = _DEF.sub(lambda m: f"def {m.group(1)}({', '.join(variables)}, ", source, count=1)
-    if names:
-        source = _WORD.sub(lambda m: names.get(m.group(0), m.group(0)), source)
-    return source
+    return renamed(source, names)
 
 
 _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
-"""An identifier: the renaming looks each one up, one pass over the source. A pattern per name
-compiled for every kernel was 49 of 51 s of one rendering of KernelBench L3-15 (543 kernels in
-each of two probes' copies, each source searched for every name)."""
+
+
+def renamed(source: str, names: Mapping[str, str]) -> str:
+    """``source`` with every identifier that ``names`` maps replaced, in one pass (each identifier
+    looked up). A pattern per name compiled for every kernel was 49 of 51 s of one rendering of
+    KernelBench L3-15 (543 kernels in each of two probes' copies, each searched for every name)."""
+    return _WORD.sub(lambda m: names.get(m.group(0), m.group(0)), source) if names else source
 
 
 def guard(first: str, rank: int, dim: int, least: int = 1) -> list[str]:

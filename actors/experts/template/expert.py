@@ -180,11 +180,16 @@ class TemplateExpert:
         with self._sources_lock:
             self._sources.clear()
 
+    def _target(self) -> GpuModel:
+        """The GPU proposals are sized for: the one named, else the verdicts', else this machine's
+        (a fresh start has no measured device)."""
+        return detect(self.gpu or self._evaluated_on)
+
     def _render(self, plan: Plan, params: TemplateParams) -> str:
         """``render(plan, params)``, with a configuration per size bucket for the copies that take
         other sizes, chosen for the GPU fresh starts are sized for (``_starts``); from the cache
         when this configuration was rendered lately for that GPU."""
-        hw = detect(self.gpu or self._evaluated_on)
+        hw = self._target()
         key = (id(plan), params, hw)
         with self._sources_lock:
             hit = self._sources.get(key)
@@ -291,8 +296,7 @@ class TemplateExpert:
         times): the default for the traced shapes and the best retrieved experience's configuration
         (first when it was measured on this very task), then mutations of them in turn, drawn from
         a generator seeded by the task. Kernels in ``avoid`` (the island's own) are passed over."""
-        # a fresh start has no measured device: the one named, else the verdicts', else this machine's
-        hw = detect(self.gpu or self._evaluated_on)
+        hw = self._target()
         tf32 = self._tf32(request)
         default = default_params(plan, hw, tf32)
         # Whether the reference's own convolutions run in TF32 is known only from the first

@@ -10,7 +10,6 @@ reference's ``forward`` leaves on its plain tensor attributes is not reproduced 
 
 from __future__ import annotations
 
-import re
 import textwrap
 import time
 from collections.abc import Callable
@@ -540,10 +539,7 @@ class _Copy:
     def normalised(self) -> str:
         """The kernels and ``forward``'s lines, every kernel under its name at the task's shapes (two
         copies that differ only in their suffixes compare equal)."""
-        text = "\n".join([*self.sources, *self.body])
-        for old, new in self.names:
-            text = re.sub(rf"\b{re.escape(new)}\b", old, text)
-        return text
+        return any_batch.renamed("\n".join([*self.sources, *self.body]), {new: old for old, new in self.names})
 
 
 def _any_sizes(
