@@ -183,25 +183,45 @@ def _build_candidate(factory: Any, init_args: list[Any], empty_params: bool) -> 
     return model.to_empty(device="cpu") if empty_params and isinstance(model, torch.nn.Module) else model
 
 
+def _at_variant(cand: Any, reference: dict[str, Any], overrides: dict[str, int]) -> None:
+    """The compile-only forward at one held-out shape (the reference's module-level sizes set to
+    ``overrides`` while its inputs are drawn on the ``meta`` device)."""
+    with sized(reference, overrides):
+        _, shapes, _ = measured_sizes(reference, "meta")
+    inputs = [
+        torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v for v in shapes
+    ]
+    with torch.no_grad():
+        cand(*inputs)
+
+
+def _everywhere(cand: Any, inputs: list[Any], reference: dict[str, Any], variants: list[dict[str, int]]) -> None:
+    """The compile-only forward at the task's shape, then at each held-out shape: what the compile
+    stage's helpers share out (:func:`_compile_in_shares`). A level-3 model's copies for the
+    held-out shapes were compiled one after another in the stage's own process (three shapes of
+    ~250 kernels each for KernelBench L3-22): its candidates had no verdict in 90 s on an H100.
+    A shape where the forward raises only ends that shape (the full pass reports it)."""
+    with torch.no_grad():
+        cand(*inputs)
+    for overrides in variants:
+        try:
+            _at_variant(cand, reference, overrides)
+        except Exception:  # noqa: BLE001 - the candidate's answer there: compile_at_variants reports it
+            continue
+
+
 def compile_at_variants(cand: Any, reference: dict[str, Any], variants: list[dict[str, int]]) -> str:
-    """Run the compile-only forward at each held-out shape (the reference's module-level sizes set
-    to ``variants``' values while its inputs are drawn on the ``meta`` device): kernels the
-    candidate launches only at other shapes are compiled too. A forward that raises there is the
-    candidate's own answer at that shape (a specialised kernel refusing it), which the run stage
-    reports; only a Triton compile error is noted. Returns a note for the ``aot`` line."""
+    """Run the compile-only forward at each held-out shape (:func:`_at_variant`): kernels the
+    candidate launches only at other shapes are compiled too (where the helpers of
+    :func:`_compile_in_shares` compiled them already, found in the cache). A forward that raises
+    there is the candidate's own answer at that shape (a specialised kernel refusing it), which
+    the run stage reports; only a Triton compile error is noted. Returns a note for the ``aot`` line."""
     if not variants:
         return ""
     ran, refused, failed = 0, 0, []
     for overrides in variants:
         try:
-            with sized(reference, overrides):
-                _, shapes, _ = measured_sizes(reference, "meta")
-            inputs = [
-                torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
-                for v in shapes
-            ]
-            with torch.no_grad():
-                cand(*inputs)
+            _at_variant(cand, reference, overrides)
             ran += 1
         except Exception as exc:  # noqa: BLE001 - the candidate's refusal is its answer; the run stage reports it
             if _is_compile_error(exc):
@@ -283,9 +303,12 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             init_args = list(shaped.reference["get_init_inputs"]())
             cand = _build_candidate(ns["ModelNew"], init_args, shaped.empty_params)
             inputs = shaped.inputs
+            variants = msg.get("variants") or []
             processes = _share_count(int(msg.get("jobs") or 1), len(msg.get("triton_kernels") or ()))
             if processes > 1:
-                aot_shares = _compile_in_shares(lambda: cand(*inputs), share, processes, kernels)
+                aot_shares = _compile_in_shares(
+                    lambda: _everywhere(cand, inputs, shaped.reference, variants), share, processes, kernels
+                )
                 laps.lap("shares_s")
             with torch.no_grad():
                 cand(*inputs)
@@ -293,7 +316,7 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             aot = "complete: every kernel the forward launches was compiled ahead of time"
             if processes > 1:
                 aot += f" ({aot_shares})"
-            aot += compile_at_variants(cand, shaped.reference, msg.get("variants") or [])
+            aot += compile_at_variants(cand, shaped.reference, variants)
             laps.lap("variants_s")
             aot += _build_launchers(kernels)
             laps.lap("launchers_s")

@@ -27,23 +27,34 @@ import json, sys, torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from gpu_runner.sandboxed.candidate import import_candidate
-from gpu_runner.sandboxed.compiling import _CompileOnlyDriver, _shaped_inputs, compile_at_variants
+from gpu_runner.sandboxed.compiling import (
+    _CompileOnlyDriver, _compile_in_shares, _everywhere, _shaped_inputs, compile_at_variants,
+)
 from gpu_runner.sandboxed.hooks import CompileShare, LaunchLog, install_triton_hooks
+import os, pathlib
 
 driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
-kernels = []
-install_triton_hooks(LaunchLog(), compile_only=True, compiled=kernels, share=CompileShare())
+kernels, share = [], CompileShare()
+install_triton_hooks(LaunchLog(), compile_only=True, compiled=kernels, share=share)
 shaped = _shaped_inputs(open(sys.argv[2]).read())
 cand = import_candidate(sys.argv[1])["ModelNew"](*shaped.reference["get_init_inputs"]())
+variants, processes = json.loads(sys.argv[3]), int(sys.argv[4])
+said = ""
+if processes > 1:  # as the compile stage does: helpers share out every shape's launches first
+    everywhere = lambda: _everywhere(cand, shaped.inputs, shaped.reference, variants)
+    said = _compile_in_shares(everywhere, share, processes, kernels)
+before = sorted(p.stem for p in pathlib.Path(os.environ["TRITON_CACHE_DIR"]).rglob("*.cubin"))
 with torch.no_grad():
     cand(*shaped.inputs)
 at_reference = len(kernels)
-note = compile_at_variants(cand, shaped.reference, json.loads(sys.argv[3]))
-print(json.dumps({"note": note, "at_reference": at_reference, "kernels": len(kernels)}))
+note = compile_at_variants(cand, shaped.reference, variants)
+print(json.dumps({"note": note, "at_reference": at_reference, "kernels": len(kernels), "said": said, "before": before}))
 """
 
 
-def _compile(tmp_path: Path, variants: list[dict[str, int]], seed: Path | None = None) -> dict[str, object]:
+def _compile(
+    tmp_path: Path, variants: list[dict[str, int]], seed: Path | None = None, processes: int = 1
+) -> dict[str, object]:
     reference = (HERE / "examples" / "quickstart.py").read_text()
     plan = analyse(reference)
     assert isinstance(plan, Plan)
@@ -51,13 +62,14 @@ def _compile(tmp_path: Path, variants: list[dict[str, int]], seed: Path | None =
     (tmp_path / "cand.py").write_text(render(plan, default_params(plan, TABLE["H200"])))
     (tmp_path / "ref.py").write_text(reference)
     (tmp_path / "script.py").write_text(SCRIPT)
-    cache = tmp_path / f"cache{len(variants)}{'s' if seed else ''}"
+    cache = tmp_path / f"cache{len(variants)}{'s' if seed else ''}p{processes}"
     if seed is not None:  # as the compile stage seeds a late compile at the shapes
         copy_tree(seed, cache)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(HERE))
     argv = [sys.executable, str(tmp_path / "script.py"), str(tmp_path / "cand.py"), str(tmp_path / "ref.py")]
-    done = subprocess.run([*argv, json.dumps(variants)], env=env, capture_output=True, text=True, timeout=280)
+    argv += [json.dumps(variants), str(processes)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     out["cubins"] = sorted(p.stem for p in cache.rglob("*.cubin"))
@@ -99,3 +111,18 @@ def test_a_compile_at_the_shapes_seeded_with_the_first_compiles_cache_compiles_o
     assert all(stem.endswith(SUFFIX) for stem in new), new  # the copies alone were compiled
     # the first compile's files were found, not written again (the copy keeps their times)
     assert {p: after.get(p) for p in before} == before
+
+
+def test_the_helpers_compile_the_held_out_shapes_copies_too(tmp_path: Path) -> None:
+    # The compile stage's helpers share out the launches at the held-out shapes with those at the
+    # task's own: the copies are in the cache before the stage's own passes (which then only find
+    # them), the same cubins as one process compiles, and the note is the same.
+    variants = [{"batch_size": 21}, {"batch_size": 1}, {"in_features": 100}]
+    alone = _compile(tmp_path, variants)
+    shared = _compile(tmp_path, variants, processes=3)
+    assert shared["said"] == "compiled in 3 processes, 2 of 2 helpers finished"
+    assert shared["cubins"] == alone["cubins"]
+    assert shared["before"] == alone["cubins"]  # every one, the copies included, before the full pass
+    assert any(str(c).endswith(SUFFIX) for c in shared["before"])  # type: ignore[attr-defined]
+    assert alone["before"] == []
+    assert shared["note"] == alone["note"] == "; at 2 of 3 held-out shapes too (1 raised in the forward)"
