@@ -416,6 +416,27 @@ def test_inputs_drawn_on_the_device_fall_back_to_the_cpu_the_same_way_each_time(
     assert out.device.type == "meta"
 
 
+def test_inputs_that_find_the_device_full_are_not_drawn_on_the_cpu_instead() -> None:
+    """The CPU's generator draws other numbers than the GPU's: a spare that drew on the CPU because
+    the GPU was full had other inputs than the judge (KernelBench L1-57 on an 80 GB H100, judged
+    ``get_inputs() is not reproducible``). Out of memory is raised (here ``meta`` stands for the
+    GPU and the draw itself raises what a full GPU's allocator raises)."""
+    from gpu_runner.sandboxed.reference import make_inputs
+
+    drawn: list[str] = []
+
+    def big() -> list[torch.Tensor]:
+        x = torch.randn(8)
+        drawn.append(x.device.type)
+        if x.device.type != "cpu":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return [x]
+
+    with pytest.raises(torch.OutOfMemoryError):
+        make_inputs({"get_inputs": big}, 7, torch.device("meta"), on_device=True)
+    assert drawn == ["meta"]
+
+
 class _FailsOnce(torch.nn.Module):
     """A model whose first call raises (as a compilation that lost a race for its cache would)."""
 
