@@ -310,9 +310,12 @@ def _timed(
     batches = [b for b in session.batches if not b.warmup] if session is not None else []
     timer = TimerKind(session.timer if session is not None else "perf_counter")
     pooled = session.pooled if session is not None else {}
-    stats = {  # a baseline's earlier sessions' samples too, where this one pooled them (they agreed)
+    slowed = session.slowed if session is not None else {}
+    # A baseline's earlier sessions' samples too, where this one pooled them (they agreed), or
+    # theirs alone where this session's came out slower (it never flatters the candidate).
+    stats = {
         name: timing_stats(
-            [x for b in batches if b.callable == name for x in b.samples] + pooled.get(name, []),
+            [x for b in batches if b.callable == name and name not in slowed for x in b.samples] + pooled.get(name, []),
             timer,
             earlier=len(pooled.get(name, [])),
         )
@@ -358,6 +361,8 @@ def _timed(
         if session is not None and session.lead_us
         else ""
     )
+    if slowed:
+        harness += ("; " if harness else "") + "; ".join(slowed.values())
     if session is not None and session.recheck_excess_us is not None:
         harness += (
             f"; timed again with longer spins after the first {len(session.superseded)} batches showed "

@@ -144,6 +144,13 @@ class SessionRecord:
     verdict, its cross-check and its canaries read none of these batches)."""
     held_out_s: float = 0.0
     """The seconds the held-out timing took."""
+    slowed: dict[str, str] = field(default_factory=dict)
+    """Baselines this session timed slower than the task's earlier sessions beyond their noise,
+    with what each measured: the verdict takes the earlier sessions' samples of these alone. A
+    baseline's code does not change between sessions, and what slows it (cuDNN falling back to
+    an algorithm without a workspace on a full GPU: KernelBench L1-57's eager at 27.8 ms where it
+    ran 6.4 ms, a 2.2x "speedup" on an 80 GB H100) must never flatter a candidate; the faster
+    time stands."""
     recheck_excess_us: float | None = None
     """Where the parent's clock contradicted the first rounds (more time outside the windows than
     allowed), by how much per call; those rounds were then timed again with longer spins, and
@@ -416,6 +423,22 @@ class TimingSession:
         allowed = max(agree, min(3 * err, 5 * agree))
         return m_pool > 0 and abs(m_own - m_pool) / m_pool <= allowed
 
+    def _slower(self, name: str) -> bool:
+        """Whether this session's own ``name`` is slower than the pooled one (read where they disagree)."""
+        own, pool = self._own(name), self.pool[name]
+        return bool(own) and statistics.median(own) > statistics.median(pool)
+
+    def _keep_pool_over_slowed(self, name: str) -> None:
+        """This session's ``name`` came out slower than the earlier sessions': the verdict takes
+        theirs (:attr:`SessionRecord.slowed`), and this session's baselines join no ledger."""
+        own, pool = self._own(name), self.pool[name]
+        detail = (
+            f"{name} timed {statistics.median(own):.4g} ms in this session ({len(own)} calls), "
+            f"{statistics.median(pool):.4g} ms in earlier ones ({len(pool)} calls): the earlier time is used"
+        )
+        self.rec.slowed[name] = detail
+        logger.warning("baseline_slowed", detail=detail)
+
     def _drop_pool(self, name: str) -> None:
         """The pool disagrees with this session's own ``name``: neither counts for the other (the
         ledger is emptied; the next session seeds it afresh)."""
@@ -432,8 +455,11 @@ class TimingSession:
         """Record what was pooled, and add this session's baselines to the ledger where its
         canaries refuse nothing and nothing disagreed."""
         for name in list(self.pool):
-            if self.pool and not self._agrees(name):
-                self._drop_pool(name)
+            if self.pool and name not in self.rec.slowed and not self._agrees(name):
+                if self._slower(name):
+                    self._keep_pool_over_slowed(name)
+                else:
+                    self._drop_pool(name)
         self.rec.pooled = dict(self.pool)
         own = {name: self._own(name) for name in self.baselines}
         final = None if self.rec.final_canary_us is None else (self.rec.final_canary_us, self.rec.final_busy_ms)
@@ -447,13 +473,14 @@ class TimingSession:
             self.cfg.canary_busy_us,
             self.rec.looks + self.rec.superseded_looks,
         )
-        if not self.pool_dropped and left_work is None:
+        if not self.pool_dropped and not self.rec.slowed and left_work is None:
             self.referee.ledger.add(own)
 
     def _settled(self, drop: bool = False) -> bool:
         """While the pool counts: whether every baseline's median is known (at least
         :data:`POOL_MIN_OWN` samples of its own, agreeing with the pool, and its own and the pool's
-        together to the target error); ``drop``: a baseline that disagrees empties the pool.
+        together to the target error); ``drop``: a baseline that disagrees empties the pool, or,
+        where this session's is the slower, is taken from the pool alone (:attr:`SessionRecord.slowed`).
         Rounds after that time the candidate alone, and the referee looks with its canary after
         each candidate batch (a baseline batch would look first too): on an 8 GB row sum, 30 rounds
         of a candidate batch and a baseline batch, each drawing its 8 GB of fresh inputs, were
@@ -462,10 +489,15 @@ class TimingSession:
             return False
         target = self.cfg.timing_target_rel_err
         for name in self.baselines:
+            if name in self.rec.slowed:  # the earlier sessions' samples alone: already known
+                continue
             own = self._own(name)
             if len(own) < POOL_MIN_OWN:
                 return False
             if not self._agrees(name):
+                if drop and self._slower(name):
+                    self._keep_pool_over_slowed(name)
+                    continue
                 if drop:
                     self._drop_pool(name)
                 return False

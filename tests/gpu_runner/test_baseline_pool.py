@@ -128,3 +128,28 @@ async def test_once_pooled_baselines_are_known_later_rounds_time_the_candidate_a
     assert second.timing is not None
     assert second.timing.reps >= 200
     assert reps - earlier <= second.timing.reps / 3
+
+
+@pytest.mark.slow  # 9-15 s each on a 2-core machine: the default suite stays under 15 minutes
+async def test_a_baseline_slower_than_the_pool_takes_the_pools_time_never_its_own() -> None:
+    """A session whose eager came out slower than the earlier sessions' (cuDNN without room for its
+    workspace on a full GPU ran KernelBench L1-57's eager 4.4x slower) takes the earlier time: the
+    slower one would flatter the candidate. The pool stays; this session's samples join no ledger."""
+    async with EvaluationService(_cfg()) as service:
+        await service.evaluate(_job(service, "c0"))
+        assert service.runs is not None
+        ledger = service.runs.referee.ledger
+        pooled = ledger.pooled(["eager"])["eager"]
+        fast = [x / 10.0 for x in pooled]  # earlier sessions 10x faster: this one's eager slowed
+        ledger.clear()
+        ledger.add({"eager": fast})
+        second = await service.evaluate(_job(service, "c1"))
+        left = ledger.pooled(["eager"])
+    reps, earlier = _eager_reps(second)
+    assert earlier == reps == len(fast)  # the earlier samples alone
+    assert second.baselines is not None
+    assert second.baselines.eager is not None
+    assert second.baselines.eager.median_ms == pytest.approx(statistics.median(fast))
+    assert left == {"eager": fast}  # kept, and nothing of this session's added
+    said = [c.detail or "" for c in second.checks]
+    assert any("eager timed" in d and "the earlier time is used" in d for d in said), said
