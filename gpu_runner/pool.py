@@ -216,6 +216,11 @@ class RunPool:
         """Every run worker's (and so the judge's) extra environment, pinned to ``cfg.gpu``."""
         self.idle: list[Spare] = []
         self.starting = 0
+        self.held = 0
+        """Spares evaluations took (:meth:`acquire`) and have not given back (:meth:`release`): one
+        waiting for the GPU holds its trials' device memory as an idle spare does."""
+        self.peak_alive = 0
+        """The most spares idle, starting and held at once (for tests and benchmarks)."""
         self.reference_source: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         # Half the cores: with one start per core (16 on an H200 host, beside 16 compiles) each
@@ -388,6 +393,28 @@ class RunPool:
 
     def spares_wanted(self) -> int:
         return self.plan.spares if self.plan is not None else self.cfg.spares
+
+    def capacity(self) -> int:
+        """Spares alive at once (idle, starting, or held by an evaluation): what the memory plan
+        counts, its spares beside the candidates running. Evaluations past the compile line
+        (``max_running``, the evaluator actor's concurrency) took a spare each before: on an 80 GB
+        H100, KernelBench L1-57's plan of one spare (15.7 GB each) had five alive and ran out."""
+        return self.spares_wanted() + max(1, self.cfg.max_concurrent_runs)
+
+    def alive(self) -> int:
+        return len(self.idle) + self.starting + self.held
+
+    def _full(self) -> bool:
+        return self.alive() >= self.capacity()
+
+    def _count(self) -> None:
+        self.peak_alive = max(self.peak_alive, self.alive())
+
+    def release(self) -> None:
+        """An evaluation is done with the spare it took (its process gone, its outputs judged)."""
+        self.held = max(0, self.held - 1)
+        self.refill()
+        self.idle_changed.set()
 
     def trials_wanted(self) -> int:
         return self.plan.trials if self.plan is not None else self.cfg.trials
@@ -654,20 +681,28 @@ class RunPool:
             spare = self._take(key, me)
             warm = spare is not None
             self.refill()
-            while spare is None and (self.starting > 0 or self._ready_for(key)):
+            # a spare on its way or ready, or none may be made now (as many alive as the plan has)
+            while spare is None and (self.starting > 0 or self._ready_for(key) or self._full()):
                 self.idle_changed.clear()
                 await self.idle_changed.wait()
                 spare = self._take(key, me)
+            self.held += 1  # taken, or about to be made below: either way counted from now
+            self._count()
         finally:
             self._waiting.discard(me)
             self.idle_changed.set()  # the waiters after this one may take the spares left
         self.refill()
         if spare is None:
-            worker = await self.new_worker()
+            try:
+                worker = await self.new_worker()
+            except BaseException:
+                self.release()
+                raise
             spare = Spare(worker)
             try:
                 await self.prepare(spare, reference_source, timeout_s)
             except BaseException:
+                self.release()
                 await worker.kill(sweep=False)
                 if spare.reference is not None:
                     spare.reference.discard()
@@ -693,7 +728,7 @@ class RunPool:
         """Start spares until ``spares`` are idle or on their way."""
         if self.closed or self.failure is not None:
             return
-        while len(self.idle) + self.starting < self.spares_wanted():
+        while len(self.idle) + self.starting < self.spares_wanted() and not self._full():
             self._spawn_spare(None)
 
     def prepare_ahead(self) -> None:
@@ -705,11 +740,12 @@ class RunPool:
         holds the device then, which is what the plan counted for a preparing spare."""
         if self.closed or self.failure is not None or self.reference_source is None:
             return
-        if not self.idle and not self.starting:
+        if not self.idle and not self.starting and not self._full():
             self._spawn_spare(None, ahead=True)
 
     def _spawn_spare(self, worker: Worker | None, ahead: bool = False) -> None:
         self.starting += 1
+        self._count()
         task = asyncio.create_task(self._start_spare(worker, ahead))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

@@ -467,19 +467,22 @@ class EvaluationService:
                 spare, warm = await runs.acquire(job.reference_source, self.cfg.worker_start_timeout_s, turn)
         except (TimeoutError, WorkerStartError, ProtocolError, FrameError, EvaluatorFault) as exc:
             return self._no_worker(c, started, exc)
-        t_run = time.perf_counter()
-        detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
-        outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
-        c.checks.append(Check(name=CheckName.WARM_WORKER, outcome=outcome, detail=detail))
         try:
-            waited = await self.stage.run(spare, c, max(0.01, budget), phase, turn)
-        except EvaluatorFault as exc:
-            return self._finish(c, started, evaluator_fault(c, exc.reason))
+            t_run = time.perf_counter()
+            detail = "pre-warmed, prepared spare" if warm else "cold start on the critical path"
+            outcome = CheckOutcome.PASSED if warm else CheckOutcome.SKIPPED
+            c.checks.append(Check(name=CheckName.WARM_WORKER, outcome=outcome, detail=detail))
+            try:
+                waited = await self.stage.run(spare, c, max(0.01, budget), phase, turn)
+            except EvaluatorFault as exc:
+                return self._finish(c, started, evaluator_fault(c, exc.reason))
+            finally:
+                if spare.reference is not None:
+                    spare.reference.discard()
+            c.stages = c.stages.model_copy(update={"run_s": time.perf_counter() - t_run - waited})
+            return self._finish(c, started)
         finally:
-            if spare.reference is not None:
-                spare.reference.discard()
-        c.stages = c.stages.model_copy(update={"run_s": time.perf_counter() - t_run - waited})
-        return self._finish(c, started)
+            runs.release()  # its process gone and its outputs judged: another spare may be made
 
     def _no_worker(self, c: Collected, started: float, exc: BaseException) -> EvalResult:
         """The evaluator's own failure to measure the task or prepare a worker for it."""
