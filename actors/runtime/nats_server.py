@@ -36,6 +36,12 @@ INSTALL_HINT = (
 )
 
 
+MAX_PAYLOAD = 8 * 1024 * 1024
+"""The largest message the embedded server takes (as ``deploy/nats/*.conf``): a whole model's
+candidate is one message, and KernelBench L3-15 (DenseNet-121, 838 kernels) is 1.2 MB, past
+nats-server's default of 1 MB (a command-line flag cannot set it: a configuration file does)."""
+
+
 def find_binary() -> Path:
     """Path of ``nats-server``: beside this interpreter's scripts first, then on PATH."""
     candidates = [
@@ -109,8 +115,10 @@ def start_server(store_dir: Path, *, detached: bool = False, timeout: float = 10
     for old in ports_dir.glob("*.ports"):
         old.unlink()
     log_path = store_dir / "nats-server.log"
+    conf = store_dir / "kfoundry-nats.conf"
+    conf.write_text(f"max_payload: {MAX_PAYLOAD}\n")
     argv = [
-        str(binary), "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "-js",
+        str(binary), "-c", str(conf), "-a", "127.0.0.1", "-p", "-1", "-m", "-1", "-js",
         "-sd", str(store_dir / "jetstream"), "--ports_file_dir", str(ports_dir),
     ]  # fmt: skip
     actions = [

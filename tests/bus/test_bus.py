@@ -106,6 +106,35 @@ async def test_typed_request_reply_and_typed_errors(nats_url: str, run_id: str) 
     await server.close()
 
 
+async def test_a_reply_past_the_servers_max_payload_is_an_error_the_caller_gets_at_once(
+    nats_url: str, run_id: str
+) -> None:
+    """The embedded server takes messages of up to 8 MB (a whole model's candidate is one: 1.2 MB
+    for KernelBench L3-15, past nats-server's default 1 MB); a larger reply is a typed error the
+    caller gets at once (code 413), never silence that waits out the caller's timeout."""
+    from actors.runtime.nats_server import MAX_PAYLOAD
+
+    server = await _bus(nats_url, run_id, "srv")
+    client = await _bus(nats_url, run_id, "cli")
+    assert server.nc.max_payload == MAX_PAYLOAD == 8 * 1024 * 1024
+    service = await server.add_service(name="kf-big", version="0.1.0", description="t", metadata={})
+
+    async def big(msg: Control) -> Diagnosis:
+        return Diagnosis(candidate_id="c", category=DiagnosisCategory.SLOW_MEMORY_BOUND, summary="x" * int(msg.reason))
+
+    subject = f"kf.test.{run_id}.big"
+    await server.serve(service, name="big", subject=subject, request_type=Control, handler=big)
+    fits = await client.request(subject, Control(action=ControlAction.INFO, reason=str(2 << 20)), Diagnosis, timeout=10)
+    assert len(fits.summary) == 2 << 20  # 2 MB: past the default, within the embedded server's
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(RemoteError, match="max_payload") as info:
+        await client.request(subject, Control(action=ControlAction.INFO, reason=str(9 << 20)), Diagnosis, timeout=30)
+    assert info.value.code == "413"
+    assert asyncio.get_running_loop().time() - started < 10
+    await client.close()
+    await server.close()
+
+
 async def test_durable_consumer_acks_retries_and_dead_letters(nats_url: str, run_id: str) -> None:
     bus = await _bus(nats_url, run_id)
     subject = subjects.results(run_id, "i0")

@@ -76,7 +76,19 @@ class Serving(Sending):
                 stats.done(started, ok=True)
                 if record_stats:
                     observe_handle(self.kind, Transport.SERVICE, Outcome.OK, time.perf_counter() - started)
-                await request.respond(reply.to_bytes())
+                payload = reply.to_bytes()
+                limit = self.nc.max_payload
+                if limit and len(payload) > limit:
+                    # Said to the caller at once: unanswered, it waited out its timeout and the run
+                    # blamed a slow expert (KernelBench L3-15: a 1.2 MB DenseNet-121 candidate).
+                    why = (
+                        f"the reply ({len(payload)} bytes) exceeds the NATS server's max_payload ({limit} bytes): "
+                        "raise max_payload in its configuration (deploy/nats/*.conf use 8MB)"
+                    )
+                    log.error("reply too large", subject=subject, bytes=len(payload), max_payload=limit)
+                    await request.respond_error("413", why)
+                    return
+                await request.respond(payload)
 
         async def on_request(request: Request) -> None:
             try:
