@@ -20,13 +20,14 @@ from typing import Any
 from actors.evolution.brain import IslandBrain
 from actors.evolution.plans import ParentSource, RequestPlan
 from actors.runtime.bus import Bus
-from actors.runtime.errors import BusError
+from actors.runtime.errors import BusError, RemoteError
 from actors.runtime.latency import EXPERT_REPLY_SECONDS, ReplyOutcome
 from actors.runtime.logs import bound
 from actors.runtime.quota import CandidateQuota
 from schemas import (
     Candidate,
     Decline,
+    DeclineReason,
     ExperienceHit,
     ExperienceHits,
     ExperienceQuery,
@@ -250,6 +251,13 @@ class ExpertRequests:
                 GenerateReply,
                 timeout=self.timeouts.get(plan.expert, 120.0),
             )
+        except RemoteError as exc:
+            # The expert answered, with an error (its reply past the server's max_payload, say):
+            # a decline that names it, not a request left unanswered ("give the run more time").
+            self.log.warning("expert answered with an error", error=str(exc))
+            reason = DeclineReason.ENDPOINT_ERROR
+            decline = Decline(reason=reason, detail=f"error {exc.code}: {exc.description}"[:500])
+            reply = GenerateReply(request_id=request.request_id, expert=plan.expert, decline=decline)
         except BusError as exc:
             self.log.warning("expert unavailable", error=str(exc))
         self.answered = self.answered or reply is not None
