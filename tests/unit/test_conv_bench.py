@@ -55,3 +55,20 @@ def test_bad_arguments_are_refused_with_the_reason(tmp_path: Path, capsys: pytes
     with pytest.raises(SystemExit):
         conv_bench_main([str(tmp_path), "--levels", "7"])
     assert "development subset has levels" in capsys.readouterr().err
+
+
+def test_errors_in_chunks_are_the_whole_arrays_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from bench import conv_bench
+
+    gen = torch.Generator().manual_seed(0)
+    truth = torch.randn(3, 5, 7, generator=gen, dtype=torch.float64)
+    out = (truth + 1e-3 * torch.randn(3, 5, 7, generator=gen, dtype=torch.float64)).float()
+    diff = out.double() - truth
+    want = (float(diff.norm() / truth.norm()), float(diff.abs().max()))
+    monkeypatch.setattr(conv_bench, "CHUNK", 8)  # 105 elements: 14 chunks, the last short
+    got = conv_bench.errors((out,), truth)
+    assert got == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="elements"):
+        conv_bench.errors(out[:2], truth)
