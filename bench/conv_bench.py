@@ -35,6 +35,7 @@ import torch
 
 from actors.experts.template import Plan, analyse, default_params, render
 from actors.experts.template.hardware import GpuModel, detect
+from actors.experts.template.kernels.conv import cudnn_ieee_likely
 from actors.kbench.errors import BenchError
 from actors.kbench.problems import DEV_SUBSET, Problem, level_dir, list_problems, select
 from gpu_runner.sandboxed.reference import load_module
@@ -185,7 +186,10 @@ def bench_problem(
         row("torch.compile max-autotune", lambda: lambda: tuned(*inputs))
     plan = analyse(source)
     if isinstance(plan, Plan):
-        first = render(plan, default_params(plan, hw, tf32=torch.backends.cudnn.allow_tf32))
+        # The expert's first candidate: TF32 where PyTorch allows it, unless cuDNN probably runs the
+        # reference in IEEE fp32 (few input channels), where the evaluator would refuse TF32.
+        tf32 = torch.backends.cudnn.allow_tf32 and not cudnn_ieee_likely(plan)
+        first = render(plan, default_params(plan, hw, tf32=tf32))
         row("template first candidate", lambda: _callable(first, "first", init, model, inputs))
     else:
         rows.append({"problem": name, "row": "template first candidate", "error": f"declined: {plan}"[:160]})
