@@ -118,3 +118,65 @@ def test_processes_grow_with_kernels_up_to_the_jobs() -> None:
     assert _share_count(16, 2 * KERNELS_PER_PROCESS) == 2
     assert _share_count(4, 150) == 4
     assert _share_count(1, 150) == 1
+
+
+def test_a_compile_takes_the_cores_its_kernels_can_use() -> None:
+    from gpu_runner.compiler import cores_wanted
+
+    assert cores_wanted(3, 16) == 1
+    assert cores_wanted(8, 16) == 2
+    assert cores_wanted(838, 16) == 16  # KernelBench L3-15's DenseNet-121: every core
+    assert cores_wanted(838, 1) == 1
+
+
+async def test_compiles_share_the_cores_first_in_line_first() -> None:
+    """A whole model's compile has every core alone; the next waits for them, and one that asked
+    later does not pass it by (a small compile behind a large one waits its turn)."""
+    import asyncio
+
+    from gpu_runner.compiler import CoreBudget
+
+    budget = CoreBudget(16)
+    order: list[str] = []
+
+    async def compile_(name: str, want: int, hold: asyncio.Event) -> None:
+        got = await budget.take(want)
+        order.append(f"{name}:{got}")
+        await hold.wait()
+        await budget.give(got)
+
+    done = [asyncio.Event() for _ in range(3)]
+    first = asyncio.create_task(compile_("a", 16, done[0]))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(compile_("b", 16, done[1]))
+    await asyncio.sleep(0.01)
+    small = asyncio.create_task(compile_("c", 1, done[2]))
+    await asyncio.sleep(0.05)
+    assert order == ["a:16"]  # b waits for every core; c, behind b, waits too
+    done[0].set()
+    await asyncio.sleep(0.05)
+    assert order == ["a:16", "b:16"]
+    done[1].set()
+    await asyncio.sleep(0.05)
+    assert order == ["a:16", "b:16", "c:1"]
+    done[2].set()
+    await asyncio.gather(first, second, small)
+    assert budget.free == 16
+    assert await budget.take(99) == 16  # never more than there are
+
+
+async def test_a_compile_cancelled_in_line_lets_the_next_in() -> None:
+    import asyncio
+
+    from gpu_runner.compiler import CoreBudget
+
+    budget = CoreBudget(4)
+    held = await budget.take(4)
+    waiting = asyncio.create_task(budget.take(4))
+    after = asyncio.create_task(budget.take(1))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    await asyncio.sleep(0.01)
+    assert not after.done()  # the cores are still held
+    await budget.give(held)
+    assert await asyncio.wait_for(after, 1) == 1
