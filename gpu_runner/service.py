@@ -331,7 +331,7 @@ class EvaluationService:
             return self._finish(
                 c, started, rejected_by_gate(c, f"rejected: {first.rule.value}: {first.message}{where}")
             )
-        if not await self._compile(c, started, phase):
+        if not await self._compile(c, started, phase, turn):
             return self._finish(c, started)
         budget = job.timeout_s - (time.perf_counter() - started)
         # Waiting for a prepared worker (the evaluator's start-up, a cold start, the reference's
@@ -379,7 +379,7 @@ class EvaluationService:
         c.stages = StageTimes(gate_s=gate_s)
         return c
 
-    async def _compile(self, c: Collected, started: float, phase: Phase) -> bool:
+    async def _compile(self, c: Collected, started: float, phase: Phase, turn: Turn | None = None) -> bool:
         """Compile the candidate within the job's time left; whether it may run."""
         assert self.compiler is not None
         job = c.job
@@ -396,6 +396,7 @@ class EvaluationService:
                     c.gate,
                     min(self.cfg.compile_timeout_s, budget),
                     variants or (),
+                    turn=turn,
                 )
         except TimeoutError:
             c.timed_out = f"the compile stage exceeded the {job.timeout_s:g} s timeout"

@@ -180,3 +180,32 @@ async def test_a_compile_cancelled_in_line_lets_the_next_in() -> None:
     assert not after.done()  # the cores are still held
     await budget.give(held)
     assert await asyncio.wait_for(after, 1) == 1
+
+
+async def test_the_best_ranked_compile_goes_first_whatever_arrived_first() -> None:
+    """Of the compiles waiting for the cores, the candidate of the lowest turn (its island's rank,
+    then its arrival) goes first: an island's first starting point is compiled before its variants
+    that reached the compiler earlier."""
+    import asyncio
+
+    from gpu_runner.compiler import CoreBudget
+
+    budget = CoreBudget(8)
+    held = await budget.take(8)
+    order: list[str] = []
+
+    async def compile_(name: str, turn: tuple[float, int]) -> None:
+        got = await budget.take(8, turn)
+        order.append(name)
+        await budget.give(got)
+
+    late_variant = asyncio.create_task(compile_("variant, rank 3", (3.0, 0)))
+    await asyncio.sleep(0.01)
+    unranked = asyncio.create_task(compile_("unranked", (float("inf"), 1)))
+    await asyncio.sleep(0.01)
+    first_start = asyncio.create_task(compile_("default, rank 0", (0.0, 2)))
+    await asyncio.sleep(0.01)
+    assert order == []
+    await budget.give(held)
+    await asyncio.gather(late_variant, unranked, first_start)
+    assert order == ["default, rank 0", "variant, rank 3", "unranked"]
