@@ -295,6 +295,50 @@ def get_init_inputs():
 """
 
 
+_STEM_SOURCE = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 7, padding=3)
+        self.a = nn.Conv2d(64, 64, 3, stride=2, padding=1)
+        self.b = nn.Conv2d(64, 64, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(torch.relu(self.stem(x)))))
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 32, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_narrow_stem_does_not_make_a_whole_model_ieee() -> None:
+    """A model's output carries the TF32 error of its wide convolutions: a 3-channel stem that is
+    its heaviest single convolution but holds a third of the products does not make cuDNN's
+    precision IEEE (ResNet-18, KernelBench L3-9: its stem is 6.5% and started in three passes at
+    0.15x eager); a model of narrow convolutions alone still is."""
+    from actors.experts.template.kernels.conv import cudnn_ieee_likely
+
+    plan = analyse(_STEM_SOURCE)
+    assert isinstance(plan, Plan)
+    assert not cudnn_ieee_likely(plan)
+    narrow = analyse(
+        _STEM_SOURCE.replace(
+            "nn.Conv2d(64, 64, 3, stride=2, padding=1)", "nn.Conv2d(64, 8, 3, stride=2, padding=1)"
+        ).replace("nn.Conv2d(64, 64, 3, padding=1)", "nn.Conv2d(8, 8, 3, padding=1)")
+    )
+    assert isinstance(narrow, Plan)
+    assert cudnn_ieee_likely(narrow)  # the stem and an 8-channel convolution: most products narrow
+
+
 async def test_tf32_refused_or_a_verdict_at_exact_precision_ends_tf32_for_that_task() -> None:
     """Where the reference's cuDNN computes in IEEE fp32 (few input channels), the evaluator judges
     at exact precision and refuses a TF32 candidate (``incorrect.precision``): the expert then
