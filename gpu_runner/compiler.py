@@ -108,10 +108,9 @@ class CoreBudget:
     took: a run's first eight candidates of a whole model (KernelBench L3-15, 838 kernels each)
     compiled side by side in about 40 processes on 16 cores, and none was ready in 90 s. Now a
     compile that can use every core waits for them and has them alone: the first candidate is
-    compiled in an eighth of the time, the eighth no later than before. By turn, the island's
-    first starting point goes first: on KernelBench L3-15 a three-pass variant that arrived first
-    was the only verdict (0.195x eager) while the default (TF32, 0.90x in ``bench.conv_bench``)
-    waited."""
+    compiled in an eighth of the time, the eighth no later than before. By turn, as the compile
+    line orders the verdicts: a better-ranked candidate that reaches the compiler a moment later
+    is not left behind a variant's minute of compiling."""
 
     def __init__(self, cores: int) -> None:
         self.cores = max(1, cores)
