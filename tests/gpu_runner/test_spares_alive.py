@@ -6,27 +6,21 @@ evaluations each took or made their own and the card ran out of memory. On the C
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from gpu_runner.config import EvalJob, RunnerConfig
 from gpu_runner.service import EvaluationService
-from schemas import DeviceChoice, EvalStatus, KernelLanguage
-from tests.gpu_runner.conftest import candidate, reference
+from schemas import DeviceChoice, EvalStatus
+from tests.gpu_runner.conftest import job
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def _job(service: EvaluationService, name: str) -> EvalJob:
-    ref = reference("add_relu")
-    return EvalJob(
-        reference_source=ref,
-        candidate_source=candidate("honest_add_relu"),
-        language=KernelLanguage.TRITON,
-        timeout_s=120.0,
-        task_id=service.task_id(ref),
-        candidate_id=name,
-    )
+    base = job("add_relu", "honest_add_relu")
+    return dataclasses.replace(base, task_id=service.task_id(base.reference_source), candidate_id=name)
 
 
 @pytest.mark.slow  # four evaluations side by side: ~20 s on a 2-core machine
