@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from gpu_runner.config import RunnerConfig, usable_cores
+from gpu_runner.config import RunnerConfig, compile_processes, usable_cores
 from gpu_runner.errors import WorkerStartError
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import CompileOp, Op, Report, op_frame
@@ -90,16 +90,6 @@ def compile_env(
     return env
 
 
-KERNELS_PER_CORE = 4
-"""A compile takes one core per this many of its Triton kernels (up to every core), the processes
-its stage compiles them in (``gpu_runner.sandboxed.compiling.KERNELS_PER_PROCESS``)."""
-
-
-def cores_wanted(kernels: int, cores: int) -> int:
-    """The cores a compile of ``kernels`` Triton kernels can keep busy."""
-    return max(1, min(cores, kernels // KERNELS_PER_CORE))
-
-
 class CoreBudget:
     """The host's cores, shared by the compiles in the order of their turns (the candidates'
     ranks, then their arrival: :data:`gpu_runner.lease.Turn`), lowest first.
@@ -151,8 +141,6 @@ class Compiler:
         self.cache = cfg.resolved_cache_dir() / "compile"
         self.versions = versions
         self.sem = asyncio.Semaphore(cfg.compile_workers)
-        self.running = 0
-        """Compiles holding a worker now."""
         self.cores = CoreBudget(usable_cores())
         """The cores the compiles share (each takes what its kernels can use: ``jobs``)."""
         self.inflight: dict[str, asyncio.Future[CompileOutcome]] = {}
@@ -168,7 +156,7 @@ class Compiler:
     @contextlib.asynccontextmanager
     async def _cores(self, kernels: int, turn: Turn | None) -> AsyncIterator[int]:
         """The cores for a compile of ``kernels`` Triton kernels, for as long as it runs."""
-        jobs = await self.cores.take(cores_wanted(kernels, self.cores.cores), turn)
+        jobs = await self.cores.take(compile_processes(self.cores.cores, kernels), turn)
         try:
             yield jobs
         finally:
@@ -294,7 +282,6 @@ class Compiler:
             worker = self.idle.pop() if self.idle else await self._new_worker()
             got_worker = time.perf_counter()
             self.refill()
-            self.running += 1
             try:
                 header = await self._run(worker, candidate, reference, gate, timeout_s, variants, seed, jobs)
             except TimeoutError:
@@ -325,7 +312,6 @@ class Compiler:
                     },
                 )
             finally:
-                self.running -= 1
                 tree = worker.terminate()
                 self._reap(worker.reap(tree, sweep=self.iso.pids.startswith("skipped")))
             ran = time.perf_counter()

@@ -81,6 +81,18 @@ def _env_flag(name: str, default: bool = False) -> bool:
     return default if value == "" else value == "1"
 
 
+KERNELS_PER_PROCESS = 4
+"""A candidate's Triton kernels are compiled in one process per this many of them, up to the cores
+the compile has (``gpu_runner.sandboxed.compiling``): a level-3 model's 100-160 kernels took 33 s
+one after another on an H200 machine's host. The parent gives each compile that many cores
+(``gpu_runner.compiler.CoreBudget``)."""
+
+
+def compile_processes(cores: int, kernels: int) -> int:
+    """How many processes compile a candidate of ``kernels`` Triton kernels with ``cores`` cores."""
+    return max(1, min(cores, kernels // KERNELS_PER_PROCESS))
+
+
 def usable_cores() -> int:
     """The cores this process may run on: its CPU affinity (a cgroup's cpuset, ``taskset``, or
     ``kfoundry bench --parallel``'s share), which ``os.cpu_count()`` ignores."""

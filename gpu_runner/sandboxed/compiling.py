@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gpu_runner.config import compile_processes
 from gpu_runner.errors import REFERENCE_FILENAME
 from gpu_runner.frames import CompileOp, Report
 from gpu_runner.memplan import ON_DEVICE_BYTES
@@ -61,17 +62,9 @@ def _is_compile_error(exc: BaseException) -> bool:
     return bool(names & {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources"})
 
 
-KERNELS_PER_PROCESS = 4
-"""Compile a candidate's kernels in one process per this many of them (up to the stage's jobs):
-a level-3 model's 100-160 kernels took 33 s one after another on an H200 machine's host."""
 SHARE_WAIT_FACTOR = 3.0
 """The compile stage waits for its helpers this many times as long as its own share took (20 s
 at least), then kills those left: what a helper did not compile, the stage compiles itself."""
-
-
-def _share_count(jobs: int, kernels: int) -> int:
-    """How many processes compile a candidate of ``kernels`` Triton kernels with ``jobs`` cores."""
-    return max(1, min(jobs, kernels // KERNELS_PER_PROCESS))
 
 
 def _compile_in_shares(forward: Any, share: CompileShare, processes: int, kernels: list[Any]) -> str:
@@ -304,7 +297,7 @@ def compile_job(msg: CompileOp, channel: Channel) -> None:
             cand = _build_candidate(ns["ModelNew"], init_args, shaped.empty_params)
             inputs = shaped.inputs
             variants = msg.get("variants") or []
-            processes = _share_count(int(msg.get("jobs") or 1), len(msg.get("triton_kernels") or ()))
+            processes = compile_processes(int(msg.get("jobs") or 1), len(msg.get("triton_kernels") or ()))
             if processes > 1:
                 aot_shares = _compile_in_shares(
                     lambda: _everywhere(cand, inputs, shaped.reference, variants), share, processes, kernels

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_runner.sandboxed.compiling import KERNELS_PER_PROCESS, _share_count
+from gpu_runner.config import KERNELS_PER_PROCESS, compile_processes
 from gpu_runner.sandboxed.hooks import CompileShare
 
 pytestmark = pytest.mark.timeout(240)
@@ -114,19 +114,17 @@ def test_a_share_is_every_nth_launch() -> None:
 
 
 def test_processes_grow_with_kernels_up_to_the_jobs() -> None:
-    assert _share_count(16, 3) == 1
-    assert _share_count(16, 2 * KERNELS_PER_PROCESS) == 2
-    assert _share_count(4, 150) == 4
-    assert _share_count(1, 150) == 1
+    assert compile_processes(16, 3) == 1
+    assert compile_processes(16, 2 * KERNELS_PER_PROCESS) == 2
+    assert compile_processes(4, 150) == 4
+    assert compile_processes(1, 150) == 1
 
 
 def test_a_compile_takes_the_cores_its_kernels_can_use() -> None:
-    from gpu_runner.compiler import cores_wanted
-
-    assert cores_wanted(3, 16) == 1
-    assert cores_wanted(8, 16) == 2
-    assert cores_wanted(838, 16) == 16  # KernelBench L3-15's DenseNet-121: every core
-    assert cores_wanted(838, 1) == 1
+    assert compile_processes(16, 3) == 1
+    assert compile_processes(16, 8) == 2
+    assert compile_processes(16, 838) == 16  # KernelBench L3-15's DenseNet-121: every core
+    assert compile_processes(1, 838) == 1
 
 
 async def test_compiles_share_the_cores_first_in_line_first() -> None:
