@@ -203,6 +203,8 @@ class TimingSession:
         """The earlier sessions' baseline samples while they count (then each round times the
         candidate and one baseline)."""
         self.pool_dropped = False
+        self.kept_slowed: dict[str, list[float]] = {}
+        """The earlier sessions' samples of the baselines this session timed slower (the verdict's)."""
         self.cover_factor = LEAD_FACTOR
         self.held_out = list(held_out)
         """Held-out shapes to time the candidate at, after its own timing (none: not asked)."""
@@ -430,13 +432,19 @@ class TimingSession:
 
     def _keep_pool_over_slowed(self, name: str) -> None:
         """This session's ``name`` came out slower than the earlier sessions': the verdict takes
-        theirs (:attr:`SessionRecord.slowed`), and this session's baselines join no ledger."""
+        theirs (:attr:`SessionRecord.slowed`, their samples kept in ``rec.pooled``), the ledger
+        keeps them and this session's join it not. The rounds go on as where the pool is dropped
+        (every callable timed in turn, none settled from the pool): timing the candidate alone
+        from here let a forged clock through the cross-check on the CPU (``hostile_patch_clock``
+        judged correct, tests/gpu_runner/test_baseline_pool.py)."""
         own, pool = self._own(name), self.pool[name]
         detail = (
             f"{name} timed {statistics.median(own):.4g} ms in this session ({len(own)} calls), "
             f"{statistics.median(pool):.4g} ms in earlier ones ({len(pool)} calls): the earlier time is used"
         )
         self.rec.slowed[name] = detail
+        self.kept_slowed[name] = list(pool)
+        self.pool = {}
         logger.warning("baseline_slowed", detail=detail)
 
     def _drop_pool(self, name: str) -> None:
@@ -455,12 +463,12 @@ class TimingSession:
         """Record what was pooled, and add this session's baselines to the ledger where its
         canaries refuse nothing and nothing disagreed."""
         for name in list(self.pool):
-            if self.pool and name not in self.rec.slowed and not self._agrees(name):
+            if self.pool and not self._agrees(name):
                 if self._slower(name):
                     self._keep_pool_over_slowed(name)
                 else:
                     self._drop_pool(name)
-        self.rec.pooled = dict(self.pool)
+        self.rec.pooled = dict(self.pool) or dict(self.kept_slowed)
         own = {name: self._own(name) for name in self.baselines}
         final = None if self.rec.final_canary_us is None else (self.rec.final_canary_us, self.rec.final_busy_ms)
         # The referee waits out a busy GPU before its batches, so a brief busy look (a spare
@@ -479,8 +487,9 @@ class TimingSession:
     def _settled(self, drop: bool = False) -> bool:
         """While the pool counts: whether every baseline's median is known (at least
         :data:`POOL_MIN_OWN` samples of its own, agreeing with the pool, and its own and the pool's
-        together to the target error); ``drop``: a baseline that disagrees empties the pool, or,
-        where this session's is the slower, is taken from the pool alone (:attr:`SessionRecord.slowed`).
+        together to the target error); ``drop``: a baseline that disagrees ends the pooling (the
+        pool emptied, or, where this session's is the slower, kept for the verdict alone:
+        :attr:`SessionRecord.slowed`).
         Rounds after that time the candidate alone, and the referee looks with its canary after
         each candidate batch (a baseline batch would look first too): on an 8 GB row sum, 30 rounds
         of a candidate batch and a baseline batch, each drawing its 8 GB of fresh inputs, were
@@ -489,16 +498,13 @@ class TimingSession:
             return False
         target = self.cfg.timing_target_rel_err
         for name in self.baselines:
-            if name in self.rec.slowed:  # the earlier sessions' samples alone: already known
-                continue
             own = self._own(name)
             if len(own) < POOL_MIN_OWN:
                 return False
             if not self._agrees(name):
                 if drop and self._slower(name):
                     self._keep_pool_over_slowed(name)
-                    continue
-                if drop:
+                elif drop:
                     self._drop_pool(name)
                 return False
             if median_rel_stderr(own + self.pool[name]) > target:

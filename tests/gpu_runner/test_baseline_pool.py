@@ -153,3 +153,28 @@ async def test_a_baseline_slower_than_the_pool_takes_the_pools_time_never_its_ow
     assert left == {"eager": fast}  # kept, and nothing of this session's added
     said = [c.detail or "" for c in second.checks]
     assert any("eager timed" in d and "the earlier time is used" in d for d in said), said
+
+
+@pytest.mark.slow  # 9-15 s on a 2-core machine: the default suite stays under 15 minutes
+async def test_a_slowed_baseline_does_not_let_a_forged_clock_through() -> None:
+    """Where this session's eager comes out slower than the pool's, the rounds still time every
+    callable in turn: timing the candidate alone from there let ``hostile_patch_clock`` (a clock
+    that drops 3/4 of each candidate call) through the cross-check as correct (a CI run of 3c8d04d)."""
+    async with EvaluationService(_cfg()) as service:
+        await service.evaluate(_job(service, "c0"))
+        assert service.runs is not None
+        ledger = service.runs.referee.ledger
+        pooled = ledger.pooled(["eager"])["eager"]
+        ledger.clear()
+        ledger.add({"eager": [x / 10.0 for x in pooled]})
+        ref = reference("add_relu")
+        forged = EvalJob(
+            reference_source=ref,
+            candidate_source=candidate("hostile_patch_clock"),
+            language=KernelLanguage.TRITON,
+            timeout_s=120.0,
+            task_id=service.task_id(ref),
+            candidate_id="forged",
+        )
+        result = await service.evaluate(forged)
+    assert result.status is EvalStatus.REJECTED, result.summary
