@@ -29,6 +29,44 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+MOST_ROWS = 32
+"""Most rows one program of a row kernel takes (the largest ``row_block_m`` of the space)."""
+
+FEW_PROGRAMS = 256
+"""Programs below which a row kernel does not take more rows per program (two per SM of a GPU
+of up to 128 SMs) unless its first kernel already launches fewer."""
+
+
+PER_THREAD = 8
+"""Fewest elements of its tile a thread of a later row kernel holds (:func:`row_shape`)."""
+
+
+def row_shape(sched: Schedule, kernel: Kernel, block_m: int, warps: int) -> tuple[int, int]:
+    """Rows per program and warps of ``kernel`` (rows innermost). The parameters' ``row_block_m``
+    and ``row_warps`` were chosen for the schedule's first such kernel (``tuning.default_params``
+    and the GPU model read the first kernel of each kind). A kernel whose rows are shorter takes
+    as many rows as keep that kernel's tile, within :data:`MOST_ROWS`, its own rows and enough
+    programs to spread over the GPU (:data:`FEW_PROGRAMS`), and no more warps than give every
+    thread :data:`PER_THREAD` elements of its tile; longer rows take fewer rows.
+    Without this a whole model's later layers inherit the first layer's shape: MobileNetV1's
+    196-wide batch-norm rows ran one to a program of 16 warps under the 12544-wide first
+    layer's choice (94 us a kernel on an H100, where cuDNN takes 5 us)."""
+    if isinstance(kernel.reduced, Sym) or isinstance(kernel.outer, Sym):
+        return block_m, warps
+    first = next(
+        (k for k in sched.kernels if k.kind is kernel.kind and k.inner == 1 and not isinstance(k.reduced, Sym)),
+        kernel,
+    )
+    own, chosen = next_pow2(kernel.reduced), next_pow2(first.reduced)
+    if own == chosen or isinstance(first.outer, Sym):
+        return block_m, warps
+    spread = min(math.ceil(first.outer / block_m), FEW_PROGRAMS)
+    rows = max(1, min(MOST_ROWS, chosen * block_m // own, next_pow2(kernel.outer), kernel.outer // spread))
+    rows = 1 << (rows.bit_length() - 1)
+    tile = own * rows
+    return rows, max(1, min(warps, tile // (32 * PER_THREAD)))
+
+
 class RowWriter(Writer):
     """Emits one row kernel."""
 
@@ -37,7 +75,9 @@ class RowWriter(Writer):
         self.r = kernel.reduced
         self.last = kernel.inner == 1
         rtile = next_pow2(self.r)
-        self.bm = params.row_block_m if self.last else 1
+        self.bm, self.warps = (
+            row_shape(sched, kernel, params.row_block_m, params.row_warps) if self.last else (1, params.row_warps)
+        )
         self.bi = 1 if self.last else params.row_block_i
         width = self.bm if self.last else self.bi
         if isinstance(self.r, Sym):
@@ -387,7 +427,7 @@ class RowWriter(Writer):
             pointers=self.pointers,
             grid=(grid,),
             constexprs=values,
-            num_warps=self.params.row_warps,
+            num_warps=self.warps,
             num_stages=self.params.row_stages,
         )
 

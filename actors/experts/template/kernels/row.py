@@ -3,7 +3,7 @@ the reduced dims, whole rows in registers when they fit (``row_one_pass``), else
 
 from __future__ import annotations
 
-from actors.experts.template.emit_row import RowWriter, next_pow2
+from actors.experts.template.emit_row import RowWriter, next_pow2, row_shape
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule
 from actors.experts.template.hardware import GpuModel
 from actors.experts.template.ir import Plan
@@ -35,7 +35,9 @@ def _fit(hw: GpuModel, plan: Plan, sched: Schedule, kernel: Kernel, tf32: bool, 
 
 def _relevant(plan: Plan, sched: Schedule, kernel: Kernel, params: TemplateParams) -> list[str]:
     names = ["row_warps", "row_block_m" if kernel.inner == 1 else "row_block_i"]
-    width = params.row_block_m if kernel.inner == 1 else params.row_block_i
+    width = (
+        row_shape(sched, kernel, params.row_block_m, params.row_warps)[0] if kernel.inner == 1 else params.row_block_i
+    )
     fits = next_pow2(kernel.reduced) * width <= ONE_PASS_MAX_TILE
     if fits:
         names.append("row_one_pass")

@@ -1,0 +1,109 @@
+"""A whole model's later layers get launch shapes of their own: the row and convolution parameters
+are chosen for the first kernel of each kind (the defaults and the GPU model read it), and a later
+layer with shorter rows, fewer positions or more channels takes more rows per program, fewer warps
+and smaller convolution tiles (``emit_row.row_shape``, ``ConvWriter._spread``); the TF32 weight
+packing reads the weights in order (``ConvWriter._tap_major_rounding``). Checked on the rendered
+launches and, under Triton's interpreter, on the outputs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from actors.experts.template import Plan, analyse, default_params, render
+from actors.experts.template.hardware import lookup
+from actors.experts.template.interp_check import check_in_subprocess
+
+LAYERS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.b2 = nn.BatchNorm2d(32)
+        self.c3 = nn.Conv2d(32, 64, 3, stride=2, padding=1)
+        self.b3 = nn.BatchNorm2d(64)
+
+    def forward(self, x):
+        x = torch.relu(self.b1(self.c1(x)))
+        x = torch.relu(self.b2(self.c2(x)))
+        return torch.relu(self.b3(self.c3(x)))
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 16, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+_LAUNCH = re.compile(r"^_L_(kf_(?:row|conv)\d+(?:_wr)?) = _KfLaunch\(\w+, \(([^)]*)\), (.*)\)$", re.M)
+
+
+def _first_candidate() -> str:
+    plan = analyse(LAYERS)
+    assert isinstance(plan, Plan), plan
+    hw = lookup("NVIDIA H100 80GB HBM3")
+    assert hw is not None
+    return render(plan, default_params(plan, hw, tf32=True))
+
+
+def _launches(source: str) -> dict[str, tuple[int, dict[str, int]]]:
+    """Kernel name -> (programs, constexprs and num_warps) of the task-shape launch table."""
+    out = {}
+    for name, grid, rest in _LAUNCH.findall(source):
+        programs = 1
+        for g in grid.split(","):
+            if g.strip():
+                programs *= int(g)
+        values = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", rest)}
+        out.setdefault(name, (programs, values))
+    return out
+
+
+def test_later_layers_take_rows_warps_and_tiles_of_their_own() -> None:
+    launches = _launches(_first_candidate())
+    rows = [
+        v
+        for k, v in sorted(launches.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0])))
+        if "BLOCK_M" in v[1] and "row" in k
+    ]
+    # the three batch norms' per-(image, channel) statistics: rows of 256, 64 and 16 positions
+    stats = [(p, v) for p, v in rows if v["BLOCK_R"] in (256, 64, 16)]
+    assert [v["BLOCK_R"] for _, v in stats] == [256, 64, 16], rows
+    (p1, first), (p2, second), (p3, third) = stats
+    assert first["BLOCK_M"] < second["BLOCK_M"] < third["BLOCK_M"], stats
+    assert third["num_warps"] <= second["num_warps"] <= first["num_warps"], stats
+    # the later ones: no more warps than give each thread 8 elements of the tile
+    assert all(v["num_warps"] == 1 or v["BLOCK_M"] * v["BLOCK_R"] >= 256 * v["num_warps"] for _, v in stats[1:]), stats
+    # and programs enough: never fewer than the first kernel launches
+    assert min(p2, p3) >= min(p1, 32), stats
+    convs = [
+        launches[k] for k in sorted(launches, key=lambda n: int(re.sub(r"\D", "", n))) if re.fullmatch(r"kf_conv\d+", k)
+    ]
+    assert len(convs) == 3, launches
+    tiles = [v["BLOCK_M"] * v["BLOCK_N"] for _, v in convs]
+    assert tiles[0] > tiles[1] > tiles[2], convs
+    assert all(p >= convs[0][0] for p, _ in convs[1:]), convs
+    # the weights are packed by the tiled transpose (taps inside a program's block)
+    assert all("TAPS" in launches[k][1] for k in launches if k.endswith("_wr")), launches
+
+
+@pytest.mark.timeout(300)
+def test_the_first_candidate_of_a_three_layer_model_is_right_under_the_interpreter(tmp_path: Path) -> None:
+    # TF32 operands (rounded to nearest, as cuDNN's): within TF32's error of the fp32 reference
+    verdict = check_in_subprocess(
+        [{"reference": LAYERS, "candidate": _first_candidate(), "seeds": [5], "atol": 2e-2, "rtol": 2e-2}],
+        tmp_path,
+    )[0]
+    assert verdict.ok, verdict
+    assert verdict.err_vs_fp64 is not None, verdict
+    assert verdict.err_vs_fp64 < 5e-3, verdict
