@@ -27,6 +27,7 @@ candidate; the random draws use the evaluator's own generator.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 import types
@@ -47,6 +48,10 @@ CAP_BYTES = 64 << 20
 """A held-out shape's inputs and outputs at most, or an eighth of the reference's where that is
 more (the parent compares them on the host; the spare holds them beside its trials): edges and
 odd sizes need no gigabytes."""
+
+SHRINK_TRIES = 3
+"""Times every moving size of a shape still too large is shrunk before the shape is dropped."""
+
 BUDGET_S = 5.0
 """Seconds the derivation may take in all (the task's measurement has a bound: ``reference_first_run_s``)."""
 DECLARED = "DYNAMIC_DIMS"
@@ -294,6 +299,20 @@ def derive(
         shrink = [name for name in lead if name in over and over[name] > 1]
         if nbytes > limit and shrink:  # a large task: fewer rows, still odd
             over = {**over, **{name: _odd(int(over[name] * limit / nbytes)) for name in shrink}}
+            got = attempt(over)
+            nbytes = _nbytes(got[0]) + _nbytes(got[1]) if not isinstance(got, str) else 0
+        for _ in range(SHRINK_TRIES):
+            if nbytes <= limit or DECLARED in ns:
+                break
+            # still too large where a tensor's size is not the rows' (a product's K x N weight):
+            # every moving size shrinks by the square root of the excess (odd), so a large
+            # product is still checked at shapes of its own (KernelBench L1-2: its halved M drew
+            # 143 MiB against 64 MiB, and no shape was checked)
+            scale = math.sqrt(limit / nbytes) * 0.95
+            over = {
+                **over,
+                **{n: _odd(int(over.get(n, ns[n]) * scale)) for n in moves if int(over.get(n, ns[n])) > 2},
+            }
             got = attempt(over)
             nbytes = _nbytes(got[0]) + _nbytes(got[1]) if not isinstance(got, str) else 0
         label = ", ".join(f"{k}={v}" for k, v in over.items())

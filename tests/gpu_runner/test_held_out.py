@@ -257,6 +257,36 @@ def test_a_large_tasks_held_out_batch_has_fewer_rows_still_odd() -> None:
     assert variants[0]["nbytes"] > 40_000  # shrunk to the eighth, not further
 
 
+def test_a_large_products_held_out_shapes_shrink_every_size_when_fewer_rows_do_not_fit() -> None:
+    ns = _ns(
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return a @ b
+
+        M = 256
+        K = 512
+        N = 256
+
+        def get_inputs():
+            return [torch.randn(M, K), torch.randn(K, N)]
+
+        def get_init_inputs():
+            return []
+        """
+    )
+    # 1.25 MiB at the reference's shape, 0.5 MiB of it the K x N weight: an eighth (160 kB) is the
+    # limit, which fewer rows alone never reach
+    variants, note = derive(ns, random.Random(0), cap_bytes=40_000, budget_s=UNBOUNDED)
+    assert len(variants) == 3, note
+    limit = max(40_000, (256 * 512 + 512 * 256 + 256 * 256) * 4 // 8)
+    assert all(v["nbytes"] <= limit for v in variants), ([v["nbytes"] for v in variants], limit)
+    ks = [v["inputs"][0][1] for v in variants]
+    assert all(k < 512 and k % 2 == 1 for k in ks), ks  # K moved too, odd
+    assert [v["inputs"][0][0] for v in variants][-1] == 1  # and a single row is still among them
+    assert "not checked" not in note, note
+
+
 async def test_the_template_experts_candidates_are_checked_at_every_held_out_shape() -> None:
     """Its kernels are written for the reference's shapes, with run-time-sized copies for any other
     shape (an elementwise model) or for any of the task's sizes (a softmax: any batch and row length)."""
