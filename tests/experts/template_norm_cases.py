@@ -33,6 +33,19 @@ NORM_CASES: tuple[Case, ...] = (
         _ONE,
     ),
     Case(
+        # rows enough to be split in parts (256 rows each), merged (family ``norm._row_parts``)
+        "batchnorm1d_many_rows",
+        _model(
+            "",
+            "self.bn = nn.BatchNorm1d(12)",
+            "x",
+            "return torch.relu(self.bn(x)) * 2.0",
+            "torch.randn(1024, 12) + 3.0",
+            "",
+        ),
+        _ONE,
+    ),
+    Case(
         "conv3d_batchnorm_no_affine",
         _model(
             "",
