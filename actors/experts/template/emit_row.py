@@ -51,17 +51,22 @@ def row_shape(sched: Schedule, kernel: Kernel, block_m: int, warps: int) -> tupl
     Without this a whole model's later layers inherit the first layer's shape: MobileNetV1's
     196-wide batch-norm rows ran one to a program of 16 warps under the 12544-wide first
     layer's choice (94 us a kernel on an H100, where cuDNN takes 5 us)."""
-    if isinstance(kernel.reduced, Sym) or isinstance(kernel.outer, Sym):
+    if isinstance(kernel.reduced, Sym):
         return block_m, warps
     first = next(
         (k for k in sched.kernels if k.kind is kernel.kind and k.inner == 1 and not isinstance(k.reduced, Sym)),
         kernel,
     )
     own, chosen = next_pow2(kernel.reduced), next_pow2(first.reduced)
-    if own == chosen or isinstance(first.outer, Sym):
+    if own == chosen:
         return block_m, warps
-    spread = min(math.ceil(first.outer / block_m), FEW_PROGRAMS)
-    rows = max(1, min(MOST_ROWS, chosen * block_m // own, next_pow2(kernel.outer), kernel.outer // spread))
+    rows = max(1, min(MOST_ROWS, chosen * block_m // own))
+    if not isinstance(kernel.outer, Sym) and not isinstance(first.outer, Sym):
+        # where the rows move with the batch (the any-batch copies) the shape may not depend on
+        # how many there are: the copy's text is the same at every batch (any_sizes.check_texts)
+        spread = min(math.ceil(first.outer / block_m), FEW_PROGRAMS)
+        rows = min(rows, next_pow2(kernel.outer), kernel.outer // spread)
+    rows = max(1, rows)
     rows = 1 << (rows.bit_length() - 1)
     tile = own * rows
     return rows, max(1, min(warps, tile // (32 * PER_THREAD)))
