@@ -264,20 +264,27 @@ class ConvWriter(Writer):
         layers in 8 tiles of 128 x 64 on an H100's 132 SMs (54 us a layer; all of cuDNN's
         convolutions together took 187 us)."""
         first = next((k for k in self.sched.kernels if k.kind is self.kernel.kind), self.kernel)
-        if first is self.kernel or isinstance(self.m, Sym) or self.phased():
+        if first is self.kernel or self.phased():
             return bm, bn
         node = self.plan.nodes[first.mm]
         xs, os = self.plan.nodes[node.tensor_args()[0]].shape, node.shape
         groups = ConvSpec.from_attrs(node.attrs).groups
-        if isinstance(xs[0], Sym):
-            return bm, bn
         first_bn = max(16, min(self.params.conv_block_n, next_pow2(os[1] // groups)))
-        first_tiles = (
-            math.ceil(xs[0] * math.prod(os[2:]) / self.params.conv_block_m)
-            * math.ceil(os[1] // groups / first_bn)
-            * groups
-        )
-        want = min(FEW_PROGRAMS, first_tiles)
+        n_tiles = math.ceil(os[1] // groups / first_bn) * groups
+        if isinstance(self.m, Sym) or isinstance(xs[0], Sym):
+            # the any-batch copies: tiles per image, so that the copy's text is the same at every
+            # batch (any_sizes.check_texts); no cap, as the batch is unknown
+            want_per_image = math.prod(os[2:]) / self.params.conv_block_m * n_tiles
+
+            def per_image(m_tile: int, n_tile: int) -> float:
+                return math.prod(self.sout) / m_tile * math.ceil(self.cout_g / n_tile) * self.spec.groups
+
+            while per_image(bm, bn) < want_per_image and bm > 32:
+                bm //= 2
+            while per_image(bm, bn) < want_per_image and bn > 16:
+                bn //= 2
+            return bm, bn
+        want = min(FEW_PROGRAMS, math.ceil(xs[0] * math.prod(os[2:]) / self.params.conv_block_m) * n_tiles)
 
         def tiles(m_tile: int, n_tile: int) -> int:
             return math.ceil(self.m / m_tile) * math.ceil(self.cout_g / n_tile) * self.spec.groups
