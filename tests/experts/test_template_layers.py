@@ -107,3 +107,39 @@ def test_the_first_candidate_of_a_three_layer_model_is_right_under_the_interpret
     assert verdict.ok, verdict
     assert verdict.err_vs_fp64 is not None, verdict
     assert verdict.err_vs_fp64 < 5e-3, verdict
+
+
+def _any_batch_candidate() -> tuple[str, str]:
+    """The three-layer model with a module-level batch (so the candidate has any-batch copies),
+    rendered with the GPU model's first tiles in IEEE fp32 (exact enough to compare at 1e-4)."""
+    source = LAYERS.replace("torch.randn(2, 3, 16, 16)", "torch.randn(batch_size, 3, 16, 16)").replace(
+        "def get_inputs", "batch_size = 2\n\n\ndef get_inputs"
+    )
+    plan = analyse(source)
+    assert isinstance(plan, Plan), plan
+    hw = lookup("NVIDIA H100 80GB HBM3")
+    assert hw is not None
+    return source, render(plan, default_params(plan, hw, tf32=True).with_changes(conv_precision="ieee"))
+
+
+_COPY = re.compile(r"(_kf_(?:row|conv)\d+)_b\[.*?\]\(kf_B, [^)]*?((?:BLOCK_\w+=\d+, )+)num_warps=(\d+)")
+
+
+@pytest.mark.timeout(600)
+def test_the_any_batch_copies_take_the_later_layers_shapes_too_and_hold_at_other_batches(tmp_path: Path) -> None:
+    from tests.experts.test_template_any_batch import _check_in_child, _job
+
+    source, rendered = _any_batch_candidate()
+    copies = {}
+    for name, blocks, warps in _COPY.findall(rendered):
+        copies[name] = {**{k: int(v) for k, v in re.findall(r"(BLOCK_\w+)=(\d+)", blocks)}, "num_warps": int(warps)}
+    stats = [v for v in copies.values() if "BLOCK_M" in v and v.get("BLOCK_R") in (256, 64, 16)]
+    assert [v["BLOCK_R"] for v in stats] == [256, 64, 16], copies
+    assert stats[0]["BLOCK_M"] < stats[1]["BLOCK_M"] < stats[2]["BLOCK_M"], stats
+    convs = [v for k, v in copies.items() if "conv" in k]
+    assert len(convs) == 3, copies
+    assert convs[0]["BLOCK_M"] * convs[0]["BLOCK_N"] > convs[2]["BLOCK_M"] * convs[2]["BLOCK_N"], convs
+    plan = analyse(source)
+    assert isinstance(plan, Plan)
+    outcomes = _check_in_child([_job("layers", source, plan, rendered, tmp_path)], tmp_path)
+    assert outcomes == {"layers": [1, 3]}, outcomes
