@@ -33,14 +33,14 @@ NORM_CASES: tuple[Case, ...] = (
         _ONE,
     ),
     Case(
-        # rows enough to be split in parts (256 rows each), merged (family ``norm._row_parts``)
+        # rows enough to be split in parts (16384 rows in 64 of 256), merged (``norm._row_parts``)
         "batchnorm1d_many_rows",
         _model(
             "",
             "self.bn = nn.BatchNorm1d(12)",
             "x",
             "return torch.relu(self.bn(x)) * 2.0",
-            "torch.randn(1024, 12) + 3.0",
+            "torch.randn(16384, 12) + 3.0",
             "",
         ),
         _ONE,

@@ -143,3 +143,49 @@ def test_the_any_batch_copies_take_the_later_layers_shapes_too_and_hold_at_other
     assert isinstance(plan, Plan)
     outcomes = _check_in_child([_job("layers", source, plan, rendered, tmp_path)], tmp_path)
     assert outcomes == {"layers": [1, 3]}, outcomes
+
+
+BRANCHES = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 16, 1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 16, 1)
+
+    def forward(self, x):
+        return torch.cat([self.a(x), torch.relu(self.b(x)), self.c(torch.tanh(x))], dim=1)
+
+
+def get_inputs():
+    return [torch.randn(2, 8, 9, 11)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.timeout(300)
+def test_convolutions_of_one_input_share_its_channels_last_copy(tmp_path: Path) -> None:
+    plan = analyse(BRANCHES)
+    assert isinstance(plan, Plan), plan
+    params = default_params(plan).with_changes(
+        conv_taps_outer=True, conv_layout="nhwc", conv_precision="ieee", conv_block_n=16
+    )
+    rendered = render(plan, params)
+    forward = rendered[rendered.index("    def forward") :]
+    task = forward[: forward.index("return")]
+    # two convolutions read x: one copy of it; the third reads tanh(x): a copy of its own
+    copies = re.findall(r"_L_kf_conv\d+_in\(", task)
+    assert len(copies) == 2, task
+    convs = re.findall(r"_L_kf_conv\d+\(", task)
+    assert len(convs) == 3, task
+    verdict = check_in_subprocess(
+        [{"reference": BRANCHES, "candidate": rendered, "seeds": [2], "atol": 1e-4, "rtol": 1e-4}], tmp_path
+    )[0]
+    assert verdict.ok, verdict

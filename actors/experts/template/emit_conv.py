@@ -273,8 +273,8 @@ class ConvWriter(Writer):
         n_tiles = math.ceil(os[1] // groups / first_bn) * groups
         if isinstance(self.m, Sym) or isinstance(xs[0], Sym):
             # the any-batch copies: tiles per image, so that the copy's text is the same at every
-            # batch (any_sizes.check_texts); no cap, as the batch is unknown
-            want_per_image = math.prod(os[2:]) / self.params.conv_block_m * n_tiles
+            # batch (any_sizes.check_texts), and enough of them in one image is enough at any batch
+            want_per_image = min(FEW_PROGRAMS, math.prod(os[2:]) / self.params.conv_block_m * n_tiles)
 
             def per_image(m_tile: int, n_tile: int) -> float:
                 return math.prod(self.sout) / m_tile * math.ceil(self.cout_g / n_tile) * self.spec.groups

@@ -305,6 +305,14 @@ class Lowerer:
             node = self.nodes[node.tensor_args()[0]]
         return node.kind is NodeKind.PERM
 
+    def column_parts(self, src: NodeRef, parts: int) -> int:
+        """``parts`` (a family's split of a reduction over its rows into parts, chosen by size),
+        or 1 where this lowering splits nothing (``split``) or ``src`` cannot be reshaped."""
+        if parts <= 1 or self.transposed(src) or not self.split:
+            return 1
+        self.split_taken = True
+        return parts
+
     def split_parts(self, op: str, src: NodeRef, dims: tuple[int, int]) -> int | None:
         """How many parts a reduction of ``src`` over ``dims`` is split into (``None``: kept whole)."""
         parts = None if self.transposed(src) or not self.split else _split(op, self.shape(src), dims)

@@ -143,6 +143,10 @@ def lower_batch_norm(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
     return _affine(lw, y, b, shape[1], rank)
 
 
+SPLIT_COLUMN_ROWS = 16384
+"""Fewest rows of a column reduction that is split in parts (:func:`_row_parts`): fewer are
+reduced whole, where the row template keeps a column in registers and fuses the normalisation
+(KernelBench L2-33's 1024 rows: one kernel after the product instead of four)."""
 PART_ROWS = 256
 """Fewest rows of a part when a column reduction's rows are split (:func:`_row_parts`)."""
 MOST_PARTS = 1024
@@ -151,8 +155,11 @@ MOST_PARTS = 1024
 
 def _row_parts(rows: int) -> int:
     """Parts (a power of two dividing ``rows``, at most :data:`MOST_PARTS`, each of at least
-    :data:`PART_ROWS` rows) to split the rows of a reduction over dim 0 into; 1 keeps it whole."""
+    :data:`PART_ROWS` rows) to split the rows of a reduction over dim 0 into, where there are
+    :data:`SPLIT_COLUMN_ROWS` or more; 1 keeps it whole."""
     parts = 1
+    if rows < SPLIT_COLUMN_ROWS:
+        return parts
     while parts * 2 <= MOST_PARTS and rows % (parts * 2) == 0 and rows // (parts * 2) >= PART_ROWS:
         parts *= 2
     return parts
@@ -168,11 +175,12 @@ def _channel_moments(lw: LowerContext, x: NodeRef) -> tuple[NodeRef, NodeRef]:
         mean, m2 = lw.view(mean, shape[:2]), lw.view(m2, shape[:2])
         mean, m2, count = _combine(lw, mean, m2, count, 0)
     else:
-        parts = _row_parts(shape[0])
+        parts = lw.column_parts(x, _row_parts(shape[0]))
         if parts > 1:
             # (N, C) reduced over N is a column reduction: one program per block of channels
             # walked every row (KernelBench L3-46's (204800, 48): one program, 7 ms on an H100,
-            # where PyTorch's takes 30 us). In parts of rows, each with its moments, merged.
+            # where PyTorch's takes 30 us). In parts of rows, each with its moments, merged; a
+            # choice by size, so not in a plan for any size (``Lowerer.split``).
             part = lw.view(x, (parts, shape[0] // parts, channels))
             mean, m2, count = _moments(lw, part, (1, 2))
             mean, m2 = lw.view(mean, (parts, channels)), lw.view(m2, (parts, channels))
