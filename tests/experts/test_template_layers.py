@@ -58,7 +58,7 @@ def _first_candidate() -> str:
 
 def _launches(source: str) -> dict[str, tuple[int, dict[str, int]]]:
     """Kernel name -> (programs, constexprs and num_warps) of the task-shape launch table."""
-    out = {}
+    out: dict[str, tuple[int, dict[str, int]]] = {}
     for name, grid, rest in _LAUNCH.findall(source):
         programs = 1
         for g in grid.split(","):
@@ -130,7 +130,7 @@ def test_the_any_batch_copies_take_the_later_layers_shapes_too_and_hold_at_other
     from tests.experts.test_template_any_batch import _check_in_child, _job
 
     source, rendered = _any_batch_candidate()
-    copies = {}
+    copies: dict[str, dict[str, int]] = {}
     for name, blocks, warps in _COPY.findall(rendered):
         copies[name] = {**{k: int(v) for k, v in re.findall(r"(BLOCK_\w+)=(\d+)", blocks)}, "num_warps": int(warps)}
     stats = [v for v in copies.values() if "BLOCK_M" in v and v.get("BLOCK_R") in (256, 64, 16)]
