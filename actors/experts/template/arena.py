@@ -7,7 +7,8 @@ them) and the scratch buffers of a launch (``Launch.work``) live instead in one 
 dtype, allocated once per call: each at an offset of its own while it is live, from the kernel
 that writes it to the last kernel that reads it, and its space reused by later ones (first fit,
 in the order they appear). A kernel passed such a tensor gets the buffer and adds the offset to
-its pointer at its top; offsets are multiples of 64 elements, so pointers keep the 16-byte
+its pointer at its top (``share.py``: as a constant, or as an argument of its launches where
+kernels of the same code share one function); offsets are multiples of 64 elements, so pointers keep the 16-byte
 alignment Triton specialises on.
 """
 
@@ -32,22 +33,15 @@ class Arena:
     sizes: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Buffer name → (dtype, elements)."""
     shifts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
-    """Kernel name → (pointer parameter, element offset) added at its top."""
+    """Kernel name → (pointer parameter, element offset) added at its top: constants in its text,
+    or run-time arguments where it shares its text with other kernels (``share.py``)."""
+    args: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Kernel name → the offsets its launches pass as arguments (``{"kf_o0": 1009152}``)."""
 
     def arg(self, name: str) -> str:
         """What ``forward`` passes for ``name``: its buffer, or itself."""
         slot = self.slots.get(name)
         return slot[0] if slot else name
-
-    def source(self, launch: Launch) -> str:
-        """The launch's kernel source with its pointers moved to their members' offsets."""
-        shifts = self.shifts.get(launch.name)
-        if not shifts:
-            return launch.source
-        lines = launch.source.split("\n")
-        at = next(i for i, line in enumerate(lines) if line.startswith("def "))
-        moved = [f"    {param} = {param} + {offset}" for param, offset in shifts]
-        return "\n".join([*lines[: at + 1], *moved, *lines[at + 1 :]])
 
 
 def positional(launch: Launch) -> list[str]:

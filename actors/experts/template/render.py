@@ -10,6 +10,7 @@ reference's ``forward`` leaves on its plain tensor attributes is not reproduced 
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from actors.experts.template import any_batch, any_size, any_sizes, buckets, size_fits
+from actors.experts.template import any_batch, any_size, any_sizes, buckets, share, size_fits
 from actors.experts.template.arena import Arena, place, positional
 from actors.experts.template.carry import init_source
 from actors.experts.template.emit import INTERPRETED, Launch
@@ -211,18 +212,24 @@ def _flat(value: Any) -> list[Any]:
 
 
 def render(
-    plan: Plan, params: TemplateParams, direct: bool = True, arena: bool = True, hw: GpuModel | None = None
+    plan: Plan,
+    params: TemplateParams,
+    direct: bool = True,
+    arena: bool = True,
+    hw: GpuModel | None = None,
+    shared: bool = True,
 ) -> str:
     """The complete ``ModelNew`` source for ``plan`` under ``params``. ``direct``: launches
     after a site's first go straight to the kernel it compiled (``launcher.py``); off, every
     launch goes through ``triton.jit``. ``arena``: intermediates share one buffer per dtype
     (``arena.py``); off, each is a ``torch.empty`` of its own. ``hw``: the copies for other sizes
     get a configuration per size bucket from this model of the GPU (``buckets.py``); ``None``:
-    they run with ``params`` at every size."""
+    they run with ``params`` at every size. ``shared``: kernels of the same code share one
+    function (``share.py``); off, each kernel is a function of its own."""
     fusion = (params.fuse_epilogue, params.fuse_prologue)
     if fusion not in plan.fusions:
         params = params.with_changes(fuse_epilogue=True, fuse_prologue=True)
-    return _render(plan, params, schedule(plan, params), direct, arena, hw)
+    return _render(plan, params, schedule(plan, params), direct, arena, hw, shared)
 
 
 def _direct(launch: Launch) -> bool:
@@ -231,12 +238,21 @@ def _direct(launch: Launch) -> bool:
     return not launch.grid_exprs and not launch.tail_args
 
 
-def _site(launch: Launch) -> str:
+def _site(launch: Launch, arena: Arena) -> str:
     """The module-level launch site of a kernel (``_KfLaunch``)."""
     grid = ", ".join(str(g) for g in launch.grid)
-    kw = [f"{k}={v}" for k, v in launch.constexprs.items()]
+    kw = [f"{k}={v}" for k, v in arena.args.get(launch.name, {}).items()]
+    kw += [f"{k}={v}" for k, v in launch.constexprs.items()]
     kw += [f"num_warps={launch.num_warps}", f"num_stages={launch.num_stages}"]
     return f"_L{launch.name} = _KfLaunch({launch.name}, ({grid},), {', '.join(kw)})"
+
+
+def _def_name(source: str) -> str:
+    """The name of the function a kernel's source defines."""
+    match = re.search(r"^def (\w+)\(", source, re.M)
+    if match is None:
+        raise UnsupportedGraph("a kernel source without a def")
+    return match.group(1)
 
 
 def _shared_copies(launches: list[Launch | None]) -> list[Launch | None]:
@@ -280,6 +296,7 @@ def _render(
     direct: bool = True,
     arena: bool = True,
     hw: GpuModel | None = None,
+    shared: bool = True,
 ) -> str:
     used: set[str] = set()
     launches = _shared_copies(
@@ -324,19 +341,21 @@ def _render(
     parts.append(helpers_source(used))
     stages = [stage for launch in kernels for stage in (*launch.pre, launch)]
     placed = _arena(plan, sched, launches) if arena else Arena()
-    for stage in stages:
-        parts.extend(["", placed.source(stage), ""])
-    for launch in generic:
-        parts.extend(["", launch.source, ""])
-    for source in batched[0] if batched else ():
-        parts.extend(["", source, ""])
+    files = [
+        *(share.Kernel(stage.name, stage.source, tuple(placed.shifts.get(stage.name, ()))) for stage in stages),
+        *(share.Kernel(launch.name, launch.source) for launch in generic),
+        *(share.Kernel(_def_name(source), source) for source in (batched[0] if batched else ())),
+    ]
+    texts = share.share(files) if shared else share.alone(files)
+    placed.args = texts.args
+    parts.extend(text for kernel in files for text in ("", texts.texts[kernel.name], ""))
     wide = [stage for stage in stages if INTERPRETED in stage.constexprs.values()]
     if wide:  # a triton.jit function is a JITFunction unless the interpreter runs it
         parts.extend([f"{INTERPRETED} = int(not isinstance({wide[0].name}, triton.runtime.JITFunction))", ""])
     sites = [stage for stage in stages if direct and _direct(stage)]
     if sites:
         parts.append(LAUNCHER_SOURCE)
-        parts.extend([*(_site(stage) for stage in sites), "", ""])
+        parts.extend([*(_site(stage, placed) for stage in sites), "", ""])
     if any(node.path != FLOAT_ARG for node in plan.inputs):
         parts.append(REFUSE_SOURCE)
     other = any_size.METHOD if generic else any_sizes.METHOD if sized else any_batch.METHOD if batched else None
@@ -443,6 +462,7 @@ def _launch_line(launch: Launch, direct: bool, arena: Arena) -> str:
     args = [arena.arg(name) for name in positional(launch)]
     if direct and _direct(launch):
         return f"_L{launch.name}(_kfs, {', '.join(args)})"
+    args += [f"{k}={v}" for k, v in arena.args.get(launch.name, {}).items()]
     args += [f"{k}={v}" for k, v in launch.constexprs.items()]
     args += [*launch.tail_args, f"num_warps={launch.num_warps}", f"num_stages={launch.num_stages}"]
     grid = f"({', '.join(launch.grid_exprs)},)" if launch.grid_exprs else repr(tuple(launch.grid))

@@ -1,0 +1,165 @@
+"""Kernels of one rendered file that are the same code share one ``triton.jit`` function.
+
+Every distinct Triton function of a candidate is a compile of its own (0.1-0.3 s of a host core
+each for sm_90), and a whole model's first verdict waits for all of them: KernelBench L3-15
+(DenseNet-121) renders 960 kernels, L3-19 (MobileNetV1) 276. Layers repeat, so many kernels are
+the same code but for their names, the node numbers in their local names, and the offsets into
+the intermediates' buffer (``arena.py``) added to their pointers at their tops. Here each kernel is
+put in a canonical form (its locals renamed in the order they first appear, each offset a run-time
+argument ``kf_oK`` instead of a constant), and kernels whose canonical forms are equal become names
+of the first one (``_kf_pw5 = _kf_pw3``): one function, compiled once per specialisation. Their
+launch sites pass their own offsets (``kf_o0=1009152``), constant per site, so what Triton
+specialises an integer on (a multiple of 16: offsets are multiples of ``arena.ALIGN``) holds at
+every call of the site. A kernel that shares with no other keeps its constant offsets and its own
+text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+OFFSET_ARG = "kf_o"
+"""Prefix of the run-time offset arguments of a shared kernel (``kf_o0``, ``kf_o1``...)."""
+
+_NUMBERED = re.compile(r"^[a-z]+\d+(_\d+)?$")
+"""Local names that carry a node or kernel number (``p703``, ``v1184_0``, ``c0``): renamed."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of the file: its name, its text without offsets, and the offsets its pointer
+    parameters get at its top (parameter, elements), in the order they are added."""
+
+    name: str
+    source: str
+    shifts: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass
+class Shared:
+    """What the file holds in place of each kernel, and what its launch sites pass beside."""
+
+    texts: dict[str, str] = field(default_factory=dict)
+    """Kernel name → its ``def`` (with offsets as arguments where shared), or ``name = first``."""
+    args: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Kernel name → the offset arguments its launches pass (``{"kf_o0": 1009152}``)."""
+
+    @property
+    def functions(self) -> int:
+        """How many distinct functions remain (what the compile stage compiles)."""
+        return sum(1 for text in self.texts.values() if "def " in text)
+
+
+def _def_line(lines: list[str]) -> int:
+    return next(i for i, line in enumerate(lines) if line.startswith("def "))
+
+
+def with_offsets(kernel: Kernel, as_args: bool) -> tuple[str, dict[str, int]]:
+    """The kernel's text with its offsets added at its top: constants, or (``as_args``) run-time
+    arguments placed after its last argument that is not a ``tl.constexpr`` (their values returned
+    for the launch site), numbered in the order of the parameters they move."""
+    if not kernel.shifts:
+        return kernel.source, {}
+    lines = kernel.source.split("\n")
+    at = _def_line(lines)
+    if not as_args:
+        moved = [f"    {param} = {param} + {offset}" for param, offset in kernel.shifts]
+        return "\n".join([*lines[: at + 1], *moved, *lines[at + 1 :]]), {}
+    header = lines[at]
+    match = re.match(r"^def (\w+)\((.*)\):$", header)
+    if match is None:  # a signature over several lines: not shared
+        raise ValueError(f"{kernel.name}: its def is not on one line")
+    params = [p.strip() for p in match.group(2).split(",") if p.strip()]
+    names = [p.split(":")[0].strip() for p in params]
+    order = sorted(kernel.shifts, key=lambda s: names.index(s[0]))
+    extra = [f"{OFFSET_ARG}{k}" for k in range(len(order))]
+    split = next((i for i, p in enumerate(params) if "constexpr" in p), len(params))
+    header = f"def {match.group(1)}({', '.join([*params[:split], *extra, *params[split:]])}):"
+    moved = [f"    {param} = {param} + {arg}" for (param, _), arg in zip(order, extra, strict=True)]
+    values = {arg: offset for (_, offset), arg in zip(order, extra, strict=True)}
+    return "\n".join([*lines[:at], header, *moved, *lines[at + 1 :]]), values
+
+
+_PARAMS = re.compile(r"^def \w+\((.*?)\):", re.M | re.S)
+_ASSIGNED = re.compile(r"^\s*(\w+(?:\s*,\s*\w+)*)\s*(?:[-+*/%&|^]|//|<<|>>)?=(?!=)", re.M)
+_LOOPED = re.compile(r"^\s*for\s+(\w+(?:\s*,\s*\w+)*)\s+in\b", re.M)
+
+
+def _locals(source: str) -> set[str]:
+    """The numbered parameters and assigned names of the function in ``source`` (the emitters
+    write one statement a line: ``name = ...``, ``a, b = ...``, ``for name in ...``)."""
+    names: set[str] = set()
+    match = _PARAMS.search(source)
+    if match is not None:
+        names.update(p.split(":")[0].split("=")[0].strip() for p in match.group(1).split(","))
+    for pattern in (_ASSIGNED, _LOOPED):
+        for found in pattern.finditer(source):
+            names.update(n.strip() for n in found.group(1).split(","))
+    return {n for n in names if _NUMBERED.match(n)}
+
+
+def canonical(source: str, name: str) -> str:
+    """``source`` (one ``@triton.jit`` function named ``name``) with the function named ``KF``
+    and its numbered locals renamed ``<letters>_<k>`` in the order they first appear. Attribute
+    names (``tl.int64``) are left alone, and so are names that are not the function's own
+    (helpers, module constants). A keyword of a call spelt as a local (``c0=``, where statements
+    spell ``c0 = ``) would be renamed with it: such a kernel raises ``ValueError`` and is kept as it is."""
+    text = re.sub(rf"^def {re.escape(name)}\(", "def KF(", source, count=1, flags=re.M)
+    local = _locals(text)
+    if not local:
+        return text
+    renamed: dict[str, str] = {}
+
+    def rename(found: re.Match[str]) -> str:
+        old = found.group(0)
+        if old not in renamed:
+            renamed[old] = f"{old.rstrip('0123456789_')}_{len(renamed)}"
+        return renamed[old]
+
+    names = "|".join(sorted(map(re.escape, local), key=len, reverse=True))
+    if re.search(rf"(?<![.\w])(?:{names})=(?!=)", text):
+        raise ValueError("a local's name is also a keyword of a call")  # kept as it is
+    return re.sub(rf"(?<![.\w])(?:{names})(?![\w])", rename, text)
+
+
+def _named(text: str, name: str) -> str:
+    return re.sub(r"^def KF\(", f"def {name}(", text, count=1, flags=re.M)
+
+
+def share(kernels: Sequence[Kernel]) -> Shared:
+    """Group ``kernels`` (in the file's order) by canonical form: the first of each group of two or
+    more is emitted in that form under its own name (offsets as arguments), the others become its
+    names; a kernel alone keeps its text with constant offsets."""
+    groups: dict[str, list[Kernel]] = {}
+    forms: dict[str, tuple[str, dict[str, int]]] = {}
+    for kernel in kernels:
+        try:
+            text, values = with_offsets(kernel, as_args=True)
+            key = canonical(text, kernel.name)
+        except ValueError:
+            key = f"alone:{kernel.name}"  # kept as it is
+            text, values = "", {}
+        forms[kernel.name] = (key, values)
+        groups.setdefault(key, []).append(kernel)
+    shared = Shared()
+    for kernel in kernels:
+        key, values = forms[kernel.name]
+        members = groups[key]
+        if len(members) == 1 or key.startswith("alone:"):
+            shared.texts[kernel.name] = with_offsets(kernel, as_args=False)[0]
+            continue
+        first = members[0]
+        if kernel is first:
+            shared.texts[kernel.name] = _named(key, kernel.name).rstrip("\n")
+        else:
+            shared.texts[kernel.name] = f"{kernel.name} = {first.name}"
+        if values:
+            shared.args[kernel.name] = values
+    return shared
+
+
+def alone(kernels: Sequence[Kernel]) -> Shared:
+    """Every kernel a function of its own, with its constant offsets (what :func:`share` is compared with)."""
+    return Shared(texts={kernel.name: with_offsets(kernel, as_args=False)[0] for kernel in kernels})
