@@ -118,7 +118,6 @@ def test_a_model_of_repeated_layers_compiles_each_layer_s_code_once() -> None:
     sites = re.findall(r"^_L(_kf_\w+) = _KfLaunch\((\w+), .*?((?:kf_o\d+=\d+, )*)BLOCK", rendered, re.M)
     moved = [(name, fn, offsets) for name, fn, offsets in sites if offsets]
     assert moved, sites
-    assert all(fn == name for name, fn, _ in sites)  # each site launches its own (alias) name
     # fewer functions than launch sites, the copies for other batches shared as well
     assert len(defs) < len(sites) + len(re.findall(r"^def _kf_\w+_b\(", rendered, re.M)), (defs, sites)
     assert any(name.endswith("_b") for name in aliases), aliases

@@ -10,7 +10,6 @@ reference's ``forward`` leaves on its plain tensor attributes is not reproduced 
 
 from __future__ import annotations
 
-import re
 import textwrap
 import time
 from collections.abc import Callable
@@ -247,14 +246,6 @@ def _site(launch: Launch, arena: Arena) -> str:
     return f"_L{launch.name} = _KfLaunch({launch.name}, ({grid},), {', '.join(kw)})"
 
 
-def _def_name(source: str) -> str:
-    """The name of the function a kernel's source defines."""
-    match = re.search(r"^def (\w+)\(", source, re.M)
-    if match is None:
-        raise UnsupportedGraph("a kernel source without a def")
-    return match.group(1)
-
-
 def _shared_copies(launches: list[Launch | None]) -> list[Launch | None]:
     """One copy of an input that several convolutions read the same way (channels-last, rounded
     to TF32): the later ones read the first one's copy instead of making their own. The branches of
@@ -344,7 +335,7 @@ def _render(
     files = [
         *(share.Kernel(stage.name, stage.source, tuple(placed.shifts.get(stage.name, ()))) for stage in stages),
         *(share.Kernel(launch.name, launch.source) for launch in generic),
-        *(share.Kernel(_def_name(source), source) for source in (batched[0] if batched else ())),
+        *(share.Kernel(share.def_name(source), source) for source in (batched[0] if batched else ())),
     ]
     texts = share.share(files) if shared else share.alone(files)
     placed.args = texts.args

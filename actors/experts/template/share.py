@@ -52,6 +52,14 @@ class Shared:
         return sum(1 for text in self.texts.values() if "def " in text)
 
 
+def def_name(source: str) -> str:
+    """The name of the function a kernel's source defines."""
+    match = re.search(r"^def (\w+)\(", source, re.M)
+    if match is None:
+        raise ValueError("a kernel source without a def")
+    return match.group(1)
+
+
 def _def_line(lines: list[str]) -> int:
     return next(i for i, line in enumerate(lines) if line.startswith("def "))
 
@@ -139,8 +147,7 @@ def share(kernels: Sequence[Kernel]) -> Shared:
             text, values = with_offsets(kernel, as_args=True)
             key = canonical(text, kernel.name)
         except ValueError:
-            key = f"alone:{kernel.name}"  # kept as it is
-            text, values = "", {}
+            key, values = f"alone:{kernel.name}", {}  # kept as it is
         forms[kernel.name] = (key, values)
         groups.setdefault(key, []).append(kernel)
     shared = Shared()
