@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from actors.experts.template import Plan, analyse
 from actors.experts.template.expert import AnalysisMode, TemplateExpert
 from actors.experts.template.ir import KeepTorch
 from actors.experts.template.plan_store import PlanStore, code_fingerprint
+from actors.experts.template.render import render
+from actors.experts.template.tuning import default_params
 from schemas import GenerateRequest, Task
 from tests.experts.template_cases import CASES
 
@@ -75,3 +79,56 @@ def test_a_second_expert_reads_the_plan_the_first_kept_instead_of_analysing(tmp_
     second, again = asyncio.run(ask())
     assert (second.stats().plans_traced, second.stats().plans_stored) == (0, 1)
     assert again == sources
+
+
+_CONCAT = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.cat([x, torch.relu(x)], dim=1) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(4, 6, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_kept_plan_of_a_family_s_op_renders_in_a_process_that_never_analysed(tmp_path: Path) -> None:
+    """A later run's expert reads the plan before anything loads the op families (a concatenation
+    is a gather they register): it must schedule and render there as it did where it was analysed."""
+    store = PlanStore(tmp_path)
+    plan = _plan(_CONCAT)
+    assert "cat" in plan.ops or any("cat" in op for op in plan.ops), plan.ops
+    store.put(_CONCAT, KeepTorch.NONE, plan)
+    expected = render(plan, default_params(plan))
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from actors.experts.template.ir import KeepTorch\n"
+        "from actors.experts.template.plan_store import PlanStore\n"
+        "from actors.experts.template.render import render\n"
+        "from actors.experts.template.tuning import default_params\n"
+        "plan = PlanStore(Path(sys.argv[1])).get(sys.argv[2], KeepTorch.NONE)\n"
+        "assert plan is not None\n"
+        "sys.stdout.write(render(plan, default_params(plan)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path), _CONCAT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == expected

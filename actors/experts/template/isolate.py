@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 from actors.experts.template.ir import KeepTorch, Plan, Unsupported, plan_from_dict, plan_to_dict
-from actors.experts.template.lowering import load_families
 from actors.runtime.childenv import child_pythonpath
 
 _ROOT = Path(__file__).resolve().parents[3]
@@ -88,12 +87,7 @@ async def _analyse(
     data = json.loads(out)
     if "unsupported" in data:
         return Unsupported(detail=str(data["unsupported"]), op=data.get("op"))
-    # The ops the families add (gathers such as an embedding's rows) are known to scheduling and
-    # rendering only once the families are loaded, which the analysis did in the child alone: an
-    # embedding's plan came back and failed to render ("an operand of shape (100, 32) broadcast to
-    # (8, 32) is not covered"), so every request for it was declined.
-    load_families()
-    return plan_from_dict(data["plan"])
+    return plan_from_dict(data["plan"])  # which loads the op families (the analysis did in the child alone)
 
 
 _PR_SET_PDEATHSIG = 1
