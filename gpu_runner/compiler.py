@@ -90,6 +90,11 @@ def compile_env(
     return env
 
 
+GATE_PATIENCE_S = 5.0
+"""How long a compile lets better-ranked candidates still in the static gate go first
+(:meth:`CoreBudget.take`): about two whole-model candidates' gates (KernelBench L3-15's takes 2 s)."""
+
+
 class CoreBudget:
     """The host's cores, shared by the compiles in the order of their turns (the candidates'
     ranks, then their arrival: :data:`gpu_runner.lease.Turn`), lowest first.
@@ -100,24 +105,55 @@ class CoreBudget:
     compile that can use every core waits for them and has them alone: the first candidate is
     compiled in an eighth of the time, the eighth no later than before. By turn, as the compile
     line orders the verdicts: a better-ranked candidate that reaches the compiler a moment later
-    is not left behind a variant's minute of compiling."""
+    is not left behind a variant's minute of compiling.
 
-    def __init__(self, cores: int) -> None:
+    Candidates still in the static gate are in that order too (:meth:`arriving`, for
+    ``patience_s`` at most): at a run's start two islands' candidates reach the evaluator a moment
+    apart, and the first to leave the gate had taken every core. On an H100 host (KernelBench
+    L3-22, two islands of four) a better-ranked candidate of the first island arrived 0.3 s after
+    the second island's first, waited for that one's 9.4 s compile, and that one, compiled, waited
+    10 s more for it (the compile line's patience, :class:`gpu_runner.lease.CompileLine`): the
+    first verdict came 37 s into the run."""
+
+    def __init__(self, cores: int, patience_s: float = GATE_PATIENCE_S) -> None:
         self.cores = max(1, cores)
         self.free = self.cores
+        self.patience_s = patience_s
         self._line: set[Turn] = set()
+        self._gating: dict[Turn, float] = {}
+        """Evaluations in the static gate: until when each is waited for (``patience_s`` from its arrival)."""
         self._arrivals = count()
         self._changed = asyncio.Condition()
 
+    def arriving(self, turn: Turn) -> None:
+        """An evaluation arrived and is in the static gate: worse-ranked compiles wait for it, for
+        ``patience_s`` from now at most."""
+        self._gating[turn] = time.monotonic() + self.patience_s
+
+    async def arrived(self, turn: Turn) -> None:
+        """It left the gate (to compile now, or not at all); idempotent."""
+        if self._gating.pop(turn, None) is not None:
+            async with self._changed:
+                self._changed.notify_all()
+
     async def take(self, want: int, turn: Turn | None = None) -> int:
-        """Wait for ``want`` cores (at most all of them) behind the lower turns (none given: after
-        every ranked one, in arrival order); how many."""
+        """Wait for ``want`` cores (at most all of them) behind the lower turns, those still in
+        the gate included (for ``patience_s`` from their arrival; none given: after every ranked
+        one, in arrival order); how many."""
         want = max(1, min(want, self.cores))
         me: Turn = turn if turn is not None else (UNRANKED, next(self._arrivals))
+        self._gating.pop(me, None)
         async with self._changed:
             self._line.add(me)
             try:
-                await self._changed.wait_for(lambda: min(self._line) == me and self.free >= want)
+                while True:
+                    now = time.monotonic()
+                    ahead = [until for other, until in self._gating.items() if other < me and until > now]
+                    if not ahead and min(self._line) == me and self.free >= want:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(ahead) - now if ahead else None):
+                            await self._changed.wait()
                 self.free -= want
             finally:
                 self._line.discard(me)

@@ -207,3 +207,55 @@ async def test_the_best_ranked_compile_goes_first_whatever_arrived_first() -> No
     await budget.give(held)
     await asyncio.gather(late_variant, unranked, first_start)
     assert order == ["default, rank 0", "variant, rank 3", "unranked"]
+
+
+async def test_a_compile_waits_for_better_ranked_candidates_still_in_the_gate() -> None:
+    """A better-ranked candidate still in the static gate goes first: the free cores are not
+    taken by a worse-ranked one that left the gate a moment earlier."""
+    import asyncio
+
+    from gpu_runner.compiler import CoreBudget
+
+    budget = CoreBudget(8, patience_s=30.0)
+    best, worse = (0.0, 1), (4.0, 0)
+    budget.arriving(best)
+    budget.arriving(worse)
+    order: list[str] = []
+
+    async def compile_(name: str, turn: tuple[float, int]) -> None:
+        got = await budget.take(8, turn)
+        order.append(name)
+        await budget.give(got)
+
+    second = asyncio.create_task(compile_("worse", worse))  # left its gate first
+    await asyncio.sleep(0.05)
+    assert order == []  # the cores are free, but the better-ranked one is still gated
+    await budget.arrived(best)  # gated: it compiles now
+    await compile_("best", best)
+    await asyncio.wait_for(second, 1)
+    assert order == ["best", "worse"]
+
+
+async def test_a_better_ranked_candidate_held_in_the_gate_is_waited_for_only_a_patience() -> None:
+    """One that does not leave the gate (or leaves it without compiling: refused, or no compile
+    needed) delays the others by the patience from its arrival at most, or not at all once it
+    says so."""
+    import asyncio
+    import time
+
+    from gpu_runner.compiler import CoreBudget
+
+    budget = CoreBudget(4, patience_s=0.3)
+    budget.arriving((0.0, 0))
+    started = time.monotonic()
+    assert await budget.take(4, (1.0, 1)) == 4
+    assert 0.25 <= time.monotonic() - started < 2.0
+    await budget.give(4)
+    assert await asyncio.wait_for(budget.take(4, (1.0, 4)), 0.2) == 4  # its patience is spent
+    await budget.give(4)
+    budget.arriving((0.0, 2))
+    waiting = asyncio.create_task(budget.take(4, (1.0, 3)))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await budget.arrived((0.0, 2))  # refused by the gate: never compiles
+    assert await asyncio.wait_for(waiting, 0.2) == 4
