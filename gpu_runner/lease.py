@@ -31,7 +31,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -138,15 +138,17 @@ class CompileLine:
         """Better-ranked evaluations still being gated or compiled."""
         return sum(1 for other in self._here if other < turn)
 
-    async def wait_turn(self, turn: Turn, patience_s: float) -> float:
+    async def wait_turn(self, turn: Turn, patience_s: float, worth: Callable[[Turn], bool] | None = None) -> float:
         """Wait while a better-ranked evaluation is still here, for ``patience_s`` at most; then
-        leave. The seconds waited."""
+        leave. ``worth``: which of those better-ranked now are waited for (default: all). The
+        seconds waited."""
         started = time.perf_counter()
         try:
-            if self.ahead(turn):
+            awaited = {other for other in self._here if other < turn and (worth is None or worth(other))}
+            if awaited:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(patience_s), self._changed:
-                        await self._changed.wait_for(lambda: not self.ahead(turn))
+                        await self._changed.wait_for(lambda: not awaited & self._here)
         finally:
             await self.leave(turn)
         return time.perf_counter() - started

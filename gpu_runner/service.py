@@ -325,6 +325,7 @@ class EvaluationService:
         finally:
             if self.compiler is not None:
                 await self.compiler.cores.arrived(turn)
+                self.compiler.cores.forget(turn)
             await self._line.leave(turn)
 
     async def _evaluate_in_line(self, job: EvalJob, phase: Phase, started: float, turn: Turn) -> EvalResult:
@@ -358,9 +359,10 @@ class EvaluationService:
             # a candidate compiled before the task was measured: at its held-out shapes too, while
             # the pool prepares a spare for it (the pool's own work, started once the plan is known)
             await self._await_late(c, self._compile_late(c, turn))
-            # better-ranked candidates still compiling line up first (up to the patience)
+            # better-ranked candidates still gated or compiling beside it line up first (up to the patience)
+            soon = self.compiler.cores.beside(turn) if self.compiler is not None else None
             c.stages = c.stages.model_copy(
-                update={"line_s": await self._line.wait_turn(turn, self.cfg.compile_patience_s)}
+                update={"line_s": await self._line.wait_turn(turn, self.cfg.compile_patience_s, soon)}
             )
             if self._running is not None:
                 await serial.enter_async_context(self._running.hold(turn))

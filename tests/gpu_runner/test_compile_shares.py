@@ -259,3 +259,34 @@ async def test_a_better_ranked_candidate_held_in_the_gate_is_waited_for_only_a_p
     assert not waiting.done()
     await budget.arrived((0.0, 2))  # refused by the gate: never compiles
     assert await asyncio.wait_for(waiting, 0.2) == 4
+
+
+async def test_a_compiled_candidate_does_not_wait_for_a_better_ranked_one_compiled_after_it() -> None:
+    """The compile line waits for better-ranked candidates compiling beside this one (or still in
+    the gate), not for one that waited for its cores: that one is a whole compile away."""
+    import asyncio
+
+    from gpu_runner.compiler import CoreBudget
+    from gpu_runner.lease import CompileLine
+
+    budget, line = CoreBudget(8), CompileLine()
+    best, beside, worse = (0.0, 2), (1.0, 1), (4.0, 0)
+    for turn in (best, beside, worse):
+        line.enter(turn)
+    got = await budget.take(4, worse)  # the worse-ranked one arrived first
+    got_beside = await budget.take(4, beside)  # compiles beside it
+    queued = asyncio.create_task(budget.take(8, best))  # waits for every core
+    await asyncio.sleep(0.01)
+    await budget.give(got, worse)  # the worse-ranked one is compiled
+    soon = budget.beside(worse)
+    assert soon(beside)
+    assert not soon(best)
+    waiting = asyncio.create_task(line.wait_turn(worse, 30.0, soon))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the one compiling beside it goes first
+    await budget.give(got_beside, beside)
+    await line.leave(beside)
+    assert await asyncio.wait_for(waiting, 1.0) < 1.0  # not for the best, still queued for cores
+    assert await asyncio.wait_for(queued, 1.0) == 8
+    budget.forget(worse)
+    assert budget.beside(best)(worse) is False
