@@ -417,17 +417,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def plan_from_dict(data: dict[str, Any]) -> Plan:
-    """The inverse of :func:`plan_to_dict` (integers stay node ids, floats stay constants).
-
-    The op families are loaded first: the ops they add (gathers such as a concatenation's or an
-    embedding's) are known to scheduling and rendering only once they are, and a plan read back
-    in a process that never analysed one (from the analysis child, or from the plan store in a
-    later run) failed to schedule: on an H100, a second ``kfoundry run`` of KernelBench L3-15
-    (DenseNet-121) read its kept plan, and every request was declined with "an operand of shape
-    (10, 64, 56, 56) broadcast to (10, 96, 56, 56) is not covered"."""
-    from actors.experts.template.lowering import load_families  # it imports this module
-
-    load_families()
+    """The inverse of :func:`plan_to_dict` (integers stay node ids, floats stay constants). A
+    process that never analysed a plan reads one with :func:`actors.experts.template.lowering.read_plan`,
+    which loads the op families first."""
     nodes = tuple(
         Node(
             id=int(n["id"]),

@@ -21,7 +21,8 @@ import signal
 import sys
 from pathlib import Path
 
-from actors.experts.template.ir import KeepTorch, Plan, Unsupported, plan_from_dict, plan_to_dict
+from actors.experts.template.ir import KeepTorch, Plan, Unsupported, plan_to_dict
+from actors.experts.template.lowering import read_plan
 from actors.runtime.childenv import child_pythonpath
 
 _ROOT = Path(__file__).resolve().parents[3]
@@ -87,7 +88,7 @@ async def _analyse(
     data = json.loads(out)
     if "unsupported" in data:
         return Unsupported(detail=str(data["unsupported"]), op=data.get("op"))
-    return plan_from_dict(data["plan"])  # which loads the op families (the analysis did in the child alone)
+    return read_plan(data["plan"])  # the op families loaded here too (the analysis did in the child alone)
 
 
 _PR_SET_PDEATHSIG = 1

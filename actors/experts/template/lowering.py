@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import HALF, KeepTorch, Node, NodeKind, NodeRef
+from actors.experts.template.ir import HALF, KeepTorch, Node, NodeKind, NodeRef, Plan, plan_from_dict
 from actors.experts.template.trace import Traced
 
 
@@ -118,6 +118,19 @@ def load_families() -> tuple[str, ...]:
             importlib.import_module(f"{_FAMILIES}.{name}")
         _loaded.extend(names)
     return tuple(_loaded)
+
+
+def read_plan(data: dict[str, Any]) -> Plan:
+    """A plan from its JSON form (:func:`actors.experts.template.ir.plan_from_dict`), in a
+    process that may never have analysed one: the op families are loaded first, since the ops
+    they add (gathers such as a concatenation's or an embedding's) are known to scheduling and
+    rendering only once they are. An embedding's plan came back from the analysis child and
+    failed to render ("an operand of shape (100, 32) broadcast to (8, 32) is not covered"); on an
+    H100, a second ``kfoundry run`` of KernelBench L3-15 (DenseNet-121) read its kept plan from
+    the plan store so, and every request was declined ("an operand of shape (10, 64, 56, 56)
+    broadcast to (10, 96, 56, 56) is not covered")."""
+    load_families()
+    return plan_from_dict(data)
 
 
 def lower_fn(canon: str) -> LowerFn | None:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import structlog
 
-from actors.experts.template.ir import KeepTorch, Plan, plan_from_dict, plan_to_dict
+from actors.experts.template.ir import KeepTorch, Plan, plan_to_dict
+from actors.experts.template.lowering import read_plan
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +76,7 @@ class PlanStore:
         path = self.path(source, keep_torch)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            plan = plan_from_dict(data)
+            plan = read_plan(data)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
