@@ -485,6 +485,7 @@ class RunController:
                 dead_lettered=len(self.dead_lettered),
                 reference_nonfinite_share=self.progress.reference_nonfinite_share,
                 held_out=report.best.held_out if report.best else (),
+                first_verdict=report.first_verdict.sentence() if report.first_verdict else None,
                 time_split=tuple(breakdown_lines(report.best.time_breakdown, limit=4))
                 if report.best is not None and report.best.time_breakdown is not None
                 else (),

@@ -189,6 +189,8 @@ class RunOutcome:
     """The best at the evaluator's held-out shapes (its end line notes the ones it raises at)."""
     time_split: tuple[str, ...] = ()
     """Where the best's time and the reference's go (``actors.evolution.amdahl.breakdown_lines``)."""
+    first_verdict: str | None = None
+    """Where the first seconds went (``actors.report.model.FirstVerdict.sentence``)."""
 
     @property
     def verdict(self) -> RunVerdict:
@@ -226,6 +228,8 @@ class RunOutcome:
                 f"\nnote: the reference's own outputs hold NaN/Inf ({self.reference_nonfinite_share:.1%} of "
                 "elements): candidates were judged on matching NaN/Inf positions and finite values elsewhere"
             )
+        if self.first_verdict:
+            line += f"\n{self.first_verdict}"
         if self.best_fitness is not None and (shaped := held_out_sentence(self.held_out)):
             line += f"\n{shaped}"
         if self.best_fitness is not None and self.time_split:

@@ -31,6 +31,7 @@ from actors.report.model import (
     BestKernel,
     CreditEntry,
     ExperienceUse,
+    FirstVerdict,
     FitnessSample,
     IslandReport,
     LineageStep,
@@ -149,6 +150,7 @@ def build_report(
         first_correct_s=min(
             (r.created_at - t0 for r in results.values() if r.status is EvalStatus.CORRECT), default=None
         ),
+        first_verdict=first_verdict(cands, results, t0),
         status_counts=dict(sorted(Counter(r.status.value for r in results.values()).items())),
         category_counts=dict(sorted(Counter(d.category.value for d in diags.values()).items())),
         best=best,
@@ -179,6 +181,32 @@ def build_report(
         experiences=_experiences(cands, results, outcomes),
         isolation_gaps=isolation_gaps(results.values()),
         gpus=gpu_usage(results.values()),
+    )
+
+
+def first_verdict(cands: Mapping[str, Candidate], results: Mapping[str, EvalResult], t0: float) -> FirstVerdict | None:
+    """Where the run's first seconds went, up to its first verdict (``None`` without one)."""
+    if not results:
+        return None
+    first = min(results.values(), key=lambda r: r.created_at)
+    cand = cands.get(first.candidate_id)
+    st = first.stages
+    received = first.created_at - st.total_s if st.total_s is not None else None
+    parts = [st.gate_s, st.compile_s, st.line_s, st.run_s]
+    waiting = st.total_s - sum(x for x in parts if x is not None) if st.total_s is not None else None
+    return FirstVerdict(
+        candidate_id=first.candidate_id,
+        status=first.status.value,
+        first_proposal_s=min((c.created_at - t0 for c in cands.values()), default=None),
+        proposed_s=cand.created_at - t0 if cand is not None else None,
+        queued_s=max(0.0, received - cand.created_at) if received is not None and cand is not None else None,
+        gate_s=st.gate_s,
+        compile_s=st.compile_s,
+        compile_cache_hit=st.compile_cache_hit,
+        line_s=st.line_s,
+        run_s=st.run_s,
+        waiting_s=max(0.0, waiting) if waiting is not None else None,
+        verdict_s=first.created_at - t0,
     )
 
 

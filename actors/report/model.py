@@ -162,6 +162,47 @@ class ExperienceUse(_Frozen):
     mean_delta: float | None = None
 
 
+class FirstVerdict(_Frozen):
+    """Where a run's first seconds went: its first verdict, from the run's start (seconds since
+    it). The evaluator's stages are the verdict's own (``EvalResult.stages``); ``waiting_s`` is
+    what its total leaves (a spare, the GPU, a compile at the held-out shapes), ``queued_s`` the
+    time from the candidate's publication to the evaluator's receipt of it."""
+
+    candidate_id: str
+    status: str
+    first_proposal_s: float | None = None
+    """The experts' first candidate of the run (the task's analysis and the first render)."""
+    proposed_s: float | None = None
+    """This candidate's publication."""
+    queued_s: float | None = None
+    gate_s: float | None = None
+    compile_s: float | None = None
+    compile_cache_hit: bool = False
+    line_s: float | None = None
+    """Waiting for better-ranked candidates compiling beside it."""
+    run_s: float | None = None
+    waiting_s: float | None = None
+    verdict_s: float
+
+    def sentence(self) -> str:
+        """One line: ``first verdict at 30.5 s: proposed at 12.3 s, gate 0.9 s, compile 9.8 s, ...``."""
+        parts = [f"proposed at {self.proposed_s:.1f} s" if self.proposed_s is not None else ""]
+        first = self.first_proposal_s
+        if first is not None and self.proposed_s is not None and self.proposed_s - first >= 0.1:
+            parts[0] += f" (the first proposal at {first:.1f} s)"
+        for label, value in (
+            ("queued", self.queued_s),
+            ("gate", self.gate_s),
+            ("compile" + (" (cache hit)" if self.compile_cache_hit else ""), self.compile_s),
+            ("compile line", self.line_s),
+            ("waiting for a spare or the GPU", self.waiting_s),
+            ("run", self.run_s),
+        ):
+            if value is not None and value >= 0.05:
+                parts.append(f"{label} {value:.1f} s")
+        return f"first verdict ({self.status}) at {self.verdict_s:.1f} s: " + ", ".join(p for p in parts if p)
+
+
 class RunReport(_Frozen):
     """Everything ``write_report`` writes (``report.json``)."""
 
@@ -176,6 +217,8 @@ class RunReport(_Frozen):
     evaluated: int
     first_correct_s: float | None = None
     """Seconds from the run's start to its first ``correct`` verdict; ``None`` without one."""
+    first_verdict: FirstVerdict | None = None
+    """Where the first seconds went, up to the first verdict of any status; ``None`` without one."""
     to_90pct_best_s: float | None = None
     """Seconds from the run's start to its first clean candidate within 90% of the final best."""
     status_counts: dict[str, int]

@@ -372,3 +372,43 @@ def test_a_best_timed_before_the_compiled_baseline_was_ready_gets_the_run_s_rati
     alone = build_report(f.spec(islands=2), messages, brains).best
     assert alone is not None
     assert alone.compiled_derived is None
+
+
+def test_report_says_where_the_first_seconds_went() -> None:
+    """The first verdict of any status, from the run's start: when the experts first proposed,
+    when its candidate was published, and its evaluator stages (what their total leaves is the
+    wait for a spare or the GPU); on the run's end line too."""
+    from actors.commands.outcome import RunOutcome
+    from schemas import StageTimes
+
+    spec = f.spec(islands=1)  # created at t = 1000 s
+    early = f.candidate().model_copy(update={"created_at": 1004.0})
+    judged = f.candidate().model_copy(update={"created_at": 1006.0})
+    stages = StageTimes(gate_s=0.5, compile_s=8.0, line_s=1.0, run_s=4.0, total_s=15.5)
+    first = f.correct(judged, 0.5, at=1022.0).model_copy(update={"stages": stages})
+    later = f.correct(early, 0.4, at=1030.0)
+    report = build_report(spec, [early, judged, later, first])
+    fv = report.first_verdict
+    assert fv is not None
+    assert fv.candidate_id == judged.candidate_id
+    assert fv.status == "correct"
+    assert (fv.first_proposal_s, fv.proposed_s, fv.verdict_s) == (4.0, 6.0, 22.0)
+    assert fv.queued_s == pytest.approx(0.5)  # received at 1006.5 (the verdict's time less its total)
+    assert fv.waiting_s == pytest.approx(2.0)  # 15.5 - 0.5 - 8 - 1 - 4
+    line = fv.sentence()
+    assert line.startswith("first verdict (correct) at 22.0 s: proposed at 6.0 s (the first proposal at 4.0 s)")
+    for part in ("gate 0.5 s", "compile 8.0 s", "compile line 1.0 s", "waiting for a spare or the GPU 2.0 s"):
+        assert part in line
+    assert RunReport.model_validate_json(report.model_dump_json()).first_verdict == fv
+    outcome = RunOutcome(
+        run_id="run1",
+        reason=StopReason.WALL_TIME,
+        evaluated=2,
+        statuses={"correct": 2},
+        best_fitness=2.0,
+        best_candidate_id=early.candidate_id,
+        run_dir=Path("/tmp/run"),
+        first_verdict=line,
+    )
+    assert line in outcome.summary(30.0).splitlines()
+    assert build_report(spec, [early]).first_verdict is None
