@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import json
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +189,46 @@ class CompileShare:
         self.seen += 1
         return turn % self.of == self.index
 
+    def mine_for(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether this process compiles the launch of ``fn`` with these arguments: by what Triton
+        specialises on (:func:`launch_key`), so that every launch site of one kernel goes to one
+        process. By launch order (:meth:`mine`) the sites of a kernel shared by many (the template's
+        repeated layers, ``actors.experts.template.share``) were spread over the processes, and each
+        compiled it again. Launch order where the key cannot be made."""
+        try:
+            key = launch_key(fn, args, kwargs)
+        except Exception:  # noqa: BLE001 - an unusual kernel object: the order still shares the work
+            return self.mine()
+        self.seen += 1
+        return self.of == 1 or zlib.crc32(key.encode()) % self.of == self.index
+
+
+def launch_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A launch as Triton specialises its compile: the function, the value of each ``constexpr``,
+    and for the other arguments what specialisation looks at (an integer's being 1 or a multiple
+    of 16, a tensor's type and 16-byte alignment). Launches of one compiled kernel share a key;
+    two kernels may too (then one process compiles both)."""
+    names = list(fn.arg_names)
+    constexpr = {param.name for param in fn.params if param.is_constexpr}
+    bound = dict(zip(names, args, strict=False))
+    bound.update(kwargs)
+    parts = [f"{getattr(fn, '__module__', '')}.{getattr(fn, '__name__', '')}"]
+    for name in names:
+        if name not in bound:
+            continue
+        value = bound[name]
+        if name in constexpr:
+            parts.append(f"{name}={value!r}")
+        elif isinstance(value, bool) or value is None:
+            parts.append(f"{name}:{value}")
+        elif isinstance(value, int):
+            parts.append(f"{name}:i{int(value == 1)}{int(value % 16 == 0)}")
+        elif hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+            parts.append(f"{name}:{value.dtype}{int(value.data_ptr() % 16 == 0)}")
+        else:
+            parts.append(f"{name}:{type(value).__name__}")
+    return "|".join(parts)
+
 
 def _count_at_launchers(log: LaunchLog) -> bool:
     """Count the candidate's launches where every compiled Triton kernel's launch passes: the
@@ -254,7 +295,7 @@ def install_triton_hooks(
         ) -> Any:
             own = _counts and _kernel_module(self) == CANDIDATE_MODULE
             if compile_only:
-                if share is not None and not share.mine():
+                if share is not None and not share.mine_for(self, args, kwargs):
                     return None
                 kernel = _orig(self, *args, grid=grid, warmup=True, **kwargs)
                 if compiled is not None and kernel is not None:

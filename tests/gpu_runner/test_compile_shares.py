@@ -113,6 +113,36 @@ def test_a_share_is_every_nth_launch() -> None:
     assert all(CompileShare().mine() for _ in range(5))
 
 
+def test_every_launch_site_of_one_kernel_goes_to_one_process(tmp_path: Path) -> None:
+    """Shared by kernel, not by launch order: the sites of one compiled kernel (a function the
+    template's repeated layers share, launched with other offsets) are one process's, so no two
+    processes compile it; another constexpr or a misaligned size is another kernel."""
+    import torch
+
+    from gpu_runner.sandboxed.candidate import import_candidate
+    from gpu_runner.sandboxed.hooks import launch_key
+
+    path = tmp_path / "cand.py"
+    path.write_text(CANDIDATE)
+    ns = import_candidate(str(path))
+    add, mul = ns["_k_add"], ns["_k_mul"]
+    x, y = torch.empty(256), torch.empty(256)
+    sites = [((x, y, 64), {"BLOCK": 128}), ((y, x, 4096), {"BLOCK": 128}), ((x, x, 32), {"BLOCK": 128})]
+    keys = {launch_key(add, args, kw) for args, kw in sites}
+    assert len(keys) == 1  # one kernel: sizes that are multiples of 16, aligned tensors, one BLOCK
+    assert launch_key(add, (x, y, 64), {"BLOCK": 256}) not in keys
+    assert launch_key(add, (x, y, 1), {"BLOCK": 128}) not in keys  # Triton specialises a 1
+    assert launch_key(add, (x, y, 63), {"BLOCK": 128}) not in keys  # and a multiple of 16
+    assert launch_key(mul, (x, y, 64), {"BLOCK": 128}) not in keys
+    for args, kw in sites:
+        owners = [i for i in range(5) if CompileShare(index=i, of=5).mine_for(add, args, kw)]
+        assert len(owners) == 1
+        assert owners == [i for i in range(5) if CompileShare(index=i, of=5).mine_for(add, sites[0][0], sites[0][1])]
+    assert CompileShare().mine_for(add, (x, y, 64), {"BLOCK": 128})  # one process: all of them
+    share = CompileShare(index=1, of=3)
+    assert [share.mine_for(object(), (), {}) for _ in range(4)] == [False, True, False, False]  # no key: by order
+
+
 def test_processes_grow_with_kernels_up_to_the_jobs() -> None:
     assert compile_processes(16, 3) == 1
     assert compile_processes(16, 2 * KERNELS_PER_PROCESS) == 2
