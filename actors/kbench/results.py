@@ -83,6 +83,8 @@ class ProblemResult(_Frozen):
     """Candidates evaluated; ``None`` when no report was written."""
     first_correct_s: float | None = None
     """Seconds from the run's start to its first correct candidate."""
+    first_verdict: str | None = None
+    """Where the run's first seconds went (``report.json``'s ``first_verdict``, as one line)."""
     peak_host_bytes: int | None = None
     """Peak resident memory of the run's process tree (sum of RSS, so shared pages count once per process)."""
     peak_gpu_bytes: int | None = None
@@ -266,6 +268,10 @@ def markdown(bench: BenchFile) -> str:
             "\\* derived: the best's own process did not time torch.compile; eager times the task's "
             "compiled/eager ratio as other evaluations of the run measured it side by side",
         ]
+    firsts = [r for r in bench.results if r.first_verdict]
+    if firsts:
+        lines += ["", "Where the first seconds went (seconds from each run's start):", ""]
+        lines += [f"- {r.name}: {r.first_verdict}" for r in firsts]
     t = bench.totals or totals(bench.results)
     lines += ["", f"**Totals over {t.problems} problems**", ""]
     lines.append(f"- correct: {t.correct}/{t.problems} ({_num(_pct(t.share_correct), '.0f', '%')})")

@@ -263,6 +263,7 @@ def run_problem(
         ),
         evaluated=report.evaluated if report is not None else None,
         first_correct_s=report.first_correct_s if report is not None else None,
+        first_verdict=report.first_verdict.sentence() if report is not None and report.first_verdict else None,
         peak_host_bytes=peaks.host_bytes,
         peak_gpu_bytes=peaks.gpu_bytes,
         peak_gpu_device_bytes=peaks.gpu_device_bytes,

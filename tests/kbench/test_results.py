@@ -105,6 +105,17 @@ def test_markdown_marks_a_derived_speedup_over_torch_compile() -> None:
     assert "derived" not in plain
 
 
+def test_markdown_lists_where_each_run_s_first_seconds_went() -> None:
+    line = "first verdict (correct) at 30.5 s: proposed at 12.3 s, gate 0.9 s, compile 9.8 s, run 7.2 s"
+    first = ROWS[0].model_copy(update={"first_verdict": line})
+    text = markdown(BenchFile(kernelbench_dir="/kb", level=1, problems_spec="1-2", results=(first, ROWS[1])))
+    assert f"- 1_Op: {line}" in text
+    assert "2_Op: first verdict" not in text
+    assert "first seconds" not in markdown(
+        BenchFile(kernelbench_dir="/kb", level=1, problems_spec="2", results=(ROWS[1],))
+    )
+
+
 def _problem(tmp_path: Path) -> Problem:
     return Problem(level=1, number=19, path=tmp_path / "19_ReLU.py")
 
