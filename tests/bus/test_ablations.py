@@ -106,6 +106,7 @@ async def _wait_for_requests(expert: RecordingExpert, n: int) -> None:
             await expert.arrived.wait()
 
 
+@pytest.mark.slow  # ~5 s on a 2-core host; the default run keeps the no-migration run below
 @pytest.mark.timeout(90)
 async def test_no_experience_run_sends_no_retrieval_request_on_the_bus(nats_url: str) -> None:
     async with _island_run(nats_url, Ablations()) as (_, control, control_queries):

@@ -105,7 +105,11 @@ def test_unreachable_nats_is_one_line_within_the_connect_timeout_in_process(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    # ~3 s each on a 2-core host: the default run stops it with SIGINT, the slow run with SIGTERM too
+    [pytest.param(signal.SIGTERM, 0, marks=pytest.mark.slow), (signal.SIGINT, 130)],
+)
 def test_an_actor_retries_an_unreachable_nats_one_line_per_attempt_and_stops_at_once(
     sig: signal.Signals, code: int, dead_url: str, tmp_path: Path
 ) -> None:
@@ -154,6 +158,7 @@ def test_an_actor_without_its_run_fails_in_one_line_when_it_may_not_wait(
     assert last.startswith("kfoundry: no run 'nosuchrun' was registered"), proc.stderr
 
 
+@pytest.mark.slow  # ~4 s on a 2-core host: waits out --wait-for-run 3 (the refusal without a wait stays)
 @pytest.mark.timeout(120)
 def test_an_actor_gives_up_waiting_for_its_run_after_wait_for_run(nats_server: ServerInfo, tmp_path: Path) -> None:
     started = time.monotonic()
@@ -321,6 +326,7 @@ def test_one_interrupt_stops_the_run_within_seconds_and_still_writes_its_results
     assert end.cancelled  # the 120 s evaluation was not waited for: recorded as cancelled
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; the default run keeps the tap's bad history requests
 @pytest.mark.timeout(120)
 def test_a_tap_that_loses_its_server_says_so_in_one_line(tmp_path: Path) -> None:
     server = RestartableServer(tmp_path / "js")

@@ -87,7 +87,11 @@ def test_kfoundry_version_prints_the_installed_version() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("same_task", [True, False], ids=["same-task", "other-task"])
+@pytest.mark.parametrize(
+    "same_task",
+    # ~3 s each on a 2-core host: the default run refuses the same task, the slow run another one too
+    [pytest.param(True, id="same-task"), pytest.param(False, id="other-task", marks=pytest.mark.slow)],
+)
 def test_kfoundry_run_refuses_a_used_run_id_in_one_line_and_leaves_the_first_run_as_it_was(
     same_task: bool, nats_server: ServerInfo, run_id: str, tmp_path: Path
 ) -> None:

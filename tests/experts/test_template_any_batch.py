@@ -232,6 +232,7 @@ def test_a_length_read_in_windows_is_not_taken_for_a_batch(tmp_path: Path) -> No
     assert any_batch.METHOD not in rendered
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; the default run keeps a model of each family at other batches
 def test_statistics_over_the_batch_loop_over_it_and_hold_at_batches_many_times_the_references(
     tmp_path: Path,
 ) -> None:
@@ -427,6 +428,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.slow  # ~8 s on a 2-core host: three analyses, one of them spinning
 def test_the_lowering_limit_counts_the_analysis_own_work_not_a_busy_hosts_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -100,6 +100,7 @@ def test_sizes_below_what_the_reference_takes_are_refused_saying_so(tmp_path: Pa
         module.ModelNew()(torch.randn(2, 4, 12, 10))
 
 
+@pytest.mark.slow  # ~3 s on a 2-core host; the default run keeps a convolutional model at any size
 def test_a_strided_window_is_fitted_as_a_floor_and_the_model_takes_any_size(tmp_path: Path) -> None:
     # a stride-2 convolution then a 2x2 max pool: (H - 1) // 2 then (H - 1) // 4, which two steps
     # of a size do not show; the sizes are moved over two periods of the strides (8 steps)
@@ -182,6 +183,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.slow  # ~7 s on a 2-core host; the default run keeps a convolutional model at any size
 def test_a_depthwise_convolution_takes_any_image_size_its_tiles_per_image_counted_at_run_time(
     tmp_path: Path,
 ) -> None:
@@ -259,6 +261,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.slow  # ~2 s on a 2-core host; the default run keeps a split reduction at any size
 def test_a_split_k_product_takes_any_size_its_slices_past_k_adding_zeros(tmp_path: Path) -> None:
     # the split is halved where K leaves a slice too few steps: a choice of speed, taken at the
     # sizes rendered (KernelBench L1-6 had no any-size copy); at a K of 40 three of the four

@@ -135,6 +135,7 @@ def _comments(rendered: str) -> list[str]:
     return re.findall(r"^ *# (buckets? [^\n]*)$", rendered, re.M)
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; the default run keeps the any-batch copies' buckets below
 def test_any_size_copies_get_the_hardware_models_tiles_per_bucket_and_are_correct_in_each(tmp_path: Path) -> None:
     plan = _linear_plan()
     params = default_params(plan, H200, tf32=True)
@@ -169,6 +170,7 @@ def test_any_size_copies_get_the_hardware_models_tiles_per_bucket_and_are_correc
     }
 
 
+@pytest.mark.slow  # ~4 s on a 2-core host; the default run keeps the any-batch copies' buckets below
 def test_a_bucket_whose_copy_is_the_runs_own_falls_through_to_it(tmp_path: Path) -> None:
     # the candidate's own tiles are what the hardware model takes for the deepest buckets: those
     # run the candidate's copy, and bucket 1, between them and the task, is bounded on both sides

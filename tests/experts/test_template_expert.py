@@ -242,6 +242,7 @@ async def test_plan_is_traced_once_per_task_even_under_concurrent_requests() -> 
     assert expert.stats().requests == 4
 
 
+@pytest.mark.slow  # ~10 s on a 2-core host; test_template_isolate and the e2e run keep the child's analysis
 async def test_default_expert_traces_in_a_child_process_and_its_proposals_are_correct(tmp_path: Path) -> None:
     expert = TemplateExpert()
     assert expert.analysis is AnalysisMode.PROCESS

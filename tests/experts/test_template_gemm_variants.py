@@ -109,6 +109,7 @@ def test_a_split_is_clamped_to_slices_of_several_k_steps_and_a_bounded_buffer() 
     assert effective_split(64, 8192, 8192, 8192, 32) == 1  # 64 x 8192^2 fp32 partials would be 16 GB
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; the default run keeps every variant (split-K too) under the interpreter
 @pytest.mark.timeout(200)
 def test_split_k_first_candidate_is_more_accurate_than_one_long_sum_and_clears_the_bar(tmp_path: Path) -> None:
     plan = plan_of(L1_6_SCALED)

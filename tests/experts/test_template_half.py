@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from actors.experts.template import Plan, analyse, default_params, render
 from actors.experts.template.interp_check import finish_check, start_check
 
@@ -175,6 +177,7 @@ HALF_CONVS = [
 4 input channels (the flat order)."""
 
 
+@pytest.mark.slow  # ~2 s on a 2-core host; the default run keeps the half models and products
 def test_half_convolutions_render_and_match_the_reference_under_the_interpreter(tmp_path: Path) -> None:
     jobs = []
     for source, tol in HALF_CONVS:

@@ -125,6 +125,7 @@ def _any_batch_candidate() -> tuple[str, str]:
 _COPY = re.compile(r"(_kf_(?:row|conv)\d+)_b\[.*?\]\(kf_B, [^)]*?((?:BLOCK_\w+=\d+, )+)num_warps=(\d+)")
 
 
+@pytest.mark.slow  # ~4 s on a 2-core host; the default run keeps the three-layer model's first candidate
 @pytest.mark.timeout(600)
 def test_the_any_batch_copies_take_the_later_layers_shapes_too_and_hold_at_other_batches(tmp_path: Path) -> None:
     from tests.experts.test_template_any_batch import _check_in_child, _job

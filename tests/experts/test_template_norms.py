@@ -1,7 +1,9 @@
 """Batch norm, instance norm, vector norms and a whole conv block, under the Triton interpreter.
 
 Every reference of ``template_norm_cases`` at each of its sizes, in the variants of
-``template_interp`` (default, stress with multi-pass rows and no fusion, mutant, 64-bit).
+``template_interp`` (default, stress with multi-pass rows and no fusion, mutant, 64-bit). The
+default run checks every case but the two costliest under the interpreter
+(:data:`_IN_THE_SLOW_RUN`); the slow run checks those.
 """
 
 from __future__ import annotations
@@ -20,17 +22,48 @@ pytestmark = pytest.mark.timeout(300)
 _STRESS = {"row_block_m": 2, "row_block_r": 64, "row_block_i": 8, "row_one_pass": False, "pw_ept": 1}
 
 
+_CASES = (*NORM_CASES, *GRAPH_CASES)
+
+_IN_THE_SLOW_RUN = frozenset({"batchnorm1d_many_rows", "resnet_helper_classes_and_methods"})
+"""The cases only the slow run checks, about half of the module's interpreter time on a 2-core host:
+a batch norm of 16384 rows (two row kernels and an elementwise one, as ``batchnorm2d_training_relu``,
+which stays) and the second whole block (the first, with a class constant and a helper, stays)."""
+
+
+def _by_default(case: str, size: int, variant: str) -> bool:
+    """Whether the default run checks this candidate (:data:`_IN_THE_SLOW_RUN`)."""
+    return case not in _IN_THE_SLOW_RUN
+
+
+def _in_the_slow_run(case: str, size: int, variant: str) -> bool:
+    return not _by_default(case, size, variant)
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
-    """Verdicts by case name: (variant label, verdict) for every rendered candidate."""
-    return interp_verdicts((*NORM_CASES, *GRAPH_CASES), _STRESS, tmp_path_factory.mktemp("interp-norm"))
+    """Verdicts by case name: (variant label, verdict) for every candidate the default run checks."""
+    return interp_verdicts(_CASES, _STRESS, tmp_path_factory.mktemp("interp-norm"), select=_by_default)
 
 
-@pytest.mark.parametrize("case", [c.name for c in (*NORM_CASES, *GRAPH_CASES)])
+@pytest.fixture(scope="module")
+def slow_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
+    """Verdicts by case name: (variant label, verdict) for every candidate the slow run checks."""
+    return interp_verdicts(_CASES, _STRESS, tmp_path_factory.mktemp("interp-norm-slow"), select=_in_the_slow_run)
+
+
+@pytest.mark.parametrize("case", [c.name for c in _CASES if c.name not in _IN_THE_SLOW_RUN])
 def test_norm_kernels_match_pytorch_under_the_interpreter(
     case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
 ) -> None:
     assert_all_correct(verdicts[case])
+
+
+@pytest.mark.slow  # ~4 s of the module's ~8 s of interpreter time on a 2-core host
+@pytest.mark.parametrize("case", [c.name for c in _CASES if c.name in _IN_THE_SLOW_RUN])
+def test_the_costliest_norm_kernels_match_pytorch_under_the_interpreter(
+    case: str, slow_verdicts: dict[str, list[tuple[str, Verdict]]]
+) -> None:
+    assert_all_correct(slow_verdicts[case])
 
 
 def _norm_source(module: str, shape: str) -> str:

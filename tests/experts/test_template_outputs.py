@@ -55,6 +55,7 @@ def test_several_outputs_render_as_the_references_tuple_or_list_and_match_pytorc
     assert [v.ok for v in verdicts] == [True, True], verdicts
 
 
+@pytest.mark.slow  # ~2 s on a 2-core host; the default run keeps the flat tuple and list above
 def test_nested_outputs_render_nested_as_the_reference_and_match_pytorch(tmp_path: Path) -> None:
     jobs = []
     for name, (body, returns) in NESTED.items():

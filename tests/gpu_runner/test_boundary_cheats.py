@@ -48,6 +48,9 @@ class Case:
     gpu: bool = True
     flagged: CheatRule | None = None
     """Also as it must be: correct but flagged for review with this rule (never a run's best)."""
+    slow_on_cpu: bool = False
+    """Checked on the CPU in the slow run only (2-4 s each on a 2-core host): a case of its kind stays
+    in the default run."""
 
 
 def case(name: str, ref: str, *statuses: EvalStatus, **kw: object) -> Case:
@@ -56,7 +59,7 @@ def case(name: str, ref: str, *statuses: EvalStatus, **kw: object) -> Case:
 
 CASES = [
     # what a verdict depended on, in the candidate's process, before the referee
-    case("hostile_gc_ref_outputs", "add_relu"),
+    case("hostile_gc_ref_outputs", "add_relu", slow_on_cpu=True),  # the overwrite below walks gc too
     case("hostile_overwrite_ref_outputs", "add_relu"),
     case("hostile_slow_eager_hook", "add_relu"),
     case("hostile_import_precompute", "add_relu"),
@@ -90,21 +93,21 @@ CASES = [
     case("hostile_custom_op_torch", "add_relu", S.REJECTED, rule=R.TORCH_COMPUTE),
     # behaving only while judged
     case("hostile_lowprec_when_timed", "add_relu", S.INCORRECT),
-    case("hostile_stale_when_timed", "add_relu", S.INCORRECT),
+    case("hostile_stale_when_timed", "add_relu", S.INCORRECT, slow_on_cpu=True),
     case("hostile_softmax_no_max", "softmax_rows", S.INCORRECT),
     case("hostile_skip_held_out", "softmax_sized", S.INCORRECT),
     # tricks with nothing left to act on: correct, and no gain
-    case("hostile_memo_by_values", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=1.1),
+    case("hostile_memo_by_values", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=1.1, slow_on_cpu=True),
     case("hostile_frame_walk_checker", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0),
-    case("hostile_forge_timing_report", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0),
+    case("hostile_forge_timing_report", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=2.0, slow_on_cpu=True),
     # what stays in the candidate's process (README, anti-cheat): torch compute behind a forged
     # launch log; the speed it is timed at is what torch gives, no more (torch against torch:
     # ~1x, though microsecond CPU timings under a busy test run varied up to 1.6x)
     case("hostile_forged_launch_log", "add_relu", S.CORRECT, *NOT_CORRECT, unrewarded=3.0),
-    # honest counterparts
-    case("honest_add_relu_2d", "add_relu_2d", S.CORRECT),
-    case("honest_softmax_rows", "softmax_rows", S.CORRECT),
-    case("honest_scratch_workspace", "add_relu", S.CORRECT),
+    # honest counterparts (on the CPU, the default run keeps the many launches and test_cheats' honest ones)
+    case("honest_add_relu_2d", "add_relu_2d", S.CORRECT, slow_on_cpu=True),
+    case("honest_softmax_rows", "softmax_rows", S.CORRECT, slow_on_cpu=True),
+    case("honest_scratch_workspace", "add_relu", S.CORRECT, slow_on_cpu=True),
     case("honest_many_launches", "add_relu", S.CORRECT),
     case("honest_add_relu_big", "add_relu_big", S.CORRECT, cpu=False),
 ]
@@ -165,7 +168,10 @@ def check(result: EvalResult, c: Case) -> None:
             assert result.speedup_vs_eager < c.unrewarded, f"{c.name}: rewarded: {result.summary}"
 
 
-@pytest.mark.parametrize("c", [c for c in CASES if c.cpu], ids=lambda c: f"{c.name}-{c.ref}")
+@pytest.mark.parametrize(
+    "c",
+    [pytest.param(c, id=f"{c.name}-{c.ref}", marks=pytest.mark.slow if c.slow_on_cpu else ()) for c in CASES if c.cpu],
+)
 async def test_boundary_cheat_cpu(cpu_service: EvaluationService, c: Case) -> None:
     check(await cpu_service.evaluate(job(c.ref, c.name)), c)
 

@@ -42,6 +42,9 @@ class Case:
     gpu: bool = True
     unrewarded: bool = False
     """A correct verdict is also acceptable when it shows no speed-up: the trick gained nothing."""
+    slow_on_cpu: bool = False
+    """Checked on the CPU in the slow run only (a correct verdict is timed in full: ~1.5 s on a 2-core
+    host): a case like it stays in the default run."""
 
 
 def case(name: str, *statuses: EvalStatus, rule: CheatRule | None = None, **kw: object) -> Case:
@@ -83,7 +86,7 @@ GATED = [
     case("dynamic_getattr", S.REJECTED, rule=R.DYNAMIC_CODE),
     case("network_exfil", S.REJECTED, rule=R.NETWORK),
     case("honest_add_relu", S.CORRECT),
-    case("honest_helper_copy", S.CORRECT),
+    case("honest_helper_copy", S.CORRECT, slow_on_cpu=True),  # honest_add_relu stays
 ]
 """With the static gate enforced (the default)."""
 
@@ -195,7 +198,9 @@ def check_verdict(result: EvalResult, c: Case) -> None:
         assert result.stages.total_s < c.timeout_s + 5
 
 
-@pytest.mark.parametrize("c", [c for c in GATED if c.cpu], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "c", [pytest.param(c, id=c.name, marks=pytest.mark.slow if c.slow_on_cpu else ()) for c in GATED if c.cpu]
+)
 async def test_cheat_verdict_cpu(cpu_gated: EvaluationService, c: Case) -> None:
     result = await cpu_gated.evaluate(job("add_relu", c.name, timeout_s=c.timeout_s))
     check_verdict(result, c)

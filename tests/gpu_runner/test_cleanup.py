@@ -41,6 +41,7 @@ def _wait_for(predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-d
     return False
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; the default run keeps the sweep's and the kill's own tests below
 @pytest.mark.timeout(150)
 def test_sigkilled_evaluator_leaves_no_process_folder_or_tmpfs_file(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}

@@ -61,6 +61,7 @@ def test_cli_timeout_is_the_candidates_own_time() -> None:
     assert elapsed < 4 + 60  # the evaluator's start-up on 2 busy cores, bounded
 
 
+@pytest.mark.slow  # ~8 s on a 2-core host; the default run keeps the --json run of the same candidate above
 def test_cli_start_up_does_not_count_against_an_honest_candidate() -> None:
     """A timeout shorter than the evaluator's cold start still leaves the candidate its own time."""
     started = time.perf_counter()

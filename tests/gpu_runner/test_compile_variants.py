@@ -92,6 +92,7 @@ def test_the_copies_a_candidate_launches_at_held_out_batches_are_compiled_ahead(
     assert held["note"] == "; at 2 of 3 held-out shapes too (1 raised in the forward)", held["note"]
 
 
+@pytest.mark.slow  # ~7 s on a 2-core host; the default run keeps the held-out copies' compile above
 def test_a_compile_at_the_shapes_seeded_with_the_first_compiles_cache_compiles_only_the_copies(
     tmp_path: Path,
 ) -> None:
@@ -113,6 +114,7 @@ def test_a_compile_at_the_shapes_seeded_with_the_first_compiles_cache_compiles_o
     assert {p: after.get(p) for p in before} == before
 
 
+@pytest.mark.slow  # ~8 s on a 2-core host; the default run keeps the compile above and test_compile_shares
 def test_the_helpers_compile_the_held_out_shapes_copies_too(tmp_path: Path) -> None:
     # The compile stage's helpers share out the launches at the held-out shapes with those at the
     # task's own: the copies are in the cache before the stage's own passes (which then only find

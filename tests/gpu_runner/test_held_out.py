@@ -287,6 +287,7 @@ def test_a_large_products_held_out_shapes_shrink_every_size_when_fewer_rows_do_n
     assert "not checked" not in note, note
 
 
+@pytest.mark.slow  # ~8 s on a 2-core host; the default run keeps the check above and the copies' own
 async def test_the_template_experts_candidates_are_checked_at_every_held_out_shape() -> None:
     """Its kernels are written for the reference's shapes, with run-time-sized copies for any other
     shape (an elementwise model) or for any of the task's sizes (a softmax: any batch and row length)."""
@@ -320,6 +321,7 @@ async def test_the_template_experts_candidates_are_checked_at_every_held_out_sha
     assert [c.outcome for c in rows.values()] == ["correct"] * 3, rows
 
 
+@pytest.mark.slow  # ~4 s on a 2-core host; the default run keeps the evaluator's held-out check above
 async def test_a_candidate_whose_process_dies_at_a_held_out_shape_is_told_where() -> None:
     cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
     async with EvaluationService(cfg) as service:

@@ -118,6 +118,7 @@ async def shared() -> AsyncIterator[EvaluationService]:
         yield service
 
 
+@pytest.mark.slow  # ~9 s on a 2-core host; the judged tests above use shared outputs too (on by default)
 async def test_shared_outputs_reach_the_judge_without_files_and_are_released(shared: EvaluationService) -> None:
     # The spare hands its trial outputs over as buffers it made before the candidate ran (memfd on
     # the CPU, exported device memory on CUDA); the judge compares them where they lie.
@@ -295,6 +296,7 @@ async def test_timed_calls_shipped_after_their_batch_are_judged(judged_on_device
     assert "timed call wrong" in stale.summary
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; every evaluation of the default run uses truth workers
 async def test_truth_workers_serve_many_jobs_of_their_task_and_stop_with_it() -> None:
     """A truth worker never runs a candidate, so it is kept between jobs of its task (a start, its
     CUDA context and the model cost ~0.3-1 s, twice per candidate, on an H200 host): the spares'

@@ -63,6 +63,7 @@ async def test_the_reference_s_own_tf32_is_granted_and_narrower_formats_are_not(
     assert fp16.status is EvalStatus.INCORRECT, fp16.summary  # its range trials overflow
 
 
+@pytest.mark.slow  # ~4 s on a 2-core host; the default run keeps the IEEE reference's refusal below
 async def test_exact_precision_refuses_the_reference_s_own_tf32() -> None:
     got = await _run("matmul_tf32_flag", ["rounded_tf32_matmul"], precision="exact")
     tf32 = got["rounded_tf32_matmul"]
@@ -84,6 +85,7 @@ async def test_tf32_is_a_downcast_where_the_reference_runs_in_ieee_float32() -> 
     assert tf32.correctness.ref_default_err_vs_fp64 is None
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; the default run keeps the granted TF32 and refused narrower formats
 async def test_a_reference_whose_ieee_runs_differ_in_the_last_bits_keeps_its_parity() -> None:
     """cuDNN's transposed convolutions sum with atomics in IEEE float32 (KernelBench L2-2: two
     runs differ by 1e-8 where its TF32 errs 7e-5): the defaults' error is still the precision
@@ -98,6 +100,7 @@ async def test_a_reference_whose_ieee_runs_differ_in_the_last_bits_keeps_its_par
     assert "lower precision than the reference" in bf16.summary
 
 
+@pytest.mark.slow  # ~4 s on a 2-core host; the default run keeps the granted TF32 and the IEEE reference's downcast
 async def test_a_reference_whose_ieee_runs_spread_as_far_as_its_tf32_keeps_the_exact_rule() -> None:
     """Runs that differ by 1e-5 (within the float tolerance, so the task stands) are noise of the
     same order as TF32's error: no precision is granted for it."""

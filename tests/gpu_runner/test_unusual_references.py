@@ -37,6 +37,7 @@ async def test_a_nan_reference_is_judged_on_matching_positions_and_said_so() -> 
     assert "the reference's outputs hold NaN/Inf" in zeroed.summary
 
 
+@pytest.mark.slow  # ~4 s on a 2-core host; the default run keeps the NaN reference above
 async def test_an_in_place_reference_is_judged_on_its_outputs_and_said_so() -> None:
     cfg = RunnerConfig(device=DeviceChoice.CPU, spares=1, compile_workers=2, timing_budget_s=0.3)
     async with EvaluationService(cfg) as service:
@@ -45,6 +46,7 @@ async def test_an_in_place_reference_is_judged_on_its_outputs_and_said_so() -> N
     assert "the reference modifies its input(s) 0 in place" in result.summary
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host; the default run keeps the NaN and in-place references above
 async def test_a_reference_of_unmeasured_sizes_with_large_inputs_is_judged() -> None:
     """Its trials' frames carry its inputs: their cap came from the memory plan's input size, which
     was 0 when unmeasured (every SwinMLP candidate failed with a FrameError on an H200)."""

@@ -148,6 +148,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # ~3 s on a 2-core host; the default run keeps a run refusing a held GPU
 @pytest.mark.timeout(120)
 def test_a_hand_started_evaluator_refuses_a_gpu_another_evaluator_holds(fake_smi: FakeSmi) -> None:
     fake_smi(four_h200())

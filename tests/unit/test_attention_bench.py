@@ -57,6 +57,7 @@ def test_kernelbench_cases_are_the_published_shapes() -> None:
     }
 
 
+@pytest.mark.slow  # ~3 s on a 2-core host: the bench end to end
 def test_quick_cpu_run_measures_every_row_against_float64(tmp_path: Path) -> None:
     l1 = kernelbench_cases(quick=True)[0]
     run = tmp_path / "run-l1"

@@ -11,6 +11,7 @@ from bench.compile_bench import Row, measure, table
 from tests.experts.test_template_share import REPEATED
 
 
+@pytest.mark.slow  # ~13 s on a 2-core host: two compiles of a model for sm_90
 @pytest.mark.timeout(600)
 def test_shared_kernels_compile_fewer_cubins_than_a_function_per_kernel(tmp_path: Path) -> None:
     problem = tmp_path / "1_Repeated.py"

@@ -49,6 +49,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=300)
 
 
+@pytest.mark.slow  # ~6 s on a 2-core host: two recordings under the interpreter
 def test_two_runs_agree_and_a_changed_launch_is_named_first(tmp_path: Path) -> None:
     first = _run(tmp_path, "--record", str(tmp_path / "a.json"), "--set", "batch_size=2")
     assert first.returncode == 0, first.stderr[-2000:]
