@@ -92,7 +92,8 @@ def compile_env(
 
 GATE_PATIENCE_S = 5.0
 """How long a compile lets better-ranked candidates still in the static gate go first
-(:meth:`CoreBudget.take`): about two whole-model candidates' gates (KernelBench L3-15's takes 2 s)."""
+(:meth:`CoreBudget.take`): about two whole-model candidates' gates (KernelBench L3-15's took 2 s on a
+2-core host)."""
 
 
 class CoreBudget:
@@ -156,10 +157,10 @@ class CoreBudget:
 
         return soon
 
-    def forget(self, turn: Turn) -> None:
-        """The evaluation ended: nothing of it is kept."""
-        self._gating.pop(turn, None)
+    async def forget(self, turn: Turn) -> None:
+        """The evaluation ended: nothing of it is kept (out of the gate too, if it never left it)."""
         self._ended.pop(turn, None)
+        await self.arrived(turn)
 
     async def take(self, want: int, turn: Turn | None = None) -> int:
         """Wait for ``want`` cores (at most all of them) behind the lower turns, those still in

@@ -324,8 +324,7 @@ class EvaluationService:
             return await self._evaluate_in_line(job, phase, started, turn)
         finally:
             if self.compiler is not None:
-                await self.compiler.cores.arrived(turn)
-                self.compiler.cores.forget(turn)
+                await self.compiler.cores.forget(turn)
             await self._line.leave(turn)
 
     async def _evaluate_in_line(self, job: EvalJob, phase: Phase, started: float, turn: Turn) -> EvalResult:

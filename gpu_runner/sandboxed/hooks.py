@@ -195,12 +195,15 @@ class CompileShare:
         process. By launch order (:meth:`mine`) the sites of a kernel shared by many (the template's
         repeated layers, ``actors.experts.template.share``) were spread over the processes, and each
         compiled it again. Launch order where the key cannot be made."""
+        if self.of == 1:  # the stage's own full pass: every launch, no key to make
+            self.seen += 1
+            return True
         try:
             key = launch_key(fn, args, kwargs)
         except Exception:  # noqa: BLE001 - an unusual kernel object: the order still shares the work
             return self.mine()
         self.seen += 1
-        return self.of == 1 or zlib.crc32(key.encode()) % self.of == self.index
+        return zlib.crc32(key.encode()) % self.of == self.index
 
 
 def launch_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
