@@ -28,6 +28,7 @@ import pydantic
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from actors.runtime.bus.calls import server_has_all
 from schemas import (
     ActorInfo,
     Candidate,
@@ -175,7 +176,7 @@ async def tap(
             done.set()
 
     subs = [await nc.subscribe(subject, cb=on_msg) for subject in subjects]
-    await nc.flush()
+    await server_has_all(nc)
     try:
         await done.wait()
     finally:
@@ -309,6 +310,7 @@ async def _gather(nc: NATS, subject: str, wait_s: float) -> list[dict[str, Any]]
             return
 
     sub = await nc.subscribe(inbox, cb=on_reply)
+    await server_has_all(nc)
     await nc.publish(subject, b"", reply=inbox)
     await nc.flush()
     await asyncio.sleep(wait_s)

@@ -29,7 +29,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from actors.runtime.bus import Bus
+from actors.runtime.bus import Bus, server_has_all
 from actors.runtime.kv import get_expert_config, put_expert_config
 from actors.runtime.nats_server import find_binary
 from schemas import ExpertConfig, ExpertKind
@@ -165,7 +165,7 @@ async def test_leaf_node_joins_the_hub_that_hub_url_names(hub: tuple[Running, in
 
     try:
         await on_hub.subscribe(subject, cb=answer)
-        await on_hub.flush()
+        await server_has_all(on_hub)
         reply = await _request_until_answered(on_leaf, subject, b"from-the-leaf")
     finally:
         await on_leaf.close()
@@ -189,7 +189,7 @@ async def test_actors_on_a_leaf_node_use_the_hubs_jetstream(hub: tuple[Running, 
         stack.push_async_callback(on_leaf.close)
         # The leaf connection is up once a request from the leaf is answered on the hub.
         sub = await on_hub.subscribe("kf.leaftest.ping", cb=pong)
-        await on_hub.flush()
+        await server_has_all(on_hub)
         await _request_until_answered(on_leaf, "kf.leaftest.ping", b"")
         await sub.unsubscribe()
         hub_bus = await Bus.connect(server.url, name="test-hub", actor_id="test-hub")
@@ -363,9 +363,14 @@ async def test_tls_server_with_role_users_serves_them_over_tls(tls_server: tuple
         _tls_client(server.url, ca, "evaluator", PASSWORD) as evaluator,
     ):
         sub = await operator.subscribe("kf.r1.result.c1")
-        await operator.flush()
+        await server_has_all(operator)
         await evaluator.publish("kf.r1.result.c1", b"verdict")  # an evaluator's own subject
-        msg = await sub.next_msg(timeout=5)
+        await evaluator.flush()
+        try:
+            msg = await sub.next_msg(timeout=5)
+        except nats.errors.TimeoutError:
+            connz = await asyncio.to_thread(_get_json, f"{server.http}/connz?subs=1")
+            pytest.fail(f"the evaluator's verdict did not reach the operator; the server's connz: {connz}")
         account = await operator.jetstream().account_info()
     assert msg.data == b"verdict"
     assert account.limits is not None  # JetStream answers the operator

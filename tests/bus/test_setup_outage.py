@@ -13,7 +13,7 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from actors.runtime.bus import Bus, ConsumerSpec, transient
+from actors.runtime.bus import Bus, ConsumerSpec, server_has_all, transient
 from actors.runtime.errors import BusError
 from actors.runtime.kv import get_run
 from schemas import Control, ControlAction, Feedback, subjects
@@ -120,7 +120,7 @@ async def test_a_request_lost_with_the_server_is_asked_again_once_the_connection
 
     try:
         await answerer.subscribe("t.lost.request", cb=answer_all_but_the_first)
-        await answerer.flush()
+        await server_has_all(answerer)
         sent = Control(action=ControlAction.DRAIN, reason="lost with the server")
         started = asyncio.get_running_loop().time()
         request = asyncio.create_task(asker.request("t.lost.request", sent, Control, timeout=40.0))

@@ -28,6 +28,7 @@ from actors.runtime.bus.calls import (
     MSG_ID_HEADER,
     STATUS_HEADER,
     ConnectionDropped,
+    server_has_all,
     settled,
     transient,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "Handler",
     "PullConsumer",
     "ReplyHandler",
+    "server_has_all",
     "settled",
     "transient",
 ]

@@ -12,6 +12,7 @@ from typing import TypeVar
 import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from actors.runtime.errors import BusError
@@ -116,3 +117,19 @@ async def wait_any(*events: asyncio.Event) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+async def server_has_all(nc: NATS, timeout: int = 10) -> None:
+    """Return once the server has processed everything this connection sent before the call (a
+    subscription made just before: messages published afterwards by anyone reach it).
+
+    ``flush`` alone does not promise that with nats-py 2.16: it writes its PING straight to the
+    socket, ahead of commands still waiting for the client's flusher task, so its PONG can come back
+    before the server has seen a ``SUB`` queued a moment earlier. Seen as a lost message: the TLS
+    role test's verdict, published by another connection after ``subscribe`` + ``flush``, was never
+    delivered in 4 of 30 tries on this 2-core host (the server's connz: the publisher's message
+    counted in, none out, the subscription present). The first round trip gives the flusher its turn
+    (it is woken before any answer can be read), so the second PING goes out after those commands
+    and is answered after the server has them."""
+    await nc.flush(timeout=timeout)
+    await nc.flush(timeout=timeout)

@@ -21,7 +21,15 @@ from nats.js.api import (
     DeliverPolicy,
 )
 
-from actors.runtime.bus.calls import DESCRIPTION_HEADER, settled, short, status_of, wait_any, wait_any_for
+from actors.runtime.bus.calls import (
+    DESCRIPTION_HEADER,
+    server_has_all,
+    settled,
+    short,
+    status_of,
+    wait_any,
+    wait_any_for,
+)
 from actors.runtime.bus.delivery import (
     ConsumerSpec,
     CoreSub,
@@ -64,7 +72,7 @@ class Receiving(Sending):
 
         sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg, pending_msgs_limit=1_000_000)
         self._core.append(CoreSub(sub, workers))
-        await self.nc.flush()
+        await server_has_all(self.nc)
 
     async def _run_core(self, handler: Handler[M], message: M, delivery: Delivery) -> None:
         started = self.stats.start()

@@ -11,7 +11,7 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 
-from actors.runtime.bus.calls import short
+from actors.runtime.bus.calls import server_has_all, short
 from actors.runtime.bus.delivery import Endpoint, M, R, ReplyHandler, Workers
 from actors.runtime.bus.sending import Sending
 from actors.runtime.latency import Outcome, Transport, observe_handle
@@ -104,4 +104,4 @@ class Serving(Sending):
             name=name, subject=subject, handler=on_request, queue_group=queue_group or f"q-{name}"
         )
         self._endpoints.append(Endpoint(service, workers))
-        await self.nc.flush()
+        await server_has_all(self.nc)
