@@ -5,9 +5,11 @@ Triton functions it compiles and how long that takes, side by side in one run. N
     python -m bench.compile_bench KB --level 3 --problems 9 --processes 4 --out bench/results/compile_cpu.md
 
 For each problem at its published size: the template expert's first candidate for ``--gpu``'s model
-(TF32 where precision parity admits it), rendered twice: with kernels of the same code sharing one
-``triton.jit`` function (``actors/experts/template/share.py``, what the expert writes) and with a
-function per kernel (as before it). Each is compiled as the evaluator's compile stage compiles it
+(TF32 where precision parity admits it), rendered three times: with a function per kernel, with
+kernels of the same code sharing one ``triton.jit`` function (``actors/experts/template/share.py``),
+and ("shared sizes", ``share_sizes``, the first candidate of a plan of 32 kernels or more) with
+kernels that differ only in integer or fp32 constants sharing one too, the constants passed by their
+launches (``const_args.py``). Each is compiled as the evaluator's compile stage compiles it
 (``gpu_runner.sandboxed.compiling``: Triton's driver replaced by one naming ``--arch``, launches
 turned into compile-only warm-ups, the forward run on CPU tensors of the task's shapes, the
 kernels shared out over ``--processes`` forked processes), in a fresh process with an empty Triton
@@ -100,8 +102,24 @@ def _module_int(source: str, name: str) -> int | None:
     return None
 
 
-def measure(path: Path, gpu: str, processes: int, arch: int, workdir: Path) -> list[Row]:
-    """Both forms of one problem's first candidate, compiled one after the other."""
+FORMS = {
+    "apart": ("one function per kernel", False, False),
+    "shared": ("shared", True, False),
+    "sizes": ("shared sizes", True, True),
+}
+"""``--forms`` name → (row label, ``render``'s ``shared``, ``share_sizes``)."""
+
+
+def measure(
+    path: Path,
+    gpu: str,
+    processes: int,
+    arch: int,
+    workdir: Path,
+    forms: tuple[str, ...] = tuple(FORMS),
+    held_out: bool = True,
+) -> list[Row]:
+    """The forms of one problem's first candidate, compiled one after the other."""
     source = path.read_text(encoding="utf-8")
     plan = analyse(source)
     if not isinstance(plan, Plan):  # as the expert does: data movement may stay PyTorch under any policy
@@ -112,14 +130,14 @@ def measure(path: Path, gpu: str, processes: int, arch: int, workdir: Path) -> l
     params = default_params(plan, hw, tf32=True)
     variants: list[dict[str, int]] = []
     batch = _module_int(source, plan.batch_name) if plan.batch and plan.batch_name else None
-    if batch is not None and batch > 1:
+    if held_out and batch is not None and batch > 1:
         variants.append({plan.batch_name: max(1, batch // 2) | 1})
     reference = workdir / f"ref_{path.stem}.py"
     reference.write_text(source, encoding="utf-8")
     rows = []
-    for form, shared in (("one function per kernel", False), ("shared", True)):
-        text = render(plan, params, hw=hw, shared=shared)
-        candidate = workdir / f"cand_{path.stem}_{int(shared)}.py"
+    for k, (form, shared, sizes) in enumerate(FORMS[f] for f in forms):
+        text = render(plan, params.with_changes(share_sizes=sizes), hw=hw, shared=shared)
+        candidate = workdir / f"cand_{path.stem}_{k}.py"
         candidate.write_text(text, encoding="utf-8")
         row = Row(
             path.stem,
@@ -136,10 +154,11 @@ def measure(path: Path, gpu: str, processes: int, arch: int, workdir: Path) -> l
     return rows
 
 
-def table(rows: list[Row], processes: int, arch: int, gpu: str) -> str:
+def table(rows: list[Row], processes: int, arch: int, gpu: str, held_out: bool = True) -> str:
+    where = "the task's shape, and a held-out batch where the model has one" if held_out else "the task's shape only"
     lines = [
         f"Compile stage for sm_{arch} on this host's CPU, {processes} process(es), first candidates for "
-        f"the {gpu} model (the task's shape, and a held-out batch where the model has one):",
+        f"the {gpu} model ({where}):",
         "",
         "| problem | form | launch sites | functions | cubins | compile (s) | vs one function per kernel |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -148,8 +167,10 @@ def table(rows: list[Row], processes: int, arch: int, gpu: str) -> str:
     for r in rows:
         if r.form.startswith("one"):
             base[r.problem] = r.seconds
-        ratio = f"{base[r.problem] / r.seconds:.2f}x" if r.form == "shared" and r.seconds and r.problem in base else ""
-        cells = [r.problem, r.form, r.sites, r.functions, r.cubins, f"{r.seconds:.1f}", r.error or ratio]
+        shared = r.form.startswith("shared")
+        ratio = f"{base[r.problem] / r.seconds:.2f}x" if shared and r.seconds and r.problem in base else ""
+        ratio = r.error or ratio
+        cells = [r.problem, r.form, r.sites, r.functions, r.cubins, f"{r.seconds:.1f}", ratio]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
 
@@ -164,8 +185,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--processes", type=int, default=os.cpu_count() or 1, help="compile processes (the stage's share of cores)"
     )
+    parser.add_argument(
+        "--forms", default=",".join(FORMS), help=f"which renderings, comma-separated (default: {','.join(FORMS)})"
+    )
+    parser.add_argument(
+        "--no-held-out",
+        action="store_true",
+        help="compile at the task's shape only (a run's first candidates: before the held-out shapes are known)",
+    )
     parser.add_argument("--out", type=Path, help="append the table to this file")
     args = parser.parse_args(argv)
+    forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
+    if not forms or any(f not in FORMS for f in forms):
+        parser.error(f"--forms {args.forms}: choose among {', '.join(FORMS)}")
     if args.processes < 1:
         parser.error(f"--processes {args.processes}: use 1 or more")
     if lookup(args.gpu) is None:
@@ -178,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kf_compile_bench_") as work:
         for problem in problems:
             print(f"{problem.path.stem}:", flush=True)
-            rows.extend(measure(problem.path, args.gpu, args.processes, args.arch, Path(work)))
-    text = table(rows, args.processes, args.arch, args.gpu)
+            rows.extend(
+                measure(problem.path, args.gpu, args.processes, args.arch, Path(work), forms, not args.no_held_out)
+            )
+    text = table(rows, args.processes, args.arch, args.gpu, held_out=not args.no_held_out)
     print("\n" + text)
     if args.out:
         with args.out.open("a", encoding="utf-8") as out:

@@ -35,7 +35,7 @@ class Arena:
     shifts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     """Kernel name → (pointer parameter, element offset) added at its top: constants in its text,
     or run-time arguments where it shares its text with other kernels (``share.py``)."""
-    args: dict[str, dict[str, int]] = field(default_factory=dict)
+    args: dict[str, dict[str, int | float]] = field(default_factory=dict)
     """Kernel name → the offsets its launches pass as arguments (``{"kf_o0": 1009152}``)."""
 
     def arg(self, name: str) -> str:
@@ -95,6 +95,7 @@ def place(
         end = offset + size
         arena.sizes[buffer] = (dtype, max(end, arena.sizes.get(buffer, (dtype, 0))[1]))
         for stage_name, param in uses[name]:
-            if offset:
-                arena.shifts.setdefault(stage_name, []).append((param, offset))
+            # at offset 0 too: a kernel is then the same code as one whose buffer lies elsewhere
+            # (``share.py`` passes both offsets; a kernel alone adds no line for it)
+            arena.shifts.setdefault(stage_name, []).append((param, offset))
     return arena

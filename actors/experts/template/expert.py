@@ -333,6 +333,14 @@ class TemplateExpert:
                 why = "in one TF32 pass (correct if the reference's cuDNN convolutions run TF32)"
             described = f"default configuration for the traced shapes on {hw.name}, {why}"
             listed.insert(after, (second, "default", described))
+        if default.share_sizes:
+            # The default shares functions between kernels that differ only in constants (a first
+            # verdict sooner for a whole model: fewer functions to compile); the same with every
+            # constant in its kernel (the compiler knowing each size) follows the defaults.
+            apart = default.with_changes(share_sizes=False)
+            after = max(i for i, (p, _, _) in enumerate(listed) if p in (default, second)) + 1
+            why = "each kernel a function of its own, its sizes constants"
+            listed.insert(after, (apart, "default", f"default configuration for the traced shapes on {hw.name}, {why}"))
         bases = [p for p, _, _ in listed]
         seen = set(bases)
         want = request.start + n + min(len(avoid), 8 * n)  # room to pass over the island's kernels

@@ -62,6 +62,7 @@ SPACE: dict[str, tuple[object, ...]] = {
     "attn_precision": ("ieee", "tf32x3"),
     "fuse_epilogue": (True, False),
     "fuse_prologue": (True, False),
+    "share_sizes": (False, True),
 }
 """Every parameter and its allowed values, in order (mutation steps between neighbours)."""
 
@@ -172,6 +173,12 @@ class TemplateParams:
     """Fuse elementwise ops after a matrix product into its kernel (else a separate kernel)."""
     fuse_prologue: bool = True
     """Fuse elementwise ops before a reduction into the row kernel (else a separate kernel)."""
+    share_sizes: bool = False
+    """Kernels that are the same code but for integer constants (sizes, strides, bounds: a model's
+    layers of other widths) share one Triton function, the constants passed by each launch
+    (``const_args.py``): fewer functions to compile before the first verdict, at some cost in
+    speed where the compiler no longer knows a divisor or a bound. Else such kernels are functions
+    of their own (kernels that are the same code share one either way)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

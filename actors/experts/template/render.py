@@ -224,11 +224,18 @@ def render(
     (``arena.py``); off, each is a ``torch.empty`` of its own. ``hw``: the copies for other sizes
     get a configuration per size bucket from this model of the GPU (``buckets.py``); ``None``:
     they run with ``params`` at every size. ``shared``: kernels of the same code share one
-    function (``share.py``); off, each kernel is a function of its own."""
+    function (``share.py``; with ``params.share_sizes``, also kernels that differ only in integer
+    constants, passed by their launches); off, each kernel is a function of its own."""
     fusion = (params.fuse_epilogue, params.fuse_prologue)
     if fusion not in plan.fusions:
         params = params.with_changes(fuse_epilogue=True, fuse_prologue=True)
     return _render(plan, params, schedule(plan, params), direct, arena, hw, shared)
+
+
+def _all_fp32(plan: Plan) -> bool:
+    """Whether every floating-point value of the plan is fp32 (what a float passed to a kernel at
+    run time is: ``const_args.numbers``)."""
+    return all(n.dtype == "float32" or not n.dtype.startswith(("float", "bfloat", "complex")) for n in plan.nodes)
 
 
 def _direct(launch: Launch) -> bool:
@@ -333,11 +340,14 @@ def _render(
     stages = [stage for launch in kernels for stage in (*launch.pre, launch)]
     placed = _arena(plan, sched, launches) if arena else Arena()
     files = [
-        *(share.Kernel(stage.name, stage.source, tuple(placed.shifts.get(stage.name, ()))) for stage in stages),
+        *(
+            share.Kernel(stage.name, stage.source, tuple(placed.shifts.get(stage.name, ())), sized=True)
+            for stage in stages
+        ),
         *(share.Kernel(launch.name, launch.source) for launch in generic),
         *(share.Kernel(share.def_name(source), source) for source in (batched[0] if batched else ())),
     ]
-    texts = share.share(files) if shared else share.alone(files)
+    texts = share.share(files, params.share_sizes, floats=_all_fp32(plan)) if shared else share.alone(files)
     placed.args = texts.args
     parts.extend(text for kernel in files for text in ("", texts.texts[kernel.name], ""))
     wide = [stage for stage in stages if INTERPRETED in stage.constexprs.values()]

@@ -20,6 +20,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from actors.experts.template import const_args
+
 OFFSET_ARG = "kf_o"
 """Prefix of the run-time offset arguments of a shared kernel (``kf_o0``, ``kf_o1``...)."""
 
@@ -35,6 +37,11 @@ class Kernel:
     name: str
     source: str
     shifts: tuple[tuple[str, int], ...] = ()
+    sized: bool = False
+    """Whether its launches pass what :attr:`Shared.args` names (the plan's own launch sites; the
+    any-batch and any-size copies are launched by methods that pass only their offsets): only such
+    kernels may share a function with their integer constants as arguments (:func:`share`'s
+    ``constants``)."""
 
 
 @dataclass
@@ -43,7 +50,7 @@ class Shared:
 
     texts: dict[str, str] = field(default_factory=dict)
     """Kernel name → its ``def`` (with offsets as arguments where shared), or ``name = first``."""
-    args: dict[str, dict[str, int]] = field(default_factory=dict)
+    args: dict[str, dict[str, int | float]] = field(default_factory=dict)
     """Kernel name → the offset arguments its launches pass (``{"kf_o0": 1009152}``)."""
 
     @property
@@ -64,7 +71,7 @@ def _def_line(lines: list[str]) -> int:
     return next(i for i, line in enumerate(lines) if line.startswith("def "))
 
 
-def with_offsets(kernel: Kernel, as_args: bool) -> tuple[str, dict[str, int]]:
+def with_offsets(kernel: Kernel, as_args: bool) -> tuple[str, dict[str, int | float]]:
     """The kernel's text with its offsets added at its top: constants, or (``as_args``) run-time
     arguments placed after its last argument that is not a ``tl.constexpr`` (their values returned
     for the launch site), numbered in the order of the parameters they move."""
@@ -73,7 +80,7 @@ def with_offsets(kernel: Kernel, as_args: bool) -> tuple[str, dict[str, int]]:
     lines = kernel.source.split("\n")
     at = _def_line(lines)
     if not as_args:
-        moved = [f"    {param} = {param} + {offset}" for param, offset in kernel.shifts]
+        moved = [f"    {param} = {param} + {offset}" for param, offset in kernel.shifts if offset]
         return "\n".join([*lines[: at + 1], *moved, *lines[at + 1 :]]), {}
     header = lines[at]
     match = re.match(r"^def (\w+)\((.*)\):$", header)
@@ -86,7 +93,7 @@ def with_offsets(kernel: Kernel, as_args: bool) -> tuple[str, dict[str, int]]:
     split = next((i for i, p in enumerate(params) if "constexpr" in p), len(params))
     header = f"def {match.group(1)}({', '.join([*params[:split], *extra, *params[split:]])}):"
     moved = [f"    {param} = {param} + {arg}" for (param, _), arg in zip(order, extra, strict=True)]
-    values = {arg: offset for (_, offset), arg in zip(order, extra, strict=True)}
+    values: dict[str, int | float] = {arg: offset for (_, offset), arg in zip(order, extra, strict=True)}
     return "\n".join([*lines[:at], header, *moved, *lines[at + 1 :]]), values
 
 
@@ -136,35 +143,76 @@ def _named(text: str, name: str) -> str:
     return re.sub(r"^def KF\(", f"def {name}(", text, count=1, flags=re.M)
 
 
-def share(kernels: Sequence[Kernel]) -> Shared:
+def share(kernels: Sequence[Kernel], constants: bool = False, floats: bool = False) -> Shared:
     """Group ``kernels`` (in the file's order) by canonical form: the first of each group of two or
     more is emitted in that form under its own name (offsets as arguments), the others become its
-    names; a kernel alone keeps its text with constant offsets."""
+    names; a kernel alone keeps its text with constant offsets.
+
+    ``constants``: kernels launched with :attr:`Shared.args` (``Kernel.sized``) are grouped by
+    their canonical form with every integer constant that may be a run-time value left out
+    (``const_args.py``); where the members of a group differ in such a constant, it becomes an
+    argument (``kf_c0``...) that each launch passes with its own value; ``floats``: float constants
+    too (only where every tensor of the kernels is fp32, see ``const_args.numbers``)."""
     groups: dict[str, list[Kernel]] = {}
-    forms: dict[str, tuple[str, dict[str, int]]] = {}
+    forms: dict[str, tuple[str, dict[str, int | float], str]] = {}
     for kernel in kernels:
         try:
             text, values = with_offsets(kernel, as_args=True)
-            key = canonical(text, kernel.name)
+            form = canonical(text, kernel.name)
+            key = form
+            if constants and kernel.sized:
+                key = "sized:" + const_args.skeleton(form, const_args.numbers(form, floats))
         except ValueError:
-            key, values = f"alone:{kernel.name}", {}  # kept as it is
-        forms[kernel.name] = (key, values)
+            form = key = f"alone:{kernel.name}"  # kept as it is
+            values = {}
+        forms[kernel.name] = (key, values, form)
         groups.setdefault(key, []).append(kernel)
     shared = Shared()
+    moved: dict[str, tuple[str, dict[str, dict[str, int | float]]]] = {}
+    """Group key → the first member's text with its differing constants as arguments, and each
+    member's values of them."""
     for kernel in kernels:
-        key, values = forms[kernel.name]
+        key, values, form = forms[kernel.name]
         members = groups[key]
         if len(members) == 1 or key.startswith("alone:"):
             shared.texts[kernel.name] = with_offsets(kernel, as_args=False)[0]
             continue
         first = members[0]
+        if key.startswith("sized:"):
+            if key not in moved:
+                moved[key] = _lifted([forms[m.name][2] for m in members], [m.name for m in members], floats)
+            text, by_member = moved[key]
+            values = {**values, **by_member[kernel.name]}
+        else:
+            text = form
         if kernel is first:
-            shared.texts[kernel.name] = _named(key, kernel.name).rstrip("\n")
+            shared.texts[kernel.name] = _named(text, kernel.name).rstrip("\n")
         else:
             shared.texts[kernel.name] = f"{kernel.name} = {first.name}"
         if values:
             shared.args[kernel.name] = values
     return shared
+
+
+def _lifted(forms: Sequence[str], names: Sequence[str], floats: bool) -> tuple[str, dict[str, dict[str, int | float]]]:
+    """The first of ``forms`` (canonical texts of one skeleton) with the movable constants whose
+    values differ between them as arguments (one argument for constants whose values go together
+    in every member), and each member's values (by ``names``)."""
+    movable = [[n for n, ok in const_args.numbers(form, floats) if ok] for form in forms]
+    differs = [j for j in range(len(movable[0])) if len({found[j].value for found in movable}) > 1]
+    # positions whose values go together in every member: one argument (typed: 3136 and 3136.0
+    # are equal in Python, but an int offset and a float divisor are not one argument)
+    named: dict[tuple[tuple[str, int | float], ...], str] = {}
+    args = {
+        j: named.setdefault(
+            tuple((type(found[j].value).__name__, found[j].value) for found in movable),
+            f"{const_args.CONST_ARG}{len(named)}",
+        )
+        for j in differs
+    }
+    text = const_args.with_args(forms[0], {movable[0][j]: arg for j, arg in args.items()})
+    values = {name: {a: found[j].value for j, a in args.items()} for name, found in zip(names, movable, strict=True)}
+    return text, values
 
 
 def alone(kernels: Sequence[Kernel]) -> Shared:

@@ -42,7 +42,18 @@ def default_params(plan: Plan, hw: GpuModel | None = None, tf32: bool = False) -
         values.update(template.defaults(plan, sched, kernel, values))
     if hw is not None and hw.is_gpu:
         values.update(_fit_to(hw, plan, sched, tf32))
+    values["share_sizes"] = _many_kernels(sched)
     return TemplateParams.from_dict(values)
+
+
+SHARE_SIZES_FROM = 32
+"""Plans of this many kernels or more start with ``share_sizes`` (and may change it): a whole
+model's first verdict waits for the compile of all its functions (KernelBench L3-15: 714 of them,
+20-26 s on a 16-core host); below, few functions are compiled and the constants stay constants."""
+
+
+def _many_kernels(sched: Schedule) -> bool:
+    return sum(1 for kernel in sched.kernels if kernel.kind is not KernelKind.TORCH) >= SHARE_SIZES_FROM
 
 
 def _fit_to(hw: GpuModel, plan: Plan, sched: Schedule, tf32: bool = False) -> dict[str, object]:
@@ -73,6 +84,8 @@ def relevant_by_kind(plan: Plan, params: TemplateParams) -> dict[str, tuple[str,
     for i, flag in enumerate(("fuse_epilogue", "fuse_prologue")):
         if len({f[i] for f in plan.fusions}) > 1:
             names.setdefault("", []).append(flag)
+    if _many_kernels(sched):
+        names.setdefault("", []).append("share_sizes")
     return {kind: tuple(dict.fromkeys(n)) for kind, n in names.items() if n}
 
 
@@ -139,6 +152,8 @@ def _choices(
     ):
         if "row_one_pass" in relevant and params.row_one_pass:
             forced["row_one_pass"] = False
+        if diagnosis is DiagnosisCategory.COMPILE_TIMEOUT and "share_sizes" in relevant and not params.share_sizes:
+            forced["share_sizes"] = True  # fewer functions to compile
         return _among(relevant, "shrink"), -1, forced
     if diagnosis is DiagnosisCategory.INCORRECT_PRECISION:
         for name in sorted(names_in("precision")):

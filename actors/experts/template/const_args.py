@@ -1,0 +1,260 @@
+"""Integer constants of a kernel that may become run-time arguments (``share.py``'s ``constants``).
+
+A whole model's kernels repeat with other sizes: DenseNet-121's dense layers differ in their input
+channels, a ResNet's blocks in their widths and image sizes. Written as constants, each is a Triton
+function of its own, compiled on its own (KernelBench L3-15: 714 functions, 20-26 s of compile on a
+16-core host before its first verdict). Passed as arguments, kernels that differ only in such
+constants are one function: compiled once per specialisation (Triton specialises an integer
+argument on being 1 and on being a multiple of 16), at some cost in speed where a divisor or a
+bound is no longer known to the compiler.
+
+Only a constant whose value nowhere needs to be known when compiling may move: one that reaches,
+through arithmetic, comparisons and names assigned from them, only what Triton takes at run time:
+a pointer, mask or ``other`` of a load or store, the tensor operands of ``tl.where``, ``tl.dot``,
+reductions and math functions, a ``range`` bound, the value cast by ``.to``. A constant inside
+``tl.arange``, a shape, an axis, an ``if`` condition, a subscript, a tuple or any call not listed
+here stays a constant (a kernel is then shared only with kernels where it has the same value).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+CONST_ARG = "kf_c"
+"""Prefix of the run-time constant arguments of a shared kernel (``kf_c0``, ``kf_c1``...)."""
+
+_ALL = frozenset(range(8))
+_RUNTIME_POSITIONS: Mapping[str, frozenset[int]] = {
+    "tl.load": frozenset({0}),
+    "tl.store": frozenset({0, 1}),
+    "tl.where": frozenset({0, 1, 2}),
+    "tl.minimum": frozenset({0, 1}),
+    "tl.maximum": frozenset({0, 1}),
+    "tl.clamp": frozenset({0, 1, 2}),
+    "tl.fma": frozenset({0, 1, 2}),
+    "tl.dot": frozenset({0, 1, 2}),
+    "tl.sum": frozenset({0}),
+    "tl.max": frozenset({0}),
+    "tl.min": frozenset({0}),
+    "tl.argmax": frozenset({0}),
+    "tl.argmin": frozenset({0}),
+    "tl.cumsum": frozenset({0}),
+    "tl.abs": frozenset({0}),
+    "tl.exp": frozenset({0}),
+    "tl.exp2": frozenset({0}),
+    "tl.log": frozenset({0}),
+    "tl.log2": frozenset({0}),
+    "tl.sqrt": frozenset({0}),
+    "tl.sqrt_rn": frozenset({0}),
+    "tl.rsqrt": frozenset({0}),
+    "tl.sigmoid": frozenset({0}),
+    "tl.erf": frozenset({0}),
+    "tl.cos": frozenset({0}),
+    "tl.sin": frozenset({0}),
+    "tl.floor": frozenset({0}),
+    "tl.ceil": frozenset({0}),
+    "tl.div_rn": frozenset({0, 1}),
+    "tl.fdiv": frozenset({0, 1}),
+    "tl.cdiv": frozenset({0, 1}),
+    "tl.atomic_add": frozenset({0, 1}),
+    "tl.atomic_max": frozenset({0, 1}),
+    "tl.atomic_min": frozenset({0, 1}),
+    "tl.multiple_of": frozenset({0}),
+    "tl.max_contiguous": frozenset({0}),
+    "tl.broadcast_to": frozenset({0}),
+    "tl.reshape": frozenset({0}),
+    "tl.expand_dims": frozenset({0}),
+    "tl.trans": frozenset({0}),
+    "tl.permute": frozenset({0}),
+    "range": frozenset({0, 1, 2}),
+    "tl.range": frozenset({0, 1, 2}),
+}
+"""Calls and the positional arguments of theirs that Triton takes at run time."""
+_RUNTIME_KEYWORDS: Mapping[str, frozenset[str]] = {
+    "tl.load": frozenset({"mask", "other"}),
+    "tl.store": frozenset({"mask"}),
+    "tl.dot": frozenset({"acc"}),
+    "tl.atomic_add": frozenset({"mask"}),
+    "tl.atomic_max": frozenset({"mask"}),
+    "tl.atomic_min": frozenset({"mask"}),
+}
+_RUNTIME_METHODS = frozenset({"to"})
+_LIBDEVICE = ".libdevice."
+"""Math functions of CUDA's libdevice (``libdevice.tanh(x)``): every argument a run-time value."""
+
+
+@dataclass(frozen=True)
+class Number:
+    """A numeric constant of the function's text: where it is and its value."""
+
+    line: int
+    """0-based line of the text."""
+    start: int
+    end: int
+    value: int | float
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else ""
+    return ""
+
+
+def _call_takes(call: ast.Call, child: ast.AST) -> bool:
+    """Whether ``call`` takes ``child`` (one of its argument expressions or keywords) as a run-time value."""
+    name = _dotted(call.func)
+    if isinstance(child, ast.keyword):
+        return child.arg is not None and child.arg in _RUNTIME_KEYWORDS.get(name, frozenset())
+    positions = _ALL if _LIBDEVICE in f".{name}" else _RUNTIME_POSITIONS.get(name)
+    if positions is None:
+        return False
+    return any(arg is child and i in positions for i, arg in enumerate(call.args))
+
+
+class _Flow:
+    """Where the values of one function's body go."""
+
+    def __init__(self, fn: ast.FunctionDef) -> None:
+        self.parents: dict[ast.AST, ast.AST] = {}
+        for node in ast.walk(fn):
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+        self.uses: dict[str, list[ast.Name]] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                self.uses.setdefault(node.id, []).append(node)
+        self.fn = fn
+        self._names: dict[str, bool] = {}
+
+    def runtime(self, node: ast.AST) -> bool:
+        """Whether the value of ``node`` (an expression of the body) is only ever taken at run time."""
+        child: ast.AST = node
+        while True:
+            parent = self.parents.get(child)
+            if parent is None or parent is self.fn:
+                return False
+            if isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Compare)):
+                child = parent
+                continue
+            if isinstance(parent, ast.Subscript):
+                if parent.value is not child:
+                    return False
+                child = parent
+                continue
+            if isinstance(parent, ast.Attribute):  # a method of the value: ``(...).to(tl.float32)``
+                call = self.parents.get(parent)
+                if not (isinstance(call, ast.Call) and call.func is parent and parent.attr in _RUNTIME_METHODS):
+                    return False
+                child = call
+                continue
+            if isinstance(parent, ast.keyword):
+                call = self.parents.get(parent)
+                if not isinstance(call, ast.Call) or not _call_takes(call, parent):
+                    return False
+                child = call
+                continue
+            if isinstance(parent, ast.Call):
+                if not _call_takes(parent, child):
+                    return False
+                child = parent
+                continue
+            if isinstance(parent, ast.Expr):
+                return True
+            if isinstance(parent, ast.For):
+                return parent.iter is child
+            if isinstance(parent, (ast.Assign, ast.AugAssign)) and parent.value is child:
+                targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+                names: list[str] = []
+                for target in targets:
+                    elts = target.elts if isinstance(target, ast.Tuple) else [target]
+                    if not all(isinstance(e, ast.Name) for e in elts):
+                        return False
+                    names.extend(e.id for e in elts if isinstance(e, ast.Name))
+                return all(self._name_runtime(name) for name in names)
+            return False
+
+    def _name_runtime(self, name: str) -> bool:
+        """Whether every use of ``name`` takes it at run time (a name being checked counts as one
+        that does, so a loop-carried name ends)."""
+        known = self._names.get(name)
+        if known is not None:
+            return known
+        self._names[name] = True
+        params = {a.arg: a for a in self.fn.args.args}
+        param = params.get(name)
+        if param is not None and param.annotation is not None and "constexpr" in ast.unparse(param.annotation):
+            self._names[name] = False
+            return False
+        verdict = all(self.runtime(use) for use in self.uses.get(name, []))
+        self._names[name] = verdict
+        return verdict
+
+
+def numbers(text: str, floats: bool = False) -> list[tuple[Number, bool]]:
+    """The integer constants (``floats``: and float constants) of the body of the one function
+    ``text`` defines, in the text's order, each with whether it may become a run-time argument.
+    ``[]`` where the text is not one function.
+
+    A float passed at run time is an fp32 scalar, where a float constant takes the type of the
+    tensor it meets: the same only where every tensor is fp32 (the caller knows)."""
+    try:
+        module = ast.parse(text)
+    except SyntaxError:
+        return []
+    fns = [node for node in module.body if isinstance(node, ast.FunctionDef)]
+    if len(fns) != 1:
+        return []
+    fn = fns[0]
+    flow = _Flow(fn)
+    found: list[tuple[Number, bool]] = []
+    for statement in fn.body:
+        for node in ast.walk(statement):
+            kinds = (int, float) if floats else (int,)
+            if isinstance(node, ast.Constant) and type(node.value) in kinds and node.end_col_offset is not None:
+                if node.lineno != node.end_lineno:
+                    continue
+                value = node.value
+                assert isinstance(value, int | float)  # the type checked above
+                number = Number(node.lineno - 1, node.col_offset, node.end_col_offset, value)
+                found.append((number, flow.runtime(node)))
+    found.sort(key=lambda f: (f[0].line, f[0].start))
+    return found
+
+
+HOLE = "\x00"
+"""What stands for a movable constant in a kernel's skeleton."""
+
+
+def skeleton(text: str, found: list[tuple[Number, bool]]) -> str:
+    """``text`` with each movable constant replaced by :data:`HOLE` and its type (the others kept)."""
+    return _replace(text, {n: HOLE + type(n.value).__name__[0] for n, movable in found if movable})
+
+
+def with_args(text: str, moved: Mapping[Number, str]) -> str:
+    """``text`` with the constants of ``moved`` replaced by their argument names, which join the
+    signature after its last parameter that is not a ``tl.constexpr`` (where ``share.with_offsets``
+    puts the offsets)."""
+    if not moved:
+        return text
+    body = _replace(text, dict(moved))
+    lines = body.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("def "))
+    head, _, tail = lines[at].partition("(")
+    params = [p.strip() for p in tail.removesuffix("):").split(",") if p.strip()]
+    split = next((i for i, p in enumerate(params) if "constexpr" in p), len(params))
+    extra = list(dict.fromkeys(moved.values()))
+    lines[at] = f"{head}({', '.join([*params[:split], *extra, *params[split:]])}):"
+    return "\n".join(lines)
+
+
+def _replace(text: str, by: Mapping[Number, str]) -> str:
+    lines = text.split("\n")
+    for number in sorted(by, key=lambda n: (n.line, n.start), reverse=True):
+        line = lines[number.line]
+        lines[number.line] = line[: number.start] + by[number] + line[number.end :]
+    return "\n".join(lines)
