@@ -210,10 +210,24 @@ def test_layers_of_other_widths_share_their_functions_with_share_sizes() -> None
     assert "share_sizes" not in relevant_params(plan, default_params(plan))
 
 
-@pytest.mark.timeout(600)
-def test_layers_sharing_their_functions_are_right(tmp_path: Path) -> None:
-    _, _, together = _widening()
+def test_the_copies_for_other_batches_share_theirs_too_and_their_launches_pass_them() -> None:
+    _, apart, together = _widening()
+    copies = lambda text: re.findall(r"^def (_kf_\w+_b)\(", text, re.M)  # noqa: E731
+    assert 0 < len(copies(together)) < len(copies(apart)), (copies(together), copies(apart))
+    launched = re.findall(r"^\s+(_kf_conv\d+_b)\[.*\]\((kf_B, .*)\)$", together, re.M)
+    assert len(launched) == 3, launched
+    passing = [args for _, args in launched if "kf_c" in args]
+    assert len(passing) >= 2, launched
+
+
+@pytest.mark.timeout(900)
+def test_layers_sharing_their_functions_are_right_at_the_task_s_batch_and_at_others(tmp_path: Path) -> None:
+    from tests.experts.test_template_any_batch import _check_in_child, _job
+
+    plan, _, together = _widening()
     verdict = check_in_subprocess(
         [{"reference": WIDENING, "candidate": together, "seeds": [3, 4], "atol": 1e-4, "rtol": 1e-4}], tmp_path
     )[0]
     assert verdict.ok, verdict
+    outcomes = _check_in_child([_job("widening", WIDENING, plan, together, tmp_path)], tmp_path)
+    assert outcomes == {"widening": [1, 3]}, outcomes

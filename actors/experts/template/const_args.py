@@ -19,6 +19,8 @@ here stays a constant (a kernel is then shared only with kernels where it has th
 from __future__ import annotations
 
 import ast
+import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -201,7 +203,58 @@ def numbers(text: str, floats: bool = False) -> list[tuple[Number, bool]]:
     ``[]`` where the text is not one function.
 
     A float passed at run time is an fp32 scalar, where a float constant takes the type of the
-    tensor it meets: the same only where every tensor is fp32 (the caller knows)."""
+    tensor it meets: the same only where every tensor is fp32 (the caller knows).
+
+    Whether a constant may move depends on where it stands, not on its value: the analysis
+    (:func:`_analysed`) is made once per text with its numbers blanked out and kept
+    (:data:`_MOVABLE`); each text is only tokenised (a whole model's render shares hundreds of
+    kernels of a few dozen structures: 4.5 s for KernelBench L3-15 with the analysis per kernel)."""
+    tokens = _tokens(text)
+    if tokens is None:
+        return []
+    key = _replace(text, dict.fromkeys(tokens, "N"))
+    flags = _MOVABLE.get(key)
+    if flags is None:
+        found = _analysed(text)
+        if [n for n, _ in found] != tokens:  # the tokens and the tree disagree: nothing moves
+            return []
+        flags = tuple(ok for _, ok in found)
+        with _MOVABLE_LOCK:  # the expert renders in worker threads
+            _MOVABLE[key] = flags
+            while len(_MOVABLE) > _MOVABLE_KEPT:
+                _MOVABLE.pop(next(iter(_MOVABLE)))
+    return [(n, ok) for n, ok in zip(tokens, flags, strict=True) if floats or type(n.value) is int]
+
+
+_MOVABLE: dict[str, tuple[bool, ...]] = {}
+"""A kernel's text with its numbers blanked out → whether each of its numbers may move."""
+_MOVABLE_KEPT = 4096
+_MOVABLE_LOCK = threading.Lock()
+
+
+_NUMBER = re.compile(r"(?<![\w.])(?:0[xX][0-9a-fA-F]+|(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
+"""A Python int or float literal (the emitters write no other kind). One inside a string would be
+found too: the tree then disagrees with what this finds, and nothing of that kernel moves."""
+
+
+def _tokens(text: str) -> list[Number] | None:
+    """The numeric constants of ``text`` (``None``: one is neither an int nor a float)."""
+    found: list[Number] = []
+    for i, line in enumerate(text.split("\n")):
+        for match in _NUMBER.finditer(line):
+            try:
+                value = ast.literal_eval(match.group(0))
+            except (ValueError, SyntaxError):
+                return None
+            if type(value) not in (int, float):
+                return None
+            found.append(Number(i, match.start(), match.end(), value))
+    return found
+
+
+def _analysed(text: str) -> list[tuple[Number, bool]]:
+    """Every numeric constant of the body of the one function ``text`` defines, with whether it
+    may move (the analysis of :class:`_Flow`)."""
     try:
         module = ast.parse(text)
     except SyntaxError:
@@ -214,14 +267,11 @@ def numbers(text: str, floats: bool = False) -> list[tuple[Number, bool]]:
     found: list[tuple[Number, bool]] = []
     for statement in fn.body:
         for node in ast.walk(statement):
-            kinds = (int, float) if floats else (int,)
-            if isinstance(node, ast.Constant) and type(node.value) in kinds and node.end_col_offset is not None:
-                if node.lineno != node.end_lineno:
-                    continue
+            if isinstance(node, ast.Constant) and type(node.value) in (int, float) and node.end_col_offset is not None:
                 value = node.value
                 assert isinstance(value, int | float)  # the type checked above
                 number = Number(node.lineno - 1, node.col_offset, node.end_col_offset, value)
-                found.append((number, flow.runtime(node)))
+                found.append((number, node.lineno == node.end_lineno and flow.runtime(node)))
     found.sort(key=lambda f: (f[0].line, f[0].start))
     return found
 

@@ -10,9 +10,10 @@ reference's ``forward`` leaves on its plain tensor attributes is not reproduced 
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -232,6 +233,25 @@ def render(
     return _render(plan, params, schedule(plan, params), direct, arena, hw, shared)
 
 
+_LAUNCHED = re.compile(r"^(\s*)(_kf_\w+)\[(.*), (num_warps=\d+, num_stages=\d+\))$")
+
+
+def _passing(method: str, args: Mapping[str, Mapping[str, int | float]]) -> str:
+    """The any-batch or any-size method with each launch of a shared kernel passing its arguments
+    (``share.py``; the method's launch lines are written before the kernels are shared)."""
+    lines = method.split("\n")
+    for i, line in enumerate(lines):
+        named = [name for name in re.findall(r"(_kf_\w+)\[", line) if args.get(name)]
+        if not named:
+            continue
+        found = _LAUNCHED.match(line)
+        if found is None or named != [found.group(2)]:
+            raise ValueError(f"a launch of {named[0]} is not one line of the known form: {line.strip()[:200]}")
+        passed = ", ".join(f"{k}={v}" for k, v in args[found.group(2)].items())
+        lines[i] = f"{found.group(1)}{found.group(2)}[{found.group(3)}, {passed}, {found.group(4)}"
+    return "\n".join(lines)
+
+
 def _all_fp32(plan: Plan) -> bool:
     """Whether every floating-point value of the plan is fp32 (what a float passed to a kernel at
     run time is: ``const_args.numbers``)."""
@@ -345,9 +365,16 @@ def _render(
             for stage in stages
         ),
         *(share.Kernel(launch.name, launch.source) for launch in generic),
-        *(share.Kernel(share.def_name(source), source) for source in (batched[0] if batched else ())),
+        *(share.Kernel(share.def_name(source), source, sized=True) for source in (batched[0] if batched else ())),
     ]
     texts = share.share(files, params.share_sizes, floats=_all_fp32(plan)) if shared else share.alone(files)
+    method = batched[1] if batched else ""
+    try:
+        method = _passing(method, texts.args)
+    except ValueError:  # a launch the method writes otherwise: its copies keep their constants
+        own = {stage.name for stage in stages}
+        files = [f if f.name in own else replace(f, sized=False) for f in files]
+        texts = share.share(files, params.share_sizes, floats=_all_fp32(plan))
     placed.args = texts.args
     parts.extend(text for kernel in files for text in ("", texts.texts[kernel.name], ""))
     wide = [stage for stage in stages if INTERPRETED in stage.constexprs.values()]
@@ -364,7 +391,7 @@ def _render(
     if generic:
         model += "\n\n" + any_size.method(plan, sched, generic)
     if batched:
-        model += "\n\n" + batched[1]
+        model += "\n\n" + method
     parts.append(model)
     return "\n".join(parts) + "\n"
 

@@ -17,7 +17,7 @@ text.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from actors.experts.template import const_args
@@ -155,13 +155,15 @@ def share(kernels: Sequence[Kernel], constants: bool = False, floats: bool = Fal
     too (only where every tensor of the kernels is fp32, see ``const_args.numbers``)."""
     groups: dict[str, list[Kernel]] = {}
     forms: dict[str, tuple[str, dict[str, int | float], str]] = {}
+    found: dict[str, list[tuple[const_args.Number, bool]]] = {}
     for kernel in kernels:
         try:
             text, values = with_offsets(kernel, as_args=True)
             form = canonical(text, kernel.name)
             key = form
             if constants and kernel.sized:
-                key = "sized:" + const_args.skeleton(form, const_args.numbers(form, floats))
+                found[kernel.name] = const_args.numbers(form, floats)
+                key = "sized:" + const_args.skeleton(form, found[kernel.name])
         except ValueError:
             form = key = f"alone:{kernel.name}"  # kept as it is
             values = {}
@@ -180,7 +182,7 @@ def share(kernels: Sequence[Kernel], constants: bool = False, floats: bool = Fal
         first = members[0]
         if key.startswith("sized:"):
             if key not in moved:
-                moved[key] = _lifted([forms[m.name][2] for m in members], [m.name for m in members], floats)
+                moved[key] = _lifted([forms[m.name][2] for m in members], [m.name for m in members], found)
             text, by_member = moved[key]
             values = {**values, **by_member[kernel.name]}
         else:
@@ -194,11 +196,13 @@ def share(kernels: Sequence[Kernel], constants: bool = False, floats: bool = Fal
     return shared
 
 
-def _lifted(forms: Sequence[str], names: Sequence[str], floats: bool) -> tuple[str, dict[str, dict[str, int | float]]]:
+def _lifted(
+    forms: Sequence[str], names: Sequence[str], found: Mapping[str, list[tuple[const_args.Number, bool]]]
+) -> tuple[str, dict[str, dict[str, int | float]]]:
     """The first of ``forms`` (canonical texts of one skeleton) with the movable constants whose
     values differ between them as arguments (one argument for constants whose values go together
     in every member), and each member's values (by ``names``)."""
-    movable = [[n for n, ok in const_args.numbers(form, floats) if ok] for form in forms]
+    movable = [[n for n, ok in found[name] if ok] for name in names]
     differs = [j for j in range(len(movable[0])) if len({found[j].value for found in movable}) > 1]
     # positions whose values go together in every member: one argument (typed: 3136 and 3136.0
     # are equal in Python, but an int offset and a float divisor are not one argument)
