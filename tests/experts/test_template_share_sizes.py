@@ -212,8 +212,8 @@ def test_layers_of_other_widths_share_their_functions_with_share_sizes() -> None
 
 def test_the_copies_for_other_batches_share_theirs_too_and_their_launches_pass_them() -> None:
     _, apart, together = _widening()
-    copies = lambda text: re.findall(r"^def (_kf_\w+_b)\(", text, re.M)  # noqa: E731
-    assert 0 < len(copies(together)) < len(copies(apart)), (copies(together), copies(apart))
+    mine, theirs = (re.findall(r"^def (_kf_\w+_b)\(", text, re.M) for text in (together, apart))
+    assert 0 < len(mine) < len(theirs), (mine, theirs)
     launched = re.findall(r"^\s+(_kf_conv\d+_b)\[.*\]\((kf_B, .*)\)$", together, re.M)
     assert len(launched) == 3, launched
     passing = [args for _, args in launched if "kf_c" in args]
