@@ -133,10 +133,15 @@ def canonical(source: str, name: str) -> str:
             renamed[old] = f"{old.rstrip('0123456789_')}_{len(renamed)}"
         return renamed[old]
 
-    names = "|".join(sorted(map(re.escape, local), key=len, reverse=True))
-    if re.search(rf"(?<![.\w])(?:{names})=(?!=)", text):
+    if any(found.group(1) in local for found in _KEYWORD.finditer(text)):
         raise ValueError("a local's name is also a keyword of a call")  # kept as it is
-    return re.sub(rf"(?<![.\w])(?:{names})(?![\w])", rename, text)
+    return _WORD.sub(lambda found: rename(found) if found.group(0) in local else found.group(0), text)
+
+
+_WORD = re.compile(r"(?<![.\w])\w+")
+"""A whole name (or number) that is not an attribute: one pattern for every kernel (a pattern of
+each kernel's own names was compiled per kernel, a third of a whole model's sharing)."""
+_KEYWORD = re.compile(r"(?<![.\w])(\w+)=(?!=)")
 
 
 def _named(text: str, name: str) -> str:
