@@ -13,7 +13,6 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from actors.experts.template.any_batch import sized
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import ew_expr, lit
 from actors.experts.template.fuse import Kernel, KernelKind, Schedule, base_of
@@ -95,7 +94,7 @@ class Writer:
         self.pointers: list[int] = []
         self.counter = 0
         self.wide = (
-            sized(self.plan)
+            sched.symbolic
             or any(self.plan.nodes[n].numel > INT32_LIMIT // 2 for n in kernel.nodes)
             or any(
                 self.plan.nodes[a].numel > INT32_LIMIT // 2
