@@ -509,3 +509,22 @@ async def test_fresh_starts_are_sized_for_the_gpu_configured_else_the_one_the_ve
                                           parent_result=judged))  # fmt: skip
     assert await first(expert, Task.from_source("conv_gpu_seen_2", _CONV_SOURCE)) == on_h200
     await expert.aclose()
+
+
+_SE_RESNET = (Path(__file__).resolve().parents[2] / "examples" / "models" / "se_resnet.py").read_text()
+
+
+async def test_a_whole_model_starts_with_its_constants_shared_and_then_without() -> None:
+    # SE-ResNet (examples/models): 68 kernels, their layers of other widths one function each with
+    # share_sizes (31 functions): a first verdict sooner; the same start with every size a constant
+    # follows the defaults, so a fresh start holds both.
+    task = Task.from_source("se_resnet", _SE_RESNET)
+    reply = await _expert().generate(_request(task=task, n=4))
+    assert reply.decline is None, reply.decline
+    params = [TemplateParams.from_dict(dict(p.params)) for p in reply.proposals]
+    assert params[0].share_sizes
+    assert "kf_c0" in reply.proposals[0].source
+    apart = next(i for i, p in enumerate(params) if not p.share_sizes)
+    assert params[apart] == params[0].with_changes(share_sizes=False)
+    assert reply.proposals[apart].strategy.endswith("/default"), reply.proposals[apart].strategy
+    assert "kf_c0" not in reply.proposals[apart].source
