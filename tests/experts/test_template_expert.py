@@ -528,3 +528,11 @@ async def test_a_whole_model_starts_with_its_constants_shared_and_then_without()
     assert params[apart] == params[0].with_changes(share_sizes=False)
     assert reply.proposals[apart].strategy.endswith("/default"), reply.proposals[apart].strategy
     assert "kf_c0" not in reply.proposals[apart].source
+
+
+async def test_a_parent_with_share_sizes_from_a_whole_model_loses_it_on_a_small_plan() -> None:
+    # share_sizes is the tuner's only for plans of many kernels: elsewhere nothing would move it back
+    parent = _parent(default_params(_plan()).with_changes(share_sizes=True), with_params=True)
+    reply = await _expert().generate(_request(parent=parent, n=3))
+    assert reply.proposals
+    assert not any(TemplateParams.from_dict(dict(p.params)).share_sizes for p in reply.proposals)

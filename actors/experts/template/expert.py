@@ -35,7 +35,7 @@ from actors.experts.template.kernels.conv import cudnn_ieee_likely
 from actors.experts.template.params import TemplateParams, params_from_source
 from actors.experts.template.plan_store import PlanStore
 from actors.experts.template.render import analyse, render
-from actors.experts.template.tuning import default_params, mutate
+from actors.experts.template.tuning import default_params, mutate, relevant_params
 from schemas import (
     Candidate,
     Decline,
@@ -96,6 +96,14 @@ def _admitted(params: TemplateParams, tf32: bool) -> TemplateParams:
     return params if tf32 or params.conv_precision != "tf32" else params.with_changes(conv_precision="tf32x3")
 
 
+def _fitted(plan: Plan, params: TemplateParams) -> TemplateParams:
+    """``params`` without ``share_sizes`` where the plan has too few kernels for the tuner to move
+    it (a parent or an experience from a whole model would leave it on for good)."""
+    if params.share_sizes and "share_sizes" not in relevant_params(plan, params):
+        return params.with_changes(share_sizes=False)
+    return params
+
+
 def _from_experience(hits: tuple[ExperienceHit, ...], plan: Plan) -> tuple[TemplateParams, str] | None:
     """The parameters of the best clean template result among retrieved experiences, with the id
     of the task it was measured on."""
@@ -110,6 +118,7 @@ def _from_experience(hits: tuple[ExperienceHit, ...], plan: Plan) -> tuple[Templ
             continue
         if (params.fuse_epilogue, params.fuse_prologue) not in plan.fusions:
             params = params.with_changes(fuse_epilogue=True, fuse_prologue=True)
+        params = _fitted(plan, params)
         key = (exp.child_fitness, hit.score, params, exp.task_id)
         if best is None or key[:2] > best[:2]:
             best = key
@@ -398,6 +407,8 @@ class TemplateExpert:
             parent = _admitted(parent, tf32)  # a refused TF32 parent goes on in three passes
         if parent is not None and (parent.fuse_epilogue, parent.fuse_prologue) not in plan.fusions:
             parent = parent.with_changes(fuse_epilogue=True, fuse_prologue=True)
+        if parent is not None:
+            parent = _fitted(plan, parent)
         chosen: list[tuple[TemplateParams, str, str]] = []
         avoid = set(request.avoid)
         if parent is not None:
