@@ -38,10 +38,10 @@ class Kernel:
     source: str
     shifts: tuple[tuple[str, int], ...] = ()
     sized: bool = False
-    """Whether its launches pass what :attr:`Shared.args` names (the plan's own launch sites; the
-    any-batch and any-size copies are launched by methods that pass only their offsets): only such
-    kernels may share a function with their integer constants as arguments (:func:`share`'s
-    ``constants``)."""
+    """Whether its launches pass whatever :attr:`Shared.args` names for it (the plan's own launch
+    sites and ``forward`` lines; the any-batch and any-size methods, their launch lines rewritten by
+    ``render._passing``): only such kernels may share a function with their constants as arguments
+    (:func:`share`'s ``constants``)."""
 
 
 @dataclass
@@ -51,7 +51,8 @@ class Shared:
     texts: dict[str, str] = field(default_factory=dict)
     """Kernel name → its ``def`` (with offsets as arguments where shared), or ``name = first``."""
     args: dict[str, dict[str, int | float]] = field(default_factory=dict)
-    """Kernel name → the offset arguments its launches pass (``{"kf_o0": 1009152}``)."""
+    """Kernel name → the arguments its launches pass: offsets (``{"kf_o0": 1009152}``) and, with
+    ``constants``, the constants that moved (``"kf_c0": 3136``)."""
 
     @property
     def functions(self) -> int:
