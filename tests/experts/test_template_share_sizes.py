@@ -231,3 +231,22 @@ def test_layers_sharing_their_functions_are_right_at_the_task_s_batch_and_at_oth
     assert verdict.ok, verdict
     outcomes = _check_in_child([_job("widening", WIDENING, plan, together, tmp_path)], tmp_path)
     assert outcomes == {"widening": [1, 3]}, outcomes
+
+
+def test_names_that_feed_each_other_in_a_loop_are_judged_together() -> None:
+    # a and b feed each other; b also sizes an arange: neither constant may move, whatever order
+    # the names are looked at in
+    text = """def _kf_pw1(p0, BLOCK: tl.constexpr):
+    a = 4
+    b = 8
+    for k in range(0, 3):
+        a = b + 1
+        b = a * 2
+    tl.store(p0 + tl.arange(0, b), 1.0)
+    c = 5
+    tl.store(p0 + c, 1.0)"""
+    found = _movable(text)
+    assert found[(1, 4)] is False
+    assert found[(2, 8)] is False
+    assert found[(4, 1)] is False
+    assert found[(7, 5)] is True

@@ -126,75 +126,79 @@ class _Flow:
         for node in ast.walk(fn):
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
-        self.uses: dict[str, list[ast.Name]] = {}
+        self.fn = fn
+        uses: dict[str, list[ast.Name]] = {}
         for node in ast.walk(fn):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                self.uses.setdefault(node.id, []).append(node)
-        self.fn = fn
-        self._names: dict[str, bool] = {}
+                uses.setdefault(node.id, []).append(node)
+        # A name is bad where one of its uses needs its value when compiling, or flows into a bad
+        # name: the least set closed under that (a loop's names feed each other; an assumption
+        # made inside such a cycle is never kept).
+        sinks = {name: [self._sink(use) for use in found] for name, found in uses.items()}
+        self.bad = {name for name, targets in sinks.items() if any(t is None for t in targets)}
+        self.bad |= {
+            a.arg for a in fn.args.args if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)
+        }
+        grew = True
+        while grew:
+            grew = False
+            for name, targets in sinks.items():
+                if name not in self.bad and any(t is not None and self.bad.intersection(t) for t in targets):
+                    self.bad.add(name)
+                    grew = True
 
     def runtime(self, node: ast.AST) -> bool:
         """Whether the value of ``node`` (an expression of the body) is only ever taken at run time."""
+        targets = self._sink(node)
+        return targets is not None and not self.bad.intersection(targets)
+
+    def _sink(self, node: ast.AST) -> tuple[str, ...] | None:
+        """Where the value of ``node`` ends: ``None`` where something needs it when compiling, else
+        the names it is assigned to (``()``: only run-time uses)."""
         child: ast.AST = node
         while True:
             parent = self.parents.get(child)
             if parent is None or parent is self.fn:
-                return False
+                return None
             if isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Compare)):
                 child = parent
                 continue
             if isinstance(parent, ast.Subscript):
                 if parent.value is not child:
-                    return False
+                    return None
                 child = parent
                 continue
             if isinstance(parent, ast.Attribute):  # a method of the value: ``(...).to(tl.float32)``
                 call = self.parents.get(parent)
                 if not (isinstance(call, ast.Call) and call.func is parent and parent.attr in _RUNTIME_METHODS):
-                    return False
+                    return None
                 child = call
                 continue
             if isinstance(parent, ast.keyword):
                 call = self.parents.get(parent)
                 if not isinstance(call, ast.Call) or not _call_takes(call, parent):
-                    return False
+                    return None
                 child = call
                 continue
             if isinstance(parent, ast.Call):
                 if not _call_takes(parent, child):
-                    return False
+                    return None
                 child = parent
                 continue
             if isinstance(parent, ast.Expr):
-                return True
+                return ()
             if isinstance(parent, ast.For):
-                return parent.iter is child
+                return () if parent.iter is child else None
             if isinstance(parent, (ast.Assign, ast.AugAssign)) and parent.value is child:
                 targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
                 names: list[str] = []
                 for target in targets:
                     elts = target.elts if isinstance(target, ast.Tuple) else [target]
                     if not all(isinstance(e, ast.Name) for e in elts):
-                        return False
+                        return None
                     names.extend(e.id for e in elts if isinstance(e, ast.Name))
-                return all(self._name_runtime(name) for name in names)
-            return False
-
-    def _name_runtime(self, name: str) -> bool:
-        """Whether every use of ``name`` takes it at run time (a name being checked counts as one
-        that does, so a loop-carried name ends)."""
-        known = self._names.get(name)
-        if known is not None:
-            return known
-        self._names[name] = True
-        params = {a.arg: a for a in self.fn.args.args}
-        param = params.get(name)
-        if param is not None and param.annotation is not None and "constexpr" in ast.unparse(param.annotation):
-            self._names[name] = False
-            return False
-        verdict = all(self.runtime(use) for use in self.uses.get(name, []))
-        self._names[name] = verdict
-        return verdict
+                return tuple(names)
+            return None
 
 
 def numbers(text: str, floats: bool = False) -> list[tuple[Number, bool]]:
