@@ -500,3 +500,46 @@ print(json.dumps(out))
 
 def _check_in_child(jobs: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
     return check_batches_in_child(jobs, tmp_path, CHILD)
+
+
+SOFT_ASSIGN = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.centers = nn.Parameter(torch.randn(16, 12) * 0.25)
+        self.norm = nn.BatchNorm1d(12)
+
+    def forward(self, x):
+        n = x.size(1)
+        flat = x.view(-1, 16)
+        weights = F.softmax(self.norm(flat @ self.centers), dim=1)[:, :8]
+        weights = weights.view(-1, n, 8)
+        return torch.matmul(weights.transpose(1, 2), x) - weights.sum(dim=1, keepdim=True).transpose(1, 2)
+
+batch_size = 64
+points = 100
+
+def get_inputs():
+    return [torch.randn(batch_size, points, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_slice_that_keeps_a_dim_whole_takes_any_size_of_it(tmp_path: Path) -> None:
+    # Soft assignment to clusters (NetVLAD-like): a batch norm over all batch x points rows, whose
+    # sums are split by the row count, then a slice keeping every row and the first 8 clusters.
+    # The slice's count of rows was a constant, so no plan at other sizes was the same: the model
+    # had no copy for other sizes (KernelBench L3-46's best raised at every held-out shape).
+    plan = analyse(SOFT_ASSIGN)
+    assert isinstance(plan, Plan)
+    assert plan.sizes is not None
+    assert plan.sizes.names == ("batch_size", "points")
+    rendered = render(plan, default_params(plan))
+    assert f"def {any_sizes.METHOD}(self" in rendered
+    assert _correct_at(plan, SOFT_ASSIGN, rendered, tmp_path, ((2, 3), (5, 7), (64, 100))) == 3

@@ -123,14 +123,15 @@ def test_the_elementwise_ops_after_a_slice_fuse_into_its_kernel() -> None:
     slices = [n for n in plan.nodes if n.op == "slice"]
     assert len(slices) == 1
     assert slices[0].shape == (3, 5)
-    assert slices[0].attrs == (0.0, 3.0, 0.0, 3.0, 1.0, 5.0)  # starts, then counts, per source dim
+    # starts, then counts, per source dim: -1 for a dim taken whole (the same at every size)
+    assert slices[0].attrs == (0.0, 3.0, 0.0, -1.0, 1.0, -1.0)
     assert plan.template == "mm+pw"  # the product, then one kernel: the slice and relu, mul, add
 
 
 def test_a_slice_of_a_slice_is_one_slice_of_the_first_ones_source() -> None:
     plan = plan_of(HEAD + _model("", "", "x", "return x[:, 1:][:, 2:5] * 2.0", "torch.randn(3, 9)", ""))
     live = [plan.nodes[n] for n in sorted(plan.live()) if plan.nodes[n].op == "slice"]
-    assert [(n.shape, n.attrs) for n in live] == [((3, 3), (0.0, 3.0, 3.0, 3.0))]
+    assert [(n.shape, n.attrs) for n in live] == [((3, 3), (0.0, 3.0, -1.0, 3.0))]  # dim 0 whole
     assert plan.template == "pw"
 
 

@@ -5,7 +5,9 @@ An index of ints, slices of step 1 (``None`` bounds and negative ones resolved a
 shape, as Python does), ``None`` (a new dim of one) and one ``Ellipsis``, alone or in a tuple,
 becomes one ``slice`` gather node: it reads its stored source at computed addresses, each output
 element at ``sum((c_d + start_d) * stride_d)`` over the source's dims. ``attrs`` hold, per dim of
-the source, its start, then, per dim, its count (an integer index is a count of one). The dims an
+the source, its start, then, per dim, its count (an integer index is a count of one; :data:`WHOLE`
+for a dim taken whole, so that the node is the same at every size of that dim and the copies for
+other sizes read the dim's size from the source's shape). The dims an
 integer index drops and those ``None`` adds are of size one, so the output's linear index is the
 same over its own shape as over the counts: the node has the traced result's shape and the emitter
 needs nothing more. The elementwise ops after it fuse into its kernel, as after ``cat``. A
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 
+from actors.experts.template.any_batch import Sym
 from actors.experts.template.emit import Scope, Writer, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
@@ -32,6 +35,15 @@ from actors.experts.template.lowering import LowerContext, lowering
 EW_OPS["slice"] = (1, 0)  # the source; its attrs (two per source dim) are not a fixed count
 
 _SOURCE_DTYPES = ("float32", "bool", *HALF)
+
+WHOLE = -1.0
+"""A count in a slice's ``attrs`` for a dim taken whole (start 0, every element)."""
+
+
+def counts_of(node: Node, shape: tuple[int, ...]) -> list[int]:
+    """The counts of a ``slice`` node over its source's ``shape`` (:data:`WHOLE` resolved)."""
+    rank = len(shape)
+    return [shape[d] if a == WHOLE else int(a) for d, a in enumerate(node.attrs[rank:])]
 
 
 def _bound(lw: LowerContext, value: object, what: str) -> int | None:
@@ -105,11 +117,17 @@ def _slice(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
         raise UnsupportedGraph("slicing a transposed tensor is not covered", op="getitem")
     inner = lw.node(x)
     rank = len(shape)
-    if inner.op == "slice" and len(inner.attrs) == 2 * rank and inner.attrs[rank:] == tuple(map(float, shape)):
-        # A slice of a slice of the same dims (``x[:, 1:][:, :3]``): one slice of the first's source.
-        starts = [int(a) + s for a, s in zip(inner.attrs[:rank], starts, strict=True)]
-        x = NodeRef(inner.tensor_args()[0])
-    attrs = tuple(float(v) for v in (*starts, *counts))
+    if inner.op == "slice" and len(inner.attrs) == 2 * rank:
+        source = lw.node(NodeRef(inner.tensor_args()[0])).shape
+        if len(source) == rank and counts_of(inner, source) == list(shape):
+            # A slice of a slice of the same dims (``x[:, 1:][:, :3]``): one slice of the first's source.
+            starts = [int(a) + s for a, s in zip(inner.attrs[:rank], starts, strict=True)]
+            x = NodeRef(inner.tensor_args()[0])
+            shape = source
+    whole = [start == 0 and count == size for start, count, size in zip(starts, counts, shape, strict=True)]
+    attrs = tuple(float(v) for v in starts) + tuple(
+        WHOLE if w else float(count) for w, count in zip(whole, counts, strict=True)
+    )
     return lw.add(NodeKind.EW, out, op="slice", args=(x.id,), attrs=attrs, dtype=dtype)
 
 
@@ -128,7 +146,7 @@ def _axes(shape: tuple[int, ...], starts: list[int], counts: list[int]) -> tuple
     axes: list[tuple[int, int, int]] = []
     for extent, start, count in merged:
         offset += start * stride
-        if count > 1:
+        if isinstance(count, Sym) or count > 1:  # a size of the copies for other sizes: may be more than one
             axes.append((count, inner, stride))
             inner *= count
         stride *= extent
@@ -142,7 +160,7 @@ def _emit_slice(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     src = w.plan.nodes[node.tensor_args()[0]]
     rank = len(src.shape)
     starts = [int(a) for a in node.attrs[:rank]]
-    counts = [int(a) for a in node.attrs[rank:]]
+    counts = counts_of(node, src.shape)
     offset, axes = _axes(src.shape, starts, counts)
     sp = w.space(row)
     at = sp.index(node.shape, (0, len(node.shape)))
