@@ -20,17 +20,13 @@ from schemas import DeviceChoice, EvalStatus, KernelLanguage
 MODELS = sorted((Path(__file__).resolve().parents[2] / "examples" / "models").glob("*.py"))
 
 
-def _first(path: Path, share_sizes: bool | None = None) -> str:
-    """The first candidate of a model (``share_sizes``: with that switch, else the default's)."""
+def _first(path: Path) -> str:
     source = path.read_text(encoding="utf-8")
     plan = analyse(source)
     if not isinstance(plan, Plan):  # as the expert does: data movement may stay PyTorch under any policy
         plan = analyse(source, KeepTorch.LAYOUT)
     assert isinstance(plan, Plan), f"{path.stem}: {plan}"
-    params = default_params(plan)
-    if share_sizes is not None:
-        params = params.with_changes(share_sizes=share_sizes)
-    return render(plan, params)
+    return render(plan, default_params(plan))
 
 
 @pytest.mark.parametrize("name", ["gpt_block", "mlp_mixer"])
@@ -43,25 +39,14 @@ def test_a_transformer_blocks_first_candidate_takes_any_batch_and_sequence_lengt
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("share_sizes", [None, True], ids=["default", "share_sizes"])
-def test_every_ordinary_model_is_generated_and_its_first_candidate_is_correct(
-    tmp_path: Path, share_sizes: bool | None
-) -> None:
-    # share_sizes: every kernel that differs from another only in its constants takes them as
-    # arguments (the default only for plans of many kernels): right for every family these use
+def test_every_ordinary_model_is_generated_and_its_first_candidate_is_correct(tmp_path: Path) -> None:
     assert len(MODELS) >= 5, MODELS
     jobs = []
-    moved = []
     for path in MODELS:
-        candidate = _first(path, share_sizes)
-        if "kf_c0" in candidate:
-            moved.append(path.stem)
-        elif share_sizes:
-            continue  # nothing moved: the default's candidate, judged in the other case
         jobs.append(
             EvalJob(
                 reference_source=path.read_text(encoding="utf-8"),
-                candidate_source=candidate,
+                candidate_source=_first(path),
                 language=KernelLanguage.TRITON,
                 timeout_s=600.0,
                 candidate_id=path.stem,
@@ -80,5 +65,3 @@ def test_every_ordinary_model_is_generated_and_its_first_candidate_is_correct(
     results = asyncio.run(evaluate())
     wrong = [r for r in results if r[1] is not EvalStatus.CORRECT]
     assert not wrong, wrong
-    if share_sizes:  # where layers repeat with other sizes (functions: se_resnet 68 -> 31, tiny_unet 50 -> 19)
-        assert {"se_resnet", "tiny_unet"} <= set(moved), moved
