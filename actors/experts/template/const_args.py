@@ -1,4 +1,4 @@
-"""Integer constants of a kernel that may become run-time arguments (``share.py``'s ``constants``).
+"""Numeric constants of a kernel that may become run-time arguments (``share.py``'s ``constants``).
 
 A whole model's kernels repeat with other sizes: DenseNet-121's dense layers differ in their input
 channels, a ResNet's blocks in their widths and image sizes. Written as constants, each is a Triton
@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 CONST_ARG = "kf_c"
@@ -291,18 +291,32 @@ def skeleton(text: str, found: list[tuple[Number, bool]]) -> str:
 
 def with_args(text: str, moved: Mapping[Number, str]) -> str:
     """``text`` with the constants of ``moved`` replaced by their argument names, which join the
-    signature after its last parameter that is not a ``tl.constexpr`` (where ``share.with_offsets``
-    puts the offsets)."""
+    signature (:func:`insert_params`)."""
     if not moved:
         return text
-    body = _replace(text, dict(moved))
-    lines = body.split("\n")
+    return insert_params(_replace(text, dict(moved)), list(dict.fromkeys(moved.values())))
+
+
+_DEF = re.compile(r"^def (\w+)\((.*)\):$")
+
+
+def params_of(def_line: str) -> list[str]:
+    """The parameters of a one-line ``def`` (``ValueError`` where the signature spans lines)."""
+    match = _DEF.match(def_line)
+    if match is None:
+        raise ValueError("its def is not on one line")
+    return [p.strip() for p in match.group(2).split(",") if p.strip()]
+
+
+def insert_params(text: str, extra: Sequence[str]) -> str:
+    """``text`` (one function) with ``extra`` parameters after its last parameter that is not a
+    ``tl.constexpr`` (the run-time offsets of ``share.with_offsets``, then the constants moved here)."""
+    lines = text.split("\n")
     at = next(i for i, line in enumerate(lines) if line.startswith("def "))
-    head, _, tail = lines[at].partition("(")
-    params = [p.strip() for p in tail.removesuffix("):").split(",") if p.strip()]
+    params = params_of(lines[at])
     split = next((i for i, p in enumerate(params) if "constexpr" in p), len(params))
-    extra = list(dict.fromkeys(moved.values()))
-    lines[at] = f"{head}({', '.join([*params[:split], *extra, *params[split:]])}):"
+    name = lines[at][4 : lines[at].index("(")]
+    lines[at] = f"def {name}({', '.join([*params[:split], *extra, *params[split:]])}):"
     return "\n".join(lines)
 
 

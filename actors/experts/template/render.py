@@ -367,14 +367,15 @@ def _render(
         *(share.Kernel(launch.name, launch.source) for launch in generic),
         *(share.Kernel(share.def_name(source), source, sized=True) for source in (batched[0] if batched else ())),
     ]
-    texts = share.share(files, params.share_sizes, floats=_all_fp32(plan)) if shared else share.alone(files)
+    floats = _all_fp32(plan)
+    texts = share.share(files, params.share_sizes, floats) if shared else share.alone(files)
     method = batched[1] if batched else ""
     try:
         method = _passing(method, texts.args)
     except ValueError:  # a launch the method writes otherwise: its copies keep their constants
         own = {stage.name for stage in stages}
         files = [f if f.name in own else replace(f, sized=False) for f in files]
-        texts = share.share(files, params.share_sizes, floats=_all_fp32(plan))
+        texts = share.share(files, params.share_sizes, floats)
     placed.args = texts.args
     parts.extend(text for kernel in files for text in ("", texts.texts[kernel.name], ""))
     wide = [stage for stage in stages if INTERPRETED in stage.constexprs.values()]

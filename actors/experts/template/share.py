@@ -83,19 +83,15 @@ def with_offsets(kernel: Kernel, as_args: bool) -> tuple[str, dict[str, int | fl
     if not as_args:
         moved = [f"    {param} = {param} + {offset}" for param, offset in kernel.shifts if offset]
         return "\n".join([*lines[: at + 1], *moved, *lines[at + 1 :]]), {}
-    header = lines[at]
-    match = re.match(r"^def (\w+)\((.*)\):$", header)
-    if match is None:  # a signature over several lines: not shared
-        raise ValueError(f"{kernel.name}: its def is not on one line")
-    params = [p.strip() for p in match.group(2).split(",") if p.strip()]
-    names = [p.split(":")[0].strip() for p in params]
+    try:
+        names = [p.split(":")[0].strip() for p in const_args.params_of(lines[at])]
+    except ValueError as exc:  # a signature over several lines: not shared
+        raise ValueError(f"{kernel.name}: {exc}") from exc
     order = sorted(kernel.shifts, key=lambda s: names.index(s[0]))
     extra = [f"{OFFSET_ARG}{k}" for k in range(len(order))]
-    split = next((i for i, p in enumerate(params) if "constexpr" in p), len(params))
-    header = f"def {match.group(1)}({', '.join([*params[:split], *extra, *params[split:]])}):"
     moved = [f"    {param} = {param} + {arg}" for (param, _), arg in zip(order, extra, strict=True)]
     values: dict[str, int | float] = {arg: offset for (_, offset), arg in zip(order, extra, strict=True)}
-    return "\n".join([*lines[:at], header, *moved, *lines[at + 1 :]]), values
+    return const_args.insert_params("\n".join([*lines[: at + 1], *moved, *lines[at + 1 :]]), extra), values
 
 
 _PARAMS = re.compile(r"^def \w+\((.*?)\):", re.M | re.S)
