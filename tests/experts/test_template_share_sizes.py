@@ -250,3 +250,14 @@ def test_names_that_feed_each_other_in_a_loop_are_judged_together() -> None:
     assert found[(2, 8)] is False
     assert found[(4, 1)] is False
     assert found[(7, 5)] is True
+
+
+def test_a_copys_launch_line_gets_its_kernels_constants_and_an_unknown_form_is_refused() -> None:
+    from actors.experts.template.render import _passing
+
+    method = "    def m(self, kf_B, x):\n        _kf_row1_b[(kf_B,)](kf_B, x, BLOCK=64, num_warps=4, num_stages=1)\n"
+    args = {"_kf_row1_b": {"kf_c0": 96}}
+    assert "(kf_B, x, BLOCK=64, kf_c0=96, num_warps=4, num_stages=1)" in _passing(method, args)
+    assert _passing(method, {}) == method
+    with pytest.raises(ValueError, match="_kf_row1_b"):  # render then keeps the copies' constants
+        _passing(method.replace(", num_stages=1)", ")"), args)
