@@ -64,6 +64,7 @@ from schemas import (
     RunEnd,
     RunSpec,
     StopReason,
+    TorchOpsPolicy,
     subjects,
 )
 
@@ -324,9 +325,27 @@ class RunController:
             if isinstance(outcome, BaseException):  # the run's own error goes on; this one is logged
                 log.error("prestarted evaluator not closed cleanly", actor=actor.actor_id, error=repr(outcome))
 
+    def prefetch_analysis(self) -> None:
+        """Start the template expert's analysis of the task now, beside the evaluators' start (called
+        inside the event loop): the expert of this process takes its answer at its first request
+        (:mod:`actors.experts.analysis_child`). Its actors came up about 5 s after the process started
+        on an H100 host, and only then did the expert start the child whose trace its first proposals
+        waited for."""
+        if not self.options.local_actors or not any(e.name == "template" for e in self.spec.experts):
+            return
+        from actors.experts import analysis_child
+        from actors.runtime import task_confine
+
+        keep = "all" if self.spec.torch_ops is TorchOpsPolicy.REFERENCE else "layout"  # as the expert asks
+        analysis_child.prefetch(self.spec.task.source, keep, task_confine.wanted())
+        log.info("template analysis started ahead", keep_torch=keep)
+
     async def run(self, stop: asyncio.Event) -> RunOutcome:
         """Set up, run until a stop condition, end the run and write its results."""
+        from actors.experts import analysis_child
+
         self.prestart_evaluators()
+        self.prefetch_analysis()
         try:
             bus = await Bus.connect(
                 self.url,
@@ -336,6 +355,7 @@ class RunController:
             )
             return await self._run(bus, stop)
         finally:
+            await analysis_child.cancel_prefetches()  # not taken: the run ended first, or no expert asked
             if self.evaluators:  # built, never run (the run ended while setting up)
                 await self.close_prestarted()
 

@@ -60,6 +60,8 @@ def test_kfoundry_run_on_cpu_leaves_a_correct_standalone_model(tmp_path: Path) -
     # Every line is JSON, other libraries' records (faiss's loader, sentence-transformers) included.
     log_lines = [json.loads(line) for line in (run_dir / "run.log").read_text().splitlines()]
     assert any(line.get("event") == "feedback" and line.get("run") == "e2ecpu" for line in log_lines)
+    # The template expert's first request took the analysis the run started ahead of the actors.
+    assert any(line.get("event") == "analysis started ahead taken" for line in log_lines)
     # The embedded server left with the last command that used it.
     assert not (tmp_path / "home" / "nats" / "server.json").exists()
     # The best model stands alone, exported as a module, and is judged correct by the honest evaluator.

@@ -26,16 +26,18 @@ import numpy as np
 import structlog
 
 from actors.evolution.amdahl import steering_shares
+from actors.experts import analysis_child
 from actors.experts.precision import tf32_admitted
 from actors.experts.template.errors import InvalidParams
 from actors.experts.template.hardware import GpuModel, detect, lookup
 from actors.experts.template.ir import KeepTorch, Plan, Unsupported
-from actors.experts.template.isolate import analyse_in_child
+from actors.experts.template.isolate import analyse_in_child, analyses_in_child
 from actors.experts.template.kernels.conv import cudnn_ieee_likely
 from actors.experts.template.params import TemplateParams, params_from_source
 from actors.experts.template.plan_store import PlanStore
 from actors.experts.template.render import analyse, render
 from actors.experts.template.tuning import default_params, mutate, relevant_params
+from actors.runtime import task_confine
 from schemas import (
     Candidate,
     Decline,
@@ -220,7 +222,7 @@ class TemplateExpert:
         data movement only; ``ALL``: run policy ``--torch-ops reference``).
         """
         if keep_torch is not KeepTorch.NONE:
-            whole = await self.plan_for(task_id, source)
+            whole = await self._whole_or_kept(task_id, source, keep_torch)
             if isinstance(whole, Plan):
                 return whole
         key = (task_id, keep_torch)
@@ -238,6 +240,56 @@ class TemplateExpert:
                     (old, kept), _ = self._plans.popitem(last=False)
                     self._locks.pop(f"{old}:{kept}", None)
         return cached
+
+    async def _whole_or_kept(self, task_id: str, source: str, keep_torch: KeepTorch) -> Plan | Unsupported:
+        """The plan of the whole reference (``NONE``), analysed in one child with the fallback's
+        (``keep_torch``) where it is not covered, both remembered: a model that needs the fallback
+        waited for two children in a row, each starting Python and torch."""
+        key = (task_id, KeepTorch.NONE)
+        cached = self._plans.get(key)
+        if cached is not None:
+            self._plans.move_to_end(key)
+            return cached
+        lock = self._locks.setdefault(f"{task_id}:{KeepTorch.NONE}", asyncio.Lock())
+        async with lock:
+            cached = self._plans.get(key)
+            if cached is not None:
+                return cached
+            store = self.plan_store
+            if store is not None:
+                for policy in (KeepTorch.NONE, keep_torch):  # kept under the fallback: the whole was not covered
+                    kept = await asyncio.to_thread(store.get, source, policy)
+                    if kept is not None:
+                        self._stored += 1
+                        pending = analysis_child.take(source, keep_torch.value, task_confine.wanted())
+                        if pending is not None:  # started ahead by `kfoundry run`: not needed
+                            pending.cancel()
+                        self._remember((task_id, policy), kept)
+                        if policy is KeepTorch.NONE:
+                            return kept
+                        covered = Unsupported(detail=f"not covered whole (its plan is kept with {policy.value} ops)")
+                        self._remember(key, covered)
+                        return covered
+            found: dict[KeepTorch, Plan | Unsupported]
+            if self.analysis is AnalysisMode.PROCESS:
+                found = await analyses_in_child(source, self.analysis_timeout_s, keep_torch)
+            else:
+                whole = await asyncio.to_thread(analyse, source)
+                found = {KeepTorch.NONE: whole}
+                if isinstance(whole, Unsupported):
+                    found[keep_torch] = await asyncio.to_thread(analyse, source, keep_torch)
+            self._traced += 1
+            for policy, plan in found.items():
+                self._remember((task_id, policy), plan)
+                if store is not None and isinstance(plan, Plan):
+                    await asyncio.to_thread(store.put, source, policy, plan)
+            return found[KeepTorch.NONE]
+
+    def _remember(self, key: tuple[str, KeepTorch], plan: Plan | Unsupported) -> None:
+        self._plans[key] = plan
+        while len(self._plans) > _PLAN_CACHE:
+            (old, kept), _ = self._plans.popitem(last=False)
+            self._locks.pop(f"{old}:{kept}", None)
 
     async def _analysed(self, source: str, keep_torch: KeepTorch) -> Plan | Unsupported:
         """The plan from the plan store where it keeps one, else analysed (and then kept there)."""

@@ -8,25 +8,33 @@ fresh ``python -m actors.experts.template.isolate`` with a scrubbed environment 
 the source on stdin and reads the plan back as JSON; the event loop only awaits the child. The
 child runs in a session of its own (a Ctrl-C meant for the run does not cut an analysis short),
 dies with the expert (``PR_SET_PDEATHSIG``) and is killed when the request is cancelled.
+:func:`analyses_in_child` asks one child for the whole reference and, where that is not covered,
+the fallback with the reference's own PyTorch ops kept; it takes the child ``kfoundry run``
+started ahead for its task (:mod:`actors.experts.analysis_child`, which starts the children).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import json
 import os
 import signal
 import sys
-from pathlib import Path
+import time
+from typing import Any
 
+import structlog
+
+from actors.experts import analysis_child
 from actors.experts.template.ir import KeepTorch, Plan, Unsupported, plan_to_dict
 from actors.experts.template.lowering import read_plan
-from actors.runtime.childenv import child_pythonpath
 
-_ROOT = Path(__file__).resolve().parents[3]
-_KEEP_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+_log = structlog.get_logger(__name__)
+
+Found = dict[KeepTorch, Plan | Unsupported]
+"""Analyses of one reference by policy: ``NONE`` always, the fallback's policy where ``NONE`` is
+not covered."""
 
 
 async def analyse_in_child(
@@ -38,56 +46,56 @@ async def analyse_in_child(
     view of the machine); a machine that cannot confine it declines with the reason."""
     from actors.runtime import task_confine
 
-    command = [sys.executable, "-m", "actors.experts.template.isolate", f"--keep-torch={KeepTorch(keep_torch).value}"]
-    if task_confine.wanted() if confine is None else confine:
-        try:  # in its own PID namespace: no parent check
-            with task_confine.confined_child(command) as child:
-                return await _analyse(child.command, child.env, child.cwd, source, timeout)
-        except task_confine.TaskConfineError as exc:
-            return Unsupported(detail=str(exc))
-    command.append(f"--parent={os.getpid()}")
-    env = {k: v for k, v in os.environ.items() if k in _KEEP_ENV}
-    env["PYTHONPATH"] = child_pythonpath(_ROOT)  # the parent's import path, whatever set it up
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    return await _analyse(command, env, str(_ROOT), source, timeout)
-
-
-async def _analyse(
-    command: list[str], env: dict[str, str], cwd: str, source: str, timeout: float
-) -> Plan | Unsupported:
-    proc = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    confined = task_confine.wanted() if confine is None else confine
     try:
-        async with asyncio.timeout(timeout):
-            out, err = await proc.communicate(source.encode())
-    except TimeoutError:
-        return Unsupported(detail=f"analysing the reference took longer than {timeout:.0f} s")
-    finally:  # timed out, or the request was cancelled (the expert is stopping): the child goes too
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            try:
-                await asyncio.shield(proc.wait())
-            finally:
-                # Cancelled again while waiting (a run that ends at once): its pipes are closed
-                # now, with the loop running, not by the collector after the loop is gone (which
-                # printed "Exception ignored ... Event loop is closed" under the command's output).
-                transport = getattr(proc, "_transport", None)
-                if transport is not None:
-                    transport.close()
-    if proc.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return Unsupported(detail=f"the analysis process failed ({proc.returncode}): {tail[0][:300]}")
-    data = json.loads(out)
+        output = await analysis_child.run_child(source, KeepTorch(keep_torch).value, False, timeout, confined)
+    except task_confine.TaskConfineError as exc:
+        return Unsupported(detail=str(exc))
+    failed = _failed(output)
+    return failed if failed is not None else _result(json.loads(output.out))
+
+
+async def analyses_in_child(
+    source: str, timeout: float = 180.0, keep_torch: KeepTorch = KeepTorch.LAYOUT, confine: bool | None = None
+) -> Found:
+    """The reference analysed whole and, where that is not covered, with ``keep_torch``, in one
+    child: the one ``kfoundry run`` started ahead (:func:`analysis_child.prefetch`) where there is
+    one, else a fresh one."""
+    from actors.runtime import task_confine
+
+    confined = task_confine.wanted() if confine is None else confine
+    keep = KeepTorch(keep_torch)
+    pending = analysis_child.take(source, keep.value, confined)
+    try:
+        if pending is not None:
+            started = time.monotonic()
+            output = await pending
+            _log.info("analysis started ahead taken", waited_s=round(time.monotonic() - started, 3))
+        else:
+            output = await analysis_child.run_child(source, keep.value, keep is not KeepTorch.NONE, timeout, confined)
+    except task_confine.TaskConfineError as exc:
+        return {KeepTorch.NONE: Unsupported(detail=str(exc))}
+    failed = _failed(output)
+    if failed is not None:
+        return {KeepTorch.NONE: failed, keep: failed}
+    data = json.loads(output.out)
+    return {KeepTorch(k): _result(v) for k, v in data["results"].items()}
+
+
+def _failed(output: analysis_child.ChildOutput) -> Unsupported | None:
+    """The decline of a child that timed out or failed, else ``None``."""
+    if output.returncode is None:
+        return Unsupported(detail=f"analysing the reference took longer than {output.timeout_s:.0f} s")
+    if output.returncode != 0:
+        tail = output.err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return Unsupported(detail=f"the analysis process failed ({output.returncode}): {tail[0][:300]}")
+    return None
+
+
+def _result(data: dict[str, Any]) -> Plan | Unsupported:
     if "unsupported" in data:
-        return Unsupported(detail=str(data["unsupported"]), op=data.get("op"))
+        op = data.get("op")
+        return Unsupported(detail=str(data["unsupported"]), op=op if isinstance(op, str) else None)
     return read_plan(data["plan"])  # the op families loaded here too (the analysis did in the child alone)
 
 
@@ -103,21 +111,33 @@ def _die_with(parent: int) -> None:
 
 
 def main() -> int:
-    """Child entry: reference source on stdin, ``{"plan": ...}`` or ``{"unsupported": ...}`` out."""
+    """Child entry: reference source on stdin; ``{"plan": ...}`` or ``{"unsupported": ...}`` out, or
+    with ``--fallback`` ``{"results": {policy: that, ...}}``: the reference whole, and where that is
+    not covered, under ``--keep-torch`` too."""
     flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     if "parent" in flags:
         _die_with(int(flags["parent"]))
     from actors.experts.template.render import analyse
 
+    keep = KeepTorch(flags.get("keep-torch", KeepTorch.NONE.value))
     source = sys.stdin.read()
+    answer: dict[str, object]
     with contextlib.redirect_stdout(sys.stderr):  # the reference may print; stdout carries the answer
-        result = analyse(source, KeepTorch(flags.get("keep-torch", KeepTorch.NONE.value)))
-    if isinstance(result, Unsupported):
-        payload: dict[str, object] = {"unsupported": result.detail, "op": result.op}
-    else:
-        payload = {"plan": plan_to_dict(result)}
-    sys.stdout.write(json.dumps(payload))
+        if "--fallback" in sys.argv[1:]:
+            results = {KeepTorch.NONE.value: _payload(whole := analyse(source))}
+            if isinstance(whole, Unsupported) and keep is not KeepTorch.NONE:
+                results[keep.value] = _payload(analyse(source, keep))
+            answer = {"results": results}
+        else:
+            answer = _payload(analyse(source, keep))
+    sys.stdout.write(json.dumps(answer))
     return 0
+
+
+def _payload(result: Plan | Unsupported) -> dict[str, object]:
+    if isinstance(result, Unsupported):
+        return {"unsupported": result.detail, "op": result.op}
+    return {"plan": plan_to_dict(result)}
 
 
 if __name__ == "__main__":
