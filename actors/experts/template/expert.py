@@ -19,6 +19,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -222,68 +223,59 @@ class TemplateExpert:
         data movement only; ``ALL``: run policy ``--torch-ops reference``).
         """
         if keep_torch is not KeepTorch.NONE:
-            whole = await self._whole_or_kept(task_id, source, keep_torch)
+            whole = await self._cached((task_id, KeepTorch.NONE), lambda: self._whole(task_id, source, keep_torch))
             if isinstance(whole, Plan):
                 return whole
-        key = (task_id, keep_torch)
+        return await self._cached((task_id, keep_torch), lambda: self._analysed(source, keep_torch))
+
+    async def _cached(
+        self, key: tuple[str, KeepTorch], compute: Callable[[], Awaitable[Plan | Unsupported]]
+    ) -> Plan | Unsupported:
+        """The plan remembered under ``key``, else ``compute``'s (once: concurrent requests wait)."""
         cached = self._plans.get(key)
         if cached is not None:
             self._plans.move_to_end(key)
             return cached
-        lock = self._locks.setdefault(f"{task_id}:{keep_torch}", asyncio.Lock())
+        lock = self._locks.setdefault(f"{key[0]}:{key[1]}", asyncio.Lock())
         async with lock:
             cached = self._plans.get(key)
             if cached is None:
-                cached = await self._analysed(source, keep_torch)
-                self._plans[key] = cached
-                while len(self._plans) > _PLAN_CACHE:
-                    (old, kept), _ = self._plans.popitem(last=False)
-                    self._locks.pop(f"{old}:{kept}", None)
+                cached = await compute()
+                self._remember(key, cached)
         return cached
 
-    async def _whole_or_kept(self, task_id: str, source: str, keep_torch: KeepTorch) -> Plan | Unsupported:
+    async def _whole(self, task_id: str, source: str, keep_torch: KeepTorch) -> Plan | Unsupported:
         """The plan of the whole reference (``NONE``), analysed in one child with the fallback's
-        (``keep_torch``) where it is not covered, both remembered: a model that needs the fallback
-        waited for two children in a row, each starting Python and torch."""
-        key = (task_id, KeepTorch.NONE)
-        cached = self._plans.get(key)
-        if cached is not None:
-            self._plans.move_to_end(key)
-            return cached
-        lock = self._locks.setdefault(f"{task_id}:{KeepTorch.NONE}", asyncio.Lock())
-        async with lock:
-            cached = self._plans.get(key)
-            if cached is not None:
-                return cached
-            store = self.plan_store
-            if store is not None:
-                for policy in (KeepTorch.NONE, keep_torch):  # kept under the fallback: the whole was not covered
-                    kept = await asyncio.to_thread(store.get, source, policy)
-                    if kept is not None:
-                        self._stored += 1
-                        pending = analysis_child.take(source, keep_torch.value, task_confine.wanted())
-                        if pending is not None:  # started ahead by `kfoundry run`: not needed
-                            pending.cancel()
-                        self._remember((task_id, policy), kept)
-                        if policy is KeepTorch.NONE:
-                            return kept
-                        covered = Unsupported(detail=f"not covered whole (its plan is kept with {policy.value} ops)")
-                        self._remember(key, covered)
-                        return covered
-            found: dict[KeepTorch, Plan | Unsupported]
-            if self.analysis is AnalysisMode.PROCESS:
-                found = await analyses_in_child(source, self.analysis_timeout_s, keep_torch)
-            else:
-                whole = await asyncio.to_thread(analyse, source)
-                found = {KeepTorch.NONE: whole}
-                if isinstance(whole, Unsupported):
-                    found[keep_torch] = await asyncio.to_thread(analyse, source, keep_torch)
-            self._traced += 1
-            for policy, plan in found.items():
+        (``keep_torch``) where it is not covered, that one remembered too: a model that needs the
+        fallback waited for two children in a row, each starting Python and torch."""
+        store = self.plan_store
+        if store is not None:
+            for policy in (KeepTorch.NONE, keep_torch):  # kept under the fallback: the whole was not covered
+                kept = await asyncio.to_thread(store.get, source, policy)
+                if kept is not None:
+                    self._stored += 1
+                    pending = analysis_child.take(source, keep_torch.value, task_confine.wanted())
+                    if pending is not None:  # started ahead by `kfoundry run`: not needed
+                        pending.cancel()
+                    if policy is KeepTorch.NONE:
+                        return kept
+                    self._remember((task_id, policy), kept)
+                    return Unsupported(detail=f"not covered whole (its plan is kept with {policy.value} ops)")
+        found: dict[KeepTorch, Plan | Unsupported]
+        if self.analysis is AnalysisMode.PROCESS:
+            found = await analyses_in_child(source, self.analysis_timeout_s, keep_torch)
+        else:
+            whole = await asyncio.to_thread(analyse, source)
+            found = {KeepTorch.NONE: whole}
+            if isinstance(whole, Unsupported):
+                found[keep_torch] = await asyncio.to_thread(analyse, source, keep_torch)
+        self._traced += 1
+        for policy, plan in found.items():
+            if policy is not KeepTorch.NONE:
                 self._remember((task_id, policy), plan)
-                if store is not None and isinstance(plan, Plan):
-                    await asyncio.to_thread(store.put, source, policy, plan)
-            return found[KeepTorch.NONE]
+            if store is not None and isinstance(plan, Plan):
+                await asyncio.to_thread(store.put, source, policy, plan)
+        return found[KeepTorch.NONE]
 
     def _remember(self, key: tuple[str, KeepTorch], plan: Plan | Unsupported) -> None:
         self._plans[key] = plan
