@@ -14,6 +14,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from string import Template
@@ -29,7 +31,7 @@ from actors.experts.template.any_batch import Sym
 from actors.experts.template.hardware import TABLE
 from actors.experts.template.ir import Plan, Unsupported
 from actors.experts.template.params import TemplateParams
-from actors.experts.template.render import analyse, render
+from actors.experts.template.render import analyse, lowered, render
 from tests.experts import (
     template_attn_cases,
     template_cases,
@@ -445,3 +447,34 @@ def test_the_lowering_limit_counts_the_analysis_own_work_not_a_busy_hosts_waits(
     assert isinstance(works, Plan), works
     assert works.batch_name == ""
     assert works.batch == ()
+
+
+def test_the_probe_budget_counts_the_analysis_own_work_not_a_busy_hosts_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # KernelBench L3-6 ran first on a fresh H100 machine and its first candidate had no any-batch
+    # copies, which the same analysis on an idle host gives it: the probes' budget was wall time.
+    # Here the first lowering at another batch is another model (no links), so a second one is
+    # needed, after the first took 0.4 s: waited (a sleep) it is still inside a 0.2 s budget of the
+    # analysis's own work; worked (a spin) it is not.
+    source = Template(_SLOW_LINEAR).substitute(work="pass")
+    plan, at_17 = lowered(source), lowered(source, sizes={"batch_size": 17})
+    other = lowered(source.replace("torch.relu(self.fc(x))", "torch.sigmoid(torch.relu(self.fc(x)))"))
+    monkeypatch.setattr(any_batch, "PROBE_BUDGET_S", 0.2)
+
+    def relower(pause: Callable[[], None]) -> Callable[[dict[str, int]], Plan]:
+        def at(sizes: dict[str, int]) -> Plan:
+            pause()
+            return other if sizes["batch_size"] < 16 else at_17
+
+        return at
+
+    def spin() -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.4:
+            pass
+
+    waited = any_batch.find({"batch_size": 16}, plan, relower(lambda: time.sleep(0.4)))
+    assert waited.name == "batch_size"
+    worked = any_batch.find({"batch_size": 16}, plan, relower(spin))
+    assert worked.name == ""

@@ -50,7 +50,8 @@ MAX_SIZES = 4
 PROBE_LIMIT_S = 2.0
 """A reference whose first lowering took longer (CPU seconds) is not lowered again here."""
 BUDGET_S = 15.0
-"""No further lowering is started after this long in :func:`find`."""
+"""No further lowering is started after this long in :func:`find` (CPU seconds of the analysing
+thread: waiting for a busy host's cores does not count, as for ``any_batch.PROBE_BUDGET_S``)."""
 FLOOR_BUDGET_S = 3.0
 """The most the lowerings that look for floor factors may take (estimated from the first ones)."""
 MAX_PERIOD = 32
@@ -279,14 +280,14 @@ def find(
         return Sizes()
     names = tuple(source_sizes)
     s0 = tuple(int(source_sizes[n]) for n in names)
-    deadline = time.monotonic() + BUDGET_S
+    deadline = time.thread_time() + BUDGET_S
     probes: list[list[Plan]] = [[] for _ in names]  # per size, the plans at s + 1, s + 2, ...
 
     def probe(i: int, upto: int) -> bool:
         """Lower with size ``i`` moved by each step up to ``upto``; False where the reference
         refuses a size, lowers to another plan, or the budget ends."""
         while len(probes[i]) < upto:
-            if time.monotonic() > deadline:
+            if time.thread_time() > deadline:
                 return False
             try:
                 other = relower({names[i]: s0[i] + len(probes[i]) + 1})
@@ -297,11 +298,11 @@ def find(
             probes[i].append(other)
         return True
 
-    started = time.monotonic()
+    started = time.thread_time()
     for i in range(len(names)):
         if not probe(i, 2):
             return Sizes()
-    each_s = (time.monotonic() - started) / (2 * len(names))  # warm: the first lowering paid the imports
+    each_s = (time.thread_time() - started) / (2 * len(names))  # warm: the first lowering paid the imports
     # Two steps show an affine size. A strided window's floor may stay put over them (a pool of
     # 11 at 2048 is 186 up to 2056) or move unevenly: where the plan has strided windows and the
     # fits fail, or do not hold at the check points, every size is moved over two of the longest
@@ -321,7 +322,7 @@ def find(
         found = Sizes(names, s0, tuple(dims), tuple(args) if any(any(a) for a in args) else ())
         if not _bare(plan, found):
             return Sizes()
-        if all(time.monotonic() <= deadline and _holds(plan, found, p, relower, outputs_at) for p in _checks(s0)):
+        if all(time.thread_time() <= deadline and _holds(plan, found, p, relower, outputs_at) for p in _checks(s0)):
             break
     else:
         return Sizes()
