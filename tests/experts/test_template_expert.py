@@ -392,6 +392,19 @@ async def test_tf32_refused_or_a_verdict_at_exact_precision_ends_tf32_for_that_t
     await expert.generate(request(ieee_parent, 98, result=judged))
     assert "tf32" not in await precisions(expert, ieee_parent)
 
+    # A later verdict that measured the reference at PyTorch's defaults in TF32 (an earlier measure
+    # was cuDNN without room for its workspace): TF32 is proposed again.
+    tf32_seen = exact.model_copy(update={"ref_default_err_vs_fp64": 3.5e-4})
+    later = judged.model_copy(update={"candidate_id": "c2", "correctness": tf32_seen})
+    await expert.generate(request(ieee_parent, 97, result=later))
+    assert "tf32" in await precisions(expert, ieee_parent)
+    # an IEEE-like measure at the defaults does not
+    expert = _expert()
+    await expert.generate(request(tf32_parent, 99, refused))
+    ieee_like = judged.model_copy(update={"correctness": exact.model_copy(update={"ref_default_err_vs_fp64": 4.3e-7})})
+    await expert.generate(request(ieee_parent, 96, result=ieee_like))
+    assert "tf32" not in await precisions(expert, ieee_parent)
+
 
 async def test_few_input_channels_start_without_tf32_first_and_tf32_second() -> None:
     """cuDNN computes convolutions of 2 to 15 input channels in IEEE fp32 at PyTorch's defaults
