@@ -7,8 +7,8 @@ output. It imports neither torch nor the template package, so ``kfoundry run`` c
 and its template expert's first request then takes that child's answer (:func:`take`) instead of
 starting its own child once the actors are up. On an H100 host (2026-12-06, 60 s runs of
 KernelBench problems) the actors came up about 5 s after the process started, and the template
-expert's first proposals came 5-20 s after that (L3-15: 20 s from the start), all of it the
-analysis child: its Python, torch's import, the trace and the probes of other sizes.
+expert's first proposals came 5-15 s after that (L2-92 at 10.2 s from the start, L3-15 at 20.0 s),
+waiting for the analysis child: its Python, torch's import, the trace and the probes of other sizes.
 
 A prefetched child analyses with the fallback (``--fallback``): the reference whole, then, where
 that is not covered, with ``keep_torch`` (the reference's own PyTorch ops between the kernels),

@@ -57,10 +57,10 @@ from schemas import (
 _log = structlog.get_logger(__name__)
 _PLAN_CACHE = 32
 _SOURCES_KEPT = 512
+"""Rendered sources kept (a few MB at most: sources are a few KB)."""
 _TF32_SEEN = 100.0
 """A reference whose error at PyTorch's defaults is this many times its IEEE fp32 error ran in
 TF32 there (about 1e3 on a convolution; draws of one task differ by far less)."""
-"""Rendered sources kept (a few MB at most: sources are a few KB)."""
 
 
 class AnalysisMode(StrEnum):

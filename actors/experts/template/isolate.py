@@ -74,7 +74,8 @@ async def analyses_in_child(
         else:
             output = await analysis_child.run_child(source, keep.value, keep is not KeepTorch.NONE, timeout, confined)
     except task_confine.TaskConfineError as exc:
-        return {KeepTorch.NONE: Unsupported(detail=str(exc))}
+        refused = Unsupported(detail=str(exc))
+        return {KeepTorch.NONE: refused, keep: refused}
     failed = _failed(output)
     if failed is not None:
         return {KeepTorch.NONE: failed, keep: failed}
