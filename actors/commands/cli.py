@@ -534,7 +534,8 @@ def _main(argv: list[str], *, own_process: bool = False) -> int:
             enable()  # before anything imports the task file; a machine that cannot: one line, exit 2
         return int(args.func(args))
     except TaskRefused as exc:  # TaskInvalid (the task's own fault) included
-        _out(f"kfoundry: {exc}", sys.stderr)
+        if not exc.said:
+            _out(f"kfoundry: {exc}", sys.stderr)
         if own_process and args.command == "run":
             # Its evaluators are closed and its server released: the interpreter's teardown (torch,
             # the MiniLM model a curator was still loading) only held the exit, 1-3 s on 2 cores.

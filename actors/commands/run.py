@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from actors.commands.actor import add_actor_options
 from actors.commands.controller import RunController
-from actors.runtime.errors import ConfigError, RunIdTaken, refusal_in
+from actors.runtime.errors import ConfigError, RunIdTaken, TaskRefused, refusal_in
 from actors.runtime.options import ALL_EXPERTS, RunOptions
-from actors.runtime.process import add_nats_options, exit_promptly, nats_url, process_started_at, run_async
+from actors.runtime.process import add_nats_options, exit_promptly, nats_url, process_started_at, run_async, say
 from gpu_runner.config import add_precision_option
 from schemas import (
     Ablations,
@@ -365,9 +365,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     # that does not work, say) leaves its actors' connections to be closed while the loop winds
     # down, and a release inside the loop, which waits without yielding, found them still open
     # and left the server running.
+    def refused_at_once(exc: BaseException) -> int | None:
+        """A refused task's line is said as soon as the run knows it, not after the event loop's
+        teardown (which then cannot hold the exit: :func:`run_async`)."""
+        if not isinstance(exc, TaskRefused):
+            return None
+        say(f"kfoundry: {exc}", sys.stderr)
+        exc.said = True
+        return exc.exit_code
+
     try:
         with nats_url(args.nats) as url:
-            code = run_async(lambda stop: main(stop, url))
+            code = run_async(lambda stop: main(stop, url), on_error=refused_at_once)
     except BaseException as exc:
         if created and _is_run_id_taken(exc):  # nothing of this run was written but its log's first lines
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -33,6 +33,8 @@ class TaskRefused(KfError):
     the device or host has); the message says what it needs. ``kfoundry`` exits with status 3."""
 
     exit_code = 3
+    said = False
+    """Whether its line was already said (``kfoundry run`` says it when the run stops on it)."""
 
 
 class TaskInvalid(TaskRefused):

@@ -118,6 +118,13 @@ def exit_promptly(code: int) -> NoReturn:
     _exit_now(code)
 
 
+def _exit_later(code: int) -> None:
+    """Exit with ``code`` in :data:`EXIT_GRACE_S` unless the process has ended by then."""
+    timer = threading.Timer(EXIT_GRACE_S, _exit_now, args=(code,))
+    timer.daemon = True
+    timer.start()
+
+
 def _exit_now(code: int) -> NoReturn:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
@@ -125,9 +132,16 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+def run_async(
+    main: Callable[[asyncio.Event], Awaitable[int]], on_error: Callable[[BaseException], int | None] | None = None
+) -> int:
     """Run ``main`` with the first SIGINT/SIGTERM turned into a graceful stop event and a second
-    one into a stop at once (``main`` is cancelled). Interrupted by SIGINT, the exit status is 130."""
+    one into a stop at once (``main`` is cancelled). Interrupted by SIGINT, the exit status is 130.
+
+    ``on_error``: called with what ``main`` raised (a cancellation aside), inside the event loop;
+    where it returns an exit status it has told the user (the error's one line), and the event
+    loop's teardown that follows may not hold the process past :data:`EXIT_GRACE_S`, as after a
+    normal end. The error is raised on as before."""
 
     async def wrapper() -> int:
         stop = asyncio.Event()
@@ -155,15 +169,18 @@ def run_async(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
             if len(received) < 2:
                 raise
             code = 1
+        except Exception as exc:
+            said = on_error(exc) if on_error is not None else None
+            if said is not None:
+                _exit_later(130 if signal.SIGINT in received else said)
+            raise
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         final = 130 if signal.SIGINT in received else code
         # The command's work is done (a run's results are written): the event loop's own teardown
         # (tasks still being cancelled, threads of the default executor) must not hold the process.
-        timer = threading.Timer(EXIT_GRACE_S, _exit_now, args=(final,))
-        timer.daemon = True
-        timer.start()
+        _exit_later(final)
         return final
 
     return asyncio.run(wrapper())

@@ -129,3 +129,40 @@ def test_a_prompt_exit_runs_the_atexit_hooks_and_keeps_the_exit_status(tmp_path:
     assert out.returncode == 3, out.stderr
     assert out.stdout == "said before the exit"  # flushed, though not a whole line
     assert marker.read_text() == "yes"
+
+
+def test_an_error_said_at_once_bounds_the_exit_though_the_event_loops_teardown_hangs() -> None:
+    # ``kfoundry run`` refusing its task: the line is said when the run stops on it, and a thread
+    # of the default executor that never returns (what asyncio.run's teardown waits for) cannot
+    # hold the process; without ``on_error``'s status the same process is still there.
+    script = textwrap.dedent(
+        """
+        import asyncio, sys, time
+        import actors.runtime.process as process
+        process.EXIT_GRACE_S = 1.0
+
+        class Refused(Exception):
+            pass
+
+        async def main(stop):
+            asyncio.get_running_loop().run_in_executor(None, time.sleep, 60)
+            raise Refused("task needs too much")
+
+        def said(exc):
+            if sys.argv[1] != "say":
+                return None
+            print(f"kfoundry: {exc}", file=sys.stderr, flush=True)
+            return 3
+
+        process.run_async(main, on_error=said)
+        """
+    )
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", script, "say"], capture_output=True, text=True, cwd=ROOT, check=False, timeout=20
+    )
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.startswith("kfoundry: task needs too much"), out.stderr
+    assert time.monotonic() - started < 12.0
+    with pytest.raises(subprocess.TimeoutExpired):  # the teardown waits for the thread's 60 s
+        subprocess.run([sys.executable, "-c", script, "quiet"], capture_output=True, cwd=ROOT, check=False, timeout=6)
