@@ -383,9 +383,19 @@ def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
             swap = set(moved)
             if len(moved) != 2 or dims[moved[0]] != moved[1]:
                 swap = set()
-        if rank < 2 or swap != {rank - 2, rank - 1}:
-            raise UnsupportedGraph("only swapping the last two dimensions is covered")
-        return lw.perm(t)
+        if rank >= 2 and swap == {rank - 2, rank - 1}:
+            return lw.perm(t)  # read by strides where a product takes it; copied in order elsewhere
+        if canon == "perm":
+            order = list(range(rank))
+            a, c = int(b["dim0"]) % max(rank, 1), int(b["dim1"]) % max(rank, 1)
+            order[a], order[c] = order[c], order[a]
+        else:
+            order = [int(d) % rank for d in b["dims"]]
+        if order == list(range(rank)):
+            return t
+        permute = lower_fn("permute_dims")  # a copy in the permuted order: ``families/strided.py``
+        assert permute is not None
+        return permute(lw, "permute_dims", {"input": t, "dims": order}, traced)
     if canon == "getitem":
         if isinstance(x, TupleRef) and isinstance(b["index"], int):
             return _present(x.items[b["index"]])

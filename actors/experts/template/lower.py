@@ -33,7 +33,7 @@ from actors.experts.template.ir import (
     NodeRef,
 )
 from actors.experts.template.keep_torch import is_layout, keep
-from actors.experts.template.lowering import INDEX_DTYPES, index_inputs, load_families
+from actors.experts.template.lowering import INDEX_DTYPES, index_inputs, load_families, lower_fn
 from actors.experts.template.spellings import bind, resolve
 from actors.experts.template.tensor_attrs import TensorAttrs
 from actors.experts.template.trace import Traced
@@ -99,6 +99,8 @@ class _Uncovered:
 _INDEX_DTYPES = {getattr(torch, name): name for name in INDEX_DTYPES}
 """The integer dtypes a buffer of gather indices may have (the plan's name for each)."""
 
+_IN_ORDER_KINDS = frozenset({NodeKind.CONV, NodeKind.POOL, NodeKind.SCAN, NodeKind.REC})
+"""Nodes that read their operands in row-major order (products read a transpose by its strides)."""
 _HALF_KINDS = frozenset(
     {
         NodeKind.INPUT,
@@ -158,6 +160,9 @@ class Lowerer:
         if kind not in _HALF_KINDS and any(self.nodes[a].dtype in HALF for a in kw.get("args", ()) if type(a) is int):
             raise UnsupportedGraph(f"a {kind.value} node of float16/bfloat16 tensors is not covered (recurrent "
                                    "layers and ops left to PyTorch are float32 only)")  # fmt: skip
+        if kind in _IN_ORDER_KINDS and any(type(a) is int and self.nodes[a].kind is NodeKind.PERM for a in kw["args"]):
+            # read in row-major order, not by strides: a transposed operand is copied in order first
+            kw["args"] = tuple(self.in_order(NodeRef(a)).id if type(a) is int else a for a in kw["args"])
         node = Node(id=len(self.nodes), kind=kind, shape=tuple(int(s) for s in shape), **kw)
         self.nodes.append(node)
         return NodeRef(node.id)
@@ -287,8 +292,7 @@ class Lowerer:
             raise UnsupportedGraph(f"a view from {self.shape(src)} to {shape} changes the element count")
         if tuple(shape) == self.shape(src):
             return src
-        if self.transposed(src):
-            raise UnsupportedGraph("a reshape of a transposed tensor is not covered")
+        src = self.in_order(src)  # a reshape of a transpose: of its copy in row-major order
         return self.add(NodeKind.VIEW, shape, args=(src.id,), dtype=self.node(src).dtype)
 
     def perm(self, src: NodeRef) -> NodeRef:
@@ -297,6 +301,16 @@ class Lowerer:
         if len(shape) < 2:
             raise UnsupportedGraph("a transpose of a tensor with fewer than two dimensions")
         return self.add(NodeKind.PERM, (*shape[:-2], shape[-1], shape[-2]), args=(src.id,), dtype=self.node(src).dtype)
+
+    def in_order(self, ref: NodeRef) -> NodeRef:
+        """``ref``, or where it is a transpose, a copy of it in row-major order (``families/strided.py``)."""
+        if self.node(ref).kind is not NodeKind.PERM:
+            return ref
+        copy = lower_fn("in_order")
+        assert copy is not None
+        out = copy(self, "in_order", {"input": ref}, None)
+        assert isinstance(out, NodeRef)
+        return out
 
     def transposed(self, ref: NodeRef) -> bool:
         """Whether ``ref`` is a transpose, or a view of one (which cannot be reshaped again)."""

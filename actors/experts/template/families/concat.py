@@ -6,8 +6,9 @@ them, or the model's inputs and weights) and read at computed addresses: each ou
 works out its coordinate along the joined dim, the part it falls in and that part's element, and
 loads it (the parts' loads masked to their own range, picked with ``tl.where``). The elementwise
 ops after the concatenation fuse into that kernel. Empty parts are left out; one part is the part
-itself. Declined, with the reason: parts of other shapes (beyond the joined dim) or dtypes,
-and transposed parts. More than 16 parts join in two steps (a ``cat`` of ``cat`` nodes).
+itself. Declined, with the reason: parts of other shapes (beyond the joined dim) or dtypes. A
+transposed part is copied in order first (``families/strided.py``). More than 16 parts join in two
+steps (a ``cat`` of ``cat`` nodes).
 """
 
 from __future__ import annotations
@@ -82,8 +83,7 @@ def _join(lw: LowerContext, parts: list[NodeRef], dim: int, dtype: str) -> NodeR
     """One ``cat`` node of ``parts``; of more than :data:`MAX_PARTS`, a ``cat`` of the ``cat`` of
     each run of consecutive parts (a dense block's concatenation of all its layers' outputs: the
     runs are copied once more, and every kernel reads at most ``MAX_PARTS`` parts)."""
-    if any(lw.transposed(r) for r in parts):
-        raise UnsupportedGraph("torch.cat of a transposed part is not covered")
+    parts = [lw.in_order(r) for r in parts]  # a transposed part: copied in order first
     if len(parts) > MAX_PARTS:
         size = -(-len(parts) // MAX_PARTS)
         runs = [parts[i : i + size] for i in range(0, len(parts), size)]

@@ -69,8 +69,9 @@ def _indices(lw: LowerContext, ref: object, what: str) -> NodeRef:
 def _rows(lw: LowerContext, table: NodeRef, indices: NodeRef, what: str) -> NodeRef:
     """``table[indices]`` along dim 0: ``(*S, *R)`` from a table ``(V, *R)`` and indices ``S``."""
     shape = lw.shape(table)
-    if len(shape) < 2 or lw.transposed(table):
+    if len(shape) < 2:
         raise UnsupportedGraph(f"{what} of a table of shape {shape} is not covered")
+    table = lw.in_order(table)
     rows = shape[0]
     rest = shape[1:]
     flat = table if len(rest) == 1 else lw.view(table, (rows, math.prod(rest)))

@@ -10,7 +10,8 @@ fuse into its kernel. A pad of zero everywhere is a view, no kernel.
 
 Declined, with the reason: modes other than ``constant`` (``reflect``, ``replicate``,
 ``circular``), a fill value that is not a number (or NaN), pads that are not ints, more pairs
-than dims, pads that leave a dim empty, sources of dtypes other than float, and transposed ones.
+than dims, pads that leave a dim empty and sources of dtypes other than float. A transposed
+source is copied in order first (``families/strided.py``).
 """
 
 from __future__ import annotations
@@ -77,8 +78,7 @@ def _pad(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
         raise UnsupportedGraph(f"F.pad of {shape} with pad {b['pad']!r}: the traced result disagrees", op="pad")
     if not any(amounts):
         return lw.view(x, out)  # nothing added or cut: the tensor itself
-    if lw.transposed(x):
-        raise UnsupportedGraph("F.pad of a transposed tensor is not covered", op="pad")
+    x = lw.in_order(x)
     attrs = (_fill(lw.arg(b.get("value"))), *map(float, before))
     return lw.add(NodeKind.EW, out, op="pad", args=(x.id,), attrs=attrs, dtype=dtype)
 

@@ -9,7 +9,7 @@ flattened tensor is rolled and viewed back, as PyTorch does. The elementwise ops
 its kernel. A roll by whole turns is the tensor itself (a view, no kernel).
 
 Declined, with the reason: shifts or dims that are not ints, shifts and dims of different lengths,
-sources of other dtypes than float, and transposed ones.
+and sources of other dtypes than float. A transposed source is copied in order first.
 """
 
 from __future__ import annotations
@@ -68,8 +68,7 @@ def _roll(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeR
         per_dim[dim % rank] = (per_dim[dim % rank] + shift) % flat[dim % rank]
     if not any(per_dim):
         return x  # whole turns: every element stays where it is
-    if lw.transposed(src):
-        raise UnsupportedGraph("torch.roll of a transposed tensor is not covered", op="roll")
+    src = lw.in_order(src)
     attrs = tuple(map(float, per_dim))
     rolled = lw.add(NodeKind.EW, flat, op="roll", args=(src.id,), attrs=attrs, dtype=lw.node(x).dtype)
     return lw.view(rolled, shape)

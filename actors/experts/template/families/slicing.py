@@ -15,8 +15,8 @@ selection of the whole tensor in order (with new or dropped dims of one) is a vi
 slice of a slice that kept every dim is one slice of the first one's source.
 
 Declined, with the reason: steps other than 1, tensor indices (beyond ``x[idx]`` with one 1-dim
-int64 tensor, which ``families/index.py`` reads), bool indices, an empty selection, int64 sources
-and transposed ones.
+int64 tensor, which ``families/index.py`` reads), bool indices, an empty selection and int64
+sources. A transposed source is copied in order first (``families/strided.py``).
 """
 
 from __future__ import annotations
@@ -113,8 +113,7 @@ def _slice(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
         raise UnsupportedGraph(f"a slice of {shape} that selects no element is not covered", op="getitem")
     if counts == list(shape):
         return lw.view(x, out)  # all of it, in order (new or dropped dims of one): the tensor itself
-    if lw.transposed(x):
-        raise UnsupportedGraph("slicing a transposed tensor is not covered", op="getitem")
+    x = lw.in_order(x)  # a slice of a transpose: of its copy in order
     inner = lw.node(x)
     rank = len(shape)
     if inner.op == "slice" and len(inner.attrs) == 2 * rank:

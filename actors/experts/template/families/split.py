@@ -1,0 +1,123 @@
+"""Parts of a tensor and broadcast copies: ``split``, ``chunk``, ``unbind``, ``narrow``, ``expand``.
+
+``x.split(size_or_sizes, dim)``, ``x.chunk(n, dim)``, ``x.unbind(dim)`` and ``x.narrow(dim, start,
+length)`` (and their ``torch.`` spellings) are slices of ``x`` along one dim: each part becomes
+the ``slice`` gather node of ``families/slicing.py`` (a part that is all of ``x`` is ``x``), so a
+part read by elementwise ops is read in place by their kernel, and a model's ``q, k, v =
+qkv.split(d, dim=-1)`` or ``x1, x2 = x.chunk(2, dim=-1)`` needs no copy of its own. The parts are
+those PyTorch returns (the traced results' shapes), so a last, shorter part is covered.
+
+``x.expand(*sizes)``, ``x.expand_as(y)`` and ``torch.broadcast_to(x, shape)`` become a
+``strided`` copy (``families/strided.py``) with a stride of 0 along each dim they broadcast,
+for the ops that read their operand whole (a ``cat`` of a class token expanded over the batch).
+
+Declined, with the reason: a dim that is not an int, parts of other tensors than float or bool
+ones (the slices' own rule).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.ir import NodeRef, TupleRef
+from actors.experts.template.lowering import LowerContext, lower_fn, lowering
+from actors.experts.template.spellings import REQUIRED, Spec, spell
+
+spell(
+    Spec("split", (("input", REQUIRED), ("split_size_or_sections", REQUIRED), ("dim", 0))),
+    functions=(torch.split,),
+    methods=("split",),
+)
+spell(
+    Spec("chunk", (("input", REQUIRED), ("chunks", REQUIRED), ("dim", 0))), functions=(torch.chunk,), methods=("chunk",)
+)
+spell(Spec("unbind", (("input", REQUIRED), ("dim", 0))), functions=(torch.unbind,), methods=("unbind",))
+spell(
+    Spec("narrow", (("input", REQUIRED), ("dim", REQUIRED), ("start", REQUIRED), ("length", REQUIRED))),
+    functions=(torch.narrow,),
+    methods=("narrow",),
+)
+spell(
+    Spec("expand", (("input", REQUIRED),), passthrough=True),
+    functions=(torch.broadcast_to,),
+    methods=("expand", "expand_as"),
+)
+
+
+def _dim(lw: LowerContext, value: object, rank: int, op: str) -> int:
+    dim = lw.arg(value)
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -rank <= dim < rank:
+        raise UnsupportedGraph(f"{op} along dim {dim!r} of a {rank}-dim tensor is not covered", op=op)
+    return dim % rank
+
+
+def _part(lw: LowerContext, x: NodeRef, dim: int, start: int, count: int | None, out: tuple[int, ...]) -> NodeRef:
+    """``x`` along ``dim`` from ``start``: ``count`` elements, or the one at ``start`` with the dim dropped (None)."""
+    sliced = lower_fn("slice")
+    assert sliced is not None
+    at: object = start if count is None else slice(start, start + count)
+    index = (*(slice(None),) * dim, at)
+    result = sliced(lw, "slice", {"input": x, "index": index}, torch.empty(out, device="meta"))
+    assert isinstance(result, NodeRef)
+    return result
+
+
+@lowering("split", "chunk", "unbind", "narrow")
+def _split(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> object:
+    """The parts PyTorch returns (``traced``: a tuple of tensors, or one tensor for ``narrow``)."""
+    x = b.get("input")
+    if not isinstance(x, NodeRef):
+        raise UnsupportedGraph(f"{canon} of something that is not a tensor", op=canon)
+    shape = lw.shape(x)
+    if not shape:
+        raise UnsupportedGraph(f"{canon} of a tensor of no dims is not valid", op=canon)
+    dim = _dim(lw, b["dim"], len(shape), canon)
+    if canon == "narrow":
+        start = lw.arg(b["start"])
+        if not isinstance(traced, torch.Tensor) or not isinstance(start, int) or isinstance(start, bool):
+            raise UnsupportedGraph("narrow with a start that is not an int is not covered", op=canon)
+        start += shape[dim] if start < 0 else 0
+        count = int(traced.shape[dim])
+        return x if count == shape[dim] else _part(lw, x, dim, start, count, tuple(traced.shape))
+    if not isinstance(traced, tuple | list) or not all(isinstance(t, torch.Tensor) for t in traced) or not traced:
+        raise UnsupportedGraph(f"{canon}: the traced result is not a tuple of tensors", op=canon)
+    parts: list[NodeRef] = []
+    start = 0
+    for t in traced:
+        out = tuple(int(s) for s in t.shape)
+        if canon == "unbind":
+            parts.append(_part(lw, x, dim, start, None, out))
+            start += 1
+            continue
+        count = out[dim]
+        parts.append(x if count == shape[dim] else _part(lw, x, dim, start, count, out))
+        start += count
+    if start != shape[dim]:
+        raise UnsupportedGraph(f"{canon} of {shape}: the parts do not cover dim {dim}", op=canon)
+    return TupleRef(tuple(parts))
+
+
+@lowering("expand")
+def _expand(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``x`` broadcast to the traced result's shape: a copy reading each broadcast dim with stride 0."""
+    from actors.experts.template.families.strided import addressed, strided
+
+    x = lw.tensor(b.get("input"), "the input of expand")
+    if not isinstance(traced, torch.Tensor):
+        raise UnsupportedGraph("expand: the traced result is not a tensor", op=canon)
+    out = tuple(int(s) for s in traced.shape)
+    shape = lw.shape(x)
+    if out == shape:
+        return x
+    lead = len(out) - len(shape)
+    if lead < 0 or any(s not in (1, o) for s, o in zip(shape, out[lead:], strict=True)):
+        raise UnsupportedGraph(f"expand of {shape} to {out} is not valid", op=canon)
+    src, dims = addressed(lw, x)
+    per_dim = [-1] * lead + [-1 if s == 1 and o != 1 else d for s, o, d in zip(shape, out[lead:], dims, strict=True)]
+    if math.prod(out) == math.prod(shape):
+        return lw.view(x, out)  # only dims of one added in front
+    return strided(lw, src, out, per_dim)
