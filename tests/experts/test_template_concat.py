@@ -103,7 +103,6 @@ def test_the_family_is_one_module_registered_for_its_op() -> None:
     ("forward", "inputs", "reason"),
     [
         ("return torch.cat([x, y], 0)", "torch.randn(2, 3), torch.randn(2, 3).half()", "dtypes"),
-        ("return torch.cat([x, y.t()], 0)", "torch.randn(3, 3), torch.randn(3, 3)", "transposed"),
         (
             "return torch.stack([x, y], 0)",
             "torch.randn(2, 3), torch.randn(2, 3).half()",

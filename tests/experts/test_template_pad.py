@@ -109,7 +109,6 @@ def test_a_pad_of_zero_everywhere_is_a_view_without_a_kernel() -> None:
         ('return F.pad(x, [1, 1], mode="reflect") * 2.0', "F.pad mode 'reflect' is not covered"),
         ('return F.pad(x, [1, 1], "replicate") * 2.0', "F.pad mode 'replicate' is not covered"),
         ("return F.pad(x, [1, 1], value=float('nan')) * 2.0", "F.pad with value nan is not covered"),
-        ("return F.pad(x.t(), [1, 1]) * 2.0", "F.pad of a transposed tensor is not covered"),
     ],
 )
 def test_what_the_family_does_not_cover_is_declined_with_the_reason(forward: str, reason: str) -> None:

@@ -101,6 +101,18 @@ CASES: tuple[Case, ...] = (
         ({"D": 5},),
     ),
     Case(
+        "pad_slice_and_roll_of_transposes",
+        _model(
+            "",
+            "",
+            "x",
+            "return F.pad(x.t(), [1, 1]) * 2.0 + torch.roll(x.t(), 1, 0)[:, 1:-1].sum() + x.t()[1:3].mean()",
+            "torch.randn($N, 6)",
+            "",
+        ),
+        ({"N": 4},),
+    ),
+    Case(
         "rotate_half_by_chunk_and_qkv_by_split",
         _model(
             "",
