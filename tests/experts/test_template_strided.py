@@ -132,7 +132,7 @@ CASES: tuple[Case, ...] = (
             "x",
             "first, second, third = x.unbind(1)\n"
             "head, tail = torch.split(second, [2, $N - 2], dim=-1)\n"
-            "return first.narrow(-1, 1, 2) * head + third[:, :2] + tail.sum(-1, keepdim=True)",
+            "return first.narrow(-1, 1, 2) * head + third[:, :2] * x.select(1, -1)[:, 1:3] + tail.sum(-1, True)",
             "torch.randn(4, 3, $N)",
             "",
         ),

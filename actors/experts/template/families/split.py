@@ -1,7 +1,9 @@
-"""Parts of a tensor and broadcast copies: ``split``, ``chunk``, ``unbind``, ``narrow``, ``expand``.
+"""Parts of a tensor and broadcast copies: ``split``, ``chunk``, ``unbind``, ``narrow``, ``select``,
+``expand``.
 
-``x.split(size_or_sizes, dim)``, ``x.chunk(n, dim)``, ``x.unbind(dim)`` and ``x.narrow(dim, start,
-length)`` (and their ``torch.`` spellings) are slices of ``x`` along one dim: each part becomes
+``x.split(size_or_sizes, dim)``, ``x.chunk(n, dim)``, ``x.unbind(dim)``, ``x.narrow(dim, start,
+length)`` and ``x.select(dim, i)`` (and their ``torch.`` spellings) are slices of ``x`` along one
+dim: each part becomes
 the ``slice`` gather node of ``families/slicing.py`` (a part that is all of ``x`` is ``x``), so a
 part read by elementwise ops is read in place by their kernel, and a model's ``q, k, v =
 qkv.split(d, dim=-1)`` or ``x1, x2 = x.chunk(2, dim=-1)`` needs no copy of its own. The parts are
@@ -42,6 +44,11 @@ spell(
     methods=("narrow",),
 )
 spell(
+    Spec("select", (("input", REQUIRED), ("dim", REQUIRED), ("index", REQUIRED))),
+    functions=(torch.select,),
+    methods=("select",),
+)
+spell(
     Spec("expand", (("input", REQUIRED),), passthrough=True),
     functions=(torch.broadcast_to,),
     methods=("expand", "expand_as"),
@@ -64,6 +71,20 @@ def _part(lw: LowerContext, x: NodeRef, dim: int, start: int, count: int | None,
     result = sliced(lw, "slice", {"input": x, "index": index}, torch.empty(out, device="meta"))
     assert isinstance(result, NodeRef)
     return result
+
+
+@lowering("select")
+def _select(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``x.select(dim, i)``: the elements at ``i`` along ``dim``, the dim dropped (``x[:, i]``)."""
+    x = b.get("input")
+    if not isinstance(x, NodeRef) or not isinstance(traced, torch.Tensor):
+        raise UnsupportedGraph("select of something that is not a tensor", op=canon)
+    shape = lw.shape(x)
+    dim = _dim(lw, b["dim"], len(shape), canon)
+    index = lw.arg(b["index"])
+    if not isinstance(index, int) or isinstance(index, bool) or not -shape[dim] <= index < shape[dim]:
+        raise UnsupportedGraph(f"select of index {index!r} along a dim of {shape[dim]} is not covered", op=canon)
+    return _part(lw, x, dim, index % shape[dim], None, tuple(int(s) for s in traced.shape))
 
 
 @lowering("split", "chunk", "unbind", "narrow")
