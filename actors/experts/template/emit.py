@@ -290,6 +290,14 @@ GatherEmitter = Callable[[Writer, Scope, Node, bool], str]
 GATHER_EMITTERS: dict[str, GatherEmitter] = {}
 
 
+def axis_coord(at: str, inner: int, extent: int, outermost: bool) -> str:
+    """The coordinate along one axis of the element at linear index ``at`` (a gather emitter's
+    walk over its axes): ``inner`` elements per step of the axis, ``extent`` steps. The outermost
+    axis needs no modulo: the index stays below the element count."""
+    coord = f"({at})" if inner == 1 else f"(({at}) // {inner})"
+    return coord if outermost else f"({coord} % {extent})"
+
+
 def gather_emitter(op: str, sources: int = 1) -> Callable[[GatherEmitter], GatherEmitter]:
     """Register the decorated function as the emitter of the gather op ``op`` (an op family's),
     which reads its first ``sources`` arguments at computed addresses (0: all of them)."""

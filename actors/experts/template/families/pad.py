@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from actors.experts.template.emit import Scope, Writer, gather_emitter
+from actors.experts.template.emit import Scope, Writer, axis_coord, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import lit
 from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
@@ -112,9 +112,7 @@ def _emit_pad(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     out_inner, src_stride = 1, 1
     for i in reversed(range(len(axes))):  # innermost first
         extent, size, lo = axes[i]
-        coord = f"({at})" if out_inner == 1 else f"(({at}) // {out_inner})"
-        if i > 0:  # the outermost axis needs no modulo: the index stays below the element count
-            coord = f"({coord} % {extent})"
+        coord = axis_coord(at, out_inner, extent, outermost=i == 0)
         padded = bool(lo) or extent != size
         if padded:
             var = f"c{node.id}_{i}"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from actors.experts.template.any_batch import Sym
-from actors.experts.template.emit import Scope, Writer, gather_emitter
+from actors.experts.template.emit import Scope, Writer, axis_coord, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
 from actors.experts.template.lowering import LowerContext, lowering
@@ -166,9 +166,7 @@ def _emit_slice(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     terms = [] if axes else [f"({at})"]  # one element: the index is 0 wherever the mask holds
     terms += [str(offset)] if offset else []
     for i, (count, inner, stride) in enumerate(axes):
-        coord = f"({at})" if inner == 1 else f"(({at}) // {inner})"
-        if i > 0:  # the outermost axis needs no modulo: the index stays below the element count
-            coord = f"({coord} % {count})"
+        coord = axis_coord(at, inner, count, outermost=i == 0)
         terms.append(coord if stride == 1 else f"{coord} * {stride}")
     where = f"s{node.id}"
     w.emit(scope, f"{where} = {' + '.join(terms)}")

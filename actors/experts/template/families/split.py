@@ -19,12 +19,12 @@ ones (the slices' own rule).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.families.strided import addressed, strided
 from actors.experts.template.ir import NodeRef, TupleRef
 from actors.experts.template.lowering import LowerContext, lower_fn, lowering
 from actors.experts.template.spellings import REQUIRED, Spec, spell
@@ -125,8 +125,6 @@ def _split(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
 @lowering("expand")
 def _expand(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
     """``x`` broadcast to the traced result's shape: a copy reading each broadcast dim with stride 0."""
-    from actors.experts.template.families.strided import addressed, strided
-
     x = lw.tensor(b.get("input"), "the input of expand")
     if not isinstance(traced, torch.Tensor):
         raise UnsupportedGraph("expand: the traced result is not a tensor", op=canon)
@@ -139,6 +137,4 @@ def _expand(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Nod
         raise UnsupportedGraph(f"expand of {shape} to {out} is not valid", op=canon)
     src, dims = addressed(lw, x)
     per_dim = [-1] * lead + [-1 if s == 1 and o != 1 else d for s, o, d in zip(shape, out[lead:], dims, strict=True)]
-    if math.prod(out) == math.prod(shape):
-        return lw.view(x, out)  # only dims of one added in front
-    return strided(lw, src, out, per_dim)
+    return strided(lw, src, out, per_dim)  # only dims of one added in front: a view (``strided``'s own rule)

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from actors.experts.template.emit import Scope, Writer, gather_emitter
+from actors.experts.template.emit import Scope, Writer, axis_coord, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
 from actors.experts.template.lowering import LowerContext, lowering
@@ -208,9 +208,7 @@ def _emit_strided(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     inner = 1
     for i in reversed(range(len(axes))):  # innermost first
         extent, stride = axes[i]
-        coord = f"({at})" if inner == 1 else f"(({at}) // {inner})"
-        if i > 0:  # the outermost axis needs no modulo: the index stays below the element count
-            coord = f"({coord} % {extent})"
+        coord = axis_coord(at, inner, extent, outermost=i == 0)
         if stride != 0 and extent != 1:
             terms.append(coord if stride == 1 else f"{coord} * {stride}")
         inner *= extent
