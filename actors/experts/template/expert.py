@@ -259,7 +259,10 @@ class TemplateExpert:
                     self._stored += 1
                     pending = analysis_child.take(source, keep_torch.value, task_confine.wanted())
                     if pending is not None:  # started ahead by `kfoundry run`: not needed
+                        # Its child killed and reaped before going on: a loop that closed while the
+                        # kill was still being reported left a process object that warned when freed.
                         pending.cancel()
+                        await asyncio.wait([pending])
                     if policy is KeepTorch.NONE:
                         return kept
                     self._remember((task_id, policy), kept)
