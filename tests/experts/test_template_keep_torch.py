@@ -1,12 +1,12 @@
 """Whole graphs split between kernels and the reference's own PyTorch calls.
 
-Data movement the templates do not cover (``movedim``; ``split``, head transposes and slicing
-were such until ``families/split.py`` and ``families/strided.py``) stays a PyTorch call under
-every run policy (the evaluator admits views and copies); compute they do not cover (a recurrent
-layer on an unbatched sequence, ``nn.GRU``) only under ``--torch-ops reference``. Checked on a
-GPT-style block written for these tests (``tests/data/gpt_block.py``, its heads moved by
-``movedim``) and a recurrent block: what the gate says under each policy, correctness under the
-Triton interpreter, and the expert's answers.
+Data movement the templates do not cover (``unfold``'s windows, which may overlap; ``split``,
+head transposes, slicing and ``movedim`` were such until ``families/split.py`` and
+``families/strided.py``) stays a PyTorch call under every run policy (the evaluator admits views
+and copies); compute they do not cover (a recurrent layer on an unbatched sequence, ``nn.GRU``)
+only under ``--torch-ops reference``. Checked on a GPT-style block written for these tests
+(``tests/data/gpt_block.py``, its heads cut by ``unfold``) and a recurrent block: what the gate
+says under each policy, correctness under the Triton interpreter, and the expert's answers.
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ from schemas import GenerateRequest, Severity, Task, TorchOpsPolicy
 from tests.experts.template_cases import HEAD, _model
 
 GPT_BLOCK = (Path(__file__).parents[1] / "data" / "gpt_block.py").read_text()
-GPT_MOVEDIM = GPT_BLOCK.replace(".transpose(1, 2)", ".movedim(2, 1)")
-"""The block with its heads moved by ``movedim``, data movement the templates do not cover."""
+GPT_UNFOLD = GPT_BLOCK.replace(
+    ".view(B, T, self.n_head, C // self.n_head)", ".unfold(-1, C // self.n_head, C // self.n_head)"
+)
+"""The block with its heads cut by ``unfold`` (windows of the head size, as many as heads), data
+movement the templates do not cover."""
+GPT_MOVEDIM = GPT_BLOCK.replace(".transpose(1, 2)", ".movedim(2, 1)").replace(".transpose(-2, -1)", ".swapaxes(-2, -1)")
+"""The block with its heads moved by ``movedim`` and its keys transposed by ``swapaxes``: covered."""
 RNN_BLOCK = HEAD + _model(
     ", e",
     "self.rnn = nn.GRU(e, e)\nself.norm = nn.LayerNorm(e)",
@@ -61,19 +66,20 @@ def _rejected(source: str, reference: str, policy: TorchOpsPolicy) -> list[str]:
 
 def test_block_whose_uncovered_ops_move_data_is_split_under_any_policy() -> None:
     assert isinstance(analyse(GPT_BLOCK), Plan)  # its split and head transposes are kernels now
-    whole = analyse(GPT_MOVEDIM)
+    assert isinstance(analyse(GPT_MOVEDIM), Plan)  # and written with movedim and swapaxes
+    whole = analyse(GPT_UNFOLD)
     assert isinstance(whole, Unsupported)
-    assert "not covered" in whole.detail
-    plan = _plan(GPT_MOVEDIM, KeepTorch.LAYOUT)
+    assert "unfold" in whole.detail
+    plan = _plan(GPT_UNFOLD, KeepTorch.LAYOUT)
     kinds = plan.template.split("+")
     assert "torch" in kinds
     assert "attn" in kinds  # the explicit causal softmax attention is one flash-style kernel
     assert kinds.count("mm") >= 3  # qkv, output projection and the MLP stay kernels
     source = render(plan, default_params(plan))
     assert "self.c_attn(" not in source
-    assert ".movedim(" in source
+    assert ".as_strided(" in source
     assert ".masked_fill(" not in source
-    assert _rejected(source, GPT_MOVEDIM, P.FORBID) == []
+    assert _rejected(source, GPT_UNFOLD, P.FORBID) == []
 
 
 def test_block_with_uncovered_compute_is_split_only_under_reference() -> None:
@@ -109,7 +115,8 @@ def test_unfold_windows_are_an_as_strided_view_under_forbid() -> None:
 def test_split_blocks_match_pytorch_under_the_interpreter(tmp_path: Path) -> None:
     jobs: list[dict[str, object]] = []
     cases = (
-        (GPT_MOVEDIM, KeepTorch.LAYOUT),
+        (GPT_UNFOLD, KeepTorch.LAYOUT),
+        (GPT_MOVEDIM, KeepTorch.NONE),
         (RNN_BLOCK, KeepTorch.ALL),
         (RESHAPED_TRANSPOSE, KeepTorch.LAYOUT),
         (UNFOLDED_PATCHES, KeepTorch.LAYOUT),
@@ -126,7 +133,7 @@ def test_split_blocks_match_pytorch_under_the_interpreter(tmp_path: Path) -> Non
 @pytest.mark.timeout(120)
 async def test_expert_keeps_compute_in_pytorch_only_when_the_run_allows_it() -> None:
     expert = TemplateExpert(analysis=AnalysisMode.THREAD)
-    gpt = await expert.generate(GenerateRequest(run_id="r", island="i0", task=Task.from_source("gpt", GPT_MOVEDIM)))
+    gpt = await expert.generate(GenerateRequest(run_id="r", island="i0", task=Task.from_source("gpt", GPT_UNFOLD)))
     assert gpt.decline is None
     assert all("torch" in p.strategy for p in gpt.proposals)
     rnn = Task.from_source("rnn", RNN_BLOCK)

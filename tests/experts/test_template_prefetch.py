@@ -23,31 +23,30 @@ from schemas import GenerateRequest, Task
 
 pytestmark = pytest.mark.timeout(300)
 
-# A channel shuffle (KernelBench L3-25's) written with ``movedim``, which the templates do not cover
-# (its transpose is a copy kernel now): the whole reference is declined and the fallback keeps it as
-# the reference's own PyTorch call.
-SHUFFLE = """
+# Patches of an image cut by ``unfold``, which the templates do not cover (its windows may
+# overlap): the whole reference is declined and the fallback keeps it as an as_strided view.
+PATCHES = """
 import torch
 import torch.nn as nn
 
 
 class Model(nn.Module):
-    def __init__(self, groups):
+    def __init__(self, patch):
         super().__init__()
-        self.groups = groups
+        self.patch = patch
 
     def forward(self, x):
-        b, c, h, w = x.size()
-        x = torch.relu(x).view(b, self.groups, c // self.groups, h, w).movedim(2, 1).contiguous()
-        return x.view(b, -1, h, w) * 2.0
+        p = self.patch
+        windows = torch.relu(x).unfold(2, p, p).unfold(3, p, p)
+        return windows.reshape(x.shape[0], x.shape[1], -1, p * p).mean(-1) * 2.0
 
 
 def get_inputs():
-    return [torch.randn(2, 6, 4, 5)]
+    return [torch.randn(2, 6, 4, 6)]
 
 
 def get_init_inputs():
-    return [3]
+    return [2]
 """
 
 WHOLE = """
@@ -86,11 +85,11 @@ def _request(source: str, name: str) -> GenerateRequest:
 
 
 def test_one_child_answers_for_the_whole_reference_and_for_its_fallback() -> None:
-    found = asyncio.run(analyses_in_child(SHUFFLE, keep_torch=KeepTorch.LAYOUT, confine=False))
+    found = asyncio.run(analyses_in_child(PATCHES, keep_torch=KeepTorch.LAYOUT, confine=False))
     assert set(found) == {KeepTorch.NONE, KeepTorch.LAYOUT}
     whole, kept = found[KeepTorch.NONE], found[KeepTorch.LAYOUT]
     assert isinstance(whole, Unsupported)
-    assert "movedim" in whole.detail
+    assert "unfold" in whole.detail
     assert isinstance(kept, Plan)
     # covered whole: no fallback analysed
     only = asyncio.run(analyses_in_child(WHOLE, keep_torch=KeepTorch.LAYOUT, confine=False))
@@ -100,10 +99,10 @@ def test_one_child_answers_for_the_whole_reference_and_for_its_fallback() -> Non
 
 def test_the_expert_takes_the_analysis_started_ahead() -> None:
     async def scenario() -> tuple[TemplateExpert, list[MutableMapping[str, Any]]]:
-        analysis_child.prefetch(SHUFFLE, KeepTorch.LAYOUT.value, False)
+        analysis_child.prefetch(PATCHES, KeepTorch.LAYOUT.value, False)
         expert = TemplateExpert()
         with capture_logs() as logs:
-            reply = await expert.generate(_request(SHUFFLE, "shuffle"))
+            reply = await expert.generate(_request(PATCHES, "patches"))
         assert reply.decline is None, reply.decline
         assert reply.proposals
         assert not analysis_child._PENDING  # taken
@@ -121,21 +120,21 @@ def test_a_kept_plan_cancels_the_analysis_started_ahead(tmp_path: Path) -> None:
 
     async def first() -> None:
         expert = TemplateExpert(plan_store=store)
-        reply = await expert.generate(_request(SHUFFLE, "shuffle"))
+        reply = await expert.generate(_request(PATCHES, "patches"))
         assert reply.decline is None, reply.decline
         assert (expert.stats().plans_traced, expert.stats().plans_stored) == (1, 0)
 
     asyncio.run(first())
     # Only the fallback's plan is kept (the whole reference is not covered): a later expert reads it
     # without analysing the whole reference again, and the child started ahead is not needed.
-    assert store.get(SHUFFLE, KeepTorch.NONE) is None
-    assert isinstance(store.get(SHUFFLE, KeepTorch.LAYOUT), Plan)
+    assert store.get(PATCHES, KeepTorch.NONE) is None
+    assert isinstance(store.get(PATCHES, KeepTorch.LAYOUT), Plan)
 
     async def second() -> TemplateExpert:
-        analysis_child.prefetch(SHUFFLE, KeepTorch.LAYOUT.value, False)
+        analysis_child.prefetch(PATCHES, KeepTorch.LAYOUT.value, False)
         await asyncio.sleep(0.5)  # its child started
         expert = TemplateExpert(plan_store=store)
-        reply = await expert.generate(_request(SHUFFLE, "shuffle"))
+        reply = await expert.generate(_request(PATCHES, "patches"))
         assert reply.decline is None, reply.decline
         assert not analysis_child._PENDING
         # The cancelled child was killed and reaped before the expert answered: its process object
@@ -150,8 +149,8 @@ def test_a_kept_plan_cancels_the_analysis_started_ahead(tmp_path: Path) -> None:
 
 def test_analyses_started_ahead_and_never_taken_are_cancelled_with_their_children() -> None:
     async def scenario() -> None:
-        analysis_child.prefetch(SHUFFLE, KeepTorch.LAYOUT.value, False)
-        analysis_child.prefetch(SHUFFLE, KeepTorch.LAYOUT.value, False)  # the same analysis: one child
+        analysis_child.prefetch(PATCHES, KeepTorch.LAYOUT.value, False)
+        analysis_child.prefetch(PATCHES, KeepTorch.LAYOUT.value, False)  # the same analysis: one child
         assert len(analysis_child._PENDING) == 1
         for _ in range(100):
             if _isolate_children():

@@ -1,8 +1,9 @@
 """Copies that move elements and parts of tensors (``families/strided.py``, ``families/split.py``):
 permutations of any dims, channel and pixel shuffles, ``repeat_interleave``, ``expand``, the
-transposed operand of a convolution, a reshape or a ``cat`` copied in order, and ``split`` /
-``chunk`` / ``unbind`` / ``narrow`` as slices; against PyTorch on the CPU under the Triton
-interpreter, in the variants of ``template_interp``; and their declines."""
+transposed operand of a convolution, a reshape or a ``cat`` copied in order, ``movedim`` /
+``swapaxes`` / ``unflatten``, and ``split`` / ``chunk`` / ``unbind`` / ``narrow`` / ``glu`` as
+slices; against PyTorch on the CPU under the Triton interpreter, in the variants of
+``template_interp``; and their declines."""
 
 from __future__ import annotations
 
@@ -137,6 +138,22 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"N": 7},),
+    ),
+    Case(
+        "movedim_moveaxis_swapaxes_unflatten_and_glu",
+        _model(
+            "",
+            "self.glu = nn.GLU(dim=1)",
+            "x",
+            "b, c, h, w = x.shape\n"
+            "y = F.glu(x.flatten(2).movedim(1, -1), dim=-1)\n"
+            "z = self.glu(x).swapaxes(1, 3).swapdims(1, 2)\n"
+            "m = torch.moveaxis(x, (1, 3), (3, 1))[..., : c // 2].transpose(1, 2)\n"
+            "return y.unflatten(1, (h, w)) * 2.0 + z + m.reshape_as(z)",
+            "torch.randn(2, $C, 3, 4)",
+            "",
+        ),
+        ({"C": 6},),
     ),
 )
 

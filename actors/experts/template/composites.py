@@ -360,6 +360,37 @@ def _converted(lw: LowerContext, x: object, traced: Any) -> NodeRef:
     return lw.ew(_CAST_OPS[target], x)
 
 
+def _dims_arg(value: object, rank: int, what: str) -> list[int]:
+    items = list(value) if isinstance(value, tuple | list) else [value]
+    dims = [d for d in items if isinstance(d, int) and not isinstance(d, bool) and -max(rank, 1) <= d < max(rank, 1)]
+    if len(dims) != len(items):
+        raise UnsupportedGraph(f"{what} {value!r} of a {rank}-dim tensor is not valid")
+    return [d % max(rank, 1) for d in dims]
+
+
+def _dim_order(canon: str, b: dict[str, Any], rank: int) -> list[int]:
+    """The source dim of each output dim of a transpose (``perm``: ``transpose``, ``swapaxes``,
+    ``swapdims``, ``t``), a ``permute`` or a ``movedim``/``moveaxis``, as PyTorch orders them."""
+    order = list(range(rank))
+    if canon == "perm":
+        a, c = _dims_arg([b["dim0"], b["dim1"]], rank, "transposing dims")
+        if rank:
+            order[a], order[c] = order[c], order[a]
+        return order
+    if canon == "permute":
+        dims = _dims_arg(b["dims"], rank, "permuting dims")
+        if sorted(dims) != order:
+            raise UnsupportedGraph(f"permute by {b['dims']!r} of a {rank}-dim tensor is not a permutation")
+        return dims
+    source = _dims_arg(b["source"], rank, "movedim source")
+    destination = _dims_arg(b["destination"], rank, "movedim destination")
+    if len(source) != len(destination) or len(set(source)) != len(source) or len(set(destination)) != len(source):
+        raise UnsupportedGraph(f"movedim from {b['source']!r} to {b['destination']!r} is not valid")
+    moved = dict(zip(destination, source, strict=True))
+    rest = iter(d for d in order if d not in source)
+    return [moved[i] if i in moved else next(rest) for i in order]
+
+
 def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> object:
     x = b.get("input")
     if canon == "view":
@@ -372,27 +403,14 @@ def _other(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
         if number(b["p"], "p") != 0.0 and b["training"]:
             raise UnsupportedGraph("dropout with p > 0 in training mode is random; not covered")
         return lw.tensor(x, "dropout input")
-    if canon in ("perm", "permute"):
+    if canon in ("perm", "permute", "movedim"):
         t = lw.tensor(x, "transpose input")
-        rank = len(lw.shape(t))
-        if canon == "perm":
-            swap = {int(b["dim0"]) % max(rank, 1), int(b["dim1"]) % max(rank, 1)}
-        else:
-            dims = [int(d) % rank for d in b["dims"]]
-            moved = [i for i, d in enumerate(dims) if d != i]
-            swap = set(moved)
-            if len(moved) != 2 or dims[moved[0]] != moved[1]:
-                swap = set()
-        if rank >= 2 and swap == {rank - 2, rank - 1}:
-            return lw.perm(t)  # read by strides where a product takes it; copied in order elsewhere
-        if canon == "perm":
-            order = list(range(rank))
-            a, c = int(b["dim0"]) % max(rank, 1), int(b["dim1"]) % max(rank, 1)
-            order[a], order[c] = order[c], order[a]
-        else:
-            order = [int(d) % rank for d in b["dims"]]
+        order = _dim_order(canon, b, len(lw.shape(t)))
+        rank = len(order)
         if order == list(range(rank)):
             return t
+        if order == [*range(rank - 2), rank - 1, rank - 2]:
+            return lw.perm(t)  # read by strides where a product takes it; copied in order elsewhere
         permute = lower_fn("permute_dims")  # a copy in the permuted order: ``families/strided.py``
         assert permute is not None
         return permute(lw, "permute_dims", {"input": t, "dims": order}, traced)

@@ -138,6 +138,8 @@ class Lowerer:
         size, so a plan for any size (``any_sizes``) is lowered without it."""
         self.split_taken = False
         """Whether some reduction was split (``Plan.split``)."""
+        self._copies_in_order: dict[int, NodeRef] = {}
+        """A transpose's id -> its copy in row-major order (one copy however many ops read it so)."""
         self.nodes: list[Node] = []
         self.env: dict[fx.Node, Any] = {}
         self.ops: list[str] = []
@@ -306,10 +308,14 @@ class Lowerer:
         """``ref``, or where it is a transpose, a copy of it in row-major order (``families/strided.py``)."""
         if self.node(ref).kind is not NodeKind.PERM:
             return ref
+        held = self._copies_in_order.get(ref.id)
+        if held is not None:
+            return held
         copy = lower_fn("in_order")
         assert copy is not None
         out = copy(self, "in_order", {"input": ref}, None)
         assert isinstance(out, NodeRef)
+        self._copies_in_order[ref.id] = out
         return out
 
     def transposed(self, ref: NodeRef) -> bool:

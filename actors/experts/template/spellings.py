@@ -42,6 +42,8 @@ class Spec:
     """``input`` then the remaining positional arguments as one tuple (``permute``)."""
     passthrough: bool = False
     """Only ``input`` matters (views: the traced output shape says the rest)."""
+    renamed: tuple[tuple[str, str], ...] = ()
+    """This spelling's own keyword -> the canonical parameter it binds (``swapaxes(axis0=...)``)."""
 
 
 _IN = (("input", REQUIRED),)
@@ -68,7 +70,7 @@ def spell(spec: Spec, functions: tuple[object, ...] = (), methods: tuple[str, ..
 def _method(names: tuple[str, ...], spec: Spec) -> None:
     for name in names:
         METHODS[name] = spec
-        if not spec.passthrough and spec.canon not in ("perm", "permute", "getattr"):
+        if not spec.passthrough and spec.canon not in ("perm", "permute", "movedim", "getattr"):
             METHODS[name + "_"] = Spec(spec.canon, spec.params, inplace=True)
 
 
@@ -313,8 +315,8 @@ MODULES[nn.TripletMarginLoss] = Spec(
 # Shapes, aliases, transposes, tuple access.
 _VIEW = Spec("view", _IN, passthrough=True)
 _ALIAS = Spec("alias", _IN, passthrough=True)
-_fn((torch.reshape, torch.flatten, torch.squeeze, torch.unsqueeze), _VIEW)
-_method(("view", "reshape", "flatten", "squeeze", "unsqueeze"), _VIEW)
+_fn((torch.reshape, torch.flatten, torch.squeeze, torch.unsqueeze, torch.unflatten, torch.ravel), _VIEW)
+_method(("view", "reshape", "flatten", "squeeze", "unsqueeze", "unflatten", "ravel", "view_as", "reshape_as"), _VIEW)
 _fn((torch.clone, torch.detach), _ALIAS)
 _method(("contiguous", "clone", "detach", "float", "half", "bfloat16", "to"), _ALIAS)
 _fn((F.dropout,), Spec("dropout", (*_IN, ("p", 0.5), ("training", True), ("inplace", False))))
@@ -324,6 +326,14 @@ _fn((torch.transpose,), Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRE
 _method(("transpose",), Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRED))))
 _fn((torch.permute,), Spec("permute", (*_IN, ("dims", REQUIRED)), varargs=True))
 _method(("permute",), Spec("permute", (*_IN, ("dims", REQUIRED)), varargs=True))
+_fn((torch.swapdims,), Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRED))))
+_method(("swapdims",), Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRED))))
+_SWAPAXES = Spec("perm", (*_IN, ("dim0", REQUIRED), ("dim1", REQUIRED)), renamed=(("axis0", "dim0"), ("axis1", "dim1")))
+_fn((torch.swapaxes,), _SWAPAXES)
+_method(("swapaxes",), _SWAPAXES)
+_MOVEDIM = Spec("movedim", (*_IN, ("source", REQUIRED), ("destination", REQUIRED)))
+_fn((torch.movedim, torch.moveaxis), _MOVEDIM)
+_method(("movedim", "moveaxis"), _MOVEDIM)
 _fn((operator.getitem,), Spec("getitem", (*_IN, ("index", REQUIRED))))
 _fn((F.pad,), Spec("pad", (*_IN, ("pad", REQUIRED), ("mode", "constant"), ("value", None))))  # families/pad.py
 _fn((torch.constant_pad_nd,), Spec("pad", (*_IN, ("pad", REQUIRED), ("value", 0.0))))
@@ -372,6 +382,7 @@ if hasattr(nn, "RMSNorm"):
 MODULES[nn.Dropout] = Spec("dropout", _IN, module_attrs=(("p", "p"), ("training", "training")))
 MODULES[nn.Identity] = _ALIAS
 MODULES[nn.Flatten] = _VIEW
+MODULES[nn.Unflatten] = _VIEW
 
 
 def resolve(fxn: fx.Node, module: nn.Module | None) -> Spec | None:
@@ -405,7 +416,9 @@ def bind(spec: Spec, args: list[Any], kwargs: dict[str, Any], module: torch.nn.M
         bound[names[1]] = tuple(args[1:]) if len(args) > 2 or not isinstance(args[1], tuple | list) else args[1]
     else:
         bound.update(zip(names, args, strict=False))
-    for key, value in kwargs.items():
+    renamed = dict(spec.renamed)
+    for keyword, value in kwargs.items():
+        key = renamed.get(keyword, keyword)
         if key not in names:
             raise UnsupportedGraph(f"{spec.canon} called with an unexpected keyword {key!r}")
         bound[key] = value

@@ -1,5 +1,5 @@
 """Parts of a tensor and broadcast copies: ``split``, ``chunk``, ``unbind``, ``narrow``, ``select``,
-``expand``.
+``expand``; and ``glu``, two halves of one tensor.
 
 ``x.split(size_or_sizes, dim)``, ``x.chunk(n, dim)``, ``x.unbind(dim)``, ``x.narrow(dim, start,
 length)`` and ``x.select(dim, i)`` (and their ``torch.`` spellings) are slices of ``x`` along one
@@ -12,6 +12,9 @@ those PyTorch returns (the traced results' shapes), so a last, shorter part is c
 ``x.expand(*sizes)``, ``x.expand_as(y)`` and ``torch.broadcast_to(x, shape)`` become a
 ``strided`` copy (``families/strided.py``) with a stride of 0 along each dim they broadcast,
 for the ops that read their operand whole (a ``cat`` of a class token expanded over the batch).
+
+``F.glu(x, dim)`` and ``nn.GLU(dim)`` (a gated linear unit: ``a * sigmoid(b)`` of ``x``'s two
+halves) multiply two such slices in one elementwise kernel.
 
 Declined, with the reason: a dim that is not an int, parts of other tensors than float or bool
 ones (the slices' own rule).
@@ -27,7 +30,7 @@ from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.families.strided import addressed, strided
 from actors.experts.template.ir import NodeRef, TupleRef
 from actors.experts.template.lowering import LowerContext, lower_fn, lowering
-from actors.experts.template.spellings import REQUIRED, Spec, spell
+from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 spell(
     Spec("split", (("input", REQUIRED), ("split_size_or_sections", REQUIRED), ("dim", 0))),
@@ -48,6 +51,8 @@ spell(
     functions=(torch.select,),
     methods=("select",),
 )
+spell(Spec("glu", (("input", REQUIRED), ("dim", -1))), functions=(torch.nn.functional.glu,))
+MODULES[torch.nn.GLU] = Spec("glu", (("input", REQUIRED),), module_attrs=(("dim", "dim"),))
 spell(
     Spec("expand", (("input", REQUIRED),), passthrough=True),
     functions=(torch.broadcast_to,),
@@ -120,6 +125,23 @@ def _split(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
     if start != shape[dim]:
         raise UnsupportedGraph(f"{canon} of {shape}: the parts do not cover dim {dim}", op=canon)
     return TupleRef(tuple(parts))
+
+
+@lowering("glu")
+def _glu(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``F.glu(x, dim)`` / ``nn.GLU(dim)``: the first half of ``x`` along ``dim`` times the sigmoid of
+    the second, both halves read in place by one elementwise kernel."""
+    x = lw.tensor(b.get("input"), "the input of glu")
+    shape = lw.shape(x)
+    if not shape:
+        raise UnsupportedGraph("glu of a tensor of no dims is not valid", op=canon)
+    dim = _dim(lw, b["dim"], len(shape), canon)
+    if shape[dim] % 2:
+        raise UnsupportedGraph(f"glu along a dim of odd size {shape[dim]} is not valid", op=canon)
+    half = shape[dim] // 2
+    out = (*shape[:dim], half, *shape[dim + 1 :])
+    first, second = (_part(lw, x, dim, start, half, out) for start in (0, half))
+    return lw.ew("mul", first, lw.ew("sigmoid", second))
 
 
 @lowering("expand")
