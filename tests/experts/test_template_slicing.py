@@ -1,4 +1,4 @@
-"""The slicing family (``families/slicing.py``: ``x[:, -1, :]``, ``x[t]``, ``x[..., 1:4]``,
+"""The slicing family (``families/slicing.py``: ``x[:, -1, :]``, ``x[t]``, ``x[..., 1:4]``, ``x[:, 0::2]``,
 ``x[:, None]``) against PyTorch, on the CPU under the Triton interpreter, in the variants of
 ``template_interp`` (default, stress, mutant, 64-bit indexing); how it fuses; and its declines."""
 
@@ -91,6 +91,32 @@ SLICING_CASES: tuple[Case, ...] = (
         ),
         ({"K": 5}, {"K": 7}),
     ),
+    Case(
+        "a_swin_patch_merge_by_steps_of_two",
+        _model(
+            "",
+            "",
+            "x",
+            "x0, x1 = x[:, 0::2, 0::2, :], x[:, 1::2, 0::2, :]\n"
+            "x2, x3 = x[:, 0::2, 1::2, :], x[:, 1::2, 1::2, :]\n"
+            "return torch.cat([x0, x1, x2, x3], -1) * 2.0",
+            "torch.randn(2, $H, 6, 3)",
+            "",
+        ),
+        ({"H": 4}, {"H": 6}),
+    ),
+    Case(
+        "steps_with_bounds_and_a_stepped_slice_of_a_slice",
+        _model(
+            "",
+            "",
+            "x",
+            "return x[:, 1:][:, ::3] * 2.0 + x[:, 1:-1:2][:, :2].sum(-1, keepdim=True)",
+            "torch.randn(3, $N)",
+            "",
+        ),
+        ({"N": 10}, {"N": 12}),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "row_warps": 1, "row_block_r": 64}
@@ -135,6 +161,14 @@ def test_a_slice_of_a_slice_is_one_slice_of_the_first_ones_source() -> None:
     assert plan.template == "pw"
 
 
+def test_a_stepped_slice_of_a_slice_is_one_slice_with_the_steps_multiplied() -> None:
+    plan = plan_of(HEAD + _model("", "", "x", "return x[:, 1:][:, 2::3] * 2.0", "torch.randn(3, 12)", ""))
+    live = [plan.nodes[n] for n in sorted(plan.live()) if plan.nodes[n].op == "slice"]
+    # starts, counts (dim 0 whole), then steps: columns 3, 6, 9 of the source
+    assert [(n.shape, n.attrs) for n in live] == [((3, 3), (0.0, 3.0, -1.0, 3.0, 1.0, 3.0))]
+    assert plan.template == "pw"
+
+
 @pytest.mark.parametrize("index", ["[:, None]", "[...]", "[0]"])
 def test_a_selection_of_the_whole_tensor_is_a_view_without_a_kernel(index: str) -> None:
     plan = plan_of(HEAD + _model("", "", "x", f"return x{index} * 2.0", "torch.randn(1, 4)", ""))
@@ -145,7 +179,6 @@ def test_a_selection_of_the_whole_tensor_is_a_view_without_a_kernel(index: str) 
 @pytest.mark.parametrize(
     ("forward", "reason"),
     [
-        ("return x[:, ::2] * 2.0", "a slice with step 2 is not covered"),
         ("return x[:, 5:2] * 2.0", "selects no element"),
         ("return x[:, x.argmax(1)] * 2.0", "indexing by a tensor is covered only as x[idx]"),
     ],
