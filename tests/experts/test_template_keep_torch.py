@@ -1,12 +1,13 @@
 """Whole graphs split between kernels and the reference's own PyTorch calls.
 
-Data movement the templates do not cover (``unfold``'s windows, which may overlap; ``split``,
-head transposes, slicing and ``movedim`` were such until ``families/split.py`` and
+Data movement the templates do not cover (``unfold``'s overlapping windows; ``split``, head
+transposes, slicing and ``movedim`` were such until ``families/split.py`` and
 ``families/strided.py``) stays a PyTorch call under every run policy (the evaluator admits views
 and copies); compute they do not cover (a recurrent layer on an unbatched sequence, ``nn.GRU``)
 only under ``--torch-ops reference``. Checked on a GPT-style block written for these tests
-(``tests/data/gpt_block.py``, its heads cut by ``unfold``) and a recurrent block: what the gate
-says under each policy, correctness under the Triton interpreter, and the expert's answers.
+(``tests/data/gpt_block.py``, with a smoothing over ``unfold``'s windows) and a recurrent block:
+what the gate says under each policy, correctness under the Triton interpreter, and the expert's
+answers.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from tests.experts.template_cases import HEAD, _model
 
 GPT_BLOCK = (Path(__file__).parents[1] / "data" / "gpt_block.py").read_text()
 GPT_UNFOLD = GPT_BLOCK.replace(
-    ".view(B, T, self.n_head, C // self.n_head)", ".unfold(-1, C // self.n_head, C // self.n_head)"
+    "return self.c_proj(y)", "return self.c_proj(y + F.pad(y, (0, 0, 1, 1)).unfold(1, 3, 1).mean(-1))"
 )
-"""The block with its heads cut by ``unfold`` (windows of the head size, as many as heads), data
-movement the templates do not cover."""
+"""The block with each token's attention output smoothed over its neighbours by ``unfold``'s
+overlapping windows (step 1, size 3), data movement the templates do not cover."""
 GPT_MOVEDIM = GPT_BLOCK.replace(".transpose(1, 2)", ".movedim(2, 1)").replace(".transpose(-2, -1)", ".swapaxes(-2, -1)")
 """The block with its heads moved by ``movedim`` and its keys transposed by ``swapaxes``: covered."""
 RNN_BLOCK = HEAD + _model(
@@ -107,7 +108,10 @@ def test_unfold_windows_are_an_as_strided_view_under_forbid() -> None:
     plan = _plan(UNFOLDED_PATCHES, KeepTorch.LAYOUT)
     source = render(plan, default_params(plan))
     assert ".unfold(" not in source
-    assert ".as_strided((2, 3, 2, 10, 4), (240, 80, 40, 1, 10))" in source
+    # The first unfold (windows side by side) is a copy kernel now; the second (windows that
+    # overlap) an as_strided view of that copy.
+    assert plan.template == "pw+torch+pw"
+    assert ".as_strided((2, 3, 2, 4, 4, 4), (240, 80, 40, 8, 1, 4))" in source
     assert _rejected(source, UNFOLDED_PATCHES, P.FORBID) == []
 
 

@@ -23,8 +23,8 @@ from schemas import GenerateRequest, Task
 
 pytestmark = pytest.mark.timeout(300)
 
-# Patches of an image cut by ``unfold``, which the templates do not cover (its windows may
-# overlap): the whole reference is declined and the fallback keeps it as an as_strided view.
+# Sliding windows of an image cut by ``unfold`` (step 1: they overlap), which the templates do not
+# cover: the whole reference is declined and the fallback keeps it as an as_strided view.
 PATCHES = """
 import torch
 import torch.nn as nn
@@ -37,7 +37,7 @@ class Model(nn.Module):
 
     def forward(self, x):
         p = self.patch
-        windows = torch.relu(x).unfold(2, p, p).unfold(3, p, p)
+        windows = torch.relu(x).unfold(2, p, 1).unfold(3, p, 1)
         return windows.reshape(x.shape[0], x.shape[1], -1, p * p).mean(-1) * 2.0
 
 

@@ -1,9 +1,9 @@
 """Copies that move elements and parts of tensors (``families/strided.py``, ``families/split.py``):
 permutations of any dims, channel and pixel shuffles, ``repeat_interleave``, ``expand``, the
 transposed operand of a convolution, a reshape or a ``cat`` copied in order, ``movedim`` /
-``swapaxes`` / ``unflatten``, and ``split`` / ``chunk`` / ``unbind`` / ``narrow`` / ``glu`` as
-slices; against PyTorch on the CPU under the Triton interpreter, in the variants of
-``template_interp``; and their declines."""
+``swapaxes`` / ``unflatten``, ``unfold``'s windows side by side, and ``split`` / ``chunk`` /
+``unbind`` / ``narrow`` / ``glu`` as slices; against PyTorch on the CPU under the Triton
+interpreter, in the variants of ``template_interp``; and their declines."""
 
 from __future__ import annotations
 
@@ -155,6 +155,21 @@ CASES: tuple[Case, ...] = (
         ),
         ({"C": 6},),
     ),
+    Case(
+        "vit_patches_by_unfold_then_linear",
+        _model(
+            "",
+            "self.proj = nn.Linear(3 * 2 * 3, 5)",
+            "x",
+            "b, c = x.shape[:2]\n"
+            "p = x.unfold(2, 2, 2).unfold(3, 3, 3)\n"
+            "p = p.permute(0, 2, 3, 1, 4, 5).reshape(b, -1, c * 2 * 3)\n"
+            "return self.proj(p) + x.unfold(-1, 5, 5).sum(-1).mean()",
+            "torch.randn(2, 3, $H, 10)",
+            "",
+        ),
+        ({"H": 4}, {"H": 5}),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "row_warps": 1, "row_block_r": 64, "mm_block_m": 16, "mm_block_n": 16}
@@ -188,6 +203,7 @@ def test_a_permutation_is_one_copy_that_elementwise_work_joins_and_the_last_two_
     [
         ("return x.repeat_interleave(2) * 1.0", "dim=None"),
         ("return (x > 0).permute(0, 2, 3, 1) * 1.0", "transpose input is bool"),
+        ("return x.unfold(1, 2, 1) * 1.0", "windows that overlap or leave gaps"),
     ],
 )
 def test_what_the_copies_do_not_cover_is_declined_with_the_reason(forward: str, reason: str) -> None:

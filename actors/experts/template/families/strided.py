@@ -19,10 +19,14 @@ What it covers (issue 35's "channel shuffles as copies fused into their consumer
 - ``F.pixel_shuffle`` / ``nn.PixelShuffle``, ``F.pixel_unshuffle`` / ``nn.PixelUnshuffle``,
   ``F.channel_shuffle`` / ``nn.ChannelShuffle``: a view, a permutation, a view;
 - ``x.repeat_interleave(r, dim)`` / ``torch.repeat_interleave`` with an int ``r`` and a ``dim``
-  (grouped-query attention's key and value heads): a dim of stride 0 beside ``dim``, then a view.
+  (grouped-query attention's key and value heads): a dim of stride 0 beside ``dim``, then a view;
+- ``x.unfold(dim, size, step)`` with ``step == size`` (windows side by side: a ViT's patches,
+  ``img.unfold(2, p, p).unfold(3, p, p)``): a view of ``dim`` as (windows, size), the window's
+  dim moved last (the elements past the last whole window left out first, as PyTorch does).
 
 Declined, with the reason: sources of other dtypes than float, a shuffle whose channels do not
-divide, ``repeat_interleave`` with a tensor of repeats or no ``dim`` (a flattened result).
+divide, ``repeat_interleave`` with a tensor of repeats or no ``dim`` (a flattened result),
+``unfold`` windows that overlap or leave gaps (``step != size``: no permutation of the source).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from torch.nn import functional as F
 from actors.experts.template.emit import Scope, Writer, axis_coord, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
-from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.lowering import LowerContext, lower_fn, lowering
 from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 EW_OPS["strided"] = (1, 0)  # the source; its attrs (one source dim per dim of the node) are not a fixed count
@@ -45,6 +49,10 @@ EW_OPS["strided"] = (1, 0)  # the source; its attrs (one source dim per dim of t
 spell(Spec("pixel_shuffle", (("input", REQUIRED), ("upscale_factor", REQUIRED))), functions=(F.pixel_shuffle,))
 spell(Spec("pixel_unshuffle", (("input", REQUIRED), ("downscale_factor", REQUIRED))), functions=(F.pixel_unshuffle,))
 spell(Spec("channel_shuffle", (("input", REQUIRED), ("groups", REQUIRED))), functions=(F.channel_shuffle,))
+spell(
+    Spec("unfold", (("input", REQUIRED), ("dimension", REQUIRED), ("size", REQUIRED), ("step", REQUIRED))),
+    methods=("unfold",),
+)
 MODULES[nn.PixelShuffle] = Spec(
     "pixel_shuffle", (("input", REQUIRED),), module_attrs=(("upscale_factor", "upscale_factor"),)
 )
@@ -125,6 +133,36 @@ def _int(lw: LowerContext, value: object, what: str, op: str) -> int:
 def _shuffled(lw: LowerContext, x: NodeRef, split: tuple[int, ...], dims: list[int], out: tuple[int, ...]) -> NodeRef:
     """``x`` viewed as ``split``, permuted by ``dims``, viewed as ``out``."""
     return lw.view(permuted(lw, lw.view(x, split), dims), out)
+
+
+@lowering("unfold")
+def _unfold(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``x.unfold(dim, size, step)`` with ``step == size``: (..., n, ...) -> (..., n // size, ..., size)."""
+    x = lw.tensor(b.get("input"), "the input of unfold")
+    shape = lw.shape(x)
+    dim = lw.arg(b["dimension"])
+    if not shape or not isinstance(dim, int) or isinstance(dim, bool) or not -len(shape) <= dim < len(shape):
+        raise UnsupportedGraph(f"unfold along dim {dim!r} of a {len(shape)}-dim tensor is not covered", op=canon)
+    dim %= len(shape)
+    size, step = _int(lw, b["size"], "size", canon), _int(lw, b["step"], "step", canon)
+    if step != size:
+        raise UnsupportedGraph(
+            f"unfold with step {step} and size {size} (windows that overlap or leave gaps) is not covered", op=canon
+        )
+    count = shape[dim] // size
+    if count < 1:
+        raise UnsupportedGraph(f"unfold of a dim of {shape[dim]} into windows of {size} is not valid", op=canon)
+    if count * size != shape[dim]:  # the elements past the last whole window are not in any
+        sliced = lower_fn("slice")
+        assert sliced is not None
+        kept = (*shape[:dim], count * size, *shape[dim + 1 :])
+        index = (*(slice(None),) * dim, slice(0, count * size))
+        cut = sliced(lw, "slice", {"input": x, "index": index}, torch.empty(kept, device="meta"))
+        assert isinstance(cut, NodeRef)
+        x = cut
+    windows = lw.view(x, (*shape[:dim], count, size, *shape[dim + 1 :]))
+    order = [d for d in range(len(shape) + 1) if d != dim + 1] + [dim + 1]
+    return permuted(lw, windows, order)
 
 
 @lowering("pixel_shuffle", "pixel_unshuffle", "channel_shuffle")
