@@ -9,6 +9,7 @@ with a transposed weight and a bias. Anything else raises :class:`UnsupportedGra
 
 from __future__ import annotations
 
+import builtins
 import math
 import operator
 from dataclasses import dataclass
@@ -531,11 +532,27 @@ def _class_indices(fxn: fx.Node) -> bool:
     return bool(fxn.users) and _non_index_use(fxn) is None
 
 
+_METADATA = ("shape", "device", "dtype", "ndim", "is_cuda")
+
+
+def _metadata_use(user: fx.Node, fxn: fx.Node) -> bool:
+    """Whether ``user`` reads only ``fxn``'s shape, device or dtype, not its elements."""
+    if not user.args or user.args[0] is not fxn:
+        return False
+    if user.op == "call_method":
+        return str(user.target) in ("size", "dim") and fxn not in user.args[1:]
+    return (
+        user.op == "call_function" and user.target is builtins.getattr and user.args[1:2] in [(n,) for n in _METADATA]
+    )
+
+
 def _non_index_use(fxn: fx.Node) -> fx.Node | None:
     """The first use of ``fxn`` other than as the index argument of an op that reads integer
     indices (``lowering.index_input``), looking through views (``idx.view(-1)``); None if none."""
     indexed = index_inputs()
     for user in fxn.users:
+        if _metadata_use(user, fxn):
+            continue  # ``idx.size(1)``, ``idx.shape``, ``idx.device``: no element is read
         module = None
         if user.op == "call_module":
             owner = user.graph.owning_module

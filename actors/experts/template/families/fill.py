@@ -3,6 +3,10 @@
 from sizes: ``torch.ones`` and ``torch.zeros`` (sizes as numbers, any ``device``; shape and dtype
 read from the traced value; float32 or bool: Mamba2's ``torch.ones(T, T, dtype=bool)`` mask).
 
+``torch.arange`` in forward (a GPT's position ids: ``self.pos(torch.arange(t, device=...))``;
+int64 or float32, bounds that are numbers or sizes) becomes one ``arange`` node: each element's
+``start + i * step`` is computed where it is read, as a fill's value is.
+
 Each becomes one ``fill`` node of the source's shape and dtype with the value as its attribute and
 no argument: a kernel writes the value (it reads nothing), or the ops after it take the value where
 they are fused. Declined, with the reason: another ``dtype`` than the source's, sources that are
@@ -58,6 +62,50 @@ def _fill(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeR
     if dtype not in ("float32", *HALF):
         raise UnsupportedGraph(f"torch.{canon} of a tensor of dtype {dtype} is not covered", op=canon)
     return lw.add(NodeKind.EW, lw.shape(x), op="fill", args=(), attrs=(float(value),), dtype=dtype)
+
+
+EW_OPS["arange"] = (0, 2)  # no argument; start and step
+spell(
+    Spec(
+        "arange",
+        (("start", REQUIRED), ("end", None), ("step", 1), ("out", None), *_LIKE[:4], ("pin_memory", False)),
+    ),
+    functions=(torch.arange,),
+)
+_ARANGE_DTYPES = {torch.float32: "float32", torch.int64: "int64"}
+
+
+@lowering("arange")
+def _arange(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """``torch.arange([start,] end[, step])`` in forward (a GPT's position ids): one ``arange``
+    node, each element ``start + i * step`` computed where it is read."""
+    values = [lw.arg(b[k]) for k in ("start", "end", "step")]
+    start, end, step = (0, values[0], values[2]) if values[1] is None else values
+    if b.get("out") is not None or not isinstance(traced, torch.Tensor) or traced.dtype not in _ARANGE_DTYPES:
+        what = traced.dtype if isinstance(traced, torch.Tensor) else type(traced).__name__
+        raise UnsupportedGraph(f"torch.arange of {what} is not covered (int64 or float32)", op=canon)
+    for value in (start, end, step):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UnsupportedGraph(f"torch.arange with bound {value!r} is not covered (numbers only)", op=canon)
+    dtype = _ARANGE_DTYPES[traced.dtype]
+    if dtype == "int64" and not all(isinstance(v, int) for v in (start, step)):
+        raise UnsupportedGraph("torch.arange of int64 with a fractional start or step is not covered", op=canon)
+    attrs = (float(start), float(step))
+    return lw.add(NodeKind.EW, tuple(traced.shape), op="arange", args=(), attrs=attrs, dtype=dtype)
+
+
+@gather_emitter("arange", sources=0)
+def _emit_arange(w: Writer, scope: Scope, node: Node, row: bool) -> str:
+    """``start + i * step`` at each element ``i`` of the tile (int64 where the node is)."""
+    sp = w.space(row)
+    at = sp.index(node.shape, (0, len(node.shape)))
+    start, step = node.attrs
+    var = f"v{node.id}"
+    if node.dtype == "int64":
+        w.emit(scope, f"{var} = ({at}).to(tl.int64) * {int(step)} + {int(start)}")
+    else:
+        w.emit(scope, f"{var} = ({at}).to(tl.float32) * {lit(step)} + {lit(start)}")
+    return var
 
 
 @gather_emitter("fill", sources=0)
