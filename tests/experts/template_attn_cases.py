@@ -165,5 +165,65 @@ ATTN_CASES: tuple[Case, ...] = (
         ),
         ({"L": 33, "S": 21, "D": 16, "E": 5},),
     ),
+    Case(
+        "sdpa_bool_and_float_masks_and_a_row_with_every_key_dropped",
+        _model(
+            "",
+            "",
+            "q, k, v, keep, bias",
+            "return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)"
+            " + F.scaled_dot_product_attention(q, k, v, attn_mask=bias)",
+            "torch.rand(2, 3, $L, 8), torch.rand(2, 3, $S, 8), torch.rand(2, 3, $S, 6),"
+            " (torch.arange($L * $S).view($L, $S) % 3 != 1) & (torch.arange($L)[:, None] != 2),"
+            " torch.randn(2, 1, $L, $S)",
+            "",
+        ),
+        ({"L": 9, "S": 13},),
+    ),
+    Case(
+        "multihead_attention_with_a_causal_mask_and_key_padding",
+        _model(
+            ", e",
+            "self.attn = nn.MultiheadAttention(e, 2, batch_first=True)",
+            "x, pad",
+            "t = x.shape[1]\n"
+            "causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)\n"
+            "return self.attn(x, x, x, attn_mask=causal, key_padding_mask=pad, need_weights=False)[0]",
+            "torch.rand(2, $L, $E), torch.arange($L)[None, :] >= torch.tensor([[$L], [$L - 3]])",
+            "$E",
+        ),
+        ({"L": 7, "E": 12},),
+    ),
+    Case(
+        "transformer_encoder_and_decoder_with_masks",
+        _model(
+            ", e",
+            "self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(e, 2, 16, dropout=0.0, batch_first=True,"
+            " norm_first=True), 2, enable_nested_tensor=False)\n"
+            "self.dec = nn.TransformerDecoderLayer(e, 2, 16, dropout=0.0, batch_first=True)",
+            "x, y, pad",
+            "m = self.enc(x, src_key_padding_mask=pad)\n"
+            "t = y.shape[1]\n"
+            "causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)\n"
+            "return self.dec(y, m, tgt_mask=causal, memory_key_padding_mask=pad)",
+            "torch.rand(2, $S, $E), torch.rand(2, $L, $E), torch.arange($S)[None, :] >= torch.tensor([[$S], [$S - 2]])",
+            "$E",
+        ),
+        ({"L": 5, "S": 6, "E": 8},),
+    ),
+    Case(
+        "transformer_module_with_a_causal_target_mask",
+        _model(
+            ", e",
+            "self.t = nn.Transformer(e, 2, 1, 1, 16, dropout=0.0, batch_first=True)",
+            "src, tgt",
+            "t = tgt.shape[1]\n"
+            "causal = torch.ones(t, t, dtype=torch.bool, device=tgt.device).triu(1)\n"
+            "return self.t(src, tgt, tgt_mask=causal)",
+            "torch.rand(2, $S, $E), torch.rand(2, $L, $E)",
+            "$E",
+        ),
+        ({"L": 5, "S": 7, "E": 8},),
+    ),
 )
 """Every attention problem the tests render and check."""

@@ -38,7 +38,10 @@ def test_attention_kernels_match_pytorch_under_the_interpreter(
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        ("return F.scaled_dot_product_attention(q, k, v, attn_mask=m)", "attn_mask"),
+        (
+            "return F.scaled_dot_product_attention(q.half(), k.half(), v.half(), attn_mask=m > 0.5)",
+            "mask of other than float32",
+        ),
         ("return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)", "dropout"),
     ],
 )
@@ -52,14 +55,12 @@ def test_uncovered_attention_is_declined_with_its_reason(body: str, reason: str)
 @pytest.mark.parametrize(
     ("layer", "body", "reason"),
     [
-        ("nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)", "return self.m(x, src_mask=m)", "src_mask"),
-        ("nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)", "return self.m(x, src_mask=m, is_causal=True)", "mask"),
         ("nn.TransformerEncoderLayer(8, 2, 16)", "return self.m(x)", "random"),
         ("nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation=F.silu)", "return self.m(x)", "silu"),
         (
-            "nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0), 2, enable_nested_tensor=False)",
-            "return self.m(x, src_key_padding_mask=m > 0.5)",
-            "src_key_padding_mask",
+            "nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2)",
+            "return self.m(x.transpose(0, 1), src_key_padding_mask=m[:2] > 0.5)",
+            "nested-tensor path",
         ),
     ],
 )
@@ -174,7 +175,6 @@ def test_explicit_attention_with_a_random_dropout_is_declined() -> None:
     ("init", "body", "reason"),
     [
         ("nn.MultiheadAttention(8, 2)", "out, w = self.attn(x, x, x)\nreturn out + w.mean()", "averaged attention"),
-        ("nn.MultiheadAttention(8, 2)", "return self.attn(x, x, x, attn_mask=m)[0]", "attn_mask"),
         ("nn.MultiheadAttention(8, 2, dropout=0.1)", "return self.attn(x, x, x)[0]", "dropout"),
         ("nn.MultiheadAttention(8, 2, add_bias_kv=True)", "return self.attn(x, x, x)[0]", "add_bias_kv"),
         ("nn.MultiheadAttention(8, 2, kdim=2, vdim=2)", "return self.attn(x, m.view(5, 2, 2), m.view(5, 2, 2))[0]",
@@ -186,3 +186,20 @@ def test_uncovered_multihead_attention_is_declined_with_its_reason(init: str, bo
     result = analyse(source)
     assert isinstance(result, Unsupported)
     assert reason in result.detail
+
+
+def test_a_causal_mask_built_in_forward_is_flash_attentions_own_causal_blocks() -> None:
+    # The decoder's target mask (``ones(t, t).triu(1)``, dropped where true) and an SDPA mask
+    # (``ones(t, t).tril()``, kept where true) are causal: one causal ATTN node each; the memory
+    # attention with its key padding mask stays unfused.
+    case = next(c for c in ATTN_CASES if c.name == "transformer_encoder_and_decoder_with_masks")
+    decoder = analyse(case.sources()[0])
+    assert isinstance(decoder, Plan), decoder
+    assert [n.attrs[1] for n in decoder.nodes if n.kind is NodeKind.ATTN] == [1.0]
+    body = "t = q.shape[-2]\nkeep = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()\n"
+    body += "return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)"
+    sdpa = analyse(
+        HEAD + _model("", "", "q, k, v", body, "torch.rand(2, 5, 8), torch.rand(2, 5, 8), torch.rand(2, 5, 8)", "")
+    )
+    assert isinstance(sdpa, Plan), sdpa
+    assert [n.attrs[1] for n in sdpa.nodes if n.kind is NodeKind.ATTN] == [1.0]

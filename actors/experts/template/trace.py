@@ -58,14 +58,41 @@ _NORMS = (
 
 def _kept_shape(module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
     """The meta value of a batch or instance norm module's output (its input's shape and dtype),
-    or None where the module is another type (a subclass may change ``forward``) or its call is
-    not the plain one on a meta tensor of its channels. PyTorch computes these on meta tensors
+    or of a transformer module's (:func:`_transformer_shape`), or None where the module is another
+    type (a subclass may change ``forward``) or its call is not the plain one on a meta tensor of
+    its channels. PyTorch computes these on meta tensors
     through its decomposition, about 4 ms a call: most of DenseNet-121's analysis."""
+    if type(module) in _TRANSFORMERS:
+        return _transformer_shape(module, args, kwargs)
     if type(module) not in _NORMS or kwargs or len(args) != 1:
         return None
     x = args[0]
     features = getattr(module, "num_features", None)
     if not isinstance(x, torch.Tensor) or x.device.type != "meta" or x.dim() < 2 or x.shape[1] != features:
+        return None
+    return torch.empty_like(x)
+
+
+_TRANSFORMERS = (
+    torch.nn.Transformer,
+    torch.nn.TransformerEncoder,
+    torch.nn.TransformerDecoder,
+    torch.nn.TransformerEncoderLayer,
+    torch.nn.TransformerDecoderLayer,
+)
+
+
+def _transformer_shape(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> torch.Tensor | None:
+    """The meta value of a transformer module's output: its source's (an encoder's) or target's
+    (a decoder's) shape and dtype. PyTorch's own forward cannot run on meta tensors once a mask is
+    given (``_detect_is_causal_mask`` compares the mask's values)."""
+    if type(module) is torch.nn.Transformer:
+        x = args[1] if len(args) > 1 else kwargs.get("tgt")
+    else:
+        x = args[0] if args else kwargs.get("src", kwargs.get("tgt"))
+    if not isinstance(x, torch.Tensor) or x.device.type != "meta":
         return None
     return torch.empty_like(x)
 

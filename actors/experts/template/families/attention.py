@@ -2,7 +2,10 @@
 
 Lowering: ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
 ``(..., L, D)`` operands with equal batch dims becomes one ``ATTN`` node (``attrs``: scale,
-causal). Declined, with the reason: an ``attn_mask``, dropout, grouped-query broadcasting.
+causal). With an ``attn_mask`` (bool: keep where true; float: added to the scores; any shape that
+broadcasts to the scores) it is lowered unfused (:func:`masked_attention`), float32 only; a causal
+mask built in forward (a bool ``ones`` with ``triu(1)`` or ``tril()``) is the causal ``ATTN`` node.
+Declined, with the reason: dropout, grouped-query broadcasting, masks of half operands.
 
 Kernel: a program owns ``attn_block_m`` query rows of one batch-head and ``attn_block_d`` output
 columns, and walks the keys in tiles of ``attn_block_n`` with an online softmax (running row
@@ -24,6 +27,7 @@ stays flash (it skips the blocks above the diagonal).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from actors.experts.template.any_batch import Sym
@@ -52,8 +56,6 @@ def lower_sdpa(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
         q, k, v = (lw.tensor(b[n], "scaled_dot_product_attention") for n in ("query", "key", "value"))
     else:
         q, k, v = b["query"], b["key"], b["value"]
-    if b.get("attn_mask") is not None:
-        raise UnsupportedGraph("scaled_dot_product_attention with an attn_mask is not covered")
     dropout = b.get("dropout_p", 0.0)
     if dropout != 0.0:
         raise UnsupportedGraph("scaled_dot_product_attention with dropout is not covered")
@@ -68,6 +70,10 @@ def lower_sdpa(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
         raise UnsupportedGraph(f"attention scale={scale!r} is not a number")
     out = (*qs[:-1], vs[-1])
     causal = bool(b.get("is_causal", False))
+    if b.get("attn_mask") is not None:
+        if causal:
+            raise UnsupportedGraph("scaled_dot_product_attention with both attn_mask and is_causal is not valid")
+        return masked_attention(lw, q, k, v, float(scale), [Mask(b["attn_mask"], masked_where=False)])
     if unfused_pays(qs, ks, vs, dtype, causal):
         return _unfused(lw, q, k, v, float(scale))
     return lw.add(NodeKind.ATTN, out, args=(q.id, k.id, v.id), attrs=(float(scale), float(causal)), dtype=dtype)
@@ -96,6 +102,74 @@ def _unfused(lw: LowerContext, q: NodeRef, k: NodeRef, v: NodeRef, scale: float)
     shifted = lw.ew("sub", scores, lw.red("amax", scores, dims, True))
     e = lw.ew("exp", shifted)
     return product(lw, lw.ew("div", e, lw.red("sum", e, dims, True)), v)
+
+
+@dataclass(frozen=True)
+class Mask:
+    """An attention mask as its caller means it: a bool tensor that keeps the scores where it is
+    true (``scaled_dot_product_attention``'s ``attn_mask``) or drops them there
+    (``masked_where``: ``MultiheadAttention``'s masks), or a float tensor added to the scores."""
+
+    tensor: object
+    masked_where: bool
+
+
+def masked_attention(lw: LowerContext, q: NodeRef, k: NodeRef, v: NodeRef, scale: float, masks: list[Mask]) -> NodeRef:
+    """``softmax(Q K^T * scale with masks) V`` unfused: the scores as a product, each mask applied
+    where it broadcasts over them (a dropped score is ``-inf``, as in PyTorch), then the row softmax
+    (zeros for a row with every score dropped, as PyTorch gives) and the product with ``V``.
+    Declined where the score matrix passes :data:`UNFUSED_MAX_SCORE_BYTES`."""
+    if len(masks) == 1 and _causal(lw, masks[0], lw.shape(q)[-2], lw.shape(k)[-2]):
+        # A causal mask built in forward (``torch.ones(t, t, dtype=torch.bool).triu(1)``): flash
+        # attention's own causal blocks, which skip the keys after each query rather than mask them.
+        return lower_sdpa(lw, {"query": q, "key": k, "value": v, "scale": scale, "is_causal": True})
+    if lw.node(q).dtype != "float32":
+        raise UnsupportedGraph("attention with a mask of other than float32 operands is not covered")
+    scores_shape = (*lw.shape(q)[:-1], lw.shape(k)[-2])
+    if math.prod(scores_shape) * 4 > UNFUSED_MAX_SCORE_BYTES:
+        raise UnsupportedGraph(f"attention with a mask over scores of {scores_shape} (more than 2 GiB) is not covered")
+    scores = lw.ew("mul", product(lw, q, lw.perm(k)), scale)
+    for mask in masks:
+        if not isinstance(mask.tensor, NodeRef):
+            raise UnsupportedGraph(f"an attention mask of {type(mask.tensor).__name__} is not covered (a tensor)")
+        m = lw.in_order(mask.tensor)
+        shape, dtype = lw.shape(m), lw.node(m).dtype
+        lead = len(scores_shape) - len(shape)
+        if lead < 0 or any(a not in (1, b) for a, b in zip(shape, scores_shape[lead:], strict=True)):
+            raise UnsupportedGraph(
+                f"an attention mask of shape {shape} does not broadcast to the scores {scores_shape}"
+            )
+        if dtype == "bool":
+            drop = -math.inf
+            scores = lw.ew("where", m, drop, scores) if mask.masked_where else lw.ew("where", m, scores, drop)
+        elif dtype == "float32":
+            scores = lw.ew("add", scores, m)
+        else:
+            raise UnsupportedGraph(f"an attention mask of {dtype} is not covered (bool or float32)")
+    # A row whose every score is dropped attends to nothing: PyTorch's attention gives it zeros
+    # (a "safe" softmax), not the NaN of exp(-inf - -inf).
+    dims = reduce_dims(lw.shape(scores), -1)
+    top = lw.red("amax", scores, dims, True)
+    top = lw.ew("where", lw.ew("eq", top, -math.inf), 0.0, top)
+    e = lw.ew("exp", lw.ew("sub", scores, top))
+    total = lw.red("sum", e, dims, True)
+    probs = lw.ew("where", lw.ew("eq", total, 0.0), 0.0, lw.ew("div", e, total))
+    return product(lw, probs, v)
+
+
+def _causal(lw: LowerContext, mask: Mask, length: int, keys: int) -> bool:
+    """Whether ``mask`` is the causal one of square scores: a bool ``ones`` with ``triu(1)``
+    dropping the keys after each query, or ``tril(0)`` keeping the rest."""
+    if not isinstance(mask.tensor, NodeRef) or length != keys:
+        return False
+    node = lw.node(mask.tensor)
+    if node.dtype != "bool" or node.op not in ("triu", "tril") or node.shape[-2:] != (length, keys):
+        return False
+    source = lw.node(NodeRef(node.tensor_args()[0]))
+    if source.op != "fill" or source.attrs != (1.0,) or any(d != 1 for d in node.shape[:-2]):
+        return False
+    diagonal = int(node.attrs[0])
+    return (node.op, diagonal, mask.masked_where) in (("triu", 1, True), ("tril", 0, False))
 
 
 def _dtype(lw: LowerContext, operands: list[Any]) -> str:

@@ -8,16 +8,23 @@ copy ops (data movement only, admitted under every run policy), attention is the
 ``ATTN`` node and the output projection another product. The averaged attention weights the
 module also returns are not computed: a forward that reads them declines.
 
-Declined, with the reason: masks, dropout in training, ``add_bias_kv``, ``add_zero_attn``,
-separate key/value widths (``kdim``/``vdim``) and causal attention asked by ``is_causal`` alone
-(PyTorch ignores it there without a mask).
+An ``attn_mask`` ((L, S) or (N * heads, L, S)) and a ``key_padding_mask`` ((N, S)), bool (true:
+the key is dropped) or float (added to the scores), make attention unfused
+(``attention.masked_attention``): the scores as a product, the masks applied, a row softmax, the
+product with the values.
+
+Declined, with the reason: dropout in training, ``add_bias_kv``, ``add_zero_attn``, separate
+key/value widths (``kdim``/``vdim``) and causal attention asked by ``is_causal`` without a mask
+(PyTorch refuses it).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.families.attention import Mask
 from actors.experts.template.ir import Absent, NodeKind, NodeRef, TupleRef
 from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.products import product
@@ -27,17 +34,42 @@ _WEIGHTS = "the averaged attention weights that MultiheadAttention returns are n
 
 def _refuse(b: dict[str, Any]) -> str | None:
     """Why this call is not covered (``None``: it is)."""
-    if b.get("key_padding_mask") is not None or b.get("attn_mask") is not None:
-        return "MultiheadAttention with a key_padding_mask or attn_mask is not covered"
     if b.get("dropout") and b.get("training"):
         return "MultiheadAttention with dropout in training mode is random; not covered"
     if b.get("bias_k") is not None or b.get("add_zero_attn"):
         return "MultiheadAttention with add_bias_kv or add_zero_attn is not covered"
     if not b.get("_qkv_same_embed_dim"):
         return "MultiheadAttention with kdim or vdim other than embed_dim is not covered"
-    if b.get("is_causal"):
+    if b.get("is_causal") and b.get("attn_mask") is None:
         return "MultiheadAttention with is_causal and no mask is not covered"
     return None
+
+
+def _masks(lw: LowerContext, b: dict[str, Any], n: int, h: int, length: int, keys: int) -> list[Mask]:
+    """The call's ``attn_mask`` ((L, S), or (N * heads, L, S)) and ``key_padding_mask`` ((N, S)) as
+    masks of the (N, heads, L, S) scores: bool ones drop the scores where they are true, float ones
+    are added (PyTorch's rule for this module, the opposite of ``scaled_dot_product_attention``'s
+    bool masks)."""
+    masks: list[Mask] = []
+    attn_mask, padding = b.get("attn_mask"), b.get("key_padding_mask")
+    if attn_mask is not None:
+        m = lw.tensor(attn_mask, "a MultiheadAttention attn_mask") if not _is_bool(lw, attn_mask) else attn_mask
+        shape = lw.shape(m)
+        if shape == (n * h, length, keys):
+            m = lw.view(lw.in_order(m), (n, h, length, keys))
+        elif shape != (length, keys):
+            raise UnsupportedGraph(f"a MultiheadAttention attn_mask of shape {shape} is not valid here")
+        masks.append(Mask(m, masked_where=True))
+    if padding is not None:
+        m = lw.tensor(padding, "a key_padding_mask") if not _is_bool(lw, padding) else padding
+        if lw.shape(m) != (n, keys):
+            raise UnsupportedGraph(f"a key_padding_mask of shape {lw.shape(m)} is not valid here (N, S)")
+        masks.append(Mask(lw.view(lw.in_order(m), (n, 1, 1, keys)), masked_where=True))
+    return masks
+
+
+def _is_bool(lw: LowerContext, value: object) -> bool:
+    return isinstance(value, NodeRef) and lw.node(value).dtype == "bool"
 
 
 def _layout(lw: LowerContext, src: NodeRef, shape: tuple[int, ...], expr: str) -> NodeRef:
@@ -92,9 +124,13 @@ def lower_mha(lw: LowerContext, b: dict[str, Any]) -> TupleRef:
             b_i = None if bias is None else _layout(lw, bias, (e,), f"{{0}}[{i * e}:{(i + 1) * e}]")
             projected.append(heads(_project(lw, x, w_i, b_i), 1, 0))
         hq, hk, hv = projected
-    from actors.experts.template.families.attention import lower_sdpa
+    from actors.experts.template.families.attention import lower_sdpa, masked_attention
 
-    attn = lower_sdpa(lw, {"query": hq, "key": hk, "value": hv, "scale": None, "is_causal": False})
+    masks = _masks(lw, b, lw.shape(hq)[0], h, lw.shape(hq)[2], lw.shape(hk)[2])
+    if masks:
+        attn = masked_attention(lw, hq, hk, hv, 1.0 / math.sqrt(hd), masks)
+    else:
+        attn = lower_sdpa(lw, {"query": hq, "key": hk, "value": hv, "scale": None, "is_causal": False})
     n, _, length, _ = lw.shape(attn)
     merged_shape = (n, length, e) if first else (length, n, e)
     merge = "{0}.permute(0, 2, 1, 3)" if first else "{0}.permute(2, 0, 1, 3)"
