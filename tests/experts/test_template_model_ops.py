@@ -1,0 +1,74 @@
+"""Ops that ordinary models call beside the families' main ones: ``torch.addmm`` /
+``torch.baddbmm`` (``families/addmm.py``) and ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``),
+against PyTorch on the CPU under the Triton interpreter, in the variants of ``template_interp``."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.experts.template import Plan, analyse
+from actors.experts.template.interp_check import Verdict
+from tests.experts.template_cases import HEAD, Case, _model
+from tests.experts.template_interp import assert_all_correct, interp_verdicts
+
+pytestmark = pytest.mark.timeout(300)
+
+CASES: tuple[Case, ...] = (
+    Case(
+        "addmm_and_baddbmm_with_beta_and_alpha",
+        _model(
+            "",
+            "",
+            "x, w, b, y",
+            "out = torch.addmm(b, x, w) + x.addmm(x, w, beta=0.5, alpha=2.0)\n"
+            "batched = torch.baddbmm(y, y, y.transpose(1, 2), alpha=0.1) + torch.baddbmm(y, y, y, beta=0)\n"
+            "return out.sum() + batched",
+            "torch.randn(5, $K), torch.randn($K, $K), torch.randn($K), torch.randn(3, 4, 4)",
+            "",
+        ),
+        ({"K": 6},),
+    ),
+    Case(
+        "prelu_per_channel_after_a_conv_and_a_shared_slope",
+        _model(
+            "",
+            "self.conv = nn.Conv1d(3, 5, 3, padding=1)\nself.act = nn.PReLU(5, init=0.1)\nself.one = nn.PReLU()",
+            "x",
+            "return self.one(self.act(self.conv(x))) + F.prelu(x.sum(1, keepdim=True), self.one.weight)",
+            "torch.randn(2, 3, $L)",
+            "",
+        ),
+        ({"L": 9},),
+    ),
+)
+
+_STRESS = {"pw_warps": 1, "pw_ept": 1, "mm_block_m": 16, "mm_block_n": 16, "mm_block_k": 16, "conv_block_m": 16}
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, Verdict]]]:
+    return interp_verdicts(CASES, _STRESS, tmp_path_factory.mktemp("interp-model-ops"))
+
+
+@pytest.mark.parametrize("case", [c.name for c in CASES])
+def test_model_ops_match_pytorch_under_the_interpreter(
+    case: str, verdicts: dict[str, list[tuple[str, Verdict]]]
+) -> None:
+    assert_all_correct(verdicts[case])
+
+
+def test_an_addmm_with_beta_zero_does_not_read_its_input() -> None:
+    plan = analyse(
+        HEAD
+        + _model(
+            "",
+            "",
+            "x, w, b",
+            "return torch.addmm(b, x, w, beta=0)",
+            "torch.randn(4, 3), torch.randn(3, 2), torch.randn(2)",
+            "",
+        )
+    )
+    assert isinstance(plan, Plan), plan
+    assert plan.template == "mm"  # the product alone: no epilogue adds the input
+    assert not [n for n in plan.nodes if n.op == "add"]
