@@ -512,7 +512,6 @@ UNSUPPORTED: dict[str, str] = {
         "",
     ),
     "dropout_training": _model("", "self.d = nn.Dropout(0.5)", "x", "return self.d(x) * 2", "torch.randn(4, 8)", ""),
-    "slicing_with_a_step": _model("", "", "x", "return torch.relu(x[:, ::2])", "torch.randn(4, 8)", ""),
     "data_dependent_branch": _model(
         "", "", "x", "if x.sum() > 0:\n    return x * 2\nreturn x", "torch.randn(4, 8)", ""
     ),

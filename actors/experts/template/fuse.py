@@ -279,11 +279,18 @@ class _Builder:
 
     def _gather(self, node: Node) -> None:
         """A read at computed addresses (``GATHER_OPS``): its source is stored first, then read
-        where the index says; one that reads every argument so (``cat``) starts a kernel of its own
-        after them all."""
+        where the index says; one that reads every argument so (``cat``, slices, copies) joins the
+        newest elementwise kernel of its size where that runs after them all, else starts one."""
         if GATHER_OPS[node.op] == 0:
-            for arg in node.tensor_args():
+            args = list(node.tensor_args())
+            for arg in args:
                 self.export(arg)
+            last = self.kernels[-1] if self.kernels else None
+            if last is not None and last.kind is KernelKind.PW and last.numel == node.numel and self._after(last, args):
+                # Its sources are stored before the newest elementwise kernel runs: read there (an
+                # LSTM cell's four gate slices of one sum, a patch merge's four strided slices).
+                self.join(last, node.id)
+                return
             kernel = self.new(KernelKind.PW, node.numel)
             self.join(kernel, node.id)
             return

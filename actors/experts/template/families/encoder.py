@@ -201,20 +201,14 @@ def _decoder_masks(b: dict[str, Any], what: str) -> tuple[object, ...]:
     return tuple(b.get(n) for n in ("tgt_mask", "tgt_key_padding_mask", "memory_mask", "memory_key_padding_mask"))
 
 
-@lowering("decoder_layer")
-def _decoder_layer(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
-    masks = _decoder_masks(b, "TransformerDecoderLayer")
-    x = lw.tensor(b["tgt"], "a TransformerDecoderLayer target")
-    memory = lw.tensor(b["memory"], "a TransformerDecoderLayer memory")
-    return lower_decoder_layer(lw, str(b["__path__"]), x, memory, masks)
-
-
-@lowering("decoder")
+@lowering("decoder_layer", "decoder")
 def _decoder(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
-    masks = _decoder_masks(b, "TransformerDecoder")
-    x = lw.tensor(b["tgt"], "a TransformerDecoder target")
-    memory = lw.tensor(b["memory"], "a TransformerDecoder memory")
-    return lower_decoder(lw, str(b["__path__"]), x, memory, masks)
+    what = "TransformerDecoderLayer" if canon == "decoder_layer" else "TransformerDecoder"
+    masks = _decoder_masks(b, what)
+    x = lw.tensor(b["tgt"], f"a {what} target")
+    memory = lw.tensor(b["memory"], f"a {what} memory")
+    lower = lower_decoder_layer if canon == "decoder_layer" else lower_decoder
+    return lower(lw, str(b["__path__"]), x, memory, masks)
 
 
 def lower_decoder(lw: LowerContext, path: str, x: NodeRef, memory: NodeRef, masks: tuple[object, ...]) -> NodeRef:
