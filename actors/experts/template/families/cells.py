@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.families.slicing import part
 from actors.experts.template.ir import NodeKind, NodeRef, TupleRef
-from actors.experts.template.lowering import LowerContext, lower_fn, lowering
+from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.products import product
 from actors.experts.template.spellings import MODULES, REQUIRED, Spec
 
@@ -40,17 +40,8 @@ def _linear(lw: LowerContext, x: NodeRef, path: str, which: str, bias: bool) -> 
 
 def _gates(lw: LowerContext, x: NodeRef, count: int) -> list[NodeRef]:
     """``x``'s last dim cut into ``count`` equal gates (slices that the elementwise ops read in place)."""
-    rows, width = lw.shape(x)
-    size = width // count
-    sliced = lower_fn("slice")
-    assert sliced is not None
-    gates = []
-    for i in range(count):
-        index = (slice(None), slice(i * size, (i + 1) * size))
-        part = sliced(lw, "slice", {"input": x, "index": index}, torch.empty((rows, size), device="meta"))
-        assert isinstance(part, NodeRef)
-        gates.append(part)
-    return gates
+    size = lw.shape(x)[-1] // count
+    return [part(lw, x, 1, i * size, size) for i in range(count)]
 
 
 def _state(lw: LowerContext, value: object, shape: tuple[int, int], what: str) -> NodeRef:

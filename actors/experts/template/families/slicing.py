@@ -150,6 +150,18 @@ def _slice(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
     return lw.add(NodeKind.EW, out, op="slice", args=(x.id,), attrs=attrs, dtype=dtype)
 
 
+def part(lw: LowerContext, x: NodeRef, dim: int, start: int, count: int | None) -> NodeRef:
+    """``x`` along ``dim`` from ``start``: ``count`` elements, or the one at ``start`` with the dim
+    dropped (``None``), as ``x[:, ..., start:start + count]`` (the parts of ``split``, ``chunk``,
+    ``glu``, a cell's gates, the whole windows of ``unfold``)."""
+    shape = lw.shape(x)
+    at: object = start if count is None else slice(start, start + count)
+    out = (*shape[:dim], *(() if count is None else (count,)), *shape[dim + 1 :])
+    cut = _slice(lw, "slice", {"input": x, "index": (*(slice(None),) * dim, at)}, torch.empty(out, device="meta"))
+    assert isinstance(cut, NodeRef)
+    return cut
+
+
 def _axes(
     shape: tuple[int, ...], starts: list[int], counts: list[int], steps: list[int]
 ) -> tuple[int, list[tuple[int, int, int]]]:

@@ -27,9 +27,10 @@ from typing import Any
 import torch
 
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.families.slicing import part
 from actors.experts.template.families.strided import addressed, strided
 from actors.experts.template.ir import NodeRef, TupleRef
-from actors.experts.template.lowering import LowerContext, lower_fn, lowering
+from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 spell(
@@ -67,17 +68,6 @@ def _dim(lw: LowerContext, value: object, rank: int, op: str) -> int:
     return dim % rank
 
 
-def _part(lw: LowerContext, x: NodeRef, dim: int, start: int, count: int | None, out: tuple[int, ...]) -> NodeRef:
-    """``x`` along ``dim`` from ``start``: ``count`` elements, or the one at ``start`` with the dim dropped (None)."""
-    sliced = lower_fn("slice")
-    assert sliced is not None
-    at: object = start if count is None else slice(start, start + count)
-    index = (*(slice(None),) * dim, at)
-    result = sliced(lw, "slice", {"input": x, "index": index}, torch.empty(out, device="meta"))
-    assert isinstance(result, NodeRef)
-    return result
-
-
 @lowering("select")
 def _select(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
     """``x.select(dim, i)``: the elements at ``i`` along ``dim``, the dim dropped (``x[:, i]``)."""
@@ -89,7 +79,7 @@ def _select(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Nod
     index = lw.arg(b["index"])
     if not isinstance(index, int) or isinstance(index, bool) or not -shape[dim] <= index < shape[dim]:
         raise UnsupportedGraph(f"select of index {index!r} along a dim of {shape[dim]} is not covered", op=canon)
-    return _part(lw, x, dim, index % shape[dim], None, tuple(int(s) for s in traced.shape))
+    return part(lw, x, dim, index % shape[dim], None)
 
 
 @lowering("split", "chunk", "unbind", "narrow")
@@ -108,7 +98,7 @@ def _split(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
             raise UnsupportedGraph("narrow with a start that is not an int is not covered", op=canon)
         start += shape[dim] if start < 0 else 0
         count = int(traced.shape[dim])
-        return x if count == shape[dim] else _part(lw, x, dim, start, count, tuple(traced.shape))
+        return x if count == shape[dim] else part(lw, x, dim, start, count)
     if not isinstance(traced, tuple | list) or not all(isinstance(t, torch.Tensor) for t in traced) or not traced:
         raise UnsupportedGraph(f"{canon}: the traced result is not a tuple of tensors", op=canon)
     parts: list[NodeRef] = []
@@ -116,11 +106,11 @@ def _split(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> obje
     for t in traced:
         out = tuple(int(s) for s in t.shape)
         if canon == "unbind":
-            parts.append(_part(lw, x, dim, start, None, out))
+            parts.append(part(lw, x, dim, start, None))
             start += 1
             continue
         count = out[dim]
-        parts.append(x if count == shape[dim] else _part(lw, x, dim, start, count, out))
+        parts.append(x if count == shape[dim] else part(lw, x, dim, start, count))
         start += count
     if start != shape[dim]:
         raise UnsupportedGraph(f"{canon} of {shape}: the parts do not cover dim {dim}", op=canon)
@@ -139,8 +129,7 @@ def _glu(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
     if shape[dim] % 2:
         raise UnsupportedGraph(f"glu along a dim of odd size {shape[dim]} is not valid", op=canon)
     half = shape[dim] // 2
-    out = (*shape[:dim], half, *shape[dim + 1 :])
-    first, second = (_part(lw, x, dim, start, half, out) for start in (0, half))
+    first, second = (part(lw, x, dim, start, half) for start in (0, half))
     return lw.ew("mul", first, lw.ew("sigmoid", second))
 
 

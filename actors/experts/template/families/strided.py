@@ -40,8 +40,9 @@ from torch.nn import functional as F
 
 from actors.experts.template.emit import Scope, Writer, axis_coord, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.families.slicing import part
 from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
-from actors.experts.template.lowering import LowerContext, lower_fn, lowering
+from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 EW_OPS["strided"] = (1, 0)  # the source; its attrs (one source dim per dim of the node) are not a fixed count
@@ -153,13 +154,7 @@ def _unfold(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Nod
     if count < 1:
         raise UnsupportedGraph(f"unfold of a dim of {shape[dim]} into windows of {size} is not valid", op=canon)
     if count * size != shape[dim]:  # the elements past the last whole window are not in any
-        sliced = lower_fn("slice")
-        assert sliced is not None
-        kept = (*shape[:dim], count * size, *shape[dim + 1 :])
-        index = (*(slice(None),) * dim, slice(0, count * size))
-        cut = sliced(lw, "slice", {"input": x, "index": index}, torch.empty(kept, device="meta"))
-        assert isinstance(cut, NodeRef)
-        x = cut
+        x = part(lw, x, dim, 0, count * size)
     windows = lw.view(x, (*shape[:dim], count, size, *shape[dim + 1 :]))
     order = [d for d in range(len(shape) + 1) if d != dim + 1] + [dim + 1]
     return permuted(lw, windows, order)
