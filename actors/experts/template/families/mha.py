@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.families.attention import Mask
+from actors.experts.template.families.attention import Mask, lower_sdpa, masked_attention
 from actors.experts.template.ir import Absent, NodeKind, NodeRef, TupleRef
 from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.products import product
@@ -53,7 +53,7 @@ def _masks(lw: LowerContext, b: dict[str, Any], n: int, h: int, length: int, key
     masks: list[Mask] = []
     attn_mask, padding = b.get("attn_mask"), b.get("key_padding_mask")
     if attn_mask is not None:
-        m = lw.tensor(attn_mask, "a MultiheadAttention attn_mask") if not _is_bool(lw, attn_mask) else attn_mask
+        m = _mask_tensor(lw, attn_mask, "a MultiheadAttention attn_mask")
         shape = lw.shape(m)
         if shape == (n * h, length, keys):
             m = lw.view(lw.in_order(m), (n, h, length, keys))
@@ -61,15 +61,18 @@ def _masks(lw: LowerContext, b: dict[str, Any], n: int, h: int, length: int, key
             raise UnsupportedGraph(f"a MultiheadAttention attn_mask of shape {shape} is not valid here")
         masks.append(Mask(m, masked_where=True))
     if padding is not None:
-        m = lw.tensor(padding, "a key_padding_mask") if not _is_bool(lw, padding) else padding
+        m = _mask_tensor(lw, padding, "a key_padding_mask")
         if lw.shape(m) != (n, keys):
             raise UnsupportedGraph(f"a key_padding_mask of shape {lw.shape(m)} is not valid here (N, S)")
         masks.append(Mask(lw.view(lw.in_order(m), (n, 1, 1, keys)), masked_where=True))
     return masks
 
 
-def _is_bool(lw: LowerContext, value: object) -> bool:
-    return isinstance(value, NodeRef) and lw.node(value).dtype == "bool"
+def _mask_tensor(lw: LowerContext, value: object, what: str) -> NodeRef:
+    """A bool mask as it is, or a float one (``lw.tensor`` takes float tensors only)."""
+    if isinstance(value, NodeRef) and lw.node(value).dtype == "bool":
+        return value
+    return lw.tensor(value, what)
 
 
 def _layout(lw: LowerContext, src: NodeRef, shape: tuple[int, ...], expr: str) -> NodeRef:
@@ -124,8 +127,6 @@ def lower_mha(lw: LowerContext, b: dict[str, Any]) -> TupleRef:
             b_i = None if bias is None else _layout(lw, bias, (e,), f"{{0}}[{i * e}:{(i + 1) * e}]")
             projected.append(heads(_project(lw, x, w_i, b_i), 1, 0))
         hq, hk, hv = projected
-    from actors.experts.template.families.attention import lower_sdpa, masked_attention
-
     masks = _masks(lw, b, lw.shape(hq)[0], h, lw.shape(hq)[2], lw.shape(hk)[2])
     if masks:
         attn = masked_attention(lw, hq, hk, hv, 1.0 / math.sqrt(hd), masks)
