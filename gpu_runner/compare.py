@@ -151,6 +151,43 @@ def kept_defaults(first: dict[str, Any], again: dict[str, Any]) -> tuple[dict[st
     return merged, sorted(kept)
 
 
+def raise_defaults(calibration: Any, measured: Any) -> list[int]:
+    """Raise a task's calibration of the reference at PyTorch's defaults (``calibration``: the
+    referee's ``default_errors``, changed in place) per output to a trial's own measure on inputs
+    drawn at scale 1 (``measured``) where the calibration is the one that fell back: the trial's
+    measure is :data:`FALLBACK_RATIO` times above it (:func:`fell_back`, the roles swapped).
+    Returns the outputs raised. The least precise genuine measure stands: on an H100 the referee
+    of KernelBench L3-25 (grouped 1x1 convolutions) measured its defaults at 4.3e-07 at start-up,
+    beside the spares starting (cuDNN without the workspace of its TF32 algorithm), and its later
+    trials at 3.5e-04, as the user's model runs; the one-pass TF32 candidates judged on trials
+    that fell back too were refused as downcasts. A measure below the calibration changes nothing
+    (:meth:`PrecisionRule.on_trial` keeps such a trial to the calibration)."""
+    if not isinstance(calibration, list) or not isinstance(measured, list) or len(calibration) != len(measured):
+        return []
+    raised: list[int] = []
+    for i, (old, new) in enumerate(zip(calibration, measured, strict=True)):
+        was, now = _parity_error(old), _parity_error(new)
+        if was is not None and now is not None and fell_back(was, now):
+            calibration[i] = dict(new)
+            raised.append(i)
+    return raised
+
+
+def release_fallbacks(ranged: Any, calibration: list[Any]) -> list[int]:
+    """A range scale's calibration (``ranged``, changed in place) with each output's measure that
+    fell back beside the typical draws' raised ``calibration`` set to None (the typical draws'
+    then holds at that scale: :func:`defaults_at`). Returns the outputs released."""
+    if not isinstance(ranged, list) or len(ranged) != len(calibration):
+        return []
+    released: list[int] = []
+    for i, (old, typical) in enumerate(zip(ranged, calibration, strict=True)):
+        was, now = _parity_error(old), _parity_error(typical)
+        if was is not None and now is not None and fell_back(was, now):
+            ranged[i] = None
+            released.append(i)
+    return released
+
+
 def _parity_error(item: Any) -> ParityError | None:
     """A referee's measure of one output's error at PyTorch's defaults (None where it is not one)."""
     ok = isinstance(item, dict) and all(

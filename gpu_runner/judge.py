@@ -27,6 +27,7 @@ from gpu_runner.frames import JudgeOp, Op, Report, op_frame
 from gpu_runner.lease import GpuGate, GpuLease
 from gpu_runner.referee import Referee
 from gpu_runner.sandbox import Worker
+from schemas.task import source_fingerprint
 
 logger = structlog.get_logger(__name__)
 
@@ -138,7 +139,9 @@ class Judge:
         has_residual: list[bool] = []
         if cand_shapes == ref_shapes and cand_dtypes == ref_dtypes:  # else decide() stops at the difference
             header = await self._ask(job, fds)
-            factor = as_rule(factor).on_trial(header.get("default_errors"))  # the user's model on these inputs
+            measured = header.get("default_errors")  # may raise the task's calibration where that fell back
+            self.referee.raise_defaults(source_fingerprint(job["reference_source"]), measured, float(job["scale"]))
+            factor = as_rule(factor).on_trial(measured)  # the user's model on these inputs
             scans = [dict(r) for r in header.get("results") or []]
             has_residual = [bool(x) for x in header.get("has_residual") or []]
             if len(scans) != len(ref_meta) or len(has_residual) != len(ref_meta):

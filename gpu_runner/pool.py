@@ -609,7 +609,26 @@ class RunPool:
     ) -> list[Truth]:
         """The reference's outputs and float64 residuals of ``seeds`` (see :meth:`Referee.truths`;
         ``overrides``: per seed, a held-out shape's sizes), from a truth worker, or from the referee
-        itself where the plan has none (a large task)."""
+        itself where the plan has none (a large task). Each measure of the reference at PyTorch's
+        defaults on inputs of the task's shape may raise the task's calibration at its scale where
+        that fell back (:meth:`Referee.raise_defaults`)."""
+        key = task_key(reference_source)
+        got = await self._truths(reference_source, seeds, scales, first, skips, timed, overrides)
+        for i, truth in enumerate(got):
+            if i < len(scales) and not (overrides and i < len(overrides) and overrides[i]):  # the task's shape
+                self.referee.raise_defaults(key, truth.default_errors, scales[i])
+        return got
+
+    async def _truths(
+        self,
+        reference_source: str,
+        seeds: list[int],
+        scales: list[float],
+        first: int,
+        skips: list[int] | None,
+        timed: bool,
+        overrides: list[dict[str, int]] | None,
+    ) -> list[Truth]:
         key = task_key(reference_source)
         plan = self.plans.get(key)
         # the referee's calibration names the outputs to measure at PyTorch's defaults per trial

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import numpy.typing as npt
 import structlog
 
-from gpu_runner.compare import kept_defaults
+from gpu_runner.compare import kept_defaults, raise_defaults, release_fallbacks
 from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError
 from gpu_runner.frames import BatchOp, Op, Report, TaskOp, TruthOp, op_frame
 from gpu_runner.lease import GpuGate, GpuLease, renice
@@ -226,6 +226,43 @@ class Referee:
                 "the first start's measure stands",
             )
         return merged
+
+    def raise_defaults(self, key: str, measured: Any, scale: float = 1.0) -> list[int]:
+        """Raise the current task's calibration of the reference at PyTorch's defaults for inputs
+        drawn at ``scale`` (the typical draws', or a range trial scale's) to a trial's own measure
+        there (``measured``) per output where the calibration fell back
+        (:func:`gpu_runner.compare.raise_defaults`). The lists are changed in place: the spares'
+        ``info`` are shallow copies of :attr:`info`, so the raised calibration holds for every
+        spare of the task at once; the first start's record is raised too (later restarts keep it
+        where they fall back). Returns the outputs raised (none for another task)."""
+        if key != self.task:
+            return []
+        raised: list[int] = []
+        for record in (self.info, self._first_defaults.get(key) or {}):
+            if scale == 1.0:
+                calibration = record.get("default_errors")
+            else:
+                scales = [float(s) for s in record.get("range_scales") or []]
+                ranged = record.get("range_default_errors") or []
+                at = scales.index(scale) if scale in scales else len(ranged)
+                calibration = ranged[at] if at < len(ranged) else None
+            got = raise_defaults(calibration, measured)  # the first start's list may be this one: raised once
+            raised = raised or got
+            if scale == 1.0 and isinstance(calibration, list):
+                # The range scales' calibrations were measured at the same start: one that fell
+                # back beside the raised calibration gives way to it (None: the typical draws' holds).
+                for ranged in record.get("range_default_errors") or []:
+                    release_fallbacks(ranged, calibration)
+        if raised:
+            logger.warning(
+                "defaults_measure_raised",
+                task=key,
+                outputs=raised,
+                scale=scale,
+                reason="a trial measured the reference at PyTorch's defaults far less precisely than the task's "
+                "calibration (which ran without the workspace of cuDNN's TF32 algorithm): the trial's measure stands",
+            )
+        return raised
 
     async def _until(self, kind: Report, timeout_s: float) -> tuple[dict[str, Any], list[Blob]]:
         """Frames until ``kind``; its header and blobs."""

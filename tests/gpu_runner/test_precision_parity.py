@@ -100,6 +100,24 @@ async def test_a_reference_whose_ieee_runs_differ_in_the_last_bits_keeps_its_par
     assert "lower precision than the reference" in bf16.summary
 
 
+async def test_a_calibration_that_fell_back_is_raised_by_a_later_trial_s_measure() -> None:
+    """The referee's calibration and a spare's first trials measure the defaults on an IEEE
+    fallback (cuDNN without its TF32 workspace at start-up: KernelBench L3-25 on an H100); a later
+    trial of the same spare measures the TF32 the user's model runs. That measure raises the
+    task's calibration, so the fallen-back trials judge by it: the reference's own TF32 is granted
+    (refused without the raise), bfloat16 is still refused."""
+    got = await _run("matmul_tf32_late", ["rounded_tf32_matmul", "rounded_bf16_matmul"])
+    tf32, bf16 = got["rounded_tf32_matmul"], got["rounded_bf16_matmul"]
+    assert tf32.status is EvalStatus.CORRECT, tf32.summary
+    assert tf32.correctness is not None
+    assert tf32.correctness.precision is PrecisionMode.REFERENCE
+    assert tf32.correctness.ref_default_err_vs_fp64 is not None
+    assert tf32.correctness.ref_err_vs_fp64 is not None
+    assert tf32.correctness.ref_default_err_vs_fp64 > 100 * tf32.correctness.ref_err_vs_fp64  # TF32's, raised
+    assert bf16.status is EvalStatus.INCORRECT, bf16.summary
+    assert "lower precision than the reference" in bf16.summary
+
+
 @pytest.mark.slow  # ~4 s on a 2-core host; the default run keeps the granted TF32 and the IEEE reference's downcast
 async def test_a_reference_whose_ieee_runs_spread_as_far_as_its_tf32_keeps_the_exact_rule() -> None:
     """Runs that differ by 1e-5 (within the float tolerance, so the task stands) are noise of the

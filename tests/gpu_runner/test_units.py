@@ -565,6 +565,49 @@ def test_a_restarted_referee_keeps_its_first_start_s_measure_of_the_defaults() -
     assert referee._defaults_kept("b", {"default_errors": [ieee]})["default_errors"] == [ieee]
 
 
+def test_a_calibration_that_fell_back_is_raised_to_a_trial_s_measure() -> None:
+    """A trial's measure 100x above the task's calibration raises it (at the trial's scale; a
+    typical draws' raise releases the range scales' measures that fell back beside it); a measure
+    of other draws or below the calibration changes nothing; another task's is ignored."""
+    from gpu_runner.compare import raise_defaults, release_fallbacks
+    from gpu_runner.lease import GpuGate
+    from gpu_runner.referee import Referee
+
+    tf32 = {"rel_l2": 3.5e-4, "max_rms": 0.004}
+    ieee = {"rel_l2": 4.3e-7, "max_rms": 1e-5}
+    other_draw = {"rel_l2": 9e-7, "max_rms": 2e-5}
+    calibration: list[Any] = [ieee, None]
+    assert raise_defaults(calibration, [other_draw, tf32]) == []  # IEEE draws differ; no calibration for output 1
+    assert raise_defaults(calibration, [tf32, tf32]) == [0]
+    assert calibration == [tf32, None]
+    assert raise_defaults(calibration, [ieee, None]) == []  # a fallback never lowers it
+    assert calibration == [tf32, None]
+    assert raise_defaults(calibration, None) == [] and raise_defaults(None, [tf32, tf32]) == []
+    ranged: list[Any] = [ieee, tf32]
+    assert release_fallbacks(ranged, [tf32, tf32]) == [0]
+    assert ranged == [None, tf32]
+
+    async def never() -> Any:
+        raise AssertionError("no process is started here")
+
+    referee = Referee(never, GpuGate(), nice=0, timeout_s=1.0)
+    header = {"default_errors": [ieee], "range_scales": [1e6], "range_default_errors": [[ieee]]}
+    referee.info, referee.task = referee._defaults_kept("a", header), "a"
+    spare_info = dict(referee.info)  # a spare's copy, as the pool makes it
+    assert referee.raise_defaults("b", [tf32]) == []
+    assert referee.raise_defaults("a", [tf32], 1e6) == [0]  # the range scale's own
+    assert referee.info["range_default_errors"] == [[tf32]]
+    assert referee.info["default_errors"] == [ieee]
+    assert precision_rule(RunnerConfig(), spare_info, None, 1e6).parity == (ParityError(3.5e-4, 0.004),)
+    referee.info["range_default_errors"] = [[ieee]]
+    assert referee.raise_defaults("a", [tf32]) == [0]
+    assert spare_info["default_errors"] == [tf32]  # the spares see it at once
+    assert referee.info["range_default_errors"] == [[None]]  # the range scale's fallback gives way
+    assert precision_rule(RunnerConfig(), spare_info, None, 1.0, [ieee]).parity == (ParityError(3.5e-4, 0.004),)
+    # a restart that falls back keeps the raised measure
+    assert referee._defaults_kept("a", {"default_errors": [ieee]})["default_errors"] == [tf32]
+
+
 def test_the_referee_measures_each_trial_s_defaults_on_its_inputs() -> None:
     """``truth`` runs the reference at PyTorch's defaults on the trial's own inputs too (here the
     CPU stand-in for cuDNN's TF32): the measure is that run's error against float64, and it
