@@ -582,7 +582,8 @@ def test_a_calibration_that_fell_back_is_raised_to_a_trial_s_measure() -> None:
     assert calibration == [tf32, None]
     assert raise_defaults(calibration, [ieee, None]) == []  # a fallback never lowers it
     assert calibration == [tf32, None]
-    assert raise_defaults(calibration, None) == [] and raise_defaults(None, [tf32, tf32]) == []
+    assert raise_defaults(calibration, None) == []
+    assert raise_defaults(None, [tf32, tf32]) == []
     ranged: list[Any] = [ieee, tf32]
     assert release_fallbacks(ranged, [tf32, tf32]) == [0]
     assert ranged == [None, tf32]
