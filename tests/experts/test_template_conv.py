@@ -219,6 +219,26 @@ def test_conv_epilogue_fuses_into_one_kernel_and_unfused_splits() -> None:
     assert "conv_block_m" in relevant_params(plan, default_params(plan))
 
 
+def test_three_pass_tf32_dots_over_64_row_tiles_launch_at_most_4_warps() -> None:
+    """On an H100 every KernelBench L3-25 candidate with such a kernel at 8 warps was wrong (the
+    same tiles at 4 warps were right): the launch keeps 4; one-pass TF32, IEEE and 128-row tiles
+    keep the warps asked for."""
+    import re
+
+    case = next(c for c in CONV_CASES if c.name == "conv2d_grouped_asymmetric_mish_scale")
+    plan = _plan(case.sources()[0])
+    base = default_params(plan).with_changes(conv_block_n=16, conv_block_k=16, conv_warps=8, conv_taps_outer=True)
+
+    def warps(**changes: object) -> set[int]:
+        text = render(plan, base.with_changes(**changes))
+        return {int(w) for w in re.findall(r"_L_kf_conv\d+ = _KfLaunch\(.*num_warps=(\d+)", text)}
+
+    assert warps(conv_precision="tf32x3", conv_block_m=64) == {4}
+    assert warps(conv_precision="tf32x3", conv_block_m=128) == {8}
+    assert warps(conv_precision="tf32", conv_block_m=64) == {8}
+    assert warps(conv_precision="ieee", conv_block_m=64) == {8}
+
+
 def test_interpreter_check_rejects_a_wrong_convolution(tmp_path: Path) -> None:
     case = next(c for c in CONV_CASES if c.name == "conv_transpose2d_grouped_clamp_divide")
     source = case.sources()[0]

@@ -205,6 +205,22 @@ class ConvWriter(Writer):
         one channel at a time: no ``[BLOCK_M, BLOCK_K, BLOCK_N]`` tile of products)."""
         return self.params.conv_taps_outer or outer_products(self.params, self.cin_g)
 
+    def _warps(self, bm: int, one: bool) -> int:
+        """The launch's warps: ``conv_warps``, at most one per 64 rows of a one-channel tile, and at
+        most 4 for a three-pass TF32 dot over 64-row tiles. On an H100 (Triton 3.6, KernelBench
+        L3-25 at its published size, 2026-12-07) every candidate with such kernels launched with 8
+        warps was wrong (NaN/Inf in a third of the output: 8 of 8 verdicts in a 60 s run; 5 of 5
+        renders run alone outside the evaluator flagged), the same tiles with 4 warps were right
+        (1 of 1 run alone); 128-row tiles with 8 warps were not measured. The kernels' masks and
+        addresses are the same at any warp count (the interpreter, which has no warps, computes
+        them right at these sizes)."""
+        p = self.params
+        if one:
+            return min(p.conv_warps, max(1, bm // 64))
+        if p.conv_precision == "tf32x3" and bm < 128 and not outer_products(p, self.cin_g):
+            return min(p.conv_warps, 4)
+        return p.conv_warps
+
     def phased(self) -> bool:
         """Whether a strided transposed convolution is split into its stride phases (taps
         outside only): the output positions ``o`` with the same ``o % stride`` per dimension read
@@ -391,7 +407,7 @@ class ConvWriter(Writer):
             pointers=self.pointers,
             grid=(math.ceil(rows / bm) * npn * (self._phases() if self.phased() else 1), self.spec.groups),
             constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **(WIDE if self.half else {})},
-            num_warps=min(p.conv_warps, max(1, bm // 64)) if one else p.conv_warps,
+            num_warps=self._warps(bm, one),
             num_stages=p.conv_stages,
             lead_args=lead,
             setup=setup,
