@@ -197,7 +197,16 @@ class RunnerConfig:
     the compilation (44-48 s for KernelBench's EfficientNets on an H200 host): candidates timed
     before it is ready are timed beside eager alone. Larger tasks (a second copy of the model and
     of the compiled graph's buffers would count against the memory plan) build it in the referee,
-    before any verdict. 0: always in the referee."""
+    before any verdict (unless :attr:`compile_aside_share` lets them build it aside). 0: always
+    in the referee."""
+    compile_aside_share: float = 0.15
+    """Larger tasks build it aside too where that process (its context, the model, a timed batch
+    and the compiled graph's buffers: :func:`gpu_runner.memplan.aside_bytes`) takes at most this
+    share of the device's free memory, and the memory plan, with those bytes held back, keeps every
+    trial, spare and byte of poison it had. On an H100 (2026-12-07) the referees of KernelBench
+    tasks of 1.3-3.2 GB (L2-2, L2-4, L2-21, L3-25) spent 2.7-10.5 s building the baseline before
+    their ``task_ready``, on the path to every first verdict (18.9-29.7 s from the run's start,
+    against 13.8-18.7 s for the development convolutions built aside). 0: by size alone."""
     review_speedup: float = 10.0
     """Speedups above this need an explanation (speed-of-light headroom) or go to review."""
     peak_tflops: float | None = None
@@ -283,6 +292,7 @@ class RunnerConfig:
                 "must name exactly one GPU (an index or a GPU-UUID)",
             ),
             ("host_memory_share", 0 < self.host_memory_share <= 1, "must be in (0, 1]"),
+            ("compile_aside_share", 0 <= self.compile_aside_share <= 0.5, "must be in [0, 0.5]"),
             ("trials", self.trials >= 5, "must be >= 5 (fresh-seed trials the candidate cannot predict)"),
             ("precision_factor", self.precision_factor >= 1.0, "must be >= 1"),
             ("precision", self.precision in PRECISION_MODES, f"must be one of {', '.join(PRECISION_MODES)}"),

@@ -160,6 +160,9 @@ class MemoryPlan:
     """Output buffers each spare keeps for timed calls shipped for judgment (larger outputs)."""
     truth_workers: int = 0
     """Truth workers at once (0: the referee computes every truth itself)."""
+    compile_aside: bool = False
+    """The ``torch.compile`` baseline is built in a process of its own beside the referee, its
+    bytes (:func:`aside_bytes`) held back from the device budget (``reserved``)."""
 
     def summary(self) -> str:
         """One line for logs and the evaluation's checks."""
@@ -235,6 +238,15 @@ def _device_needs(
     return idle, base, batch, truth, running
 
 
+def aside_bytes(fp: Footprint, ship_all_bytes: int = SHIP_ALL_BYTES) -> int:
+    """Device bytes of the ``torch.compile`` baseline's own process where it is built beside the
+    referee: its context, the model, the flush buffer and scratch, and a timed batch with the
+    compiled graph's buffers, counted as the referee's own batch counts them (:func:`_device_needs`)."""
+    o, big = fp.output_bytes, fp.largest_tensor_bytes
+    batch = _timing_stage(fp, o <= ship_all_bytes) + (o + big) // 2
+    return CONTEXT_BYTES + fp.param_bytes + WORK_BYTES + batch
+
+
 def _host_per_spare(fp: Footprint, trials: int) -> int:
     """A prepared spare's reference outputs and their float64 residuals (float32), as host files."""
     return trials * 2 * fp.output_bytes
@@ -258,17 +270,20 @@ def plan(
     shared_outputs: bool = False,
     compiled_baseline: bool = True,
     ship_all_bytes: int = SHIP_ALL_BYTES,
+    reserved: int = 0,
 ) -> MemoryPlan:
     """The largest configuration that fits, or :class:`TaskTooLarge` naming what one evaluation needs.
 
     On the CPU the tensors the workers hold (what a GPU would keep in device memory) are host
     memory: they count against the host's budget with the output files. ``compiled_baseline``
-    False: no torch.compile baseline is timed, so none is planned for.
+    False: no torch.compile baseline is timed, so none is planned for. ``reserved``: device bytes
+    held back from the budget for a process outside the plan's roles (the compiled baseline's,
+    built aside: :func:`aside_bytes`).
     """
     free = device_free if device_free is not None else fp.device_free
     on_gpu = device == "cuda" and free is not None
     on_host = device != "cuda"
-    device_budget = int(free * DEVICE_HEADROOM) if on_gpu and free is not None else None
+    device_budget = int(free * DEVICE_HEADROOM) - reserved if on_gpu and free is not None else None
     host_budget = int(host_available * HOST_HEADROOM)
     device_verdict = fp.output_bytes >= device_verdict_bytes
     notes: list[str] = []

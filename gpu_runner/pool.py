@@ -21,7 +21,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -32,11 +32,26 @@ import structlog
 
 from gpu_runner.compare import parity_outputs
 from gpu_runner.config import RunnerConfig, usable_cores
-from gpu_runner.errors import EvaluatorFault, InvalidReference, ProtocolError, WorkerStartError, stuck_traceback
+from gpu_runner.errors import (
+    EvaluatorFault,
+    InvalidReference,
+    ProtocolError,
+    TaskTooLarge,
+    WorkerStartError,
+    stuck_traceback,
+)
 from gpu_runner.forkserver import ForkServer
 from gpu_runner.frames import MeasureOp, Op, PrepareOp, Report, TaskOp, op_frame
 from gpu_runner.lease import UNRANKED, GpuGate, GpuLease, Turn, renice
-from gpu_runner.memplan import INPUTS_ON_DEVICE_BYTES, ON_DEVICE_BYTES, TRUTH_WORKERS, Footprint, MemoryPlan, plan
+from gpu_runner.memplan import (
+    INPUTS_ON_DEVICE_BYTES,
+    ON_DEVICE_BYTES,
+    TRUTH_WORKERS,
+    Footprint,
+    MemoryPlan,
+    aside_bytes,
+    plan,
+)
 from gpu_runner.protocol import Blob, FrameError, tensor_from_wire
 from gpu_runner.referee import Referee, Truth
 from gpu_runner.sandbox import Isolation, SharedOutput, Worker, await_ready, bulk_root, receive_shared, spawn_worker
@@ -161,6 +176,42 @@ def trial_scales(trials: int, range_scales: list[float]) -> list[float]:
     always leaving at least one typical draw."""
     ranged = range_scales[: max(0, min(2, trials - 1))]
     return [1.0] * (trials - len(ranged)) + ranged
+
+
+def small_for_aside(fp: Footprint, cfg: RunnerConfig) -> bool:
+    """A task small enough to build its ``torch.compile`` baseline aside without the memory plan
+    holding bytes back for it (:attr:`RunnerConfig.compile_aside_bytes`)."""
+    return fp.param_bytes + fp.input_bytes + fp.output_bytes <= cfg.compile_aside_bytes
+
+
+def plan_with_aside(fp: Footprint, cfg: RunnerConfig, **kwargs: Any) -> MemoryPlan:
+    """The task's memory plan (:func:`gpu_runner.memplan.plan`, ``kwargs``), with the compiled
+    baseline built aside where the task is past :attr:`RunnerConfig.compile_aside_bytes` but its
+    process (:func:`aside_bytes`) takes at most :attr:`RunnerConfig.compile_aside_share` of the
+    device's free memory and the plan, with those bytes held back, keeps every trial, spare and
+    byte of poison it had (no evaluation is planned smaller to start verdicts sooner)."""
+    made = plan(fp, **kwargs)
+    free = kwargs.get("device_free") or fp.device_free
+    if (
+        kwargs.get("device") != "cuda"
+        or not made.compiled_baseline
+        or small_for_aside(fp, cfg)
+        or not free
+        or aside_bytes(fp) > cfg.compile_aside_share * free
+    ):
+        return made
+    try:
+        held = plan(fp, reserved=aside_bytes(fp), **kwargs)
+    except TaskTooLarge:
+        return made
+    same = (held.trials, held.spares, held.poison_bytes, held.shared_outputs, held.compiled_baseline)
+    if same != (made.trials, made.spares, made.poison_bytes, made.shared_outputs, made.compiled_baseline):
+        return made
+    return replace(
+        held,
+        compile_aside=True,
+        notes=[*held.notes, f"torch.compile baseline built aside ({aside_bytes(fp) / (1 << 30):.1f} GiB held back)"],
+    )
 
 
 @dataclass
@@ -363,8 +414,9 @@ class RunPool:
         if header.get("variants_error"):  # the task declares its dynamic dimensions wrongly
             raise InvalidReference(str(header["variants_error"]))
         fp = Footprint.from_wire(header)
-        made = plan(
+        made = plan_with_aside(
             fp,
+            self.cfg,
             device=self.device,
             max_trials=self.cfg.trials,
             max_spares=self.cfg.spares,
@@ -950,11 +1002,11 @@ class RunPool:
 
     def compile_aside(self) -> bool:
         """Whether the task's ``torch.compile`` baseline is built in its own process beside the
-        referee (:attr:`RunnerConfig.compile_aside_bytes`)."""
+        referee (:attr:`RunnerConfig.compile_aside_bytes`, or its bytes held back by the memory
+        plan: :func:`plan_with_aside`)."""
         if self.plan is None or not self.compiled_baseline():
             return False
-        f = self.plan.footprint
-        return f.param_bytes + f.input_bytes + f.output_bytes <= self.cfg.compile_aside_bytes
+        return self.plan.compile_aside or small_for_aside(self.plan.footprint, self.cfg)
 
     async def _build_compiled(self, key: str, op: TaskOp) -> None:
         """Start the compiled baseline's process and wait for it; a failure is logged and kept for

@@ -92,3 +92,49 @@ def test_shared_output_buffers_are_planned_only_where_they_fit_beside_everything
     small = plan(_fp(0.0625, 0.0625), device_free=H200_FREE, shared_outputs=True, **kw)  # type: ignore[arg-type]
     assert not small.shared_outputs
     assert small.notes == []
+
+
+def test_a_task_past_the_aside_size_builds_its_compiled_baseline_aside_where_the_plan_keeps_everything() -> None:
+    """KernelBench L2-4's footprint (1 GiB in, 2 GiB out) on an H100: the baseline's process
+    (:func:`aside_bytes`) is held back from the budget and the plan is otherwise the same, so the
+    referee no longer builds it before the first verdict. Where holding it back would cut the
+    plan, the device has too little free for the share, or the share is 0, it stays in the referee."""
+    from gpu_runner.config import RunnerConfig
+    from gpu_runner.memplan import aside_bytes
+    from gpu_runner.pool import plan_with_aside
+
+    fp = _fp(1, 2)
+    args = {"device": "cuda", "max_trials": 5, "max_spares": 2, "host_available": HOST}
+    alone = plan(fp, device_free=H100_FREE, **args)  # type: ignore[arg-type]
+    aside = plan_with_aside(fp, RunnerConfig(), device_free=H100_FREE, **args)
+    assert not alone.compile_aside
+    assert aside.compile_aside
+    assert (aside.trials, aside.spares, aside.poison_bytes) == (alone.trials, alone.spares, alone.poison_bytes)
+    assert aside.device_budget is not None
+    assert alone.device_budget is not None
+    assert aside.device_budget == alone.device_budget - aside_bytes(fp)
+    assert "torch.compile baseline built aside" in aside.summary()
+    # the share of the device it may take
+    assert not plan_with_aside(fp, RunnerConfig(compile_aside_share=0.0), device_free=H100_FREE, **args).compile_aside
+    small_gpu = int(aside_bytes(fp) / 0.15) - 1
+    assert not plan_with_aside(fp, RunnerConfig(), device_free=small_gpu, **args).compile_aside
+    # a plan that would lose a spare or a trial keeps the baseline in the referee
+    big = _fp(6, 6)
+    tight = plan(big, device_free=H100_FREE, **args)  # type: ignore[arg-type]
+    with pytest.raises(TaskTooLarge):  # 6 GB in and out: held back, not one evaluation fits
+        plan(big, device_free=H100_FREE, reserved=aside_bytes(big), **args)  # type: ignore[arg-type]
+    got = plan_with_aside(big, RunnerConfig(compile_aside_share=0.5), device_free=H100_FREE, **args)
+    assert not got.compile_aside
+    assert (got.trials, got.spares, got.poison_bytes) == (tight.trials, tight.spares, tight.poison_bytes)
+    mid = _fp(1, 2)  # on a GPU with room for all but the spares once the bytes are held back
+    free = 40 * 10**9
+    alone_mid = plan(mid, device_free=free, **args)  # type: ignore[arg-type]
+    held_mid = plan(mid, device_free=free, reserved=aside_bytes(mid), **args)  # type: ignore[arg-type]
+    assert held_mid.spares < alone_mid.spares
+    got = plan_with_aside(mid, RunnerConfig(compile_aside_share=0.5), device_free=free, **args)
+    assert not got.compile_aside
+    assert got.spares == alone_mid.spares
+    # small tasks go aside by size, with nothing held back (as before); the CPU never
+    tiny = _fp(0.0625, 0.0625)
+    assert not plan_with_aside(tiny, RunnerConfig(), device_free=H100_FREE, **args).compile_aside
+    assert not plan_with_aside(fp, RunnerConfig(), **{**args, "device": "cpu"}).compile_aside
