@@ -1,6 +1,7 @@
 """Ops that ordinary models call beside the families' main ones: ``torch.addmm`` /
-``torch.baddbmm`` (``families/addmm.py``) and ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``),
-against PyTorch on the CPU under the Triton interpreter, in the variants of ``template_interp``."""
+``torch.baddbmm`` (``families/addmm.py``), ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``) and
+``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``), against PyTorch on the
+CPU under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ CASES: tuple[Case, ...] = (
         ),
         ({"L": 9},),
     ),
+    Case(
+        "local_response_norm_after_a_conv_odd_and_even_windows",
+        _model(
+            "",
+            "self.conv = nn.Conv2d(3, 7, 3, padding=1)\n"
+            "self.lrn = nn.LocalResponseNorm(5, alpha=1e-2, beta=0.75, k=2.0)",
+            "x, y",
+            "z = self.lrn(F.relu(self.conv(x)))\n"
+            "w = F.local_response_norm(y, 4, alpha=0.5, beta=2.0, k=1.0) + F.local_response_norm(y, 1)\n"
+            "return z, w",
+            "torch.randn(2, 3, $H, 5), torch.randn(3, 6, $H)",
+            "",
+        ),
+        ({"H": 6},),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "mm_block_m": 16, "mm_block_n": 16, "mm_block_k": 16, "conv_block_m": 16}
@@ -72,3 +88,14 @@ def test_an_addmm_with_beta_zero_does_not_read_its_input() -> None:
     assert isinstance(plan, Plan), plan
     assert plan.template == "mm"  # the product alone: no epilogue adds the input
     assert not [n for n in plan.nodes if n.op == "add"]
+
+
+def test_local_response_norm_of_two_dims_is_declined_with_pytorch_s_reason() -> None:
+    plan = analyse(
+        HEAD
+        + _model("", "", "x", "return F.local_response_norm(x.unsqueeze(1), 2).squeeze(1) + x", "torch.randn(4, 6)", "")
+    )
+    assert isinstance(plan, Plan), plan  # three dims: covered
+    declined = analyse(HEAD + _model("", "", "x", "return F.local_response_norm(x, 2)", "torch.randn(4, 6)", ""))
+    assert not isinstance(declined, Plan)
+    assert "Expected 3D or higher dimensionality" in str(declined)  # PyTorch's own refusal, named

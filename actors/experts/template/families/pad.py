@@ -83,6 +83,18 @@ def _pad(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
     return lw.add(NodeKind.EW, out, op="pad", args=(x.id,), attrs=attrs, dtype=dtype)
 
 
+def padded(lw: LowerContext, x: NodeRef, pad: list[int], value: float = 0.0) -> NodeRef:
+    """``F.pad(x, pad, value=value)`` (``pad``: (before, after) pairs from the last dim backwards)
+    from another family's lowering (local response norm's channel window)."""
+    shape = lw.shape(x)
+    out = list(shape)
+    for i in range(len(pad) // 2):
+        out[len(shape) - 1 - i] += pad[2 * i] + pad[2 * i + 1]
+    got = _pad(lw, "pad", {"input": x, "pad": pad, "mode": "constant", "value": value}, torch.empty(out, device="meta"))
+    assert isinstance(got, NodeRef)
+    return got
+
+
 def _axes(src: tuple[int, ...], out: tuple[int, ...], before: list[int]) -> list[tuple[int, int, int]]:
     """The pad as (output extent, source extent, pad before) per axis, outermost first: dims the
     pad leaves alone join the dim inside them when that one is left alone too (``(B, H, W, C)``
