@@ -1,7 +1,8 @@
 """Ops that ordinary models call beside the families' main ones: ``torch.addmm`` /
-``torch.baddbmm`` (``families/addmm.py``), ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``) and
-``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``), against PyTorch on the
-CPU under the Triton interpreter, in the variants of ``template_interp``."""
+``torch.baddbmm`` (``families/addmm.py``), ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``),
+``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``) and ``torch.gather`` /
+``torch.topk`` (``families/gather.py``), against PyTorch on the CPU under the Triton interpreter, in
+the variants of ``template_interp``."""
 
 from __future__ import annotations
 
@@ -55,6 +56,41 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"H": 6},),
+    ),
+    Case(
+        "gather_along_each_dim_and_topk_largest_and_smallest",
+        _model(
+            "",
+            "",
+            "x, i, j, k",
+            "a = torch.gather(x, 1, i)\n"
+            "a0 = x.gather(0, j)\n"
+            "b = torch.gather(x, -1, k)\n"
+            "top, idx = x.topk(3)\n"
+            "low, where = torch.topk(x * 2 + 1, 2, dim=-1, largest=False)\n"
+            "one = x.topk(1, dim=2)\n"
+            "return a, a0, b, top, idx, low, where, one.values * 2, one.indices",
+            "torch.randn(3, $N, 5), torch.randint(0, $N, (3, 4, 5)), torch.randint(0, 3, (2, 4, 5)), "
+            "torch.randint(0, 5, (3, $N, 2))",
+            "",
+        ),
+        ({"N": 6},),
+    ),
+    Case(
+        "mixture_of_experts_routing_topk_then_gather",
+        _model(
+            "",
+            "self.gate = nn.Linear(8, 4)\nself.experts = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])",
+            "x",
+            "w = F.softmax(self.gate(x), dim=-1)\n"
+            "top, idx = w.topk(2, dim=-1)\n"
+            "out = torch.stack([ex(x) for ex in self.experts], dim=-2)\n"
+            "picked = torch.gather(out, -2, idx[..., None].expand(*idx.shape, x.shape[-1]))\n"
+            "return (picked * top[..., None]).sum(-2)",
+            "torch.randn(2, $T, 8)",
+            "",
+        ),
+        ({"T": 5},),
     ),
 )
 

@@ -47,7 +47,7 @@ def _cat(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
     kept = [r for r, s in zip(refs, shapes, strict=True) if s[dim] > 0]
     if not kept:
         raise UnsupportedGraph("torch.cat of empty parts only is not covered")
-    return kept[0] if len(kept) == 1 else _join(lw, kept, dim, dtype)
+    return kept[0] if len(kept) == 1 else join(lw, kept, dim, dtype)
 
 
 def _parts(lw: LowerContext, b: dict[str, Any], what: str) -> tuple[list[NodeRef], str]:
@@ -76,10 +76,10 @@ def _stack(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
         raise UnsupportedGraph(f"torch.stack along dim {dim!r} of {len(shape)}-dim parts is not covered")
     dim %= len(shape) + 1
     viewed = [lw.view(r, (*shape[:dim], 1, *shape[dim:])) for r in refs]
-    return viewed[0] if len(viewed) == 1 else _join(lw, viewed, dim, dtype)
+    return viewed[0] if len(viewed) == 1 else join(lw, viewed, dim, dtype)
 
 
-def _join(lw: LowerContext, parts: list[NodeRef], dim: int, dtype: str) -> NodeRef:
+def join(lw: LowerContext, parts: list[NodeRef], dim: int, dtype: str) -> NodeRef:
     """One ``cat`` node of ``parts``; of more than :data:`MAX_PARTS`, a ``cat`` of the ``cat`` of
     each run of consecutive parts (a dense block's concatenation of all its layers' outputs: the
     runs are copied once more, and every kernel reads at most ``MAX_PARTS`` parts)."""
@@ -87,9 +87,9 @@ def _join(lw: LowerContext, parts: list[NodeRef], dim: int, dtype: str) -> NodeR
     if len(parts) > MAX_PARTS:
         size = -(-len(parts) // MAX_PARTS)
         runs = [parts[i : i + size] for i in range(0, len(parts), size)]
-        parts = [run[0] if len(run) == 1 else _join(lw, run, dim, dtype) for run in runs]
+        parts = [run[0] if len(run) == 1 else join(lw, run, dim, dtype) for run in runs]
         if len(parts) > MAX_PARTS:
-            return _join(lw, parts, dim, dtype)
+            return join(lw, parts, dim, dtype)
     out = list(lw.shape(parts[0]))
     out[dim] = sum(lw.shape(r)[dim] for r in parts)
     return lw.add(NodeKind.EW, tuple(out), op="cat", args=tuple(r.id for r in parts), attrs=(float(dim),), dtype=dtype)

@@ -115,8 +115,6 @@ def _slice(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
     if not isinstance(x, NodeRef):
         raise UnsupportedGraph(f"indexing a {type(x).__name__} is not covered", op="getitem")
     dtype = lw.node(x).dtype
-    if dtype not in _SOURCE_DTYPES:
-        raise UnsupportedGraph(f"slicing a tensor of dtype {dtype} is not covered (float and bool only)", op="getitem")
     shape = lw.shape(x)
     starts, counts, steps = _selection(lw, b["index"], shape)
     if not isinstance(traced, torch.Tensor) or math.prod(traced.shape) != math.prod(counts):
@@ -124,8 +122,10 @@ def _slice(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
     out = tuple(int(s) for s in traced.shape)
     if 0 in counts:
         raise UnsupportedGraph(f"a slice of {shape} that selects no element is not covered", op="getitem")
-    if counts == list(shape):
+    if counts == list(shape):  # any dtype: ``idx[..., None]`` of int64 indices
         return lw.view(x, out)  # all of it, in order (new or dropped dims of one): the tensor itself
+    if dtype not in _SOURCE_DTYPES:
+        raise UnsupportedGraph(f"slicing a tensor of dtype {dtype} is not covered (float and bool only)", op="getitem")
     x = lw.in_order(x)  # a slice of a transpose: of its copy in order
     inner = lw.node(x)
     rank = len(shape)

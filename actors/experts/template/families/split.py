@@ -135,8 +135,11 @@ def _glu(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
 
 @lowering("expand")
 def _expand(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
-    """``x`` broadcast to the traced result's shape: a copy reading each broadcast dim with stride 0."""
-    x = lw.tensor(b.get("input"), "the input of expand")
+    """``x`` broadcast to the traced result's shape: a copy reading each broadcast dim with stride 0
+    (int64 indices too: ``idx[..., None].expand(...)`` before a ``torch.gather``)."""
+    given = b.get("input")
+    indices = isinstance(given, NodeRef) and lw.node(given).dtype == "int64"
+    x = given if indices and isinstance(given, NodeRef) else lw.tensor(given, "the input of expand")
     if not isinstance(traced, torch.Tensor):
         raise UnsupportedGraph("expand: the traced result is not a tensor", op=canon)
     out = tuple(int(s) for s in traced.shape)

@@ -67,7 +67,7 @@ spell(
     methods=("repeat_interleave",),
 )
 
-_SOURCE_DTYPES = ("float32", *HALF)
+_SOURCE_DTYPES = ("float32", *HALF, "int64")
 
 
 def _row_major(shape: tuple[int, ...]) -> list[int]:
@@ -247,5 +247,6 @@ def _emit_strided(w: Writer, scope: Scope, node: Node, row: bool) -> str:
         inner *= extent
     where, var = f"s{node.id}", f"v{node.id}"
     w.emit(scope, f"{where} = {' + '.join(reversed(terms)) if terms else f'({at}) * 0'}")
-    w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {where}, mask={sp.mask}, other=0.0).to(tl.float32)")
+    cast = "" if node.dtype == "int64" else ".to(tl.float32)"  # indices (an expand before a gather) stay exact
+    w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {where}, mask={sp.mask}, other=0{cast and '.0'}){cast}")
     return var
