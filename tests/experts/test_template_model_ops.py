@@ -1,8 +1,8 @@
 """Ops that ordinary models call beside the families' main ones: ``torch.addmm`` /
 ``torch.baddbmm`` (``families/addmm.py``), ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``),
-``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``) and ``torch.gather`` /
-``torch.topk`` (``families/gather.py``), against PyTorch on the CPU under the Triton interpreter, in
-the variants of ``template_interp``."""
+``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``), ``torch.gather`` /
+``torch.topk`` (``families/gather.py``) and weight-normalised layers (``families/weight_norm.py``),
+against PyTorch on the CPU under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
 
@@ -75,6 +75,21 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"N": 6},),
+    ),
+    Case(
+        "weight_norm_parametrized_convolution_and_linear",
+        _model(
+            "",
+            "wn = torch.nn.utils.parametrizations.weight_norm\n"
+            "self.conv = wn(nn.Conv1d(3, 6, 3, padding=1))\n"
+            "self.fc = wn(nn.Linear($L, 4), dim=None)\n"
+            "self.last = wn(nn.Linear(4, 5, bias=False), dim=1)",
+            "x",
+            "return self.last(self.fc(torch.relu(self.conv(x))))",
+            "torch.randn(2, 3, $L)",
+            "",
+        ),
+        ({"L": 7},),
     ),
     Case(
         "mixture_of_experts_routing_topk_then_gather",

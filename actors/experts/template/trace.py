@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 from torch import fx
 from torch.fx.experimental.meta_tracer import MetaDeviceAttribute, MetaProxy, MetaTracer, proxys_to_metas
+from torch.nn.utils import parametrize
 
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from gpu_runner.errors import missing_hint
@@ -248,6 +249,10 @@ _PY_DTYPES: dict[type, torch.dtype] = {bool: torch.bool, int: torch.int64, float
 """The Python types PyTorch takes as a ``dtype`` argument, and the dtypes it reads them as."""
 
 
+_PARAMETRIZATION_MODULES = frozenset({"torch.nn.utils.parametrize", "torch.nn.utils.parametrizations"})
+"""Modules of these are traced through (the list of a parametrized tensor, ``_WeightNorm``)."""
+
+
 def _augmenting(tracer: type[_T]) -> type[_T]:
     """``tracer`` whose proxies record augmented assignments (:data:`_AUGMENTED`)."""
 
@@ -257,7 +262,13 @@ def _augmenting(tracer: type[_T]) -> type[_T]:
     def create_arg(self: fx.Tracer, a: Any) -> Any:  # ``dtype=bool``: fx records no Python type
         return tracer.create_arg(self, _PY_DTYPES.get(a, a) if isinstance(a, type) else a)
 
-    members: dict[str, Any] = {"proxy": proxy, "create_arg": create_arg}
+    def is_leaf_module(self: fx.Tracer, m: torch.nn.Module, qualname: str) -> bool:
+        # A parametrized module (``weight_norm``) is traced through: its weight is computed in
+        # forward from the parametrization's parameters (``torch._weight_norm(v, g, dim)``).
+        through = parametrize.is_parametrized(m) or type(m).__module__ in _PARAMETRIZATION_MODULES
+        return False if through else tracer.is_leaf_module(self, m, qualname)
+
+    members: dict[str, Any] = {"proxy": proxy, "create_arg": create_arg, "is_leaf_module": is_leaf_module}
     if issubclass(tracer, MetaTracer):
         members.update(call_module=_meta_call_module, create_proxy=_meta_create_proxy)
     return type(tracer.__name__, (tracer,), members)
