@@ -13,7 +13,11 @@ from actors.experts.template.interp_check import Verdict
 from tests.experts.template_cases import HEAD, Case, _model
 from tests.experts.template_interp import assert_all_correct, interp_verdicts
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.timeout(300),
+    # the TCN case builds its layers with the deprecated hook-based weight_norm, as old code does
+    pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated:FutureWarning"),
+]
 
 CASES: tuple[Case, ...] = (
     Case(
@@ -90,6 +94,20 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"L": 7},),
+    ),
+    Case(
+        "weight_norm_hooked_dilated_convolutions_of_a_tcn",
+        _model(
+            "",
+            "wn = torch.nn.utils.weight_norm  # deprecated: a forward pre-hook sets conv.weight\n"
+            "self.c1 = wn(nn.Conv1d(3, 5, 3, padding=2, dilation=2))\n"
+            "self.c2 = wn(nn.Conv1d(5, 5, 3, padding=4, dilation=4), dim=None)",
+            "x",
+            "return torch.relu(self.c2(torch.relu(self.c1(x)))) + self.c1(x)",
+            "torch.randn(2, 3, $L)",
+            "",
+        ),
+        ({"L": 11},),
     ),
     Case(
         "mixture_of_experts_routing_topk_then_gather",

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.nn.utils.weight_norm import WeightNorm
 
 from actors.experts.template.attn_pattern import explicit_attention
 from actors.experts.template.composites import apply
@@ -182,6 +183,9 @@ class Lowerer:
         """A node for the parameter or buffer at ``path``."""
         tensor = self.param_paths.get(path)
         if tensor is None:
+            normalised = self._hooked_weight_norm(path)
+            if normalised is not None:
+                return normalised
             raise UnsupportedGraph(f"forward reads {path!r}, which is not a parameter or buffer")
         dtype = str(tensor.dtype).removeprefix("torch.")
         if dtype not in ("float32", *HALF):
@@ -189,6 +193,25 @@ class Lowerer:
                 f"parameter {path} is {tensor.dtype}; only float32, float16 and bfloat16 are covered"
             )
         return self._param_node(path, tensor, dtype)
+
+    def _hooked_weight_norm(self, path: str) -> NodeRef | None:
+        """The weight a deprecated ``torch.nn.utils.weight_norm`` hook computes before each forward
+        of its module (``path``: ``module.weight``, set from ``weight_v`` and ``weight_g``), as
+        ``torch._weight_norm`` computes it (``families/weight_norm.py``); None where no such hook sets it."""
+        owner, _, name = path.rpartition(".")
+        try:
+            module = self.traced.root.get_submodule(owner)
+        except AttributeError:
+            return None
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, WeightNorm) and hook.name == name:
+                fn = lower_fn("weight_norm")
+                if fn is None or f"{path}_v" not in self.param_paths or f"{path}_g" not in self.param_paths:
+                    return None
+                args = {"v": self.param(f"{path}_v"), "g": self.param(f"{path}_g"), "dim": hook.dim}
+                got = fn(self, "weight_norm", args, None)
+                return got if isinstance(got, NodeRef) else None
+        return None
 
     def _param_node(self, path: str, tensor: torch.Tensor, dtype: str) -> NodeRef:
         for node in self.nodes:

@@ -7,10 +7,12 @@ elementwise ops and a reduction, and hands it to the module's own op (a convolut
 layer) like any computed operand. ``ModelNew`` keeps the parametrization: its state has the same
 ``parametrizations.weight.original0/1`` as the reference's.
 
+The deprecated ``torch.nn.utils.weight_norm`` sets a plain ``weight`` attribute from ``weight_v``
+and ``weight_g`` in a forward pre-hook: the lowerer computes a read of that attribute the same way
+(``lower.py``, ``_hooked_weight_norm``).
+
 Declined, with the reason: a ``dim`` whose other dims are not contiguous (a middle dim of a
-weight of three dims or more); the deprecated ``torch.nn.utils.weight_norm`` (a forward pre-hook
-sets a plain ``weight`` attribute: "forward reads 'conv.weight', which is not a parameter or
-buffer").
+weight of three dims or more).
 """
 
 from __future__ import annotations
