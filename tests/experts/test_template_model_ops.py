@@ -1,8 +1,10 @@
 """Ops that ordinary models call beside the families' main ones: ``torch.addmm`` /
 ``torch.baddbmm`` (``families/addmm.py``), ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``),
 ``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``), ``torch.gather`` /
-``torch.topk`` (``families/gather.py``) and weight-normalised layers (``families/weight_norm.py``),
-against PyTorch on the CPU under the Triton interpreter, in the variants of ``template_interp``."""
+``torch.topk`` (``families/gather.py``), weight-normalised layers (``families/weight_norm.py``),
+``var``/``std``/``cdist`` (``families/moments.py``) and CELU, threshold and softmin
+(``families/activations.py``), against PyTorch on the CPU under the Triton interpreter, in the
+variants of ``template_interp``."""
 
 from __future__ import annotations
 
@@ -108,6 +110,46 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"L": 11},),
+    ),
+    Case(
+        "variance_and_standard_deviation_with_corrections",
+        _model(
+            "",
+            "",
+            "x",
+            "a = x.var(dim=-1, unbiased=False) + torch.std(x, dim=-1)\n"
+            "b = torch.var(x, dim=1, keepdim=True, correction=0) * x.std(1, keepdim=True)\n"
+            "return a, b, x.var(), torch.std(x, (1, 2))",
+            "torch.randn(3, $C, 7) * 3 + 1",
+            "",
+        ),
+        ({"C": 5},),
+    ),
+    Case(
+        "celu_threshold_softmin_activations",
+        _model(
+            "",
+            "self.act = nn.Sequential(nn.CELU(0.5), nn.Threshold(0.1, -2.0))\nself.soft = nn.Softmin(dim=1)",
+            "x",
+            "return self.act(x) + F.celu(x, 2.0) + F.threshold(x, -0.2, 3.0) + self.soft(x) + F.softmin(x, dim=-1)",
+            "torch.randn(4, $N)",
+            "",
+        ),
+        ({"N": 9},),
+    ),
+    Case(
+        "cdist_of_points_and_learned_prototypes",
+        _model(
+            "",
+            "self.protos = nn.Parameter(torch.randn(6, 5))",
+            "x, y",
+            "a = torch.cdist(x, self.protos)\n"
+            "b = torch.cdist(y, y, p=1) + torch.cdist(y, y * 2, p=float('inf'))\n"
+            "return a, b",
+            "torch.randn($P, 5), torch.randn(2, 4, 3)",
+            "",
+        ),
+        ({"P": 7},),
     ),
     Case(
         "mixture_of_experts_routing_topk_then_gather",
