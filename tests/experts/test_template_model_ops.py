@@ -152,6 +152,20 @@ CASES: tuple[Case, ...] = (
         ({"P": 7},),
     ),
     Case(
+        "bool_masks_converted_to_floats",
+        _model(
+            "",
+            "",
+            "x, y",
+            "gate = (x > 0).float() * x + (y < 0.5).to(x.dtype) + (x > y).type_as(y) * 2\n"
+            "hits = (x.amax(-1) == y.amax(-1)).float().mean()\n"
+            "return gate + hits, (x.abs() > 1).half().float().sum(-1)",
+            "torch.randn(4, $N), torch.randn(4, $N)",
+            "",
+        ),
+        ({"N": 9},),
+    ),
+    Case(
         "mixture_of_experts_routing_topk_then_gather",
         _model(
             "",

@@ -347,14 +347,18 @@ _CAST_OPS = {target: op for op, target in CASTS.items()}
 
 
 def _converted(lw: LowerContext, x: object, traced: Any) -> NodeRef:
-    """``x.contiguous()``, ``.clone()``, ``.float()``, ``.half()``, ``.to(dtype)``: ``x`` itself, or
-    a conversion between float32, float16 and bfloat16 (an elementwise op, :data:`CASTS`)."""
+    """``x.contiguous()``, ``.clone()``, ``.float()``, ``.half()``, ``.to(dtype)``, ``.type_as(y)``:
+    ``x`` itself, or a conversion between float32, float16 and bfloat16 (an elementwise op,
+    :data:`CASTS`); a bool mask becomes 1.0 where it is true and 0.0 elsewhere (``(x > 0).float()``)."""
     if not isinstance(traced, torch.Tensor) or not isinstance(x, NodeRef):
         raise UnsupportedGraph("a conversion of something that is not a tensor")
     target = str(traced.dtype).removeprefix("torch.")
     source = lw.node(x).dtype
     if target == source:
         return x
+    if source == "bool" and target in _CAST_OPS:
+        ones = lw.ew("where", x, 1.0, 0.0)
+        return ones if target == "float32" else lw.ew(_CAST_OPS[target], ones)
     if target not in _CAST_OPS or source not in ("float32", *HALF):
         raise UnsupportedGraph(f"a conversion from {source} to {target} is not covered (float32, float16, bfloat16)")
     return lw.ew(_CAST_OPS[target], x)
