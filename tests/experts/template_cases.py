@@ -505,7 +505,7 @@ CASES: tuple[Case, ...] = (
 UNSUPPORTED: dict[str, str] = {
     "conv_reflect_padding": _model(
         "",
-        "self.conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode='reflect')",
+        "self.conv = nn.Conv2d(3, 4, 3, padding='same', padding_mode='reflect')",
         "x",
         "return torch.relu(self.conv(x))",
         "torch.randn(2, 3, 8, 8)",

@@ -1,5 +1,5 @@
-"""The constant-pad family (``families/pad.py``: ``F.pad(x, pad, "constant", value)`` and
-``torch.constant_pad_nd``) against PyTorch, on the CPU under the Triton interpreter, in the
+"""The pad family (``families/pad.py``: ``F.pad(x, pad, mode, value)`` in its four modes, the pad
+modules and ``torch.constant_pad_nd``) against PyTorch, on the CPU under the Triton interpreter, in the
 variants of ``template_interp`` (default, stress, mutant, 64-bit indexing); how it fuses; and
 its declines."""
 
@@ -16,6 +16,36 @@ from tests.experts.template_interp import assert_all_correct, interp_verdicts, p
 pytestmark = pytest.mark.timeout(300)
 
 PAD_CASES: tuple[Case, ...] = (
+    Case(
+        "convolutions_padded_in_their_padding_mode",
+        _model(
+            "",
+            "self.a = nn.Conv2d(3, 4, 3, padding=1, padding_mode='reflect')\n"
+            "self.b = nn.Conv1d(3, 2, 3, padding=2, dilation=2, padding_mode='circular')\n"
+            "self.c = nn.Conv2d(4, 2, (3, 1), padding=(2, 0), padding_mode='replicate')",
+            "x, y",
+            "return self.c(torch.relu(self.a(x))), self.b(y)",
+            "torch.randn(2, 3, 6, $W), torch.randn(2, 3, 9)",
+            "",
+        ),
+        ({"W": 5},),
+    ),
+    Case(
+        "reflect_replicate_and_circular_modes_and_their_modules",
+        _model(
+            "",
+            "self.r = nn.ReflectionPad2d((1, 2, $P, 0))\nself.e = nn.ReplicationPad1d(3)\n"
+            "self.c = nn.CircularPad2d(1)\nself.z = nn.ZeroPad2d(1)\nself.k = nn.ConstantPad1d((2, 0), 0.5)",
+            "x, y",
+            "a = self.r(x) * 2.0 + 1.0\n"
+            "b = self.e(y) - F.pad(y, (0, 2), mode='reflect').sum(-1, keepdim=True)\n"
+            "c = self.c(x) + self.z(x) + F.pad(x, (2, 0, 1, 1), mode='replicate')\n"
+            "return a, b, c, self.k(y), F.pad(x.unsqueeze(1), (1, 1, 1, 0, 1, 1), mode='reflect')",
+            "torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6)",
+            "",
+        ),
+        ({"P": 2}, {"P": 0}),
+    ),
     Case(
         "both_dims_of_a_matrix_with_a_nonzero_value",
         _model("", "", "x", "return F.pad(x, [1, 2, $T, 0], value=1.5)", "torch.randn(3, 5)", ""),
@@ -106,8 +136,8 @@ def test_a_pad_of_zero_everywhere_is_a_view_without_a_kernel() -> None:
 @pytest.mark.parametrize(
     ("forward", "reason"),
     [
-        ('return F.pad(x, [1, 1], mode="reflect") * 2.0', "F.pad mode 'reflect' is not covered"),
-        ('return F.pad(x, [1, 1], "replicate") * 2.0', "F.pad mode 'replicate' is not covered"),
+        ('return F.pad(x, [-1, 1], mode="reflect") * 2.0', "F.pad mode 'reflect' with a negative pad [-1, 1]"),
+        ('return F.pad(x, [2, -1], "circular") * 2.0', "F.pad mode 'circular' with a negative pad [2, -1]"),
         ("return F.pad(x, [1, 1], value=float('nan')) * 2.0", "F.pad with value nan is not covered"),
     ],
 )

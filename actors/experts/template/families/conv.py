@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from actors.experts.template.errors import UnsupportedGraph
+from actors.experts.template.families.pad import padded
 from actors.experts.template.ir import ConvSpec, NodeKind, NodeRef
 from actors.experts.template.lowering import LowerContext, lowering, one_float_type
 
@@ -65,8 +66,16 @@ def lower_conv(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> 
         raise UnsupportedGraph(f"a {nd}-dimensional convolution is not covered")
     if len(xs) != nd + 2:
         raise UnsupportedGraph(f"a convolution of an unbatched input of shape {xs} is not covered")
-    if b.get("padding_mode", "zeros") != "zeros":
-        raise UnsupportedGraph(f"convolution padding_mode={b['padding_mode']!r} is not covered")
+    mode = b.get("padding_mode", "zeros")
+    if mode != "zeros":
+        # PyTorch pads the input in that mode, then convolves without padding (``_ConvNd``).
+        given = b.get("padding", 0)
+        if transposed or mode not in ("reflect", "replicate", "circular") or isinstance(given, str):
+            raise UnsupportedGraph(f"convolution padding_mode={mode!r} with padding={given!r} is not covered")
+        amounts = int_tuple(given, nd, "padding")
+        x = padded(lw, x, [a for p in reversed(amounts) for a in (p, p)], mode=mode)
+        xs = lw.shape(x)
+        b = {**b, "input": x, "padding": 0, "padding_mode": "zeros"}
     if b.get("output_size") is not None:
         raise UnsupportedGraph("a transposed convolution called with output_size is not covered")
     dtype = one_float_type(lw, [x, weight], "a convolution")

@@ -1,4 +1,6 @@
-"""Constant padding: ``F.pad(x, pad, mode="constant", value=v)`` and ``torch.constant_pad_nd(x, pad, v)``.
+"""Padding: ``F.pad(x, pad, mode, value)`` in the ``constant``, ``reflect``, ``replicate`` and
+``circular`` modes, ``torch.constant_pad_nd(x, pad, v)``, and the modules ``nn.ConstantPad1-3d``,
+``nn.ZeroPad1-3d``, ``nn.ReflectionPad1-3d``, ``nn.ReplicationPad1-3d`` and ``nn.CircularPad1-3d``.
 
 One ``pad`` gather node reads its stored source at computed addresses, as ``slice`` and ``cat``
 do: each output element's coordinate on each dim, less the pad before that dim, is its source
@@ -6,12 +8,15 @@ coordinate; inside the source it loads that element, elsewhere it takes the fill
 lists (before, after) pairs from the last dim backwards, as PyTorch does; a negative amount crops
 that side, which the same rule covers (the source coordinate only moves further inside). ``attrs``
 hold the fill value, then, per dim of the source, its pad before. The elementwise ops after it
-fuse into its kernel. A pad of zero everywhere is a view, no kernel.
+fuse into its kernel. A pad of zero everywhere is a view, no kernel. The other modes are the
+same node with the mode in its op (``pad_reflect``, ``pad_replicate``, ``pad_circular``): a
+coordinate outside the source is mirrored about its edge (without repeating it), clamped to it,
+or wrapped around, as PyTorch's modes define; every element then reads the source.
 
-Declined, with the reason: modes other than ``constant`` (``reflect``, ``replicate``,
-``circular``), a fill value that is not a number (or NaN), pads that are not ints, more pairs
-than dims, pads that leave a dim empty and sources of dtypes other than float. A transposed
-source is copied in order first (``families/strided.py``).
+Declined, with the reason: a fill value that is not a number (or NaN), pads that are not ints,
+more pairs than dims, pads that leave a dim empty, a reflect pad as wide as its dim or wider, a
+circular pad wider than its dim, negative pads outside the constant mode, and sources of dtypes
+other than float. A transposed source is copied in order first (``families/strided.py``).
 """
 
 from __future__ import annotations
@@ -20,14 +25,28 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
 from actors.experts.template.emit import Scope, Writer, axis_coord, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.exprs import lit
 from actors.experts.template.ir import EW_OPS, HALF, Node, NodeKind, NodeRef
 from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.spellings import MODULES, REQUIRED, Spec
 
 EW_OPS["pad"] = (1, 0)  # the source; its attrs (the fill value, then one per source dim) are not a fixed count
+_MODES = {"constant": "pad", "reflect": "pad_reflect", "replicate": "pad_replicate", "circular": "pad_circular"}
+for _op in _MODES.values():
+    EW_OPS[_op] = (1, 0)
+for _nd in (1, 2, 3):
+    for _name, _mode in (("Reflection", "reflect"), ("Replication", "replicate"), ("Circular", "circular")):
+        MODULES[getattr(nn, f"{_name}Pad{_nd}d")] = Spec(
+            "pad", (("input", REQUIRED), ("mode", _mode)), module_attrs=(("pad", "padding"),)
+        )
+    for _name in ("Constant", "Zero"):
+        MODULES[getattr(nn, f"{_name}Pad{_nd}d")] = Spec(
+            "pad", (("input", REQUIRED),), module_attrs=(("pad", "padding"), ("value", "value"))
+        )
 
 _SOURCE_DTYPES = ("float32", *HALF)
 
@@ -61,8 +80,8 @@ def _fill(value: object) -> float:
 def _pad(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
     """``F.pad(b["input"], b["pad"], b["mode"], b["value"])``; ``traced`` is the traced result."""
     mode = lw.arg(b.get("mode", "constant"))
-    if mode != "constant":
-        raise UnsupportedGraph(f"F.pad mode {mode!r} is not covered (constant only)", op="pad")
+    if mode not in _MODES:
+        raise UnsupportedGraph(f"F.pad mode {mode!r} is not covered (constant, reflect, replicate, circular)", op="pad")
     x = lw.tensor(b.get("input"), "the input of F.pad")
     dtype = lw.node(x).dtype
     if dtype not in _SOURCE_DTYPES:
@@ -78,19 +97,30 @@ def _pad(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
         raise UnsupportedGraph(f"F.pad of {shape} with pad {b['pad']!r}: the traced result disagrees", op="pad")
     if not any(amounts):
         return lw.view(x, out)  # nothing added or cut: the tensor itself
+    if mode != "constant":
+        for size, lo, hi in zip(shape, before, after, strict=True):
+            if min(lo, hi) < 0:
+                raise UnsupportedGraph(
+                    f"F.pad mode {mode!r} with a negative pad {lw.arg(b['pad'])!r} is not covered", op="pad"
+                )
+            if (mode == "reflect" and max(lo, hi) >= size) or (mode == "circular" and max(lo, hi) > size):
+                raise UnsupportedGraph(
+                    f"F.pad mode {mode!r} of a dim of {size} by {max(lo, hi)} is not valid", op="pad"
+                )
     x = lw.in_order(x)
-    attrs = (_fill(lw.arg(b.get("value"))), *map(float, before))
-    return lw.add(NodeKind.EW, out, op="pad", args=(x.id,), attrs=attrs, dtype=dtype)
+    attrs = (_fill(lw.arg(b.get("value"))) if mode == "constant" else 0.0, *map(float, before))
+    return lw.add(NodeKind.EW, out, op=_MODES[mode], args=(x.id,), attrs=attrs, dtype=dtype)
 
 
-def padded(lw: LowerContext, x: NodeRef, pad: list[int], value: float = 0.0) -> NodeRef:
-    """``F.pad(x, pad, value=value)`` (``pad``: (before, after) pairs from the last dim backwards)
-    from another family's lowering (local response norm's channel window)."""
+def padded(lw: LowerContext, x: NodeRef, pad: list[int], value: float = 0.0, mode: str = "constant") -> NodeRef:
+    """``F.pad(x, pad, mode, value)`` (``pad``: (before, after) pairs from the last dim backwards)
+    from another family's lowering (local response norm's channel window, a convolution's
+    ``padding_mode``)."""
     shape = lw.shape(x)
     out = list(shape)
     for i in range(len(pad) // 2):
         out[len(shape) - 1 - i] += pad[2 * i] + pad[2 * i + 1]
-    got = _pad(lw, "pad", {"input": x, "pad": pad, "mode": "constant", "value": value}, torch.empty(out, device="meta"))
+    got = _pad(lw, "pad", {"input": x, "pad": pad, "mode": mode, "value": value}, torch.empty(out, device="meta"))
     assert isinstance(got, NodeRef)
     return got
 
@@ -108,9 +138,9 @@ def _axes(src: tuple[int, ...], out: tuple[int, ...], before: list[int]) -> list
     return [(o, s, lo) for o, s, lo in reversed(merged)]
 
 
-@gather_emitter("pad", sources=0)
 def _emit_pad(w: Writer, scope: Scope, node: Node, row: bool) -> str:
-    """Each element's coordinates, less the pads before, address the source; outside it, the fill."""
+    """Each element's coordinates, less the pads before, address the source; outside it, the fill
+    (``pad``), or the coordinate mirrored, clamped or wrapped into it (the other modes)."""
     base = w.gather_source(node, "pads")
     src = w.plan.nodes[node.tensor_args()[0]]
     rank = len(src.shape)
@@ -130,7 +160,15 @@ def _emit_pad(w: Writer, scope: Scope, node: Node, row: bool) -> str:
             var = f"c{node.id}_{i}"
             shift = f" - {lo}" if lo > 0 else f" + {-lo}" if lo < 0 else ""
             w.emit(scope, f"{var} = {coord}{shift}")
-            inside.append(f"({var} >= 0) & ({var} < {size})")
+            if node.op == "pad":
+                inside.append(f"({var} >= 0) & ({var} < {size})")
+            elif node.op == "pad_reflect":  # -1 -> 1, size -> size - 2
+                w.emit(scope, f"{var} = tl.where({var} < 0, -{var}, {var})")
+                w.emit(scope, f"{var} = tl.where({var} >= {size}, {2 * (size - 1)} - {var}, {var})")
+            elif node.op == "pad_replicate":
+                w.emit(scope, f"{var} = tl.minimum(tl.maximum({var}, 0), {size - 1})")
+            else:  # circular
+                w.emit(scope, f"{var} = ({var} + {size}) % {size}")
             coord = var
         if size > 1 or padded:  # a padded axis of one still takes part (its coordinate is 0 inside)
             terms.append(coord if src_stride == 1 else f"{coord} * {src_stride}")
@@ -138,8 +176,12 @@ def _emit_pad(w: Writer, scope: Scope, node: Node, row: bool) -> str:
         src_stride *= size
     where, ok = f"s{node.id}", f"k{node.id}"
     w.emit(scope, f"{where} = {' + '.join(reversed(terms))}")  # a padded axis is always among them
-    w.emit(scope, f"{ok} = ({sp.mask}) & {' & '.join(inside)}")
+    w.emit(scope, f"{ok} = ({sp.mask})" + "".join(f" & {c}" for c in inside))
     var = f"v{node.id}"
     # The fill is the masked load's ``other``, so it takes the source's dtype first, as in PyTorch.
     w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {where}, mask={ok}, other={lit(fill)}).to(tl.float32)")
     return var
+
+
+for _op in _MODES.values():
+    gather_emitter(_op, sources=0)(_emit_pad)
