@@ -166,6 +166,21 @@ CASES: tuple[Case, ...] = (
         ({"N": 9},),
     ),
     Case(
+        "powers_fractional_whole_and_negative",
+        _model(
+            "",
+            "",
+            "x",
+            "p = x.abs() + 0.1\n"
+            "a = p ** 1.5 + p.pow(0.75) + torch.pow(p, -2.5) + p ** 0\n"
+            "b = x ** 10 * 1e-3 + x ** 3 + x.pow(-3) * 1e-3 + torch.pow(x, 7)\n"
+            "return a, b, p.pow(0.5) + p ** 2.25",
+            "torch.randn(4, $N) * 1.5",
+            "",
+        ),
+        ({"N": 9},),
+    ),
+    Case(
         "mixture_of_experts_routing_topk_then_gather",
         _model(
             "",

@@ -190,15 +190,36 @@ def _pow(lw: LowerContext, x: object, exponent: object) -> NodeRef:
         return lw.ew("sqrt", x)
     if e == -0.5:
         return lw.ew("rsqrt", x)
-    if e != int(e) or not -8 <= e <= 8 or e == 0:
-        raise UnsupportedGraph(f"pow with exponent {e} is not covered")
-    n = abs(int(e))
-    result = x
-    for _ in range(n - 1):
-        result = lw.ew("mul", result, x)
-    if n == 1 and e > 0:
-        return lw.ew("mul", x, 1.0)
+    if not math.isfinite(e) or abs(e) > 64:
+        raise UnsupportedGraph(f"pow with exponent {e} is not covered (finite, at most 64 in size)")
+    if e == 0:
+        return lw.ew("where", lw.ew("eq", x, x), 1.0, 1.0)  # 1 everywhere, NaN and inf too, as PyTorch
+    # x^e = x^n * x^f, n = floor(|e|) by products (squaring), f = |e| - n in [0, 1) as sqrt (0.5) or
+    # exp(f * log(x)) (a negative x gives NaN there, as PyTorch gives for a fractional exponent);
+    # the reciprocal for a negative e. Splitting keeps the exponential's error to f * log(x).
+    n, f = int(abs(e)), abs(e) - int(abs(e))
+    result: NodeRef | None = _whole_power(lw, x, n) if n else None
+    if f:
+        frac = lw.ew("sqrt", x) if f == 0.5 else lw.ew("exp", lw.ew("mul", lw.ew("log", x), f))
+        result = frac if result is None else lw.ew("mul", result, frac)
+    assert result is not None
+    if result is x:
+        result = lw.ew("mul", x, 1.0)
     return lw.ew("reciprocal", result) if e < 0 else result
+
+
+def _whole_power(lw: LowerContext, x: NodeRef, n: int) -> NodeRef:
+    """``x ** n`` for ``n >= 1`` by squaring: about log2(n) products."""
+    result: NodeRef | None = None
+    square = x
+    while n:
+        if n & 1:
+            result = square if result is None else lw.ew("mul", result, square)
+        n >>= 1
+        if n:
+            square = lw.ew("mul", square, square)
+    assert result is not None
+    return result
 
 
 def _reduction(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
