@@ -8,7 +8,10 @@ shifted windows, a Conformer convolution module with its GLU, a temporal convolu
 chomps its causal padding, a PointNet, a mixer written with ``movedim``/``swapaxes``/``unflatten``;
 a BERT-style encoder with a key padding mask, a transformer decoder layer over a memory, a GPT that
 numbers its positions with ``torch.arange`` under a causal ``src_mask``, an ``LSTMCell`` walked in a
-loop, a DCGAN generator, an ``nn.Transformer`` translation model with its masks): the template
+loop, a DCGAN generator, an ``nn.Transformer`` translation model with its masks; a mixture of
+experts routed by ``topk`` and ``torch.gather``, an x-vector with weight-normalised TDNN layers and
+standard-deviation pooling, a ResNeXt block with a reflection-padded stem and local response
+normalisation): the template
 expert generates a first candidate for each, and that candidate is correct under the real
 evaluator on the CPU (Triton's interpreter). Issue 35 is judged on such models from outside
 KernelBench; these are the project's own."""
