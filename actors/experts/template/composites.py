@@ -173,7 +173,7 @@ def _tensor_or_number(lw: LowerContext, value: object, what: str) -> NodeRef | f
 def _binary(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
     x, other = b["input"], b["other"] if canon != "pow" else b["exponent"]
     if canon == "pow":
-        return _pow(lw, x, other)
+        return power(lw, x, other)
     if canon == "div" and b.get("rounding_mode") is not None:
         raise UnsupportedGraph("division with a rounding mode is not covered")
     alpha = b.get("alpha", 1)
@@ -182,7 +182,8 @@ def _binary(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
     return lw.ew(canon, x, other)
 
 
-def _pow(lw: LowerContext, x: object, exponent: object) -> NodeRef:
+def power(lw: LowerContext, x: object, exponent: object) -> NodeRef:
+    """``x ** exponent`` for a number exponent (``torch.pow``; local response norm's ``beta``)."""
     if not isinstance(x, NodeRef) or _is_id(exponent):
         raise UnsupportedGraph("pow with a tensor exponent is not covered")
     e = number(exponent, "exponent")

@@ -6,8 +6,8 @@
 The window of channel ``c`` is ``c - size // 2`` to ``c + (size - 1) // 2``, zeros outside the
 channels (PyTorch pads and averages with ``size`` as the divisor at every channel). Lowered as
 the squares padded along the channels (a ``pad`` gather, ``families/pad.py``), ``size`` slices of
-them summed (``families/slicing.py``), and the rest elementwise: ``** beta`` as
-``exp(beta * log(.))`` (a whole power as products where ``beta`` is an int). The slices and the
+them summed (``families/slicing.py``), and the rest elementwise: ``** beta`` as ``torch.pow``
+lowers it (``composites.power``). The slices and the
 division read in place in one elementwise kernel after the padded squares.
 
 Declined, with the reason: fewer than three dims, a size below 1, and arguments that are not
@@ -21,6 +21,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
+from actors.experts.template.composites import power
 from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.families.pad import padded
 from actors.experts.template.families.slicing import part
@@ -61,12 +62,4 @@ def _local_response_norm(lw: LowerContext, canon: str, b: dict[str, Any], traced
     for j in range(1, size):
         total = lw.ew("add", total, part(lw, window, 1, j, channels))
     base = lw.ew("add", lw.ew("mul", total, alpha / size), k)
-    if beta == int(beta) and 1 <= beta <= 4:
-        power = base
-        for _ in range(int(beta) - 1):
-            power = lw.ew("mul", power, base)
-    elif beta == 0:
-        return lw.ew("mul", x, 1.0)
-    else:
-        power = lw.ew("exp", lw.ew("mul", lw.ew("log", base), beta))
-    return lw.ew("div", x, power)
+    return lw.ew("div", x, power(lw, base, beta))

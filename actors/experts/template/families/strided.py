@@ -247,6 +247,7 @@ def _emit_strided(w: Writer, scope: Scope, node: Node, row: bool) -> str:
         inner *= extent
     where, var = f"s{node.id}", f"v{node.id}"
     w.emit(scope, f"{where} = {' + '.join(reversed(terms)) if terms else f'({at}) * 0'}")
-    cast = "" if node.dtype == "int64" else ".to(tl.float32)"  # indices (an expand before a gather) stay exact
-    w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {where}, mask={sp.mask}, other=0{cast and '.0'}){cast}")
+    # indices (an expand before a gather) stay exact int64; everything else is computed in float32
+    load = f"tl.load({w.pointer(base)} + {where}, mask={sp.mask}, other=0"
+    w.emit(scope, f"{var} = {load})" if node.dtype == "int64" else f"{var} = {load}.0).to(tl.float32)")
     return var
