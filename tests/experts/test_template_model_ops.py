@@ -2,8 +2,9 @@
 ``torch.baddbmm`` (``families/addmm.py``), ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``),
 ``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``), ``torch.gather`` /
 ``torch.topk`` (``families/gather.py``), weight-normalised layers (``families/weight_norm.py``),
-``var``/``std``/``cdist`` (``families/moments.py``) and CELU, threshold and softmin
-(``families/activations.py``), against PyTorch on the CPU under the Triton interpreter, in the
+``var``/``std``/``cdist`` (``families/moments.py``), CELU, threshold and softmin
+(``families/activations.py``), int64 inputs compared and converted and ``F.one_hot``
+(``families/one_hot.py``), against PyTorch on the CPU under the Triton interpreter, in the
 variants of ``template_interp``."""
 
 from __future__ import annotations
@@ -196,6 +197,26 @@ CASES: tuple[Case, ...] = (
         ),
         ({"T": 5},),
     ),
+    Case(
+        "int64_inputs_compared_converted_and_made_one_hot",
+        _model(
+            "",
+            "self.emb = nn.Embedding(20, 6)\nself.fc = nn.Linear(6, 5)",
+            "ids, target",
+            "pad = (ids != 0).unsqueeze(-1).float()\n"
+            "h = self.emb(ids) * pad\n"
+            "logits = self.fc(h.sum(1) / pad.sum(1).clamp(min=1.0))\n"
+            "hit = (logits.argmax(-1) == target).float() + logits.argmax(-1) / 2\n"
+            "oh = F.one_hot(target, 5)\n"
+            "brier = (logits.softmax(-1) - oh).pow(2).sum(-1)\n"
+            "scaled = ids.float() / 20.0 + ids / 7 + torch.arange(ids.shape[1], device=ids.device) * 0.5\n"
+            "ranks = target.unsqueeze(-1) >= torch.arange(5, device=ids.device)\n"
+            "return logits + hit[:, None], brier, oh, scaled, ranks",
+            "torch.randint(0, 20, ($B, 7)), torch.randint(0, 5, ($B,))",
+            "",
+        ),
+        ({"B": 3},),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "mm_block_m": 16, "mm_block_n": 16, "mm_block_k": 16, "conv_block_m": 16}
@@ -239,3 +260,12 @@ def test_local_response_norm_of_two_dims_is_declined_with_pytorch_s_reason() -> 
     declined = analyse(HEAD + _model("", "", "x", "return F.local_response_norm(x, 2)", "torch.randn(4, 6)", ""))
     assert not isinstance(declined, Plan)
     assert "Expected 3D or higher dimensionality" in str(declined)  # PyTorch's own refusal, named
+
+
+def test_an_int64_result_of_int64_inputs_is_declined_naming_the_use() -> None:
+    declined = analyse(HEAD + _model("", "", "ids", "return (ids + 1).float()", "torch.randint(0, 9, (4, 3))", ""))
+    assert not isinstance(declined, Plan)
+    assert "input ids is int64 and function _operator.add reads it" in str(declined)
+    inferred = analyse(HEAD + _model("", "", "t", "return F.one_hot(t).float()", "torch.randint(0, 9, (4,))", ""))
+    assert not isinstance(inferred, Plan)  # the class count read from the data: the trace stops at it
+    assert "item() cannot be called on meta tensors" in str(inferred)

@@ -105,7 +105,7 @@ def apply(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> objec
     if canon in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
         return _binary(lw, canon, b)
     if canon in COMPARISONS:
-        return lw.ew(canon, lw.tensor(x, canon), _tensor_or_number(lw, b["other"], canon))
+        return lw.ew(canon, _comparand(lw, x, canon), _comparand(lw, b["other"], canon, number_ok=True))
     if canon == "masked_fill":  # x where the mask is false, the value where it is true
         return lw.ew("where", b["mask"], _tensor_or_number(lw, b["value"], canon), lw.tensor(x, canon))
     if canon == "where":
@@ -168,6 +168,15 @@ def _tensor_or_number(lw: LowerContext, value: object, what: str) -> NodeRef | f
     if isinstance(value, NodeRef):
         return lw.tensor(value, f"an operand of {what}")
     return number(value, what)
+
+
+def _comparand(lw: LowerContext, value: object, what: str, number_ok: bool = False) -> NodeRef | float:
+    """An operand of a comparison: a floating tensor, an int64 tensor (``pred == target``, ``ids !=
+    pad``: compared as PyTorch compares them, int64 with int64, else in float32) or, where
+    ``number_ok``, a number."""
+    if isinstance(value, NodeRef) and lw.node(value).dtype == "int64":
+        return value
+    return _tensor_or_number(lw, value, what) if number_ok else lw.tensor(value, what)
 
 
 def _binary(lw: LowerContext, canon: str, b: dict[str, Any]) -> object:
@@ -371,15 +380,16 @@ _CAST_OPS = {target: op for op, target in CASTS.items()}
 def _converted(lw: LowerContext, x: object, traced: Any) -> NodeRef:
     """``x.contiguous()``, ``.clone()``, ``.float()``, ``.half()``, ``.to(dtype)``, ``.type_as(y)``:
     ``x`` itself, or a conversion between float32, float16 and bfloat16 (an elementwise op,
-    :data:`CASTS`); a bool mask becomes 1.0 where it is true and 0.0 elsewhere (``(x > 0).float()``)."""
+    :data:`CASTS`); a bool mask becomes 1.0 where it is true and 0.0 elsewhere (``(x > 0).float()``),
+    an int64 tensor its values as float32 (``ids.float()``, rounded as PyTorch rounds them)."""
     if not isinstance(traced, torch.Tensor) or not isinstance(x, NodeRef):
         raise UnsupportedGraph("a conversion of something that is not a tensor")
     target = str(traced.dtype).removeprefix("torch.")
     source = lw.node(x).dtype
     if target == source:
         return x
-    if source == "bool" and target in _CAST_OPS:
-        ones = lw.ew("where", x, 1.0, 0.0)
+    if source in ("bool", "int64") and target in _CAST_OPS:
+        ones = lw.ew("where", x, 1.0, 0.0) if source == "bool" else lw.ew("int_to_float32", x)
         return ones if target == "float32" else lw.ew(_CAST_OPS[target], ones)
     if target not in _CAST_OPS or source not in ("float32", *HALF):
         raise UnsupportedGraph(f"a conversion from {source} to {target} is not covered (float32, float16, bfloat16)")

@@ -144,6 +144,7 @@ def ew_expr(op: str, a: list[str], attrs: tuple[float, ...], used: set[str]) -> 
         "minimum": lambda: f"tl.where(({a[0]} < {a[1]}) | ({a[0]} != {a[0]}), {a[0]}, {a[1]})",
         "neg": lambda: f"-{x}",
         "as_float32": lambda: x,
+        "int_to_float32": lambda: f"{x}.to(tl.float32)",
         "round_float16": lambda: f"{x}.to(tl.float16).to(tl.float32)",
         "round_bfloat16": lambda: f"{x}.to(tl.bfloat16).to(tl.float32)",
         "relu": lambda: f"tl.where({x} < 0.0, 0.0, {x})",

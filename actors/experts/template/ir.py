@@ -127,6 +127,7 @@ EW_OPS: dict[str, tuple[int, int]] = {
     "triu": (1, 1),
     "tril": (1, 1),
     "as_float32": (1, 0),
+    "int_to_float32": (1, 0),  # an int64 tensor's values as float32 (``ids.float()``, ``ids * 0.5``)
     "round_float16": (1, 0),
     "round_bfloat16": (1, 0),
 }

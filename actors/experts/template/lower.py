@@ -270,8 +270,9 @@ class Lowerer:
             raise UnsupportedGraph(f"a bool tensor in {op}, not with a float32 tensor or float in mul/add/sub", op=op)
         if op == "take_last":
             return self._take_last(args[0], args[1])
+        args = self._ints_to_float(op, args)
         for arg in args:
-            if isinstance(arg, NodeRef) and op in COMPARISONS and self.node(arg).dtype == "int64":
+            if isinstance(arg, NodeRef) and op in (*COMPARISONS, "int_to_float32") and self.node(arg).dtype == "int64":
                 clean.append(arg.id)  # a class index compared with a number (``t != ignore_index``)
                 shapes.append(self.shape(arg))
             elif isinstance(arg, NodeRef) and arg in masks:
@@ -311,6 +312,20 @@ class Lowerer:
         return self.add(
             NodeKind.EW, self.shape(index), op="take_last", args=(src.id, index.id), dtype=self.node(src).dtype
         )
+
+    def _ints_to_float(self, op: str, args: tuple[object, ...]) -> tuple[object, ...]:
+        """``args`` with each int64 tensor converted to float32 where PyTorch computes ``op`` in a
+        floating type: with a float32 tensor or a float (``ids * 0.5``), or a true division
+        (``ids / n``). Otherwise an int64 operand stays, and declines unless ``op`` compares."""
+        ints = [a for a in args if isinstance(a, NodeRef) and self.node(a).dtype == "int64"]
+        if not ints or op not in _INT_TO_FLOAT:
+            return args
+        floating = any(
+            (isinstance(a, NodeRef) and self.node(a).dtype in ("float32", *HALF)) or type(a) is float for a in args
+        )
+        if not floating and op != "div":
+            raise UnsupportedGraph(f"{op} of int64 tensors and ints (an int64 result) is not covered", op=op)
+        return tuple(self.ew("int_to_float32", a) if a in ints else a for a in args)
 
     def view(self, src: NodeRef, shape: tuple[int, ...]) -> NodeRef:
         """A reshape of ``src`` (same elements, row-major order)."""
@@ -451,8 +466,17 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
-            kept = traced.dtype == torch.int64 and (self.keep_torch is KeepTorch.ALL or _class_indices(fxn))
+            kept = traced.dtype == torch.int64 and (
+                self.keep_torch is KeepTorch.ALL or _class_indices(fxn, self.traced.values)
+            )
             half = traced.dtype in (torch.float16, torch.bfloat16)  # attention reads them; else declined
+            if traced.dtype == torch.int64 and not kept and (use := _non_index_use(fxn, self.traced.values)):
+                raise UnsupportedGraph(
+                    f"input {fxn.target} is int64 and {_describe(use)} reads it; an int64 input is covered as "
+                    "indices (embeddings, gathers, class targets), in comparisons and in float arithmetic "
+                    "(ids.float(), ids * 0.5), not with an int64 result (ids + 1, ids % n)",
+                    op=_describe(use),
+                )
             if traced.dtype not in (torch.float32, torch.bool) and not kept and not half:
                 raise UnsupportedGraph(
                     f"input {fxn.target} is {traced.dtype}; only float32 (and bool masks) is covered"
@@ -549,10 +573,31 @@ class Lowerer:
         return isinstance(value, NodeRef) and self.node(value).kind is NodeKind.PARAM
 
 
-def _class_indices(fxn: fx.Node) -> bool:
-    """Whether every use of the input ``fxn`` (through views) is as the index argument of an op that
-    reads int64 indices (``lowering.index_input``: a loss's class ``target``, an embedding's ``input``)."""
-    return bool(fxn.users) and _non_index_use(fxn) is None
+def _class_indices(fxn: fx.Node, values: dict[fx.Node, Any]) -> bool:
+    """Whether every use of the int64 input ``fxn`` (through views) is as the index argument of an
+    op that reads int64 indices (``lowering.index_input``: a loss's class ``target``, an
+    embedding's ``input``) or a use the elementwise ops cover for int64 (:func:`_numeric_use`)."""
+    return bool(fxn.users) and _non_index_use(fxn, values) is None
+
+
+_INT_TO_FLOAT = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
+"""Elementwise ops whose int64 operands are converted to float32 where the result is floating."""
+
+_TO_FLOAT = _INT_TO_FLOAT | {"alias"}
+"""Ops whose int64 operand is converted to float32 where their result is floating (an int64 tensor
+with a float32 tensor or a float, ``ids / n``, ``ids.float()``): ``Lowerer.ew``'s rule."""
+
+
+def _numeric_use(canon: str, user: fx.Node, values: dict[fx.Node, Any] | None) -> bool:
+    """Whether ``user`` (of canonical op ``canon``) reads an int64 tensor in a way the elementwise
+    ops cover: a comparison (a bool result), or a conversion or arithmetic whose result is floating.
+    Integer results (``ids + 1``, ``ids % n``, sums of ids) are not covered."""
+    if values is None:
+        return False
+    if canon in COMPARISONS:
+        return True
+    result = values.get(user)
+    return canon in _TO_FLOAT and isinstance(result, torch.Tensor) and result.is_floating_point()
 
 
 _METADATA = ("shape", "device", "dtype", "ndim", "is_cuda")
@@ -569,9 +614,10 @@ def _metadata_use(user: fx.Node, fxn: fx.Node) -> bool:
     )
 
 
-def _non_index_use(fxn: fx.Node) -> fx.Node | None:
+def _non_index_use(fxn: fx.Node, values: dict[fx.Node, Any] | None = None) -> fx.Node | None:
     """The first use of ``fxn`` other than as the index argument of an op that reads integer
-    indices (``lowering.index_input``), looking through views (``idx.view(-1)``); None if none."""
+    indices (``lowering.index_input``), looking through views (``idx.view(-1)``); None if none.
+    Given the traced ``values``, the elementwise uses :func:`_numeric_use` names count as indices."""
     indexed = index_inputs()
     for user in fxn.users:
         if _metadata_use(user, fxn):
@@ -583,6 +629,8 @@ def _non_index_use(fxn: fx.Node) -> fx.Node | None:
                 return user
             module = owner.get_submodule(str(user.target))
         spec = resolve(user, module)
+        if spec is not None and _numeric_use(spec.canon, user, values):
+            continue
         if spec is None or spec.canon not in (*indexed, "view"):
             return user
         try:
@@ -593,7 +641,7 @@ def _non_index_use(fxn: fx.Node) -> fx.Node | None:
         if bound.get(param) is not fxn or any(_mentions(v, fxn) for k, v in bound.items() if k != param):
             return user
         if spec.canon == "view":
-            inner = _non_index_use(user)
+            inner = _non_index_use(user, values)
             if inner is not None:
                 return inner
     return None
