@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.experts.template import Plan, Unsupported, analyse
+from actors.experts.template import Unsupported, analyse
 from actors.experts.template.interp_check import Verdict
 from actors.experts.template.lowering import index_inputs, registered
 from tests.experts.template_cases import HEAD, Case, _model

@@ -4,7 +4,8 @@
 ``torch.topk`` (``families/gather.py``), weight-normalised layers (``families/weight_norm.py``),
 ``var``/``std``/``cdist`` (``families/moments.py``), CELU, threshold and softmin
 (``families/activations.py``), int64 inputs compared and converted and ``F.one_hot``
-(``families/one_hot.py``), against PyTorch on the CPU under the Triton interpreter, in the
+(``families/one_hot.py``), ``F.affine_grid`` and ``F.grid_sample`` (``families/grid_sample.py``),
+against PyTorch on the CPU under the Triton interpreter, in the
 variants of ``template_interp``."""
 
 from __future__ import annotations
@@ -216,6 +217,25 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"B": 3},),
+    ),
+    Case(
+        "spatial_transformer_affine_grid_and_grid_sample_in_each_mode",
+        _model(
+            "",
+            "self.fc = nn.Linear(12, 6)",
+            "x, z",
+            "theta = self.fc(z).view(-1, 2, 3)\n"
+            "grid = F.affine_grid(theta, x.size(), align_corners=False)\n"
+            "a = F.grid_sample(x, grid * 1.5, align_corners=False)\n"
+            "b = F.grid_sample(x, grid, mode='nearest', align_corners=False)\n"
+            "g = F.affine_grid(theta, [x.shape[0], 1, 5, $W], align_corners=True)\n"
+            "c = F.grid_sample(x.relu(), g * 1.2, padding_mode='border', align_corners=True) * 2\n"
+            "d = F.grid_sample(x, g, mode='nearest', padding_mode='border', align_corners=False)\n"
+            "return a, b, c, d",
+            "torch.randn(2, 3, 6, $W), torch.randn(2, 12)",
+            "",
+        ),
+        ({"W": 7},),
     ),
 )
 
