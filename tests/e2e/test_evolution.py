@@ -86,29 +86,20 @@ def test_second_run_on_a_similar_task_starts_from_what_the_first_stored(tmp_path
     home = tmp_path / "home"
     first_task = tmp_path / "first.py"
     first_task.write_text(QUICKSTART)
-    first = kfoundry_run(first_task, tmp_path / "run1", home, "--candidates", "10", "--run-id", "first")
+    first = kfoundry_run(first_task, tmp_path / "run1", home, "--candidates", "6", "--run-id", "first")
     # A similar task: the same ops at other sizes.
     second_task = tmp_path / "second.py"
     second_task.write_text(QUICKSTART.replace("batch_size = 64", "batch_size = 48"))
     second = kfoundry_run(second_task, tmp_path / "run2", home, "--candidates", "4", "--run-id", "second")
-    control = kfoundry_run(second_task, tmp_path / "run3", tmp_path / "fresh", "--candidates", "4", "--run-id", "ctl")
     first_ids = {p["candidate_id"] for p in fitness_points(first)}
     used = [e for e in second["experiences"] if e["experience_id"].removeprefix("exp-") in first_ids]
     assert used, "the second run retrieved nothing from the first"
     # ... and started candidates from the configuration of the best experience it retrieved.
     strategies = [json.loads(line).get("strategy", "") for line in _events(tmp_path / "run2" / "run.log", "proposal")]
     assert any(s.endswith("/experience") for s in strategies), strategies
-
-    def early_best(report: dict[str, Any]) -> float:
-        early = sorted(fitness_points(report), key=lambda p: p["t"])[:4]
-        return max(p["fitness"] or 0.0 for p in early)
-
-    # Measured and reported, not asserted: under the CPU interpreter the spread between
-    # configurations of this small task is close to the timing noise.
-    sys.stderr.write(
-        f"first 4 candidates: with the first run's experience {early_best(second):.6f}x, "
-        f"without {early_best(control):.6f}x (first run's best {first['best']['fitness']:.6f}x)\n"
-    )
+    # Whether such a start is faster than one without the first run's experience is a benchmark's
+    # question (``bench/ablation.py``, its ``no_experience`` variant), not this test's: under the
+    # CPU interpreter the spread between configurations of this small task is close to the noise.
 
 
 def _events(log: Path, event: str) -> list[str]:
