@@ -287,5 +287,9 @@ def test_an_int64_result_of_int64_inputs_is_declined_naming_the_use() -> None:
     assert not isinstance(declined, Plan)
     assert "input ids is int64 and function _operator.add reads it" in str(declined)
     inferred = analyse(HEAD + _model("", "", "t", "return F.one_hot(t).float()", "torch.randint(0, 9, (4,))", ""))
+    inputs = "torch.randn(4).half(), torch.randint(0, 9, (4,))"
+    half = analyse(HEAD + _model("", "", "x, t", "return x * t", inputs, ""))
+    assert not isinstance(half, Plan)  # PyTorch's result is float16: not a float32 product of converted ints
+    assert "int64 tensor and a float16/bfloat16 tensor" in str(half)
     assert not isinstance(inferred, Plan)  # the class count read from the data: the trace stops at it
     assert "item() cannot be called on meta tensors" in str(inferred)

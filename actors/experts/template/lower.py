@@ -320,9 +320,10 @@ class Lowerer:
         ints = [a for a in args if isinstance(a, NodeRef) and self.node(a).dtype == "int64"]
         if not ints or op not in _INT_TO_FLOAT:
             return args
-        floating = any(
-            (isinstance(a, NodeRef) and self.node(a).dtype in ("float32", *HALF)) or type(a) is float for a in args
-        )
+        if any(isinstance(a, NodeRef) and self.node(a).dtype in HALF for a in args):
+            # PyTorch's result is the half type; the conversion below would make it float32
+            raise UnsupportedGraph(f"{op} of an int64 tensor and a float16/bfloat16 tensor is not covered", op=op)
+        floating = any((isinstance(a, NodeRef) and self.node(a).dtype == "float32") or type(a) is float for a in args)
         if not floating and op != "div":
             raise UnsupportedGraph(f"{op} of int64 tensors and ints (an int64 result) is not covered", op=op)
         return tuple(self.ew("int_to_float32", a) if a in ints else a for a in args)
