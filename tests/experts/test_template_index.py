@@ -123,4 +123,4 @@ def test_an_int64_input_read_elsewhere_than_as_indices_is_still_declined() -> No
     forward = "return self.emb(t) + (t * 2).float().unsqueeze(-1)"
     plan = analyse(HEAD + _model("", "self.emb = nn.Embedding(9, 4)", "t", forward, "torch.randint(0, 9, (4,))", ""))
     assert isinstance(plan, Unsupported)
-    assert "input t is int64 and function _operator.mul reads it" in plan.detail
+    assert "input t is torch.int64 and function _operator.mul reads it" in plan.detail

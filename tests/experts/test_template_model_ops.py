@@ -285,7 +285,7 @@ def test_local_response_norm_of_two_dims_is_declined_with_pytorch_s_reason() -> 
 def test_an_int64_result_of_int64_inputs_is_declined_naming_the_use() -> None:
     declined = analyse(HEAD + _model("", "", "ids", "return (ids + 1).float()", "torch.randint(0, 9, (4, 3))", ""))
     assert not isinstance(declined, Plan)
-    assert "input ids is int64 and function _operator.add reads it" in str(declined)
+    assert "input ids is torch.int64 and function _operator.add reads it" in str(declined)
     inferred = analyse(HEAD + _model("", "", "t", "return F.one_hot(t).float()", "torch.randint(0, 9, (4,))", ""))
     inputs = "torch.randn(4).half(), torch.randint(0, 9, (4,))"
     half = analyse(HEAD + _model("", "", "x, t", "return x * t", inputs, ""))

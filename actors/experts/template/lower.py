@@ -473,10 +473,9 @@ class Lowerer:
             half = traced.dtype in (torch.float16, torch.bfloat16)  # attention reads them; else declined
             if traced.dtype == torch.int64 and not kept and (use := _non_index_use(fxn, self.traced.values)):
                 raise UnsupportedGraph(
-                    f"input {fxn.target} is int64 and {_describe(use)} reads it; an int64 input is covered as "
+                    f"input {fxn.target} is torch.int64 and {_describe(use)} reads it; an int64 input is covered as "
                     "indices (embeddings, gathers, class targets), in comparisons and in float arithmetic "
-                    "(ids.float(), ids * 0.5), not with an int64 result (ids + 1, ids % n)",
-                    op=_describe(use),
+                    "(ids.float(), ids * 0.5), not with an int64 result (ids + 1, ids % n)"
                 )
             if traced.dtype not in (torch.float32, torch.bool) and not kept and not half:
                 raise UnsupportedGraph(
