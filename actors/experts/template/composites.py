@@ -389,8 +389,8 @@ def _converted(lw: LowerContext, x: object, traced: Any) -> NodeRef:
     if target == source:
         return x
     if source in ("bool", "int64") and target in _CAST_OPS:
-        ones = lw.ew("where", x, 1.0, 0.0) if source == "bool" else lw.ew("int_to_float32", x)
-        return ones if target == "float32" else lw.ew(_CAST_OPS[target], ones)
+        values = lw.ew("where", x, 1.0, 0.0) if source == "bool" else lw.ew("int_to_float32", x)
+        return values if target == "float32" else lw.ew(_CAST_OPS[target], values)
     if target not in _CAST_OPS or source not in ("float32", *HALF):
         raise UnsupportedGraph(f"a conversion from {source} to {target} is not covered (float32, float16, bfloat16)")
     return lw.ew(_CAST_OPS[target], x)

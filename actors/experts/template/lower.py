@@ -467,11 +467,14 @@ class Lowerer:
         if fxn.op == "placeholder":
             if not isinstance(traced, torch.Tensor):
                 raise UnsupportedGraph(f"argument {fxn.target} is not a tensor")
+            # An int64 input is kept where every use (through views) reads indices or is one the
+            # elementwise ops cover for int64 (:func:`_numeric_use`), or the policy keeps every op.
+            use = _non_index_use(fxn, self.traced.values) if traced.dtype == torch.int64 else None
             kept = traced.dtype == torch.int64 and (
-                self.keep_torch is KeepTorch.ALL or _class_indices(fxn, self.traced.values)
+                self.keep_torch is KeepTorch.ALL or (bool(fxn.users) and use is None)
             )
             half = traced.dtype in (torch.float16, torch.bfloat16)  # attention reads them; else declined
-            if traced.dtype == torch.int64 and not kept and (use := _non_index_use(fxn, self.traced.values)):
+            if use is not None and not kept:
                 raise UnsupportedGraph(
                     f"input {fxn.target} is torch.int64 and {_describe(use)} reads it; an int64 input is covered as "
                     "indices (embeddings, gathers, class targets), in comparisons and in float arithmetic "
@@ -571,13 +574,6 @@ class Lowerer:
     def _is_parameter(self, src: fx.Node) -> bool:
         value = self.env.get(src)
         return isinstance(value, NodeRef) and self.node(value).kind is NodeKind.PARAM
-
-
-def _class_indices(fxn: fx.Node, values: dict[fx.Node, Any]) -> bool:
-    """Whether every use of the int64 input ``fxn`` (through views) is as the index argument of an
-    op that reads int64 indices (``lowering.index_input``: a loss's class ``target``, an
-    embedding's ``input``) or a use the elementwise ops cover for int64 (:func:`_numeric_use`)."""
-    return bool(fxn.users) and _non_index_use(fxn, values) is None
 
 
 _INT_TO_FLOAT = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
