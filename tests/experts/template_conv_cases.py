@@ -245,5 +245,20 @@ CONV_CASES: tuple[Case, ...] = (
         ),
         _ONE,
     ),
+    Case(
+        # KernelBench L2-92's structure: the convolution's output is read by the group norm (through
+        # its (N, G, -1) view) and again by the residual add
+        "conv_groupnorm_residual_logsumexp",
+        _model(
+            "",
+            "self.conv = nn.Conv2d(3, 8, 3)\nself.gn = nn.GroupNorm(4, 8)",
+            "x",
+            "y = self.conv(x)\nz = F.hardswish(torch.tanh(self.gn(y)))\n"
+            "return torch.logsumexp(y + z, dim=1, keepdim=True)",
+            "torch.randn(2, 3, 9, 10)",
+            "",
+        ),
+        _ONE,
+    ),
 )
 """Every convolution problem the tests render and check."""

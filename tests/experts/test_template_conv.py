@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from actors.experts.template import TemplateParams, default_params, relevant_params, render
+from actors.experts.template.fuse import KernelKind, schedule
 from actors.experts.template.interp_check import Verdict, check_in_subprocess, finish_check, start_check
 from actors.experts.template.ir import ConvSpec, NodeKind
 from tests.experts.template_cases import Case
@@ -217,6 +218,21 @@ def test_conv_epilogue_fuses_into_one_kernel_and_unfused_splits() -> None:
     assert "_kf_pw1" not in render(plan, default_params(plan))
     assert "_kf_pw1[" in render(plan, default_params(plan).with_changes(fuse_epilogue=False), direct=False)
     assert "conv_block_m" in relevant_params(plan, default_params(plan))
+
+
+@pytest.mark.parametrize("fuse_epilogue", [True, False])
+def test_a_convolution_output_read_through_a_view_and_directly_is_stored_once(fuse_epilogue: bool) -> None:
+    """KernelBench L2-92: the group norm reads the convolution's output through its (N, G, -1)
+    view and the residual add reads it as it is. With the epilogue fused the convolution stored it
+    twice, once per reader (the same values), and the norm's second pass read both copies."""
+    case = next(c for c in CONV_CASES if c.name == "conv_groupnorm_residual_logsumexp")
+    plan = _plan(case.sources()[0])
+    sched = schedule(plan, default_params(plan).with_changes(fuse_epilogue=fuse_epilogue))
+    conv = next(k for k in sched.kernels if k.kind is KernelKind.CONV)
+    full = plan.nodes[conv.mm].numel
+    stored = [nid for nid in conv.exports if plan.nodes[nid].numel == full]
+    assert len(stored) == 1, [plan.nodes[n] for n in stored]
+    assert plan.nodes[stored[0]].kind is not NodeKind.VIEW
 
 
 def test_three_pass_tf32_dots_over_64_row_tiles_launch_at_most_4_warps() -> None:

@@ -167,7 +167,8 @@ class Writer:
                 )
             key = ("load", base, index, spread)
             hint = ""
-            if scope.eviction is not None and self.plan.nodes[base].numel == self.kernel.numel:
+            whole = self.kernel.numel in (self.plan.nodes[base].numel, self.plan.nodes[arg].numel)
+            if scope.eviction is not None and whole:  # a reshape's base may spell its size otherwise
                 hint = f", eviction_policy={scope.eviction!r}"  # small broadcast operands stay as they are
             code = f"tl.load({ptr} + {index}, mask={mask}, other=0.0{hint})"
             if self.plan.nodes[base].dtype == "bool":

@@ -149,6 +149,21 @@ class _Builder:
         if k is not None and nid not in self.kernels[k].exports:
             self.kernels[k].exports.append(nid)
 
+    def export_read(self, nid: int) -> None:
+        """Store a value that later elementwise ops or reductions read by linear index. A reshape
+        computed in its source's kernel holds the source's elements in the source's order, so
+        the kernel stores the source and readers address the reshape through it (``base_of``).
+        Storing both wrote the same values twice: KernelBench L2-92's convolution stored its
+        output once for the group norm's (N, G, -1) view and once for the residual add, and the
+        norm's second pass read both copies."""
+        node = self.node(nid)
+        while node.kind is NodeKind.VIEW and nid in self.kernel_of:
+            src = node.tensor_args()[0]
+            if self.kernel_of.get(src) != self.kernel_of[nid]:
+                break
+            nid, node = src, self.node(src)
+        self.export(nid)
+
     def build(self) -> Schedule:
         live = self.plan.live()
         self.reduced_only = reduced_only_convs(self.plan, live)
@@ -215,7 +230,7 @@ class _Builder:
             if self._sums_in_conv(kernel, node, src):
                 self.join(kernel, node.id, elem=False)
                 return
-            self.export(src)
+            self.export_read(src)
         # a reduction of a stored tensor (or an input) over the rows the last row kernel reduces
         # joins it: a batch norm's merged means and squared deviations, read from the kernel of
         # the per-image moments, were two kernels of a handful of elements each (a third of a
@@ -262,11 +277,11 @@ class _Builder:
             if level is not None:
                 for a in inside:
                     if self.kernel_of[a] != k:
-                        self.export(a)
+                        self.export_read(a)
                 self.join(kernel, node.id, elem=level)
                 return
             for a in inside:
-                self.export(a)
+                self.export_read(a)
         elif self.kernels and self._after(self.kernels[-1], list(node.tensor_args())):
             # Only outside operands: compute it in the newest kernel if that kernel can.
             last = self.kernels[-1]
