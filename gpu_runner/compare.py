@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_runner.stats import NOISE_FACTOR, median_rel_stderr
-from schemas import Correctness, PrecisionMode, SpeedOfLight, TimerKind, TimingStats
+from schemas import LOWER_PRECISION, Correctness, PrecisionMode, SpeedOfLight, TimerKind, TimingStats
 
 Array = npt.NDArray[Any]
 
@@ -567,8 +567,8 @@ def decide(
                 return TrialCheck(
                     False,
                     "incorrect.precision",
-                    f"output {i}: relative L2 error {err:.2e} against float64, {has} (bar {bar:.2e}): lower "
-                    "precision than the reference (TF32/bf16?)",
+                    f"output {i}: relative L2 error {err:.2e} against float64, {has} (bar {bar:.2e}): "
+                    f"{LOWER_PRECISION} (TF32/bf16?)",
                     max_abs=scan_i.max_abs,
                     max_rel=scan_i.max_rel,
                     err64=err,

@@ -42,6 +42,7 @@ from schemas.enums import (
     TorchOpsPolicy,
 )
 from schemas.evaluation import (
+    LOWER_PRECISION,
     Baselines,
     Check,
     Correctness,
@@ -144,6 +145,7 @@ def decode_any(data: bytes | str) -> Message:
 
 
 __all__ = [
+    "LOWER_PRECISION",
     "MESSAGE_TYPES",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",

@@ -190,6 +190,11 @@ class ShapeCheck(Model):
         return f"{speedup:.3g}x eager ({self.candidate_ms:.4g} ms against {self.eager_ms:.4g} ms)"
 
 
+LOWER_PRECISION = "lower precision than the reference"
+"""Words of every verdict the evaluator gives an output that errs against float64 past the
+precision bar (``Correctness.detail``): the diagnosis reads the evaluator's finding from them."""
+
+
 class Correctness(Model):
     """How the candidate's outputs compared with the reference's."""
 

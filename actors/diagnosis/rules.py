@@ -20,6 +20,7 @@ from actors.diagnosis.errors import DiagnoserConfigError
 from actors.diagnosis.hints import hints_for, rule_hint, suggested_role
 from actors.diagnosis.logparse import LogFinding, parse_log
 from schemas import (
+    LOWER_PRECISION,
     Candidate,
     CheckName,
     CheckOutcome,
@@ -263,6 +264,12 @@ class RuleDiagnoser:
             return _Reading(
                 C.INCORRECT_OTHER, "The output has the wrong dtype.", ev, ("Return the reference's dtype.",)
             )
+        if LOWER_PRECISION in (corr.detail or ""):
+            # The evaluator found the error against float64 past the precision bar in the first
+            # failing trial. Read below, the same verdicts were races where a trial passed and the
+            # errors over all trials were past the small-error bound (KernelBench L2-21's TF32
+            # candidates on an H100: 5 of 26 verdicts).
+            return self._precision(corr, "The evaluator found lower precision than the reference's.", ev)
         if corr.nondeterministic:
             return _Reading(C.INCORRECT_RACE, "Outputs differ between runs on the same inputs.", ev, confidence=0.9)
         edge = self._edge(corr)
@@ -274,20 +281,7 @@ class RuleDiagnoser:
                 confidence=0.75,
             )
         if self._small_errors(corr):
-            tf32 = (
-                (
-                    "The reference itself runs in TF32 at PyTorch's defaults (its error against float64 "
-                    f"{_fmt(corr.ref_default_err_vs_fp64)}), so TF32 is allowed, as cuDNN computes it: round the "
-                    "fp32 operands to nearest first, x = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000)"
-                    ".to(tl.float32, bitcast=True), then tl.dot(a, b, input_precision='tf32'); the dot alone "
-                    "truncates and errs about 3x as much. Never bf16 or fp16.",
-                )
-                if corr.ref_default_err_vs_fp64 is not None
-                else ()
-            )
-            return _Reading(
-                C.INCORRECT_PRECISION, "Errors are small but above the precision bar.", ev, tf32, confidence=0.8
-            )
+            return self._precision(corr, "Errors are small but above the precision bar.", ev)
         if 0 < corr.passed_trials < corr.trials:
             note = f"{corr.passed_trials}/{corr.trials} trials passed with fresh inputs"
             return _Reading(C.INCORRECT_RACE, "Some trials pass and others fail.", (*ev, note), confidence=0.5)
@@ -300,6 +294,21 @@ class RuleDiagnoser:
                 C.INCORRECT_BOUNDARY, "A few elements are wrong (likely a tail block).", (*ev, note), confidence=0.5
             )
         return _Reading(C.INCORRECT_OTHER, result.summary, ev, confidence=0.5)
+
+    @staticmethod
+    def _precision(corr: Correctness, reason: str, ev: tuple[str, ...]) -> _Reading:
+        tf32 = (
+            (
+                "The reference itself runs in TF32 at PyTorch's defaults (its error against float64 "
+                f"{_fmt(corr.ref_default_err_vs_fp64)}), so TF32 is allowed, as cuDNN computes it: round the "
+                "fp32 operands to nearest first, x = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000)"
+                ".to(tl.float32, bitcast=True), then tl.dot(a, b, input_precision='tf32'); the dot alone "
+                "truncates and errs about 3x as much. Never bf16 or fp16.",
+            )
+            if corr.ref_default_err_vs_fp64 is not None
+            else ()
+        )
+        return _Reading(C.INCORRECT_PRECISION, reason, ev, tf32, confidence=0.8)
 
     @staticmethod
     def _correctness_line(c: Correctness) -> str:

@@ -10,6 +10,7 @@ import pytest
 from actors.diagnosis.errors import DiagnoserConfigError
 from actors.diagnosis.rules import RuleConfig, RuleDiagnoser
 from schemas import (
+    LOWER_PRECISION,
     CheatRule,
     Check,
     CheckName,
@@ -137,6 +138,22 @@ def test_a_truncated_tf32_kernel_is_told_to_round_where_the_reference_runs_tf32(
     plain = RULES.diagnose(f.incorrect(f.candidate(), tf32))
     assert plain.category is C.INCORRECT_PRECISION
     assert not any("round the fp32 operands" in h for h in plain.hints)
+
+
+def test_the_evaluator_s_precision_verdict_is_read_as_precision_though_another_trial_passed() -> None:
+    """KernelBench L2-21 on an H100: five TF32 candidates of a task whose reference computes IEEE
+    float32 were refused with the evaluator's precision verdict and diagnosed as races (the reading
+    where a trial passed and the errors over all trials are past the small-error bound), so the
+    mutations went after a race. The evaluator's own finding is read first now."""
+    detail = (
+        "output 0: relative L2 error 1.88e-04 against float64, the eager reference has 3.66e-07 "
+        f"(bar 1.00e-05): {LOWER_PRECISION} (TF32/bf16?)"
+    )
+    seen = {"passed_trials": 1, "err_vs_fp64": 0.3, "ref_err_vs_fp64": 3.7e-7, "max_abs_err": 0.8}
+    d = RULES.diagnose(f.incorrect(f.candidate(), _corr(**seen, mismatch_fraction=0.4, detail=detail)))
+    assert d.category is C.INCORRECT_PRECISION
+    without = RULES.diagnose(f.incorrect(f.candidate(), _corr(**seen, mismatch_fraction=0.4, detail="0.40% wrong")))
+    assert without.category is C.INCORRECT_RACE
 
 
 @pytest.mark.parametrize(
