@@ -67,10 +67,16 @@ class ModelNew(nn.Module):
 FLAT_CANDIDATE = NESTED_CANDIDATE.replace("return a, (b,)", "return a, b")
 
 
+FIRST_RUN_S = 8.0
+"""The module's bound on a reference's first load and run: short, so the never-returning reference
+is refused in seconds, yet above what an ordinary reference's first load takes on a loaded 2-core
+host (at 2 s the complex-output reference was refused as never returning during a local CI run)."""
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service() -> AsyncIterator[EvaluationService]:
     cfg = RunnerConfig(
-        device=DeviceChoice.CPU, spares=1, compile_workers=1, timing_budget_s=0.3, reference_first_run_s=2.0
+        device=DeviceChoice.CPU, spares=1, compile_workers=1, timing_budget_s=0.3, reference_first_run_s=FIRST_RUN_S
     )
     async with EvaluationService(cfg) as started:
         yield started
@@ -87,8 +93,8 @@ async def test_a_reference_that_never_returns_is_refused_with_the_line_it_is_stu
 ) -> None:
     t0 = time.monotonic()
     said = await _refusal(service, NEVER_RETURNS)
-    assert time.monotonic() - t0 < 60  # the 2 s bound, not the worker's start-up bound (180 s)
-    assert "did not finish its first load and run within 2 s" in said, said
+    assert time.monotonic() - t0 < 60  # the module's bound, not the worker's start-up bound (180 s)
+    assert f"did not finish its first load and run within {FIRST_RUN_S:g} s" in said, said
     assert re.search(r"\(task file line [78], in forward\)$", said), said  # `while True:` or `pass`
 
 
