@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gpu_runner import gate_tables as T
 from schemas import CheatRule, Finding, Severity, TorchOpsPolicy
+from schemas.task import parse_module
 
 R = CheatRule
 REFERENCE_NAMES = ("Model", "get_inputs", "get_init_inputs")
@@ -47,7 +48,7 @@ def reference_globals(reference_source: str) -> dict[str, str]:
     """The reference's inputs and sizes: its ``Model``/``get_inputs``/``get_init_inputs`` and
     module-level assignments, each with a dump of its definition. (Its helpers and kernels are
     not inputs: a candidate may reuse their names.)"""
-    tree = ast.parse(reference_source)
+    tree = parse_module(reference_source)
     out: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in REFERENCE_NAMES:
@@ -67,7 +68,7 @@ def check_candidate(
     """Run every static rule over ``source``; ``reference_source`` tells which names it may not
     redefine and, under the ``reference`` policy, which torch operations it may leave to PyTorch."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except SyntaxError as exc:
         return GateReport(findings=(), syntax_error=f"line {exc.lineno}: {exc.msg}")
     gate = _Gate(tree, reference_globals(reference_source))
@@ -92,7 +93,7 @@ def check_candidate(
 def forward_torch_ops(source: str) -> frozenset[str]:
     """The torch compute operations a module's forward path calls, by the gate's names
     (``torch.matmul``, ``.sum``, ``@``, ``torch.nn.Conv2d`` for a call of such a submodule)."""
-    gate = _Gate(ast.parse(source), {})
+    gate = _Gate(parse_module(source), {})
     gate.collect()
     gate.mark_forward_path()
     for node in ast.walk(gate.tree):

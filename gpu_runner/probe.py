@@ -3,7 +3,6 @@ versions, and whether a reference is a KernelBench task at all."""
 
 from __future__ import annotations
 
-import ast
 import platform
 import shutil
 import socket
@@ -11,7 +10,7 @@ import subprocess
 from typing import Any
 
 from gpu_runner.errors import InvalidReference
-from schemas.task import missing_reference_names
+from schemas.task import missing_reference_names, parse_module
 
 
 def detect_cuda(gpu: str | None = None) -> dict[str, Any] | None:
@@ -42,7 +41,7 @@ def detect_cuda(gpu: str | None = None) -> dict[str, Any] | None:
 def validate_reference(source: str) -> None:
     """Refuse a reference that is not a KernelBench task (raises :class:`InvalidReference`)."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except SyntaxError as exc:
         raise InvalidReference(f"syntax error on line {exc.lineno}: {exc.msg}") from None
     missing = missing_reference_names(tree)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import threading
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -45,6 +46,28 @@ class TaskSignature(Model):
         """A short human-readable description, also used as embedding text."""
         ins = ", ".join(f"{t.dtype}{list(t.shape)}" for t in self.inputs)
         return f"ops: {' -> '.join(self.ops) or '?'}; inputs: {ins or '?'}"
+
+
+_PARSE = threading.Lock()
+
+
+def parse_module(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse`` of a module, one parse at a time in this process.
+
+    CPython 3.11 keeps the depth counter with which it builds a tree's Python objects once per
+    interpreter, not per call: a garbage collection during the build that lets another thread run,
+    and that thread's parse, leave the first with ``SystemError: AST constructor recursion depth
+    mismatch`` (python/cpython#106905; one evaluator's candidate gate in a worker thread and another's
+    reference check on the event loop failed so). Every parse in the project's library code goes
+    through here or :func:`parse_expression`. A plain lock: nothing parses from inside a parse."""
+    with _PARSE:
+        return ast.parse(source, filename)
+
+
+def parse_expression(source: str) -> ast.Expression:
+    """``ast.parse`` of one expression, under :func:`parse_module`'s lock."""
+    with _PARSE:
+        return ast.parse(source, mode="eval")
 
 
 REFERENCE_NAMES = ("Model", "get_inputs", "get_init_inputs")

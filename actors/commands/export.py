@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.runtime.errors import ConfigError
+from schemas.task import parse_module
 
 OWN_PACKAGES = ("actors", "gpu_runner", "schemas", "experience", "kfoundry")
 """Top-level packages of Kernel Foundry: an exported module imports none of them."""
@@ -75,7 +76,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], str]:
 def check_standalone(source: str, where: Path) -> None:
     """Refuse a model that does not define ``ModelNew`` or imports Kernel Foundry."""
     try:
-        tree = ast.parse(source)
+        tree = parse_module(source)
     except SyntaxError as exc:
         raise ConfigError(f"{where} is not valid Python: {exc.msg} (line {exc.lineno})") from exc
     if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):

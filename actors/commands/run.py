@@ -13,7 +13,6 @@ leave when the controller publishes ``RunEnd`` on ``kf.<run>.end``.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import faulthandler
 import shutil
@@ -42,7 +41,7 @@ from schemas import (
     Task,
     TorchOpsPolicy,
 )
-from schemas.task import missing_reference_names
+from schemas.task import missing_reference_names, parse_module
 
 if TYPE_CHECKING:
     from actors.runtime.gpu_claim import GpuClaim
@@ -140,7 +139,7 @@ def check_task_source(path: Path) -> str:
         raise ConfigError(f"task file not found: {path}")
     source = path.read_text()
     try:
-        tree = ast.parse(source, filename=str(path))
+        tree = parse_module(source, str(path))
     except SyntaxError as exc:
         raise ConfigError(f"{path}: not valid Python: {exc}") from exc
     missing = missing_reference_names(tree)

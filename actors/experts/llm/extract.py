@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from actors.llm.redact import shorten
+from schemas.task import parse_module
 
 _MODEL_NEW = re.compile(r"^[ \t]*class[ \t]+ModelNew\b", re.MULTILINE)
 _FENCE = re.compile(r"^[ \t]{0,3}(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
@@ -153,12 +154,12 @@ def _with_helpers(body: str, helpers: list[_Block]) -> str:
     if not helpers:
         return body
     try:
-        used = _names_used(ast.parse(body))
-        own = _names_defined(ast.parse(body))
+        used = _names_used(parse_module(body))
+        own = _names_defined(parse_module(body))
     except SyntaxError:
         needed = helpers if "import " not in body else []
     else:
-        needed = [h for h in helpers if (_names_defined(ast.parse(h.body)) - own) & used]
+        needed = [h for h in helpers if (_names_defined(parse_module(h.body)) - own) & used]
     return "\n\n".join([*(h.body for h in needed), body])
 
 
@@ -181,7 +182,7 @@ def _names_used(tree: ast.Module) -> set[str]:
 
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        parse_module(source)
     except SyntaxError:
         return False
     return True

@@ -22,6 +22,7 @@ from torch import fx
 from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.ir import NodeRef
 from actors.experts.template.lowering import LowerContext, lower_fn
+from schemas.task import parse_module
 
 _TRIL = re.compile(r"^torch\.tril\(torch\.ones\([^()]*\)\)(\.view\([^()]*\)|\.reshape\([^()]*\))?$")
 
@@ -54,7 +55,7 @@ def _tril_buffers(source: str | None) -> set[str]:
     if source is None:
         return set()
     names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_module(source)):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from actors.experts.template.errors import TraceFailed, UnsupportedGraph
 from gpu_runner.gate_tables import ALLOWED_IMPORT_ROOTS, IMPORT_RULES
+from schemas.task import parse_module
 
 _PROVIDED = frozenset({"torch", "nn", "F", "math", "triton", "tl"})
 _MODULE_BASES = frozenset({"nn.Module", "torch.nn.Module", "Module"})
@@ -257,7 +258,7 @@ def init_source(source: str) -> tuple[str, str]:
     """``Model.__init__`` (and the helper methods it calls) as method text for ``ModelNew``, and the
     module-level code they need (imports, constants, helper classes and functions), in an order
     that defines each thing before it is used."""
-    tree = ast.parse(source)
+    tree = parse_module(source)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     if model is None:
         raise TraceFailed("load", "no class Model in the reference")
@@ -280,7 +281,7 @@ def init_source(source: str) -> tuple[str, str]:
     for method in methods:
         needs |= _free_names(method)
     carrier.need(needs - {"Model"}, "Model.__init__")
-    rewritten = [_SuperRewriter().visit(ast.parse(ast.unparse(m))).body[0] for m in methods]
+    rewritten = [_SuperRewriter().visit(parse_module(ast.unparse(m))).body[0] for m in methods]
     parts = [ast.unparse(a) for a in assigns]
     init_text = "\n".join([*parts, ""] if parts else []) + "\n\n".join(ast.unparse(m) for m in rewritten)
     return init_text, "\n\n".join(carrier.prelude)

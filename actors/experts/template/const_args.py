@@ -24,6 +24,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from schemas.task import parse_expression, parse_module
+
 CONST_ARG = "kf_c"
 """Prefix of the run-time constant arguments of a shared kernel (``kf_c0``, ``kf_c1``...)."""
 
@@ -247,7 +249,7 @@ def _tokens(text: str) -> list[Number] | None:
     for i, line in enumerate(text.split("\n")):
         for match in _NUMBER.finditer(line):
             try:
-                value = ast.literal_eval(match.group(0))
+                value = ast.literal_eval(parse_expression(match.group(0)))
             except (ValueError, SyntaxError):
                 return None
             if type(value) not in (int, float):
@@ -260,7 +262,7 @@ def _analysed(text: str) -> list[tuple[Number, bool]]:
     """Every numeric constant of the body of the one function ``text`` defines, with whether it
     may move (the analysis of :class:`_Flow`)."""
     try:
-        module = ast.parse(text)
+        module = parse_module(text)
     except SyntaxError:
         return []
     fns = [node for node in module.body if isinstance(node, ast.FunctionDef)]
