@@ -5,7 +5,9 @@
 ``var``/``std``/``cdist`` (``families/moments.py``), CELU, threshold and softmin
 (``families/activations.py``), int64 inputs compared and converted and ``F.one_hot``
 (``families/one_hot.py``), ``F.affine_grid`` and ``F.grid_sample`` (``families/grid_sample.py``),
-against PyTorch on the CPU under the Triton interpreter, in the
+binary cross entropy of logits and of probabilities (``families/loss.py``), RReLU outside
+training (``families/activations.py``) and ``torch.full`` / ``new_full`` / ``new_zeros`` /
+``new_ones`` (``families/fill.py``), against PyTorch on the CPU under the Triton interpreter, in the
 variants of ``template_interp``."""
 
 from __future__ import annotations
@@ -237,6 +239,40 @@ CASES: tuple[Case, ...] = (
         ),
         ({"W": 7},),
     ),
+    Case(
+        "binary_cross_entropy_of_logits_and_of_probabilities_in_each_reduction",
+        _model(
+            "",
+            "self.fc = nn.Linear(6, 6)\n"
+            "self.weighted = nn.BCEWithLogitsLoss(weight=torch.rand(6) + 0.5, pos_weight=torch.rand(6) * 3)\n"
+            "self.plain = nn.BCELoss(reduction='sum')",
+            "x, t",
+            "z = self.fc(x)\n"
+            "a = self.weighted(z, t)\n"
+            "b = F.binary_cross_entropy_with_logits(z * 4, t, reduction='none')\n"
+            "c = F.binary_cross_entropy_with_logits(z, t, reduction='sum', pos_weight=torch.full((6,), 2.0, device=x.device))\n"
+            "p = z.relu().clamp(max=1.0)  # exact 0 and 1: the logs clamped at -100\n"
+            "d = self.plain(p, t) + F.binary_cross_entropy(torch.sigmoid(z), t, weight=x.abs())\n"
+            "e = F.binary_cross_entropy(p, t, reduction='none')\n"
+            "return a, b, c, d, e",
+            "torch.randn($B, 6), (torch.rand($B, 6) > 0.5).float()",
+            "",
+        ),
+        ({"B": 5},),
+    ),
+    Case(
+        "rrelu_outside_training_as_a_module_and_a_function_and_new_tensors_of_a_value",
+        _model(
+            "",
+            "self.conv = nn.Conv1d(3, 4, 3)\nself.act = nn.RReLU(0.1, 0.3)\nself.eval()",
+            "x",
+            "y = self.act(self.conv(x)) + F.rrelu(x[:, :1, 2:], 0.2, 0.5) + torch.rrelu(x[:, 1:2, 2:])\n"
+            "return y + x.new_zeros(2, 1, y.shape[-1]) + x.new_full((1, y.shape[-1]), 0.5) + x.new_ones((4, 1))",
+            "torch.randn(2, 3, $L)",
+            "",
+        ),
+        ({"L": 9},),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "mm_block_m": 16, "mm_block_n": 16, "mm_block_k": 16, "conv_block_m": 16}
@@ -293,3 +329,11 @@ def test_an_int64_result_of_int64_inputs_is_declined_naming_the_use() -> None:
     assert "int64 tensor and a float16/bfloat16 tensor" in str(half)
     assert not isinstance(inferred, Plan)  # the class count read from the data: the trace stops at it
     assert "item() cannot be called on meta tensors" in str(inferred)
+
+
+def test_rrelu_in_training_mode_is_declined_naming_its_random_slopes() -> None:
+    source = _model("", "self.act = nn.RReLU()", "x", "return self.act(x)", "torch.randn(4, 6)", "")
+    declined = analyse(HEAD + source)
+    assert not isinstance(declined, Plan)
+    assert "rrelu in training mode draws a random slope" in str(declined)
+    assert isinstance(analyse(HEAD + source.replace("self.act = nn.RReLU()", "self.act = nn.RReLU().eval()")), Plan)

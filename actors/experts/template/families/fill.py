@@ -1,7 +1,9 @@
 """A tensor of one value shaped like another: ``torch.zeros_like``, ``torch.ones_like``,
 ``torch.full_like`` (SwinV2's ``torch.cat((q_bias, torch.zeros_like(v_bias), v_bias))``), or built
-from sizes: ``torch.ones`` and ``torch.zeros`` (sizes as numbers, any ``device``; shape and dtype
-read from the traced value; float32 or bool: Mamba2's ``torch.ones(T, T, dtype=bool)`` mask).
+from sizes: ``torch.ones``, ``torch.zeros`` and ``torch.full``, and a tensor's ``new_zeros``,
+``new_ones`` and ``new_full`` (sizes as numbers, any ``device``; shape and dtype read from the
+traced value; float32 or bool: Mamba2's ``torch.ones(T, T, dtype=bool)`` mask, a loss's
+``pos_weight=torch.full((C,), 2.0, device=x.device)``).
 
 ``torch.arange`` in forward (a GPT's position ids: ``self.pos(torch.arange(t, device=...))``;
 int64 or float32, bounds that are numbers or sizes) becomes one ``arange`` node: each element's
@@ -36,18 +38,30 @@ spell(Spec("full_like", (("input", REQUIRED), ("fill_value", REQUIRED), *_LIKE))
 # The sizes, dtype and device of a constructor are read from its traced value (its meta tensor).
 spell(Spec("ones", (), passthrough=True), functions=(torch.ones,))
 spell(Spec("zeros", (), passthrough=True), functions=(torch.zeros,))
+spell(Spec("new_ones", (("input", REQUIRED),), passthrough=True), methods=("new_ones",))
+spell(Spec("new_zeros", (("input", REQUIRED),), passthrough=True), methods=("new_zeros",))
+_FULL = (("fill_value", REQUIRED), ("out", None), *_LIKE[:4], ("pin_memory", False))
+spell(Spec("full", (("size", REQUIRED), *_FULL)), functions=(torch.full,))
+spell(Spec("new_full", (("input", REQUIRED), ("size", REQUIRED), *_FULL)), methods=("new_full",))
 
-_VALUES = {"zeros_like": 0.0, "ones_like": 1.0, "ones": 1.0, "zeros": 0.0}
+_VALUES = {"zeros_like": 0.0, "ones_like": 1.0, "ones": 1.0, "zeros": 0.0, "new_ones": 1.0, "new_zeros": 0.0}
 _CONSTANT_DTYPES = {torch.float32: "float32", torch.bool: "bool"}
 
 
-@lowering("ones", "zeros")
+@lowering("ones", "zeros", "new_ones", "new_zeros", "full", "new_full")
 def _constant(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
     if not isinstance(traced, torch.Tensor) or traced.dtype not in _CONSTANT_DTYPES:
         what = traced.dtype if isinstance(traced, torch.Tensor) else type(traced).__name__
         raise UnsupportedGraph(f"torch.{canon} of {what} is not covered (float32 or bool)", op=canon)
     dtype = _CONSTANT_DTYPES[traced.dtype]
-    return lw.add(NodeKind.EW, tuple(traced.shape), op="fill", args=(), attrs=(_VALUES[canon],), dtype=dtype)
+    value = _VALUES.get(canon, lw.arg(b.get("fill_value")))
+    if canon in ("full", "new_full") and b.get("out") is not None:
+        raise UnsupportedGraph(f"torch.{canon} with out= is not covered", op=canon)
+    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
+        raise UnsupportedGraph(f"torch.{canon} with value {value!r} is not covered (a number, not NaN)", op=canon)
+    if dtype == "bool" and not isinstance(value, bool) and value not in (0, 1):
+        raise UnsupportedGraph(f"torch.{canon} of bool with value {value!r} is not covered", op=canon)
+    return lw.add(NodeKind.EW, tuple(traced.shape), op="fill", args=(), attrs=(float(value),), dtype=dtype)
 
 
 @lowering("zeros_like", "ones_like", "full_like")

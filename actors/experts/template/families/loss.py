@@ -8,9 +8,13 @@ reduction over every dim. Smooth L1 and Huber are written without a select: with
 equal to PyTorch's two branches. ``kl_div`` uses ``xlogy(t, t) - t * input`` (0 where ``t`` is
 0). ``cross_entropy`` and ``nll_loss`` over ``(N, C)`` read each row's target class with a
 ``take_last`` node (int64 class indices; ``ignore_index`` rows count 0 and leave the mean) or,
-for cross entropy, weigh the log-probabilities by class probabilities. Declined, with the reason:
-other reductions, ``swap`` and p other than 2 in the triplet loss, class weights, label smoothing
-and inputs of other than two dims.
+for cross entropy, weigh the log-probabilities by class probabilities. Binary cross entropy
+(``binary_cross_entropy_with_logits`` and ``binary_cross_entropy``, functions and modules) is
+written as ATen computes it: of logits ``(1 - t) x - w_p logsigmoid(x)`` with ``w_p = 1 + (p - 1) t``
+for a ``pos_weight`` p (1 without one); of probabilities ``(t - 1) max(log(1 - x), -100) - t
+max(log x, -100)``; either times ``weight`` where one is given (both broadcast as PyTorch does).
+Declined, with the reason: other reductions, ``swap`` and p other than 2 in the triplet loss,
+class weights of the other losses, label smoothing and inputs of other than two dims.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch.nn.functional as F
+from torch import nn
+
+from actors.experts.template.composites import param_or_arg
 from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.ir import NodeRef
 from actors.experts.template.lowering import LowerContext, index_input, lowering
+from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 LOSSES = (
     "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "triplet_margin_loss", "cross_entropy", "nll_loss"
@@ -28,6 +37,18 @@ LOSSES = (
 """The canonical loss ops lowered here."""
 index_input("cross_entropy", "target")  # int64 class indices
 index_input("nll_loss", "target")
+_BCE = (("input", REQUIRED), ("target", REQUIRED), ("weight", None), ("size_average", None), ("reduce", None))
+spell(
+    Spec("bce_logits", (*_BCE, ("reduction", "mean"), ("pos_weight", None))),
+    functions=(F.binary_cross_entropy_with_logits,),
+)
+spell(Spec("bce", (*_BCE, ("reduction", "mean"))), functions=(F.binary_cross_entropy,))
+MODULES[nn.BCEWithLogitsLoss] = Spec(
+    "bce_logits", (("input", REQUIRED), ("target", REQUIRED)), module_attrs=(("reduction", "reduction"),)
+)
+MODULES[nn.BCELoss] = Spec(
+    "bce", (("input", REQUIRED), ("target", REQUIRED)), module_attrs=(("reduction", "reduction"),)
+)
 
 
 def _reduce(lw: LowerContext, loss: NodeRef, reduction: object, batch: int | None = None) -> NodeRef:
@@ -94,6 +115,36 @@ def lower_loss(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
             else:
                 loss = lw.ew("add", square, lw.ew("mul", linear, limit))
     return _reduce(lw, loss, reduction)
+
+
+@lowering("bce_logits", "bce")
+def _bce(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    """Binary cross entropy of logits (``bce_logits``) or of probabilities (``bce``)."""
+    for name in ("size_average", "reduce"):
+        if b.get(name) is not None:
+            raise UnsupportedGraph(f"{canon} with the deprecated {name} is not covered", op=canon)
+    x = lw.tensor(b["input"], canon)
+    t = lw.tensor(b["target"], canon)
+    if lw.shape(x) != lw.shape(t):
+        # PyTorch refuses other shapes (``Target size must be the same as input size``).
+        raise UnsupportedGraph(f"{canon} of shapes {lw.shape(x)} and {lw.shape(t)}", op=canon)
+    one_minus_t = lw.ew("add", lw.ew("neg", t), 1.0)
+    if canon == "bce_logits":
+        log_sig = lw.ew("logsigmoid", x)
+        pos_weight = param_or_arg(lw, b, "pos_weight")
+        if pos_weight is not None:
+            log_sig = lw.ew("mul", log_sig, lw.ew("add", lw.ew("mul", lw.ew("sub", pos_weight, 1.0), t), 1.0))
+        loss = lw.ew("sub", lw.ew("mul", one_minus_t, x), log_sig)
+    else:
+        log_p = lw.ew("maximum", lw.ew("log", x), -100.0)
+        log_q = lw.ew("maximum", lw.ew("log", lw.ew("add", lw.ew("neg", x), 1.0)), -100.0)
+        loss = lw.ew("sub", lw.ew("mul", lw.ew("neg", one_minus_t), log_q), lw.ew("mul", t, log_p))
+    weight = param_or_arg(lw, b, "weight")
+    if weight is not None:
+        loss = lw.ew("mul", loss, weight)
+    if lw.shape(loss) != lw.shape(x):
+        raise UnsupportedGraph(f"{canon} whose weights broadcast the loss beyond the input's shape", op=canon)
+    return _reduce(lw, loss, b.get("reduction", "mean"))
 
 
 def _triplet(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
