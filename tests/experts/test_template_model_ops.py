@@ -6,9 +6,9 @@
 (``families/activations.py``), int64 inputs compared and converted and ``F.one_hot``
 (``families/one_hot.py``), ``F.affine_grid`` and ``F.grid_sample`` (``families/grid_sample.py``),
 binary cross entropy of logits and of probabilities (``families/loss.py``), RReLU outside
-training (``families/activations.py``) and ``torch.full`` / ``new_full`` / ``new_zeros`` /
-``new_ones`` (``families/fill.py``), against PyTorch on the CPU under the Triton interpreter, in the
-variants of ``template_interp``."""
+training (``families/activations.py``), ``F.unfold`` (``families/unfold.py``) and
+``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), against
+PyTorch on the CPU under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
 
@@ -250,7 +250,8 @@ CASES: tuple[Case, ...] = (
             "z = self.fc(x)\n"
             "a = self.weighted(z, t)\n"
             "b = F.binary_cross_entropy_with_logits(z * 4, t, reduction='none')\n"
-            "c = F.binary_cross_entropy_with_logits(z, t, reduction='sum', pos_weight=torch.full((6,), 2.0, device=x.device))\n"
+            "two = torch.full((6,), 2.0, device=x.device)\n"
+            "c = F.binary_cross_entropy_with_logits(z, t, reduction='sum', pos_weight=two)\n"
             "p = z.relu().clamp(max=1.0)  # exact 0 and 1: the logs clamped at -100\n"
             "d = self.plain(p, t) + F.binary_cross_entropy(torch.sigmoid(z), t, weight=x.abs())\n"
             "e = F.binary_cross_entropy(p, t, reduction='none')\n"
@@ -272,6 +273,22 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"L": 9},),
+    ),
+    Case(
+        "unfold_windows_as_columns_padded_dilated_strided_and_embedded",
+        _model(
+            "",
+            "self.proj = nn.Linear(3 * 4 * 4, 8)\n"
+            "self.cols = nn.Unfold((2, 3), dilation=(2, 1), padding=1, stride=(1, 2))",
+            "x",
+            "patches = self.proj(F.unfold(x, 4, stride=4).transpose(1, 2))\n"
+            "windows = self.cols(x.relu()) * 2\n"
+            "single = F.unfold(x[0], kernel_size=3, padding=(0, 1))\n"
+            "return patches, windows, single",
+            "torch.randn(2, 3, $H, 9)",
+            "",
+        ),
+        ({"H": 8},),
     ),
 )
 
