@@ -38,9 +38,10 @@ MODULES[nn.Unfold] = Spec("im2col", (("input", REQUIRED),), module_attrs=tuple((
 def _pair(lw: LowerContext, value: object, what: str) -> tuple[int, int]:
     value = lw.arg(value)
     items = [lw.arg(v) for v in value] if isinstance(value, tuple | list) else [value, value]
-    if len(items) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+    ints = [v for v in items if isinstance(v, int) and not isinstance(v, bool)]
+    if len(items) != 2 or len(ints) != 2:
         raise UnsupportedGraph(f"F.unfold with {what}={value!r} is not covered (an int or two)", op="im2col")
-    return items[0], items[1]
+    return ints[0], ints[1]
 
 
 @lowering("im2col")
