@@ -290,6 +290,24 @@ CASES: tuple[Case, ...] = (
         ),
         ({"H": 8},),
     ),
+    Case(
+        "positions_from_arange_in_int64_arithmetic_an_alibi_bias_and_an_int64_output",
+        _model(
+            "",
+            "self.register_buffer('slopes', torch.tensor([0.5, 0.25]).view(1, 2, 1, 1))",
+            "q, k",
+            "s = q.shape[-2]\n"
+            "pos = torch.arange(s, device=q.device)\n"
+            "rel = pos[None, :] - pos[:, None]\n"
+            "scores = q @ k.transpose(-2, -1) + self.slopes * rel - (rel.abs() * 3).float() / 8\n"
+            "scores = scores.masked_fill(rel > 0, float('-inf'))\n"
+            "offsets = (pos + 1) * 2 - (-pos)\n"
+            "return scores.softmax(-1), offsets, rel.float() * 0.5",
+            "torch.randn(2, 2, $S, 4), torch.randn(2, 2, $S, 4)",
+            "",
+        ),
+        ({"S": 7},),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "mm_block_m": 16, "mm_block_n": 16, "mm_block_k": 16, "conv_block_m": 16}
@@ -354,3 +372,12 @@ def test_rrelu_in_training_mode_is_declined_naming_its_random_slopes() -> None:
     assert not isinstance(declined, Plan)
     assert "rrelu in training mode draws a random slope" in str(declined)
     assert isinstance(analyse(HEAD + source.replace("self.act = nn.RReLU()", "self.act = nn.RReLU().eval()")), Plan)
+
+
+def test_int64_arithmetic_past_float32_s_exact_integers_is_declined() -> None:
+    body = "i = torch.arange({n}, device=x.device)\nreturn x + (i * i).float()"
+    small = analyse(HEAD + _model("", "", "x", body.format(n=4000), "torch.randn(4000)", ""))
+    assert isinstance(small, Plan), small  # 3999 ** 2 < 2 ** 24
+    large = analyse(HEAD + _model("", "", "x", body.format(n=5000), "torch.randn(5000)", ""))
+    assert not isinstance(large, Plan)  # 4999 ** 2 > 2 ** 24: not exact in float32
+    assert "mul of int64 tensors and ints (an int64 result) is not covered" in str(large)

@@ -101,6 +101,8 @@ def apply(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> objec
     if canon in _UNARY:
         if isinstance(x, float) and canon in _FOLDED:
             return float(getattr(torch, canon)(torch.tensor(x, dtype=torch.float32)))
+        if canon in ("neg", "abs") and isinstance(x, NodeRef) and lw.node(x).dtype == "int64":
+            return lw.ew(canon, x)  # positions from torch.arange (``Lowerer.int_bound``), else declined there
         return lw.ew(canon, lw.tensor(x, canon))
     if canon in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
         return _binary(lw, canon, b)

@@ -140,6 +140,9 @@ class Lowerer:
         size, so a plan for any size (``any_sizes``) is lowered without it."""
         self.split_taken = False
         """Whether some reduction was split (``Plan.split``)."""
+        self._int_bounds: dict[int, int] = {}
+        """An int64 node computed from ``torch.arange`` values by ``add``/``sub``/``mul`` -> the
+        largest magnitude it can hold (:meth:`int_bound`)."""
         self._copies_in_order: dict[int, NodeRef] = {}
         """A transpose's id -> its copy in row-major order (one copy however many ops read it so)."""
         self.nodes: list[Node] = []
@@ -270,9 +273,14 @@ class Lowerer:
             raise UnsupportedGraph(f"a bool tensor in {op}, not with a float32 tensor or float in mul/add/sub", op=op)
         if op == "take_last":
             return self._take_last(args[0], args[1])
-        args = self._ints_to_float(op, args)
+        bound = self._position_bound(op, args)
+        if bound is None:
+            args = self._ints_to_float(op, args)
         for arg in args:
-            if isinstance(arg, NodeRef) and op in (*COMPARISONS, "int_to_float32") and self.node(arg).dtype == "int64":
+            if isinstance(arg, NodeRef) and bound is not None and self.node(arg).dtype == "int64":
+                clean.append(arg.id)  # positions from torch.arange, exact in float32 too (below 2**24)
+                shapes.append(self.shape(arg))
+            elif isinstance(arg, NodeRef) and op in (*COMPARISONS, "int_to_float32") and self.node(arg).dtype == "int64":
                 clean.append(arg.id)  # a class index compared with a number (``t != ignore_index``)
                 shapes.append(self.shape(arg))
             elif isinstance(arg, NodeRef) and arg in masks:
@@ -292,13 +300,54 @@ class Lowerer:
             raise UnsupportedGraph(f"{op} of constants only", op=op)
         shape = _broadcast(shapes, op)
         dtype = (
-            CASTS[op]
+            "int64"
+            if bound is not None
+            else CASTS[op]
             if op in CASTS
             else "bool"
             if op in COMPARISONS
             else _promoted([self.node(NodeRef(a)).dtype for a in clean if type(a) is int])
         )
-        return self.add(NodeKind.EW, shape, op=op, args=tuple(clean), attrs=tuple(float(a) for a in attrs), dtype=dtype)
+        ref = self.add(NodeKind.EW, shape, op=op, args=tuple(clean), attrs=tuple(float(a) for a in attrs), dtype=dtype)
+        if bound is not None:
+            self._int_bounds[ref.id] = bound
+        return ref
+
+    def int_bound(self, ref: NodeRef) -> int | None:
+        """The largest magnitude of an int64 node whose values come from ``torch.arange`` alone
+        (through views and the integer ``add``/``sub``/``mul``/``neg``/``abs`` of such nodes and
+        ints): positions and their differences, an ALiBi bias's ``j - i``. ``None`` for any other
+        node (an int64 input, an index an op computed from data)."""
+        node = self.node(ref)
+        if node.dtype != "int64":
+            return None
+        if node.kind is NodeKind.VIEW and node.args and type(node.args[0]) is int:
+            return self.int_bound(NodeRef(node.args[0]))
+        if node.kind is NodeKind.EW and node.op == "arange":
+            start, step = node.attrs
+            last = start + step * max(node.numel - 1, 0)
+            return int(max(abs(start), abs(last)))
+        return self._int_bounds.get(node.id)
+
+    def _position_bound(self, op: str, args: tuple[object, ...]) -> int | None:
+        """The bound of ``op``'s int64 result where PyTorch computes it in int64 from nodes with an
+        :meth:`int_bound` and Python ints, and every value stays below 2**24 (a kernel may carry
+        them as float32, exactly then); else ``None`` (the op is lowered as before)."""
+        if op not in _POSITION_OPS or not any(isinstance(a, NodeRef) for a in args):
+            return None
+        bounds: list[int] = []
+        for arg in args:
+            if isinstance(arg, NodeRef):
+                b = self.int_bound(arg)
+                if b is None:
+                    return None
+                bounds.append(b)
+            elif isinstance(arg, int) and not isinstance(arg, bool):
+                bounds.append(abs(arg))
+            else:
+                return None
+        total = math.prod(bounds) if op == "mul" else sum(bounds)
+        return total if total < _EXACT_INT else None
 
     def _take_last(self, x: object, index: object) -> NodeRef:
         """``x[..., index[...]]`` (see ``take_last`` in :data:`EW_OPS`)."""
@@ -575,6 +624,12 @@ class Lowerer:
         value = self.env.get(src)
         return isinstance(value, NodeRef) and self.node(value).kind is NodeKind.PARAM
 
+
+_POSITION_OPS = frozenset({"add", "sub", "mul", "neg", "abs"})
+"""Ops whose int64 result is computed where their operands are positions (``Lowerer.int_bound``)."""
+
+_EXACT_INT = 2**24
+"""Integers below this magnitude are exact in float32."""
 
 _INT_TO_FLOAT = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
 """Elementwise ops whose int64 operands are converted to float32 where the result is floating."""
