@@ -7,8 +7,9 @@
 (``families/one_hot.py``), ``F.affine_grid`` and ``F.grid_sample`` (``families/grid_sample.py``),
 binary cross entropy of logits and of probabilities (``families/loss.py``), RReLU outside
 training (``families/activations.py``), ``F.unfold`` (``families/unfold.py``) and
-``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), against
-PyTorch on the CPU under the Triton interpreter, in the variants of ``template_interp``."""
+``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), int64
+arithmetic on positions from ``torch.arange`` (``Lowerer.int_bound``), against PyTorch on the CPU
+under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
 

@@ -280,7 +280,7 @@ class Lowerer:
             if isinstance(arg, NodeRef) and bound is not None and self.node(arg).dtype == "int64":
                 clean.append(arg.id)  # positions from torch.arange, exact in float32 too (below 2**24)
                 shapes.append(self.shape(arg))
-            elif isinstance(arg, NodeRef) and op in (*COMPARISONS, "int_to_float32") and self.node(arg).dtype == "int64":
+            elif isinstance(arg, NodeRef) and op in (*COMPARISONS, "int_to_float32") and self._is_int(arg):
                 clean.append(arg.id)  # a class index compared with a number (``t != ignore_index``)
                 shapes.append(self.shape(arg))
             elif isinstance(arg, NodeRef) and arg in masks:
@@ -312,6 +312,9 @@ class Lowerer:
         if bound is not None:
             self._int_bounds[ref.id] = bound
         return ref
+
+    def _is_int(self, ref: NodeRef) -> bool:
+        return self.node(ref).dtype == "int64"
 
     def int_bound(self, ref: NodeRef) -> int | None:
         """The largest magnitude of an int64 node whose values come from ``torch.arange`` alone
