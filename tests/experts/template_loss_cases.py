@@ -83,6 +83,22 @@ LOSS_CASES: tuple[Case, ...] = (
         _SIZES,
     ),
     Case(
+        "cross_entropy_label_smoothing_with_ignored_rows_in_each_reduction_and_of_probabilities",
+        _model(
+            "",
+            "self.ce = nn.CrossEntropyLoss(ignore_index=1, label_smoothing=0.1)",
+            "p, t",
+            "mean = self.ce(p, t)\n"
+            "rows = F.cross_entropy(p * 2, t, reduction='none', label_smoothing=0.25)\n"
+            "total = F.cross_entropy(p, t, reduction='sum', ignore_index=0, label_smoothing=0.05)\n"
+            "soft = F.cross_entropy(p, (p * 0.3).softmax(dim=1), label_smoothing=0.2)\n"
+            "return mean, rows, total, soft",
+            "torch.randn($B, $N), torch.randint(0, 3, ($B,))",
+            "",
+        ),
+        ({"B": 33, "N": 7},),
+    ),
+    Case(
         "hinge_mean",
         _model(
             "",

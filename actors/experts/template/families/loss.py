@@ -13,8 +13,11 @@ for cross entropy, weigh the log-probabilities by class probabilities. Binary cr
 written as ATen computes it: of logits ``(1 - t) x - w_p logsigmoid(x)`` with ``w_p = 1 + (p - 1) t``
 for a ``pos_weight`` p (1 without one); of probabilities ``(t - 1) max(log(1 - x), -100) - t
 max(log x, -100)``; either times ``weight`` where one is given (both broadcast as PyTorch does).
+Cross entropy's ``label_smoothing`` e is PyTorch's: ``(1 - e)`` times the loss plus ``e / C`` times
+the row's ``-sum_j log p_j`` (ignored rows count 0 in both and leave the mean), or class
+probabilities mixed with the uniform ``e / C``.
 Declined, with the reason: other reductions, ``swap`` and p other than 2 in the triplet loss,
-class weights of the other losses, label smoothing and inputs of other than two dims.
+class weights of the other losses and inputs of other than two dims.
 """
 
 from __future__ import annotations
@@ -173,8 +176,9 @@ def _classes(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
     denominator. With float class probabilities of ``x``'s shape (cross entropy only) it is
     ``-sum_j t_ij (x_ij - logsumexp(x_i))``.
     """
-    if number(b.get("label_smoothing", 0.0), "label_smoothing") != 0.0:
-        raise UnsupportedGraph(f"{canon} with label_smoothing is not covered")
+    smoothing = number(b.get("label_smoothing", 0.0), "label_smoothing")
+    if not 0.0 <= smoothing <= 1.0:
+        raise UnsupportedGraph(f"{canon} with label_smoothing={smoothing} (PyTorch takes 0 to 1)")
     x = lw.tensor(b["input"], canon)
     target = b["target"]
     if len(lw.shape(x)) != 2:
@@ -193,10 +197,17 @@ def _classes(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
         if lw.shape(target) != lw.shape(x):
             raise UnsupportedGraph(f"class probabilities of shape {lw.shape(target)} for {lw.shape(x)}")
         logp = lw.ew("sub", x, lw.view(lse, (lw.shape(x)[0], 1)))
+        if smoothing:
+            target = lw.ew("add", lw.ew("mul", target, 1.0 - smoothing), smoothing / lw.shape(x)[1])
         loss = lw.ew("neg", lw.red("sum", lw.ew("mul", target, logp), (1, 2), False))
         return _reduce(lw, loss, reduction)
     picked = lw.ew("take_last", x, target)
     loss = lw.ew("neg", picked) if lse is None else lw.ew("sub", lse, picked)
+    if smoothing and lse is not None:
+        # (1 - e) * nll + e / C * (-sum_j log p_j), each row's log-probabilities x_j - lse
+        logp = lw.ew("sub", x, lw.view(lse, (lw.shape(x)[0], 1)))
+        spread = lw.ew("neg", lw.red("sum", logp, (1, 2), False))
+        loss = lw.ew("add", lw.ew("mul", loss, 1.0 - smoothing), lw.ew("mul", spread, smoothing / lw.shape(x)[1]))
     ignore = b.get("ignore_index", -100)
     if isinstance(ignore, bool) or not isinstance(ignore, int):
         raise UnsupportedGraph(f"ignore_index={ignore!r} is not an integer")
