@@ -8,7 +8,8 @@
 binary cross entropy of logits and of probabilities (``families/loss.py``), RReLU outside
 training (``families/activations.py``), ``F.unfold`` (``families/unfold.py``) and
 ``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), int64
-arithmetic on positions from ``torch.arange`` (``Lowerer.int_bound``), against PyTorch on the CPU
+arithmetic on positions from ``torch.arange`` (``Lowerer.int_bound``), selections of int64 inputs
+(``families/slicing.py``), against PyTorch on the CPU
 under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
@@ -308,6 +309,22 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"S": 7},),
+    ),
+    Case(
+        "int64_inputs_selected_a_language_model_s_shifted_targets_and_categorical_columns",
+        _model(
+            "",
+            "self.emb = nn.Embedding(11, 6)\nself.head = nn.Linear(6, 11)\n"
+            "self.cols = nn.ModuleList([nn.Embedding(4, 3), nn.Embedding(5, 3)])",
+            "ids, cats",
+            "logits = self.head(self.emb(ids[:, :-1]))\n"
+            "loss = F.cross_entropy(logits.reshape(-1, 11), ids[:, 1:].reshape(-1))\n"
+            "tab = torch.cat([emb(cats[:, i]) for i, emb in enumerate(self.cols)], dim=1)\n"
+            "return loss, tab * 2, ids[:, ::2], (cats[..., 1] == 3).float()",
+            "torch.randint(0, 11, ($B, 6)), torch.randint(0, 4, ($B, 2))",
+            "",
+        ),
+        ({"B": 3},),
     ),
 )
 

@@ -668,13 +668,15 @@ def _metadata_use(user: fx.Node, fxn: fx.Node) -> bool:
     )
 
 
-def _non_index_use(fxn: fx.Node, values: dict[fx.Node, Any] | None = None) -> fx.Node | None:
+def _non_index_use(fxn: fx.Node, values: dict[fx.Node, Any] | None = None, selected: bool = False) -> fx.Node | None:
     """The first use of ``fxn`` other than as the index argument of an op that reads integer
-    indices (``lowering.index_input``), looking through views (``idx.view(-1)``); None if none.
-    Given the traced ``values``, the elementwise uses :func:`_numeric_use` names count as indices."""
+    indices (``lowering.index_input``), looking through views (``idx.view(-1)``) and basic
+    selections (``ids[:, 1:]``); None if none. Given the traced ``values``, the elementwise uses
+    :func:`_numeric_use` names count as indices. A selection (``selected``) may also be returned:
+    it is a copy the kernels compute."""
     indexed = index_inputs()
     for user in fxn.users:
-        if _metadata_use(user, fxn):
+        if _metadata_use(user, fxn) or (selected and user.op == "output"):
             continue  # ``idx.size(1)``, ``idx.shape``, ``idx.device``: no element is read
         module = None
         if user.op == "call_module":
@@ -684,6 +686,11 @@ def _non_index_use(fxn: fx.Node, values: dict[fx.Node, Any] | None = None) -> fx
             module = owner.get_submodule(str(user.target))
         spec = resolve(user, module)
         if spec is not None and _numeric_use(spec.canon, user, values):
+            continue
+        if spec is not None and spec.canon == "getitem" and user.args[:1] == (fxn,) and _basic_index(user.args[1:2]):
+            inner = _non_index_use(user, values, selected=True)  # ``ids[:, 1:]``, ``cats[:, i]``: a selection
+            if inner is not None:
+                return inner
             continue
         if spec is None or spec.canon not in (*indexed, "view"):
             return user
@@ -695,10 +702,22 @@ def _non_index_use(fxn: fx.Node, values: dict[fx.Node, Any] | None = None) -> fx
         if bound.get(param) is not fxn or any(_mentions(v, fxn) for k, v in bound.items() if k != param):
             return user
         if spec.canon == "view":
-            inner = _non_index_use(user, values)
+            inner = _non_index_use(user, values, selected)
             if inner is not None:
                 return inner
     return None
+
+
+def _basic_index(value: object) -> bool:
+    """Whether ``value`` holds only a basic index (ints, slices of ints, ``None``, ``Ellipsis``):
+    a selection, not a read of another tensor's values."""
+    if isinstance(value, tuple | list):
+        return all(_basic_index(v) for v in value)
+    if isinstance(value, slice):
+        return all(
+            v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in (value.start, value.stop, value.step)
+        )
+    return value is None or value is Ellipsis or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _mentions(value: object, fxn: fx.Node) -> bool:

@@ -15,9 +15,12 @@ needs nothing more. The elementwise ops after it fuse into its kernel, as after 
 selection of the whole tensor in order (with new or dropped dims of one) is a view, no kernel; a
 slice of a slice that kept every dim is one slice of the first one's source.
 
+An int64 source (token ids shifted for a language model's targets, ``ids[:, 1:]``; a tabular
+model's categorical column, ``cats[:, i]``) is read and kept as int64 (its values are indices).
+
 Declined, with the reason: steps below 1 (PyTorch refuses them too), tensor indices (beyond ``x[idx]`` with one 1-dim
-int64 tensor, which ``families/index.py`` reads), bool indices, an empty selection and int64
-sources. A transposed source is copied in order first (``families/strided.py``).
+int64 tensor, which ``families/index.py`` reads), bool indices, an empty selection and sources of
+other dtypes. A transposed source is copied in order first (``families/strided.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from actors.experts.template.lowering import LowerContext, lowering
 
 EW_OPS["slice"] = (1, 0)  # the source; its attrs (two per source dim) are not a fixed count
 
-_SOURCE_DTYPES = ("float32", "bool", *HALF)
+_SOURCE_DTYPES = ("float32", "bool", "int64", *HALF)
 
 WHOLE = -1.0
 """A count in a slice's ``attrs`` for a dim taken whole (start 0, every element)."""
@@ -207,7 +210,8 @@ def _emit_slice(w: Writer, scope: Scope, node: Node, row: bool) -> str:
         terms.append(coord if stride == 1 else f"{coord} * {stride}")
     where = f"s{node.id}"
     w.emit(scope, f"{where} = {' + '.join(terms)}")
-    other = "0" if src.dtype == "bool" else "0.0"
+    other = "0" if src.dtype in ("bool", "int64") else "0.0"
+    widen = "" if src.dtype == "int64" else ".to(tl.float32)"  # indices stay integers
     var = f"v{node.id}"
-    w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {where}, mask={sp.mask}, other={other}).to(tl.float32)")
+    w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {where}, mask={sp.mask}, other={other}){widen}")
     return var
