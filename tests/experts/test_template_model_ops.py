@@ -2,7 +2,7 @@
 ``torch.baddbmm`` (``families/addmm.py``), ``nn.PReLU`` / ``F.prelu`` (``families/prelu.py``),
 ``nn.LocalResponseNorm`` / ``F.local_response_norm`` (``families/lrn.py``), ``torch.gather`` /
 ``torch.topk`` (``families/gather.py``), weight-normalised layers (``families/weight_norm.py``),
-``var``/``std``/``cdist`` (``families/moments.py``), CELU, threshold and softmin
+``var``/``std``/``cdist``/``pairwise_distance`` (``families/moments.py``), CELU, threshold and softmin
 (``families/activations.py``), int64 inputs compared and converted and ``F.one_hot``
 (``families/one_hot.py``), ``F.affine_grid`` and ``F.grid_sample`` (``families/grid_sample.py``),
 binary cross entropy of logits and of probabilities (``families/loss.py``), RReLU outside
@@ -325,6 +325,22 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"B": 3},),
+    ),
+    Case(
+        "pairwise_distance_in_each_norm_a_module_and_broadcast_rows",
+        _model(
+            "",
+            "self.enc = nn.Linear(5, 4)\nself.dist = nn.PairwiseDistance(p=1.0, keepdim=True)",
+            "a, b",
+            "ea, eb = self.enc(a), self.enc(b)\n"
+            "d2 = F.pairwise_distance(ea, eb)\n"
+            "d3 = F.pairwise_distance(ea, eb, p=3.0, eps=0.0)\n"
+            "dinf = torch.pairwise_distance(ea, eb[0], float('inf'))\n"
+            "return d2, d3 + dinf, self.dist(ea, eb), F.pairwise_distance(a[0], b[1])",
+            "torch.randn($B, 5), torch.randn($B, 5)",
+            "",
+        ),
+        ({"B": 6},),
     ),
 )
 

@@ -1,6 +1,9 @@
 """Variance and standard deviation: ``torch.var``/``torch.std`` and their methods, with ``dim``,
 ``keepdim`` and Bessel's correction (``unbiased`` or ``correction``, PyTorch's default 1); and
-pairwise distances, ``torch.cdist(x1, x2, p)`` for ``p`` of 1, 2 or infinity.
+pairwise distances, ``torch.cdist(x1, x2, p)`` for ``p`` of 1, 2 or infinity, and the distance
+of paired rows, ``F.pairwise_distance(x1, x2, p, eps, keepdim)`` (``nn.PairwiseDistance``): the
+``p``-norm of ``x1 - x2 + eps`` over the last dim, as PyTorch computes it, for ``p`` of 1, 2,
+infinity or any other positive number (``(sum |d|^p)^(1/p)``).
 
 The variance is the sum of squared deviations from the mean that the norms compute
 (``families/norm.moments``), divided by the count less the correction (a count at or below the
@@ -12,7 +15,8 @@ one row kernel (``(|d|^2 summed)^0.5``, ``|d|`` summed, or its largest): the dir
 less accurate than PyTorch's matrix-product form for many rows (``compute_mode`` changes nothing).
 
 Declined, with the reason: dims that are not one contiguous run, a non-number correction;
-``cdist`` with another ``p`` or of other than 2- or 3-dim operands with the same leading dims.
+``cdist`` with another ``p`` or of other than 2- or 3-dim operands with the same leading dims;
+``pairwise_distance`` with ``p`` of 0 or below.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
-from actors.experts.template.composites import reduce_dims
+from actors.experts.template.composites import power, reduce_dims
 from actors.experts.template.errors import UnsupportedGraph, number
 from actors.experts.template.families.norm import moments
 from actors.experts.template.ir import NodeRef
 from actors.experts.template.lowering import LowerContext, lowering
-from actors.experts.template.spellings import REQUIRED, Spec, spell
+from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 _MOMENT = (("input", REQUIRED), ("dim", None), ("unbiased", None), ("keepdim", False), ("correction", None))
 spell(Spec("var", _MOMENT), functions=(torch.var,), methods=("var",))
@@ -78,3 +83,41 @@ def _cdist(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Node
         return lw.ew("sqrt", lw.red("sum", lw.ew("mul", diff, diff), (rank - 1, rank), False, split_rows=False))
     size = lw.ew("abs", diff)
     return lw.red("sum" if p == 1.0 else "amax", size, (rank - 1, rank), False, split_rows=False)
+
+
+_PAIRWISE = (("p", 2.0), ("eps", 1e-6), ("keepdim", False))
+spell(
+    Spec("pairwise_distance", (("x1", REQUIRED), ("x2", REQUIRED), *_PAIRWISE)),
+    functions=(torch.nn.functional.pairwise_distance, torch.pairwise_distance),
+)
+MODULES[nn.PairwiseDistance] = Spec(
+    "pairwise_distance",
+    (("x1", REQUIRED), ("x2", REQUIRED)),
+    module_attrs=(("p", "norm"), ("eps", "eps"), ("keepdim", "keepdim")),
+)
+
+
+@lowering("pairwise_distance")
+def _pairwise(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    x1 = lw.tensor(b.get("x1"), "the first input of pairwise_distance")
+    x2 = lw.tensor(b.get("x2"), "the second input of pairwise_distance")
+    p = number(lw.arg(b.get("p")), "pairwise_distance's p")
+    eps = number(lw.arg(b.get("eps")), "pairwise_distance's eps")
+    if not p > 0:
+        raise UnsupportedGraph(f"pairwise_distance with p={p} is not covered (above 0)", op=canon)
+    diff = lw.ew("add", lw.ew("sub", x1, x2), eps)
+    rank = len(lw.shape(diff))
+    if rank == 0:
+        raise UnsupportedGraph("pairwise_distance of 0-dim tensors is not covered", op=canon)
+    keep = bool(lw.arg(b.get("keepdim")))
+    last = (rank - 1, rank)
+    if p == 2.0:
+        out = lw.ew("sqrt", lw.red("sum", lw.ew("mul", diff, diff), last, keep, split_rows=False))
+    elif p == math.inf:
+        out = lw.red("amax", lw.ew("abs", diff), last, keep, split_rows=False)
+    elif p == 1.0:
+        out = lw.red("sum", lw.ew("abs", diff), last, keep, split_rows=False)
+    else:
+        out = power(lw, lw.red("sum", power(lw, lw.ew("abs", diff), p), last, keep, split_rows=False), 1.0 / p)
+    final = tuple(int(s) for s in traced.shape)
+    return out if final == lw.shape(out) else lw.view(out, final)
