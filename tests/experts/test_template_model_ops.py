@@ -9,7 +9,7 @@ binary cross entropy of logits and of probabilities (``families/loss.py``), RReL
 training (``families/activations.py``), ``F.unfold`` (``families/unfold.py``) and
 ``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), int64
 arithmetic on positions from ``torch.arange`` (``Lowerer.int_bound``), selections of int64 inputs
-(``families/slicing.py``), against PyTorch on the CPU
+(``families/slicing.py``), ``sin``/``cos``/``tan`` (``families/trig.py``), against PyTorch on the CPU
 under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
@@ -341,6 +341,22 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"B": 6},),
+    ),
+    Case(
+        "sine_cosine_and_tangent_a_timestep_embedding_and_a_siren_layer",
+        _model(
+            "",
+            "self.register_buffer('freqs', torch.exp(-math.log(10000.0) * torch.arange(8) / 8))\n"
+            "self.fc = nn.Linear(5, 5)",
+            "t, x",
+            "emb = t[:, None] * self.freqs[None, :]\n"
+            "steps = torch.cat([emb.sin(), torch.cos(emb)], dim=-1)\n"
+            "siren = torch.sin(30.0 * self.fc(x))\n"
+            "return steps, siren, torch.tan(x * 0.7) + x.cos()",
+            "torch.rand($B) * 1000.0, torch.randn($B, 5)",
+            "",
+        ),
+        ({"B": 9},),
     ),
 )
 

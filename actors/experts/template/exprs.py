@@ -10,6 +10,7 @@ NaNs propagate like PyTorch's (``where``-based clamps, ``relu`` and ``maximum``)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from actors.experts.template.errors import UnsupportedGraph
 
@@ -128,6 +129,31 @@ _CMP = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 """Comparisons, whose bool results are 0.0 / 1.0 inside a kernel."""
 
 
+EwForm = Callable[[list[str], tuple[float, ...], set[str]], str]
+"""An op family's Triton form of its own elementwise op: ``(argument expressions, attrs, used
+helpers) -> expression``, registered with :func:`ew_form` (``families/trig.py``)."""
+
+EW_FORMS: dict[str, EwForm] = {}
+
+
+def ew_form(op: str, helpers: dict[str, tuple[str, tuple[str, ...]]] | None = None) -> Callable[[EwForm], EwForm]:
+    """Register the decorated function as the Triton form of elementwise ``op`` (an op family's),
+    with the ``@triton.jit`` helpers it calls: name -> (source, the helpers that one calls)."""
+
+    def register(fn: EwForm) -> EwForm:
+        if op in EW_FORMS:
+            raise ValueError(f"the Triton form of {op!r} is registered twice")
+        for name, (source, deps) in (helpers or {}).items():
+            if HELPERS.get(name, source) != source:
+                raise ValueError(f"the helper {name!r} is registered twice with different sources")
+            HELPERS[name] = source
+            HELPER_DEPS[name] = deps
+        EW_FORMS[op] = fn
+        return fn
+
+    return register
+
+
 def ew_expr(op: str, a: list[str], attrs: tuple[float, ...], used: set[str]) -> str:
     """The Triton expression of elementwise ``op`` on argument expressions ``a``.
 
@@ -197,6 +223,9 @@ def ew_expr(op: str, a: list[str], attrs: tuple[float, ...], used: set[str]) -> 
     if op == "logsigmoid":
         used.add("_kf_log1p_unit")
         return f"(tl.where({x} < 0.0, {x}, 0.0) - _kf_log1p_unit(tl.exp(-tl.abs({x}))))"
+    form = EW_FORMS.get(op)
+    if form is not None:
+        return f"({form(a, attrs, used)})"
     raise UnsupportedGraph(f"no Triton form for elementwise op {op!r}", op=op)
 
 
