@@ -358,6 +358,21 @@ CASES: tuple[Case, ...] = (
         ),
         ({"B": 9},),
     ),
+    Case(
+        "transposes_returned_and_class_indices_into_a_transpose_a_clip_loss",
+        _model(
+            "",
+            "self.norm = nn.LayerNorm(5)\nself.scale = nn.Parameter(torch.tensor(2.0))",
+            "a, b, x",
+            "logits = self.scale.exp() * F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).t()\n"
+            "labels = torch.arange(a.shape[0], device=a.device)\n"
+            "loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2\n"
+            "return loss, self.norm((x * 2).transpose(1, 2)).transpose(1, 2), (x[0] + 1).t()",
+            "torch.randn($B, 6), torch.randn($B, 6), torch.randn(2, 5, 4)",
+            "",
+        ),
+        ({"B": 5},),
+    ),
 )
 
 _STRESS = {"pw_warps": 1, "pw_ept": 1, "mm_block_m": 16, "mm_block_n": 16, "mm_block_k": 16, "conv_block_m": 16}

@@ -359,8 +359,9 @@ class Lowerer:
             raise UnsupportedGraph("a class index must be an int64 tensor")
         if self.shape(src)[:-1] != self.shape(index) or not self.shape(src):
             raise UnsupportedGraph(f"class indices of shape {self.shape(index)} into {self.shape(src)} are not covered")
+        src = self.in_order(src)  # ``F.cross_entropy(logits.t(), labels)``: a copy in order
         if self.transposed(src):
-            raise UnsupportedGraph("class indices into a transposed tensor are not covered")
+            raise UnsupportedGraph("class indices into a view of a transposed tensor are not covered")
         return self.add(
             NodeKind.EW, self.shape(index), op="take_last", args=(src.id, index.id), dtype=self.node(src).dtype
         )
@@ -490,6 +491,11 @@ class Lowerer:
         if not refs or not all(isinstance(r, NodeRef) for r in refs):
             raise UnsupportedGraph("forward must return tensors (one, or tuples or lists of them)")
         self.returns = shape if isinstance(shape, tuple) else None
+        for i, ref in enumerate(refs):
+            if self.node(ref).kind is NodeKind.PERM and self._computed(NodeRef(self.node(ref).tensor_args()[0])):
+                # a transpose of a computed tensor (``norm(y.transpose(1, 2)).transpose(1, 2)``):
+                # returned as its copy in row-major order (the values PyTorch's view holds)
+                refs[i] = self.in_order(ref)
         roots: list[int] = []
         for ref in refs:
             root = self.node(ref)
@@ -501,6 +507,13 @@ class Lowerer:
         if len(set(roots)) != len(roots):
             raise UnsupportedGraph("forward returns two views of one tensor")
         return tuple(r.id for r in refs)
+
+    def _computed(self, ref: NodeRef) -> bool:
+        """Whether ``ref`` (through views) is computed here, not an input or parameter."""
+        node = self.node(ref)
+        while node.kind is NodeKind.VIEW:
+            node = self.nodes[node.tensor_args()[0]]
+        return node.kind not in (NodeKind.INPUT, NodeKind.PARAM, NodeKind.PERM)
 
     def arg(self, value: Any) -> Any:
         if isinstance(value, fx.Node):
