@@ -9,7 +9,8 @@ binary cross entropy of logits and of probabilities (``families/loss.py``), RReL
 training (``families/activations.py``), ``F.unfold`` (``families/unfold.py``) and
 ``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), int64
 arithmetic on positions from ``torch.arange`` (``Lowerer.int_bound``), selections of int64 inputs
-(``families/slicing.py``), ``sin``/``cos``/``tan`` (``families/trig.py``), against PyTorch on the CPU
+(``families/slicing.py``), ``sin``/``cos``/``tan`` and
+their inverses (``families/trig.py``), against PyTorch on the CPU
 under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
@@ -372,6 +373,22 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"B": 5},),
+    ),
+    Case(
+        "inverse_trigonometry_an_arcface_margin_and_angles",
+        _model(
+            "",
+            "self.w = nn.Parameter(torch.randn(7, 6))",
+            "x, labels",
+            "cos = F.linear(F.normalize(x), F.normalize(self.w)).clamp(-1 + 1e-7, 1 - 1e-7)\n"
+            "onehot = F.one_hot(labels, 7).float()\n"
+            "logits = 30.0 * (onehot * torch.cos(torch.acos(cos) + 0.5) + (1 - onehot) * cos)\n"
+            "angles = torch.atan(x * 3) + torch.arcsin(torch.tanh(x)) + x.sigmoid().arccos()\n"
+            "return F.cross_entropy(logits, labels), angles",
+            "torch.randn($B, 6), torch.randint(0, 7, ($B,))",
+            "",
+        ),
+        ({"B": 6},),
     ),
 )
 

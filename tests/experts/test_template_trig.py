@@ -1,5 +1,5 @@
-"""The template's sine and cosine (``families/trig.py``) against float64, under the Triton
-interpreter: sweeps over several ranges of ``|x|``, and NaN for NaN and infinities."""
+"""The template's sine, cosine and their inverses (``families/trig.py``) against float64, under
+the Triton interpreter: sweeps over several ranges of ``|x|``, and NaN where PyTorch gives NaN."""
 
 from __future__ import annotations
 
@@ -31,6 +31,23 @@ def _kernel(x_ptr, s_ptr, c_ptr, n, BLOCK: tl.constexpr):
     tl.store(c_ptr + i, _kf_cos(x), mask=m)
 
 
+@triton.jit
+def _inverses(x_ptr, a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(x_ptr + i, mask=m, other=0.0)
+    tl.store(a_ptr + i, _kf_asin(x), mask=m)
+    tl.store(b_ptr + i, _kf_acos(x), mask=m)
+    tl.store(c_ptr + i, _kf_atan(x), mask=m)
+
+
+def inverses(x):
+    a, b, c = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    block = 1 << 16
+    _inverses[(triton.cdiv(x.numel(), block),)](x, a, b, c, x.numel(), BLOCK=block)
+    return a, b, c
+
+
 def run(x):
     s, c = torch.empty_like(x), torch.empty_like(x)
     block = 1 << 16
@@ -51,7 +68,23 @@ for limit in (4.0, 1000.0, 1e6):
     ]
 odd = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 1e-30])
 s, c = run(odd)
-print(json.dumps({"errors": errors, "odd_sin": s.tolist(), "odd_cos": c.tolist()}))
+unit = torch.cat([torch.linspace(-1, 1, 100001), 1 - torch.rand(20000, generator=gen) * 1e-3]).float()
+wide = torch.cat([torch.linspace(-20, 20, 100001), torch.randn(20000, generator=gen) * 1e4]).float()
+a, b, _ = inverses(unit)
+_, _, t = inverses(wide)
+exact_unit, exact_wide = unit.double(), wide.double()
+rel = lambda got, want: ((got.double() - want).abs() / want.abs().clamp(min=1e-30)).max().item()
+inverse_errors = {
+    "asin": [rel(a, exact_unit.asin()), rel(torch.asin(unit), exact_unit.asin())],
+    "acos": [rel(b, exact_unit.acos()), rel(torch.acos(unit), exact_unit.acos())],
+    "atan": [rel(t, exact_wide.atan()), rel(torch.atan(wide), exact_wide.atan())],
+}
+outside = torch.tensor([1.5, -1.0001, float("nan"), float("inf"), -float("inf")])
+a, b, t = inverses(outside)
+print(json.dumps({
+    "errors": errors, "odd_sin": s.tolist(), "odd_cos": c.tolist(), "inverse_errors": inverse_errors,
+    "outside": [a.tolist(), b.tolist(), t.tolist()],
+}))
 """
 
 
@@ -60,7 +93,9 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     load_families()
     module = tmp_path_factory.mktemp("trig") / "sweep.py"
     module.write_text(
-        "import triton\nimport triton.language as tl\n" + helpers_source({"_kf_sin", "_kf_cos"}) + _SWEEP,
+        "import triton\nimport triton.language as tl\n"
+        + helpers_source({"_kf_sin", "_kf_cos", "_kf_inverse_trig"})
+        + _SWEEP,
         encoding="utf-8",
     )
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
@@ -93,3 +128,29 @@ def test_sine_and_cosine_of_nan_and_infinity_are_nan(sweep: dict[str, object]) -
     assert all(v != v for v in cos[:3])
     assert sin[3:] == [0.0, pytest.approx(1e-30, rel=1e-6)]
     assert cos[3:] == [1.0, 1.0]
+
+
+@pytest.mark.timeout(300)
+def test_inverse_sine_cosine_and_tangent_are_within_three_ulp_relative_against_float64(
+    sweep: dict[str, object],
+) -> None:
+    errors = sweep["inverse_errors"]
+    assert isinstance(errors, dict)
+    for name, (ours, torch_own) in errors.items():
+        # relative errors; one float32 ulp is 1.2e-7 relative at most (Cephes' asinf peaks near 2 ulp)
+        assert torch_own < 1.2e-7, (name, torch_own)
+        assert ours < 3.6e-7, (name, ours)
+
+
+@pytest.mark.timeout(300)
+def test_inverse_sine_and_cosine_outside_one_are_nan_and_atan_of_infinity_is_a_right_angle(
+    sweep: dict[str, object],
+) -> None:
+    outside = sweep["outside"]
+    assert isinstance(outside, list)
+    asin, acos, atan = outside
+    assert all(v != v for v in asin)
+    assert all(v != v for v in acos)
+    assert atan[:2] == [pytest.approx(0.982793723, rel=1e-6), pytest.approx(-0.785448, rel=1e-5)]
+    assert atan[2] != atan[2]
+    assert atan[3:] == [pytest.approx(1.5707963), pytest.approx(-1.5707963)]

@@ -1,6 +1,7 @@
-"""``torch.sin``, ``torch.cos`` and ``torch.tan`` (functions and tensor methods): a diffusion
-model's timestep embedding (``torch.cat([emb.sin(), emb.cos()], -1)``), NeRF's positional
-encoding, SIREN's ``sin(w0 * x)``, rotary embeddings computed in ``forward``.
+"""``torch.sin``, ``torch.cos`` and ``torch.tan``, and their inverses ``asin``, ``acos`` and
+``atan`` (``arcsin``, ...; functions and tensor methods): a diffusion model's timestep embedding
+(``torch.cat([emb.sin(), emb.cos()], -1)``), NeRF's positional encoding, SIREN's ``sin(w0 * x)``,
+rotary embeddings computed in ``forward``, ArcFace's ``cos(acos(c) + m)``.
 
 Each is an elementwise op that fuses like any other, written with core ``tl`` arithmetic (the
 same on the GPU and in the CPU interpreter, see ``exprs.py``): ``|x|`` is reduced in float64 by
@@ -12,6 +13,12 @@ and differences alone (``j`` itself is a float32 integer). Within about 1.3 ulp 
 rounded value (checked against float64 on sweeps up to ``|x|`` of 10**6 in the tests); beyond,
 the float32 estimate of ``j`` drifts (an error of about 1e-5 at 10**7, 1e-2 past 2**24), which
 the evaluator's comparison with float64 then shows. ``tan`` is ``sin / cos``. NaN and infinity give NaN, as in PyTorch.
+
+The inverses are Cephes' too: ``asin`` by its odd polynomial on ``|x| <= 0.5`` and, above,
+``pi/2 - 2 asin(sqrt((1 - |x|) / 2))``; ``acos`` from ``asin`` in three ranges (``pi/2 - asin(x)``
+in the middle, ``2 asin(sqrt((1 -+ x) / 2))`` near the ends, no cancellation near 1); ``atan`` by
+its polynomial after the argument is reduced below tan(pi/8) (``(x - 1) / (x + 1)`` plus pi/4, or
+``-1 / x`` plus pi/2). Outside ``[-1, 1]`` ``asin`` and ``acos`` give NaN, as PyTorch does.
 """
 
 from __future__ import annotations
@@ -25,10 +32,16 @@ from actors.experts.template.ir import EW_OPS, NodeRef
 from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.spellings import REQUIRED, Spec, spell
 
-_OPS = ("sin", "cos", "tan")
+_OPS = ("sin", "cos", "tan", "asin", "acos", "atan")
 for _op in _OPS:
     EW_OPS[_op] = (1, 0)
-    spell(Spec(_op, (("input", REQUIRED),)), functions=(getattr(torch, _op),), methods=(_op,))
+    _alias = _op.replace("a", "arc", 1) if _op.startswith("a") else None  # arcsin, arccos, arctan
+    _names = (_op,) if _alias is None else (_op, _alias)
+    spell(
+        Spec(_op, (("input", REQUIRED),)),
+        functions=tuple(getattr(torch, n) for n in _names),
+        methods=_names,
+    )
 
 _FOUR_OVER_PI = 1.2732395447351628
 _DP = (0.7853981852531433, -2.1855694143368964e-08, -8.575622550029409e-16)  # pi/4, three float32 parts
@@ -80,7 +93,48 @@ def _kf_cos(x):
     y = tl.where(m4 == 2.0, _kf_sin_poly(r, z), _kf_cos_poly(z))
     return tl.where((m == 2.0) | (m == 4.0), -y, y)
 '''
+_ASIN = (4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2, 1.6666752422e-1)
+_ATAN = (8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1)
+_INVERSES = f'''
+@triton.jit
+def _kf_asin_unit(a):
+    """asin(a) for a in [0, 1] (NaN above): the odd polynomial below 0.5, pi/2 - 2 asin(sqrt((1 - a) / 2)) above."""
+    big = a > 0.5
+    z = tl.where(big, 0.5 * (1.0 - a), a * a)
+    t = tl.where(big, tl.sqrt(z), a)
+    p = (((({_ASIN[0]!r} * z + {_ASIN[1]!r}) * z + {_ASIN[2]!r}) * z + {_ASIN[3]!r}) * z + {_ASIN[4]!r}) * z * t + t
+    return tl.where(big, 1.5707963267948966 - (p + p), p)
+
+
+@triton.jit
+def _kf_asin(x):
+    y = _kf_asin_unit(tl.abs(x))
+    return tl.where(x < 0.0, -y, y)
+
+
+@triton.jit
+def _kf_acos(x):
+    """pi/2 - asin(x) in [-0.5, 0.5]; 2 asin(sqrt((1 - x) / 2)) above, pi - 2 asin(sqrt((1 + x) / 2)) below."""
+    mid = 1.5707963267948966 - _kf_asin(x)
+    t = _kf_asin_unit(tl.sqrt(0.5 * (1.0 - tl.abs(x))))
+    end = tl.where(x > 0.0, 2.0 * t, 3.141592653589793 - 2.0 * t)
+    return tl.where(tl.abs(x) <= 0.5, mid, end)
+
+
+@triton.jit
+def _kf_atan(x):
+    """atan: |x| reduced below tan(pi/8) ((a - 1) / (a + 1) plus pi/4, or -1 / a plus pi/2), then the odd polynomial."""
+    a = tl.abs(x)
+    high = a > 2.414213562373095
+    middle = (a > 0.41421356237309503) & (a <= 2.414213562373095)
+    base = tl.where(high, 1.5707963267948966, tl.where(middle, 0.7853981633974483, 0.0))
+    t = tl.where(high, -1.0 / a, tl.where(middle, (a - 1.0) / (a + 1.0), a))
+    z = t * t
+    y = base + ((({_ATAN[0]!r} * z + {_ATAN[1]!r}) * z + {_ATAN[2]!r}) * z + {_ATAN[3]!r}) * z * t + t
+    return tl.where(x < 0.0, -y, y)
+'''
 _HELPERS = {
+    "_kf_inverse_trig": (_INVERSES, ()),
     "_kf_trig_reduce": (_REDUCE, ()),
     "_kf_trig_polys": (_POLYS, ()),
     "_kf_sin": (_SIN_FN, ("_kf_trig_reduce", "_kf_trig_polys")),
@@ -104,6 +158,15 @@ def _cos_form(a: list[str], attrs: tuple[float, ...], used: set[str]) -> str:
 def _tan_form(a: list[str], attrs: tuple[float, ...], used: set[str]) -> str:
     used.update(("_kf_sin", "_kf_cos"))
     return f"_kf_sin({a[0]}) / _kf_cos({a[0]})"
+
+
+for _op in ("asin", "acos", "atan"):
+
+    def _inverse_form(a: list[str], attrs: tuple[float, ...], used: set[str], name: str = _op) -> str:
+        used.add("_kf_inverse_trig")
+        return f"_kf_{name}({a[0]})"
+
+    ew_form(_op)(_inverse_form)
 
 
 @lowering(*_OPS)
