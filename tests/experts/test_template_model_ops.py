@@ -10,7 +10,8 @@ training (``families/activations.py``), ``F.unfold`` (``families/unfold.py``) an
 ``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), int64
 arithmetic on positions from ``torch.arange`` (``Lowerer.int_bound``), selections of int64 inputs
 (``families/slicing.py``), ``sin``/``cos``/``tan`` and
-their inverses (``families/trig.py``), against PyTorch on the CPU
+their inverses (``families/trig.py``), ``torch.meshgrid`` and int64 ``stack``
+(``families/split.py``, ``families/concat.py``), against PyTorch on the CPU
 under the Triton interpreter, in the variants of ``template_interp``."""
 
 from __future__ import annotations
@@ -389,6 +390,26 @@ CASES: tuple[Case, ...] = (
             "",
         ),
         ({"B": 6},),
+    ),
+    Case(
+        "meshgrid_cell_grids_in_each_indexing_stacked_as_int64_a_detection_head",
+        _model(
+            "",
+            "self.conv = nn.Conv2d(4, 6, 1)",
+            "x",
+            "b, _, ny, nx = x.shape\n"
+            "rows, cols = torch.arange(ny, device=x.device), torch.arange(nx, device=x.device)\n"
+            "p = self.conv(x).view(b, 2, 3, ny, nx).permute(0, 1, 3, 4, 2)\n"
+            "yv, xv = torch.meshgrid(rows, cols, indexing='ij')\n"
+            "grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2).float()\n"
+            "xy = (p[..., :2].sigmoid() + grid) * 8.0\n"
+            "gx, gy = torch.meshgrid(x[0, 0, 0, :] * 0.25, x[0, 0, :, 0], indexing='xy')\n"
+            "cells = torch.stack(torch.meshgrid(rows[:3], cols[:2], indexing='ij'))\n"
+            "return torch.cat((xy, p[..., 2:].exp()), -1), gx * gy, cells",
+            "torch.randn(2, 4, $H, 6)",
+            "",
+        ),
+        ({"H": 5},),
     ),
 )
 

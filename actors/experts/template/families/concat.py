@@ -1,5 +1,6 @@
 """Concatenation: ``torch.cat`` (``torch.concat``, ``torch.concatenate``) and ``torch.stack`` of
-float tensors (a stack is a ``cat`` of its parts viewed with a new dim of one).
+float or int64 tensors (a stack is a ``cat`` of its parts viewed with a new dim of one; int64
+parts, a meshgrid's coordinates or topk's indices, are read and joined as integers).
 
 One ``cat`` gather node whose arguments are the parts, stored first (by the kernels that make
 them, or the model's inputs and weights) and read at computed addresses: each output element
@@ -20,7 +21,7 @@ import torch
 
 from actors.experts.template.emit import Scope, Writer, gather_emitter
 from actors.experts.template.errors import UnsupportedGraph
-from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef
+from actors.experts.template.ir import EW_OPS, Node, NodeKind, NodeRef, TupleRef
 from actors.experts.template.lowering import LowerContext, lowering
 from actors.experts.template.spellings import REQUIRED, Spec, spell
 
@@ -54,13 +55,19 @@ def _parts(lw: LowerContext, b: dict[str, Any], what: str) -> tuple[list[NodeRef
     """The parts of a ``cat`` or ``stack`` call and their one dtype; declined (with ``what``) for
     something other than a list of tensors and for mixed dtypes."""
     parts = b["tensors"]
+    if isinstance(parts, TupleRef):  # an op's tuple of tensors (``torch.stack(torch.meshgrid(...))``)
+        parts = list(parts.items)
     if not isinstance(parts, list | tuple) or not parts:
         raise UnsupportedGraph(f"{what} of something other than a list of tensors is not covered")
-    refs = [lw.tensor(p, f"a part of {what}") for p in parts]
+    refs = [p if _int64(lw, p) else lw.tensor(p, f"a part of {what}") for p in parts]
     dtypes = {lw.node(r).dtype for r in refs}
     if len(dtypes) != 1:
         raise UnsupportedGraph(f"{what} of parts of dtypes {sorted(dtypes)} is not covered")
     return refs, dtypes.pop()
+
+
+def _int64(lw: LowerContext, part: object) -> bool:
+    return isinstance(part, NodeRef) and lw.node(part).dtype == "int64"
 
 
 @lowering("stack")
@@ -108,6 +115,7 @@ def _emit_cat(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     w.emit(scope, f"{outer} = ({at}) // {inner * size}")
     w.emit(scope, f"{rest} = ({at}) % {inner}")
     start = 0
+    widen = "" if node.dtype == "int64" else ".to(tl.float32)"  # indices (topk's, a meshgrid's) stay integers
     pieces: list[tuple[int, str]] = []
     for i, src in enumerate(node.tensor_args()):
         base = w.gather_source(node, "parts of torch.cat", i)
@@ -115,7 +123,7 @@ def _emit_cat(w: Writer, scope: Scope, node: Node, row: bool) -> str:
         var = f"v{node.id}_{i}"
         at_part = f"({outer} * {part} + ({c} - {start})) * {inner} + {rest}"
         ok = f"({sp.mask}) & ({c} >= {start}) & ({c} < {start + part})"
-        w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {at_part}, mask={ok}, other=0.0).to(tl.float32)")
+        w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {at_part}, mask={ok}, other=0){widen}")
         start += part
         pieces.append((start, var))
     expr = pieces[-1][1]

@@ -12,6 +12,8 @@ those PyTorch returns (the traced results' shapes), so a last, shorter part is c
 ``x.expand(*sizes)``, ``x.expand_as(y)`` and ``torch.broadcast_to(x, shape)`` become a
 ``strided`` copy (``families/strided.py``) with a stride of 0 along each dim they broadcast,
 for the ops that read their operand whole (a ``cat`` of a class token expanded over the batch).
+``torch.meshgrid(*tensors, indexing)`` is each tensor viewed along its own dim and expanded so
+(a detection head's cell grid: ``torch.stack(torch.meshgrid(ys, xs, indexing="ij"))``).
 
 ``F.glu(x, dim)`` and ``nn.GLU(dim)`` (a gated linear unit: ``a * sigmoid(b)`` of ``x``'s two
 halves) multiply two such slices in one elementwise kernel.
@@ -22,6 +24,7 @@ ones (the slices' own rule).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -30,7 +33,7 @@ from actors.experts.template.errors import UnsupportedGraph
 from actors.experts.template.families.slicing import part
 from actors.experts.template.families.strided import addressed, strided
 from actors.experts.template.ir import NodeRef, TupleRef
-from actors.experts.template.lowering import LowerContext, lowering
+from actors.experts.template.lowering import LowerContext, lower_fn, lowering
 from actors.experts.template.spellings import MODULES, REQUIRED, Spec, spell
 
 spell(
@@ -54,6 +57,8 @@ spell(
 )
 spell(Spec("glu", (("input", REQUIRED), ("dim", -1))), functions=(torch.nn.functional.glu,))
 MODULES[torch.nn.GLU] = Spec("glu", (("input", REQUIRED),), module_attrs=(("dim", "dim"),))
+_GRID = (("t0", REQUIRED), ("t1", None), ("t2", None), ("t3", None), ("indexing", None))
+spell(Spec("meshgrid", _GRID), functions=(torch.meshgrid,))
 spell(
     Spec("expand", (("input", REQUIRED),), passthrough=True),
     functions=(torch.broadcast_to,),
@@ -152,3 +157,37 @@ def _expand(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Nod
     src, dims = addressed(lw, x)
     per_dim = [-1] * lead + [-1 if s == 1 and o != 1 else d for s, o, d in zip(shape, out[lead:], dims, strict=True)]
     return strided(lw, src, out, per_dim)  # only dims of one added in front: a view (``strided``'s own rule)
+
+
+@lowering("meshgrid")
+def _meshgrid(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> TupleRef:
+    """``torch.meshgrid(*tensors, indexing)``: each 0- or 1-dim tensor viewed along its own dim and
+    expanded to the grid (``xy`` swaps the first two dims, as PyTorch does); at most four."""
+    first = b.get("t0")
+    given = list(first) if isinstance(first, tuple | list) else [first, b.get("t1"), b.get("t2"), b.get("t3")]
+    parts = [p for p in given if p is not None]
+    indexing = lw.arg(b.get("indexing")) or "ij"
+    if indexing not in ("ij", "xy") or not parts or len(parts) > 4:
+        raise UnsupportedGraph(f"torch.meshgrid of {len(parts)} tensors, indexing={indexing!r}", op=canon)
+    refs: list[NodeRef] = []
+    for p in parts:
+        if not isinstance(p, NodeRef) or len(lw.shape(p)) > 1:
+            raise UnsupportedGraph("torch.meshgrid of other than 0- or 1-dim tensors", op=canon)
+        refs.append(p)
+    sizes = [math.prod(lw.shape(r)) for r in refs]
+    where = list(range(len(refs)))
+    if indexing == "xy" and len(refs) >= 2:
+        where[0], where[1] = 1, 0
+    grid = [0] * len(refs)
+    for k, size in zip(where, sizes, strict=True):
+        grid[k] = size
+    expand = lower_fn("expand")
+    assert expand is not None
+    outs: list[NodeRef] = []
+    for r, k in zip(refs, where, strict=True):
+        along = [1] * len(refs)
+        along[k] = grid[k]
+        out = expand(lw, "expand", {"input": lw.view(r, tuple(along))}, torch.empty(grid, device="meta"))
+        assert isinstance(out, NodeRef)
+        outs.append(out)
+    return TupleRef(tuple(outs))
