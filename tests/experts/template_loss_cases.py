@@ -99,6 +99,28 @@ LOSS_CASES: tuple[Case, ...] = (
         ({"B": 33, "N": 7},),
     ),
     Case(
+        "margin_embedding_and_likelihood_losses_in_each_reduction",
+        _model(
+            "",
+            "self.rank = nn.MarginRankingLoss(margin=0.3, reduction='sum')\nself.multi = nn.MultiLabelSoftMarginLoss()",
+            "p, t",
+            "y = torch.where(t[:, 0] > 0, 1.0, -1.0)\n"
+            "ym = torch.where(t > 0, 1.0, -1.0)\n"
+            "a = self.rank(p[:, 0], p[:, 1], y) + F.margin_ranking_loss(p[:, 1], t[:, 1], -y, reduction='none')\n"
+            "b = F.soft_margin_loss(p * 3, ym) + F.soft_margin_loss(p, ym, reduction='sum')\n"
+            "c = F.cosine_embedding_loss(p, t, y, margin=0.2, reduction='none')\n"
+            "d = F.hinge_embedding_loss(p, ym, margin=0.5) + F.hinge_embedding_loss(p, ym * 0.0, reduction='sum')\n"
+            "f = F.poisson_nll_loss(p, t.abs())\n"
+            "f = f + F.poisson_nll_loss(p.abs(), t.abs(), log_input=False, reduction='sum')\n"
+            "g = self.multi(p, (t > 0).float())\n"
+            "g = g + F.multilabel_soft_margin_loss(p, (t > 0.5).float(), reduction='none')\n"
+            "return a, b, c, d, f, g",
+            "torch.randn($B, $N), torch.randn($B, $N)",
+            "",
+        ),
+        ({"B": 9, "N": 7},),
+    ),
+    Case(
         "hinge_mean",
         _model(
             "",

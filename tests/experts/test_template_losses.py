@@ -43,6 +43,8 @@ def test_loss_kernels_match_pytorch_under_the_interpreter(
         ("", "return F.cross_entropy(p.view(4, 3, 3), t.view(4, 3, 3).argmax(dim=1))", "3-D input"),
         ("", "return F.cross_entropy(p, t.argmax(dim=1), reduction='batchmean')", "reduction"),
         ("", "return p + (t.argmax(dim=1, keepdim=True) + 1)", "int64 result"),
+        ("", "return F.gaussian_nll_loss(p, t, t.abs())", "item() cannot be called on meta tensors"),
+        ("", "return F.poisson_nll_loss(p, t.abs(), full=True)", "Stirling"),
     ],
 )
 def test_uncovered_losses_are_declined_with_their_reason(init: str, body: str, reason: str) -> None:

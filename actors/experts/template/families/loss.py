@@ -54,7 +54,8 @@ MODULES[nn.BCELoss] = Spec(
 )
 
 
-def _reduce(lw: LowerContext, loss: NodeRef, reduction: object, batch: int | None = None) -> NodeRef:
+def reduce_loss(lw: LowerContext, loss: NodeRef, reduction: object, batch: int | None = None) -> NodeRef:
+    """``loss`` reduced as a loss function's ``reduction`` says (``batchmean``: by ``batch``)."""
     shape = lw.shape(loss)
     if reduction == "none":
         return loss
@@ -94,7 +95,7 @@ def lower_loss(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
         else:
             loss = lw.ew("sub", lw.ew("xlogx", t), lw.ew("mul", t, x))
         batch = lw.shape(x)[0] if lw.shape(x) else 1
-        return _reduce(lw, loss, reduction, batch)
+        return reduce_loss(lw, loss, reduction, batch)
     if reduction == "batchmean":
         raise UnsupportedGraph(f"{canon} with reduction='batchmean' is not covered")
     d = lw.ew("sub", x, t)
@@ -117,7 +118,7 @@ def lower_loss(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
                 loss = lw.ew("add", lw.ew("div", square, limit), linear)
             else:
                 loss = lw.ew("add", square, lw.ew("mul", linear, limit))
-    return _reduce(lw, loss, reduction)
+    return reduce_loss(lw, loss, reduction)
 
 
 @lowering("bce_logits", "bce")
@@ -147,7 +148,7 @@ def _bce(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRe
         loss = lw.ew("mul", loss, weight)
     if lw.shape(loss) != lw.shape(x):
         raise UnsupportedGraph(f"{canon} whose weights broadcast the loss beyond the input's shape", op=canon)
-    return _reduce(lw, loss, b.get("reduction", "mean"))
+    return reduce_loss(lw, loss, b.get("reduction", "mean"))
 
 
 def _triplet(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
@@ -165,7 +166,7 @@ def _triplet(lw: LowerContext, b: dict[str, Any]) -> NodeRef:
         return lw.ew("sqrt", lw.red("sum", lw.ew("mul", diff, diff), (1, 2), False))
 
     gap = lw.ew("add", lw.ew("sub", distance(a, p), distance(a, n)), margin)
-    return _reduce(lw, lw.ew("clamp_min", gap, attrs=(0.0,)), b.get("reduction", "mean"))
+    return reduce_loss(lw, lw.ew("clamp_min", gap, attrs=(0.0,)), b.get("reduction", "mean"))
 
 
 def _classes(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
@@ -200,7 +201,7 @@ def _classes(lw: LowerContext, canon: str, b: dict[str, Any]) -> NodeRef:
         if smoothing:
             target = lw.ew("add", lw.ew("mul", target, 1.0 - smoothing), smoothing / lw.shape(x)[1])
         loss = lw.ew("neg", lw.red("sum", lw.ew("mul", target, logp), (1, 2), False))
-        return _reduce(lw, loss, reduction)
+        return reduce_loss(lw, loss, reduction)
     picked = lw.ew("take_last", x, target)
     loss = lw.ew("neg", picked) if lse is None else lw.ew("sub", lse, picked)
     if smoothing and lse is not None:
