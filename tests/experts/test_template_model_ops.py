@@ -298,7 +298,8 @@ CASES: tuple[Case, ...] = (
         "positions_from_arange_in_int64_arithmetic_an_alibi_bias_and_an_int64_output",
         _model(
             "",
-            "self.register_buffer('slopes', torch.tensor([0.5, 0.25]).view(1, 2, 1, 1))",
+            "self.register_buffer('slopes', torch.tensor([0.5, 0.25]).view(1, 2, 1, 1))\n"
+            "self.pos = nn.Embedding(16, 4)",
             "q, k",
             "s = q.shape[-2]\n"
             "pos = torch.arange(s, device=q.device)\n"
@@ -306,7 +307,8 @@ CASES: tuple[Case, ...] = (
             "scores = q @ k.transpose(-2, -1) + self.slopes * rel - (rel.abs() * 3).float() / 8\n"
             "scores = scores.masked_fill(rel > 0, float('-inf'))\n"
             "offsets = (pos + 1) * 2 - (-pos)\n"
-            "return scores.softmax(-1), offsets, rel.float() * 0.5",
+            "learned = self.pos(pos + 2) + self.pos(2 * pos - (-1))  # OPT's offset positions\n"
+            "return scores.softmax(-1), offsets, rel.float() * 0.5, learned",
             "torch.randn(2, 2, $S, 4), torch.randn(2, 2, $S, 4)",
             "",
         ),

@@ -224,7 +224,8 @@ class Writer:
         args: list[str] = []
         for arg in node.args:
             if isinstance(arg, float):
-                args.append(lit(arg))
+                # an int64 node's constants are ints (positions: ``arange(T) + 2`` may address a table)
+                args.append(str(int(arg)) if node.dtype == "int64" else lit(arg))
             elif self.inside(arg):
                 var = self.value(scope, arg)
                 args.append(self.broadcast_row(var) if (not row and self.row_level(arg)) else var)
