@@ -10,7 +10,7 @@ training (``families/activations.py``), ``F.unfold`` (``families/unfold.py``) an
 ``torch.full`` / ``new_full`` / ``new_zeros`` / ``new_ones`` (``families/fill.py``), int64
 arithmetic on positions from ``torch.arange`` (``Lowerer.int_bound``), selections of int64 inputs
 (``families/slicing.py``), ``sin``/``cos``/``tan`` and
-their inverses (``families/trig.py``), ``torch.meshgrid`` and int64 ``stack``
+their inverses (``families/trig.py``), ``torch.meshgrid``, ``torch.linspace`` and int64 ``stack``
 (``families/split.py``, ``families/concat.py``), against PyTorch on the CPU
 under the Triton interpreter, in the variants of ``template_interp``."""
 
@@ -406,8 +406,11 @@ CASES: tuple[Case, ...] = (
             "grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2).float()\n"
             "xy = (p[..., :2].sigmoid() + grid) * 8.0\n"
             "gx, gy = torch.meshgrid(x[0, 0, 0, :] * 0.25, x[0, 0, :, 0], indexing='xy')\n"
+            "depth = torch.linspace(0.3, 7.1, 11, device=x.device)\n"
+            "ray = depth[:, None] * torch.linspace(-1, 1, nx, device=x.device)\n"
             "cells = torch.stack(torch.meshgrid(rows[:3], cols[:2], indexing='ij'))\n"
-            "return torch.cat((xy, p[..., 2:].exp()), -1), gx * gy, cells",
+            "one = torch.linspace(2, 2, 1, device=x.device)\n"
+            "return torch.cat((xy, p[..., 2:].exp()), -1), gx * gy, cells, ray + one",
             "torch.randn(2, 4, $H, 6)",
             "",
         ),

@@ -7,7 +7,10 @@ traced value; float32 or bool: Mamba2's ``torch.ones(T, T, dtype=bool)`` mask, a
 
 ``torch.arange`` in forward (a GPT's position ids: ``self.pos(torch.arange(t, device=...))``;
 int64 or float32, bounds that are numbers or sizes) becomes one ``arange`` node: each element's
-``start + i * step`` is computed where it is read, as a fill's value is.
+``start + i * step`` is computed where it is read, as a fill's value is. ``torch.linspace(start,
+end, steps)`` (float32; samples along a ray, a detection grid) is one ``linspace`` node computed
+as PyTorch does: the float32 step ``(end - start) / (steps - 1)``, ``start + step * i`` in the
+first half and ``end - step * (steps - 1 - i)`` in the second.
 
 Each becomes one ``fill`` node of the source's shape and dtype with the value as its attribute and
 no argument: a kernel writes the value (it reads nothing), or the ops after it take the value where
@@ -106,6 +109,45 @@ def _arange(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> Nod
         raise UnsupportedGraph("torch.arange of int64 with a fractional start or step is not covered", op=canon)
     attrs = (float(start), float(step))
     return lw.add(NodeKind.EW, tuple(traced.shape), op="arange", args=(), attrs=attrs, dtype=dtype)
+
+
+EW_OPS["linspace"] = (0, 3)  # no argument; start, end and the count
+spell(
+    Spec("linspace", (("start", REQUIRED), ("end", REQUIRED), ("steps", REQUIRED), ("out", None), *_LIKE[:4])),
+    functions=(torch.linspace,),
+)
+
+
+@lowering("linspace")
+def _linspace(lw: LowerContext, canon: str, b: dict[str, Any], traced: Any) -> NodeRef:
+    values = [lw.arg(b[k]) for k in ("start", "end", "steps")]
+    if b.get("out") is not None or not isinstance(traced, torch.Tensor) or traced.dtype != torch.float32:
+        what = traced.dtype if isinstance(traced, torch.Tensor) else type(traced).__name__
+        raise UnsupportedGraph(f"torch.linspace of {what} is not covered (float32)", op=canon)
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values) or not isinstance(values[2], int):
+        raise UnsupportedGraph(f"torch.linspace with arguments {values!r} is not covered (numbers)", op=canon)
+    attrs = (float(values[0]), float(values[1]), float(values[2]))
+    return lw.add(NodeKind.EW, tuple(traced.shape), op="linspace", args=(), attrs=attrs, dtype="float32")
+
+
+@gather_emitter("linspace", sources=0)
+def _emit_linspace(w: Writer, scope: Scope, node: Node, row: bool) -> str:
+    """PyTorch's two halves: from ``start`` up to the middle, from ``end`` down after it."""
+    sp = w.space(row)
+    at = sp.index(node.shape, (0, len(node.shape)))
+    start, end, steps = float(node.attrs[0]), float(node.attrs[1]), int(node.attrs[2])
+    var = f"v{node.id}"
+    if steps == 1:
+        w.emit(scope, f"{var} = tl.where({sp.mask}, {lit(start)}, {lit(start)})")
+        return var
+    first, last = torch.tensor(start, dtype=torch.float32), torch.tensor(end, dtype=torch.float32)
+    step = float((last - first) / (steps - 1))  # in float32, as PyTorch computes it (not folded in double)
+    i = f"i{node.id}"
+    w.emit(scope, f"{i} = ({at}).to(tl.float32)")
+    up = f"{lit(float(first))} + {lit(step)} * {i}"
+    down = f"{lit(float(last))} - {lit(step)} * ({lit(float(steps - 1))} - {i})"
+    w.emit(scope, f"{var} = tl.where({i} < {lit(float(steps // 2))}, {up}, {down})")
+    return var
 
 
 @gather_emitter("arange", sources=0)
