@@ -11,7 +11,8 @@ numbers its positions with ``torch.arange`` under a causal ``src_mask``, an ``LS
 loop, a DCGAN generator, an ``nn.Transformer`` translation model with its masks; a mixture of
 experts routed by ``topk`` and ``torch.gather``, an x-vector with weight-normalised TDNN layers and
 standard-deviation pooling, a ResNeXt block with a reflection-padded stem and local response
-normalisation): the template
+normalisation; a diffusion U-Net block with a sinusoidal timestep embedding of int64 steps, CLIP's
+symmetric loss over ``torch.arange`` labels, a YOLO head's ``meshgrid`` cell grid): the template
 expert generates a first candidate for each, and that candidate is correct under the real
 evaluator on the CPU (Triton's interpreter). Issue 35 is judged on such models from outside
 KernelBench; these are the project's own."""
