@@ -141,8 +141,8 @@ class Lowerer:
         self.split_taken = False
         """Whether some reduction was split (``Plan.split``)."""
         self._int_bounds: dict[int, int] = {}
-        """An int64 node computed from ``torch.arange`` values by ``add``/``sub``/``mul`` -> the
-        largest magnitude it can hold (:meth:`int_bound`)."""
+        """An int64 node computed from ``torch.arange`` values (``_POSITION_OPS``) -> the largest
+        magnitude it can hold (:meth:`int_bound`)."""
         self._copies_in_order: dict[int, NodeRef] = {}
         """A transpose's id -> its copy in row-major order (one copy however many ops read it so)."""
         self.nodes: list[Node] = []
@@ -314,6 +314,7 @@ class Lowerer:
         return ref
 
     def _is_int(self, ref: NodeRef) -> bool:
+        """Whether ``ref`` holds int64 values."""
         return self.node(ref).dtype == "int64"
 
     def int_bound(self, ref: NodeRef) -> int | None:
