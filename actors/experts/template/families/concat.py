@@ -116,6 +116,7 @@ def _emit_cat(w: Writer, scope: Scope, node: Node, row: bool) -> str:
     w.emit(scope, f"{rest} = ({at}) % {inner}")
     start = 0
     widen = "" if node.dtype == "int64" else ".to(tl.float32)"  # indices (topk's, a meshgrid's) stay integers
+    other = "0" if node.dtype == "int64" else "0.0"
     pieces: list[tuple[int, str]] = []
     for i, src in enumerate(node.tensor_args()):
         base = w.gather_source(node, "parts of torch.cat", i)
@@ -123,7 +124,7 @@ def _emit_cat(w: Writer, scope: Scope, node: Node, row: bool) -> str:
         var = f"v{node.id}_{i}"
         at_part = f"({outer} * {part} + ({c} - {start})) * {inner} + {rest}"
         ok = f"({sp.mask}) & ({c} >= {start}) & ({c} < {start + part})"
-        w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {at_part}, mask={ok}, other=0){widen}")
+        w.emit(scope, f"{var} = tl.load({w.pointer(base)} + {at_part}, mask={ok}, other={other}){widen}")
         start += part
         pieces.append((start, var))
     expr = pieces[-1][1]
