@@ -235,12 +235,18 @@ class Actor:
                 with contextlib.suppress(Exception):
                     await self.bus.nc.close()
             finally:
-                await self.teardown()
+                try:
+                    # Its own counters as they are now, before the teardown closes what they count
+                    # (``extra`` is otherwise refreshed only by a stats request: a swapped-in expert's
+                    # last word said it had answered none).
+                    final = self.snapshot()
+                finally:
+                    await self.teardown()
             self.state = ActorState.STOPPED
             self.stopped_at = time.time()
             self._ready.set()
             self._stopped.set()
-            self.log.info("actor stopped", reason=self.stop_reason, **self.stats.snapshot().model_dump())
+            self.log.info("actor stopped", reason=self.stop_reason, **final.model_dump())
 
     async def _set_up_unless_stopped(self) -> bool:
         """:meth:`setup`, cancelled when a stop is requested first (a run that ends while its

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -303,3 +304,12 @@ def experience_record(run_id: str, i: int) -> Experience:
         child_fitness=1.0 + i / 100,
         description=f"block size {16 * (i % 8 + 1)} with {i % 4 + 1} warps",
     )
+
+
+def stopped_stats(log: Path) -> dict[str, Any]:
+    """The statistics an actor logs as it stops (its JSON log's ``actor stopped`` line)."""
+    for line in reversed(log.read_text().splitlines()):
+        if line.startswith("{") and '"actor stopped"' in line:
+            entry: dict[str, Any] = json.loads(line)
+            return entry
+    raise AssertionError(f"{log.name}: the actor did not log its stop")

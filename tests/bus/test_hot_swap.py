@@ -8,11 +8,9 @@ back after the ack wait."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -25,7 +23,16 @@ from schemas import (
     Feedback,
     subjects,
 )
-from tests.bus.helpers import candidate, collect, register_run, result_for, spawn_actor, stop_process, wait_up
+from tests.bus.helpers import (
+    candidate,
+    collect,
+    register_run,
+    result_for,
+    spawn_actor,
+    stop_process,
+    stopped_stats,
+    wait_up,
+)
 
 TOTAL = 300
 ACK_WAIT_S = 30.0
@@ -94,7 +101,7 @@ async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
         stop_process(v1)
         await bus.close()
     # What each diagnoser received more than once (JetStream's delivery count), from its last word.
-    redelivered = {name: _stopped_stats(tmp_path / f"{name}.log")["redelivered"] for name in ("v1", "v2")}
+    redelivered = {name: stopped_stats(tmp_path / f"{name}.log")["redelivered"] for name in ("v1", "v2")}
     counts = Counter(f.candidate_id for f in feedback)
     assert len(counts) == produced, f"lost {produced - len(counts)}"
     assert max(counts.values()) == 1, f"doubled: {[c for c, n in counts.items() if n > 1]}"
@@ -114,12 +121,3 @@ async def test_diagnoser_hot_swap_under_load_loses_and_doubles_nothing(
     assert redelivered == {"v1": 0, "v2": 0}, f"deliveries after the first: {redelivered}"
     assert drain_s < ACK_WAIT_S, f"drain took {drain_s:.1f} s, as long as a redelivery"
     assert feedback_s < ACK_WAIT_S, f"the last feedback came {feedback_s:.1f} s after the drain: a redelivery"
-
-
-def _stopped_stats(log: Path) -> dict[str, Any]:
-    """The statistics an actor logs as it stops (its JSON log's ``actor stopped`` line)."""
-    for line in reversed(log.read_text().splitlines()):
-        if line.startswith("{") and '"actor stopped"' in line:
-            entry: dict[str, Any] = json.loads(line)
-            return entry
-    raise AssertionError(f"{log.name}: the actor did not log its stop")
