@@ -13,6 +13,7 @@ the test failed about a minute after the drain, which is as long as a stuck requ
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +31,7 @@ TASK = Task.from_source("quickstart", (ROOT / "examples" / "quickstart.py").read
 @pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it with the slow tests
 @pytest.mark.timeout(600)
 async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_path: Path) -> None:
+    began = time.monotonic()
     bus = await Bus.connect(nats_url, name="test", actor_id="test-expert-swap")
     args = ["--nats", nats_url, "--name", "template"]
     v1 = spawn_actor("expert", "--id", "expert-v1", "--version", "1.0.0", *args, log=tmp_path / "v1.log")
@@ -44,10 +46,13 @@ async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_pa
         while not stop.is_set():
             request = GenerateRequest(run_id="swap", island=f"i{k}", task=TASK, n=2, seed=k * 1000 + i)
             i += 1
+            sent = time.monotonic()
             try:
                 reply = await bus.request(subjects.expert_generate("template"), request, GenerateReply, timeout=180)
             except BusError as exc:
-                failures.append(f"{type(exc).__name__}: {exc}")
+                # which request, when (from the test's start) and after how long: to find it in the logs
+                at, waited = sent - began, time.monotonic() - sent
+                failures.append(f"{request.request_id} sent at {at:.1f} s, {waited:.1f} s: {type(exc).__name__}: {exc}")
                 continue
             assert reply.request_id == request.request_id
             assert reply.decline is None, reply.decline
@@ -83,7 +88,8 @@ async def test_expert_hot_swap_under_load_loses_no_request(nats_url: str, tmp_pa
             assert stop_process(v2) == 0
         stop_process(v1)
         await bus.close()
-    assert failures == []
+    logs = {name: (tmp_path / f"{name}.log").read_text()[-3000:] for name in ("v1", "v2")}
+    assert failures == [], (failures, logs)
     assert answered["expert-v1"] > 0
     assert answered["expert-v2"] > 0
     # Each version's last word counts what it answered (v1 also the warm-up request).
