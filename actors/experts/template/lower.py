@@ -273,14 +273,18 @@ class Lowerer:
             raise UnsupportedGraph(f"a bool tensor in {op}, not with a float32 tensor or float in mul/add/sub", op=op)
         if op == "take_last":
             return self._take_last(args[0], args[1])
+
+        def int64(ref: NodeRef) -> bool:
+            return self.node(ref).dtype == "int64"
+
         bound = self._position_bound(op, args)
         if bound is None:
             args = self._ints_to_float(op, args)
         for arg in args:
-            if isinstance(arg, NodeRef) and bound is not None and self.node(arg).dtype == "int64":
+            if isinstance(arg, NodeRef) and bound is not None and int64(arg):
                 clean.append(arg.id)  # positions from torch.arange, exact in float32 too (below 2**24)
                 shapes.append(self.shape(arg))
-            elif isinstance(arg, NodeRef) and op in (*COMPARISONS, "int_to_float32") and self._is_int(arg):
+            elif isinstance(arg, NodeRef) and op in (*COMPARISONS, "int_to_float32") and int64(arg):
                 clean.append(arg.id)  # a class index compared with a number (``t != ignore_index``)
                 shapes.append(self.shape(arg))
             elif isinstance(arg, NodeRef) and arg in masks:
@@ -312,10 +316,6 @@ class Lowerer:
         if bound is not None:
             self._int_bounds[ref.id] = bound
         return ref
-
-    def _is_int(self, ref: NodeRef) -> bool:
-        """Whether ``ref`` holds int64 values."""
-        return self.node(ref).dtype == "int64"
 
     def int_bound(self, ref: NodeRef) -> int | None:
         """The largest magnitude of an int64 node whose values come from ``torch.arange`` alone

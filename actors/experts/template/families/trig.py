@@ -12,7 +12,8 @@ remainder in ``[-pi/4, pi/4]`` goes through Cephes' single-precision sine (degre
 and differences alone (``j`` itself is a float32 integer). Within about 1.3 ulp of the correctly
 rounded value (checked against float64 on sweeps up to ``|x|`` of 10**6 in the tests); beyond,
 the float32 estimate of ``j`` drifts (an error of about 1e-5 at 10**7, 1e-2 past 2**24), which
-the evaluator's comparison with float64 then shows. ``tan`` is ``sin / cos``. NaN and infinity give NaN, as in PyTorch.
+the evaluator's comparison with float64 then shows. ``tan`` is ``sin / cos`` of one reduction.
+NaN and infinity give NaN, as in PyTorch.
 
 The inverses are Cephes' too: ``asin`` by its odd polynomial on ``|x| <= 0.5`` and, above,
 ``pi/2 - 2 asin(sqrt((1 - |x|) / 2))``; ``acos`` from ``asin`` in three ranges (``pi/2 - asin(x)``
@@ -133,8 +134,24 @@ def _kf_atan(x):
     y = base + ((({_ATAN[0]!r} * z + {_ATAN[1]!r}) * z + {_ATAN[2]!r}) * z + {_ATAN[3]!r}) * z * t + t
     return tl.where(x < 0.0, -y, y)
 '''
+_TAN_FN = '''
+@triton.jit
+def _kf_tan(x):
+    """sin(x) / cos(x) from one reduction: the two polynomials as _kf_sin and _kf_cos pick them."""
+    r, z, m = _kf_trig_reduce(x)
+    m4 = m - 4.0 * tl.floor(m * 0.25)
+    p = _kf_sin_poly(r, z)
+    q = _kf_cos_poly(z)
+    s = tl.where(m4 == 2.0, q, p)
+    s = tl.where(m >= 4.0, -s, s)
+    c = tl.where(m4 == 2.0, p, q)
+    c = tl.where((m == 2.0) | (m == 4.0), -c, c)
+    t = s / c
+    return tl.where(x < 0.0, -t, t)
+'''
 _HELPERS = {
     "_kf_inverse_trig": (_INVERSES, ()),
+    "_kf_tan": (_TAN_FN, ("_kf_trig_reduce", "_kf_trig_polys")),
     "_kf_trig_reduce": (_REDUCE, ()),
     "_kf_trig_polys": (_POLYS, ()),
     "_kf_sin": (_SIN_FN, ("_kf_trig_reduce", "_kf_trig_polys")),
@@ -156,8 +173,8 @@ def _cos_form(a: list[str], attrs: tuple[float, ...], used: set[str]) -> str:
 
 @ew_form("tan")
 def _tan_form(a: list[str], attrs: tuple[float, ...], used: set[str]) -> str:
-    used.update(("_kf_sin", "_kf_cos"))
-    return f"_kf_sin({a[0]}) / _kf_cos({a[0]})"
+    used.add("_kf_tan")
+    return f"_kf_tan({a[0]})"
 
 
 for _op in ("asin", "acos", "atan"):
